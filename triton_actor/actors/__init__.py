@@ -1,0 +1,1 @@
+"""The actor core: kernel, thread bridge, and the repository / model / scheduler / instance actors."""

@@ -1,0 +1,142 @@
+"""The thread bridge: the only place native OS threads meet the gevent hub.
+
+Each :class:`NativeWorker` owns exactly one native thread (started with the *original*
+``_thread.start_new_thread`` — after monkey-patching ``threading.Thread`` would be a greenlet).
+Work goes in through a C ``_queue.SimpleQueue`` (untouched by patching); results come back through a
+deque plus one started ``loop.async_()`` watcher, whose callback completes the :class:`Reply` objects
+in the hub thread. Wake-ups coalesce under load, and the active watcher keeps the loop alive while
+work is pending (completing an AsyncResult from a foreign thread raises LoopExit otherwise;
+feasibility §3).
+"""
+
+from __future__ import annotations
+
+import _queue
+import collections
+import logging
+import sys
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+import gevent
+from gevent import monkey
+
+from .kernel import Reply
+
+log = logging.getLogger(__name__)
+S = TypeVar("S")
+_start_native = monkey.get_original("_thread", "start_new_thread")
+_get_ident = monkey.get_original("_thread", "get_ident")
+
+
+class NativeWorker(Generic[S]):
+    """A native thread that builds a state with ``setup()`` and then runs ``fn(state, *args)`` calls.
+
+    Create and use it from the hub thread. ``setup`` and the submitted functions run in the native
+    thread: they must be compute only (no gevent objects). ``teardown(state)`` runs there on close.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        setup: Callable[[], S],
+        teardown: Callable[[S], None] | None = None,
+    ) -> None:
+        self.name = name
+        self._inbox: _queue.SimpleQueue = _queue.SimpleQueue()
+        self._done: collections.deque[tuple[Any, bool, Any]] = collections.deque()
+        self._wake = gevent.get_hub().loop.async_()
+        self._wake.start(self._drain)
+        self.ready: Reply[bool] = Reply()
+        self.stopped: Reply[bool] = Reply()
+        self.thread_id: int | None = None
+        self._closed = False
+        _start_native(self._run, (setup, teardown))
+
+    # -- native thread ----------------------------------------------------------------------------
+    def _run(self, setup: Callable[[], S], teardown: Callable[[S], None] | None) -> None:
+        self.thread_id = _get_ident()
+        state: Any = None
+        try:
+            state = setup()
+        except BaseException as e:  # noqa: BLE001 - reported to the hub, not raised in a thread
+            self._post(self.ready, False, e)
+            self._post(self.stopped, True, True)
+            return
+        self._post(self.ready, True, True)
+        get = self._inbox.get
+        try:
+            while (item := get()) is not None:
+                fn, args, reply = item
+                try:
+                    self._post(reply, True, fn(state, *args))
+                except BaseException as e:  # noqa: BLE001
+                    self._post(reply, False, e)
+        finally:
+            if teardown is not None:
+                try:
+                    teardown(state)
+                except BaseException as e:  # noqa: BLE001
+                    print(f"[{self.name}] teardown failed: {e!r}", file=sys.stderr)
+            self._post(self.stopped, True, True)
+
+    def _post(self, reply: Reply[Any] | Callable[[bool, Any], None], ok: bool, value: Any) -> None:
+        self._done.append((reply, ok, value))
+        self._wake.send()
+
+    # -- hub thread -------------------------------------------------------------------------------
+    def _drain(self) -> None:
+        done = self._done
+        while done:
+            target, ok, value = done.popleft()
+            if type(target) is not Reply:
+                try:
+                    target(ok, value)
+                except Exception:
+                    log.exception("completion callback of %s failed", self.name)
+            elif ok:
+                target.set(value)
+            else:
+                target.fail(value)
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Reply[Any]:
+        """Queue ``fn(state, *args)`` on the native thread; the reply completes in the hub."""
+        reply: Reply[Any] = Reply()
+        if self._closed:
+            from ..errors import TritonError
+
+            reply.fail(TritonError.unavailable(f"instance '{self.name}' is stopped"))
+            return reply
+        self._inbox.put((fn, args, reply))
+        return reply
+
+    def submit_callback(self, fn: Callable[..., Any], args: tuple[Any, ...], done: Callable[[bool, Any], None]) -> None:
+        """Like :meth:`submit`, but ``done(ok, value)`` is called in the hub (inside the watcher
+        callback: it must not block or switch greenlets) — one wake-up less than a Reply."""
+        if self._closed:
+            from ..errors import TritonError
+
+            done(False, TritonError.unavailable(f"instance '{self.name}' is stopped"))
+            return
+        self._inbox.put((fn, args, done))
+
+    def close(self, timeout: float | None = 30.0) -> bool:
+        """Finish queued work, run teardown, join the thread. True when it stopped in time."""
+        if not self._closed:
+            self._closed = True
+            self._inbox.put(None)
+        try:
+            self.stopped.get(timeout)
+            ok = True
+        except Exception:  # noqa: BLE001
+            log.error("native worker %s did not stop within %s s", self.name, timeout)
+            ok = False
+        self._drain()
+        self._wake.close()
+        return ok
+
+
+def call_in_thread(fn: Callable[..., S], *args: Any) -> S:
+    """Run a one-off blocking call (e.g. a model's ``auto_complete_config``) on gevent's native
+    thread pool, blocking only the calling greenlet."""
+    return gevent.get_hub().threadpool.apply(fn, args)

@@ -1,0 +1,53 @@
+"""The narrow contract between instance actors and backends (ONNX Runtime, TorchScript, Python)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from ..errors import TritonError
+from ..inference import InferRequest, InferResponse
+from ..repository.config import ModelConfig
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceContext:
+    """Everything a backend instance needs to load, as Triton hands it to ``initialize``."""
+
+    model_name: str
+    version: int
+    model_dir: Path
+    version_dir: Path
+    config: ModelConfig
+    config_json: str
+    instance_name: str  # "<group name>_<index in group>", e.g. "add_sub_0_0"
+    kind: str  # "CPU" | "GPU" | "MODEL"
+    device_id: int
+    index: int  # position among all instances of this model version
+    backend_config: dict[str, str] = field(default_factory=dict)
+
+
+Result = InferResponse | TritonError
+
+
+class BackendInstance(Protocol):
+    """One loaded copy of a model. Every method runs in the instance's native thread."""
+
+    def execute(self, requests: list[InferRequest]) -> list[Result]:
+        """One response or error per request, same order; raising fails the whole batch."""
+        ...
+
+    def finalize(self) -> None: ...
+
+
+class Backend(Protocol):
+    """A backend kind. ``auto_complete`` runs in a native helper thread; ``create`` in the instance's."""
+
+    name: str
+
+    def auto_complete(self, config: ModelConfig, model_dir: Path, version_dir: Path | None) -> None:
+        """Fill what the model itself tells about inputs, outputs and batching (mutates ``config``)."""
+        ...
+
+    def create(self, ctx: InstanceContext) -> BackendInstance: ...

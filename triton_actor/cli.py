@@ -1,0 +1,116 @@
+"""``triton-actor`` / ``python -m triton_actor``: tritonserver's flags and defaults (spec §5.2)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from . import __version__
+from .settings import Settings
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+
+def _bool(text: str) -> bool:
+    low = text.strip().lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
+
+
+def _flag(parser: argparse.ArgumentParser, name: str, default: bool, help_: str) -> None:
+    """Triton booleans: ``--flag``, ``--flag=true`` and ``--flag=false`` all parse."""
+    parser.add_argument(name, type=_bool, nargs="?", const=True, default=default, metavar="BOOL", help=help_)
+
+
+def _backend_config(values: list[str]) -> dict[str, dict[str, str]]:
+    """``--backend-config=<backend>,<key>=<value>``; no backend = global (``default-max-batch-size``)."""
+    out: dict[str, dict[str, str]] = {}
+    for item in values:
+        backend, _, setting = item.partition(",") if "," in item else ("", "", item)
+        key, sep, value = setting.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"error: --backend-config expects <backend>,<key>=<value>, got '{item}'")
+        out.setdefault(backend, {})[key] = value
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="triton-actor", description="A Triton-compatible inference server in Python.")
+    p.add_argument("--version", action="version", version=f"triton-actor {__version__}")
+    p.add_argument("--model-repository", "--model-store", action="append", default=[], dest="repos",
+                   metavar="DIR", help="model repository folder (repeatable)")
+    p.add_argument("--id", default="triton", help="server name in server metadata")
+    p.add_argument("--http-address", default="0.0.0.0")
+    p.add_argument("--http-port", type=int, default=8000, help="0 picks a free port (logged at start)")
+    _flag(p, "--allow-http", True, "serve HTTP/REST")
+    p.add_argument("--grpc-address", default="0.0.0.0")
+    p.add_argument("--grpc-port", type=int, default=8001, help="reserved: gRPC arrives in a later version")
+    p.add_argument("--metrics-port", type=int, default=8002, help="reserved: metrics arrive in a later version")
+    p.add_argument("--http-max-input-size", type=int, default=64 * 1024 * 1024, help="bytes, also after decompression")
+    p.add_argument("--log-verbose", type=int, default=0)
+    _flag(p, "--log-info", True, "log informational messages")
+    _flag(p, "--strict-readiness", True, "ready only when every model is ready")
+    _flag(p, "--exit-on-error", True, "exit when a model fails to load at startup")
+    p.add_argument("--exit-timeout-secs", type=float, default=30.0, help="time in-flight requests get at shutdown")
+    p.add_argument("--disable-auto-complete-config", action="store_true")
+    _flag(p, "--strict-model-config", False, "deprecated: true disables auto-complete")
+    p.add_argument("--model-control-mode", choices=["none", "poll", "explicit"], default="none")
+    p.add_argument("--model-config-name", default="")
+    p.add_argument("--backend-config", action="append", default=[], metavar="BACKEND,KEY=VALUE")
+    return p
+
+
+def parse(argv: Sequence[str] | None = None, environ: dict[str, str] | None = None) -> Settings:
+    """Command line (and ``TRITON_ACTOR_MODEL_REPOSITORY`` when no repository is given) → Settings."""
+    args = build_parser().parse_args(argv)
+    env = os.environ if environ is None else environ
+    repos = args.repos or ([env["TRITON_ACTOR_MODEL_REPOSITORY"]] if env.get("TRITON_ACTOR_MODEL_REPOSITORY") else [])
+    if not repos:
+        raise SystemExit("error: --model-repository is required")
+    if args.model_control_mode != "none":
+        raise SystemExit(f"error: --model-control-mode={args.model_control_mode} is not supported yet (only 'none')")
+    return Settings(
+        model_repositories=tuple(Path(r).resolve() for r in repos),
+        server_id=args.id,
+        http_address=args.http_address,
+        http_port=args.http_port,
+        allow_http=args.allow_http,
+        grpc_address=args.grpc_address,
+        grpc_port=args.grpc_port,
+        metrics_port=args.metrics_port,
+        http_max_input_size=args.http_max_input_size,
+        log_verbose=args.log_verbose,
+        log_info=args.log_info,
+        strict_readiness=args.strict_readiness,
+        exit_on_error=args.exit_on_error,
+        exit_timeout_secs=args.exit_timeout_secs,
+        auto_complete=not (args.disable_auto_complete_config or args.strict_model_config),
+        model_control_mode=args.model_control_mode,
+        model_config_name=args.model_config_name,
+        backend_config=_backend_config(args.backend_config),
+    )
+
+
+def configure_logging(settings: Settings) -> None:
+    level = logging.DEBUG if settings.log_verbose else (logging.INFO if settings.log_info else logging.WARNING)
+    logging.basicConfig(level=level, stream=sys.stderr,
+                        format="%(levelname).1s%(asctime)s %(process)d %(name)s] %(message)s",
+                        datefmt="%m%d %H:%M:%S")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from . import bootstrap  # noqa: F401 - patch before the server's modules import gevent-sensitive stuff
+
+    settings = parse(argv)
+    configure_logging(settings)
+    from .server import Server
+
+    return Server(settings).run()

@@ -1,0 +1,118 @@
+"""The one data plane behind every front end: decode → **call** → encode, this is the call part.
+
+Front ends (HTTP now, gRPC later) turn wire messages into these calls and the results back into wire
+messages. It reads the repository actor's published routing table; only index/stats ask actors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .actors.model import READY, ModelHandle, VersionHandle
+from .actors.repository import Index, RepositoryActor
+from .errors import TritonError
+from .inference import InferRequest, InferResponse
+from .protocol import payloads
+from .protocol.dtypes import BY_ENUM_VALUE, DType
+from .repository import config as config_mod
+
+SERVER_VERSION = "2.51.0"  # the Triton release whose protocol we speak (clients compare versions)
+
+
+@dataclass(slots=True)
+class Served:
+    """A finished inference with what the encoder needs to know about the model."""
+
+    response: InferResponse
+    version: int
+    labels: dict[str, list[str]]
+    batching: bool
+
+
+class DataPlane:
+    """Stateless facade; every method may be called from any request greenlet."""
+
+    def __init__(self, repository: RepositoryActor, server_id: str = "triton", strict_readiness: bool = True) -> None:
+        self.repository = repository
+        self.server_id = server_id
+        self.strict_readiness = strict_readiness
+        self.live = False  # flipped by the server on start / shutdown
+        self.accepting = False
+
+    # -- health and metadata ----------------------------------------------------------------------
+    def is_live(self) -> bool:
+        return self.live
+
+    def is_ready(self) -> bool:
+        if not (self.live and self.accepting):
+            return False
+        return self.repository.all_ready() if self.strict_readiness else True
+
+    def server_metadata(self) -> dict[str, Any]:
+        return payloads.server_metadata(self.server_id, SERVER_VERSION)
+
+    def _version(self, name: str, version: int) -> tuple[ModelHandle, VersionHandle]:
+        handle = self.repository.lookup(name)
+        return handle, handle.resolve(version)
+
+    def model_ready(self, name: str, version: int) -> bool:
+        """Raises like Triton for unknown models / unready explicit versions; True otherwise."""
+        _, vh = self._version(name, version)
+        return vh.state == READY
+
+    def model_metadata(self, name: str, version: int) -> dict[str, Any]:
+        handle, vh = self._version(name, version)
+        versions = [vh.version] if version >= 0 else list(handle.ready_versions)
+        return payloads.model_metadata(name, versions, handle.config)
+
+    def model_config(self, name: str, version: int) -> dict[str, Any]:
+        handle, _ = self._version(name, version)
+        return config_mod.to_json_dict(handle.config)
+
+    # -- inference --------------------------------------------------------------------------------
+    def infer(self, request: InferRequest) -> Served:
+        """Route, validate, queue, wait (this greenlet only)."""
+        if not self.accepting:
+            raise TritonError.unavailable("Server not ready")
+        handle = self.repository.routes.get(request.model_name)
+        if handle is None:
+            raise TritonError.not_found(f"Request for unknown model: '{request.model_name}' is not found")
+        vh = handle.resolve(request.model_version)
+        response = vh.infer(request).get()
+        return Served(response, vh.version, vh.labels, handle.config.max_batch_size > 0)
+
+    def raw_input_spec(self, name: str, version: int) -> tuple[str, DType, tuple[int, ...], int]:
+        """The single input a raw binary request feeds (spec §1.6)."""
+        handle, _ = self._version(name, version)
+        cfg = handle.config
+        if len(cfg.input) != 1:
+            raise TritonError.invalid_arg(
+                f"[request id: <id_unknown>] Raw request must only have 1 input (found 1) to be deduced but got "
+                f"{len(cfg.input)} inputs in '{name}' model configuration"
+            )
+        i = cfg.input[0]
+        return i.name, BY_ENUM_VALUE[i.data_type], tuple(i.dims), cfg.max_batch_size
+
+    # -- statistics and repository ----------------------------------------------------------------
+    def statistics(self, name: str, version: int) -> dict[str, Any]:
+        stats = []
+        if name:
+            handle = self.repository.routes.get(name)
+            if handle is None or not handle.ready_versions:
+                raise TritonError.invalid_arg(f"requested model '{name}' is not available")
+            if version >= 0:
+                vh = handle.versions.get(version)
+                if vh is None or vh.state != READY:
+                    raise TritonError.invalid_arg(f"requested model version is not available for model '{name}'")
+                targets = [vh]
+            else:
+                targets = [handle.versions[v] for v in handle.ready_versions]
+        else:
+            targets = [h.versions[v] for _, h in sorted(self.repository.routes.items()) for v in h.ready_versions]
+        for vh in targets:
+            stats.append(payloads.model_statistics(vh.statistics()))
+        return {"model_stats": stats}
+
+    def repository_index(self, ready_only: bool) -> list[dict[str, Any]]:
+        return self.repository.ref.ask(Index(ready_only), timeout=60)

@@ -1,0 +1,1 @@
+"""Front ends: wire protocols in, data-plane calls, wire protocols out. Status codes live only here."""

@@ -1,0 +1,245 @@
+"""HTTP/REST front end: KServe V2 plus Triton's extensions (spec §1).
+
+``POST .../infer`` takes a thin raw-WSGI path (Flask's per-request machinery costs ~80 µs,
+feasibility §6); every other route is a Flask view. Each handler is decode → data-plane call →
+encode; errors are ``{"error": "..."}`` with the status of :mod:`.status`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import re
+import zlib
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import gevent.event
+import orjson
+from flask import Flask, Response, request
+from werkzeug.exceptions import HTTPException
+
+from ..dataplane import DataPlane
+from ..errors import TritonError
+from ..protocol import v2_http
+from .status import HTTP_STATUS, status_line
+
+log = logging.getLogger(__name__)
+
+_INFER = re.compile(r"^/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer$")
+_JSON = "application/json"
+_TEXT = "text/plain"
+StartResponse = Callable[..., Any]
+
+
+def _json(body: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(body), status=status, content_type=_JSON)
+
+
+def _error(error: TritonError) -> Response:
+    return _json({"error": error.message}, HTTP_STATUS[error.code])
+
+
+def _version(v: str | None) -> int:
+    return int(v) if v is not None else -1
+
+
+class HttpFrontend:
+    """The WSGI application: fast infer path in front of the Flask app."""
+
+    def __init__(self, plane: DataPlane, max_input_size: int = 64 * 1024 * 1024) -> None:
+        self.plane = plane
+        self.max_input_size = max_input_size
+        self.flask = create_app(plane, self)
+        self._flask_wsgi = self.flask.wsgi_app
+        self.in_flight = 0
+        self._idle = gevent.event.Event()
+        self._idle.set()
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        self.in_flight += 1
+        self._idle.clear()
+        try:
+            if environ["REQUEST_METHOD"] == "POST":
+                m = _INFER.match(environ.get("PATH_INFO", ""))
+                if m is not None:
+                    return self._infer(environ, start_response, m.group(1), _version(m.group(2)))
+            return self._flask_wsgi(environ, start_response)
+        finally:
+            self.in_flight -= 1
+            if not self.in_flight:
+                self._idle.set()
+
+    def wait_idle(self, timeout: float | None) -> bool:
+        """Wait until no request is being handled (shutdown drain). True when idle in time."""
+        return self._idle.wait(timeout)
+
+    # -- /infer -----------------------------------------------------------------------------------
+    def _infer(self, environ: dict[str, Any], start_response: StartResponse, model: str, version: int) -> Iterable[bytes]:
+        try:
+            body = self.read_body(environ)
+            header_length = v2_http.parse_header_length(environ.get("HTTP_INFERENCE_HEADER_CONTENT_LENGTH"))
+            if header_length == 0:
+                req = v2_http.decode_raw_request(body, self.plane.raw_input_spec(model, version), model, version)
+            else:
+                req = v2_http.decode_infer_request(body, header_length, model, version)
+            served = self.plane.infer(req)
+            chunks, json_length = v2_http.encode_infer_response(
+                req, served.response, served.version, served.labels, served.batching
+            )
+        except TritonError as e:
+            return _raw_error(start_response, e)
+        except Exception as e:
+            log.exception("unexpected error serving /infer for '%s'", model)
+            return _raw_error(start_response, TritonError.internal(f"internal error: {e!r}"))
+        headers = [("Content-Type", _JSON if json_length is None else "application/octet-stream")]
+        if json_length is not None:
+            headers.append(("Inference-Header-Content-Length", str(json_length)))
+        body_out = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        encoding = _accepted_encoding(environ.get("HTTP_ACCEPT_ENCODING"))
+        if encoding is not None:
+            body_out = gzip.compress(body_out, 1) if encoding == "gzip" else zlib.compress(body_out, 1)
+            headers.append(("Content-Encoding", encoding))
+        headers.append(("Content-Length", str(len(body_out))))
+        start_response("200 OK", headers)
+        return [body_out]
+
+    def read_body(self, environ: dict[str, Any]) -> bytes:
+        """The request body, decompressed, never more than ``max_input_size`` bytes."""
+        limit = self.max_input_size
+        length = environ.get("CONTENT_LENGTH")
+        if length:
+            n = int(length)
+            if n > limit:
+                raise _too_large(n, limit)
+            body = environ["wsgi.input"].read(n)
+        else:
+            body = environ["wsgi.input"].read(limit + 1)
+            if len(body) > limit:
+                raise _too_large(len(body), limit)
+        encoding = (environ.get("HTTP_CONTENT_ENCODING") or "").strip().lower()
+        if encoding in ("", "identity"):
+            return body
+        if encoding not in ("gzip", "deflate"):
+            raise TritonError.unsupported(f"unsupported Content-Encoding '{encoding}'")
+        inflater = zlib.decompressobj(31 if encoding == "gzip" else 15)
+        try:
+            out = inflater.decompress(body, limit + 1)
+        except zlib.error as e:
+            raise TritonError.invalid_arg(f"failed to decompress the {encoding} request body: {e}") from None
+        if len(out) > limit or inflater.unconsumed_tail:
+            raise _too_large(len(out), limit)
+        return out
+
+
+def _too_large(size: int, limit: int) -> TritonError:
+    return TritonError.invalid_arg(
+        f"Request JSON size of {size} exceeds the maximum allowed value of {limit}. "
+        "Use --http-max-input-size to increase the limit."
+    )
+
+
+def _accepted_encoding(header: str | None) -> str | None:
+    if not header:
+        return None
+    offered = [p.split(";")[0].strip().lower() for p in header.split(",")]
+    for enc in ("gzip", "deflate"):
+        if enc in offered:
+            return enc
+    return None
+
+
+def _raw_error(start_response: StartResponse, error: TritonError) -> list[bytes]:
+    body = orjson.dumps({"error": error.message})
+    start_response(status_line(HTTP_STATUS[error.code]), [("Content-Type", _JSON), ("Content-Length", str(len(body)))])
+    return [body]
+
+
+def create_app(plane: DataPlane, frontend: HttpFrontend) -> Flask:
+    """The Flask app with every route except the ``/infer`` fast path."""
+    app = Flask("triton_actor")
+    app.url_map.strict_slashes = False
+
+    @app.errorhandler(TritonError)
+    def _triton_error(e: TritonError) -> Response:
+        return _error(e)
+
+    @app.errorhandler(HTTPException)
+    def _http_error(e: HTTPException) -> Response:
+        # Triton's router answers unknown routes and wrong methods in text/plain, with "405 Not Allowed".
+        status = "405 Not Allowed" if e.code == 405 else (e.code or 500)
+        return Response(orjson.dumps({"error": e.name}), status=status, content_type=_TEXT)
+
+    @app.errorhandler(Exception)
+    def _unexpected(e: Exception) -> Response:
+        log.exception("unexpected error on %s", request.path)
+        return _error(TritonError.internal(f"internal error: {e!r}"))
+
+    def empty(status: int) -> Response:
+        return Response(b"", status=status, content_type=_TEXT)
+
+    @app.get("/v2/health/live")
+    def health_live() -> Response:
+        return empty(200 if plane.is_live() else 400)
+
+    @app.get("/v2/health/ready")
+    def health_ready() -> Response:
+        return empty(200 if plane.is_ready() else 400)
+
+    @app.get("/v2")
+    def server_metadata() -> Response:
+        return _json(plane.server_metadata())
+
+    @app.get("/v2/models/<model>")
+    @app.get("/v2/models/<model>/versions/<int:version>")
+    def model_metadata(model: str, version: int = -1) -> Response:
+        return _json(plane.model_metadata(model, version))
+
+    @app.get("/v2/models/<model>/ready")
+    @app.get("/v2/models/<model>/versions/<int:version>/ready")
+    def model_ready(model: str, version: int = -1) -> Response:
+        try:
+            ready = plane.model_ready(model, version)
+        except TritonError:
+            ready = False  # Triton answers every lookup failure here with this 400
+        if ready:
+            return empty(200)
+        return Response(orjson.dumps({"error": "Model version not ready"}), status=400, content_type=_TEXT)
+
+    @app.get("/v2/models/<model>/config")
+    @app.get("/v2/models/<model>/versions/<int:version>/config")
+    def model_config(model: str, version: int = -1) -> Response:
+        return _json(plane.model_config(model, version))
+
+    @app.get("/v2/models/stats")
+    @app.get("/v2/models/<model>/stats")
+    @app.get("/v2/models/<model>/versions/<int:version>/stats")
+    def model_stats(model: str = "", version: int = -1) -> Response:
+        return _json(plane.statistics(model, version))
+
+    @app.post("/v2/models/<model>/infer")
+    @app.post("/v2/models/<model>/versions/<int:version>/infer")
+    def infer_route(model: str, version: int = -1) -> Response:
+        # POST never gets here (the raw WSGI path serves it); the route makes other methods a 405.
+        raise TritonError.internal("the /infer route is served by the raw WSGI path")
+
+    @app.post("/v2/repository/index")
+    def repository_index() -> Response:
+        body = frontend.read_body(request.environ)
+        ready = False
+        if body.strip():
+            try:
+                data = orjson.loads(body)
+            except orjson.JSONDecodeError as e:
+                raise TritonError.invalid_arg(f"failed to parse the request JSON buffer: {e}") from None
+            ready = data.get("ready", False) if isinstance(data, dict) else None
+            if not isinstance(ready, bool):
+                raise TritonError.invalid_arg("Expected 'ready' to be a boolean")
+        return _json(plane.repository_index(ready))
+
+    @app.post("/v2/repository/models/<model>/load")
+    @app.post("/v2/repository/models/<model>/unload")
+    def repository_control(model: str) -> Response:
+        raise TritonError.unavailable("explicit model load / unload is not allowed if polling is enabled")
+
+    return app

@@ -1,0 +1,24 @@
+"""Triton error code → HTTP status (spec §1.2): the only place the mapping lives."""
+
+from __future__ import annotations
+
+from ..errors import Code
+
+HTTP_STATUS: dict[Code, int] = {
+    Code.INTERNAL: 500,
+    Code.NOT_FOUND: 404,
+    Code.UNAVAILABLE: 503,
+    Code.UNSUPPORTED: 501,
+    Code.INVALID_ARG: 400,
+    Code.UNKNOWN: 400,
+    Code.ALREADY_EXISTS: 400,
+    Code.CANCELLED: 400,
+}
+
+REASONS = {200: "OK", 400: "Bad Request", 403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed",
+           413: "Payload Too Large", 500: "Internal Server Error", 501: "Not Implemented",
+           503: "Service Unavailable"}
+
+
+def status_line(status: int) -> str:
+    return f"{status} {REASONS.get(status, '')}".rstrip()

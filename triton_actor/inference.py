@@ -1,0 +1,66 @@
+"""The request and response values that travel from a front end through the actors and back.
+
+Front ends build an :class:`InferRequest` (tensors are numpy arrays viewing the request body, no
+copies); backends answer each request with an :class:`InferResponse` or a ``TritonError``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .protocol.dtypes import DType
+
+
+@dataclass(frozen=True, slots=True)
+class InferInput:
+    """One input tensor as the client sent it (``data`` already has ``shape``)."""
+
+    name: str
+    dtype: DType
+    shape: tuple[int, ...]
+    data: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class RequestedOutput:
+    """One entry of the request's ``outputs``: ``binary`` None means "use the request default"."""
+
+    name: str
+    binary: bool | None = None
+    classification: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class InferRequest:
+    """A decoded inference request. ``model_version`` is -1 for "the highest ready version".
+
+    ``outputs`` is None when the client asked for every output. ``parameters`` holds only the
+    parameters forwarded to the model (Triton consumes sequence/priority/timeout itself).
+    """
+
+    model_name: str
+    model_version: int
+    id: str
+    inputs: dict[str, InferInput]
+    outputs: tuple[RequestedOutput, ...] | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+    binary_output: bool = False
+    priority: int = 0
+    timeout_us: int = 0
+    correlation_id: int | str = 0
+    flags: int = 0
+
+    @property
+    def requested_output_names(self) -> tuple[str, ...] | None:
+        return None if self.outputs is None else tuple(o.name for o in self.outputs)
+
+
+@dataclass(slots=True)
+class InferResponse:
+    """What a model produced for one request: output tensors in the model's order."""
+
+    outputs: list[tuple[str, np.ndarray]]
+    parameters: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,345 @@
+"""KServe V2 REST inference payloads with Triton's binary tensor extension (spec §1.5-1.7).
+
+Sans-I/O: bytes in, :class:`InferRequest` out; :class:`InferResponse` in, bytes out. No web framework
+here. Error texts follow Triton's ``http_server.cc`` so clients see the same messages.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import orjson
+
+from ..errors import TritonError
+from ..inference import InferInput, InferRequest, InferResponse, RequestedOutput
+from . import bytes_codec
+from .classification import classify
+from .dtypes import BF16, BY_WIRE, BYTES, DType
+
+# Request parameters Triton consumes itself; everything else (except triton_*) goes to the model.
+_CONSUMED = frozenset({"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "binary_data_output"})
+SEQUENCE_START, SEQUENCE_END = 1, 2
+
+
+def _loads(buf: bytes | memoryview) -> Any:
+    try:
+        return orjson.loads(buf)
+    except orjson.JSONDecodeError as e:
+        # Triton answers JSON syntax errors with INTERNAL (HTTP 500); we mirror it.
+        raise TritonError.internal(f"failed to parse the request JSON buffer: {e}") from None
+
+
+def parse_header_length(value: str | None) -> int | None:
+    """``Inference-Header-Content-Length``: None when absent."""
+    if value is None:
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        raise TritonError.invalid_arg("Unable to parse Inference-Header-Content-Length") from None
+    if n < 0:
+        raise TritonError.invalid_arg("Unable to parse Inference-Header-Content-Length")
+    return n
+
+
+def decode_infer_request(body: bytes, header_length: int | None, model_name: str, model_version: int) -> InferRequest:
+    """Decode an ``/infer`` body; binary tensors become zero-copy views of ``body``."""
+    if header_length is None:
+        header, binary, offset = _loads(body), body, len(body)
+    else:
+        if header_length > len(body):
+            raise TritonError.invalid_arg(
+                f"inference header size should be in range (0, {len(body)}), got: {header_length}"
+            )
+        header, binary, offset = _loads(memoryview(body)[:header_length]), body, header_length
+    if not isinstance(header, dict):
+        raise TritonError.invalid_arg("request JSON must be an object")
+    rid = header.get("id", "")
+    if not isinstance(rid, str):
+        raise TritonError.invalid_arg("request 'id' must be a string")
+    prefix = f"[request id: {rid or '<id_unknown>'}] "
+    raw_inputs = header.get("inputs")
+    if not isinstance(raw_inputs, list):
+        raise TritonError.internal(
+            "Unable to parse 'inputs': attempt to access non-existing object member 'inputs'"
+            if raw_inputs is None
+            else "Unable to parse 'inputs': 'inputs' must be an array"
+        )
+    inputs: dict[str, InferInput] = {}
+    for item in raw_inputs:
+        tensor, offset = _decode_input(item, binary, offset, model_name, prefix)
+        if tensor.name in inputs:
+            raise TritonError.invalid_arg(f"{prefix}input '{tensor.name}' already exists in request")
+        inputs[tensor.name] = tensor
+    if offset != len(body):
+        raise TritonError.invalid_arg(f"unexpected additional input data for model '{model_name}'")
+    params, kwargs = _decode_parameters(header.get("parameters"), prefix)
+    outputs = _decode_outputs(header.get("outputs"), prefix)
+    return InferRequest(model_name, model_version, rid, inputs, outputs, params, **kwargs)
+
+
+def _decode_input(item: Any, body: bytes, offset: int, model_name: str, prefix: str) -> tuple[InferInput, int]:
+    if not isinstance(item, dict):
+        raise TritonError.invalid_arg(prefix + "each entry of 'inputs' must be an object")
+    name, wire, shape = item.get("name"), item.get("datatype"), item.get("shape")
+    if not isinstance(name, str):
+        raise TritonError.invalid_arg(prefix + "input is missing a string 'name'")
+    dtype = BY_WIRE.get(wire) if isinstance(wire, str) else None
+    if dtype is None:
+        raise TritonError.invalid_arg(f"{prefix}invalid datatype '{wire}' for input '{name}'")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise TritonError.invalid_arg(f"{prefix}invalid shape {shape!r} for input '{name}'")
+    shape_t = tuple(shape)
+    count = 1
+    for d in shape_t:
+        count *= d
+    params = item.get("parameters") or {}
+    size = params.get("binary_data_size") if isinstance(params, dict) else None
+    if size is not None:
+        if "data" in item:
+            raise TritonError.invalid_arg(f"{prefix}input '{name}' has both 'data' and 'binary_data_size'")
+        if not isinstance(size, int) or size < 0 or offset + size > len(body):
+            raise TritonError.invalid_arg(
+                f"unexpected size for input '{name}', expecting {len(body) - offset} additional bytes "
+                f"for model '{model_name}'"
+            )
+        data = _from_binary(memoryview(body)[offset : offset + size], dtype, shape_t, count, name, model_name, prefix)
+        return InferInput(name, dtype, shape_t, data), offset + size
+    if "data" not in item:
+        raise TritonError.invalid_arg(
+            "Input must set only one of the following fields: 'data', 'binary_data_size' in 'parameters', "
+            "'shared_memory_region' in 'parameters'. But no field is set"
+        )
+    data = _from_json(item["data"], dtype, shape_t, count, name, prefix)
+    return InferInput(name, dtype, shape_t, data), offset
+
+
+def _from_binary(
+    buf: memoryview, dtype: DType, shape: tuple[int, ...], count: int, name: str, model: str, prefix: str
+) -> np.ndarray:
+    if dtype is BYTES:
+        return bytes_codec.deserialize(buf, count, f"{prefix}input '{name}'").reshape(shape)
+    expected = count * dtype.itemsize
+    if len(buf) != expected:
+        raise TritonError.invalid_arg(
+            f"{prefix}input byte size mismatch for input '{name}' for model '{model}'. Expected {expected}, got {len(buf)}"
+        )
+    if dtype is BF16:
+        return np.frombuffer(buf, dtype=np.uint16).reshape(shape)  # raw bit patterns; no numpy bf16
+    return np.frombuffer(buf, dtype=dtype.numpy).reshape(shape)
+
+
+def _flatten(data: Any, out: list[Any]) -> None:
+    for x in data:
+        if isinstance(x, list):
+            _flatten(x, out)
+        else:
+            out.append(x)
+
+
+def _from_json(data: Any, dtype: DType, shape: tuple[int, ...], count: int, name: str, prefix: str) -> np.ndarray:
+    if dtype.wire in ("FP16", "BF16"):
+        raise TritonError.invalid_arg(
+            f"receiving {dtype.wire} data via JSON is not supported. Please use the binary data format for input {name}"
+        )
+    flat: list[Any] = []
+    if isinstance(data, list):
+        _flatten(data, flat)
+    else:
+        flat.append(data)
+    if len(flat) != count:
+        # Triton: INTERNAL (HTTP 500) with this text; we add the counts.
+        raise TritonError.internal(
+            f"Unable to parse 'data': Shape does not match true shape of 'data' field "
+            f"(input '{name}': shape {list(shape)} has {count} elements, 'data' has {len(flat)})"
+        )
+    try:
+        if dtype is BYTES:
+            arr = np.empty(count, dtype=np.object_)
+            arr[:] = [x.encode("utf-8") if isinstance(x, str) else _not_str(x) for x in flat]
+        elif dtype.wire == "BOOL":
+            if not all(isinstance(x, bool) for x in flat):
+                raise TypeError("expected JSON booleans")
+            arr = np.array(flat, dtype=np.bool_)
+        else:
+            if any(isinstance(x, bool | str) or x is None for x in flat):
+                raise TypeError("expected JSON numbers")
+            arr = np.array(flat, dtype=dtype.numpy)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise TritonError.internal(f"Unable to parse 'data': input '{name}' of type {dtype.wire}: {e}") from None
+    return arr.reshape(shape)
+
+
+def _not_str(x: Any) -> bytes:
+    raise TypeError(f"expected JSON strings, got {type(x).__name__}")
+
+
+def _decode_parameters(params: Any, prefix: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    if params is None:
+        return {}, {}
+    if not isinstance(params, dict):
+        raise TritonError.invalid_arg(prefix + "'parameters' must be an object")
+    forwarded: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {}
+    flags = 0
+    for key, value in params.items():
+        if key.startswith("triton_"):
+            raise TritonError.invalid_arg(
+                f"{prefix}parameter keys starting with 'triton_' are reserved for Triton usage "
+                "and should not be specified."
+            )
+        if key not in _CONSUMED:
+            if not isinstance(value, str | int | float | bool):
+                raise TritonError.invalid_arg(f"{prefix}parameter '{key}' must be a string, number or boolean")
+            forwarded[key] = value
+        elif key == "binary_data_output":
+            kwargs["binary_output"] = _bool(value, key, prefix)
+        elif key == "sequence_id":
+            if not isinstance(value, int | str) or isinstance(value, bool):
+                raise TritonError.invalid_arg(f"{prefix}'sequence_id' must be an unsigned integer or a string")
+            kwargs["correlation_id"] = value
+        elif key == "sequence_start":
+            flags |= SEQUENCE_START if _bool(value, key, prefix) else 0
+        elif key == "sequence_end":
+            flags |= SEQUENCE_END if _bool(value, key, prefix) else 0
+        else:  # priority, timeout
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise TritonError.invalid_arg(f"{prefix}'{key}' must be an unsigned integer")
+            kwargs["priority" if key == "priority" else "timeout_us"] = value
+    if flags:
+        kwargs["flags"] = flags
+    return forwarded, kwargs
+
+
+def _bool(value: Any, key: str, prefix: str) -> bool:
+    if not isinstance(value, bool):
+        raise TritonError.invalid_arg(f"{prefix}'{key}' must be a boolean")
+    return value
+
+
+def _decode_outputs(outputs: Any, prefix: str) -> tuple[RequestedOutput, ...] | None:
+    if outputs is None:
+        return None
+    if not isinstance(outputs, list):
+        raise TritonError.invalid_arg(prefix + "'outputs' must be an array")
+    result = []
+    for item in outputs:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise TritonError.invalid_arg(prefix + "each entry of 'outputs' must be an object with a 'name'")
+        params = item.get("parameters") or {}
+        if not isinstance(params, dict):
+            raise TritonError.invalid_arg(prefix + f"'parameters' of output '{item['name']}' must be an object")
+        binary = params.get("binary_data")
+        if binary is not None and not isinstance(binary, bool):
+            raise TritonError.invalid_arg(prefix + f"'binary_data' of output '{item['name']}' must be a boolean")
+        cls = params.get("classification", 0)
+        if not isinstance(cls, int) or isinstance(cls, bool) or cls < 0:
+            raise TritonError.invalid_arg(
+                prefix + f"'classification' of output '{item['name']}' must be a non-negative integer"
+            )
+        result.append(RequestedOutput(item["name"], binary, cls))
+    return tuple(result)
+
+
+def encode_infer_response(
+    request: InferRequest,
+    response: InferResponse,
+    model_version: int,
+    labels: dict[str, list[str]],
+    batching: bool,
+) -> tuple[list[bytes], int | None]:
+    """Encode the response; returns the body chunks and the JSON header length (None: pure JSON)."""
+    wanted: dict[str, RequestedOutput] | None = None
+    if request.outputs is not None:
+        wanted = {o.name: o for o in request.outputs}
+    out_json: list[dict[str, Any]] = []
+    blobs: list[bytes] = []
+    for name, array in response.outputs:
+        spec = None
+        if wanted is not None:
+            spec = wanted.get(name)
+            if spec is None:
+                continue
+        if spec is not None and spec.classification:
+            array = classify(array, spec.classification, labels.get(name), batching)
+        binary = request.binary_output if spec is None or spec.binary is None else spec.binary
+        out_json.append(_encode_output(name, array, binary, blobs))
+    header: dict[str, Any] = {}
+    if request.id:
+        header["id"] = request.id
+    header["model_name"] = request.model_name
+    header["model_version"] = str(model_version)
+    if response.parameters:
+        header["parameters"] = response.parameters
+    header["outputs"] = out_json
+    head = orjson.dumps(header, option=orjson.OPT_SERIALIZE_NUMPY)
+    if not blobs:
+        return [head], None
+    return [head, *blobs], len(head)
+
+
+def _encode_output(name: str, array: np.ndarray, binary: bool, blobs: list[bytes]) -> dict[str, Any]:
+    dtype = _wire_dtype(array)
+    entry: dict[str, Any] = {"name": name, "datatype": dtype.wire, "shape": list(array.shape)}
+    if binary:
+        raw = bytes_codec.serialize(array) if dtype is BYTES else np.ascontiguousarray(array).tobytes()
+        entry["parameters"] = {"binary_data_size": len(raw)}
+        blobs.append(raw)
+    elif dtype is BYTES:
+        entry["data"] = [x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x) for x in array.reshape(-1)]
+    elif dtype.wire in ("FP16", "BF16"):
+        raise TritonError.invalid_arg(
+            f"sending {dtype.wire} data via JSON is not supported. Please use the binary data format for output '{name}'"
+        )
+    else:
+        entry["data"] = array.reshape(-1).tolist()
+    return entry
+
+
+def _wire_dtype(array: np.ndarray) -> DType:
+    from .dtypes import from_numpy
+
+    dtype = from_numpy(array.dtype)
+    if dtype is None:
+        raise TritonError.internal(f"unsupported output data type {array.dtype}")
+    return dtype
+
+
+def decode_raw_request(
+    body: bytes, spec: tuple[str, DType, tuple[int, ...], int], model_name: str, model_version: int
+) -> InferRequest:
+    """``Inference-Header-Content-Length: 0``: the whole body is the model's only input (spec §1.6).
+
+    ``spec`` is (input name, dtype, config dims, max_batch_size). A batching model gets batch 1; at most
+    one variable dimension is allowed (filled from the body size); every output comes back binary.
+    """
+    name, dtype, dims, max_batch = spec
+    if dtype is BYTES:
+        if list(dims) not in ([1], [-1]):
+            raise TritonError.invalid_arg(f"raw binary request for model '{model_name}': BYTES input must have dims [1]")
+        data = np.empty(1, dtype=np.object_)
+        data[0] = bytes(body)
+        shape: tuple[int, ...] = (1,)
+    else:
+        known = 1
+        for d in dims:
+            known *= d if d > 0 else 1
+        variable = [i for i, d in enumerate(dims) if d < 0]
+        if len(variable) > 1:
+            raise TritonError.invalid_arg(
+                f"raw binary request for model '{model_name}': input '{name}' has more than one variable dimension"
+            )
+        elements, rest = divmod(len(body), dtype.itemsize)
+        if rest or (variable and elements % known) or (not variable and elements != known):
+            raise TritonError.invalid_arg(
+                f"raw binary request for model '{model_name}': {len(body)} bytes do not form input '{name}' "
+                f"of type {dtype.wire} and dims {list(dims)}"
+            )
+        shape = tuple(elements // known if d < 0 else d for d in dims)
+        data = _from_binary(memoryview(body), dtype, shape, elements, name, model_name, "")
+    if max_batch > 0:
+        shape = (1, *shape)
+        data = data.reshape(shape)
+    tensor = InferInput(name, dtype, shape, data)
+    return InferRequest(model_name, model_version, "", {name: tensor}, None, {}, binary_output=True)

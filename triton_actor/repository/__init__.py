@@ -1,0 +1,1 @@
+"""Model repositories on disk: layout rules and ``config.pbtxt`` handling."""

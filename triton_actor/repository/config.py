@@ -1,0 +1,229 @@
+"""``config.pbtxt`` → ``inference.ModelConfig``: parse, fill, normalize, validate, and print as Triton's JSON.
+
+Mirrors Triton core's order: read (or start empty when auto-complete is on) → fill backend/platform/
+default file name from the folder's contents (always) → backend auto-complete (the backend's job) →
+normalize → validate. Every error names the model, and the file with line and column or the rule.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import json_format, text_format
+from google.protobuf.descriptor import FieldDescriptor
+
+from ..errors import TritonError
+from ..protocol._generated import model_config_pb2 as mc
+
+ModelConfig = mc.ModelConfig
+
+# platform / model file → backend, platform, default file name (spec §4.2, first match wins)
+_FILE_RULES: tuple[tuple[str, str, str, str], ...] = (
+    ("tensorrt_plan", "model.plan", "tensorrt", "tensorrt_plan"),
+    ("onnxruntime_onnx", "model.onnx", "onnxruntime", "onnxruntime_onnx"),
+    ("", "model.xml", "openvino", ""),
+    ("pytorch_libtorch", "model.pt", "pytorch", "pytorch_libtorch"),
+    ("torch_aoti", "model.pt2", "pytorch", "torch_aoti"),
+    ("", "model.py", "python", ""),
+    ("tensorflow_savedmodel", "model.savedmodel", "tensorflow", "tensorflow_savedmodel"),
+    ("tensorflow_graphdef", "model.graphdef", "tensorflow", "tensorflow_graphdef"),
+)
+_PLATFORM_BACKEND = {
+    "tensorrt_plan": "tensorrt",
+    "onnxruntime_onnx": "onnxruntime",
+    "pytorch_libtorch": "pytorch",
+    "libtorch": "pytorch",
+    "torch_aoti": "pytorch",
+    "tensorflow_savedmodel": "tensorflow",
+    "tensorflow_graphdef": "tensorflow",
+}
+
+
+def _err(model: str, message: str) -> TritonError:
+    return TritonError.invalid_arg(f"model '{model}': {message}")
+
+
+def parse_text(text: str, model: str, path: Path | str) -> ModelConfig:
+    """Parse protobuf text format; a syntax error names the file, line and column."""
+    cfg = ModelConfig()
+    try:
+        text_format.Parse(text, cfg)
+    except text_format.ParseError as e:
+        detail = str(e).split(": ", 1)[-1] if e.GetLine() else str(e)
+        where = f"{path}:{e.GetLine()}:{e.GetColumn()}" if e.GetLine() else str(path)
+        raise _err(model, f"invalid config at {where}: {detail}") from None
+    return cfg
+
+
+def parse_json(text: str, model: str) -> ModelConfig:
+    """A config given as JSON (load API override): proto field names, unknown fields are errors."""
+    cfg = ModelConfig()
+    try:
+        json_format.Parse(text, cfg, ignore_unknown_fields=False)
+    except json_format.ParseError as e:
+        raise _err(model, f"invalid config override JSON: {e}") from None
+    return cfg
+
+
+def read(model_dir: Path, model: str, *, auto_complete: bool, config_name: str = "") -> ModelConfig:
+    """Read ``configs/<config_name>.pbtxt`` or ``config.pbtxt``; none at all is allowed only with auto-complete."""
+    candidates = [model_dir / "configs" / f"{config_name}.pbtxt"] if config_name else []
+    candidates.append(model_dir / "config.pbtxt")
+    for path in candidates:
+        if path.is_file():
+            try:
+                text = path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as e:
+                raise _err(model, f"failed to read {path}: {e}") from None
+            return parse_text(text, model, path)
+    if not auto_complete:
+        raise _err(model, f"failed to read model configuration: {model_dir / 'config.pbtxt'} does not exist "
+                          "(auto-complete is disabled)")
+    return ModelConfig()
+
+
+def fill_backend_fields(cfg: ModelConfig, model: str, first_version_dir: Path | None) -> None:
+    """Name, backend, platform and default file name from the folder (runs even without auto-complete)."""
+    if not cfg.name:
+        cfg.name = model
+    if cfg.platform == "ensemble":
+        return
+    files = set()
+    if first_version_dir is not None and first_version_dir.is_dir():
+        files = {p.name for p in first_version_dir.iterdir()}
+    if cfg.default_model_filename:
+        files.add(cfg.default_model_filename)
+    for platform, filename, backend, default_platform in _FILE_RULES:
+        by_platform = bool(platform) and cfg.platform in (platform, "libtorch" if backend == "pytorch" else platform)
+        by_file = filename in files and cfg.backend in ("", backend) and cfg.platform in ("", default_platform)
+        if by_platform or by_file:
+            cfg.backend = cfg.backend or backend
+            cfg.platform = cfg.platform or default_platform
+            cfg.default_model_filename = cfg.default_model_filename or filename
+            return
+    if not cfg.backend and "." in model:
+        cfg.backend = model.rsplit(".", 1)[1]
+
+
+def normalize(cfg: ModelConfig, model: str, gpu_count: int) -> None:
+    """Triton's ``NormalizeModelConfig`` / ``NormalizeInstanceGroup``: what /config shows after load."""
+    if not cfg.HasField("version_policy"):
+        cfg.version_policy.latest.num_versions = 1
+    if cfg.HasField("dynamic_batching") and cfg.max_batch_size > 0 and not cfg.dynamic_batching.preferred_batch_size:
+        cfg.dynamic_batching.preferred_batch_size.append(cfg.max_batch_size)
+    if cfg.HasField("sequence_batching") and cfg.sequence_batching.max_sequence_idle_microseconds == 0:
+        cfg.sequence_batching.max_sequence_idle_microseconds = 1_000_000
+    if cfg.platform != "ensemble":
+        cfg.optimization.input_pinned_memory.enable = True
+        cfg.optimization.output_pinned_memory.enable = True
+        if not cfg.instance_group:
+            group = cfg.instance_group.add()
+            group.name = model
+            group.kind = mc.ModelInstanceGroup.KIND_AUTO
+        for idx, group in enumerate(cfg.instance_group):
+            if not group.name:
+                group.name = f"{model}_{idx}"
+            if group.count < 1:
+                group.count = 2 if cfg.backend in ("onnxruntime", "tensorflow") and _is_cpu(group, gpu_count) else 1
+            if group.kind == mc.ModelInstanceGroup.KIND_AUTO:
+                group.kind = mc.ModelInstanceGroup.KIND_GPU if gpu_count and cfg.backend != "python" else mc.ModelInstanceGroup.KIND_CPU
+            if group.kind == mc.ModelInstanceGroup.KIND_GPU and not group.gpus:
+                group.gpus.extend(range(gpu_count))
+
+
+def _is_cpu(group: Any, gpu_count: int) -> bool:
+    return group.kind == mc.ModelInstanceGroup.KIND_CPU or (group.kind == mc.ModelInstanceGroup.KIND_AUTO and not gpu_count)
+
+
+def validate(cfg: ModelConfig, model: str, gpu_count: int) -> None:
+    """The invalid combinations of spec §3.9 that apply to a non-ensemble model; raise on the first."""
+    if cfg.name != model:
+        raise _err(model, f"configuration name '{cfg.name}' does not match the model directory name '{model}'")
+    if not cfg.backend and not cfg.platform:
+        raise _err(model, "unexpected platform type '' (no backend or platform set and none could be inferred)")
+    expected = _PLATFORM_BACKEND.get(cfg.platform)
+    if expected and cfg.backend and cfg.backend != expected:
+        raise _err(model, f"platform '{cfg.platform}' does not match backend '{cfg.backend}' (expected '{expected}')")
+    if cfg.max_batch_size < 0:
+        raise _err(model, f"max_batch_size must be non-negative, got {cfg.max_batch_size}")
+    for kind, tensors in (("input", cfg.input), ("output", cfg.output)):
+        seen = set()
+        for t in tensors:
+            if not t.name:
+                raise _err(model, f"model {kind} must specify 'name'")
+            if t.name in seen:
+                raise _err(model, f"{kind} '{t.name}' is specified more than once")
+            seen.add(t.name)
+            if t.data_type == mc.TYPE_INVALID:
+                raise _err(model, f"model {kind} '{t.name}' must specify 'data_type'")
+            if not t.dims and not (t.HasField("reshape") and cfg.max_batch_size > 0):
+                raise _err(model, f"model {kind} '{t.name}' must specify 'dims'")
+            for d in t.dims:
+                if d < 1 and d != -1:
+                    raise _err(model, f"model {kind} '{t.name}' dimension must be integer >= 1, or -1 to indicate a variable-size dimension")
+    if cfg.HasField("dynamic_batching"):
+        for size in cfg.dynamic_batching.preferred_batch_size:
+            if size < 1 or (cfg.max_batch_size > 0 and size > cfg.max_batch_size):
+                raise _err(model, f"dynamic batching preferred size must be positive and <= max_batch_size {cfg.max_batch_size}, got {size}")
+    for group in cfg.instance_group:
+        if group.kind in (mc.ModelInstanceGroup.KIND_CPU, mc.ModelInstanceGroup.KIND_MODEL) and group.gpus:
+            raise _err(model, f"instance group {group.name} of kind {mc.ModelInstanceGroup.Kind.Name(group.kind)} must not specify GPUs")
+        if group.kind == mc.ModelInstanceGroup.KIND_GPU:
+            if not gpu_count:
+                raise _err(model, f"instance group {group.name} of kind KIND_GPU but no GPUs are available")
+            for g in group.gpus:
+                if g < 0 or g >= gpu_count:
+                    raise _err(model, f"instance group {group.name} of kind KIND_GPU specifies invalid or unsupported gpu id {g}")
+    if cfg.platform == "ensemble" or cfg.HasField("ensemble_scheduling"):
+        raise TritonError.unsupported(f"model '{model}': ensembles are not supported yet")
+
+
+# ---- JSON as /v2/models/<m>/config prints it ----------------------------------------------------
+
+_INT64_TYPES = frozenset({FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT64,
+                          FieldDescriptor.TYPE_FIXED64, FieldDescriptor.TYPE_SFIXED64})
+
+
+def to_json_dict(cfg: ModelConfig) -> dict[str, Any]:
+    """Proto field names, default fields printed, enums by name, and 64-bit integers as JSON numbers."""
+    data = json_format.MessageToDict(cfg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    _numbers(cfg.DESCRIPTOR, data)
+    return _ordered(cfg.DESCRIPTOR, data)
+
+
+def _ordered(desc: Any, data: dict[str, Any]) -> dict[str, Any]:
+    """Re-key ``data`` in field declaration order (protobuf prints set fields first, defaults after)."""
+    out: dict[str, Any] = {}
+    for field in desc.fields:
+        if field.name not in data:
+            continue
+        value = data[field.name]
+        msg = field.message_type
+        if msg is not None and not msg.GetOptions().map_entry:
+            value = [_ordered(msg, v) for v in value] if isinstance(value, list) else _ordered(msg, value)
+        out[field.name] = value
+    return out
+
+
+def _numbers(desc: Any, data: dict[str, Any]) -> None:
+    for key, value in data.items():
+        field = desc.fields_by_name.get(key)
+        if field is None:
+            continue
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            vfield = field.message_type.fields_by_name["value"]
+            for k, v in value.items():
+                if vfield.message_type is not None:
+                    _numbers(vfield.message_type, v)
+                elif vfield.type in _INT64_TYPES:
+                    value[k] = int(v)
+        elif field.message_type is not None:
+            for item in value if isinstance(value, list) else [value]:
+                _numbers(field.message_type, item)
+        elif field.type in _INT64_TYPES:
+            data[key] = [int(v) for v in value] if isinstance(value, list) else int(value)
+
+
+def data_type_name(value: int) -> str:
+    return mc.DataType.Name(value)

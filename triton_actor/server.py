@@ -1,0 +1,117 @@
+"""The server: builds the actor tree and the front ends, runs until a signal, shuts down cleanly.
+
+Supervision tree: Server → RepositoryActor → ModelActors → per version a SchedulerActor and its
+InstanceActors. Shutdown (SIGINT/SIGTERM): stop accepting, let in-flight requests finish (up to
+``--exit-timeout-secs``), ``finalize()`` every model, exit 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from typing import Any
+
+import gevent
+import gevent.event
+
+from .actors.model import LoadSettings
+from .actors.repository import LoadAll, RepositoryActor, UnloadAll
+from .backends.base import Backend
+from .backends.python.backend import PythonBackend
+from .dataplane import DataPlane
+from .frontends.http import HttpFrontend
+from .frontends.wsgi_server import NoDelayWSGIServer
+from .settings import Settings
+
+log = logging.getLogger("triton_actor.server")
+
+
+def default_backends() -> dict[str, Backend]:
+    return {"python": PythonBackend()}
+
+
+class StartupError(Exception):
+    """A model failed to load at startup and ``--exit-on-error`` is on."""
+
+
+class Server:
+    """Owns the repository actor and the front ends for one process."""
+
+    def __init__(self, settings: Settings, backends: dict[str, Backend] | None = None) -> None:
+        self.settings = settings
+        load = LoadSettings(
+            auto_complete=settings.auto_complete,
+            config_name=settings.model_config_name,
+            backend_config=settings.backend_config,
+        )
+        self.repository = RepositoryActor(list(settings.model_repositories), backends or default_backends(), load,
+                                          settings.model_control_mode)
+        self.plane = DataPlane(self.repository, settings.server_id, settings.strict_readiness)
+        self.http: NoDelayWSGIServer | None = None
+        self.frontend: HttpFrontend | None = None
+        self._stopped = gevent.event.Event()
+        self._stopping = False
+
+    @property
+    def http_port(self) -> int:
+        assert self.http is not None
+        return self.http.server_port
+
+    def start(self) -> None:
+        """Listen (live, not ready), load every model, then accept inference."""
+        s = self.settings
+        self.repository.start()
+        if s.allow_http:
+            self.frontend = HttpFrontend(self.plane, s.http_max_input_size)
+            self.http = NoDelayWSGIServer((s.http_address, s.http_port), self.frontend)
+            self.http.start()
+            log.info("Started HTTPService at %s:%d", s.http_address, self.http.server_port)
+        self.plane.live = True
+        failures: dict[str, str] = self.repository.ref.ask(LoadAll()).get()
+        for name, reason in sorted(failures.items()):
+            log.error("model '%s' failed to load: %s", name, reason)
+        if failures and s.exit_on_error:
+            raise StartupError(f"{len(failures)} model(s) failed to load: {', '.join(sorted(failures))}")
+        self.plane.accepting = True
+        log.info("server is ready: %d model(s) loaded, %d failed",
+                 len(self.repository.routes) - len(failures), len(failures))
+
+    def stop(self) -> None:
+        """Stop accepting, drain in-flight requests, finalize the models (idempotent)."""
+        if self._stopping:
+            self._stopped.wait()
+            return
+        self._stopping = True
+        log.info("shutting down: waiting up to %.0f s for in-flight requests", self.settings.exit_timeout_secs)
+        self.plane.accepting = False
+        if self.http is not None:
+            self.http.close()  # no new connections; requests already being handled run to completion
+            if not self.frontend.wait_idle(self.settings.exit_timeout_secs):
+                log.warning("%d request(s) still running after %.0f s", self.frontend.in_flight,
+                            self.settings.exit_timeout_secs)
+            self.http.stop(timeout=1)
+        try:
+            self.repository.ref.ask(UnloadAll(), timeout=self.settings.exit_timeout_secs).get(
+                self.settings.exit_timeout_secs)
+        except Exception as e:  # noqa: BLE001
+            log.error("unloading models at shutdown: %s", e)
+        self.plane.live = False
+        self.repository.stop(timeout=5)
+        self._stopped.set()
+        log.info("server stopped")
+
+    def run(self) -> int:
+        """CLI entry: start, serve until SIGINT/SIGTERM, stop. Exit status 0 on a clean stop."""
+        handlers: list[Any] = []
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            handlers.append(gevent.signal_handler(sig, lambda: gevent.spawn(self.stop)))
+        try:
+            self.start()
+        except StartupError as e:
+            log.error("%s; exiting (--exit-on-error=true)", e)
+            self.stop()
+            return 1
+        self._stopped.wait()
+        for h in handlers:
+            h.cancel()
+        return 0

@@ -1,0 +1,30 @@
+"""Server settings, read once (defaults < environment < command line) and passed down."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Every knob, named as tritonserver's flags (spec §5.2)."""
+
+    model_repositories: tuple[Path, ...] = ()
+    server_id: str = "triton"
+    http_address: str = "0.0.0.0"
+    http_port: int = 8000
+    allow_http: bool = True
+    grpc_address: str = "0.0.0.0"
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    http_max_input_size: int = 64 * 1024 * 1024
+    log_verbose: int = 0
+    log_info: bool = True
+    strict_readiness: bool = True
+    exit_on_error: bool = True
+    exit_timeout_secs: float = 30.0
+    auto_complete: bool = True
+    model_control_mode: str = "none"
+    model_config_name: str = ""
+    backend_config: dict[str, dict[str, str]] = field(default_factory=dict)

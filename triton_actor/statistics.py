@@ -1,0 +1,89 @@
+"""Cumulative per-version inference statistics, as Triton's statistics extension reports them (spec §1.9).
+
+Owned by the version's scheduler actor, which records into it from its own greenlet; readers get a
+:meth:`VersionStats.snapshot` (plain data) through the scheduler's mailbox.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+_DURATIONS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit", "cache_miss")
+
+
+@dataclass(slots=True)
+class Duration:
+    count: int = 0
+    ns: int = 0
+
+    def add(self, ns: int, count: int = 1) -> None:
+        self.count += count
+        self.ns += ns
+
+
+@dataclass(slots=True)
+class BatchStat:
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+
+
+class VersionStats:
+    """Counters of one model version. Counting rules mirror Triton core:
+
+    ``inference_count`` counts batch elements, ``execution_count`` model executions,
+    ``success``/``queue`` count requests, ``compute_*`` count requests that executed.
+    """
+
+    __slots__ = ("name", "version", "last_inference", "inference_count", "execution_count", "durations",
+                 "batches")
+
+    def __init__(self, name: str, version: int) -> None:
+        self.name = name
+        self.version = version
+        self.last_inference = 0
+        self.inference_count = 0
+        self.execution_count = 0
+        self.durations = {k: Duration() for k in _DURATIONS}
+        self.batches: dict[int, BatchStat] = {}
+
+    def record_execution(self, batch_size: int, ci_ns: int, inf_ns: int, co_ns: int) -> None:
+        """One model execution of ``batch_size`` elements (counted even when the model failed, as Triton does)."""
+        self.execution_count += 1
+        self.last_inference = time.time_ns() // 1_000_000
+        b = self.batches.get(batch_size)
+        if b is None:
+            b = self.batches[batch_size] = BatchStat()
+        b.compute_input.add(ci_ns)
+        b.compute_infer.add(inf_ns)
+        b.compute_output.add(co_ns)
+
+    def record_success(self, batch_size: int, total_ns: int, queue_ns: int, timings: tuple[int, int, int]) -> None:
+        """A request answered: its elements count as inferences, its batch's compute times are its own."""
+        d = self.durations
+        self.inference_count += batch_size
+        d["success"].add(total_ns)
+        d["queue"].add(queue_ns)
+        d["compute_input"].add(timings[0])
+        d["compute_infer"].add(timings[1])
+        d["compute_output"].add(timings[2])
+
+    def record_failure(self, total_ns: int) -> None:
+        """A request that reached the scheduler and failed (rejected-before-queueing ones are not counted)."""
+        self.durations["fail"].add(total_ns)
+
+    def snapshot(self) -> dict[str, object]:
+        """A plain-data copy for the protocol layer."""
+        return {
+            "name": self.name,
+            "version": self.version,
+            "last_inference": self.last_inference,
+            "inference_count": self.inference_count,
+            "execution_count": self.execution_count,
+            "durations": {k: (v.count, v.ns) for k, v in self.durations.items()},
+            "batches": {
+                size: (b.compute_input.count, b.compute_input.ns, b.compute_infer.ns, b.compute_output.ns)
+                for size, b in sorted(self.batches.items())
+            },
+        }

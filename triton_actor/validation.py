@@ -1,0 +1,115 @@
+"""Checks a request against its model's config before it is queued (Triton core ``InferenceRequest::Normalize``).
+
+Built once per loaded model version; ``check`` runs on the hot path, so it is a few dict lookups.
+Messages are Triton's, prefixed with ``[request id: <id>] ``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import TritonError
+from .inference import InferRequest
+from .protocol.dtypes import BY_ENUM_VALUE, DType
+from .repository.config import ModelConfig
+
+
+@dataclass(frozen=True, slots=True)
+class _Spec:
+    dtype: DType
+    dims: tuple[int, ...]
+    optional: bool
+    ragged: bool
+
+
+def _shape_text(shape: tuple[int, ...] | list[int]) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+class RequestValidator:
+    """Per model version: known inputs/outputs, batching, and the checks on one request."""
+
+    __slots__ = ("model", "max_batch_size", "inputs", "outputs", "required")
+
+    def __init__(self, config: ModelConfig) -> None:
+        self.model = config.name
+        self.max_batch_size = config.max_batch_size
+        self.inputs = {
+            i.name: _Spec(BY_ENUM_VALUE[i.data_type], tuple(i.dims), i.optional, i.allow_ragged_batch)
+            for i in config.input
+        }
+        self.outputs = frozenset(o.name for o in config.output)
+        self.required = frozenset(n for n, s in self.inputs.items() if not s.optional)
+
+    def check(self, request: InferRequest) -> int:
+        """Raise INVALID_ARG on the first problem; return the request's batch size (1 without batching)."""
+        prefix = f"[request id: {request.id or '<id_unknown>'}] "
+        model = self.model
+        if request.outputs is not None:
+            for out in request.outputs:
+                if out.name not in self.outputs:
+                    raise TritonError.invalid_arg(f"unexpected inference output '{out.name}' for model '{model}'")
+        given = request.inputs
+        for name in given:
+            if name not in self.inputs:
+                raise TritonError.invalid_arg(f"{prefix}unexpected inference input '{name}' for model '{model}'")
+        if not self.required.issubset(given.keys()):
+            missing = sorted(self.required.difference(given.keys()))
+            raise TritonError.invalid_arg(
+                f"{prefix}expected {len(self.required)} inputs but got {len(given)} inputs for model '{model}'. "
+                f"Got input(s) {_names(list(given))}, but missing required input(s) {_names(missing)}. "
+                "Please provide all required input(s)."
+            )
+        batch = 1
+        mbs = self.max_batch_size
+        if mbs > 0:
+            first = next(iter(given.values()), None)
+            if first is not None:
+                if not first.shape:
+                    raise TritonError.invalid_arg(
+                        f"{prefix}input '{first.name}' has no batch dimension, but model '{model}' supports batching"
+                    )
+                batch = first.shape[0]
+                for t in given.values():
+                    if not t.shape or t.shape[0] != batch:
+                        raise TritonError.invalid_arg(
+                            f"{prefix}input '{t.name}' batch size does not match other inputs for '{model}'"
+                        )
+                if batch < 1 or batch > mbs:
+                    raise TritonError.invalid_arg(f"{prefix}inference request batch-size must be <= {mbs} for '{model}'")
+        for name, t in given.items():
+            spec = self.inputs[name]
+            if t.dtype is not spec.dtype:
+                raise TritonError.invalid_arg(
+                    f"{prefix}inference input '{name}' data-type is '{t.dtype.wire}', "
+                    f"but model '{model}' expects '{spec.dtype.wire}'"
+                )
+            shape = t.shape[1:] if mbs > 0 else t.shape
+            if not _matches(shape, spec.dims):
+                expected = ((-1,) if mbs > 0 else ()) + spec.dims
+                note = (
+                    "NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension to be "
+                    "prepended to each input shape. If you want to specify the full shape including the batch dim "
+                    "in your input dims config, try setting max_batch_size to zero. See the model configuration "
+                    "docs for more info on max_batch_size."
+                    if mbs > 0
+                    else ""
+                )
+                raise TritonError.invalid_arg(
+                    f"{prefix}unexpected shape for input '{name}' for model '{model}'. "
+                    f"Expected {_shape_text(expected)}, got {_shape_text(t.shape)}. {note}".rstrip()
+                )
+        return batch
+
+
+def _matches(shape: tuple[int, ...], dims: tuple[int, ...]) -> bool:
+    if len(shape) != len(dims):
+        return False
+    for got, want in zip(shape, dims, strict=True):
+        if want != -1 and got != want:
+            return False
+    return True
+
+
+def _names(names: list[str]) -> str:
+    return "[" + ", ".join(f"'{n}'" for n in names) + "]"
