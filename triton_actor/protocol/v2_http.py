@@ -186,8 +186,7 @@ def _decode_parameters(params: Any, prefix: str) -> tuple[dict[str, Any], dict[s
     for key, value in params.items():
         if key.startswith("triton_"):
             raise TritonError.invalid_arg(
-                f"{prefix}parameter keys starting with 'triton_' are reserved for Triton usage "
-                "and should not be specified."
+                "parameter keys starting with 'triton_' are reserved for Triton usage and should not be specified."
             )
         if key not in _CONSUMED:
             if not isinstance(value, str | int | float | bool):

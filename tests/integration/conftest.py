@@ -1,0 +1,39 @@
+"""Fixtures: a real server on the example repository (one per session) and a factory for ad-hoc ones."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import tritonclient.http as httpclient
+
+from .server import ROOT, ServerProcess
+
+
+@pytest.fixture(scope="session")
+def example_server() -> Iterator[ServerProcess]:
+    server = ServerProcess(ROOT / "model_repository").wait_ready()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def client(example_server: ServerProcess) -> Iterator[httpclient.InferenceServerClient]:
+    c = httpclient.InferenceServerClient(example_server.url, concurrency=8)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def start_server() -> Iterator[Callable[..., ServerProcess]]:
+    started: list[ServerProcess] = []
+
+    def start(*repos: Path, flags: tuple[str, ...] = (), wait: bool = True) -> ServerProcess:
+        server = ServerProcess(*repos, flags=flags)
+        started.append(server)
+        return server.wait_ready() if wait else server
+
+    yield start
+    for server in started:
+        server.stop()

@@ -1,0 +1,108 @@
+"""Start the real server in a subprocess on port 0 and read the bound port back from its log."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import gevent
+import gevent.event
+
+ROOT = Path(__file__).resolve().parents[2]
+_PORT = re.compile(r"Started HTTPService at [^ ]+:(\d+)")
+
+
+class ServerProcess:
+    """``python -m triton_actor`` with the given repositories and flags; its stderr is collected."""
+
+    def __init__(self, *repos: Path, flags: tuple[str, ...] = ()) -> None:
+        args = [sys.executable, "-m", "triton_actor"]
+        for repo in repos:
+            args += ["--model-repository", str(repo)]
+        args += ["--http-port", "0", "--http-address", "127.0.0.1", *flags]
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(args, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                                     env=env)
+        self.lines: list[str] = []
+        self.port: int | None = None
+        self._port_seen = gevent.event.Event()
+        self._ready_seen = gevent.event.Event()
+        self._reader = gevent.spawn(self._read)
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line.rstrip("\n"))
+            m = _PORT.search(line)
+            if m:
+                self.port = int(m.group(1))
+                self._port_seen.set()
+            if "server is ready" in line:
+                self._ready_seen.set()
+        self._port_seen.set()
+        self._ready_seen.set()
+
+    @property
+    def url(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def wait_ready(self, timeout: float = 60) -> ServerProcess:
+        """Wait until the server logged that startup finished; raise with its log if it exited."""
+        if not self._ready_seen.wait(timeout) or self.proc.poll() is not None or self.port is None:
+            raise RuntimeError("server did not start:\n" + self.log())
+        return self
+
+    def wait_exit(self, timeout: float = 60) -> int:
+        self._reader.join(timeout)
+        return self.proc.wait(timeout)
+
+    def log(self) -> str:
+        return "\n".join(self.lines)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.wait_exit(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+
+def add_model(repo: Path, name: str, config: str | None, model_py: str, versions: tuple[str, ...] = ("1",),
+              files: dict[str, str] | None = None) -> Path:
+    """Write ``<repo>/<name>/config.pbtxt`` and ``<version>/model.py`` (+ extra files relative to the model dir)."""
+    model_dir = repo / name
+    model_dir.mkdir(parents=True, exist_ok=True)
+    if config is not None:
+        (model_dir / "config.pbtxt").write_text(textwrap.dedent(config))
+    for v in versions:
+        (model_dir / v).mkdir(exist_ok=True)
+        (model_dir / v / "model.py").write_text(textwrap.dedent(model_py))
+    for rel, text in (files or {}).items():
+        path = model_dir / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    return model_dir
+
+
+IDENTITY_PY = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
+                for r in requests]
+"""
+
+IDENTITY_CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]
+output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]
+"""
