@@ -20,7 +20,7 @@ from .backends.base import Backend
 from .backends.python.backend import PythonBackend
 from .dataplane import DataPlane
 from .frontends.http import HttpFrontend
-from .frontends.wsgi_server import NoDelayWSGIServer
+from .frontends.http_server import HttpServer
 from .settings import Settings
 
 log = logging.getLogger("triton_actor.server")
@@ -47,7 +47,7 @@ class Server:
         self.repository = RepositoryActor(list(settings.model_repositories), backends or default_backends(), load,
                                           settings.model_control_mode)
         self.plane = DataPlane(self.repository, settings.server_id, settings.strict_readiness)
-        self.http: NoDelayWSGIServer | None = None
+        self.http: HttpServer | None = None
         self.frontend: HttpFrontend | None = None
         self._stopped = gevent.event.Event()
         self._stopping = False
@@ -63,7 +63,7 @@ class Server:
         self.repository.start()
         if s.allow_http:
             self.frontend = HttpFrontend(self.plane, s.http_max_input_size)
-            self.http = NoDelayWSGIServer((s.http_address, s.http_port), self.frontend)
+            self.http = HttpServer(s.http_address, s.http_port, self.frontend)
             self.http.start()
             log.info("Started HTTPService at %s:%d", s.http_address, self.http.server_port)
         self.plane.live = True

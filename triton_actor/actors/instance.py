@@ -1,9 +1,18 @@
 """InstanceActor: one model instance = one native OS thread running one backend instance.
 
 Its mailbox is the native thread's queue (see :mod:`.bridge`): ``execute`` queues a batch there and
-the completion callback runs in the hub. State it owns: the backend instance (confined to its
-thread), the device placement. Failure: a load error fails :meth:`wait_ready`; an error raised by
-the backend while executing fails that batch only; the instance keeps serving.
+the completion callback runs in the hub. State it owns: the backend instance, its placement, and its
+execution mode. Failure: a load error fails :meth:`wait_ready`; an error raised by the backend while
+executing fails that batch only; the instance keeps serving.
+
+Execution mode (a deliberate refinement of thread-per-instance, measured in ``scripts/bench_http.py``):
+handing a batch to a native thread and back costs two thread wake-ups (15-20 µs each on our 2-core
+machines, and the woken thread runs cold caches), which is more than a small Python model's whole
+``execute``. A backend instance that allows it (``inline_ok``: Python models on CPU) is *promoted* to
+run in the calling greenlet after ``PROMOTE_STREAK`` consecutive executions shorter than
+``PROMOTE_NS``; one execution longer than ``DEMOTE_NS`` demotes it back to its thread, and the streak
+it needs next time doubles. So the hub is never blocked for long, GIL-releasing or slow models keep
+their thread (and run in parallel), and tiny models skip the crossings.
 """
 
 from __future__ import annotations
@@ -11,6 +20,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from typing import Any
+
+import gevent
 
 from ..backends.base import Backend, BackendInstance, InstanceContext, Result
 from ..errors import TritonError
@@ -20,12 +31,17 @@ from .bridge import NativeWorker
 Timings = tuple[int, int, int]  # compute_input, compute_infer, compute_output (ns)
 Done = Callable[[bool, Any], None]
 
+PROMOTE_NS = 200_000
+PROMOTE_STREAK = 32
+DEMOTE_NS = 1_000_000
+_perf_ns = time.perf_counter_ns
+
 
 def _run_batch(instance: BackendInstance, requests: list[InferRequest]) -> tuple[list[Result], Timings]:
-    """Native thread: run one batch and time it."""
-    t0 = time.perf_counter_ns()
+    """Run one batch and time it (native thread, or the calling greenlet when inline)."""
+    t0 = _perf_ns()
     results = instance.execute(requests)
-    t1 = time.perf_counter_ns()
+    t1 = _perf_ns()
     if len(results) != len(requests):
         raise TritonError.internal(f"backend returned {len(results)} results for {len(requests)} requests")
     return results, (0, t1 - t0, 0)
@@ -38,26 +54,78 @@ def _finalize(instance: BackendInstance) -> None:
 class InstanceActor:
     """Facade over one native worker: ``execute(batch, done)`` and ``close()`` (hub thread only)."""
 
-    __slots__ = ("ctx", "_worker")
+    __slots__ = ("ctx", "_worker", "_backend_instance", "_inline", "_streak", "_needed", "_hub")
 
     def __init__(self, ctx: InstanceContext, backend: Backend) -> None:
         self.ctx = ctx
+        self._backend_instance: BackendInstance | None = None
+        self._inline = False
+        self._streak = 0
+        self._needed = PROMOTE_STREAK
+        self._hub = gevent.get_hub()
         self._worker: NativeWorker[BackendInstance] = NativeWorker(
-            ctx.instance_name, setup=lambda: backend.create(ctx), teardown=_finalize
+            ctx.instance_name, setup=self._create_in_thread(backend), teardown=_finalize
         )
+
+    def _create_in_thread(self, backend: Backend) -> Callable[[], BackendInstance]:
+        def create() -> BackendInstance:
+            instance = backend.create(self.ctx)
+            self._backend_instance = instance  # read by the hub only after ``ready`` completes
+            return instance
+
+        return create
 
     @property
     def name(self) -> str:
         return self.ctx.instance_name
+
+    @property
+    def inline(self) -> bool:
+        return self._inline
 
     def wait_ready(self, timeout: float | None = None) -> None:
         """Block the calling greenlet until the backend instance loaded; raise its load error."""
         self._worker.ready.get(timeout)
 
     def execute(self, requests: list[InferRequest], done: Done) -> None:
-        """Queue a batch; ``done(ok, (results, timings) | error)`` runs in the hub when it finishes."""
-        self._worker.submit_callback(_run_batch, (requests,), done)
+        """Run a batch; ``done(ok, (results, timings) | error)`` is called in the hub or the caller."""
+        if not self._inline:
+            self._worker.submit_callback(_run_batch, (requests,), self._observe(done))
+        elif gevent.getcurrent() is self._hub:
+            gevent.spawn(self._run_inline, requests, done)  # user code may yield: never run it on the hub
+        else:
+            self._run_inline(requests, done)
+
+    def _run_inline(self, requests: list[InferRequest], done: Done) -> None:
+        assert self._backend_instance is not None
+        try:
+            value = _run_batch(self._backend_instance, requests)
+        except Exception as e:  # noqa: BLE001 - reported like a thread-side failure
+            done(False, e)
+            return
+        if value[1][1] > DEMOTE_NS:
+            self._inline = False
+            self._streak = 0
+            self._needed *= 2
+        done(True, value)
+
+    def _observe(self, done: Done) -> Done:
+        """Wrap a thread-mode completion: count fast executions towards promotion."""
+        if not getattr(self._backend_instance, "inline_ok", False):
+            return done
+
+        def observed(ok: bool, value: Any) -> None:
+            if ok and value[1][1] < PROMOTE_NS:
+                self._streak += 1
+                if self._streak >= self._needed:
+                    self._inline = True
+            else:
+                self._streak = 0
+            done(ok, value)
+
+        return observed
 
     def close(self, timeout: float | None = 30.0) -> bool:
-        """Finish queued batches, ``finalize()`` the backend, join the thread."""
+        """Finish queued batches, ``finalize()`` the backend on its thread, join the thread."""
+        self._inline = False
         return self._worker.close(timeout)

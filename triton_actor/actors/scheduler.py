@@ -1,6 +1,7 @@
 """SchedulerActor: the queue of one model version and the choice of which idle instance runs what.
 
-Messages: :class:`Enqueue` (tell, carries its Reply), :class:`BatchDone` (event from an instance),
+An :class:`InlineActor`: its handlers never block, so a message is handled on the sender's stack
+when the actor is idle (no loop greenlet, no switch). Messages: :class:`Enqueue` (tell, carries its Reply), :class:`BatchDone` (event from an instance),
 :class:`GetStats` (ask), :class:`Drain` (ask; answered once nothing is queued or running).
 State owned: the request queue, the idle instances, the version's :class:`VersionStats`.
 Failure: a backend error fails only the requests of that batch; the instance goes back to idle.
@@ -24,7 +25,7 @@ from ..errors import TritonError
 from ..inference import InferRequest, InferResponse
 from ..statistics import VersionStats
 from .instance import InstanceActor
-from .kernel import Actor, Reply
+from .kernel import InlineActor, Reply
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ class Drain:
     reply: Reply[None]
 
 
-class SchedulerActor(Actor):
+class SchedulerActor(InlineActor):
     """Default / simple dynamic-batching scheduler for one model version."""
 
     def __init__(self, name: str, instances: list[InstanceActor], stats: VersionStats,

@@ -32,7 +32,10 @@ Result = InferResponse | TritonError
 
 
 class BackendInstance(Protocol):
-    """One loaded copy of a model. Every method runs in the instance's native thread."""
+    """One loaded copy of a model. Every method runs in the instance's native thread, except that
+    ``execute`` may run in the calling greenlet when ``inline_ok`` is True (see actors/instance.py)."""
+
+    inline_ok: bool
 
     def execute(self, requests: list[InferRequest]) -> list[Result]:
         """One response or error per request, same order; raising fails the whole batch."""

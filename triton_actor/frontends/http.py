@@ -45,94 +45,134 @@ def _version(v: str | None) -> int:
 
 
 class HttpFrontend:
-    """The WSGI application: fast infer path in front of the Flask app."""
+    """The HTTP application: a sans-WSGI fast ``/infer`` handler plus the Flask app for the rest.
+
+    Our own server (:mod:`.http_server`) calls :meth:`infer` directly; any WSGI server (gunicorn)
+    uses :meth:`__call__`, which routes ``POST .../infer`` to the same handler.
+    """
 
     def __init__(self, plane: DataPlane, max_input_size: int = 64 * 1024 * 1024) -> None:
         self.plane = plane
         self.max_input_size = max_input_size
         self.flask = create_app(plane, self)
-        self._flask_wsgi = self.flask.wsgi_app
+        self.wsgi_fallback = self.flask.wsgi_app
         self.in_flight = 0
-        self._idle = gevent.event.Event()
-        self._idle.set()
+        self._idle: gevent.event.Event | None = None  # created by wait_idle (shutdown) only
 
-    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+    # -- request accounting (shutdown drains these) ------------------------------------------------
+    def begin(self) -> None:
         self.in_flight += 1
-        self._idle.clear()
-        try:
-            if environ["REQUEST_METHOD"] == "POST":
-                m = _INFER.match(environ.get("PATH_INFO", ""))
-                if m is not None:
-                    return self._infer(environ, start_response, m.group(1), _version(m.group(2)))
-            return self._flask_wsgi(environ, start_response)
-        finally:
-            self.in_flight -= 1
-            if not self.in_flight:
-                self._idle.set()
+
+    def end(self) -> None:
+        self.in_flight -= 1
+        if not self.in_flight and self._idle is not None:
+            self._idle.set()
 
     def wait_idle(self, timeout: float | None) -> bool:
         """Wait until no request is being handled (shutdown drain). True when idle in time."""
+        if not self.in_flight:
+            return True
+        self._idle = gevent.event.Event()
         return self._idle.wait(timeout)
 
-    # -- /infer -----------------------------------------------------------------------------------
-    def _infer(self, environ: dict[str, Any], start_response: StartResponse, model: str, version: int) -> Iterable[bytes]:
-        try:
-            body = self.read_body(environ)
-            header_length = v2_http.parse_header_length(environ.get("HTTP_INFERENCE_HEADER_CONTENT_LENGTH"))
-            if header_length == 0:
-                req = v2_http.decode_raw_request(body, self.plane.raw_input_spec(model, version), model, version)
-            else:
-                req = v2_http.decode_infer_request(body, header_length, model, version)
-            served = self.plane.infer(req)
-            chunks, json_length = v2_http.encode_infer_response(
-                req, served.response, served.version, served.labels, served.batching
-            )
-        except TritonError as e:
-            return _raw_error(start_response, e)
-        except Exception as e:
-            log.exception("unexpected error serving /infer for '%s'", model)
-            return _raw_error(start_response, TritonError.internal(f"internal error: {e!r}"))
-        headers = [("Content-Type", _JSON if json_length is None else "application/octet-stream")]
-        if json_length is not None:
-            headers.append(("Inference-Header-Content-Length", str(json_length)))
-        body_out = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        encoding = _accepted_encoding(environ.get("HTTP_ACCEPT_ENCODING"))
-        if encoding is not None:
-            body_out = gzip.compress(body_out, 1) if encoding == "gzip" else zlib.compress(body_out, 1)
-            headers.append(("Content-Encoding", encoding))
-        headers.append(("Content-Length", str(len(body_out))))
-        start_response("200 OK", headers)
-        return [body_out]
+    @staticmethod
+    def match_infer(method: str, path: str) -> tuple[str, int] | None:
+        if method != "POST":
+            return None
+        m = _INFER.match(path)
+        return None if m is None else (m.group(1), _version(m.group(2)))
 
-    def read_body(self, environ: dict[str, Any]) -> bytes:
-        """The request body, decompressed, never more than ``max_input_size`` bytes."""
+    # -- WSGI -------------------------------------------------------------------------------------
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        self.begin()
+        try:
+            target = self.match_infer(environ["REQUEST_METHOD"], environ.get("PATH_INFO", ""))
+            if target is None:
+                return self.wsgi_fallback(environ, start_response)
+            try:
+                body = self.read_wsgi_body(environ)
+            except TritonError as e:
+                status, headers, out = error_response(e)
+            else:
+                status, headers, out = self.infer(
+                    target[0], target[1], body, environ.get("HTTP_INFERENCE_HEADER_CONTENT_LENGTH"),
+                    environ.get("HTTP_CONTENT_ENCODING"), environ.get("HTTP_ACCEPT_ENCODING"),
+                )
+            start_response(status, [*headers, ("Content-Length", str(len(out)))])
+            return [out]
+        finally:
+            self.end()
+
+    def read_wsgi_body(self, environ: dict[str, Any]) -> bytes:
         limit = self.max_input_size
         length = environ.get("CONTENT_LENGTH")
         if length:
             n = int(length)
             if n > limit:
-                raise _too_large(n, limit)
-            body = environ["wsgi.input"].read(n)
+                raise too_large(n, limit)
+            return environ["wsgi.input"].read(n)
+        body = environ["wsgi.input"].read(limit + 1)
+        if len(body) > limit:
+            raise too_large(len(body), limit)
+        return body
+
+    # -- /infer -----------------------------------------------------------------------------------
+    def infer(
+        self,
+        model: str,
+        version: int,
+        body: bytes,
+        header_length: str | None,
+        content_encoding: str | None,
+        accept_encoding: str | None,
+    ) -> tuple[str, list[tuple[str, str]], bytes]:
+        """Decode → data plane → encode; returns (status line, headers without Content-Length, body)."""
+        try:
+            body = self.decompress(body, content_encoding)
+            hl = v2_http.parse_header_length(header_length)
+            if hl == 0 or (hl is None and not body):
+                req = v2_http.decode_raw_request(body, self.plane.raw_input_spec(model, version), model, version)
+            else:
+                req = v2_http.decode_infer_request(body, hl, model, version)
+            served = self.plane.infer(req)
+            chunks, json_length = v2_http.encode_infer_response(
+                req, served.response, served.version, served.labels, served.batching
+            )
+        except TritonError as e:
+            return error_response(e)
+        except Exception as e:
+            log.exception("unexpected error serving /infer for '%s'", model)
+            return error_response(TritonError.internal(f"internal error: {e!r}"))
+        out = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        if json_length is None:
+            headers = [("Content-Type", _JSON)]
         else:
-            body = environ["wsgi.input"].read(limit + 1)
-            if len(body) > limit:
-                raise _too_large(len(body), limit)
-        encoding = (environ.get("HTTP_CONTENT_ENCODING") or "").strip().lower()
+            headers = [("Content-Type", "application/octet-stream"), ("Inference-Header-Content-Length", str(json_length))]
+        encoding = _accepted_encoding(accept_encoding)
+        if encoding is not None:
+            out = gzip.compress(out, 1) if encoding == "gzip" else zlib.compress(out, 1)
+            headers.append(("Content-Encoding", encoding))
+        return "200 OK", headers, out
+
+    def decompress(self, body: bytes, encoding: str | None) -> bytes:
+        """Undo ``Content-Encoding: gzip|deflate``, never producing more than ``max_input_size`` bytes."""
+        encoding = (encoding or "").strip().lower()
         if encoding in ("", "identity"):
             return body
         if encoding not in ("gzip", "deflate"):
             raise TritonError.unsupported(f"unsupported Content-Encoding '{encoding}'")
+        limit = self.max_input_size
         inflater = zlib.decompressobj(31 if encoding == "gzip" else 15)
         try:
             out = inflater.decompress(body, limit + 1)
         except zlib.error as e:
             raise TritonError.invalid_arg(f"failed to decompress the {encoding} request body: {e}") from None
         if len(out) > limit or inflater.unconsumed_tail:
-            raise _too_large(len(out), limit)
+            raise too_large(len(out), limit)
         return out
 
 
-def _too_large(size: int, limit: int) -> TritonError:
+def too_large(size: int, limit: int) -> TritonError:
     return TritonError.invalid_arg(
         f"Request JSON size of {size} exceeds the maximum allowed value of {limit}. "
         "Use --http-max-input-size to increase the limit."
@@ -149,10 +189,8 @@ def _accepted_encoding(header: str | None) -> str | None:
     return None
 
 
-def _raw_error(start_response: StartResponse, error: TritonError) -> list[bytes]:
-    body = orjson.dumps({"error": error.message})
-    start_response(status_line(HTTP_STATUS[error.code]), [("Content-Type", _JSON), ("Content-Length", str(len(body)))])
-    return [body]
+def error_response(error: TritonError) -> tuple[str, list[tuple[str, str]], bytes]:
+    return status_line(HTTP_STATUS[error.code]), [("Content-Type", _JSON)], orjson.dumps({"error": error.message})
 
 
 def create_app(plane: DataPlane, frontend: HttpFrontend) -> Flask:
@@ -225,7 +263,7 @@ def create_app(plane: DataPlane, frontend: HttpFrontend) -> Flask:
 
     @app.post("/v2/repository/index")
     def repository_index() -> Response:
-        body = frontend.read_body(request.environ)
+        body = frontend.decompress(frontend.read_wsgi_body(request.environ), request.headers.get("Content-Encoding"))
         ready = False
         if body.strip():
             try:

@@ -123,6 +123,8 @@ class PythonInstance:
         module = import_model(ctx.model_name, ctx.version_dir, filename, f"v{ctx.version}_i{ctx.index}")
         self.model = module.TritonPythonModel()
         self.decoupled = ctx.config.model_transaction_policy.decoupled
+        # may run in the calling greenlet when its executions are short (see actors/instance.py)
+        self.inline_ok = ctx.kind == "CPU"
         self._loop: asyncio.AbstractEventLoop | None = None
         init = getattr(self.model, "initialize", None)
         if init is not None:

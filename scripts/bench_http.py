@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""add_sub over HTTP: triton_actor next to real Triton 2.51, driven by perf_analyzer, in one run.
+
+Both servers serve the same ``model_repository/add_sub`` (FP32 [4], python backend, no batching).
+Rounds interleave the servers so machine noise hits both alike; the table reports medians and the
+ratio ours/Triton. Resident memory is read from /proc (Triton: server + its python stub processes).
+
+    scripts/install_bench_tools.sh          # once: perf_analyzer and real tritonserver
+    .venv/bin/python scripts/bench_http.py --rounds 3
+
+Writes ``bench_out/http.json`` and ``bench_out/http.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOLS = Path(os.environ.get("BENCH_TOOLS_DIR", Path.home() / ".cache" / "triton_actor_bench"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(port: int, proc: subprocess.Popen, timeout: float = 90) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit("server did not become ready")
+
+
+def rss_kb(pid: int, with_children: bool) -> int:
+    """VmRSS of ``pid`` (and of its child processes, for Triton's python stubs)."""
+    pids = [pid]
+    if with_children:
+        out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+        pids += [int(p) for p in out.split()]
+    total = 0
+    for p in pids:
+        try:
+            status = Path(f"/proc/{p}/status").read_text()
+        except OSError:
+            continue
+        m = re.search(r"VmRSS:\s+(\d+)", status)
+        total += int(m.group(1)) if m else 0
+    return total
+
+
+def start_ours(repo: Path, port: int) -> subprocess.Popen:
+    args = [sys.executable, "-m", "triton_actor", "--model-repository", str(repo), "--http-port", str(port),
+            "--http-address", "127.0.0.1", "--log-info=false"]
+    return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def start_triton(repo: Path, port: int) -> subprocess.Popen:
+    args = [str(TOOLS / "tritonserver"), f"--model-repository={repo}", "--http-address=127.0.0.1",
+            f"--http-port={port}", "--allow-grpc=false", "--allow-metrics=false", "--log-info=false"]
+    return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def perf(port: int, concurrency: int, window_ms: int, out_csv: Path) -> dict[str, float]:
+    args = [str(TOOLS / "perf_analyzer"), "-m", "add_sub", "-u", f"127.0.0.1:{port}", "-i", "http",
+            "--concurrency-range", str(concurrency), "-p", str(window_ms), "-s", "20", "--max-trials", "20",
+            "-f", str(out_csv)]
+    proc = subprocess.run(args, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"perf_analyzer failed:\n{proc.stdout}\n{proc.stderr}")
+    row = next(csv.DictReader(out_csv.open()))
+    return {"rps": float(row["Inferences/Second"]), "p50_us": float(row["p50 latency"]),
+            "p99_us": float(row["p99 latency"])}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--concurrency", default="1,4")
+    ap.add_argument("--window-ms", type=int, default=3000)
+    ap.add_argument("--no-triton", action="store_true", help="measure triton_actor only")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench_out")
+    args = ap.parse_args()
+    if not (TOOLS / "perf_analyzer").exists():
+        raise SystemExit(f"{TOOLS}/perf_analyzer missing: run scripts/install_bench_tools.sh")
+    conc = [int(c) for c in args.concurrency.split(",")]
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="bench_http_"))
+    servers: dict[str, tuple[subprocess.Popen, int]] = {}
+    try:
+        for name, starter in (("triton_actor", start_ours), ("triton", start_triton)):
+            if name == "triton" and args.no_triton:
+                continue
+            repo = work / name
+            shutil.copytree(ROOT / "model_repository", repo, ignore=shutil.ignore_patterns("__pycache__"))
+            port = free_port()
+            proc = starter(repo, port)
+            wait_ready(port, proc)
+            servers[name] = (proc, port)
+            print(f"[bench] {name} ready on port {port}", flush=True)
+        memory = {n: rss_kb(p.pid, n == "triton") / 1024 for n, (p, _) in servers.items()}
+        print(f"[bench] resident memory with the example models loaded (MB): {memory}", flush=True)
+        results: dict[str, dict[int, list[dict[str, float]]]] = {n: {c: [] for c in conc} for n in servers}
+        steps = args.rounds * len(conc) * len(servers)
+        step = 0
+        for r in range(args.rounds):
+            for c in conc:
+                for name, (_, port) in servers.items():
+                    step += 1
+                    res = perf(port, c, args.window_ms, work / "pa.csv")
+                    results[name][c].append(res)
+                    print(f"[bench {step}/{steps}] round {r + 1} c={c} {name:12s} {res['rps']:8.0f} infer/s "
+                          f"p50 {res['p50_us']:5.0f} us p99 {res['p99_us']:5.0f} us", flush=True)
+        memory_after = {n: rss_kb(p.pid, n == "triton") / 1024 for n, (p, _) in servers.items()}
+    finally:
+        for proc, _ in servers.values():
+            proc.send_signal(signal.SIGINT)
+        for proc, _ in servers.values():
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        shutil.rmtree(work, ignore_errors=True)
+    med = {n: {c: {k: statistics.median(x[k] for x in runs) for k in runs[0]} for c, runs in per.items()}
+           for n, per in results.items()}
+    lines = ["| concurrency | server | infer/s (median) | p50 µs | p99 µs | ratio vs Triton (infer/s) |",
+             "|---|---|---|---|---|---|"]
+    for c in conc:
+        for name in servers:
+            m = med[name][c]
+            ratio = f"{m['rps'] / med['triton'][c]['rps']:.2f}x" if "triton" in med else "-"
+            lines.append(f"| {c} | {name} | {m['rps']:.0f} | {m['p50_us']:.0f} | {m['p99_us']:.0f} | "
+                         f"{ratio if name != 'triton' else '1.00x'} |")
+    lines.append("")
+    lines.append("Resident memory, example repository loaded (3 python models): " + ", ".join(
+        f"{n} {memory[n]:.0f} MB at start, {memory_after[n]:.0f} MB after the run" for n in servers))
+    table = "\n".join(lines)
+    print(table)
+    (args.out / "http.md").write_text(table + "\n")
+    (args.out / "http.json").write_text(json.dumps({"results": results, "median": med, "memory_mb": memory,
+                                                    "memory_after_mb": memory_after, "load": os.getloadavg()},
+                                                   indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+"""The thread bridge (``triton_actor/actors/bridge.py``): native worker threads and the hub."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import gevent
+import gevent.event
+import pytest
+from gevent import monkey
+
+from triton_actor.actors.bridge import NativeWorker, call_in_thread
+from triton_actor.errors import Code, TritonError
+
+native_id = monkey.get_original("threading", "get_native_id")
+WAIT = 10.0
+
+
+class SetupFailed(RuntimeError):
+    pass
+
+
+@pytest.fixture
+def workers() -> Iterator[list[NativeWorker]]:
+    made: list[NativeWorker] = []
+    yield made
+    for w in made:
+        w.close(timeout=WAIT)
+
+
+def _worker(made: list[NativeWorker], name: str, setup=lambda: "state", teardown=None) -> NativeWorker:
+    w: NativeWorker = NativeWorker(name, setup=setup, teardown=teardown)
+    made.append(w)
+    return w
+
+
+@pytest.mark.timeout(30)
+def test_runs_on_its_own_native_thread(workers) -> None:
+    hub_tid = native_id()
+    w = _worker(workers, "w")
+    assert w.ready.get(WAIT) is True
+    state, tid = w.submit(lambda s: (s, native_id())).get(WAIT)
+    assert state == "state"
+    assert tid != hub_tid
+    # every call runs on the same (single) native thread
+    assert w.submit(lambda s: native_id()).get(WAIT) == tid
+    assert w.thread_id is not None
+
+
+@pytest.mark.timeout(30)
+def test_setup_runs_in_the_worker_thread(workers) -> None:
+    w = _worker(workers, "w", setup=native_id)
+    assert w.ready.get(WAIT) is True
+    setup_tid = w.submit(lambda s: s).get(WAIT)
+    assert setup_tid == w.submit(lambda s: native_id()).get(WAIT)
+    assert setup_tid != native_id()
+
+
+@pytest.mark.timeout(30)
+def test_setup_failure_propagates_via_ready(workers) -> None:
+    def setup() -> str:
+        raise SetupFailed("no device")
+
+    w = _worker(workers, "broken", setup=setup)
+    with pytest.raises(SetupFailed, match="no device"):
+        w.ready.get(WAIT)
+    # the thread is gone: stopped completes and close() returns promptly
+    assert w.stopped.get(WAIT) is True
+    assert w.close(timeout=WAIT) is True
+
+
+@pytest.mark.timeout(30)
+def test_submit_after_setup_failure_fails_instead_of_hanging(workers) -> None:
+    def setup() -> str:
+        raise SetupFailed("no device")
+
+    w = _worker(workers, "broken", setup=setup)
+    with pytest.raises(SetupFailed):
+        w.ready.get(WAIT)
+    reply = w.submit(lambda s: 1)
+    with pytest.raises((SetupFailed, TritonError)) as info:  # the setup error or UNAVAILABLE ...
+        reply.get(timeout=1.0)
+    # ... but not the timeout of get() itself
+    assert "no answer within" not in str(info.value), "the reply was never completed: nobody runs it"
+
+
+@pytest.mark.timeout(30)
+def test_fn_exception_propagates_and_worker_keeps_serving(workers) -> None:
+    w = _worker(workers, "w")
+
+    def bad(state: str, x: int) -> int:
+        raise KeyError(f"missing {x}")
+
+    with pytest.raises(KeyError, match="missing 3"):
+        w.submit(bad, 3).get(WAIT)
+    assert w.submit(lambda s, a, b: a + b, 2, 5).get(WAIT) == 7
+
+
+@pytest.mark.timeout(60)
+def test_100_concurrent_submits_on_two_workers(workers) -> None:
+    pool = [_worker(workers, f"w{i}", setup=lambda i=i: f"worker{i}") for i in range(2)]
+    for w in pool:
+        w.ready.get(WAIT)
+
+    def square(state: str, x: int) -> tuple[str, int, int]:
+        return state, x * x, native_id()
+
+    def client(i: int) -> tuple[int, tuple[str, int, int]]:
+        return i, pool[i % 2].submit(square, i).get(WAIT)
+
+    jobs = [gevent.spawn(client, i) for i in range(100)]
+    gevent.joinall(jobs, timeout=WAIT * 3, raise_error=True)
+    assert all(j.successful() for j in jobs)
+    results = dict(j.value for j in jobs)
+    assert sorted(results) == list(range(100))
+    threads: dict[str, set[int]] = {"worker0": set(), "worker1": set()}
+    for i, (state, value, tid) in results.items():
+        assert state == f"worker{i % 2}"
+        assert value == i * i
+        threads[state].add(tid)
+    # one native thread per worker, and they are different threads (and not the hub's)
+    assert len(threads["worker0"]) == len(threads["worker1"]) == 1
+    assert threads["worker0"].isdisjoint(threads["worker1"])
+    assert native_id() not in threads["worker0"] | threads["worker1"]
+
+
+@pytest.mark.timeout(30)
+def test_submit_callback_calls_back_in_the_hub(workers) -> None:
+    w = _worker(workers, "w")
+    hub_tid = native_id()
+    got: gevent.event.AsyncResult = gevent.event.AsyncResult()
+
+    def done(ok: bool, value: object) -> None:
+        got.set((ok, value, gevent.getcurrent() is gevent.get_hub(), native_id()))
+
+    w.submit_callback(lambda s, x: (x, native_id()), (21,), done)
+    ok, value, in_hub, tid = got.get(timeout=WAIT)
+    assert ok is True
+    assert value[0] == 21
+    assert value[1] != hub_tid  # fn ran on the worker thread ...
+    assert in_hub is True  # ... the callback in the hub greenlet,
+    assert tid == hub_tid  # on the hub's native thread
+
+    failed: gevent.event.AsyncResult = gevent.event.AsyncResult()
+
+    def bad(state: str) -> None:
+        raise ValueError("nope")
+
+    w.submit_callback(bad, (), lambda ok, value: failed.set((ok, value)))
+    ok, value = failed.get(timeout=WAIT)
+    assert ok is False
+    assert isinstance(value, ValueError)
+
+
+@pytest.mark.timeout(30)
+def test_close_finishes_queued_work_runs_teardown_and_joins() -> None:
+    torn_down: list[tuple[str, int, int]] = []
+    done_before_teardown: list[int] = []
+
+    def work(state: str, i: int) -> int:
+        done_before_teardown.append(i)
+        return i
+
+    def teardown(state: str) -> None:
+        torn_down.append((state, native_id(), len(done_before_teardown)))
+
+    w: NativeWorker = NativeWorker("w", setup=lambda: "state", teardown=teardown)
+    worker_tid = w.submit(lambda s: native_id()).get(WAIT)
+    replies = [w.submit(work, i) for i in range(10)]
+    assert w.close(timeout=WAIT) is True
+    # every queued call ran before teardown, in order, and their replies are complete
+    assert [r.get(timeout=0) for r in replies] == list(range(10))
+    assert torn_down == [("state", worker_tid, 10)]
+    assert w.stopped.ready()
+
+
+@pytest.mark.timeout(30)
+def test_submit_after_close_fails_unavailable() -> None:
+    w: NativeWorker = NativeWorker("closed", setup=lambda: None)
+    w.ready.get(WAIT)
+    assert w.close(timeout=WAIT) is True
+    reply = w.submit(lambda s: 1)
+    assert reply.ready()
+    error = reply.exception()
+    assert isinstance(error, TritonError) and error.code == Code.UNAVAILABLE
+    got: list[tuple[bool, object]] = []
+    w.submit_callback(lambda s: 1, (), lambda ok, value: got.append((ok, value)))
+    assert len(got) == 1 and got[0][0] is False
+    assert isinstance(got[0][1], TritonError) and got[0][1].code == Code.UNAVAILABLE
+    # closing again is harmless
+    assert w.close(timeout=WAIT) is True
+
+
+@pytest.mark.timeout(30)
+def test_teardown_failure_does_not_prevent_stop() -> None:
+    def teardown(state: object) -> None:
+        raise RuntimeError("teardown broke")
+
+    w: NativeWorker = NativeWorker("w", setup=lambda: None, teardown=teardown)
+    w.ready.get(WAIT)
+    assert w.close(timeout=WAIT) is True
+
+
+@pytest.mark.timeout(30)
+def test_call_in_thread() -> None:
+    hub_tid = native_id()
+    value, tid = call_in_thread(lambda a, b: (a * b, native_id()), 6, 7)
+    assert value == 42
+    assert tid != hub_tid
+
+    def boom() -> None:
+        raise LookupError("from the pool")
+
+    with pytest.raises(LookupError, match="from the pool"):
+        call_in_thread(boom)
+
+
+@pytest.mark.timeout(30)
+def test_call_in_thread_blocks_only_the_calling_greenlet() -> None:
+    lock = monkey.get_original("_thread", "allocate_lock")()
+    lock.acquire()
+    entered = gevent.event.Event()
+
+    def blocking() -> str:
+        # runs on a pool thread: wait for the hub to release us
+        assert lock.acquire(timeout=WAIT)
+        return "released"
+
+    caller = gevent.spawn(call_in_thread, blocking)
+    # another greenlet still runs while the call blocks its caller
+    helper = gevent.spawn(entered.set)
+    assert entered.wait(WAIT)
+    helper.join(WAIT)
+    assert not caller.ready()
+    lock.release()
+    assert caller.get(timeout=WAIT) == "released"

@@ -1,0 +1,307 @@
+"""Failure semantics of the actor kernel (``triton_actor/actors/kernel.py``).
+
+Every wait below is on an event or a reply with a timeout; nothing sleeps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import gevent
+import gevent.event
+import pytest
+
+from triton_actor.actors.kernel import Actor, ActorRef, Reply
+from triton_actor.errors import Code, TritonError
+
+WAIT = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    value: int
+
+
+@dataclass(frozen=True, slots=True)
+class Boom:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    release: gevent.event.Event
+    started: gevent.event.Event = field(default_factory=gevent.event.Event)
+
+
+@dataclass(frozen=True, slots=True)
+class Unknown:
+    pass
+
+
+class Echo(Actor):
+    """Answers Ping with its value, raises on Boom, blocks on Block until released."""
+
+    def __init__(self, name: str, parent: Actor | None = None) -> None:
+        super().__init__(name, parent)
+        self.handled: list[object] = []
+        self.stopped = gevent.event.Event()
+
+    def on_Ping(self, msg: Ping) -> int:
+        self.handled.append(msg)
+        return msg.value
+
+    def on_Boom(self, msg: Boom) -> None:
+        self.handled.append(msg)
+        raise ValueError(msg.text)
+
+    def on_Block(self, msg: Block) -> str:
+        self.handled.append(msg)
+        msg.started.set()
+        msg.release.wait()
+        return "unblocked"
+
+    def on_stop(self) -> None:
+        self.stopped.set()
+
+
+class Supervisor(Actor):
+    """A parent that records child failures instead of stopping the child."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.failures: list[tuple[Actor, BaseException]] = []
+        self.failed = gevent.event.Event()
+
+    def on_child_failure(self, child: Actor, error: BaseException) -> None:
+        self.failures.append((child, error))
+        self.failed.set()
+
+
+@pytest.fixture
+def actors():
+    started: list[Actor] = []
+
+    def start(actor: Actor) -> ActorRef:
+        started.append(actor)
+        return actor.start()
+
+    yield start
+    for actor in started:
+        actor.stop(timeout=WAIT)
+
+
+def _unavailable(reply: Reply[object]) -> TritonError:
+    """The reply must already have failed with UNAVAILABLE; return the error."""
+    assert reply.ready(), "reply was never completed"
+    error = reply.exception()
+    assert isinstance(error, TritonError), repr(error)
+    assert error.code == Code.UNAVAILABLE
+    return error
+
+
+# -- asks ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(30)
+def test_ask_returns_the_handler_result(actors) -> None:
+    ref = actors(Echo("echo"))
+    assert ref.ask(Ping(7), timeout=WAIT) == 7
+    assert ref.ask(Ping(0), timeout=WAIT) == 0
+
+
+@pytest.mark.timeout(30)
+def test_error_in_ask_goes_to_asker_and_actor_lives_on(actors) -> None:
+    parent = Supervisor("parent")
+    actors(parent)
+    echo = Echo("echo", parent=parent)
+    ref = actors(echo)
+    with pytest.raises(ValueError, match="bad ask"):
+        ref.ask(Boom("bad ask"), timeout=WAIT)
+    assert ref.alive
+    assert ref.ask(Ping(3), timeout=WAIT) == 3
+    # an ask failure is the asker's business, never the supervisor's
+    assert parent.failures == []
+    assert not echo.stopped.is_set()
+
+
+@pytest.mark.timeout(30)
+def test_unknown_message_fails_the_asker_and_actor_lives_on(actors) -> None:
+    ref = actors(Echo("echo"))
+    with pytest.raises(TritonError) as info:
+        ref.ask(Unknown(), timeout=WAIT)
+    assert info.value.code == Code.INTERNAL
+    assert "Unknown" in info.value.message
+    assert "echo" in info.value.message
+    assert ref.ask(Ping(4), timeout=WAIT) == 4
+
+
+@pytest.mark.timeout(30)
+def test_ask_timeout_raises_triton_error_never_none(actors) -> None:
+    release = gevent.event.Event()
+    ref = actors(Echo("slow"))
+    with pytest.raises(TritonError) as info:
+        ref.ask(Block(release), timeout=0.05)
+    assert info.value.code == Code.UNAVAILABLE
+    release.set()
+    # the actor is still healthy once the slow handler finishes
+    assert ref.ask(Ping(1), timeout=WAIT) == 1
+
+
+@pytest.mark.timeout(30)
+def test_reply_get_timeout_raises_and_set_is_one_shot() -> None:
+    reply: Reply[int] = Reply()
+    with pytest.raises(TritonError) as info:
+        reply.get(timeout=0.01)
+    assert info.value.code == Code.UNAVAILABLE
+    reply.set(1)
+    reply.set(2)
+    reply.fail(RuntimeError("late"))
+    assert reply.get(timeout=0) == 1
+    assert reply.exception() is None
+
+
+# -- tells and supervision -------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(30)
+def test_error_in_tell_goes_to_parent_on_child_failure(actors) -> None:
+    parent = Supervisor("parent")
+    actors(parent)
+    child = Echo("child", parent=parent)
+    ref = actors(child)
+    ref.tell(Boom("bad tell"))
+    assert parent.failed.wait(WAIT)
+    assert len(parent.failures) == 1
+    failed_child, error = parent.failures[0]
+    assert failed_child is child
+    assert isinstance(error, ValueError)
+    assert str(error) == "bad tell"
+    # this supervisor chose not to stop the child: it keeps serving
+    assert ref.alive
+    assert ref.ask(Ping(5), timeout=WAIT) == 5
+
+
+@pytest.mark.timeout(30)
+def test_default_supervisor_stops_the_failed_child(actors) -> None:
+    parent = Actor("plain-parent")
+    actors(parent)
+    child = Echo("child", parent=parent)
+    ref = actors(child)
+    ref.tell(Boom("fatal"))
+    assert child.stopped.wait(WAIT)
+    assert not ref.alive
+    assert parent.alive
+
+
+@pytest.mark.timeout(30)
+def test_error_in_tell_without_parent_stops_the_actor(actors) -> None:
+    orphan = Echo("orphan")
+    ref = actors(orphan)
+    ref.tell(Boom("nobody supervises me"))
+    assert orphan.stopped.wait(WAIT)
+    assert not ref.alive
+    with pytest.raises(TritonError) as info:
+        ref.ask(Ping(1), timeout=WAIT)
+    assert info.value.code == Code.UNAVAILABLE
+
+
+# -- stopping --------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(30)
+def test_pending_asks_fail_unavailable_when_actor_stops(actors) -> None:
+    """Asks queued behind a busy handler must fail with UNAVAILABLE once the actor is stopped
+    (kernel docstring: "when an actor stops, every ask still in its mailbox fails with UNAVAILABLE")."""
+    echo = Echo("busy")
+    ref = actors(echo)
+    release = gevent.event.Event()
+    blocker = Block(release)
+    in_flight = ref.ask_async(blocker)
+    assert blocker.started.wait(WAIT)
+    pending = [ref.ask_async(Ping(i)) for i in range(3)]
+    echo.stop(timeout=0)  # request the stop while the handler is still blocked
+    release.set()
+    assert echo.stopped.wait(WAIT)
+    # the message being handled when stop() was called finishes normally ...
+    assert in_flight.get(timeout=WAIT) == "unblocked"
+    # ... but nothing queued behind it runs: every pending ask fails UNAVAILABLE
+    for reply in pending:
+        _unavailable(reply)
+    assert [m for m in echo.handled if isinstance(m, Ping)] == []
+
+
+@pytest.mark.timeout(30)
+def test_killed_actor_fails_in_flight_and_pending_asks(actors) -> None:
+    """When the loop greenlet dies (killed at shutdown, say), nobody may wait forever: the ask being
+    handled and the ones queued behind it all fail."""
+    echo = Echo("doomed")
+    ref = actors(echo)
+    release = gevent.event.Event()
+    blocker = Block(release)
+    in_flight = ref.ask_async(blocker)
+    assert blocker.started.wait(WAIT)
+    pending = [ref.ask_async(Ping(i)) for i in range(3)]
+    assert echo._loop is not None
+    echo._loop.kill(block=True, timeout=WAIT)
+    assert echo.stopped.is_set()
+    assert not ref.alive
+    for reply in pending:
+        _unavailable(reply)
+    _unavailable(in_flight)
+
+
+@pytest.mark.timeout(30)
+def test_ask_and_tell_on_stopped_actor_fail_cleanly(actors) -> None:
+    echo = Echo("gone")
+    ref = actors(echo)
+    ref.stop(timeout=WAIT)
+    assert echo.stopped.is_set()
+    assert not ref.alive
+    # an ask fails at once (no waiting for a timeout) with UNAVAILABLE
+    reply = ref.ask_async(Ping(1))
+    error = _unavailable(reply)
+    assert "gone" in error.message
+    with pytest.raises(TritonError) as info:
+        ref.ask(Ping(1))
+    assert info.value.code == Code.UNAVAILABLE
+    with pytest.raises(TritonError) as info:
+        ref.tell(Ping(1))
+    assert info.value.code == Code.UNAVAILABLE
+    # stopping twice is harmless
+    ref.stop(timeout=WAIT)
+
+
+@pytest.mark.timeout(30)
+def test_ask_and_tell_on_never_started_actor_fail_cleanly() -> None:
+    ref = Echo("unstarted").ref
+    assert not ref.alive
+    _unavailable(ref.ask_async(Ping(1)))
+    with pytest.raises(TritonError) as info:
+        ref.tell(Ping(1))
+    assert info.value.code == Code.UNAVAILABLE
+
+
+@pytest.mark.timeout(30)
+def test_stop_runs_on_stop_once_and_joins(actors) -> None:
+    calls: list[str] = []
+
+    class Counting(Actor):
+        def on_stop(self) -> None:
+            calls.append(self.name)
+
+    actor = Counting("counting")
+    ref = actors(actor)
+    ref.stop(timeout=WAIT)
+    ref.stop(timeout=WAIT)
+    assert calls == ["counting"]
+    assert actor._loop is not None and actor._loop.dead
+
+
+@pytest.mark.timeout(30)
+def test_messages_are_handled_in_order(actors) -> None:
+    echo = Echo("ordered")
+    ref = actors(echo)
+    for i in range(20):
+        ref.tell(Ping(i))
+    assert ref.ask(Ping(99), timeout=WAIT) == 99
+    assert [m.value for m in echo.handled if isinstance(m, Ping)] == [*range(20), 99]

@@ -1,0 +1,301 @@
+"""SchedulerActor (``triton_actor/actors/scheduler.py``) driven with fake instances.
+
+A fake instance records each ``execute(requests, done)``; the test completes batches by calling ``done``
+itself. An ``ask(GetStats())`` is the barrier that makes sure the scheduler has handled every message told
+before it (one mailbox, FIFO, handlers never yield).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from triton_actor.actors.kernel import Reply
+from triton_actor.actors.scheduler import Drain, Enqueue, GetStats, SchedulerActor
+from triton_actor.errors import Code, TritonError
+from triton_actor.inference import InferInput, InferRequest, InferResponse
+from triton_actor.protocol.dtypes import BY_WIRE
+from triton_actor.statistics import VersionStats
+
+FP32 = BY_WIRE["FP32"]
+WAIT = 5.0
+TIMINGS = (0, 10, 0)
+
+
+class FakeInstance:
+    """Anything with ``.name`` and ``.execute(requests, done)``: records calls, completes when told."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.calls: list[tuple[list[InferRequest], Callable[[bool, Any], None]]] = []
+
+    def execute(self, requests: list[InferRequest], done: Callable[[bool, Any], None]) -> None:
+        self.calls.append((list(requests), done))
+
+    def complete(self, index: int = -1, results: list[Any] | None = None) -> list[InferRequest]:
+        """Answer call ``index`` with one response per request (tagged with the request id)."""
+        requests, done = self.calls[index]
+        if results is None:
+            results = [InferResponse([("OUT", np.array([len(r.id)]))], {"rid": r.id}) for r in requests]
+        done(True, (results, TIMINGS))
+        return requests
+
+    def fail(self, index: int, error: BaseException) -> None:
+        self.calls[index][1](False, error)
+
+
+@pytest.fixture
+def make() -> Iterator[Callable[..., tuple[SchedulerActor, list[FakeInstance], VersionStats]]]:
+    started: list[SchedulerActor] = []
+
+    def make(n_instances: int = 1, max_batch_size: int = 0, batching: bool = False):
+        instances = [FakeInstance(f"inst{i}") for i in range(n_instances)]
+        stats = VersionStats("m", 1)
+        sched = SchedulerActor("scheduler:m:1", instances, stats, max_batch_size, batching)  # type: ignore[arg-type]
+        sched.start()
+        started.append(sched)
+        return sched, instances, stats
+
+    yield make
+    for sched in started:
+        sched.stop(timeout=WAIT)
+
+
+def _request(rid: str, shape: tuple[int, ...] = (1, 4)) -> InferRequest:
+    return InferRequest("m", 1, rid, {"INPUT0": InferInput("INPUT0", FP32, shape, np.zeros(shape, np.float32))})
+
+
+def _enqueue(sched: SchedulerActor, rid: str, shape: tuple[int, ...] = (1, 4), batch: int | None = None) -> Reply[Any]:
+    reply: Reply[Any] = Reply()
+    size = batch if batch is not None else shape[0]
+    sched.ref.tell(Enqueue(_request(rid, shape), size, reply, time.perf_counter_ns()))
+    return reply
+
+
+def _sync(sched: SchedulerActor) -> dict[str, Any]:
+    """Barrier: every message told before this one has been handled."""
+    return sched.ref.ask(GetStats(), timeout=WAIT)
+
+
+def _ids(requests: list[InferRequest]) -> list[str]:
+    return [r.id for r in requests]
+
+
+@pytest.mark.timeout(30)
+def test_requests_queue_when_no_instance_is_idle(make) -> None:
+    sched, [inst], _ = make(n_instances=1)
+    replies = [_enqueue(sched, f"r{i}") for i in range(3)]
+    _sync(sched)
+    # backpressure: one instance, one execution at a time
+    assert len(inst.calls) == 1
+    assert _ids(inst.calls[0][0]) == ["r0"]
+    assert not any(r.ready() for r in replies)
+    inst.complete(0)
+    assert replies[0].get(timeout=WAIT).parameters == {"rid": "r0"}
+    _sync(sched)
+    assert len(inst.calls) == 2 and _ids(inst.calls[1][0]) == ["r1"]  # no batching: one request per execution
+    assert not replies[1].ready() and not replies[2].ready()
+    inst.complete(1)
+    _sync(sched)
+    assert len(inst.calls) == 3 and _ids(inst.calls[2][0]) == ["r2"]
+    inst.complete(2)
+    assert [r.get(timeout=WAIT).parameters["rid"] for r in replies] == ["r0", "r1", "r2"]
+
+
+@pytest.mark.timeout(30)
+def test_two_instances_run_in_parallel(make) -> None:
+    sched, instances, _ = make(n_instances=2)
+    replies = [_enqueue(sched, f"r{i}") for i in range(3)]
+    _sync(sched)
+    assert [len(i.calls) for i in instances] == [1, 1]
+    instances[1].complete(0)
+    assert replies[1].get(timeout=WAIT).parameters == {"rid": "r1"}
+    _sync(sched)
+    # the instance that became idle takes the next request
+    assert [len(i.calls) for i in instances] == [1, 2]
+    assert _ids(instances[1].calls[1][0]) == ["r2"]
+
+
+@pytest.mark.timeout(30)
+def test_dynamic_batching_groups_same_shapes_up_to_max_batch_size(make) -> None:
+    sched, [inst], _ = make(n_instances=1, max_batch_size=4, batching=True)
+    first = _enqueue(sched, "first")  # runs alone: it is the only request queued
+    same = [_enqueue(sched, f"s{i}") for i in range(5)]  # 5 x batch 1, same shape
+    other = _enqueue(sched, "other", shape=(1, 8))  # a different shape never joins them
+    _sync(sched)
+    assert [_ids(c[0]) for c in inst.calls] == [["first"]]
+    inst.complete(0)
+    _sync(sched)
+    assert _ids(inst.calls[1][0]) == ["s0", "s1", "s2", "s3"]  # capped at max_batch_size 4
+    inst.complete(1)
+    _sync(sched)
+    assert _ids(inst.calls[2][0]) == ["s4"]  # the next one has another shape: batch ends here
+    inst.complete(2)
+    _sync(sched)
+    assert _ids(inst.calls[3][0]) == ["other"]
+    inst.complete(3)
+    for reply, rid in zip([first, *same, other], ["first", "s0", "s1", "s2", "s3", "s4", "other"], strict=True):
+        assert reply.get(timeout=WAIT).parameters == {"rid": rid}
+
+
+@pytest.mark.timeout(30)
+def test_dynamic_batching_counts_request_batch_sizes(make) -> None:
+    sched, [inst], stats = make(n_instances=1, max_batch_size=8, batching=True)
+    _enqueue(sched, "blocker", shape=(1, 4))
+    _enqueue(sched, "a", shape=(3, 4))
+    _enqueue(sched, "b", shape=(4, 4))
+    _enqueue(sched, "c", shape=(2, 4))  # 3 + 4 + 2 > 8: c waits for the next batch
+    _sync(sched)
+    inst.complete(0)
+    _sync(sched)
+    assert _ids(inst.calls[1][0]) == ["a", "b"]
+    inst.complete(1)
+    _sync(sched)
+    assert _ids(inst.calls[2][0]) == ["c"]
+    inst.complete(2)
+    snap = _sync(sched)
+    assert snap["execution_count"] == 3
+    assert snap["inference_count"] == 1 + 3 + 4 + 2
+    assert set(snap["batches"]) == {1, 7, 2}
+    assert stats.inference_count == 10
+
+
+@pytest.mark.timeout(30)
+def test_without_dynamic_batching_requests_never_share_an_execution(make) -> None:
+    sched, [inst], _ = make(n_instances=1, max_batch_size=8, batching=False)
+    for i in range(3):
+        _enqueue(sched, f"r{i}")
+    _sync(sched)
+    inst.complete(0)
+    _sync(sched)
+    inst.complete(1)
+    _sync(sched)
+    assert [_ids(c[0]) for c in inst.calls] == [["r0"], ["r1"], ["r2"]]
+
+
+@pytest.mark.timeout(30)
+def test_stats_counters(make) -> None:
+    sched, [inst], stats = make(n_instances=1, max_batch_size=4, batching=True)
+    replies = [_enqueue(sched, "r0")] + [_enqueue(sched, f"r{i}") for i in range(1, 4)]
+    _sync(sched)
+    inst.complete(0)  # batch of 1
+    _sync(sched)
+    inst.complete(1)  # batch of 3
+    for r in replies:
+        r.get(timeout=WAIT)
+    snap = _sync(sched)
+    assert snap["name"] == "m" and snap["version"] == 1
+    assert snap["execution_count"] == 2
+    assert snap["inference_count"] == 4
+    assert snap["last_inference"] > 0
+    # batch size → (count, compute_input ns, compute_infer ns, compute_output ns)
+    assert snap["batches"] == {1: (1, 0, 10, 0), 3: (1, 0, 10, 0)}
+    durations = snap["durations"]
+    assert durations["success"][0] == 4
+    assert durations["queue"][0] == 4
+    assert durations["compute_infer"] == (4, 40)
+    assert durations["fail"] == (0, 0)
+    assert stats.execution_count == 2
+
+
+@pytest.mark.timeout(30)
+def test_backend_failure_fails_only_that_batch(make) -> None:
+    sched, [inst], _ = make(n_instances=1, max_batch_size=4, batching=True)
+    lone = _enqueue(sched, "lone")
+    batch = [_enqueue(sched, f"b{i}") for i in range(2)]
+    _sync(sched)
+    inst.fail(0, ValueError("model crashed"))
+    with pytest.raises(TritonError) as info:
+        lone.get(timeout=WAIT)
+    assert info.value.code == Code.INTERNAL
+    assert "inst0" in info.value.message and "model crashed" in info.value.message
+    _sync(sched)
+    # the instance is idle again and serves the next batch normally
+    assert _ids(inst.calls[1][0]) == ["b0", "b1"]
+    inst.complete(1)
+    assert [r.get(timeout=WAIT).parameters["rid"] for r in batch] == ["b0", "b1"]
+    snap = _sync(sched)
+    assert snap["durations"]["fail"][0] == 1
+    assert snap["durations"]["success"][0] == 2
+    assert snap["inference_count"] == 2
+
+
+@pytest.mark.timeout(30)
+def test_triton_error_from_backend_is_passed_through(make) -> None:
+    sched, [inst], _ = make(n_instances=1)
+    reply = _enqueue(sched, "r")
+    _sync(sched)
+    error = TritonError.invalid_arg("bad input for the model")
+    inst.fail(0, error)
+    with pytest.raises(TritonError) as info:
+        reply.get(timeout=WAIT)
+    assert info.value is error
+
+
+@pytest.mark.timeout(30)
+def test_per_request_errors_fail_only_those_requests(make) -> None:
+    sched, [inst], _ = make(n_instances=1, max_batch_size=4, batching=True)
+    _enqueue(sched, "first")
+    replies = [_enqueue(sched, f"r{i}") for i in range(3)]
+    _sync(sched)
+    inst.complete(0)
+    _sync(sched)
+    ok0 = InferResponse([("OUT", np.array([0]))], {"rid": "r0"})
+    ok2 = InferResponse([("OUT", np.array([2]))], {"rid": "r2"})
+    inst.complete(1, results=[ok0, TritonError.invalid_arg("only r1 is bad"), ok2])
+    assert replies[0].get(timeout=WAIT) is ok0
+    assert replies[2].get(timeout=WAIT) is ok2
+    with pytest.raises(TritonError, match="only r1 is bad"):
+        replies[1].get(timeout=WAIT)
+    snap = _sync(sched)
+    assert snap["durations"]["fail"][0] == 1
+    assert snap["durations"]["success"][0] == 3  # "first" + r0 + r2
+    assert snap["execution_count"] == 2
+
+
+@pytest.mark.timeout(30)
+def test_drain_answers_only_when_queue_empty_and_nothing_busy(make) -> None:
+    sched, [inst], _ = make(n_instances=1)
+    for i in range(2):
+        _enqueue(sched, f"r{i}")
+    drained: Reply[None] = Reply()
+    sched.ref.tell(Drain(drained))
+    _sync(sched)
+    assert not drained.ready()  # r0 running, r1 queued
+    inst.complete(0)
+    _sync(sched)
+    assert not drained.ready()  # r1 running now
+    inst.complete(1)
+    assert drained.get(timeout=WAIT) is None
+
+
+@pytest.mark.timeout(30)
+def test_drain_of_idle_scheduler_answers_at_once(make) -> None:
+    sched, _, _ = make(n_instances=2)
+    drained: Reply[None] = Reply()
+    sched.ref.tell(Drain(drained))
+    assert drained.get(timeout=WAIT) is None
+
+
+@pytest.mark.timeout(30)
+def test_stopping_the_scheduler_fails_queued_requests(make) -> None:
+    """Requests waiting in the scheduler's queue must not wait forever once it stops
+    (design: "every pending ask fails when an actor stops, so nobody waits forever")."""
+    sched, [inst], _ = make(n_instances=1)
+    running = _enqueue(sched, "running")
+    queued = [_enqueue(sched, f"q{i}") for i in range(2)]
+    drained: Reply[None] = Reply()
+    _sync(sched)
+    sched.ref.tell(Drain(drained))
+    sched.stop(timeout=WAIT)
+    assert not sched.alive
+    assert len(inst.calls) == 1 and not running.ready()
+    for reply in queued:
+        assert reply.ready(), "a queued request was left waiting after the scheduler stopped"
+        error = reply.exception()
+        assert isinstance(error, TritonError) and error.code == Code.UNAVAILABLE
+    assert drained.ready(), "a Drain was left waiting after the scheduler stopped"
