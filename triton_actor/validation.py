@@ -54,9 +54,12 @@ class RequestValidator:
             if name not in self.inputs:
                 raise TritonError.invalid_arg(f"{prefix}unexpected inference input '{name}' for model '{model}'")
         if not self.required.issubset(given.keys()):
-            missing = sorted(self.required.difference(given.keys()))
+            missing = [n for n in self.inputs if n in self.required and n not in given]  # config order
+            total = len(self.inputs)
+            expected = (f"{total} inputs" if total == len(self.required)
+                        else f"number of inputs between {len(self.required)} and {total}")
             raise TritonError.invalid_arg(
-                f"{prefix}expected {len(self.required)} inputs but got {len(given)} inputs for model '{model}'. "
+                f"{prefix}expected {expected} but got {len(given)} inputs for model '{model}'. "
                 f"Got input(s) {_names(list(given))}, but missing required input(s) {_names(missing)}. "
                 "Please provide all required input(s)."
             )
@@ -67,7 +70,7 @@ class RequestValidator:
             if first is not None:
                 if not first.shape:
                     raise TritonError.invalid_arg(
-                        f"{prefix}input '{first.name}' has no batch dimension, but model '{model}' supports batching"
+                        f"{prefix}input '{first.name}' has no shape but model requires batch dimension for '{model}'"
                     )
                 batch = first.shape[0]
                 for t in given.values():
@@ -97,7 +100,7 @@ class RequestValidator:
                 )
                 raise TritonError.invalid_arg(
                     f"{prefix}unexpected shape for input '{name}' for model '{model}'. "
-                    f"Expected {_shape_text(expected)}, got {_shape_text(t.shape)}. {note}".rstrip()
+                    f"Expected {_shape_text(expected)}, got {_shape_text(t.shape)}. {note}"
                 )
         return batch
 
@@ -112,4 +115,4 @@ def _matches(shape: tuple[int, ...], dims: tuple[int, ...]) -> bool:
 
 
 def _names(names: list[str]) -> str:
-    return "[" + ", ".join(f"'{n}'" for n in names) + "]"
+    return "[" + ",".join(f"'{n}'" for n in names) + "]"

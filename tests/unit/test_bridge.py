@@ -234,3 +234,18 @@ def test_call_in_thread_blocks_only_the_calling_greenlet() -> None:
     assert not caller.ready()
     lock.release()
     assert caller.get(timeout=WAIT) == "released"
+
+
+@pytest.mark.timeout(30)
+def test_reply_completes_even_when_close_times_out() -> None:
+    """close(timeout) may give up waiting, but work already submitted must still be answered when
+    the thread finishes it: no reply is left pending forever."""
+    lock = monkey.get_original("_thread", "allocate_lock")()
+    lock.acquire()
+    w: NativeWorker = NativeWorker("slow", setup=lambda: None)
+    w.ready.get(WAIT)
+    reply = w.submit(lambda s: "done" if lock.acquire(timeout=WAIT) else "lock timeout")
+    assert w.close(timeout=0.05) is False  # the call is still blocked
+    lock.release()
+    assert reply.get(timeout=2.0) == "done"
+    assert w.stopped.get(timeout=WAIT) is True

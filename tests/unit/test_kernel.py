@@ -11,7 +11,7 @@ import gevent
 import gevent.event
 import pytest
 
-from triton_actor.actors.kernel import Actor, ActorRef, Reply
+from triton_actor.actors.kernel import Actor, ActorRef, InlineActor, Reply
 from triton_actor.errors import Code, TritonError
 
 WAIT = 5.0
@@ -305,3 +305,88 @@ def test_messages_are_handled_in_order(actors) -> None:
         ref.tell(Ping(i))
     assert ref.ask(Ping(99), timeout=WAIT) == 99
     assert [m.value for m in echo.handled if isinstance(m, Ping)] == [*range(20), 99]
+
+
+# -- InlineActor: no loop greenlet, handled on the sender's stack ----------------------------------
+
+
+class Inline(InlineActor):
+    """Records entry/exit of handlers to check that handling never nests."""
+
+    def __init__(self, name: str, parent: Actor | None = None) -> None:
+        super().__init__(name, parent)
+        self.trace: list[str] = []
+        self.stops = 0
+
+    def on_Ping(self, msg: Ping) -> int:
+        self.trace.append(f"enter {msg.value}")
+        if msg.value > 0:
+            self.ref.tell(Ping(msg.value - 1))  # posted while handling: queued, handled afterwards
+        self.trace.append(f"exit {msg.value}")
+        return msg.value
+
+    def on_Boom(self, msg: Boom) -> None:
+        raise ValueError(msg.text)
+
+    def on_stop(self) -> None:
+        self.stops += 1
+
+
+@pytest.mark.timeout(30)
+def test_inline_actor_handles_messages_in_order_without_nesting(actors) -> None:
+    actor = Inline("inline")
+    ref = actors(actor)
+    assert ref.ask(Ping(2), timeout=WAIT) == 2
+    assert actor.trace == ["enter 2", "exit 2", "enter 1", "exit 1", "enter 0", "exit 0"]
+
+
+@pytest.mark.timeout(30)
+def test_inline_actor_ask_errors_go_to_asker(actors) -> None:
+    parent = Supervisor("parent")
+    actors(parent)
+    ref = actors(Inline("inline", parent=parent))
+    with pytest.raises(ValueError, match="bad"):
+        ref.ask(Boom("bad"), timeout=WAIT)
+    with pytest.raises(TritonError) as info:
+        ref.ask(Unknown(), timeout=WAIT)
+    assert info.value.code == Code.INTERNAL
+    assert ref.alive and ref.ask(Ping(0), timeout=WAIT) == 0
+    assert parent.failures == []
+
+
+@pytest.mark.timeout(30)
+def test_inline_actor_tell_errors_go_to_parent(actors) -> None:
+    parent = Supervisor("parent")
+    actors(parent)
+    child = Inline("inline", parent=parent)
+    ref = actors(child)
+    ref.tell(Boom("bad tell"))
+    assert parent.failed.wait(WAIT)
+    assert parent.failures[0][0] is child and str(parent.failures[0][1]) == "bad tell"
+    assert ref.ask(Ping(0), timeout=WAIT) == 0
+
+
+@pytest.mark.timeout(30)
+def test_inline_actor_without_parent_stops_on_tell_error(actors) -> None:
+    orphan = Inline("orphan")
+    ref = actors(orphan)
+    ref.tell(Boom("fatal"))
+    assert orphan.stops == 1
+    assert not ref.alive
+    _unavailable(ref.ask_async(Ping(0)))
+
+
+@pytest.mark.timeout(30)
+def test_inline_actor_stop_and_use_after_stop(actors) -> None:
+    actor = Inline("inline")
+    ref = actors(actor)
+    ref.stop(timeout=WAIT)
+    ref.stop(timeout=WAIT)
+    assert actor.stops == 1
+    assert not ref.alive
+    _unavailable(ref.ask_async(Ping(0)))
+    with pytest.raises(TritonError) as info:
+        ref.tell(Ping(0))
+    assert info.value.code == Code.UNAVAILABLE
+    never = Inline("never-started")
+    _unavailable(never.ref.ask_async(Ping(0)))

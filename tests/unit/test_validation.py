@@ -121,6 +121,19 @@ def test_missing_inputs_lists_are_comma_separated_without_spaces() -> None:
                    "but missing required input(s) ['INPUT0','INPUT2']. Please provide all required input(s).")
 
 
+def test_missing_inputs_are_listed_in_config_order() -> None:
+    # Triton walks model_config.input() in order to build the missing list
+    zeta_alpha = RequestValidator(parse_text("""
+    name: "za"
+    backend: "python"
+    input [ { name: "ZETA" data_type: TYPE_FP32 dims: [ 1 ] }, { name: "ALPHA" data_type: TYPE_FP32 dims: [ 1 ] } ]
+    output [ { name: "O" data_type: TYPE_FP32 dims: [ 1 ] } ]
+    """, "za", "config.pbtxt"))
+    msg = _message(zeta_alpha, _req("za"))
+    assert msg == (NO_ID + "expected 2 inputs but got 0 inputs for model 'za'. Got input(s) [], "
+                   "but missing required input(s) ['ZETA','ALPHA']. Please provide all required input(s).")
+
+
 def test_no_inputs_at_all() -> None:
     msg = _message(ADD_SUB, _req("add_sub"))
     assert msg == (NO_ID + "expected 2 inputs but got 0 inputs for model 'add_sub'. Got input(s) [], "

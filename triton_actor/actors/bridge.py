@@ -60,8 +60,10 @@ class NativeWorker(Generic[S]):
         try:
             state = setup()
         except BaseException as e:  # noqa: BLE001 - reported to the hub, not raised in a thread
+            self._closed = True  # nothing will ever read the inbox: submits fail from now on
             self._post(self.ready, False, e)
             self._post(self.stopped, True, True)
+            self._drain_unread(e)
             return
         self._post(self.ready, True, True)
         get = self._inbox.get
@@ -79,6 +81,19 @@ class NativeWorker(Generic[S]):
                 except BaseException as e:  # noqa: BLE001
                     print(f"[{self.name}] teardown failed: {e!r}", file=sys.stderr)
             self._post(self.stopped, True, True)
+
+    def _drain_unread(self, error: BaseException) -> None:
+        """Native thread, after a failed setup: fail whatever was queued before ``_closed`` was seen."""
+        from ..errors import TritonError
+
+        err = TritonError.unavailable(f"instance '{self.name}' failed to load: {error}")
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except _queue.Empty:
+                return
+            if item is not None:
+                self._post(item[2], False, err)
 
     def _post(self, reply: Reply[Any] | Callable[[bool, Any], None], ok: bool, value: Any) -> None:
         self._done.append((reply, ok, value))
@@ -127,13 +142,17 @@ class NativeWorker(Generic[S]):
             self._inbox.put(None)
         try:
             self.stopped.get(timeout)
-            ok = True
         except Exception:  # noqa: BLE001
+            # keep the watcher: work the thread still finishes must reach its replies
             log.error("native worker %s did not stop within %s s", self.name, timeout)
-            ok = False
+            self.stopped.link(lambda _r: self._close_watcher())
+            return False
+        self._close_watcher()
+        return True
+
+    def _close_watcher(self) -> None:
         self._drain()
         self._wake.close()
-        return ok
 
 
 def call_in_thread(fn: Callable[..., S], *args: Any) -> S:

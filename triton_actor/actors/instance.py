@@ -9,8 +9,9 @@ Execution mode (a deliberate refinement of thread-per-instance, measured in ``sc
 handing a batch to a native thread and back costs two thread wake-ups (15-20 µs each on our 2-core
 machines, and the woken thread runs cold caches), which is more than a small Python model's whole
 ``execute``. A backend instance that allows it (``inline_ok``: Python models on CPU) is *promoted* to
-run in the calling greenlet after ``PROMOTE_STREAK`` consecutive executions shorter than
-``PROMOTE_NS``; one execution longer than ``DEMOTE_NS`` demotes it back to its thread, and the streak
+run in the calling greenlet after ``PROMOTE_STREAK`` consecutive executions that used less than
+``PROMOTE_NS`` of CPU time; one inline execution using more than ``DEMOTE_NS`` of CPU time (or
+``DEMOTE_WALL_NS`` of wall time) demotes it back to its thread, and the streak
 it needs next time doubles. So the hub is never blocked for long, GIL-releasing or slow models keep
 their thread (and run in parallel), and tiny models skip the crossings.
 """
@@ -34,7 +35,9 @@ Done = Callable[[bool, Any], None]
 PROMOTE_NS = 200_000
 PROMOTE_STREAK = 32
 DEMOTE_NS = 1_000_000
+DEMOTE_WALL_NS = 20_000_000
 _perf_ns = time.perf_counter_ns
+_thread_ns = time.thread_time_ns
 
 
 def _run_batch(instance: BackendInstance, requests: list[InferRequest]) -> tuple[list[Result], Timings]:
@@ -45,6 +48,14 @@ def _run_batch(instance: BackendInstance, requests: list[InferRequest]) -> tuple
     if len(results) != len(requests):
         raise TritonError.internal(f"backend returned {len(results)} results for {len(requests)} requests")
     return results, (0, t1 - t0, 0)
+
+
+def _run_batch_cpu(instance: BackendInstance, requests: list[InferRequest]) -> tuple[Any, int]:
+    """Native thread: like :func:`_run_batch`, plus the CPU time the thread spent. Promotion looks at
+    CPU time, not wall time: under load the wall time includes waiting for the GIL."""
+    c0 = _thread_ns()
+    value = _run_batch(instance, requests)
+    return value, _thread_ns() - c0
 
 
 def _finalize(instance: BackendInstance) -> None:
@@ -90,7 +101,10 @@ class InstanceActor:
     def execute(self, requests: list[InferRequest], done: Done) -> None:
         """Run a batch; ``done(ok, (results, timings) | error)`` is called in the hub or the caller."""
         if not self._inline:
-            self._worker.submit_callback(_run_batch, (requests,), self._observe(done))
+            if getattr(self._backend_instance, "inline_ok", False):
+                self._worker.submit_callback(_run_batch_cpu, (requests,), self._observe(done))
+            else:
+                self._worker.submit_callback(_run_batch, (requests,), done)
         elif gevent.getcurrent() is self._hub:
             gevent.spawn(self._run_inline, requests, done)  # user code may yield: never run it on the hub
         else:
@@ -98,27 +112,32 @@ class InstanceActor:
 
     def _run_inline(self, requests: list[InferRequest], done: Done) -> None:
         assert self._backend_instance is not None
+        c0 = _thread_ns()
         try:
             value = _run_batch(self._backend_instance, requests)
         except Exception as e:  # noqa: BLE001 - reported like a thread-side failure
             done(False, e)
             return
-        if value[1][1] > DEMOTE_NS:
+        # CPU time says how long the hub was blocked (wall time also counts the OS preempting us);
+        # a long wall time with little CPU means the model yielded (e.g. patched sleep): also demote.
+        if _thread_ns() - c0 > DEMOTE_NS or value[1][1] > DEMOTE_WALL_NS:
             self._inline = False
             self._streak = 0
             self._needed *= 2
         done(True, value)
 
     def _observe(self, done: Done) -> Done:
-        """Wrap a thread-mode completion: count fast executions towards promotion."""
-        if not getattr(self._backend_instance, "inline_ok", False):
-            return done
+        """Wrap a thread-mode completion: count executions with little CPU time towards promotion."""
 
         def observed(ok: bool, value: Any) -> None:
-            if ok and value[1][1] < PROMOTE_NS:
-                self._streak += 1
-                if self._streak >= self._needed:
-                    self._inline = True
+            if ok:
+                value, cpu_ns = value
+                if cpu_ns < PROMOTE_NS:
+                    self._streak += 1
+                    if self._streak >= self._needed:
+                        self._inline = True
+                else:
+                    self._streak = 0
             else:
                 self._streak = 0
             done(ok, value)

@@ -3,8 +3,9 @@
 Failure semantics (tested in ``tests/unit/test_kernel.py``):
 
 * an exception raised while handling an **ask** goes back to the asker; the actor lives on;
-* an exception raised while handling a **tell** is reported to the supervisor (``on_child_failure``
-  of the parent); with no parent, the actor logs it and stops;
+* an exception raised while handling a **tell** is reported to the supervisor as a
+  :class:`ChildFailed` message (handled by its ``on_child_failure``); with no live parent, the actor
+  logs it and stops;
 * when an actor stops, every ask still in its mailbox fails with UNAVAILABLE, so nobody waits forever;
 * ``ask`` raises on timeout; it never returns None for a missing answer.
 
@@ -67,6 +68,20 @@ class Reply(Generic[T]):
         return self._result.value
 
 
+class ChildFailed:
+    """Event to a supervisor: ``child`` raised ``error`` while handling a tell."""
+
+    __slots__ = ("child", "error")
+
+    def __init__(self, child: Actor, error: BaseException) -> None:
+        self.child = child
+        self.error = error
+
+
+def _unhandled(actor: Actor, message: object) -> None:
+    raise TritonError.internal(f"actor '{actor.name}' does not handle {type(message).__name__}")
+
+
 class ActorRef:
     """What other code holds: tell and ask, never the actor's state."""
 
@@ -106,6 +121,7 @@ class Actor:
     """
 
     mailbox_size: ClassVar[int | None] = None  # None = unbounded
+    _dispatch_table: ClassVar[dict[type, Callable[..., Any]]]  # per subclass: message class → handler
 
     def __init__(self, name: str, parent: Actor | None = None) -> None:
         self.name = name
@@ -113,6 +129,7 @@ class Actor:
         self._inbox: gevent.queue.Queue = gevent.queue.Queue(self.mailbox_size)
         self._loop: gevent.Greenlet | None = None
         self._stopping = False
+        self._current: Reply[Any] | None = None  # the ask being handled, failed if the loop dies
         self.ref = ActorRef(self)
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -127,7 +144,8 @@ class Actor:
         return self._loop is not None and not self._loop.dead and not self._stopping
 
     def stop(self, timeout: float | None = None) -> None:
-        """Ask the loop to finish after the messages already queued; waits for it (not from itself)."""
+        """Finish the message being handled, fail every queued ask with UNAVAILABLE, run ``on_stop``.
+        Waits for the loop to end (unless called from the loop itself)."""
         if self._loop is None or self._loop.dead:
             return
         if not self._stopping:
@@ -141,6 +159,9 @@ class Actor:
 
     def on_stop(self) -> None:
         """Runs in the actor's greenlet after the last message."""
+
+    def on_ChildFailed(self, msg: ChildFailed) -> None:
+        self.on_child_failure(msg.child, msg.error)
 
     def on_child_failure(self, child: Actor, error: BaseException) -> None:
         """A child failed while handling a tell. Default: log and stop the child."""
@@ -159,13 +180,18 @@ class Actor:
 
     def _run(self) -> None:
         try:
-            while True:
+            while not self._stopping:
                 message, reply = self._inbox.get()
                 if message is _STOP:
                     break
+                self._current = reply
                 self._handle(message, reply)
+                self._current = None
         finally:
             self._stopping = True
+            if self._current is not None:  # the loop died inside a handler (killed, Timeout, ...)
+                self._current.fail(TritonError.unavailable(f"actor '{self.name}' stopped"))
+                self._current = None
             self._fail_pending()
             try:
                 self.on_stop()
@@ -173,16 +199,21 @@ class Actor:
                 log.exception("on_stop of actor %s failed", self.name)
 
     def _handle(self, message: object, reply: Reply[Any] | None) -> None:
-        handler = getattr(self, "on_" + type(message).__name__, None)
+        cls = type(message)
+        table = type(self).__dict__.get("_dispatch_table")
+        if table is None:
+            table = {}
+            type(self)._dispatch_table = table
+        handler = table.get(cls)
+        if handler is None:
+            handler = table[cls] = getattr(type(self), "on_" + cls.__name__, None) or _unhandled
         try:
-            if handler is None:
-                raise TritonError.internal(f"actor '{self.name}' does not handle {type(message).__name__}")
-            result = handler(message)
+            result = handler(self, message)
         except Exception as e:
             if reply is not None:
                 reply.fail(e)
-            elif self.parent is not None:
-                self.parent.on_child_failure(self, e)
+            elif self.parent is not None and self.parent.alive:
+                self.parent.ref.tell(ChildFailed(self, e))  # through the supervisor's mailbox
             else:
                 log.exception("actor %s failed on %s; stopping", self.name, type(message).__name__)
                 self.stop(timeout=0)
@@ -244,10 +275,14 @@ class InlineActor(Actor):
         try:
             while pending:
                 message, reply = pending.popleft()
-                if message is _STOP:
+                if message is _STOP or self._stopping:
+                    if message is not _STOP:
+                        pending.appendleft((message, reply))
                     self._finish()
                     return
                 self._handle(message, reply)
+            if self._stopping:  # a handler stopped the actor
+                self._finish()
         finally:
             self._draining = False
 
@@ -256,12 +291,15 @@ class InlineActor(Actor):
             return
         if not self._stopping:
             self._stopping = True
-            self._pending.append((_STOP, None))
             if not self._draining:
-                self._drain_mailbox()
-        self._finished.wait(timeout)
+                self._finish()
+            # else: the drain loop finishes after the handler that is running now
+        if gevent.getcurrent() is not gevent.get_hub():
+            self._finished.wait(timeout)
 
     def _finish(self) -> None:
+        if self._finished.is_set():
+            return
         while self._pending:
             message, reply = self._pending.popleft()
             if reply is not None and message is not _STOP:

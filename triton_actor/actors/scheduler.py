@@ -89,6 +89,7 @@ class SchedulerActor(InlineActor):
                     stats.record_success(item.batch_size, now - item.start_ns, msg.dispatch_ns - item.start_ns, timings)
                     item.reply.set(result)
         else:
+            stats.record_execution(sum(i.batch_size for i in msg.items), 0, 0, 0)
             error = msg.value if isinstance(msg.value, TritonError) else TritonError.internal(
                 f"instance '{msg.instance.name}' failed: {msg.value!r}")
             for item in msg.items:
@@ -97,6 +98,15 @@ class SchedulerActor(InlineActor):
         self._busy -= 1
         self._idle.append(msg.instance)
         self._dispatch()
+
+    def on_stop(self) -> None:
+        """Nobody waits forever: queued requests fail, drains are answered."""
+        error = TritonError.unavailable(f"model version '{self.name}' is unloading")
+        while self._queue:
+            self._queue.popleft().reply.fail(error)
+        for reply in self._drains:
+            reply.set(None)
+        self._drains.clear()
 
     def on_GetStats(self, _msg: GetStats) -> dict[str, object]:
         return self._stats.snapshot()
@@ -121,7 +131,10 @@ class SchedulerActor(InlineActor):
         tell = self.ref.tell
 
         def done(ok: bool, value: Any) -> None:
-            tell(BatchDone(instance, items, dispatch_ns, ok, value))
+            try:
+                tell(BatchDone(instance, items, dispatch_ns, ok, value))
+            except TritonError:  # stopped meanwhile: still answer the requests that ran
+                _answer(items, ok, value)
 
         return done
 
@@ -146,6 +159,16 @@ class SchedulerActor(InlineActor):
             for reply in self._drains:
                 reply.set(None)
             self._drains.clear()
+
+
+def _answer(items: list[Enqueue], ok: bool, value: Any) -> None:
+    """Complete the replies of a batch without the (stopped) scheduler."""
+    results = value[0] if ok else [value if isinstance(value, BaseException) else TritonError.internal(repr(value))] * len(items)
+    for item, result in zip(items, results, strict=True):
+        if isinstance(result, BaseException):
+            item.reply.fail(result)
+        else:
+            item.reply.set(result)
 
 
 def _shape_key(request: InferRequest) -> tuple[Any, ...]:

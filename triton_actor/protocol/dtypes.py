@@ -46,12 +46,12 @@ BYTES = BY_WIRE["BYTES"]
 BF16 = BY_WIRE["BF16"]
 
 
+_BY_NUMPY: dict[np.dtype, DType] = {d.numpy: d for d in ALL if d.numpy is not None and d.numpy.kind != "O"}
+
+
 def from_numpy(dtype: np.dtype) -> DType | None:
     """The Triton type of a numpy dtype; object, bytes and str arrays are BYTES."""
-    kind = dtype.kind
-    if kind in ("O", "S", "U"):
-        return BYTES
-    for d in ALL:
-        if d.numpy is not None and d.numpy == dtype:
-            return d
-    return None
+    found = _BY_NUMPY.get(dtype)
+    if found is not None:
+        return found
+    return BYTES if dtype.kind in ("O", "S", "U") else _BY_NUMPY.get(dtype.newbyteorder("="))

@@ -15,7 +15,7 @@ from ..errors import TritonError
 from ..inference import InferInput, InferRequest, InferResponse, RequestedOutput
 from . import bytes_codec
 from .classification import classify
-from .dtypes import BF16, BY_WIRE, BYTES, DType
+from .dtypes import BF16, BY_WIRE, BYTES, DType, from_numpy
 
 # Request parameters Triton consumes itself; everything else (except triton_*) goes to the model.
 _CONSUMED = frozenset({"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "binary_data_output"})
@@ -88,12 +88,17 @@ def _decode_input(item: Any, body: bytes, offset: int, model_name: str, prefix: 
     dtype = BY_WIRE.get(wire) if isinstance(wire, str) else None
     if dtype is None:
         raise TritonError.invalid_arg(f"{prefix}invalid datatype '{wire}' for input '{name}'")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+    count = 1
+    try:
+        for d in shape:
+            if d.__class__ is not int or d < 0:
+                raise TypeError
+            count *= d
+    except TypeError:
+        raise TritonError.invalid_arg(f"{prefix}invalid shape {shape!r} for input '{name}'") from None
+    if shape.__class__ is not list:
         raise TritonError.invalid_arg(f"{prefix}invalid shape {shape!r} for input '{name}'")
     shape_t = tuple(shape)
-    count = 1
-    for d in shape_t:
-        count *= d
     params = item.get("parameters") or {}
     size = params.get("binary_data_size") if isinstance(params, dict) else None
     if size is not None:
@@ -104,7 +109,12 @@ def _decode_input(item: Any, body: bytes, offset: int, model_name: str, prefix: 
                 f"unexpected size for input '{name}', expecting {len(body) - offset} additional bytes "
                 f"for model '{model_name}'"
             )
-        data = _from_binary(memoryview(body)[offset : offset + size], dtype, shape_t, count, name, model_name, prefix)
+        if dtype is BYTES or dtype is BF16 or size != count * dtype.itemsize:
+            data = _from_binary(memoryview(body)[offset : offset + size], dtype, shape_t, count, name, model_name, prefix)
+        else:  # the common case: a zero-copy view of the body
+            data = np.frombuffer(body, dtype=dtype.numpy, count=count, offset=offset)
+            if len(shape_t) != 1:
+                data = data.reshape(shape_t)
         return InferInput(name, dtype, shape_t, data), offset + size
     if "data" not in item:
         raise TritonError.invalid_arg(
@@ -224,10 +234,13 @@ def _decode_outputs(outputs: Any, prefix: str) -> tuple[RequestedOutput, ...] | 
         raise TritonError.invalid_arg(prefix + "'outputs' must be an array")
     result = []
     for item in outputs:
-        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+        if item.__class__ is not dict or item.get("name").__class__ is not str:
             raise TritonError.invalid_arg(prefix + "each entry of 'outputs' must be an object with a 'name'")
-        params = item.get("parameters") or {}
-        if not isinstance(params, dict):
+        params = item.get("parameters")
+        if not params:
+            result.append(RequestedOutput(item["name"]))
+            continue
+        if params.__class__ is not dict:
             raise TritonError.invalid_arg(prefix + f"'parameters' of output '{item['name']}' must be an object")
         binary = params.get("binary_data")
         if binary is not None and not isinstance(binary, bool):
@@ -297,8 +310,6 @@ def _encode_output(name: str, array: np.ndarray, binary: bool, blobs: list[bytes
 
 
 def _wire_dtype(array: np.ndarray) -> DType:
-    from .dtypes import from_numpy
-
     dtype = from_numpy(array.dtype)
     if dtype is None:
         raise TritonError.internal(f"unsupported output data type {array.dtype}")

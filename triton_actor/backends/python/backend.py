@@ -197,11 +197,14 @@ def _as_array(value: Any) -> np.ndarray:
     return value if isinstance(value, np.ndarray) else np.asarray(value)
 
 
+_trusted = pb_utils.Tensor._trusted
+
+
 def _to_pb(request: InferRequest) -> Any:
     return pb_utils.InferenceRequest(
         request_id=request.id,
         correlation_id=request.correlation_id,
-        inputs=[pb_utils.Tensor(name, t.data) for name, t in request.inputs.items()],
+        inputs=[_trusted(name, t.data, t.dtype.enum_value) for name, t in request.inputs.items()],
         requested_output_names=list(request.requested_output_names or ()),
         model_name=request.model_name,
         model_version=request.model_version,

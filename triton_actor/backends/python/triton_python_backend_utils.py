@@ -324,6 +324,15 @@ class Tensor:
         self._array = data
         self._triton_dtype = triton_dtype
 
+    @classmethod
+    def _trusted(cls, name: str, data: np.ndarray, triton_dtype: int) -> Tensor:
+        """Server-side constructor for request inputs that were already validated (hot path)."""
+        tensor = cls.__new__(cls)
+        tensor._name = name
+        tensor._array = data
+        tensor._triton_dtype = triton_dtype
+        return tensor
+
     def name(self) -> str:
         """Return the tensor name."""
         return self._name
@@ -616,8 +625,14 @@ class InferenceRequest:
         executor = _bls_executor
         if executor is None:
             raise TritonModelException("BLS is not supported by this server yet")
-        loop = asyncio.get_running_loop()
-        return loop.run_in_executor(None, executor, self, decoupled)
+        # No executor threads: under gevent's patching they would be greenlets that the asyncio loop
+        # starves. Run the (blocking) BLS call now and hand back a completed future.
+        future = asyncio.get_running_loop().create_future()
+        try:
+            future.set_result(executor(self, decoupled))
+        except Exception as e:  # noqa: BLE001 - delivered through the future
+            future.set_exception(e)
+        return future
 
     def __repr__(self) -> str:
         names = [t.name() for t in self._inputs]
