@@ -217,14 +217,14 @@ class ModelActor(Actor):
                         )
                         instances.append(InstanceActor(ctx, backend))
                         index += 1
-            failures = []
+            failures: list[Exception] = []
             for inst in instances:
                 try:
                     inst.wait_ready(self._settings.load_timeout_s)
-                except Exception as e:  # noqa: BLE001
-                    failures.append(str(e))
+                except Exception as e:  # noqa: BLE001 - collected, the first one is the version's reason
+                    failures.append(e)
             if failures:
-                raise TritonError.invalid_arg(failures[0])
+                raise failures[0]
             stats = VersionStats(self.model, version)
             scheduler = SchedulerActor(f"scheduler:{self.model}:{version}", instances, stats,
                                        config.max_batch_size, config.HasField("dynamic_batching"))
