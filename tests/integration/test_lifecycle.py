@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import threading
 from pathlib import Path
@@ -254,7 +255,7 @@ class TritonPythonModel:
         fifo = os.path.join(os.path.dirname(self.marker), "started.fifo")
         if os.path.exists(fifo):  # tell a waiting test that a request is inside execute
             with open(fifo, "w") as f:
-                f.write("started\n")
+                f.write("started\\n")
         time.sleep(0.5)
         end = time.time()
         return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", np.array([start, end], np.float64)),
@@ -308,8 +309,12 @@ def test_sigterm_finishes_in_flight_and_finalizes(tmp_path: Path, start_server) 
     results: list = []
     caller = threading.Thread(target=_slow_call, args=(server.url, "slow", results))
     caller.start()
-    with open(fifo) as f:  # blocks until the model is inside execute
-        assert f.readline() == "started\n"
+    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:  # wait (on the fd, no sleep) until the model is inside execute
+        readable, _, _ = select.select([fd], [], [], 60)
+        assert readable, "the request never reached execute():\n" + server.log()
+    finally:
+        os.close(fd)
     server.proc.send_signal(signal.SIGTERM)
     caller.join(60)
     assert server.wait_exit(60) == 0

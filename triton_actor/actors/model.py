@@ -162,7 +162,8 @@ class ModelActor(Actor):
                 rec.state = UNLOADING
         self._publish_now()
         for rec in list(self._versions.values()):
-            self._stop_version(rec)
+            if rec.scheduler is not None or rec.instances:
+                self._stop_version(rec)
             rec.state, rec.reason = UNAVAILABLE, "unloaded"
         self._publish_now()
 
