@@ -71,6 +71,12 @@ class DataPlane:
         return config_mod.to_json_dict(handle.config)
 
     # -- inference --------------------------------------------------------------------------------
+    def reject_decoupled(self, name: str) -> None:
+        """``/infer`` (one request, one response) refuses decoupled models, as Triton does (spec surprise #4)."""
+        handle = self.repository.routes.get(name)
+        if handle is not None and handle.config is not None and handle.config.model_transaction_policy.decoupled:
+            raise TritonError.unsupported("HTTP end point doesn't support models with decoupled transaction policy")
+
     def infer(self, request: InferRequest) -> Served:
         """Route, validate, queue, wait (this greenlet only)."""
         if not self.accepting:

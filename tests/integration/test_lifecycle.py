@@ -332,3 +332,22 @@ def test_body_size_limit(tmp_path: Path, start_server) -> None:
     small = json.dumps({"inputs": [{"name": "INPUT0", "shape": [2], "datatype": "FP32", "data": [1, 2]}]}).encode()
     status, _, _ = _post(server, "/v2/models/ident/infer", small)
     assert status == 200
+
+
+DECOUPLED_CONFIG = IDENTITY_CONFIG + "\nmodel_transaction_policy { decoupled: true }\n"
+
+
+def test_decoupled_model_on_http_infer_is_501(tmp_path: Path, start_server) -> None:
+    add_model(tmp_path, "dec", DECOUPLED_CONFIG, IDENTITY_PY)
+    server = start_server(tmp_path)
+    body = json.dumps({"inputs": [{"name": "INPUT0", "shape": [2], "datatype": "FP32", "data": [1, 2]}]}).encode()
+    status, _, data = _post(server, "/v2/models/dec/infer", body)
+    assert (status, json.loads(data)) == (
+        501, {"error": "HTTP end point doesn't support models with decoupled transaction policy"})
+
+
+def test_failed_load_is_logged_without_greenlet_traceback(tmp_path: Path, start_server) -> None:
+    add_model(tmp_path, "bad_init", IDENTITY_CONFIG, BAD_INIT_PY)
+    server = start_server(tmp_path, flags=("--exit-on-error=false",))
+    assert "failed to load 'bad_init' version 1" in server.log()
+    assert "Greenlet" not in server.log()

@@ -145,13 +145,10 @@ class ModelActor(Actor):
             self._versions[v] = _Version(v, LOADING)
         self._publish_now()
         config_json = json.dumps(config_mod.to_json_dict(config))
-        errors = []
         jobs = [gevent.spawn(self._load_version, msg.model_dir, v, path, config, config_json, backend)
                 for v, path in selected.items()]
         gevent.joinall(jobs)
-        for job in jobs:
-            if job.exception is not None:
-                errors.append(str(job.exception))
+        errors = [str(job.value) for job in jobs if job.value is not None]
         self._publish_now()
         if errors:
             raise TritonError.invalid_arg("; ".join(errors))
@@ -198,8 +195,9 @@ class ModelActor(Actor):
         return cfg, backend, {v: available[v] for v in selected}
 
     def _load_version(self, model_dir: Path, version: int, version_dir: Path, config: ModelConfig,
-                      config_json: str, backend: Backend) -> None:
-        """Runs in a helper greenlet spawned by on_Load; only it touches this version record meanwhile."""
+                      config_json: str, backend: Backend) -> Exception | None:
+        """Runs in a helper greenlet spawned by on_Load; only it touches this version record meanwhile.
+        Returns the load error (None on success) rather than raising: a raise would be a greenlet crash."""
         rec = self._versions[version]
         start = time.monotonic()
         instances: list[InstanceActor] = []
@@ -230,16 +228,17 @@ class ModelActor(Actor):
             scheduler = SchedulerActor(f"scheduler:{self.model}:{version}", instances, stats,
                                        config.max_batch_size, config.HasField("dynamic_batching"))
             scheduler.start()
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - any load failure becomes the version's reason
             for inst in instances:
                 inst.close(timeout=10)
             rec.state, rec.reason = UNAVAILABLE, e.status_text() if isinstance(e, TritonError) else repr(e)
             log.error("failed to load '%s' version %d: %s", self.model, version, e)
-            raise
+            return e
         rec.state, rec.reason = READY, ""
         rec.scheduler, rec.instances, rec.labels = scheduler, instances, labels
         rec.validator = RequestValidator(config)
         log.info("successfully loaded '%s' version %d (%.2f s)", self.model, version, time.monotonic() - start)
+        return None
 
     def _stop_version(self, rec: _Version) -> None:
         """Drain the version's queue, finalize its instances, stop its scheduler."""

@@ -128,6 +128,7 @@ class HttpFrontend:
     ) -> tuple[str, list[tuple[str, str]], bytes]:
         """Decode → data plane → encode; returns (status line, headers without Content-Length, body)."""
         try:
+            self.plane.reject_decoupled(model)
             body = self.decompress(body, content_encoding)
             hl = v2_http.parse_header_length(header_length)
             if hl == 0 or (hl is None and not body):

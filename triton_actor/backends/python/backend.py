@@ -150,14 +150,17 @@ class PythonInstance:
         return value
 
     def execute(self, requests: list[InferRequest]) -> list[Result]:
+        if self.decoupled:  # response senders arrive with the streaming front ends
+            err = TritonError.unsupported(
+                f"model '{self.ctx.model_name}' is decoupled: response senders are not supported by this server yet"
+            )
+            return [err] * len(requests)
         pb_requests = [_to_pb(r) for r in requests]
         try:
             responses = self._await(self.model.execute(pb_requests))
         except Exception as e:
             err = self._model_error(e)
             return [err] * len(requests)
-        if self.decoupled:
-            raise TritonError.unsupported("decoupled python models are not supported yet")
         if not isinstance(responses, list | tuple) or len(responses) != len(requests):
             got = len(responses) if isinstance(responses, list | tuple) else type(responses).__name__
             err = TritonError.internal(

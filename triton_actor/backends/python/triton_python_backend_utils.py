@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import enum
 import itertools
 import json
 import logging
@@ -600,9 +601,8 @@ class InferenceRequest:
         sender = self._response_sender
         if sender is None:
             raise TritonModelException(
-                "this request has no response sender: get_response_sender() is available "
-                "only on requests passed to execute() (decoupled or default mode), not on "
-                "requests a model builds itself"
+                "this request has no response sender: response senders (decoupled models and "
+                "default-mode senders) are not supported by this server yet"
             )
         return sender
 
@@ -1036,6 +1036,17 @@ class Metric:
 
     def __repr__(self) -> str:
         return f"Metric({self._family._name!r}, labels={self._labels})"
+
+
+class MetricKind(enum.IntEnum):
+    """Metric kinds; also reachable as ``MetricFamily.COUNTER`` (current) and ``pb_utils.COUNTER`` (old examples)."""
+
+    COUNTER = 0
+    GAUGE = 1
+    HISTOGRAM = 2
+
+
+COUNTER, GAUGE, HISTOGRAM = MetricKind.COUNTER, MetricKind.GAUGE, MetricKind.HISTOGRAM
 
 
 class MetricFamily:
