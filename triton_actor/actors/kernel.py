@@ -169,13 +169,17 @@ class Actor:
         child.stop(timeout=0)
 
     # -- mailbox --------------------------------------------------------------------------------
+    def _refuse(self, reply: Reply[Any] | None) -> None:
+        """A message for an actor that is not running: the ask fails, the tell raises."""
+        err = TritonError.unavailable(f"actor '{self.name}' is not running")
+        if reply is None:
+            raise err
+        reply.fail(err)
+
     def _post(self, message: object, reply: Reply[Any] | None) -> None:
         if self._stopping or self._loop is None or self._loop.dead:
-            err = TritonError.unavailable(f"actor '{self.name}' is not running")
-            if reply is not None:
-                reply.fail(err)
-                return
-            raise err
+            self._refuse(reply)
+            return
         self._inbox.put((message, reply))
 
     def _run(self) -> None:
@@ -260,11 +264,8 @@ class InlineActor(Actor):
 
     def _post(self, message: object, reply: Reply[Any] | None) -> None:
         if self._stopping or not self._started:
-            err = TritonError.unavailable(f"actor '{self.name}' is not running")
-            if reply is not None:
-                reply.fail(err)
-                return
-            raise err
+            self._refuse(reply)
+            return
         self._pending.append((message, reply))
         if not self._draining:
             self._drain_mailbox()

@@ -46,22 +46,26 @@ class _Connection:
         self.sock = sock
         self.buf = bytearray()
 
-    def read_head(self) -> bytes | None:
-        """Bytes up to the blank line ending the head (excluded); None at a clean EOF."""
+    def _read_until(self, delimiter: bytes, what: str) -> bytes | None:
+        """Bytes up to ``delimiter`` (excluded, consumed); None at EOF before any byte."""
         while True:
-            idx = self.buf.find(b"\r\n\r\n")
+            idx = self.buf.find(delimiter)
             if idx >= 0:
-                head = bytes(self.buf[:idx])
-                del self.buf[: idx + 4]
-                return head
+                data = bytes(self.buf[:idx])
+                del self.buf[: idx + len(delimiter)]
+                return data
             if len(self.buf) > MAX_HEAD:
-                raise BadRequest("request head too large")
+                raise BadRequest(f"{what} too large")
             chunk = self.sock.recv(_RECV)
             if not chunk:
                 if self.buf.strip():
-                    raise BadRequest("connection closed inside the request head")
+                    raise BadRequest(f"connection closed inside the {what}")
                 return None
             self.buf += chunk
+
+    def read_head(self) -> bytes | None:
+        """Bytes up to the blank line ending the head (excluded); None at a clean EOF."""
+        return self._read_until(b"\r\n\r\n", "request head")
 
     def read_exact(self, n: int) -> bytes:
         while len(self.buf) < n:
@@ -74,18 +78,10 @@ class _Connection:
         return data
 
     def read_line(self) -> bytes:
-        while True:
-            idx = self.buf.find(b"\r\n")
-            if idx >= 0:
-                line = bytes(self.buf[:idx])
-                del self.buf[: idx + 2]
-                return line
-            if len(self.buf) > MAX_HEAD:
-                raise BadRequest("chunk size line too long")
-            chunk = self.sock.recv(_RECV)
-            if not chunk:
-                raise BadRequest("connection closed inside a chunked body")
-            self.buf += chunk
+        line = self._read_until(b"\r\n", "chunked body")
+        if line is None:
+            raise BadRequest("connection closed inside the chunked body")
+        return line
 
     def read_chunked(self, limit: int) -> bytes:
         parts: list[bytes] = []
