@@ -18,6 +18,7 @@ their thread (and run in parallel), and tiny models skip the crossings.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -29,6 +30,7 @@ from ..errors import TritonError
 from ..inference import InferRequest
 from .bridge import NativeWorker
 
+log = logging.getLogger(__name__)
 Timings = tuple[int, int, int]  # compute_input, compute_infer, compute_output (ns)
 Done = Callable[[bool, Any], None]
 
@@ -124,6 +126,7 @@ class InstanceActor:
             self._inline = False
             self._streak = 0
             self._needed *= 2
+            log.debug("instance %s: back to its thread (next promotion after %d short runs)", self.name, self._needed)
         done(True, value)
 
     def _observe(self, done: Done) -> Done:
@@ -136,6 +139,7 @@ class InstanceActor:
                     self._streak += 1
                     if self._streak >= self._needed:
                         self._inline = True
+                        log.debug("instance %s: runs inline from now on", self.name)
                 else:
                     self._streak = 0
             else:
