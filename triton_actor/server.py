@@ -17,7 +17,9 @@ import gevent.event
 from .actors.model import LoadSettings
 from .actors.repository import LoadAll, RepositoryActor, UnloadAll
 from .backends.base import Backend
+from .backends.onnxruntime import OnnxRuntimeBackend
 from .backends.python.backend import PythonBackend
+from .backends.pytorch import PyTorchBackend
 from .dataplane import DataPlane
 from .frontends.http import HttpFrontend
 from .frontends.http_server import HttpServer
@@ -26,8 +28,13 @@ from .settings import Settings
 log = logging.getLogger("triton_actor.server")
 
 
-def default_backends() -> dict[str, Backend]:
-    return {"python": PythonBackend()}
+def default_backends(backend_config: dict[str, dict[str, str]] | None = None) -> dict[str, Backend]:
+    """Every backend we ship; heavy runtimes (onnxruntime, torch) are imported only when a model loads."""
+    return {
+        "python": PythonBackend(),
+        "onnxruntime": OnnxRuntimeBackend(backend_config),
+        "pytorch": PyTorchBackend(backend_config),
+    }
 
 
 class StartupError(Exception):
@@ -44,7 +51,8 @@ class Server:
             config_name=settings.model_config_name,
             backend_config=settings.backend_config,
         )
-        self.repository = RepositoryActor(list(settings.model_repositories), backends or default_backends(), load,
+        backends = backends or default_backends(settings.backend_config)
+        self.repository = RepositoryActor(list(settings.model_repositories), backends, load,
                                           settings.model_control_mode)
         self.plane = DataPlane(self.repository, settings.server_id, settings.strict_readiness)
         self.http: HttpServer | None = None

@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import gevent
 import gevent.event
+from gevent import subprocess  # cooperative pipes: the harness reads server logs in a greenlet
 
 ROOT = Path(__file__).resolve().parents[2]
 _PORT = re.compile(r"Started HTTPService at [^ ]+:(\d+)")

@@ -100,12 +100,12 @@ def test_read_prefers_named_config_and_requires_a_file_without_auto_complete(tmp
     (model / "configs").mkdir(parents=True)
     (model / "config.pbtxt").write_text("max_batch_size: 1")
     (model / "configs" / "big.pbtxt").write_text("max_batch_size: 16")
-    assert cm.read(model, "m", auto_complete=False).max_batch_size == 1
-    assert cm.read(model, "m", auto_complete=False, config_name="big").max_batch_size == 16
-    assert cm.read(model, "m", auto_complete=False, config_name="absent").max_batch_size == 1
+    assert cm.read(model, "m", auto_complete=False)[0].max_batch_size == 1
+    assert cm.read(model, "m", auto_complete=False, config_name="big")[0].max_batch_size == 16
+    assert cm.read(model, "m", auto_complete=False, config_name="absent")[0].max_batch_size == 1
     empty = tmp_path / "e"
     empty.mkdir()
-    assert cm.read(empty, "e", auto_complete=True) == mc.ModelConfig()
+    assert cm.read(empty, "e", auto_complete=True) == (mc.ModelConfig(), frozenset())
     with pytest.raises(TritonError) as info:
         cm.read(empty, "e", auto_complete=False)
     _invalid(info, "model 'e'", "config.pbtxt")

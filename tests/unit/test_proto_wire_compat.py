@@ -8,13 +8,13 @@ properties (ours may add things, never lack or change them).
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from gevent import subprocess  # the test process is gevent-patched (tests/conftest.py)
 from google.protobuf import descriptor_pb2, text_format
 from google.protobuf.descriptor import (
     Descriptor,

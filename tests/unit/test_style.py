@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from gevent import subprocess  # the test process is gevent-patched (tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parents[2]
 

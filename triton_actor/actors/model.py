@@ -167,7 +167,8 @@ class ModelActor(Actor):
     # -- loading ----------------------------------------------------------------------------------
     def _prepare(self, model_dir: Path) -> tuple[ModelConfig, Backend, dict[int, Path]]:
         s = self._settings
-        cfg = config_mod.read(model_dir, self.model, auto_complete=s.auto_complete, config_name=s.config_name)
+        cfg, explicit = config_mod.read(model_dir, self.model, auto_complete=s.auto_complete,
+                                        config_name=s.config_name)
         available = layout.list_versions(model_dir)
         first = available[min(available, key=str)] if available else None
         config_mod.fill_backend_fields(cfg, self.model, first)
@@ -178,7 +179,7 @@ class ModelActor(Actor):
                 f"(available: {', '.join(sorted(self._backends))})"
             )
         if s.auto_complete:
-            call_in_thread(backend.auto_complete, cfg, model_dir, first)
+            call_in_thread(backend.auto_complete, cfg, model_dir, first, explicit)
         config_mod.normalize(cfg, self.model, s.gpu_count)
         config_mod.validate(cfg, self.model, s.gpu_count)
         policy = cfg.version_policy.WhichOneof("policy_choice")

@@ -49,8 +49,10 @@ class Backend(Protocol):
 
     name: str
 
-    def auto_complete(self, config: ModelConfig, model_dir: Path, version_dir: Path | None) -> None:
-        """Fill what the model itself tells about inputs, outputs and batching (mutates ``config``)."""
+    def auto_complete(self, config: ModelConfig, model_dir: Path, version_dir: Path | None,
+                      explicit: frozenset[str] = frozenset()) -> None:
+        """Fill what the model itself tells about inputs, outputs and batching (mutates ``config``).
+        ``explicit``: top-level fields the config file sets (they are never overridden)."""
         ...
 
     def create(self, ctx: InstanceContext) -> BackendInstance: ...

@@ -7,6 +7,7 @@ normalize → validate. Every error names the model, and the file with line and 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -66,8 +67,12 @@ def parse_json(text: str, model: str) -> ModelConfig:
     return cfg
 
 
-def read(model_dir: Path, model: str, *, auto_complete: bool, config_name: str = "") -> ModelConfig:
-    """Read ``configs/<config_name>.pbtxt`` or ``config.pbtxt``; none at all is allowed only with auto-complete."""
+def read(model_dir: Path, model: str, *, auto_complete: bool, config_name: str = "") -> tuple[ModelConfig, frozenset[str]]:
+    """Read ``configs/<config_name>.pbtxt`` or ``config.pbtxt``; none at all is allowed only with auto-complete.
+
+    Also returns the top-level fields the file sets: proto3 cannot tell ``max_batch_size: 0`` from an
+    unset field, and auto-complete must not override what the user wrote.
+    """
     candidates = [model_dir / "configs" / f"{config_name}.pbtxt"] if config_name else []
     candidates.append(model_dir / "config.pbtxt")
     for path in candidates:
@@ -76,11 +81,29 @@ def read(model_dir: Path, model: str, *, auto_complete: bool, config_name: str =
                 text = path.read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError) as e:
                 raise _err(model, f"failed to read {path}: {e}") from None
-            return parse_text(text, model, path)
+            return parse_text(text, model, path), top_level_fields(text)
     if not auto_complete:
         raise _err(model, f"failed to read model configuration: {model_dir / 'config.pbtxt'} does not exist "
                           "(auto-complete is disabled)")
-    return ModelConfig()
+    return ModelConfig(), frozenset()
+
+
+# strings and comments (skipped), brackets, and identifiers that start a field (followed by ':' or '{')
+_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|#[^\n]*|[{}\[\]<>]|[A-Za-z_][A-Za-z0-9_]*(?=\s*[:{<\[])')
+
+
+def top_level_fields(text: str) -> frozenset[str]:
+    """Names of the fields a protobuf text-format document sets at its top level."""
+    depth, names = 0, set()
+    for tok in _TOKEN.findall(text):
+        first = tok[0]
+        if first in "{[<":
+            depth += 1
+        elif first in "}]>":
+            depth -= 1
+        elif depth == 0 and first not in "\"'#":
+            names.add(tok)
+    return frozenset(names)
 
 
 def fill_backend_fields(cfg: ModelConfig, model: str, first_version_dir: Path | None) -> None:

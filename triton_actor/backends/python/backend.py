@@ -89,7 +89,8 @@ class PythonBackend:
 
     name = "python"
 
-    def auto_complete(self, config: ModelConfig, model_dir: Path, version_dir: Path | None) -> None:
+    def auto_complete(self, config: ModelConfig, model_dir: Path, version_dir: Path | None,
+                      explicit: frozenset[str] = frozenset()) -> None:
         """Call ``TritonPythonModel.auto_complete_config`` when the model defines it (native thread)."""
         if version_dir is None:
             return
