@@ -1,12 +1,17 @@
 """Process bootstrap: gevent monkey-patching, done once, before anything else imports.
 
-The CLI, the gunicorn config and the tests import this module first. Two modules stay unpatched:
+The CLI, the gunicorn config and the tests import this module first. ``subprocess``, ``os`` and
+``signal`` stay as the standard library has them: gevent's subprocess only works on the hub's
+(default) loop, but model code runs on instance threads and does spawn processes (``import torch``
+runs ``ldconfig`` through ``ctypes.util.find_library``; a ``model.py`` may call ``subprocess.run``),
+and with ``os`` patched (gevent's fork/waitpid) the stdlib subprocess hangs on its second
+``capture_output`` call; gevent patches ``signal`` only together with ``os``. The hub never spawns
+processes; SIGINT/SIGTERM go through ``gevent.signal_handler``.
 
-* ``queue``: watchdog's observer breaks on gevent's patched ``queue.Queue`` (feasibility, "Extra
-  finding"), and the thread bridge uses the C ``_queue`` module anyway;
-* ``subprocess``: gevent's version only works on the hub's (default) loop, but model code runs on
-  instance threads and does spawn processes (``import torch`` runs ``ldconfig`` through
-  ``ctypes.util.find_library``; a ``model.py`` may call ``subprocess.run``). The hub never spawns.
+``queue`` IS patched: with ``threading`` patched, ``concurrent.futures`` (used by model code) runs
+its workers as greenlets, and an unpatched queue would block the hub. (feasibility's watchdog note
+asks for ``queue=False``; the model-management work will run watchdog's observer on a native
+thread of its own instead.) The thread bridge uses the C ``_queue`` module directly.
 """
 
 from __future__ import annotations
@@ -14,6 +19,6 @@ from __future__ import annotations
 from gevent import monkey
 
 if not monkey.is_module_patched("socket"):
-    monkey.patch_all(queue=False, subprocess=False)
+    monkey.patch_all(subprocess=False, os=False, signal=False)
 
 PATCHED = True

@@ -8,6 +8,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from . import __version__
 from .settings import Settings
@@ -106,11 +107,18 @@ def configure_logging(settings: Settings) -> None:
                         datefmt="%m%d %H:%M:%S")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> NoReturn:
     from . import bootstrap  # noqa: F401 - patch before the server's modules import gevent-sensitive stuff
 
     settings = parse(argv)
     configure_logging(settings)
     from .server import Server
 
-    return Server(settings).run()
+    code = Server(settings).run()
+    # Models are drained and finalized by now. Leave without the interpreter's exit handlers: they
+    # would join threads that model code started (e.g. a ThreadPoolExecutor made in initialize()),
+    # which can wait forever once their instance thread is gone. Triton kills its stubs likewise.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -21,6 +21,7 @@ from .backends.onnxruntime import OnnxRuntimeBackend
 from .backends.python.backend import PythonBackend
 from .backends.pytorch import PyTorchBackend
 from .dataplane import DataPlane
+from .devices import gpu_count
 from .frontends.http import HttpFrontend
 from .frontends.http_server import HttpServer
 from .settings import Settings
@@ -47,6 +48,7 @@ class Server:
     def __init__(self, settings: Settings, backends: dict[str, Backend] | None = None) -> None:
         self.settings = settings
         load = LoadSettings(
+            gpu_count=gpu_count(),
             auto_complete=settings.auto_complete,
             config_name=settings.model_config_name,
             backend_config=settings.backend_config,

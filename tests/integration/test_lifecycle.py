@@ -351,3 +351,34 @@ def test_failed_load_is_logged_without_greenlet_traceback(tmp_path: Path, start_
     server = start_server(tmp_path, flags=("--exit-on-error=false",))
     assert "failed to load 'bad_init' version 1" in server.log()
     assert "Greenlet" not in server.log()
+
+
+SPAWNING_PY = """
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        # model code may spawn processes (twice: the second capture_output call used to hang)
+        outs = [subprocess.run([sys.executable, "-c", "print(21)"], capture_output=True, text=True).stdout
+                for _ in range(2)]
+        self.value = float(sum(int(o) for o in outs))
+        self.pool = ThreadPoolExecutor(2)
+
+    def execute(self, requests):
+        def one(r):
+            x = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+            return pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x + self.value)])
+        return list(self.pool.map(one, requests))
+"""
+
+
+def test_model_code_may_spawn_processes_and_use_thread_pools(tmp_path: Path, start_server) -> None:
+    add_model(tmp_path, "spawning", IDENTITY_CONFIG, SPAWNING_PY)
+    server = start_server(tmp_path)
+    client = httpclient.InferenceServerClient(server.url)
+    for _ in range(40):  # enough to be promoted to inline execution too
+        np.testing.assert_array_equal(_identity(client, "spawning", np.zeros(2, np.float32)), [42, 42])

@@ -8,7 +8,8 @@ executing fails that batch only; the instance keeps serving.
 Execution mode (a deliberate refinement of thread-per-instance, measured in ``scripts/bench_http.py``):
 handing a batch to a native thread and back costs two thread wake-ups (15-20 µs each on our 2-core
 machines, and the woken thread runs cold caches), which is more than a small Python model's whole
-``execute``. A backend instance that allows it (``inline_ok``: Python models on CPU) is *promoted* to
+``execute``. A backend instance that allows it (``inline_ok``: Python models on CPU whose config opts
+in with ``parameters { key: "inline_execution" value: { string_value: "true" } }``) is *promoted* to
 run in the calling greenlet after ``PROMOTE_STREAK`` consecutive executions that used less than
 ``PROMOTE_NS`` of CPU time; one inline execution using more than ``DEMOTE_NS`` of CPU time (or
 ``DEMOTE_WALL_NS`` of wall time) demotes it back to its thread, and the streak

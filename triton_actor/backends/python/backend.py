@@ -124,8 +124,12 @@ class PythonInstance:
         module = import_model(ctx.model_name, ctx.version_dir, filename, f"v{ctx.version}_i{ctx.index}")
         self.model = module.TritonPythonModel()
         self.decoupled = ctx.config.model_transaction_policy.decoupled
-        # may run in the calling greenlet when its executions are short (see actors/instance.py)
-        self.inline_ok = ctx.kind == "CPU"
+        # Opt-in (config parameter inline_execution: "true"): short executions may then run in the
+        # calling greenlet (see actors/instance.py). Not by default: objects a model creates in
+        # initialize() under gevent (thread pools, events, queues) belong to its thread's hub, and
+        # waiting on them from the main hub deadlocks.
+        param = ctx.config.parameters.get("inline_execution")
+        self.inline_ok = ctx.kind == "CPU" and param is not None and param.string_value.lower() in ("true", "yes", "1")
         self._loop: asyncio.AbstractEventLoop | None = None
         init = getattr(self.model, "initialize", None)
         if init is not None:
