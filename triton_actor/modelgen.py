@@ -364,40 +364,33 @@ def torchscript_mlp(
 def torchscript_two_inputs(repo: Path | str, name: str = "add_sub_torchscript", *, version: int = 1) -> Path:
     """TorchScript ``forward(self, a, b) -> (a + b, a - b)``; config binds by index: ``INPUT__0``/``INPUT__1``
     -> ``OUTPUT__0`` (sum) / ``OUTPUT__1`` (difference). FP32 dims [4], max_batch_size 0."""
-    with _quiet():
-        import torch
-
-        model_dir = _version_dir(repo, name, version)
-        _save_script(torch, _add_sub_module(torch, "ab"), model_dir / str(version) / "model.pt")
-    _write_config(
-        model_dir,
-        name,
-        "pytorch",
-        0,
-        inputs=[_io("INPUT__0", "FP32", [4]), _io("INPUT__1", "FP32", [4])],
-        outputs=[_io("OUTPUT__0", "FP32", [4]), _io("OUTPUT__1", "FP32", [4])],
-        comment="forward(a, b) -> (a + b, a - b); inputs bound by INPUT__<index>.",
-    )
-    return model_dir
+    return _torchscript_add_sub(repo, name, version, "ab", ["INPUT__0", "INPUT__1"],
+                                "forward(a, b) -> (a + b, a - b); inputs bound by INPUT__<index>.")
 
 
 def torchscript_named_inputs(repo: Path | str, name: str = "add_sub_named_torchscript", *, version: int = 1) -> Path:
     """TorchScript ``forward(self, x, y) -> (x + y, x - y)`` whose config lists the inputs by forward-argument
     name in REVERSED order (``y`` then ``x``), so a server binding by position instead of name gets ``x - y``
     wrong. Outputs ``OUTPUT__0`` (sum) / ``OUTPUT__1`` (``x - y``). FP32 dims [4], max_batch_size 0."""
+    return _torchscript_add_sub(repo, name, version, "xy", ["y", "x"],
+                                "forward(x, y) -> (x + y, x - y); inputs bound by forward-argument name (listed reversed).")
+
+
+def _torchscript_add_sub(repo: Path | str, name: str, version: int, args: str, config_inputs: list[str],
+                         comment: str) -> Path:
     with _quiet():
         import torch
 
         model_dir = _version_dir(repo, name, version)
-        _save_script(torch, _add_sub_module(torch, "xy"), model_dir / str(version) / "model.pt")
+        _save_script(torch, _add_sub_module(torch, args), model_dir / str(version) / "model.pt")
     _write_config(
         model_dir,
         name,
         "pytorch",
         0,
-        inputs=[_io("y", "FP32", [4]), _io("x", "FP32", [4])],
+        inputs=[_io(n, "FP32", [4]) for n in config_inputs],
         outputs=[_io("OUTPUT__0", "FP32", [4]), _io("OUTPUT__1", "FP32", [4])],
-        comment="forward(x, y) -> (x + y, x - y); inputs bound by forward-argument name (listed reversed).",
+        comment=comment,
     )
     return model_dir
 
