@@ -250,3 +250,14 @@ def test_onnx_on_gpu(tmp_path: Path, start_server) -> None:
     np.testing.assert_allclose(_infer(client, "mlp_gpu", {"INPUT0": x}).as_numpy("OUTPUT0"),
                                modelgen.mlp_reference(x, DIMS), rtol=1e-3, atol=1e-3)
     assert json.loads(json.dumps(client.get_model_config("mlp_gpu")))["instance_group"][0]["kind"] == "KIND_GPU"
+
+
+def test_onnx_partial_config_is_completed(tmp_path: Path, start_server) -> None:
+    model = modelgen.onnx_mlp(tmp_path, "partial", dims=(8, 4, 3), config=False)
+    (model / "config.pbtxt").write_text('backend: "onnxruntime"\nmax_batch_size: 2\ninput [ { name: "INPUT0" } ]\n')
+    server = start_server(tmp_path)
+    cfg = httpclient.InferenceServerClient(server.url).get_model_config("partial")
+    assert cfg["max_batch_size"] == 2  # what the file says is kept
+    assert [(i["name"], i["data_type"], i["dims"]) for i in cfg["input"]] == [("INPUT0", "TYPE_FP32", [8])]
+    assert [(o["name"], o["data_type"], o["dims"]) for o in cfg["output"]] == [("OUTPUT0", "TYPE_FP32", [3])]
+    assert "dynamic_batching" in cfg
