@@ -43,7 +43,6 @@ class RequestValidator:
 
     def check(self, request: InferRequest) -> int:
         """Raise INVALID_ARG on the first problem; return the request's batch size (1 without batching)."""
-        prefix = f"[request id: {request.id or '<id_unknown>'}] "
         model = self.model
         if request.outputs is not None:
             for out in request.outputs:
@@ -52,14 +51,14 @@ class RequestValidator:
         given = request.inputs
         for name in given:
             if name not in self.inputs:
-                raise TritonError.invalid_arg(f"{prefix}unexpected inference input '{name}' for model '{model}'")
+                raise TritonError.invalid_arg(f"{_prefix(request)}unexpected inference input '{name}' for model '{model}'")
         if not self.required.issubset(given.keys()):
             missing = [n for n in self.inputs if n in self.required and n not in given]  # config order
             total = len(self.inputs)
             expected = (f"{total} inputs" if total == len(self.required)
                         else f"number of inputs between {len(self.required)} and {total}")
             raise TritonError.invalid_arg(
-                f"{prefix}expected {expected} but got {len(given)} inputs for model '{model}'. "
+                f"{_prefix(request)}expected {expected} but got {len(given)} inputs for model '{model}'. "
                 f"Got input(s) {_names(list(given))}, but missing required input(s) {_names(missing)}. "
                 "Please provide all required input(s)."
             )
@@ -70,21 +69,21 @@ class RequestValidator:
             if first is not None:
                 if not first.shape:
                     raise TritonError.invalid_arg(
-                        f"{prefix}input '{first.name}' has no shape but model requires batch dimension for '{model}'"
+                        f"{_prefix(request)}input '{first.name}' has no shape but model requires batch dimension for '{model}'"
                     )
                 batch = first.shape[0]
                 for t in given.values():
                     if not t.shape or t.shape[0] != batch:
                         raise TritonError.invalid_arg(
-                            f"{prefix}input '{t.name}' batch size does not match other inputs for '{model}'"
+                            f"{_prefix(request)}input '{t.name}' batch size does not match other inputs for '{model}'"
                         )
                 if batch < 1 or batch > mbs:
-                    raise TritonError.invalid_arg(f"{prefix}inference request batch-size must be <= {mbs} for '{model}'")
+                    raise TritonError.invalid_arg(f"{_prefix(request)}inference request batch-size must be <= {mbs} for '{model}'")
         for name, t in given.items():
             spec = self.inputs[name]
             if t.dtype is not spec.dtype:
                 raise TritonError.invalid_arg(
-                    f"{prefix}inference input '{name}' data-type is '{t.dtype.wire}', "
+                    f"{_prefix(request)}inference input '{name}' data-type is '{t.dtype.wire}', "
                     f"but model '{model}' expects '{spec.dtype.wire}'"
                 )
             shape = t.shape[1:] if mbs > 0 else t.shape
@@ -99,10 +98,15 @@ class RequestValidator:
                     else ""
                 )
                 raise TritonError.invalid_arg(
-                    f"{prefix}unexpected shape for input '{name}' for model '{model}'. "
+                    f"{_prefix(request)}unexpected shape for input '{name}' for model '{model}'. "
                     f"Expected {_shape_text(expected)}, got {_shape_text(t.shape)}. {note}"
                 )
         return batch
+
+
+def _prefix(request: InferRequest) -> str:
+    """Triton's ``LogRequest()`` prefix; built only when a check fails."""
+    return f"[request id: {request.id or '<id_unknown>'}] "
 
 
 def _matches(shape: tuple[int, ...], dims: tuple[int, ...]) -> bool:

@@ -382,3 +382,27 @@ def test_model_code_may_spawn_processes_and_use_thread_pools(tmp_path: Path, sta
     client = httpclient.InferenceServerClient(server.url)
     for _ in range(40):  # enough to be promoted to inline execution too
         np.testing.assert_array_equal(_identity(client, "spawning", np.zeros(2, np.float32)), [42, 42])
+
+
+PARAMS_PY = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for i, r in enumerate(requests):
+            t = pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())
+            as_json = r.request_id() == "json"
+            params = '{"source": "json", "n": 2}' if as_json else {"source": "dict", "flag": True}
+            out.append(pb_utils.InferenceResponse([t], parameters=params))
+        return out
+"""
+
+
+def test_response_parameters_reach_the_client(tmp_path: Path, start_server) -> None:
+    add_model(tmp_path, "params", IDENTITY_CONFIG, PARAMS_PY)
+    server = start_server(tmp_path)
+    body = {"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "FP32", "data": [1]}]}
+    for rid, want in (("dict", {"source": "dict", "flag": True}), ("json", {"source": "json", "n": 2})):
+        status, _, data = _post(server, "/v2/models/params/infer", json.dumps({**body, "id": rid}).encode())
+        assert status == 200 and json.loads(data)["parameters"] == want

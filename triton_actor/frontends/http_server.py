@@ -22,7 +22,6 @@ from gevent.server import StreamServer
 
 from ..errors import TritonError
 from .http import HttpFrontend, error_response, too_large
-from .status import status_line
 
 log = logging.getLogger(__name__)
 
@@ -254,5 +253,3 @@ class HttpServer:
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
         sock.sendall(head if head_only else head + body)
 
-
-__all__ = ["HttpServer", "status_line"]

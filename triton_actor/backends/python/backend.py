@@ -188,8 +188,11 @@ class PythonInstance:
             err = response.error()
             return TritonError(Code(err.code()), err.message())
         outputs = [(t.name(), _as_array(t.as_numpy())) for t in response.output_tensors()]
-        params = response.parameters()
-        return InferResponse(outputs, json.loads(params) if params and params != "{}" else {})
+        # the constructor already validated them; read the dict instead of a JSON round trip per request
+        params = response._parameters
+        if isinstance(params, str):
+            params = json.loads(params)
+        return InferResponse(outputs, dict(params) if params else {})
 
     def finalize(self) -> None:
         fin = getattr(self.model, "finalize", None)
