@@ -122,3 +122,12 @@ class DataPlane:
 
     def repository_index(self, ready_only: bool) -> list[dict[str, Any]]:
         return self.repository.ref.ask(Index(ready_only), timeout=60)
+
+    def load_model(self, name: str, parameters: dict[str, Any]) -> None:
+        """Repository extension ``load`` (HTTP and gRPC). ``parameters``: ``config`` (JSON text) and
+        ``file:<version>/<name>`` (bytes) overrides, already decoded by the front end."""
+        raise TritonError.unavailable("explicit model load / unload is not allowed if polling is enabled")
+
+    def unload_model(self, name: str, unload_dependents: bool) -> None:
+        """Repository extension ``unload`` (HTTP and gRPC)."""
+        raise TritonError.unavailable("explicit model load / unload is not allowed if polling is enabled")

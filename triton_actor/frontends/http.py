@@ -277,8 +277,13 @@ def create_app(plane: DataPlane, frontend: HttpFrontend) -> Flask:
         return _json(plane.repository_index(ready))
 
     @app.post("/v2/repository/models/<model>/load")
+    def repository_load(model: str) -> Response:
+        plane.load_model(model, {})
+        return _json({})
+
     @app.post("/v2/repository/models/<model>/unload")
-    def repository_control(model: str) -> Response:
-        raise TritonError.unavailable("explicit model load / unload is not allowed if polling is enabled")
+    def repository_unload(model: str) -> Response:
+        plane.unload_model(model, False)
+        return _json({})
 
     return app
