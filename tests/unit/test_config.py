@@ -288,6 +288,23 @@ def test_validate_preferred_batch_size_above_max() -> None:
     _invalid(info, "preferred", "8")
 
 
+@pytest.mark.parametrize(("setup", "words"), [
+    (lambda db: (setattr(db, "priority_levels", 2), setattr(db, "default_priority_level", 3)), ["default priority", "[1, 2]"]),
+    (lambda db: (setattr(db, "priority_levels", 2), setattr(db, "default_priority_level", 1),
+                 db.priority_queue_policy[5].CopyFrom(mc.ModelQueuePolicy())), ["priority queue policy", "5"]),
+    (lambda db: (setattr(db, "priority_levels", 2), setattr(db, "default_priority_level", 1),
+                 setattr(db, "preserve_ordering", True)), ["preserve_ordering"]),
+    (lambda db: (setattr(db, "preserve_ordering", True),
+                 setattr(db.default_queue_policy, "timeout_action", mc.ModelQueuePolicy.DELAY)), ["preserve_ordering", "DELAY"]),
+])
+def test_validate_dynamic_batching_priorities_and_ordering(setup, words) -> None:
+    cfg = _valid_config(max_batch_size=4)
+    setup(cfg.dynamic_batching)
+    with pytest.raises(TritonError) as info:
+        cm.validate(cfg, "add_sub", gpu_count=0)
+    _invalid(info, *words)
+
+
 def test_validate_kind_gpu_without_gpus() -> None:
     cfg = _valid_config()
     cfg.instance_group[0].kind = mc.ModelInstanceGroup.KIND_GPU

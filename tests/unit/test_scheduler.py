@@ -11,9 +11,11 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import gevent
 import numpy as np
 import pytest
 
+from triton_actor.actors.batch_queue import BatchPolicy, QueuePolicy
 from triton_actor.actors.kernel import Reply
 from triton_actor.actors.scheduler import Drain, Enqueue, GetStats, SchedulerActor
 from triton_actor.errors import Code, TritonError
@@ -52,10 +54,12 @@ class FakeInstance:
 def make() -> Iterator[Callable[..., tuple[SchedulerActor, list[FakeInstance], VersionStats]]]:
     started: list[SchedulerActor] = []
 
-    def make(n_instances: int = 1, max_batch_size: int = 0, batching: bool = False):
+    def make(n_instances: int = 1, max_batch_size: int = 0, batching: bool = False, policy: BatchPolicy | None = None):
         instances = [FakeInstance(f"inst{i}") for i in range(n_instances)]
         stats = VersionStats("m", 1)
-        sched = SchedulerActor("scheduler:m:1", instances, stats, max_batch_size, batching)  # type: ignore[arg-type]
+        if batching:
+            policy = BatchPolicy(max_batch_size=max_batch_size, preferred=(max_batch_size,))
+        sched = SchedulerActor("scheduler:m:1", instances, stats, policy)  # type: ignore[arg-type]
         sched.start()
         started.append(sched)
         return sched, instances, stats
@@ -69,10 +73,11 @@ def _request(rid: str, shape: tuple[int, ...] = (1, 4)) -> InferRequest:
     return InferRequest("m", 1, rid, {"INPUT0": InferInput("INPUT0", FP32, shape, np.zeros(shape, np.float32))})
 
 
-def _enqueue(sched: SchedulerActor, rid: str, shape: tuple[int, ...] = (1, 4), batch: int | None = None) -> Reply[Any]:
+def _enqueue(sched: SchedulerActor, rid: str, shape: tuple[int, ...] = (1, 4), batch: int | None = None,
+             **fields: Any) -> Reply[Any]:
     reply: Reply[Any] = Reply()
     size = batch if batch is not None else shape[0]
-    sched.ref.tell(Enqueue(_request(rid, shape), size, reply, time.perf_counter_ns()))
+    sched.ref.tell(Enqueue(_request(rid, shape)._replace(**fields), size, reply, time.perf_counter_ns()))
     return reply
 
 
@@ -299,3 +304,119 @@ def test_stopping_the_scheduler_fails_queued_requests(make) -> None:
         error = reply.exception()
         assert isinstance(error, TritonError) and error.code == Code.UNAVAILABLE
     assert drained.ready(), "a Drain was left waiting after the scheduler stopped"
+
+
+# -- the full dynamic batcher: the queue delay, timeouts, queue size, ordering (batch_queue.py decides;
+# these check that the actor acts on its decisions: a timer wakes it, expired requests get their error)
+def _policy(**kw: Any) -> BatchPolicy:
+    kw.setdefault("max_batch_size", 8)
+    kw.setdefault("preferred", (4,))
+    return BatchPolicy(**kw)
+
+
+@pytest.mark.timeout(30)
+def test_queue_delay_holds_a_small_batch_until_the_timer_fires(make) -> None:
+    sched, [inst], _ = make(policy=_policy(max_delay_ns=50_000_000))
+    reply = _enqueue(sched, "a")
+    _sync(sched)
+    assert inst.calls == []  # below the preferred size: it waits for company
+    gevent.sleep(0.3)  # well past the 50 ms delay: the scheduler's own timer woke it
+    assert len(inst.calls) == 1 and _ids(inst.calls[0][0]) == ["a"]
+    inst.complete(0)
+    assert reply.get(timeout=WAIT).parameters == {"rid": "a"}
+
+
+@pytest.mark.timeout(30)
+def test_preferred_size_dispatches_without_waiting_for_the_delay(make) -> None:
+    sched, [inst], _ = make(policy=_policy(max_delay_ns=60_000_000_000))  # a minute
+    for i in range(4):
+        _enqueue(sched, f"r{i}")
+    _sync(sched)
+    assert len(inst.calls) == 1 and _ids(inst.calls[0][0]) == ["r0", "r1", "r2", "r3"]
+
+
+@pytest.mark.timeout(30)
+def test_timed_out_request_fails_while_every_instance_is_busy(make) -> None:
+    policy = _policy(max_batch_size=0, preferred=(), policies={1: QueuePolicy(default_timeout_ns=50_000_000)})
+    sched, [inst], _ = make(policy=policy)
+    running = _enqueue(sched, "running")
+    waiting = _enqueue(sched, "waiting")
+    _sync(sched)
+    with pytest.raises(TritonError) as e:
+        waiting.get(timeout=WAIT)  # answered by the timer, not by the (still busy) instance
+    assert e.value.code == Code.UNAVAILABLE
+    assert e.value.message == "[request id: waiting] Request timeout expired"
+    inst.complete(0)
+    assert running.get(timeout=WAIT).parameters == {"rid": "running"}
+    snap = _sync(sched)
+    assert snap["durations"]["fail"][0] == 1 and len(inst.calls) == 1  # the expired one never ran
+
+
+@pytest.mark.timeout(30)
+def test_request_timeout_parameter_overrides_when_allowed(make) -> None:
+    policy = _policy(max_batch_size=0, preferred=(), policies={1: QueuePolicy(allow_timeout_override=True)})
+    sched, [inst], _ = make(policy=policy)
+    _enqueue(sched, "running")
+    patient = _enqueue(sched, "patient")
+    hurried = _enqueue(sched, "hurried", timeout_us=20_000)
+    with pytest.raises(TritonError):
+        hurried.get(timeout=WAIT)
+    assert not patient.ready()
+    inst.complete(0)
+    _sync(sched)
+    assert _ids(inst.calls[1][0]) == ["patient"]
+
+
+@pytest.mark.timeout(30)
+def test_full_queue_rejects_at_once_and_other_requests_are_undisturbed(make) -> None:
+    policy = _policy(max_batch_size=0, preferred=(), policies={1: QueuePolicy(max_queue_size=1)})
+    sched, [inst], _ = make(policy=policy)
+    first = _enqueue(sched, "first")  # runs: the queue is empty again
+    queued = _enqueue(sched, "queued")
+    refused = _enqueue(sched, "refused")
+    with pytest.raises(TritonError) as e:
+        refused.get(timeout=WAIT)
+    assert e.value.code == Code.UNAVAILABLE
+    assert e.value.message == "[request id: refused] Exceeds maximum queue size"
+    inst.complete(0)
+    _sync(sched)
+    inst.complete(1)
+    assert first.get(timeout=WAIT).parameters == {"rid": "first"}
+    assert queued.get(timeout=WAIT).parameters == {"rid": "queued"}
+
+
+@pytest.mark.timeout(30)
+def test_priority_levels_pick_the_highest_waiting_request(make) -> None:
+    policy = _policy(max_batch_size=0, preferred=(), priority_levels=2, default_priority=2,
+                     policies={1: QueuePolicy(), 2: QueuePolicy()})
+    sched, [inst], _ = make(policy=policy)
+    _enqueue(sched, "running")
+    _enqueue(sched, "normal")  # priority 0 → default level 2
+    _enqueue(sched, "urgent", priority=1)
+    _sync(sched)
+    inst.complete(0)
+    _sync(sched)
+    assert _ids(inst.calls[1][0]) == ["urgent"]
+
+
+@pytest.mark.timeout(30)
+def test_preserve_ordering_releases_replies_in_arrival_order(make) -> None:
+    sched, instances, _ = make(n_instances=2, policy=_policy(max_batch_size=0, preferred=(), preserve_ordering=True))
+    first, second = _enqueue(sched, "first"), _enqueue(sched, "second")
+    _sync(sched)
+    instances[1].complete(0)  # "second" finishes first...
+    _sync(sched)
+    assert not second.ready()  # ...but is held until "first" is answered
+    instances[0].complete(0)
+    assert first.get(timeout=WAIT).parameters == {"rid": "first"}
+    assert second.get(timeout=WAIT).parameters == {"rid": "second"}
+
+
+@pytest.mark.timeout(30)
+def test_without_preserve_ordering_replies_go_as_soon_as_ready(make) -> None:
+    sched, instances, _ = make(n_instances=2, policy=_policy(max_batch_size=0, preferred=()))
+    _enqueue(sched, "first")
+    second = _enqueue(sched, "second")
+    _sync(sched)
+    instances[1].complete(0)
+    assert second.get(timeout=WAIT).parameters == {"rid": "second"}

@@ -28,6 +28,7 @@ from ..repository import layout
 from ..repository.config import ModelConfig
 from ..statistics import VersionStats
 from ..validation import RequestValidator
+from .batch_queue import BatchPolicy
 from .bridge import call_in_thread
 from .instance import InstanceActor
 from .kernel import Actor, Reply
@@ -227,7 +228,7 @@ class ModelActor(Actor):
                 raise failures[0]
             stats = VersionStats(self.model, version)
             scheduler = SchedulerActor(f"scheduler:{self.model}:{version}", instances, stats,
-                                       config.max_batch_size, config.HasField("dynamic_batching"))
+                                       BatchPolicy.from_config(config))
             scheduler.start()
         except Exception as e:  # noqa: BLE001 - any load failure becomes the version's reason
             for inst in instances:

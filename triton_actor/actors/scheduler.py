@@ -6,24 +6,28 @@ when the actor is idle (no loop greenlet, no switch). Messages: :class:`Enqueue`
 State owned: the request queue, the idle instances, the version's :class:`VersionStats`.
 Failure: a backend error fails only the requests of that batch; the instance goes back to idle.
 
-Policy (spec §6.1): without a scheduling block each request runs alone on the next idle instance;
-with ``dynamic_batching`` an idle instance takes every queued request that fits ``max_batch_size``
-and has the same variable dimensions (Triton's behaviour with ``max_queue_delay_microseconds: 0``).
-Requests are never split. No idle instance: requests wait in the queue (backpressure).
+Policy: the version's :class:`~.batch_queue.BatchQueue` (spec §6.1-6.2) decides what runs next
+whenever an instance is idle; without a scheduling block each request runs alone. No idle instance:
+requests wait in the queue (backpressure), so N instances keep at most N batches in flight. Time
+enters through one gevent timer (the batcher's delay, request timeouts); with ``preserve_ordering``
+replies are released in the order the requests were dispatched (= arrival order, which that option
+requires to be unambiguous: one priority level, no DELAY policy).
 """
 
 from __future__ import annotations
 
-import collections
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import gevent
+
 from ..errors import TritonError
 from ..inference import InferRequest, InferResponse
 from ..statistics import VersionStats
+from .batch_queue import BatchPolicy, BatchQueue, timeout_error
 from .instance import InstanceActor
 from .kernel import InlineActor, Reply
 
@@ -53,30 +57,53 @@ class GetStats:
 
 
 @dataclass(frozen=True, slots=True)
+class _Wake:
+    """The timer fired: the batcher's delay or a request's timeout is due."""
+
+
+@dataclass(frozen=True, slots=True)
 class Drain:
     reply: Reply[None]
 
 
 class SchedulerActor(InlineActor):
-    """Default / simple dynamic-batching scheduler for one model version."""
+    """Default and dynamic-batching scheduler of one model version."""
 
     def __init__(self, name: str, instances: list[InstanceActor], stats: VersionStats,
-                 max_batch_size: int, batching: bool) -> None:
+                 policy: BatchPolicy | None = None, clock: Callable[[], int] = time.perf_counter_ns) -> None:
         super().__init__(name)
-        self._queue: collections.deque[Enqueue] = collections.deque()
+        self._policy = policy or BatchPolicy()
+        self._queue: BatchQueue[Enqueue] = BatchQueue(self._policy)
         self._idle: list[InstanceActor] = list(reversed(instances))
         self._busy = 0
         self._stats = stats
-        self._max_batch = max_batch_size if batching and max_batch_size > 0 else 0
+        self._clock = clock
         self._drains: list[Reply[None]] = []
+        self._timer: Any = None
+        self._timer_at = 0
+        self._batching = self._policy.max_batch_size > 0
+        self._ragged = self._policy.ragged_inputs
+        # preserve_ordering: dispatch sequence numbers and the finished replies waiting for earlier ones
+        self._ordered = self._policy.preserve_ordering
+        self._next_seq = 0
+        self._release_seq = 0
+        self._held: dict[int, tuple[Enqueue, bool, Any]] = {}
+        self._seq: dict[int, int] = {}  # id(Enqueue) → sequence number, while it runs
 
     # -- messages ---------------------------------------------------------------------------------
     def on_Enqueue(self, msg: Enqueue) -> None:
-        self._queue.append(msg)
+        request = msg.request
+        key = _shape_key(request, self._ragged) if self._batching else None
+        try:
+            self._queue.add(msg, msg.batch_size, key, request.priority, request.timeout_us, msg.start_ns)
+        except TritonError as e:
+            self._stats.record_failure(self._clock() - msg.start_ns)
+            msg.reply.fail(TritonError(e.code, _prefix(request) + e.message))
+            return
         self._dispatch()
 
     def on_BatchDone(self, msg: BatchDone) -> None:
-        now = time.perf_counter_ns()
+        now = self._clock()
         stats = self._stats
         if msg.ok:
             results, timings = msg.value
@@ -84,26 +111,35 @@ class SchedulerActor(InlineActor):
             for item, result in zip(msg.items, results, strict=True):
                 if isinstance(result, BaseException):
                     stats.record_failure(now - item.start_ns)
-                    item.reply.fail(result)
+                    self._respond(item, False, result)
                 else:
                     stats.record_success(item.batch_size, now - item.start_ns, msg.dispatch_ns - item.start_ns, timings)
-                    item.reply.set(result)
+                    self._respond(item, True, result)
         else:
             stats.record_execution(sum(i.batch_size for i in msg.items), 0, 0, 0)
             error = msg.value if isinstance(msg.value, TritonError) else TritonError.internal(
                 f"instance '{msg.instance.name}' failed: {msg.value!r}")
             for item in msg.items:
                 stats.record_failure(now - item.start_ns)
-                item.reply.fail(error)
+                self._respond(item, False, error)
         self._busy -= 1
         self._idle.append(msg.instance)
         self._dispatch()
 
+    def on__Wake(self, _msg: _Wake) -> None:
+        self._timer = None
+        self._dispatch()
+
     def on_stop(self) -> None:
-        """Nobody waits forever: queued requests fail, drains are answered."""
+        """Nobody waits forever: queued requests fail, held replies are released, drains are answered."""
+        if self._timer is not None:
+            self._timer.stop()
+            self._timer = None
         error = TritonError.unavailable(f"model version '{self.name}' is unloading")
-        while self._queue:
-            self._queue.popleft().reply.fail(error)
+        for item in self._queue.clear():
+            item.reply.fail(error)
+        for seq in sorted(self._held):
+            _complete(*self._held.pop(seq))
         for reply in self._drains:
             reply.set(None)
         self._drains.clear()
@@ -118,13 +154,64 @@ class SchedulerActor(InlineActor):
     # -- policy -----------------------------------------------------------------------------------
     def _dispatch(self) -> None:
         queue, idle = self._queue, self._idle
-        while queue and idle:
-            instance = idle.pop()
-            items = self._next_batch()
-            dispatch_ns = time.perf_counter_ns()
-            self._busy += 1
-            instance.execute([i.request for i in items], self._completion(instance, items, dispatch_ns))
+        now = self._clock()
+        wait: int | None = None
+        while True:
+            if not idle or not len(queue):
+                self._expire(queue.expire(now), now)
+                wait = queue.until_deadline(now)
+                break
+            decision = queue.poll(now)
+            self._expire(decision.expired, now)
+            if not decision.batch:
+                wait = decision.wait_ns
+                break
+            self._run(idle.pop(), decision.batch)
+        if wait is not None:
+            self._arm(now, wait)
         self._maybe_drained()
+
+    def _run(self, instance: InstanceActor, items: list[Enqueue]) -> None:
+        if self._ordered:
+            for item in items:
+                self._seq[id(item)] = self._next_seq
+                self._next_seq += 1
+        dispatch_ns = self._clock()
+        self._busy += 1
+        instance.execute([i.request for i in items], self._completion(instance, items, dispatch_ns))
+
+    def _expire(self, items: list[Enqueue], now: int) -> None:
+        for item in items:
+            self._stats.record_failure(now - item.start_ns)
+            item.reply.fail(timeout_error(_prefix(item.request)))
+
+    def _respond(self, item: Enqueue, ok: bool, value: Any) -> None:
+        """Complete one request's reply, or hold it until every earlier request is answered."""
+        if not self._ordered:
+            _complete(item, ok, value)
+            return
+        self._held[self._seq.pop(id(item))] = (item, ok, value)
+        held = self._held
+        while self._release_seq in held:
+            _complete(*held.pop(self._release_seq))
+            self._release_seq += 1
+
+    def _arm(self, now: int, wait_ns: int) -> None:
+        """Poll again in ``wait_ns`` unless a timer already fires by then."""
+        at = now + wait_ns
+        if self._timer is not None:
+            if self._timer_at <= at:
+                return
+            self._timer.stop()
+        self._timer_at = at
+        self._timer = gevent.get_hub().loop.timer(wait_ns / 1e9)
+        self._timer.start(self._wake)
+
+    def _wake(self) -> None:
+        try:
+            self.ref.tell(_Wake())
+        except TritonError:  # stopped meanwhile
+            pass
 
     def _completion(self, instance: InstanceActor, items: list[Enqueue], dispatch_ns: int) -> Callable[[bool, Any], None]:
         """The hub-side callback of one batch: turn it into a BatchDone message for this actor."""
@@ -138,27 +225,22 @@ class SchedulerActor(InlineActor):
 
         return done
 
-    def _next_batch(self) -> list[Enqueue]:
-        first = self._queue.popleft()
-        items = [first]
-        if not self._max_batch:
-            return items
-        total = first.batch_size
-        key = _shape_key(first.request)
-        queue = self._queue
-        while queue:
-            nxt = queue[0]
-            if total + nxt.batch_size > self._max_batch or _shape_key(nxt.request) != key:
-                break
-            items.append(queue.popleft())
-            total += nxt.batch_size
-        return items
-
     def _maybe_drained(self) -> None:
-        if self._drains and not self._queue and self._busy == 0:
+        if self._drains and not len(self._queue) and self._busy == 0:
             for reply in self._drains:
                 reply.set(None)
             self._drains.clear()
+
+
+def _complete(item: Enqueue, ok: bool, value: Any) -> None:
+    if ok:
+        item.reply.set(value)
+    else:
+        item.reply.fail(value)
+
+
+def _prefix(request: InferRequest) -> str:
+    return f"[request id: {request.id or '<id_unknown>'}] "
 
 
 def _answer(items: list[Enqueue], ok: bool, value: Any) -> None:
@@ -171,6 +253,7 @@ def _answer(items: list[Enqueue], ok: bool, value: Any) -> None:
             item.reply.set(result)
 
 
-def _shape_key(request: InferRequest) -> tuple[Any, ...]:
-    """Requests batch together only when every input has the same non-batch shape (and presence)."""
-    return tuple((name, t.shape[1:]) for name, t in request.inputs.items())
+def _shape_key(request: InferRequest, ragged: frozenset[str]) -> tuple[Any, ...]:
+    """Requests batch together only when every input has the same non-batch shape (inputs that allow
+    ragged batches excepted) and the same inputs are present."""
+    return tuple((name, None if name in ragged else t.shape[1:]) for name, t in request.inputs.items())

@@ -186,9 +186,7 @@ def validate(cfg: ModelConfig, model: str, gpu_count: int) -> None:
                 if d < 1 and d != -1:
                     raise _err(model, f"model {kind} '{t.name}' dimension must be integer >= 1, or -1 to indicate a variable-size dimension")
     if cfg.HasField("dynamic_batching"):
-        for size in cfg.dynamic_batching.preferred_batch_size:
-            if size < 1 or (cfg.max_batch_size > 0 and size > cfg.max_batch_size):
-                raise _err(model, f"dynamic batching preferred size must be positive and <= max_batch_size {cfg.max_batch_size}, got {size}")
+        _validate_dynamic_batching(cfg, model)
     for group in cfg.instance_group:
         if group.kind in (mc.ModelInstanceGroup.KIND_CPU, mc.ModelInstanceGroup.KIND_MODEL) and group.gpus:
             raise _err(model, f"instance group {group.name} of kind {mc.ModelInstanceGroup.Kind.Name(group.kind)} must not specify GPUs")
@@ -200,6 +198,24 @@ def validate(cfg: ModelConfig, model: str, gpu_count: int) -> None:
                     raise _err(model, f"instance group {group.name} of kind KIND_GPU specifies invalid or unsupported gpu id {g}")
     if cfg.platform == "ensemble" or cfg.HasField("ensemble_scheduling"):
         raise TritonError.unsupported(f"model '{model}': ensembles are not supported yet")
+
+
+def _validate_dynamic_batching(cfg: ModelConfig, model: str) -> None:
+    db = cfg.dynamic_batching
+    for size in db.preferred_batch_size:
+        if size < 1 or (cfg.max_batch_size > 0 and size > cfg.max_batch_size):
+            raise _err(model, f"dynamic batching preferred size must be positive and <= max_batch_size {cfg.max_batch_size}, got {size}")
+    levels = db.priority_levels
+    if levels and not 1 <= db.default_priority_level <= levels:
+        raise _err(model, f"default priority level must be in range [1, {levels}], got {db.default_priority_level}")
+    for level in db.priority_queue_policy:
+        if not 1 <= level <= levels:
+            raise _err(model, f"priority queue policy must have priority level in range [1, {levels}], got {level}")
+    if db.preserve_ordering:
+        policies = [db.default_queue_policy, *db.priority_queue_policy.values()]
+        if levels > 1 or any(p.timeout_action == mc.ModelQueuePolicy.DELAY for p in policies):
+            raise _err(model, "dynamic batching preserve_ordering cannot be combined with more than one priority level "
+                              "or a DELAY queue policy")
 
 
 # ---- JSON as /v2/models/<m>/config prints it ----------------------------------------------------
