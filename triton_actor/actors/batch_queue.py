@@ -29,7 +29,8 @@ in priority then arrival order.
 from __future__ import annotations
 
 import collections
-from collections.abc import Hashable, Iterator
+import itertools
+from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, NamedTuple, TypeVar
 
@@ -115,10 +116,11 @@ class _Entry(Generic[T]):
 
 
 class _Level(Generic[T]):
-    __slots__ = ("policy", "main", "delayed")
+    __slots__ = ("policy", "timed", "main", "delayed")
 
     def __init__(self, policy: QueuePolicy) -> None:
         self.policy = policy
+        self.timed = bool(policy.default_timeout_ns or policy.allow_timeout_override)
         self.main: collections.deque[_Entry[T]] = collections.deque()
         self.delayed: collections.deque[_Entry[T]] = collections.deque()
 
@@ -147,6 +149,7 @@ class BatchQueue(Generic[T]):
         self._levels: list[_Level[T]] = [
             _Level(policy.policies.get(level, QueuePolicy())) for level in range(1, max(policy.priority_levels, 1) + 1)
         ]
+        self._single = len(self._levels) == 1  # the common case gets the short paths below
         self._size = 0
         self._closest_deadline = _NO_DEADLINE
         self._preferred = frozenset(policy.preferred)
@@ -166,15 +169,17 @@ class BatchQueue(Generic[T]):
 
     def add(self, item: T, batch_size: int, key: Hashable, priority: int, timeout_us: int, now_ns: int) -> None:
         """Queue ``item``; raises UNAVAILABLE when its level is full."""
-        level = self._levels[self.level_of(priority) - 1]
+        level = self._levels[0] if self._single else self._levels[self.level_of(priority) - 1]
         policy = level.policy
         if policy.max_queue_size and len(level) >= policy.max_queue_size:
             raise TritonError.unavailable("Exceeds maximum queue size")
-        deadline = policy.deadline(now_ns, timeout_us)
-        level.main.append(_Entry(item, max(batch_size, 1), key, now_ns, deadline))
+        deadline = _NO_DEADLINE
+        if level.timed:
+            deadline = policy.deadline(now_ns, timeout_us)
+            if deadline < self._closest_deadline:
+                self._closest_deadline = deadline
+        level.main.append(_Entry(item, batch_size if batch_size > 1 else 1, key, now_ns, deadline))
         self._size += 1
-        if deadline < self._closest_deadline:
-            self._closest_deadline = deadline
 
     def items(self) -> Iterator[T]:
         for entry in self._entries():
@@ -200,10 +205,13 @@ class BatchQueue(Generic[T]):
 
     def poll(self, now_ns: int) -> Decision[T]:
         """Expire timed-out requests, then decide: a batch to run now, or how long to wait."""
-        expired = self.expire(now_ns)
+        expired = self._expire(now_ns) if self._closest_deadline <= now_ns else []
         if not self._size:
             return Decision([], expired, None)
         if not self.policy.max_batch_size:
+            if self._single and self._levels[0].main:
+                self._size -= 1
+                return Decision([self._levels[0].main.popleft().item], expired, None)
             return Decision(self._take(1), expired, None)
         count, pending, best, send_now, oldest = self._scan()
         delay = self.policy.max_delay_ns
@@ -217,10 +225,10 @@ class BatchQueue(Generic[T]):
         return Decision([], expired, wait if deadline is None else min(wait, deadline))
 
     # -- internals ----------------------------------------------------------------------------------
-    def _entries(self) -> Iterator[_Entry[T]]:
-        for level in self._levels:
-            yield from level.main
-            yield from level.delayed
+    def _entries(self) -> Iterable[_Entry[T]]:
+        if self._single and not self._levels[0].delayed:
+            return self._levels[0].main
+        return itertools.chain.from_iterable(dq for level in self._levels for dq in (level.main, level.delayed))
 
     def _scan(self) -> tuple[int, int, int, bool, int]:
         """Walk from the front: (requests that fit, their total batch size, requests up to the best
