@@ -6,6 +6,7 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import gevent
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
@@ -202,6 +203,10 @@ def torch_server(tmp_path_factory: pytest.TempPathFactory):
 
     repo = tmp_path_factory.mktemp("torch_repo")
     modelgen.torchscript_mlp(repo, "mlp_ts", dims=DIMS, max_batch_size=32)
+    batched = modelgen.torchscript_mlp(repo, "mlp_ts_batched", dims=DIMS, max_batch_size=32, dynamic_batching=True)
+    config = batched / "config.pbtxt"  # a long delay: concurrent requests surely meet in one batch
+    config.write_text(config.read_text().replace(
+        "dynamic_batching { }", "dynamic_batching { preferred_batch_size: [ 8 ] max_queue_delay_microseconds: 2000000 }"))
     modelgen.onnx_mlp(repo, "mlp_onnx", dims=DIMS, max_batch_size=32)
     modelgen.torchscript_two_inputs(repo, "add_sub_ts")
     modelgen.torchscript_named_inputs(repo, "named_ts")
@@ -217,6 +222,20 @@ def test_torchscript_mlp_equals_onnx(torch_server) -> None:
     onnx = _infer(client, "mlp_onnx", {"INPUT0": x}).as_numpy("OUTPUT0")
     np.testing.assert_allclose(ts, onnx, rtol=1e-4, atol=1e-5)
     assert client.get_model_metadata("mlp_ts")["platform"] == "pytorch_libtorch"
+
+
+def test_torchscript_dynamic_batching(torch_server) -> None:
+    """Eight concurrent requests of different rows: one execution of batch 8, each caller gets its own rows."""
+    client = httpclient.InferenceServerClient(torch_server.url)
+    xs = [np.random.default_rng(i).standard_normal((1, DIMS[0])).astype(np.float32) for i in range(8)]
+    calls = [gevent.spawn(lambda x: _infer(httpclient.InferenceServerClient(torch_server.url), "mlp_ts_batched",
+                                           {"INPUT__0": x}).as_numpy("OUTPUT__0"), x) for x in xs]
+    gevent.joinall(calls, timeout=60, raise_error=True)
+    for x, call in zip(xs, calls, strict=True):
+        np.testing.assert_allclose(call.value, modelgen.mlp_reference(x, DIMS), rtol=1e-4, atol=1e-5)
+    stats = client.get_inference_statistics("mlp_ts_batched")["model_stats"][0]
+    assert stats["inference_count"] == 8 and stats["execution_count"] == 1
+    assert [b["batch_size"] for b in stats["batch_stats"]] == [8]
 
 
 def test_torchscript_input_binding(torch_server) -> None:
