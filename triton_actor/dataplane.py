@@ -6,9 +6,12 @@ messages. It reads the repository actor's published routing table; only index/st
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from .actors.bridge import ResponseChannel
+from .actors.kernel import Reply
 from .actors.model import READY, ModelHandle, VersionHandle
 from .actors.repository import Index, RepositoryActor
 from .errors import TritonError
@@ -28,6 +31,38 @@ class Served:
     version: int
     labels: dict[str, list[str]]
     batching: bool
+
+
+@dataclass(slots=True)
+class Streamed:
+    """A streaming inference: ``responses`` yields ``(InferResponse | TritonError | None, final)``;
+    None is a final flag without a response. Closing the iterator early cancels the request."""
+
+    version: int
+    labels: dict[str, list[str]]
+    batching: bool
+    responses: Iterator[tuple[InferResponse | TritonError | None, bool]]
+
+
+def _one_response(reply: Reply[InferResponse]) -> Iterator[tuple[InferResponse | TritonError | None, bool]]:
+    try:
+        response: InferResponse | TritonError = reply.get()
+    except TritonError as e:
+        response = e
+    yield response, True
+
+
+def _channel_responses(channel: ResponseChannel) -> Iterator[tuple[InferResponse | TritonError | None, bool]]:
+    try:
+        while True:
+            item, final = channel.receive()
+            yield item, final
+            if final:
+                return
+    finally:
+        if not channel.finished:
+            channel.cancelled = True  # the consumer went away: the model sees is_cancelled()
+        channel.close()
 
 
 class DataPlane:
@@ -87,6 +122,33 @@ class DataPlane:
         vh = handle.resolve(request.model_version)
         response = vh.infer(request).get()
         return Served(response, vh.version, vh.labels, handle.config.max_batch_size > 0)
+
+    def infer_stream(self, request: InferRequest) -> Streamed:
+        """Route, validate and queue a request whose answers are streamed: any number of responses
+        from a decoupled model, exactly one from any other. Errors before queueing raise here."""
+        if not self.accepting:
+            raise TritonError.unavailable("Server not ready")
+        handle = self.repository.routes.get(request.model_name)
+        if handle is None:
+            raise TritonError.not_found(f"Request for unknown model: '{request.model_name}' is not found")
+        vh = handle.resolve(request.model_version)
+        batching = handle.config.max_batch_size > 0
+        if not handle.config.model_transaction_policy.decoupled:
+            return Streamed(vh.version, vh.labels, batching, _one_response(vh.infer(request)))
+        channel = ResponseChannel()
+        try:
+            reply = vh.infer(request._replace(responses=channel))
+        except BaseException:
+            channel.close()
+            raise
+        reply.link(lambda r: channel.send(r.exception(), True) if r.exception() is not None else None)
+        return Streamed(vh.version, vh.labels, batching, _channel_responses(channel))
+
+    def input_specs(self, name: str, version: int) -> tuple[list[tuple[str, DType, tuple[int, ...]]], int]:
+        """Every input's name, type and dims, and max_batch_size (the generate extension builds tensors from them)."""
+        handle, _ = self._version(name, version)
+        cfg = handle.config
+        return [(i.name, BY_ENUM_VALUE[i.data_type], tuple(i.dims)) for i in cfg.input], cfg.max_batch_size
 
     def raw_input_spec(self, name: str, version: int) -> tuple[str, DType, tuple[int, ...], int]:
         """The single input a raw binary request feeds (spec §1.6)."""

@@ -50,6 +50,7 @@ class InferRequest(NamedTuple):
     timeout_us: int = 0
     correlation_id: int | str = 0
     flags: int = 0
+    responses: Any = None  # a ResponseChannel (actors/bridge.py) when the model is decoupled
 
     @property
     def requested_output_names(self) -> tuple[str, ...] | None:

@@ -19,7 +19,9 @@ from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 import gevent
+import gevent.event
 from gevent import monkey
+from gevent._hub_local import get_hub_if_exists
 
 from .kernel import Reply
 
@@ -51,6 +53,9 @@ class NativeWorker(Generic[S]):
         self.stopped: Reply[bool] = Reply()
         self.thread_id: int | None = None
         self._closed = False
+        self._hub: Any = None  # the native thread's own gevent hub, once model code created one
+        self._idle_wake: Any = None
+        self._hub_waiting = False
         _start_native(self._run, (setup, teardown))
 
     # -- native thread ----------------------------------------------------------------------------
@@ -66,9 +71,8 @@ class NativeWorker(Generic[S]):
             self._drain_unread(e)
             return
         self._post(self.ready, True, True)
-        get = self._inbox.get
         try:
-            while (item := get()) is not None:
+            while (item := self._next()) is not None:
                 fn, args, reply = item
                 try:
                     self._post(reply, True, fn(state, *args))
@@ -81,6 +85,38 @@ class NativeWorker(Generic[S]):
                 except BaseException as e:  # noqa: BLE001
                     print(f"[{self.name}] teardown failed: {e!r}", file=sys.stderr)
             self._post(self.stopped, True, True)
+
+    def _next(self) -> Any:
+        """Native thread: the next work item. While the model has no gevent hub in this thread, block
+        on the C queue (cheapest). Once model code created one (it started a "thread" — a greenlet,
+        with ``threading`` patched — or slept, or waited on a lock), wait in that hub instead, so the
+        model's greenlets keep running while the instance is idle: a decoupled model answering from a
+        thread it started (as Triton's examples do) must get to send."""
+        hub = self._hub
+        if hub is None:
+            hub = self._hub = get_hub_if_exists()
+            if hub is None:
+                return self._inbox.get()
+            self._idle_wake = hub.loop.async_()
+        inbox = self._inbox
+        while True:
+            try:
+                return inbox.get_nowait()
+            except _queue.Empty:
+                pass
+            self._hub_waiting = True  # from now on submitters also send the wake-up (checked after put)
+            try:
+                return inbox.get_nowait()
+            except _queue.Empty:
+                hub.wait(self._idle_wake)
+            finally:
+                self._hub_waiting = False
+
+    def _put(self, item: Any) -> None:
+        """Hub thread: queue work for the native thread and wake it however it waits."""
+        self._inbox.put(item)
+        if self._hub_waiting:
+            self._idle_wake.send()
 
     def _drain_unread(self, error: BaseException) -> None:
         """Native thread, after a failed setup: fail whatever was queued before ``_closed`` was seen."""
@@ -122,7 +158,7 @@ class NativeWorker(Generic[S]):
 
             reply.fail(TritonError.unavailable(f"instance '{self.name}' is stopped"))
             return reply
-        self._inbox.put((fn, args, reply))
+        self._put((fn, args, reply))
         return reply
 
     def submit_callback(self, fn: Callable[..., Any], args: tuple[Any, ...], done: Callable[[bool, Any], None]) -> None:
@@ -133,13 +169,13 @@ class NativeWorker(Generic[S]):
 
             done(False, TritonError.unavailable(f"instance '{self.name}' is stopped"))
             return
-        self._inbox.put((fn, args, done))
+        self._put((fn, args, done))
 
     def close(self, timeout: float | None = 30.0) -> bool:
         """Finish queued work, run teardown, join the thread. True when it stopped in time."""
         if not self._closed:
             self._closed = True
-            self._inbox.put(None)
+            self._put(None)
         try:
             self.stopped.get(timeout)
         except Exception:  # noqa: BLE001
@@ -159,3 +195,57 @@ def call_in_thread(fn: Callable[..., S], *args: Any) -> S:
     """Run a one-off blocking call (e.g. a model's ``auto_complete_config``) on gevent's native
     thread pool, blocking only the calling greenlet."""
     return gevent.get_hub().threadpool.apply(fn, args)
+
+
+class ResponseChannel:
+    """Responses of one streaming request, from whichever thread produces them to one greenlet.
+
+    ``send(item, final)`` may be called from any thread (a model's native thread, a thread the model
+    started, or the hub); the consumer greenlet iterates with :meth:`receive`. Items after the final
+    one are dropped. Create it in the hub thread; :meth:`close` (consumer side) releases the watcher.
+    ``cancelled`` is set by the consumer when its client went away; producers read it.
+    """
+
+    __slots__ = ("_items", "_wake", "_event", "_final_sent", "cancelled", "_closed")
+
+    def __init__(self) -> None:
+        self._items: collections.deque[tuple[Any, bool]] = collections.deque()
+        self._event = gevent.event.Event()
+        self._wake = gevent.get_hub().loop.async_()
+        self._wake.start(self._event.set)
+        self._final_sent = False
+        self._closed = False
+        self.cancelled = False
+
+    def send(self, item: Any, final: bool) -> None:
+        """Any thread: queue one response (or error, or None for a flags-only final)."""
+        if self._final_sent:
+            return
+        if final:
+            self._final_sent = True
+        self._items.append((item, final))
+        if not self._closed:
+            self._wake.send()
+
+    @property
+    def finished(self) -> bool:
+        return self._final_sent
+
+    def is_cancelled(self) -> bool:
+        return self.cancelled
+
+    def receive(self, timeout: float | None = None) -> tuple[Any, bool]:
+        """Consumer greenlet: the next ``(item, final)``; raises ``gevent.Timeout`` after ``timeout`` s."""
+        items, event = self._items, self._event
+        while not items:
+            event.clear()
+            if items:
+                break
+            if not event.wait(timeout):
+                raise gevent.Timeout(timeout)
+        return items.popleft()
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._wake.close()

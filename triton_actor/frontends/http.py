@@ -11,7 +11,7 @@ import gzip
 import logging
 import re
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import gevent.event
@@ -21,7 +21,8 @@ from werkzeug.exceptions import HTTPException
 
 from ..dataplane import DataPlane
 from ..errors import TritonError
-from ..protocol import v2_http
+from ..inference import InferRequest
+from ..protocol import generate, v2_http
 from .status import HTTP_STATUS, status_line
 
 log = logging.getLogger(__name__)
@@ -261,6 +262,47 @@ def create_app(plane: DataPlane, frontend: HttpFrontend) -> Flask:
     def infer_route(model: str, version: int = -1) -> Response:
         # POST never gets here (the raw WSGI path serves it); the route makes other methods a 405.
         raise TritonError.internal("the /infer route is served by the raw WSGI path")
+
+    def generate_request(model: str, version: int) -> InferRequest:
+        body = frontend.decompress(frontend.read_wsgi_body(request.environ), request.headers.get("Content-Encoding"))
+        inputs, max_batch_size = plane.input_specs(model, version)
+        return generate.decode_request(body, model, version, inputs, max_batch_size)
+
+    @app.post("/v2/models/<model>/generate")
+    @app.post("/v2/models/<model>/versions/<int:version>/generate")
+    def generate_route(model: str, version: int = -1) -> Response:
+        req = generate_request(model, version)
+        streamed = plane.infer_stream(req)
+        responses = streamed.responses
+        try:  # one answer: the first response (a decoupled model's later ones are cancelled)
+            for item, _final in responses:
+                if isinstance(item, TritonError):
+                    raise item
+                if item is not None:
+                    payload = generate.encode_response(model, streamed.version, req.id, item)
+                    return Response(payload, status=200, mimetype="application/json")
+        finally:
+            responses.close()
+        raise TritonError.internal(f"model '{model}' finished without a response")
+
+    @app.post("/v2/models/<model>/generate_stream")
+    @app.post("/v2/models/<model>/versions/<int:version>/generate_stream")
+    def generate_stream_route(model: str, version: int = -1) -> Response:
+        req = generate_request(model, version)
+        streamed = plane.infer_stream(req)
+
+        def events() -> Iterator[bytes]:
+            responses = streamed.responses
+            try:
+                for item, _final in responses:
+                    if isinstance(item, TritonError):
+                        yield generate.sse_error(item)
+                    elif item is not None:
+                        yield generate.sse_event(generate.encode_response(model, streamed.version, req.id, item))
+            finally:
+                responses.close()
+
+        return Response(events(), status=200, content_type="text/event-stream; charset=utf-8")
 
     @app.post("/v2/repository/index")
     def repository_index() -> Response:

@@ -15,6 +15,7 @@ import logging
 import re
 import socket
 import sys
+from collections.abc import Iterable
 from typing import Any
 from urllib.parse import unquote
 
@@ -191,6 +192,8 @@ class HttpServer:
             else:
                 status, out_headers, out = self._wsgi(method, path, query, version, headers, body, address)
             keep_alive = keep_alive and not self._closing
+            if not isinstance(out, bytes):  # an event stream: chunked, each event sent as it comes
+                return self._send_stream(conn.sock, status, out_headers, out, keep_alive)
             self._send(conn.sock, status, out_headers, out, keep_alive, head_only=method == "HEAD")
             return keep_alive
         finally:
@@ -214,7 +217,7 @@ class HttpServer:
         return conn.read_exact(n)
 
     def _wsgi(self, method: str, path: str, query: str, version: str, headers: dict[str, str], body: bytes,
-              address: Any) -> tuple[str, list[tuple[str, str]], bytes]:
+              address: Any) -> tuple[str, list[tuple[str, str]], bytes | Iterable[bytes]]:
         environ: dict[str, Any] = {
             "REQUEST_METHOD": method, "SCRIPT_NAME": "", "PATH_INFO": path, "QUERY_STRING": query,
             "SERVER_NAME": "triton_actor", "SERVER_PORT": str(self.server_port), "SERVER_PROTOCOL": version,
@@ -233,6 +236,10 @@ class HttpServer:
             return lambda data: None
 
         result = self.frontend.wsgi_fallback(environ, start_response)
+        status, response_headers = captured if captured else (None, None)
+        if status is not None and any(k.lower() == "content-type" and v.startswith("text/event-stream")
+                                      for k, v in response_headers):
+            return status, [(k, v) for k, v in response_headers if k.lower() != "content-length"], result
         try:
             out = b"".join(result)
         finally:
@@ -241,6 +248,29 @@ class HttpServer:
                 close()
         status, response_headers = captured
         return status, [(k, v) for k, v in response_headers if k.lower() != "content-length"], out
+
+    @staticmethod
+    def _send_stream(sock: socket.socket, status: str, headers: list[tuple[str, str]], chunks: Iterable[bytes],
+                     keep_alive: bool) -> bool:
+        """Send ``chunks`` with chunked transfer encoding; a client that goes away closes the iterator
+        (which cancels the request behind it) and the connection."""
+        lines = [f"HTTP/1.1 {status}", *(f"{k}: {v}" for k, v in headers), "Transfer-Encoding: chunked",
+                 "Cache-Control: no-cache"]
+        if not keep_alive:
+            lines.append("Connection: close")
+        try:
+            sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+            for chunk in chunks:
+                if chunk:
+                    sock.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            sock.sendall(b"0\r\n\r\n")
+        except OSError:
+            return False
+        finally:
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()
+        return keep_alive
 
     @staticmethod
     def _send(sock: socket.socket, status: str, headers: list[tuple[str, str]], body: bytes, keep_alive: bool,

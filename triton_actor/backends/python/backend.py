@@ -18,6 +18,7 @@ import re
 import sys
 import traceback
 import types
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -155,11 +156,8 @@ class PythonInstance:
         return value
 
     def execute(self, requests: list[InferRequest]) -> list[Result]:
-        if self.decoupled:  # response senders arrive with the streaming front ends
-            err = TritonError.unsupported(
-                f"model '{self.ctx.model_name}' is decoupled: response senders are not supported by this server yet"
-            )
-            return [err] * len(requests)
+        if self.decoupled:
+            return self._execute_decoupled(requests)
         pb_requests = [_to_pb(r) for r in requests]
         try:
             responses = self._await(self.model.execute(pb_requests))
@@ -174,6 +172,35 @@ class PythonInstance:
             )
             return [err] * len(requests)
         return [self._from_pb(r) for r in responses]
+
+    def _execute_decoupled(self, requests: list[InferRequest]) -> list[Result]:
+        """Responses travel through each request's sender into its ResponseChannel, from ``execute``
+        or later from a thread the model started; the result here only says whether ``execute`` ran.
+        An error from ``execute`` reaches the client as the final response of requests not finished yet."""
+        pb_requests = []
+        for r in requests:
+            channel = r.responses
+            if channel is None:
+                return [TritonError.unsupported(
+                    f"model '{self.ctx.model_name}' is decoupled: it answers only streaming requests")] * len(requests)
+            pb = _to_pb(r)
+            pb._response_sender = pb_utils.InferenceResponseSender(self._deliverer(channel), channel.is_cancelled)
+            pb._cancelled = channel.is_cancelled
+            pb_requests.append(pb)
+        try:
+            returned = self._await(self.model.execute(pb_requests))
+        except Exception as e:
+            return [self._model_error(e)] * len(requests)
+        if returned is not None:
+            log.warning("decoupled model '%s': execute() returned %s; responses must go through the response "
+                        "sender, the returned value is ignored", self.ctx.model_name, type(returned).__name__)
+        return [None] * len(requests)  # type: ignore[list-item]
+
+    def _deliverer(self, channel: Any) -> Callable[[Any, bool], None]:
+        def deliver(response: Any, final: bool) -> None:
+            channel.send(None if response is None else self._from_pb(response), final)
+
+        return deliver
 
     def _model_error(self, e: Exception) -> TritonError:
         log.error("model '%s' execute raised:\n%s", self.ctx.model_name, "".join(traceback.format_exception(e)))

@@ -594,7 +594,8 @@ class InferenceRequest:
 
     def is_cancelled(self) -> bool:
         """Return True once the client has cancelled this request."""
-        return bool(self._cancelled)
+        cancelled = self._cancelled
+        return bool(cancelled() if callable(cancelled) else cancelled)
 
     def get_response_sender(self) -> Any:
         """Return the response sender attached by the server."""
@@ -640,6 +641,38 @@ class InferenceRequest:
             f"InferenceRequest(request_id={self._request_id!r}, "
             f"model_name={self._model_name!r}, inputs={names})"
         )
+
+
+class InferenceResponseSender:
+    """What ``request.get_response_sender()`` returns for a decoupled model: sends any number of
+    responses for one request, the last one (or a response-less call) with
+    ``TRITONSERVER_RESPONSE_COMPLETE_FINAL``. The server gives it ``deliver(response, final)`` and
+    ``cancelled()``; ``send`` may be called from ``execute`` or from a thread the model started."""
+
+    def __init__(self, deliver: Callable[[Any, bool], None], cancelled: Callable[[], bool]) -> None:
+        self._deliver = deliver
+        self._cancelled = cancelled
+        self._closed = False
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        if self._closed:
+            raise TritonModelException("Unable to send response. Response sender has been closed.")
+        if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
+            raise TritonModelException(f"Invalid response flags: {flags}")
+        if response is None:
+            if flags != TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+                raise TritonModelException(
+                    "Inference Response object must be provided when the response flags is set to zero."
+                )
+        elif not isinstance(response, InferenceResponse):
+            raise _ArgTypeError(f"send() expects an InferenceResponse, got {type(response).__name__}")
+        final = flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        if final:
+            self._closed = True
+        self._deliver(response, final)
+
+    def is_cancelled(self) -> bool:
+        return bool(self._cancelled())
 
 
 class InferenceResponse:
