@@ -1,0 +1,169 @@
+"""Decoupled models and the generate extension over HTTP: ``/generate`` (one JSON answer) and
+``/generate_stream`` (Server-Sent Events), on real servers."""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.error
+import urllib.request
+
+import gevent
+import pytest
+
+from .server import add_model
+
+SQUARE_CONFIG = """
+backend: "python"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [ { name: "IN", data_type: TYPE_INT32, dims: [ 1 ] } ]
+output [ { name: "OUT", data_type: TYPE_INT32, dims: [ 1 ] } ]
+instance_group [ { count: 1, kind: KIND_CPU } ]
+"""
+
+# Triton's decoupled examples answer from a thread they start in execute() and return at once.
+SQUARE_PY = """
+import threading
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.inflight = 0
+        self.lock = threading.Lock()
+
+    def execute(self, requests):
+        for request in requests:
+            n = int(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0])
+            if n < 0:
+                raise ValueError("IN must not be negative")
+            thread = threading.Thread(target=self.respond, args=(request.get_response_sender(), n))
+            thread.daemon = True
+            with self.lock:
+                self.inflight += 1
+            thread.start()
+        return None
+
+    def respond(self, sender, n):
+        for i in range(n):
+            time.sleep(0.005)
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([i], np.int32))]))
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        with self.lock:
+            self.inflight -= 1
+
+    def finalize(self):
+        deadline = time.time() + 5
+        while self.inflight and time.time() < deadline:
+            time.sleep(0.01)
+"""
+
+
+def _post(url: str, path: str, body: object) -> tuple[int, str, str]:
+    req = urllib.request.Request(url + path, data=json.dumps(body).encode(), method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, r.headers.get("Content-Type", ""), r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("Content-Type", ""), e.read().decode()
+
+
+def _events(text: str) -> list[dict]:
+    assert text.endswith("\n\n") or not text, text
+    return [json.loads(chunk[len("data: "):]) for chunk in text.split("\n\n") if chunk]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    from .server import ROOT, ServerProcess
+
+    repo = tmp_path_factory.mktemp("generate_repo")
+    add_model(repo, "square", SQUARE_CONFIG, SQUARE_PY)
+    server = ServerProcess(ROOT / "model_repository", repo).wait_ready()
+    yield server
+    server.stop()
+
+
+def test_generate_stream_sends_one_event_per_token(server) -> None:
+    status, ctype, text = _post("http://" + server.url, "/v2/models/text_generator/generate_stream",
+                                {"text_input": "hello", "max_tokens": 5, "id": "r1"})
+    assert status == 200 and ctype == "text/event-stream; charset=utf-8"
+    events = _events(text)
+    assert [e["index"] for e in events] == [0, 1, 2, 3, 4]
+    assert all(e["id"] == "r1" and e["model_name"] == "text_generator" and e["model_version"] == "1" for e in events)
+    again = _events(_post("http://" + server.url, "/v2/models/text_generator/generate_stream",
+                          {"text_input": "hello", "max_tokens": 5})[2])
+    assert "".join(e["text_output"] for e in again) == "".join(e["text_output"] for e in events)  # deterministic
+
+
+def test_decoupled_model_answering_from_its_own_threads(server) -> None:
+    calls = [gevent.spawn(_post, "http://" + server.url, "/v2/models/square/generate_stream", {"IN": n})
+             for n in (3, 0, 5, 1)]
+    gevent.joinall(calls, timeout=60, raise_error=True)
+    for n, call in zip((3, 0, 5, 1), calls, strict=True):
+        status, _, text = call.value
+        assert status == 200
+        assert [e["OUT"] for e in _events(text)] == list(range(n))  # 0 responses: only the final flag, no event
+
+
+def test_error_inside_a_stream_is_an_event_and_the_server_keeps_serving(server) -> None:
+    status, _, text = _post("http://" + server.url, "/v2/models/text_generator/generate_stream",
+                            {"text_input": "x", "max_tokens": -1})
+    assert status == 200 and _events(text) == [{"error": "max_tokens must be >= 0"}]
+    status, _, text = _post("http://" + server.url, "/v2/models/square/generate_stream", {"IN": -1})
+    assert status == 200
+    [event] = _events(text)
+    assert "IN must not be negative" in event["error"]
+    status, _, text = _post("http://" + server.url, "/v2/models/square/generate_stream", {"IN": 2})
+    assert [e["OUT"] for e in _events(text)] == [0, 1]
+
+
+def test_generate_on_an_ordinary_model(server) -> None:
+    status, ctype, text = _post("http://" + server.url, "/v2/models/add_sub/generate",
+                                {"INPUT0": [1, 2, 3, 4], "INPUT1": [1, 1, 1, 1]})
+    assert status == 200 and ctype.startswith("application/json")
+    assert json.loads(text) == {"model_name": "add_sub", "model_version": "1",
+                                "OUTPUT0": [2.0, 3.0, 4.0, 5.0], "OUTPUT1": [0.0, 1.0, 2.0, 3.0]}
+    status, _, text = _post("http://" + server.url, "/v2/models/add_sub/generate_stream",
+                            {"INPUT0": [1, 2, 3, 4], "INPUT1": [1, 1, 1, 1]})
+    assert [e["OUTPUT0"] for e in _events(text)] == [[2.0, 3.0, 4.0, 5.0]]
+
+
+@pytest.mark.parametrize(("path", "body", "status", "words"), [
+    ("/v2/models/add_sub/generate", {"INPUT0": [1, 2, 3], "INPUT1": [1, 1, 1, 1]}, 400, ["INPUT0", "3 element"]),
+    ("/v2/models/add_sub/generate", {"INPUT0": [[1, 2], [3, 4]], "INPUT1": [1, 1, 1, 1]}, 400, ["flat list"]),
+    ("/v2/models/add_sub/generate", {"INPUT0": ["a", 2, 3, 4], "INPUT1": [1, 1, 1, 1]}, 400, ["FP32"]),
+    ("/v2/models/add_sub/generate", [1, 2], 400, ["JSON object"]),
+    ("/v2/models/add_sub/generate", {"INPUT0": [1, 2, 3, 4], "triton_x": 1}, 400, ["triton_"]),
+    ("/v2/models/nope/generate_stream", {"x": 1}, 404, ["unknown model"]),
+    ("/v2/models/text_generator/infer", {"inputs": []}, 501, ["decoupled"]),
+])
+def test_bad_generate_requests(server, path: str, body: object, status: int, words: list[str]) -> None:
+    got, ctype, text = _post("http://" + server.url, path, body)
+    assert got == status and ctype.startswith("application/json"), text
+    error = json.loads(text)["error"]
+    for word in words:
+        assert word in error, error
+
+
+def test_client_leaving_mid_stream_cancels_the_generation(server) -> None:
+    host, port = server.url.split(":")
+    body = json.dumps({"text_input": "a long story", "max_tokens": 500, "id": "leaver"}).encode()
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(b"POST /v2/models/text_generator/generate_stream HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        received = b""
+        while b"data: " not in received:  # wait for the first token, then go away
+            chunk = sock.recv(4096)
+            assert chunk, received
+            received += chunk
+    with gevent.Timeout(30, AssertionError("the model never saw the cancellation:\n" + server.log())):
+        while "request 'leaver' cancelled after" not in server.log():
+            gevent.sleep(0.05)
+    status, _, text = _post("http://" + server.url, "/v2/models/text_generator/generate_stream",
+                            {"text_input": "still here", "max_tokens": 2})
+    assert status == 200 and len(_events(text)) == 2
