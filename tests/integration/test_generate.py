@@ -11,7 +11,7 @@ import urllib.request
 import gevent
 import pytest
 
-from .server import add_model
+from .server import IDENTITY_CONFIG, add_model
 
 SQUARE_CONFIG = """
 backend: "python"
@@ -63,6 +63,23 @@ class TritonPythonModel:
 """
 
 
+# Triton's "response sender in default mode": a non-decoupled model may answer through the sender.
+SENDER_PY = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            if x.size and x[0] < 0:
+                continue  # forgets to answer this one
+            request.get_response_sender().send(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x * 2)]),
+                                               flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+
 def _post(url: str, path: str, body: object) -> tuple[int, str, str]:
     req = urllib.request.Request(url + path, data=json.dumps(body).encode(), method="POST")
     try:
@@ -83,6 +100,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):
 
     repo = tmp_path_factory.mktemp("generate_repo")
     add_model(repo, "square", SQUARE_CONFIG, SQUARE_PY)
+    add_model(repo, "sender_default", IDENTITY_CONFIG, SENDER_PY)
     server = ServerProcess(ROOT / "model_repository", repo).wait_ready()
     yield server
     server.stop()
@@ -167,3 +185,12 @@ def test_client_leaving_mid_stream_cancels_the_generation(server) -> None:
     status, _, text = _post("http://" + server.url, "/v2/models/text_generator/generate_stream",
                             {"text_input": "still here", "max_tokens": 2})
     assert status == 200 and len(_events(text)) == 2
+
+
+def test_ordinary_model_answering_through_its_response_sender(server) -> None:
+    status, _, text = _post("http://" + server.url, "/v2/models/sender_default/infer",
+                            {"inputs": [{"name": "INPUT0", "shape": [2], "datatype": "FP32", "data": [1, 2]}]})
+    assert status == 200 and json.loads(text)["outputs"][0]["data"] == [2.0, 4.0]
+    status, _, text = _post("http://" + server.url, "/v2/models/sender_default/infer",
+                            {"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "FP32", "data": [-1]}]})
+    assert status == 500 and "sent no response" in json.loads(text)["error"]

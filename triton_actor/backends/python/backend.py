@@ -159,11 +159,15 @@ class PythonInstance:
         if self.decoupled:
             return self._execute_decoupled(requests)
         pb_requests = [_to_pb(r) for r in requests]
+        for pb in pb_requests:
+            pb._sender_factory = _default_mode_sender
         try:
             responses = self._await(self.model.execute(pb_requests))
         except Exception as e:
             err = self._model_error(e)
             return [err] * len(requests)
+        if responses is None:  # answered through response senders (Triton's default-mode senders)
+            responses = [_sent_response(pb) for pb in pb_requests]
         if not isinstance(responses, list | tuple) or len(responses) != len(requests):
             got = len(responses) if isinstance(responses, list | tuple) else type(responses).__name__
             err = TritonError.internal(
@@ -229,6 +233,21 @@ class PythonInstance:
         finally:
             if self._loop is not None:
                 self._loop.close()
+
+
+def _default_mode_sender(request: Any) -> Any:
+    """A sender for a non-decoupled model's request: it keeps the one response for ``execute``'s caller."""
+    box: list[Any] = []
+    request._sent = box
+    return pb_utils.InferenceResponseSender(lambda response, _final: box.append(response), request.is_cancelled)
+
+
+def _sent_response(request: Any) -> Any:
+    box = getattr(request, "_sent", None)
+    if not box or box[0] is None:
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(
+            "execute() returned None and sent no response for this request through its response sender"))
+    return box[0]
 
 
 def _as_array(value: Any) -> np.ndarray:

@@ -513,6 +513,7 @@ class InferenceRequest:
         self._input_map_len = 0
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         self._response_sender: Any = None
+        self._sender_factory: Callable[[InferenceRequest], Any] | None = None
         self._cancelled: Any = False
 
     def inputs(self) -> list[Tensor]:
@@ -601,10 +602,12 @@ class InferenceRequest:
         """Return the response sender attached by the server."""
         sender = self._response_sender
         if sender is None:
-            raise TritonModelException(
-                "this request has no response sender: response senders (decoupled models and "
-                "default-mode senders) are not supported by this server yet"
-            )
+            # a non-decoupled model may answer through a sender too (one response, final flag) and
+            # return None from execute; the server gives the factory, the sender is built on demand
+            factory = self._sender_factory
+            if factory is None:
+                raise TritonModelException("this request has no response sender")
+            sender = self._response_sender = factory(self)
         return sender
 
     def set_release_flags(self, flags: int) -> None:
