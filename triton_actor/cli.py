@@ -66,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-control-mode", choices=["none", "poll", "explicit"], default="none")
     p.add_argument("--model-config-name", default="")
     p.add_argument("--backend-config", action="append", default=[], metavar="BACKEND,KEY=VALUE")
+    _flag(p, "--allow-client-shm", False, "let clients register shared-memory regions for tensors")
     return p
 
 
@@ -97,6 +98,7 @@ def parse(argv: Sequence[str] | None = None, environ: dict[str, str] | None = No
         model_control_mode=args.model_control_mode,
         model_config_name=args.model_config_name,
         backend_config=_backend_config(args.backend_config),
+        allow_client_shm=args.allow_client_shm,
     )
 
 

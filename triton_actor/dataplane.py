@@ -19,6 +19,7 @@ from .inference import InferRequest, InferResponse
 from .protocol import payloads
 from .protocol.dtypes import BY_ENUM_VALUE, DType
 from .repository import config as config_mod
+from .shared_memory import SharedMemoryRegistry
 
 SERVER_VERSION = "2.51.0"  # the Triton release whose protocol we speak (clients compare versions)
 
@@ -68,8 +69,10 @@ def _channel_responses(channel: ResponseChannel) -> Iterator[tuple[InferResponse
 class DataPlane:
     """Stateless facade; every method may be called from any request greenlet."""
 
-    def __init__(self, repository: RepositoryActor, server_id: str = "triton", strict_readiness: bool = True) -> None:
+    def __init__(self, repository: RepositoryActor, server_id: str = "triton", strict_readiness: bool = True,
+                 shm: SharedMemoryRegistry | None = None) -> None:
         self.repository = repository
+        self.shm = shm or SharedMemoryRegistry()
         self.server_id = server_id
         self.strict_readiness = strict_readiness
         self.live = False  # flipped by the server on start / shutdown

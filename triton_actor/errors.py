@@ -73,3 +73,7 @@ class TritonError(Exception):
     @classmethod
     def unsupported(cls, message: str) -> TritonError:
         return cls(Code.UNSUPPORTED, message)
+
+    @classmethod
+    def already_exists(cls, message: str) -> TritonError:
+        return cls(Code.ALREADY_EXISTS, message)

@@ -30,6 +30,7 @@ class RequestedOutput(NamedTuple):
     name: str
     binary: bool | None = None
     classification: int = 0
+    shm: tuple[str, int, int] | None = None  # (region, offset, byte_size): write the output there
 
 
 class InferRequest(NamedTuple):

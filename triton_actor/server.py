@@ -25,6 +25,7 @@ from .devices import gpu_count
 from .frontends.http import HttpFrontend
 from .frontends.http_server import HttpServer
 from .settings import Settings
+from .shared_memory import SharedMemoryRegistry
 
 log = logging.getLogger("triton_actor.server")
 
@@ -56,7 +57,8 @@ class Server:
         backends = backends or default_backends(settings.backend_config)
         self.repository = RepositoryActor(list(settings.model_repositories), backends, load,
                                           settings.model_control_mode)
-        self.plane = DataPlane(self.repository, settings.server_id, settings.strict_readiness)
+        self.plane = DataPlane(self.repository, settings.server_id, settings.strict_readiness,
+                               SharedMemoryRegistry(settings.allow_client_shm, load.gpu_count))
         self.http: HttpServer | None = None
         self.frontend: HttpFrontend | None = None
         self._stopped = gevent.event.Event()
@@ -106,6 +108,7 @@ class Server:
         except Exception as e:  # noqa: BLE001
             log.error("unloading models at shutdown: %s", e)
         self.plane.live = False
+        self.plane.shm.close()
         self.repository.stop(timeout=5)
         self._stopped.set()
         log.info("server stopped")

@@ -28,3 +28,4 @@ class Settings:
     model_control_mode: str = "none"
     model_config_name: str = ""
     backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
+    allow_client_shm: bool = False

@@ -22,7 +22,7 @@ from werkzeug.exceptions import HTTPException
 from ..dataplane import DataPlane
 from ..errors import TritonError
 from ..inference import InferRequest
-from ..protocol import generate, v2_http
+from ..protocol import generate, payloads, v2_http
 from .status import HTTP_STATUS, status_line
 
 log = logging.getLogger(__name__)
@@ -135,10 +135,10 @@ class HttpFrontend:
             if hl == 0 or (hl is None and not body):
                 req = v2_http.decode_raw_request(body, self.plane.raw_input_spec(model, version), model, version)
             else:
-                req = v2_http.decode_infer_request(body, hl, model, version)
+                req = v2_http.decode_infer_request(body, hl, model, version, self.plane.shm)
             served = self.plane.infer(req)
             chunks, json_length = v2_http.encode_infer_response(
-                req, served.response, served.version, served.labels, served.batching
+                req, served.response, served.version, served.labels, served.batching, self.plane.shm
             )
         except TritonError as e:
             return error_response(e)
@@ -189,6 +189,29 @@ def _accepted_encoding(header: str | None) -> str | None:
         if enc in offered:
             return enc
     return None
+
+
+def _shm_routes(app: Flask, kind: str, status: Callable[[str], Any], register: Callable[[str, dict[str, Any]], None],
+                unregister: Callable[[str], None], json_body: Callable[[], dict[str, Any]],
+                empty: Callable[[int], Response]) -> None:
+    base = f"/v2/{kind}sharedmemory"
+
+    def status_route(region: str = "") -> Response:
+        return _json(status(region))
+
+    def register_route(region: str) -> Response:
+        register(region, json_body())
+        return empty(200)
+
+    def unregister_route(region: str = "") -> Response:
+        unregister(region)
+        return empty(200)
+
+    for path in (f"{base}/status", f"{base}/region/<region>/status"):
+        app.add_url_rule(path, f"{kind}_shm_status_{path.count('/')}", status_route, methods=["GET"])
+    app.add_url_rule(f"{base}/region/<region>/register", f"{kind}_shm_register", register_route, methods=["POST"])
+    for path in (f"{base}/unregister", f"{base}/region/<region>/unregister"):
+        app.add_url_rule(path, f"{kind}_shm_unregister_{path.count('/')}", unregister_route, methods=["POST"])
 
 
 def error_response(error: TritonError) -> tuple[str, list[tuple[str, str]], bytes]:
@@ -303,6 +326,20 @@ def create_app(plane: DataPlane, frontend: HttpFrontend) -> Flask:
                 responses.close()
 
         return Response(events(), status=200, content_type="text/event-stream; charset=utf-8")
+
+    def json_body() -> dict[str, Any]:
+        body = frontend.decompress(frontend.read_wsgi_body(request.environ), request.headers.get("Content-Encoding"))
+        return payloads.json_object(body)
+
+    shm = plane.shm
+    # system and CUDA shared memory: the same three routes each, over the one registry
+    for kind, status, register, unregister in (
+        ("system", shm.system_status, lambda r, d: shm.register_system(r, d.get("key"), d.get("offset", 0),
+                                                                        d.get("byte_size")), shm.unregister_system),
+        ("cuda", shm.cuda_status, lambda r, d: shm.register_cuda(r, d.get("raw_handle"), d.get("device_id", 0),
+                                                                  d.get("byte_size")), shm.unregister_cuda),
+    ):
+        _shm_routes(app, kind, status, register, unregister, json_body, empty)
 
     @app.post("/v2/repository/index")
     def repository_index() -> Response:

@@ -18,17 +18,13 @@ import orjson
 from ..errors import TritonError
 from ..inference import InferInput, InferRequest, InferResponse
 from .dtypes import BYTES, DType
+from .payloads import json_object
 
 InputSpec = tuple[str, DType, tuple[int, ...]]
 
 
 def decode_request(body: bytes, model: str, version: int, inputs: list[InputSpec], max_batch_size: int) -> InferRequest:
-    try:
-        data = orjson.loads(body) if body.strip() else {}
-    except orjson.JSONDecodeError as e:
-        raise TritonError.invalid_arg(f"failed to parse the request JSON buffer: {e}") from None
-    if not isinstance(data, dict):
-        raise TritonError.invalid_arg("generate request must be a JSON object")
+    data = json_object(body, "a generate request")
     specs = {name: (dtype, dims) for name, dtype, dims in inputs}
     tensors: dict[str, InferInput] = {}
     params: dict[str, Any] = {}

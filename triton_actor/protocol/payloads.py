@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
+from ..errors import TritonError
 from .dtypes import BY_ENUM_VALUE
 
 EXTENSIONS = (
@@ -56,3 +59,14 @@ def model_statistics(snap: dict[str, Any]) -> dict[str, Any]:
         ],
         "memory_usage": [],
     }
+
+
+def json_object(body: bytes, what: str = "the request body") -> dict[str, Any]:
+    """A JSON object body (empty body: ``{}``), with Triton's parse error text."""
+    try:
+        data = orjson.loads(body) if body.strip() else {}
+    except orjson.JSONDecodeError as e:
+        raise TritonError.invalid_arg(f"failed to parse the request JSON buffer: {e}") from None
+    if not isinstance(data, dict):
+        raise TritonError.invalid_arg(f"{what} must be a JSON object")
+    return data

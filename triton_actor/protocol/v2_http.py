@@ -43,8 +43,10 @@ def parse_header_length(value: str | None) -> int | None:
     return n
 
 
-def decode_infer_request(body: bytes, header_length: int | None, model_name: str, model_version: int) -> InferRequest:
-    """Decode an ``/infer`` body; binary tensors become zero-copy views of ``body``."""
+def decode_infer_request(body: bytes, header_length: int | None, model_name: str, model_version: int,
+                         shm: Any = None) -> InferRequest:
+    """Decode an ``/infer`` body; binary tensors become zero-copy views of ``body``, shared-memory
+    inputs views of their region (``shm``: the server's SharedMemoryRegistry)."""
     if header_length is None:
         header, binary, offset = _loads(body), body, len(body)
     else:
@@ -68,7 +70,7 @@ def decode_infer_request(body: bytes, header_length: int | None, model_name: str
         )
     inputs: dict[str, InferInput] = {}
     for item in raw_inputs:
-        tensor, offset = _decode_input(item, binary, offset, model_name, prefix)
+        tensor, offset = _decode_input(item, binary, offset, model_name, prefix, shm)
         if tensor.name in inputs:
             raise TritonError.invalid_arg(f"{prefix}input '{tensor.name}' already exists in request")
         inputs[tensor.name] = tensor
@@ -79,7 +81,8 @@ def decode_infer_request(body: bytes, header_length: int | None, model_name: str
     return InferRequest(model_name, model_version, rid, inputs, outputs, params, **kwargs)
 
 
-def _decode_input(item: Any, body: bytes, offset: int, model_name: str, prefix: str) -> tuple[InferInput, int]:
+def _decode_input(item: Any, body: bytes, offset: int, model_name: str, prefix: str,
+                  shm: Any = None) -> tuple[InferInput, int]:
     if not isinstance(item, dict):
         raise TritonError.invalid_arg(prefix + "each entry of 'inputs' must be an object")
     name, wire, shape = item.get("name"), item.get("datatype"), item.get("shape")
@@ -100,6 +103,14 @@ def _decode_input(item: Any, body: bytes, offset: int, model_name: str, prefix: 
         raise TritonError.invalid_arg(f"{prefix}invalid shape {shape!r} for input '{name}'")
     shape_t = tuple(shape)
     params = item.get("parameters") or {}
+    if isinstance(params, dict) and "shared_memory_region" in params:
+        if "data" in item or "binary_data_size" in params:
+            raise TritonError.invalid_arg(
+                f"{prefix}input '{name}' must set only one of 'data', 'binary_data_size' and 'shared_memory_region'")
+        buf = _shm_window(shm, params, f"input '{name}'", prefix).read
+        view = buf(params["shared_memory_region"], params.get("shared_memory_offset", 0),
+                   params["shared_memory_byte_size"], f"{prefix}input '{name}'")
+        return InferInput(name, dtype, shape_t, _from_binary(view, dtype, shape_t, count, name, model_name, prefix)), offset
     size = params.get("binary_data_size") if isinstance(params, dict) else None
     if size is not None:
         if "data" in item:
@@ -123,6 +134,16 @@ def _decode_input(item: Any, body: bytes, offset: int, model_name: str, prefix: 
         )
     data = _from_json(item["data"], dtype, shape_t, count, name, prefix)
     return InferInput(name, dtype, shape_t, data), offset
+
+
+def _shm_window(shm: Any, params: dict[str, Any], what: str, prefix: str) -> Any:
+    """The registry to use for a tensor in shared memory, after checking its parameters are complete."""
+    if shm is None:
+        raise TritonError.unsupported(f"{prefix}shared memory is not available for {what}")
+    if "shared_memory_byte_size" not in params:
+        raise TritonError.invalid_arg(
+            f"{prefix}{what}: 'shared_memory_byte_size' must be given with 'shared_memory_region'")
+    return shm
 
 
 def _from_binary(
@@ -250,7 +271,18 @@ def _decode_outputs(outputs: Any, prefix: str) -> tuple[RequestedOutput, ...] | 
             raise TritonError.invalid_arg(
                 prefix + f"'classification' of output '{item['name']}' must be a non-negative integer"
             )
-        result.append(RequestedOutput(item["name"], binary, cls))
+        region = None
+        if "shared_memory_region" in params:
+            if cls:
+                raise TritonError.invalid_arg(
+                    prefix + f"output '{item['name']}' cannot use both classification and shared memory")
+            if "shared_memory_byte_size" not in params:
+                raise TritonError.invalid_arg(
+                    prefix + f"output '{item['name']}': 'shared_memory_byte_size' must be given with "
+                    "'shared_memory_region'")
+            region = (params["shared_memory_region"], params.get("shared_memory_offset", 0),
+                      params["shared_memory_byte_size"])
+        result.append(RequestedOutput(item["name"], binary, cls, region))
     return tuple(result)
 
 
@@ -260,8 +292,10 @@ def encode_infer_response(
     model_version: int,
     labels: dict[str, list[str]],
     batching: bool,
+    shm: Any = None,
 ) -> tuple[list[bytes], int | None]:
-    """Encode the response; returns the body chunks and the JSON header length (None: pure JSON)."""
+    """Encode the response; returns the body chunks and the JSON header length (None: pure JSON).
+    Outputs requested into shared memory are written there (``shm``: the SharedMemoryRegistry)."""
     wanted: dict[str, RequestedOutput] | None = None
     if request.outputs is not None:
         wanted = {o.name: o for o in request.outputs}
@@ -273,6 +307,9 @@ def encode_infer_response(
             spec = wanted.get(name)
             if spec is None:
                 continue
+        if spec is not None and spec.shm is not None:
+            out_json.append(_write_shm_output(name, array, spec.shm, shm))
+            continue
         if spec is not None and spec.classification:
             array = classify(array, spec.classification, labels.get(name), batching)
         binary = request.binary_output if spec is None or spec.binary is None else spec.binary
@@ -307,6 +344,18 @@ def _encode_output(name: str, array: np.ndarray, binary: bool, blobs: list[bytes
     else:
         entry["data"] = array.reshape(-1).tolist()
     return entry
+
+
+def _write_shm_output(name: str, array: np.ndarray, where: tuple[str, int, int], shm: Any) -> dict[str, Any]:
+    if shm is None:
+        raise TritonError.unsupported(f"shared memory is not available for output '{name}'")
+    dtype = _wire_dtype(array)
+    raw = bytes_codec.serialize(array) if dtype is BYTES else memoryview(np.ascontiguousarray(array)).cast("B")
+    region, offset, size = where
+    shm.write(region, offset, size, raw, f"output '{name}'")
+    return {"name": name, "datatype": dtype.wire, "shape": list(array.shape),
+            "parameters": {"shared_memory_region": region, "shared_memory_offset": offset,
+                           "shared_memory_byte_size": len(raw)}}
 
 
 def _wire_dtype(array: np.ndarray) -> DType:

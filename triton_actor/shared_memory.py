@@ -1,0 +1,162 @@
+"""Shared-memory regions clients register so tensors need not travel in the request (spec §1.11).
+
+One :class:`SharedMemoryRegistry` per server, owned by the data plane and used only from the hub
+thread (front-end greenlets), so it needs no lock. System regions are POSIX shared-memory objects
+(``shm_open``) mapped whole; every read and write is checked against the region's registered window
+(``offset`` .. ``offset + byte_size``), so nothing a client sends reaches outside it. Region names share
+one namespace across system and CUDA memory. CUDA regions need a GPU; without one, registering
+answers UNSUPPORTED. Client shared memory is refused unless the server runs with
+``--allow-client-shm=true`` (spec §1.11).
+"""
+
+from __future__ import annotations
+
+import _posixshmem
+import mmap
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import TritonError
+
+# A POSIX shared-memory object name: an optional leading "/" and no other "/" (shm_open's rule),
+# so a key can only name an object under /dev/shm, never a path.
+_KEY = re.compile(r"/?[^/\x00]{1,250}")
+
+
+@dataclass(slots=True)
+class _Region:
+    name: str
+    key: str
+    offset: int
+    byte_size: int
+    mapping: mmap.mmap
+
+
+def _size(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise TritonError.invalid_arg(f"'{what}' must be a non-negative integer, got {value!r}")
+    return value
+
+
+class SharedMemoryRegistry:
+    """Registered regions by name; see the module docstring."""
+
+    def __init__(self, allowed: bool = False, gpu_count: int = 0) -> None:
+        self.allowed = allowed
+        self.gpu_count = gpu_count
+        self._system: dict[str, _Region] = {}
+
+    def _check_allowed(self) -> None:
+        if not self.allowed:
+            raise TritonError.unavailable(
+                "client shared memory is disabled on this server (start it with --allow-client-shm=true)")
+
+    # -- system shared memory ---------------------------------------------------------------------------
+    def register_system(self, name: str, key: Any, offset: Any, byte_size: Any) -> None:
+        self._check_allowed()
+        offset, byte_size = _size(offset, "offset"), _size(byte_size, "byte_size")
+        if name in self._system:
+            raise TritonError.already_exists(f"shared memory region '{name}' already in manager")
+        if not isinstance(key, str) or not _KEY.fullmatch(key) or key.strip("/") in (".", ".."):
+            raise TritonError.invalid_arg(f"Unable to open shared memory region: {key!r} is not a shared memory key")
+        if any(r.key == key for r in self._system.values()):
+            raise TritonError.invalid_arg(
+                f'registering an active shared memory key, "{key}", under a different name is not currently supported')
+        try:
+            fd = _posixshmem.shm_open(key, os.O_RDWR, 0o600)
+        except OSError:
+            raise TritonError.internal(f"Unable to open shared memory region: '{key}'") from None
+        try:
+            size = os.fstat(fd).st_size
+            if size == 0 or offset + byte_size > size:
+                raise TritonError.invalid_arg(f"failed to register shared memory region '{name}': invalid args")
+            mapping = mmap.mmap(fd, size)
+        except OSError as e:
+            raise TritonError.invalid_arg(f"failed to register shared memory region '{name}': {e}") from None
+        finally:
+            os.close(fd)
+        self._system[name] = _Region(name, key, offset, byte_size, mapping)
+
+    def system_status(self, name: str = "") -> list[dict[str, Any]]:
+        self._check_allowed()
+        if name:
+            region = self._system.get(name)
+            if region is None:
+                raise TritonError.not_found(f"Unable to find system shared memory region: '{name}'")
+            regions = [region]
+        else:
+            regions = list(self._system.values())
+        return [{"name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size} for r in regions]
+
+    def unregister_system(self, name: str = "") -> None:
+        """Forget one region (an unknown name is not an error, as in Triton) or, with no name, all."""
+        self._check_allowed()
+        for region in [self._system.pop(name)] if name in self._system else ([] if name else self._pop_all()):
+            try:
+                region.mapping.close()
+            except BufferError:  # a request still reads from it: the mapping goes with the last view
+                pass
+
+    def _pop_all(self) -> list[_Region]:
+        regions = list(self._system.values())
+        self._system.clear()
+        return regions
+
+    # -- CUDA shared memory ----------------------------------------------------------------------------
+    def register_cuda(self, name: str, raw_handle: Any, device_id: Any, byte_size: Any) -> None:
+        self._check_allowed()
+        if name in self._system:
+            raise TritonError.already_exists(f"shared memory region '{name}' already in manager")
+        raise TritonError.unsupported(
+            f"failed to register CUDA shared memory region '{name}': CUDA shared memory is not supported by this "
+            "server" + ("" if self.gpu_count else " (no GPU on this host)"))
+
+    def cuda_status(self, name: str = "") -> list[dict[str, Any]]:
+        self._check_allowed()
+        if not name:
+            return []
+        if name in self._system:
+            raise TritonError.not_found(
+                f"The region named '{name}' is registered as system shared memory, not CUDA shared memory")
+        raise TritonError.not_found(f"Unable to find cuda shared memory region: '{name}'")
+
+    def unregister_cuda(self, name: str = "") -> None:
+        self._check_allowed()
+
+    # -- tensors -------------------------------------------------------------------------------------------
+    def _window(self, name: str, offset: Any, byte_size: Any, what: str) -> tuple[_Region, int, int]:
+        region = self._system.get(name) if isinstance(name, str) else None
+        if region is None:
+            raise TritonError.not_found(f"Unable to find shared memory region: '{name}'")
+        offset, byte_size = _size(offset, "shared_memory_offset"), _size(byte_size, "shared_memory_byte_size")
+        if offset > region.byte_size or offset + byte_size > region.byte_size:
+            raise TritonError.invalid_arg(
+                f"{what}: {byte_size} byte(s) at offset {offset} do not fit shared memory region '{name}' "
+                f"({region.byte_size} bytes)")
+        start = region.offset + offset
+        return region, start, byte_size
+
+    def read(self, name: str, offset: Any, byte_size: Any, what: str) -> memoryview:
+        """A read-only view of ``byte_size`` bytes at ``offset`` inside region ``name``."""
+        self._check_allowed()
+        region, start, size = self._window(name, offset, byte_size, what)
+        return memoryview(region.mapping)[start:start + size].toreadonly()
+
+    def write(self, name: str, offset: Any, byte_size: Any, data: bytes | memoryview, what: str) -> None:
+        """Copy ``data`` into region ``name`` at ``offset``; it must fit the ``byte_size`` the client gave."""
+        self._check_allowed()
+        region, start, size = self._window(name, offset, byte_size, what)
+        if len(data) > size:
+            raise TritonError.invalid_arg(
+                f"shared memory size specified with the request for {what} ({size} bytes) should be at least "
+                f"{len(data)} bytes to hold the results")
+        region.mapping[start:start + len(data)] = data
+
+    def close(self) -> None:
+        for region in self._pop_all():
+            try:
+                region.mapping.close()
+            except BufferError:
+                pass
