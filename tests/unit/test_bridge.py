@@ -249,3 +249,31 @@ def test_reply_completes_even_when_close_times_out() -> None:
     lock.release()
     assert reply.get(timeout=2.0) == "done"
     assert w.stopped.get(timeout=WAIT) is True
+
+
+@pytest.mark.timeout(30)
+def test_threads_a_job_starts_keep_running_while_the_worker_is_idle(workers) -> None:
+    """Model code on a worker may start a ``threading.Thread`` (a greenlet of the worker thread's own
+    hub, ``threading`` being patched) and return; that thread must go on running while the worker
+    waits for its next job: decoupled models answer from such threads."""
+    import threading
+    import time
+
+    from triton_actor.actors.bridge import ResponseChannel
+
+    channel = ResponseChannel()
+
+    def job(_state: str, n: int) -> str:
+        def later() -> None:
+            for i in range(n):
+                time.sleep(0.01)  # patched: yields to the worker thread's hub
+                channel.send(i, i == n - 1)
+
+        threading.Thread(target=later, daemon=True).start()
+        return "started"
+
+    w = _worker(workers, "w")
+    assert w.submit(job, 3).get(timeout=WAIT) == "started"
+    assert [channel.receive(timeout=WAIT) for _ in range(3)] == [(0, False), (1, False), (2, True)]
+    assert w.submit(lambda s: s + "!").get(timeout=WAIT) == "state!"  # and it still takes jobs
+    channel.close()
