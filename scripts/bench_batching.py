@@ -17,7 +17,7 @@ Runtime at batch 1 and 16 with the server's thread settings: the ratio is the ce
 
     scripts/install_bench_tools.sh                              # once: perf_analyzer
     .venv/bin/pip install -e ".[onnx,bench]"                    # onnx, onnxruntime, matplotlib
-    .venv/bin/python scripts/bench_batching.py                  # full run, about 10 minutes
+    .venv/bin/python scripts/bench_batching.py --rounds 2       # full run, about 15 minutes
     .venv/bin/python scripts/bench_batching.py --quick          # c=1,4,16, short windows, about 3 minutes
     .venv/bin/python scripts/bench_batching.py --replot bench_out/batching.json    # plot only
 
@@ -33,6 +33,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -148,15 +149,24 @@ def machine_busy() -> tuple[float, float]:
 # the sweep
 
 
+FAILED = {"rps": 0.0, "p50_us": 0.0, "p99_us": 0.0, "queue_us": 0.0, "infer_us": 0.0, "failed": True}
+
+
 def measure(port: int, pid: int, model: str, c: int, args: argparse.Namespace, out_csv: Path) -> dict[str, object]:
     before, cpu0, (busy0, total0), t0 = model_stats(port, model), cpu_seconds(pid), machine_busy(), time.time()
+    res: dict[str, object]
     try:
-        res: dict[str, object] = perf(port, c, args.window_ms, out_csv, model=model, stability=args.stability,
-                                      max_trials=args.max_trials)
+        res = perf(port, c, args.window_ms, out_csv, model=model, stability=args.stability,
+                   max_trials=args.max_trials)
     except PerfFailed:
-        # no stable window within --max-trials (a busy shared machine): report one long window, marked as such
-        res = perf(port, c, 2 * args.window_ms, out_csv, model=model, stability=100, max_trials=3)
-        res["unstable"] = True
+        # no stable window within --max-trials (a busy shared machine): take 3 long windows whatever they say
+        # (perf_analyzer still wants 3 windows within -s of each other: 10000 % accepts anything), marked
+        try:
+            res = perf(port, c, 2 * args.window_ms, out_csv, model=model, stability=10000, max_trials=3)
+            res["unstable"] = True
+        except PerfFailed as e:
+            print(f"[bench] {model} c={c}: {e}", flush=True)
+            res = dict(FAILED)
     wall = time.time() - t0
     busy1, total1 = machine_busy()
     res.update(stats_delta(before, model_stats(port, model)))
@@ -166,21 +176,37 @@ def measure(port: int, pid: int, model: str, c: int, args: argparse.Namespace, o
     return res
 
 
+def summarize(runs: list[dict]) -> dict[str, object]:
+    """Median of the rounds that did not fail, per number; ``unstable`` if any round was; the raw rounds kept."""
+    ok = [r for r in runs if not r.get("failed")] or runs
+    out: dict[str, object] = {k: statistics.median(r[k] for r in ok) for k in ok[0]
+                              if isinstance(ok[0][k], int | float) and not isinstance(ok[0][k], bool)}
+    out["max_batch"] = max(r["max_batch"] for r in ok)
+    out["unstable"] = any(r.get("unstable") for r in ok)
+    out["failed"] = all(r.get("failed") for r in runs)
+    out["rounds"] = runs
+    return out
+
+
 def sweep(port: int, pid: int, variants: list[Variant], conc: list[int], args: argparse.Namespace,
           work: Path) -> dict[str, dict[int, dict]]:
-    results: dict[str, dict[int, dict]] = {v.name: {} for v in variants}
-    points = [(v, c) for v in variants for c in conc]
+    """Rounds x concurrencies x models, models interleaved at each concurrency so that load from elsewhere on
+    the machine hits the configurations being compared alike."""
+    runs: dict[str, dict[int, list[dict]]] = {v.name: {c: [] for c in conc} for v in variants}
+    todo = [(rnd, c, v) for rnd in range(args.rounds) for c in conc for v in variants]
     start = time.time()
-    for i, (v, c) in enumerate(points, 1):
+    for i, (rnd, c, v) in enumerate(todo, 1):
         r = measure(port, pid, v.name, c, args, work / "pa.csv")
-        results[v.name][c] = r
+        runs[v.name][c].append(r)
         elapsed = time.time() - start
-        remaining = elapsed / i * (len(points) - i)
-        print(f"[bench {i:2d}/{len(points)} {elapsed:4.0f}s elapsed, ~{remaining:4.0f}s left] {v.name:16s} c={c:<3d}"
-              f"{r['rps']:8.1f} infer/s  p50 {r['p50_us'] / 1000:7.2f} ms  p99 {r['p99_us'] / 1000:7.2f} ms  "
-              f"avg batch {r['avg_batch']:5.2f} (max {r['max_batch']})  queue {r['queue_us'] / 1000:6.2f} ms  "
-              f"server {r['server_cores']:.2f} cores{'  UNSTABLE' if r.get('unstable') else ''}", flush=True)
-    return results
+        remaining = elapsed / i * (len(todo) - i)
+        flag = "  FAILED" if r.get("failed") else "  UNSTABLE" if r.get("unstable") else ""
+        print(f"[bench {i:2d}/{len(todo)} {elapsed:4.0f}s elapsed, ~{remaining:4.0f}s left] round {rnd + 1} "
+              f"{v.name:16s} c={c:<3d}{r['rps']:8.1f} infer/s  p50 {r['p50_us'] / 1000:7.2f} ms  "
+              f"p99 {r['p99_us'] / 1000:7.2f} ms  avg batch {r['avg_batch']:5.2f} (max {r['max_batch']})  "
+              f"queue {r['queue_us'] / 1000:6.2f} ms  server {r['server_cores']:.2f} cores  "
+              f"machine {100 * r['machine_busy']:3.0f}% busy{flag}", flush=True)
+    return {name: {c: summarize(rs) for c, rs in per.items()} for name, per in runs.items()}
 
 
 def check_configs(port: int, variants: list[Variant]) -> dict[str, dict]:
@@ -211,6 +237,10 @@ def ratio(data: dict, num: str, den: str, c: int) -> float | None:
     return a["rps"] / b["rps"] if a and b and b["rps"] else None
 
 
+def mark(r: dict) -> str:
+    return "failed" if r.get("failed") else f"{r['rps']:.1f}{' ⚠' if r.get('unstable') else ''}"
+
+
 def report(data: dict) -> str:
     configs, ceil = data["configs"], data["ceiling"]
     lines = [
@@ -234,7 +264,7 @@ def report(data: dict) -> str:
                                                if db.get("preferred_batch_size") else ""))
         for c, r in points(data, v["name"]):
             lines.append(
-                f"| {v['name']} | {batching} | {cfg['instances']} | {c} | {r['rps']:.1f}{' ⚠' if r.get('unstable') else ''}"
+                f"| {v['name']} | {batching} | {cfg['instances']} | {c} | {mark(r)}"
                 f" | {r['p50_us'] / 1000:.2f} | {r['p99_us'] / 1000:.2f} | {r['avg_batch']:.2f} ({r['max_batch']}) | "
                 f"{r['queue_us'] / 1000:.2f} | {r['server_cores']:.2f} |")
     lines += ["", "| ratio (infer/s) | concurrency | measured | issue 6 goal | met |", "|---|---|---|---|---|"]
@@ -242,10 +272,11 @@ def report(data: dict) -> str:
         val = ratio(data, num, den, c)
         shown, met = ("n/a", "not measured") if val is None else (f"{val:.2f}x", "yes" if val >= least else "no")
         lines.append(f"| {num} / {den} | {c} | {shown} | {goal} | {met} |")
-    lines += ["", "avg batch = inference_count / execution_count from the statistics endpoint over the point's "
+    lines += ["", f"Medians of {data.get('rounds', 1)} round(s), models interleaved at each concurrency. "
+              "avg batch = inference_count / execution_count from the statistics endpoint over the point's "
               "perf_analyzer run; queue = perf_analyzer's server queue time per request; server cores = CPU "
-              "seconds of the server process per wall second. ⚠ = perf_analyzer found no stable window; one "
-              "long window reported."]
+              "seconds of the server process per wall second (the machine's other load is in the JSON). "
+              "⚠ = perf_analyzer found no stable window within --max-trials; three long windows reported."]
     return "\n".join(lines)
 
 
@@ -266,8 +297,10 @@ def plot(data: dict, dst: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    families = [("mlp", f"ONNX MLP {'→'.join(map(str, MLP_DIMS))}"), ("python", "Python identity, 5 ms sleep")]
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+    families = [(f, t) for f, t in (("mlp", f"ONNX MLP {'→'.join(map(str, MLP_DIMS))}"),
+                                    ("python", "Python identity, 5 ms sleep"))
+                if any(v["family"] == f for v in data["variants"])]
+    fig, axes = plt.subplots(len(families), 2, figsize=(11, 3.75 * len(families)), squeeze=False)
     for row, (family, title) in enumerate(families):
         ax_rps, ax_p99 = axes[row]
         for v in (v for v in data["variants"] if v["family"] == family):
@@ -316,6 +349,7 @@ def main() -> int:
     ap.add_argument("--models", default=",".join(v.name for v in VARIANTS),
                     help="comma-separated subset of: " + ", ".join(v.name for v in VARIANTS))
     ap.add_argument("--window-ms", type=int, help="perf_analyzer -p (default 3000; --quick 1500)")
+    ap.add_argument("--rounds", type=int, default=1, help="repeat the sweep, report medians (default 1)")
     ap.add_argument("--stability", type=int, default=25, help="perf_analyzer -s, percent (default 25)")
     ap.add_argument("--max-trials", type=int, help="perf_analyzer --max-trials (default 8; --quick 5)")
     ap.add_argument("--mlp-delay-us", type=int, default=1000, help="max_queue_delay_microseconds of mlp_batch")
@@ -358,7 +392,8 @@ def main() -> int:
         proc = start_ours(repo, port, "--disable-auto-complete-config")
         wait_ready(port, proc, timeout=180)
         configs = check_configs(port, variants)
-        print(f"[bench] server ready on port {port}: {len(variants)} models x {len(conc)} concurrencies, "
+        print(f"[bench] server ready on port {port}: {args.rounds} round(s) x {len(conc)} concurrencies x "
+              f"{len(variants)} models, "
               f"windows {args.window_ms} ms, -s {args.stability}, --max-trials {args.max_trials}", flush=True)
         results = sweep(port, proc.pid, variants, conc, args, work)
     finally:
@@ -371,7 +406,7 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
     data = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count(),
             "load_before": load_before, "load_after": os.getloadavg(), "argv": sys.argv[1:],
-            "variants": [v.__dict__ for v in variants], "configs": configs, "ceiling": ceiling,
+            "rounds": args.rounds, "variants": [v.__dict__ for v in variants], "configs": configs, "ceiling": ceiling,
             "results": results}
     table = report(data)
     print(table)
