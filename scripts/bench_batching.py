@@ -275,7 +275,8 @@ def report(data: dict) -> str:
     lines += ["", f"Medians of {data.get('rounds', 1)} round(s), models interleaved at each concurrency. "
               "avg batch = inference_count / execution_count from the statistics endpoint over the point's "
               "perf_analyzer run; queue = perf_analyzer's server queue time per request; server cores = CPU "
-              "seconds of the server process per wall second (the machine's other load is in the JSON). "
+              "seconds of the server process per wall second (the machine's other load is in the JSON); batching = the "
+              "config as the server reports it (an empty preferred_batch_size becomes [max_batch_size], as in Triton). "
               "⚠ = perf_analyzer found no stable window within --max-trials; three long windows reported."]
     return "\n".join(lines)
 
