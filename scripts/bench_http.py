@@ -71,10 +71,16 @@ def rss_kb(pid: int, with_children: bool) -> int:
     return total
 
 
-def start_ours(repo: Path, port: int, *extra: str) -> subprocess.Popen:
+def start_ours(repo: Path, port: int, *extra: str, log: Path | None = None) -> subprocess.Popen:
+    """Our server on ``repo`` (extra flags appended); its output goes to ``log`` if given, else nowhere."""
     args = [sys.executable, "-m", "triton_actor", "--model-repository", str(repo), "--http-port", str(port),
             "--http-address", "127.0.0.1", "--log-info=false", *extra]
-    return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    out = log.open("wb") if log else subprocess.DEVNULL
+    try:
+        return subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    finally:
+        if log:
+            out.close()
 
 
 def start_triton(repo: Path, port: int) -> subprocess.Popen:
