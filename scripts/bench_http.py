@@ -71,10 +71,16 @@ def rss_kb(pid: int, with_children: bool) -> int:
     return total
 
 
-def start_ours(repo: Path, port: int) -> subprocess.Popen:
+def start_ours(repo: Path, port: int, *extra: str, log: Path | None = None) -> subprocess.Popen:
+    """Our server on ``repo`` (extra flags appended); its output goes to ``log`` if given, else nowhere."""
     args = [sys.executable, "-m", "triton_actor", "--model-repository", str(repo), "--http-port", str(port),
-            "--http-address", "127.0.0.1", "--log-info=false"]
-    return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            "--http-address", "127.0.0.1", "--log-info=false", *extra]
+    out = log.open("wb") if log else subprocess.DEVNULL
+    try:
+        return subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    finally:
+        if log:
+            out.close()
 
 
 def start_triton(repo: Path, port: int) -> subprocess.Popen:
@@ -83,16 +89,24 @@ def start_triton(repo: Path, port: int) -> subprocess.Popen:
     return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def perf(port: int, concurrency: int, window_ms: int, out_csv: Path) -> dict[str, float]:
-    args = [str(TOOLS / "perf_analyzer"), "-m", "add_sub", "-u", f"127.0.0.1:{port}", "-i", "http",
-            "--concurrency-range", str(concurrency), "-p", str(window_ms), "-s", "20", "--max-trials", "20",
-            "-f", str(out_csv)]
+class PerfFailed(SystemExit):
+    """perf_analyzer exited non-zero (e.g. no stable measurement within --max-trials); carries its output."""
+
+
+def perf(port: int, concurrency: int, window_ms: int, out_csv: Path, *, model: str = "add_sub",
+         stability: int = 20, max_trials: int = 20, extra: tuple[str, ...] = ()) -> dict[str, float]:
+    """One perf_analyzer run (HTTP, one concurrency); infer/s and p50/p99 latency (µs) from its CSV, plus the
+    server-side queue and compute-infer times (µs per request) it read from the statistics endpoint."""
+    args = [str(TOOLS / "perf_analyzer"), "-m", model, "-u", f"127.0.0.1:{port}", "-i", "http",
+            "--concurrency-range", str(concurrency), "-p", str(window_ms), "-s", str(stability),
+            "--max-trials", str(max_trials), "-f", str(out_csv), *extra]
     proc = subprocess.run(args, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise SystemExit(f"perf_analyzer failed:\n{proc.stdout}\n{proc.stderr}")
+        raise PerfFailed(f"perf_analyzer failed:\n{proc.stdout}\n{proc.stderr}")
     row = next(csv.DictReader(out_csv.open()))
     return {"rps": float(row["Inferences/Second"]), "p50_us": float(row["p50 latency"]),
-            "p99_us": float(row["p99 latency"])}
+            "p99_us": float(row["p99 latency"]), "queue_us": float(row.get("Server Queue") or 0),
+            "infer_us": float(row.get("Server Compute Infer") or 0)}
 
 
 def main() -> int:

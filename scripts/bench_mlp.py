@@ -8,11 +8,9 @@ resident memory with and without a TorchScript model loaded.
 
 from __future__ import annotations
 
-import csv
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -22,15 +20,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_http import TOOLS, free_port, rss_kb, start_ours, wait_ready  # noqa: E402
+from bench_http import free_port, perf, rss_kb, start_ours, wait_ready  # noqa: E402
 
 from triton_actor import modelgen  # noqa: E402
 
 DIMS = (256, 1024, 16)
 
 
-def in_process(model: Path, batch: int, seconds: float = 3.0) -> float:
-    """infer/s (requests of ``batch`` rows) of one in-process session with the server's settings."""
+def in_process(model: Path, batch: int, seconds: float = 3.0, width: int = DIMS[0]) -> float:
+    """infer/s (requests of ``batch`` rows of ``width`` inputs) of one in-process session with the server's
+    settings (one instance: half the cores, no spinning)."""
     import numpy as np
     import onnxruntime as ort
 
@@ -39,7 +38,7 @@ def in_process(model: Path, batch: int, seconds: float = 3.0) -> float:
     opts.inter_op_num_threads = 1
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     sess = ort.InferenceSession(str(model), opts, providers=["CPUExecutionProvider"])
-    x = np.random.default_rng(0).standard_normal((batch, DIMS[0])).astype(np.float32)
+    x = np.random.default_rng(0).standard_normal((batch, width)).astype(np.float32)
     for _ in range(100):
         sess.run(None, {"INPUT0": x})
     n, start = 0, time.perf_counter()
@@ -50,12 +49,7 @@ def in_process(model: Path, batch: int, seconds: float = 3.0) -> float:
 
 
 def through_server(port: int, batch: int, out: Path) -> float:
-    args = [str(TOOLS / "perf_analyzer"), "-m", "mlp", "-u", f"127.0.0.1:{port}", "-i", "http", "-b", str(batch),
-            "--concurrency-range", "1", "-p", "3000", "-s", "20", "--max-trials", "20", "-f", str(out)]
-    proc = subprocess.run(args, capture_output=True, text=True)
-    if proc.returncode:
-        raise SystemExit(proc.stdout + proc.stderr)
-    return float(next(csv.DictReader(out.open()))["Inferences/Second"]) / batch  # requests/s
+    return perf(port, 1, 3000, out, model="mlp", extra=("-b", str(batch)))["rps"] / batch  # requests/s
 
 
 def main() -> int:

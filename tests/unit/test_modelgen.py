@@ -123,6 +123,69 @@ def test_onnx_mlp_variants(tmp_path: Path) -> None:
     assert not _config(static).HasField("dynamic_batching")
 
 
+def test_onnx_mlp_batching_options(tmp_path: Path) -> None:
+    pytest.importorskip("onnx")
+    model_dir = modelgen.onnx_mlp(tmp_path, "tuned", dims=(4, 2), max_batch_size=16, max_queue_delay_us=1000,
+                                  preferred_batch_size=(8, 16), count=2)
+    cfg = _config(model_dir)
+    assert cfg.HasField("dynamic_batching")
+    assert cfg.dynamic_batching.max_queue_delay_microseconds == 1000
+    assert list(cfg.dynamic_batching.preferred_batch_size) == [8, 16]
+    assert [(g.count, g.kind) for g in cfg.instance_group] == [(2, mc.ModelInstanceGroup.KIND_CPU)]
+
+    # the config alone, next to a model file made elsewhere (the benchmark links one cached file)
+    model = (model_dir / "1" / "model.onnx").read_bytes()
+    other = tmp_path / "plain"
+    (other / "1").mkdir(parents=True)
+    (other / "1" / "model.onnx").write_bytes(model)
+    assert modelgen.onnx_mlp_config(other, (4, 2), 16, dynamic_batching=False) == other
+    cfg = _config(other)
+    assert cfg.name == "plain" and cfg.max_batch_size == 16 and not cfg.HasField("dynamic_batching")
+    assert [(i.name, list(i.dims)) for i in cfg.input] == [("INPUT0", [4])]
+
+
+@pytest.mark.parametrize("batching", [False, True])
+def test_python_identity(tmp_path: Path, batching: bool) -> None:
+    import importlib.util
+    import time
+
+    from triton_actor.backends.python import triton_python_backend_utils as pb_utils
+
+    model_dir = modelgen.python_identity(tmp_path, "ident", delay_ms=20, dims=(3,), count=2, max_batch_size=8,
+                                         dynamic_batching=batching, max_queue_delay_us=500)
+    cfg = _config(model_dir)
+    assert cfg.backend == "python" and cfg.max_batch_size == 8
+    assert [(i.name, list(i.dims)) for i in cfg.input] == [("INPUT0", [3])]
+    assert [(o.name, list(o.dims)) for o in cfg.output] == [("OUTPUT0", [3])]
+    assert [g.count for g in cfg.instance_group] == [2]
+    assert cfg.parameters["execute_delay_ms"].string_value == "20"
+    assert cfg.HasField("dynamic_batching") is batching
+    if batching:
+        assert cfg.dynamic_batching.max_queue_delay_microseconds == 500
+
+    spec = importlib.util.spec_from_file_location("ident_model", model_dir / "1" / "model.py")
+    module = importlib.util.module_from_spec(spec)
+    saved = sys.modules.get("triton_python_backend_utils")
+    sys.modules["triton_python_backend_utils"] = pb_utils
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        if saved is None:
+            del sys.modules["triton_python_backend_utils"]
+        else:
+            sys.modules["triton_python_backend_utils"] = saved
+    model = module.TritonPythonModel()
+    model.initialize({"model_config": '{"parameters": {"execute_delay_ms": {"string_value": "20"}}}'})
+    xs = [np.arange(3, dtype=np.float32) + k for k in range(3)]
+    start = time.perf_counter()
+    responses = model.execute([pb_utils.InferenceRequest(inputs=[pb_utils.Tensor("INPUT0", x)]) for x in xs])
+    assert time.perf_counter() - start >= 0.019, "one sleep per execute, whatever the batch"
+    for x, response in zip(xs, responses, strict=True):
+        (out,) = response.output_tensors()
+        assert out.name() == "OUTPUT0"
+        np.testing.assert_array_equal(out.as_numpy(), x)
+
+
 def test_classifier(onnx_repo: Path) -> None:
     model_dir = onnx_repo / "image_classifier_onnx"
     labels = (model_dir / "labels.txt").read_text(encoding="utf-8").splitlines()
