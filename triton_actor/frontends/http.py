@@ -21,7 +21,7 @@ from werkzeug.exceptions import HTTPException
 
 from ..dataplane import DataPlane
 from ..errors import TritonError
-from ..protocol import v2_http
+from ..protocol import repository_http, v2_http
 from .status import HTTP_STATUS, status_line
 
 log = logging.getLogger(__name__)
@@ -262,13 +262,16 @@ def create_app(plane: DataPlane, frontend: HttpFrontend) -> Flask:
         # POST never gets here (the raw WSGI path serves it); the route makes other methods a 405.
         raise TritonError.internal("the /infer route is served by the raw WSGI path")
 
+    def body() -> bytes:
+        return frontend.decompress(frontend.read_wsgi_body(request.environ), request.headers.get("Content-Encoding"))
+
     @app.post("/v2/repository/index")
     def repository_index() -> Response:
-        body = frontend.decompress(frontend.read_wsgi_body(request.environ), request.headers.get("Content-Encoding"))
+        raw = body()
         ready = False
-        if body.strip():
+        if raw.strip():
             try:
-                data = orjson.loads(body)
+                data = orjson.loads(raw)
             except orjson.JSONDecodeError as e:
                 raise TritonError.invalid_arg(f"failed to parse the request JSON buffer: {e}") from None
             ready = data.get("ready", False) if isinstance(data, dict) else None
@@ -278,12 +281,12 @@ def create_app(plane: DataPlane, frontend: HttpFrontend) -> Flask:
 
     @app.post("/v2/repository/models/<model>/load")
     def repository_load(model: str) -> Response:
-        plane.load_model(model, {})
-        return _json({})
+        plane.load_model(model, repository_http.decode_load(body()))
+        return Response(b"", status=200, content_type=_JSON)  # Triton: 200, empty body
 
     @app.post("/v2/repository/models/<model>/unload")
     def repository_unload(model: str) -> Response:
-        plane.unload_model(model, False)
-        return _json({})
+        plane.unload_model(model, repository_http.decode_unload(body()))
+        return Response(b"", status=200, content_type=_JSON)
 
     return app
