@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import gevent
 import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
@@ -185,3 +186,37 @@ def test_malformed_load_body_is_triton_500(tmp_path: Path, start_server) -> None
     server = start_server(tmp_path, flags=EXPLICIT)
     status, _, data = _post(server, "/v2/repository/models/m/load", b'{"parameters":')
     assert status == 500 and json.loads(data)["error"].startswith("failed to parse the request JSON buffer")
+
+
+GATED_PY = """
+import os
+import time
+
+class TritonPythonModel:
+    def initialize(self, args):
+        while not os.path.exists(os.path.join(args["model_repository"], "release")):
+            time.sleep(0.02)
+
+    def execute(self, requests):
+        return []
+"""
+
+
+def test_readiness_while_loading(tmp_path: Path, start_server) -> None:
+    """Strict readiness (spec surprise #15): not ready while a model loads; ready again once it is READY."""
+    add_tagged(tmp_path, "a")
+    gated = add_model(tmp_path, "gated", IDENTITY_CONFIG, GATED_PY)
+    server = start_server(tmp_path, flags=(*EXPLICIT, "--load-model=a"))
+    client = httpclient.InferenceServerClient(server.url)
+    relaxed = start_server(tmp_path, flags=(*EXPLICIT, "--load-model=a", "--strict-readiness=false"))
+    relaxed_client = httpclient.InferenceServerClient(relaxed.url)
+    assert client.is_server_ready()
+    loads = [gevent.spawn(httpclient.InferenceServerClient(s.url).load_model, "gated") for s in (server, relaxed)]
+    for c in (client, relaxed_client):
+        wait_for(lambda c=c: index(c).get(("gated", "1"), {}).get("state") == "LOADING", what="gated loading")
+    assert not client.is_server_ready()
+    assert relaxed_client.is_server_ready()
+    assert ask(client, "a") == 100  # other models serve meanwhile
+    (gated / "release").write_text("")
+    gevent.joinall(loads, timeout=30, raise_error=True)
+    assert client.is_server_ready() and client.is_model_ready("gated")

@@ -22,8 +22,8 @@ FILE_PREFIX = "file:"
 
 def parse_config(model: str, text: str) -> ModelConfig:
     """The ``config`` parameter: ModelConfig JSON with proto field names; anything else is INVALID_ARG."""
-    if not isinstance(text, str) or not text.strip():
-        raise TritonError.invalid_arg(f"failed to load '{model}': the 'config' parameter must be a non-empty JSON string")
+    if not isinstance(text, str) or not text.strip().startswith("{"):
+        raise TritonError.invalid_arg(f"failed to load '{model}': the 'config' parameter must be a JSON object")
     cfg = config_mod.parse_json(text, model)
     if cfg.name and cfg.name != model:
         raise TritonError.invalid_arg(
