@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -220,3 +221,65 @@ def test_readiness_while_loading(tmp_path: Path, start_server) -> None:
     (gated / "release").write_text("")
     gevent.joinall(loads, timeout=30, raise_error=True)
     assert client.is_server_ready() and client.is_model_ready("gated")
+
+
+COUNTING_PY = """
+import os
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.log = os.path.join(args["model_repository"], "executions")
+
+    def execute(self, requests):
+        with open(self.log, "a") as f:
+            f.write("%d\\n" % pb_utils.get_input_tensor_by_name(requests[0], "INPUT0").as_numpy().size)
+        if os.path.exists(os.path.join(os.path.dirname(self.log), "fail")):
+            raise ValueError("warmup refused on purpose")
+        x = pb_utils.get_input_tensor_by_name(requests[0], "INPUT0").as_numpy()
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)]) for _ in requests]
+"""
+WARMUP_CONFIG = IDENTITY_CONFIG + """
+instance_group [ { count: 2, kind: KIND_CPU } ]
+model_warmup [ { name: "zeros", batch_size: 1, count: 3,
+                 inputs { key: "INPUT0" value: { data_type: TYPE_FP32, dims: [ 5 ], zero_data: true } } } ]
+"""
+
+
+def test_model_warmup_runs_before_ready(tmp_path: Path, start_server) -> None:
+    model_dir = add_model(tmp_path, "warm", WARMUP_CONFIG, COUNTING_PY)
+    server = start_server(tmp_path, flags=(*EXPLICIT, "--load-model=warm"))
+    assert (model_dir / "executions").read_text().split() == ["5"] * 6  # 3 runs on each of 2 instances
+    (model_dir / "fail").write_text("")
+    (model_dir / "1" / "model.py").write_text(COUNTING_PY + "\n# edited\n")
+    e = _error(httpclient.InferenceServerClient(server.url).load_model, "warm")
+    assert e.status() == "400" and "warmup sample 'zeros' failed" in e.message()
+    assert "warmup refused on purpose" in e.message()
+
+
+SLOW_INIT_PY = """
+import os
+import time
+
+class TritonPythonModel:
+    def initialize(self, args):
+        with open(os.path.join(os.path.dirname(args["model_repository"]), "spans"), "a") as f:
+            start = time.time()
+            time.sleep(0.6)
+            f.write("%f %f\\n" % (start, time.time()))
+
+    def execute(self, requests):
+        return []
+"""
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_model_load_thread_count_bounds_parallel_loads(tmp_path: Path, start_server, threads: int) -> None:
+    repo = tmp_path / "repo"
+    for name in ("s1", "s2", "s3"):
+        add_model(repo, name, IDENTITY_CONFIG, SLOW_INIT_PY)
+    start_server(repo, flags=(f"--model-load-thread-count={threads}",))
+    spans = sorted(tuple(map(float, line.split())) for line in (repo / "spans").read_text().splitlines())
+    overlapping = any(b[0] < a[1] for a, b in itertools.pairwise(spans))
+    assert overlapping == (threads > 1), spans

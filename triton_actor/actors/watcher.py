@@ -50,6 +50,7 @@ class Watcher:
 
             emitter = InotifyEmitter(_Sink(self._signal), ObservedWatch(path, recursive=True), timeout=_WAIT_S)
             emitter.on_thread_start()
+            self._signal.send()  # a rescan now catches what changed before the watch existed
         except Exception as e:  # noqa: BLE001 - no inotify here: the periodic rescan still works
             log.warning("not watching %s for changes (%r); relying on --repository-poll-secs", path, e)
             return
