@@ -125,7 +125,7 @@ class ModelActor(Actor):
         stamp = snapshot.take(msg.model_dir)
         serving = {v: rec for v, rec in self._versions.items() if rec.state == READY}
         unchanged = msg.config is None and self._source == (msg.model_dir, stamp)
-        if unchanged and serving and len(serving) == len(self._versions):
+        if unchanged and serving and all(r.state == READY or r.reason == "unloaded" for r in self._versions.values()):
             return  # Triton: loading an unchanged, loaded model is a no-op (spec surprise #9)
         try:
             plan = self._prepare(msg.model_dir, msg.config, stamp)
@@ -191,6 +191,13 @@ class ModelActor(Actor):
                 if whole or v not in serving or serving[v].files != plan.stamp.part(path.name)]
         dropped = [v for v in serving if v not in plan.selected]
         added = [v for v in todo if v not in serving]
+        if not todo and not dropped:  # e.g. a version_policy edit that selects the same versions
+            self._config = plan.config
+            self._loaded_from(plan, msg)
+            for rec in serving.values():
+                rec.reason = ""
+            self._publish_now()
+            return
         for v in added:
             self._versions[v] = Version(v, LOADING)  # visible while loading, as in Triton
         if added:

@@ -4,16 +4,15 @@ Messages: :class:`LoadAll` (ask, at startup: what the mode loads; answered with 
 with model → error once every load finished), :class:`LoadModel` / :class:`UnloadModel` (asks, the load
 API; only in EXPLICIT mode), :class:`Rescan` (tell: POLL reconciliation), :class:`ModelChanged` (event
 from a model actor carrying its new handle), :class:`Index` (ask), :class:`UnloadAll` (ask).
-State owned: repository paths, control mode, model actors, the POLL bookkeeping (the stamp each model
-was last loaded from, and changes still settling), and the routing table ``routes`` (name →
+State owned: repository paths, control mode, model actors, the POLL bookkeeping
+(:class:`~..repository.reconcile.Reconciler`), and the routing table ``routes`` (name →
 :class:`ModelHandle`), an immutable mapping replaced on every change, so front ends read it with no
 round trip. Failure: a model that fails to load is UNAVAILABLE with its reason in the index (or keeps
 serving its previous version); the others serve.
 
-POLL is reconciliation (spec §5.1, design "Lifecycle"): each rescan compares the models on disk with
-what was loaded; a model whose files changed is (re)loaded once its directory has stopped changing
-for ``SETTLE_S``; a model whose directory is gone is unloaded; a failed load is retried as soon as its
-files change (server#6534). The periodic rescan is the ground truth; :mod:`.watcher` only nudges.
+POLL is reconciliation (spec §5.1, design "Lifecycle"): each rescan (every ``--repository-poll-secs``,
+sooner when :mod:`.watcher` nudges) feeds the stamps on disk to the reconciler and carries out the
+loads and unloads it answers; a change is loaded once the folder was quiet for ``SETTLE_S``.
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ import gevent.lock
 from ..backends.base import Backend
 from ..errors import TritonError
 from ..repository import layout, overrides, snapshot
+from ..repository.reconcile import Reconciler
 from .handles import READY, ModelHandle
 from .kernel import Actor, Reply
 from .model import Load, LoadSettings, ModelActor, Unload
@@ -102,8 +102,7 @@ class RepositoryActor(Actor):
         self._settings = settings
         self._gate = gevent.lock.Semaphore(max(1, load_threads))
         self._models: dict[str, ModelActor] = {}
-        self._applied: dict[str, snapshot.Stamp] = {}  # POLL: the stamp each model was last loaded from
-        self._settling: dict[str, tuple[snapshot.Stamp, float]] = {}  # POLL: changed stamp, first seen
+        self._poll = Reconciler(SETTLE_S)  # POLL: what was loaded from which files, what is settling
         self._rescan_due: gevent.Greenlet | None = None
         self._timer: gevent.Greenlet | None = None
         self._watcher: Watcher | None = None
@@ -138,7 +137,7 @@ class RepositoryActor(Actor):
                 failures[name] = e.message
                 continue
             if self.control_mode == POLL:
-                self._applied[name] = snapshot.take(model_dir)
+                self._poll.loaded(name, snapshot.take(model_dir))
             pending[name] = self._actor_for(name).ref.ask_async(Load(model_dir))
         reply: Reply[dict[str, str]] = Reply()
         gevent.spawn(self._await_loads, pending, failures, reply)
@@ -219,31 +218,15 @@ class RepositoryActor(Actor):
 
     def on_Rescan(self, _msg: Rescan) -> None:
         found = layout.list_models(self.repositories)
-        now = time.monotonic()
-        settling = False
-        for name, dirs in found.items():
-            if len(dirs) > 1:
-                continue
-            stamp = snapshot.take(dirs[0])
-            if self._applied.get(name) == stamp:
-                self._settling.pop(name, None)
-                continue
-            seen = self._settling.get(name)
-            if seen is None or seen[0] != stamp or now - seen[1] < SETTLE_S:
-                if seen is None or seen[0] != stamp:
-                    self._settling[name] = (stamp, now)
-                settling = True
-                continue
-            del self._settling[name]
-            self._applied[name] = stamp  # a failed load is retried when the files change again
+        unique = {name: dirs[0] for name, dirs in found.items() if len(dirs) == 1}
+        actions = self._poll.step({name: snapshot.take(d) for name, d in unique.items()}, time.monotonic())
+        for name in actions.load:
             log.info("poll: loading '%s' (files changed)", name)
-            self._actor_for(name).ref.ask_async(Load(dirs[0])).link(self._log_poll_failure(name))
-        for name in [n for n in self._applied if n not in found]:
-            del self._applied[name]
-            self._settling.pop(name, None)
+            self._actor_for(name).ref.ask_async(Load(unique[name])).link(self._log_poll_failure(name))
+        for name in actions.unload:
             log.info("poll: unloading '%s' (its folder is gone)", name)
             self._unload(name, self._models[name])
-        if settling and (self._rescan_due is None or self._rescan_due.dead):
+        if actions.settling and (self._rescan_due is None or self._rescan_due.dead):
             self._rescan_due = gevent.spawn_later(SETTLE_S, self._tell_rescan)
 
     @staticmethod
