@@ -130,7 +130,7 @@ class DataPlane:
         ignored. Returns once the load finished; raises its error (spec surprise #9)."""
         config = parameters.get("config")
         if config is not None and not isinstance(config, str):
-            raise TritonError.invalid_arg(f"failed to load '{name}': the 'config' parameter must be a JSON string")
+            raise TritonError.internal(f"failed to load '{name}': the 'config' parameter must be a JSON string")
         files = {k: v for k, v in parameters.items() if k.startswith(FILE_PREFIX)}
         for key, value in files.items():
             if not isinstance(value, bytes):

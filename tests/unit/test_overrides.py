@@ -58,10 +58,12 @@ def test_http_load_and_unload_bodies() -> None:
     with pytest.raises(TritonError) as e:
         repository_http.decode_load(b'{"parameters":')
     assert e.value.code == Code.INTERNAL  # Triton answers 500 here
-    for bad in (b'{"parameters": []}', b'{"parameters": {"config": 1}}', b'{"parameters": {"file:1/a": "%%"}}'):
+    for bad, code in ((b'{"parameters": []}', Code.INTERNAL), (b'{"parameters": {"config": 1}}', Code.INTERNAL),
+                      (b'{"parameters": {"file:1/a": "%%"}}', Code.INVALID_ARG)):
         with pytest.raises(TritonError) as e:
             repository_http.decode_load(bad)
-        assert e.value.code == Code.INVALID_ARG
+        assert e.value.code == code
+    assert repository_http.decode_unload(b'{"parameters":{"unload_dependents":"yes"}}') is False  # as Triton
 
 
 def test_stamps_see_added_removed_resized_and_touched_files(tmp_path: Path) -> None:

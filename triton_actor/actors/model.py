@@ -212,7 +212,8 @@ class ModelActor(Actor):
             self._update_failed(serving, _failure_text(self.model, started))
             _raise_failures(self.model, started)
         replaced = [serving[v] for v in todo if v in serving] + [serving[v] for v in dropped]
-        self._versions = {v: rec for v, rec in self._versions.items() if rec.state == READY and v not in dropped}
+        self._versions = {v: rec for v, rec in self._versions.items()  # Triton keeps listing unloaded versions
+                          if (rec.state == READY or rec.reason == "unloaded") and v not in dropped}
         self._versions.update(started)
         for rec in self._versions.values():
             rec.reason = ""

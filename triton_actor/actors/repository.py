@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 NONE, POLL, EXPLICIT = "none", "poll", "explicit"
 SETTLE_S = 1.0  # a changed model directory must stay unchanged this long before POLL loads it
 _REFUSED = "explicit model load / unload is not allowed if polling is enabled"  # same text in NONE mode (spec #3)
+_INVALID_NAME = "a model name is one folder name inside a model repository (no '/', no '..', not hidden)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,38 +158,45 @@ class RepositoryActor(Actor):
 
     # -- the load API (EXPLICIT) ------------------------------------------------------------------
     def on_LoadModel(self, msg: LoadModel) -> Reply[None]:
-        """Answered at once with a Reply that completes when the model actor finished the load."""
-        self._check_explicit(msg.name)
+        """Answered at once with a Reply that completes when the model actor finished the load.
+
+        What fails before a load starts (unknown or invalid name, bad overrides) is Triton's 500
+        ``failed to load 'm', failed to poll from model repository``, with the reason appended (Triton
+        only logs it; scripts/triton_reference/NOTES.md, pass 4)."""
+        if self.control_mode != EXPLICIT:
+            raise TritonError.unavailable(_REFUSED)
+        try:
+            load = self._load_request(msg)
+        except TritonError as e:
+            reason = "" if e.message == _poll_failed(msg.name) else f": {e.message}"
+            raise TritonError.internal(_poll_failed(msg.name) + reason) from None
+        return self._actor_for(msg.name).ref.ask_async(load)
+
+    def _load_request(self, msg: LoadModel) -> Load:
+        if not layout.is_valid_model_name(msg.name):
+            raise TritonError.invalid_arg(_INVALID_NAME)
         model_dir = self._model_dir(msg.name, layout.list_models(self.repositories))
         override = None if msg.config is None else overrides.parse_config(msg.name, msg.config)
         if msg.files and override is None:
-            raise TritonError.invalid_arg(
-                f"failed to load '{msg.name}': file overrides need a 'config' parameter as well")
+            raise TritonError.invalid_arg("file overrides need a 'config' parameter as well")
         if msg.files:
-            return self._actor_for(msg.name).ref.ask_async(
-                Load(overrides.materialize(msg.name, msg.files), override, owned=True))
-        return self._actor_for(msg.name).ref.ask_async(Load(model_dir, override))
+            return Load(overrides.materialize(msg.name, msg.files), override, owned=True)
+        return Load(model_dir, override)
 
     def on_UnloadModel(self, msg: UnloadModel) -> None:
         """Returns before the model is gone (Triton: unload is asynchronous, spec surprise #9); an
-        unknown model is not an error. No ensembles yet, so ``unload_dependents`` has nothing to add."""
-        self._check_explicit(msg.name)
+        unknown model (or a name that cannot be one) is not an error. No ensembles yet, so
+        ``unload_dependents`` has nothing to add."""
+        if self.control_mode != EXPLICIT:
+            raise TritonError.unavailable(_REFUSED)
         actor = self._models.get(msg.name)
         if actor is not None:
             self._unload(msg.name, actor)
 
-    def _check_explicit(self, name: str) -> None:
-        if self.control_mode != EXPLICIT:
-            raise TritonError.unavailable(_REFUSED)
-        if not layout.is_valid_model_name(name):
-            raise TritonError.invalid_arg(
-                f"invalid model name '{name}': a model name is one folder name inside a model repository "
-                "(no '/', no '..', not absolute, not hidden)")
-
     def _model_dir(self, name: str, found: dict[str, list[Path]]) -> Path:
         dirs = found.get(name) if layout.is_valid_model_name(name) else None
         if not dirs:
-            raise TritonError.internal(f"failed to load '{name}', failed to poll from model repository")
+            raise TritonError.internal(_poll_failed(name))
         if len(dirs) > 1:
             self._set_route(ModelHandle(name, None, {}, ()))
             raise TritonError.invalid_arg(
@@ -327,3 +335,7 @@ class RepositoryActor(Actor):
                 if vh.state != READY and vh.reason != "unloaded":
                     return False
         return True
+
+
+def _poll_failed(name: str) -> str:
+    return f"failed to load '{name}', failed to poll from model repository"

@@ -25,11 +25,12 @@ def _parameters(body: bytes) -> dict[str, Any]:
     except orjson.JSONDecodeError as e:
         # Triton answers a malformed load/unload body with 500 (scripts/triton_reference/NOTES.md)
         raise TritonError.internal(f"failed to parse the request JSON buffer: {e}") from None
+    # Triton answers these with 500 and rapidjson's words; ours say what was expected
     if not isinstance(data, dict):
-        raise TritonError.invalid_arg("the request body must be a JSON object")
+        raise TritonError.internal("attempt to get members for non-object: the request body must be a JSON object")
     params = data.get("parameters", {})
     if not isinstance(params, dict):
-        raise TritonError.invalid_arg("'parameters' must be a JSON object")
+        raise TritonError.internal("attempt to get members for non-object: 'parameters' must be a JSON object")
     return params
 
 
@@ -39,7 +40,8 @@ def decode_load(body: bytes) -> dict[str, Any]:
     for key, value in _parameters(body).items():
         if key == "config":
             if not isinstance(value, str):
-                raise TritonError.invalid_arg("the 'config' parameter must be a string holding the ModelConfig JSON")
+                raise TritonError.internal("attempt to access JSON non-string as string: the 'config' parameter "
+                                           "must be a string holding the ModelConfig JSON")
             out[key] = value
         elif key.startswith(FILE_PREFIX):
             if not isinstance(value, str):
@@ -54,8 +56,6 @@ def decode_load(body: bytes) -> dict[str, Any]:
 
 
 def decode_unload(body: bytes) -> bool:
-    """→ ``unload_dependents``."""
+    """→ ``unload_dependents``; a value that is not a bool counts as false, as in Triton."""
     value = _parameters(body).get("unload_dependents", False)
-    if not isinstance(value, bool):
-        raise TritonError.invalid_arg("'unload_dependents' must be a boolean")
-    return value
+    return value if isinstance(value, bool) else False

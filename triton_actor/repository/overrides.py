@@ -23,11 +23,11 @@ FILE_PREFIX = "file:"
 def parse_config(model: str, text: str) -> ModelConfig:
     """The ``config`` parameter: ModelConfig JSON with proto field names; anything else is INVALID_ARG."""
     if not isinstance(text, str) or not text.strip().startswith("{"):
-        raise TritonError.invalid_arg(f"failed to load '{model}': the 'config' parameter must be a JSON object")
+        raise TritonError.invalid_arg("the 'config' parameter must be a JSON object")
     cfg = config_mod.parse_json(text, model)
     if cfg.name and cfg.name != model:
         raise TritonError.invalid_arg(
-            f"failed to load '{model}': the config override names model '{cfg.name}', expected '{model}'")
+            f"the config override names model '{cfg.name}', expected '{model}'")
     return cfg
 
 
@@ -39,8 +39,8 @@ def check_path(model: str, key: str) -> PurePosixPath:
            or any(part in ("", ".", "..") for part in rel.split("/")))
     if bad:
         raise TritonError.invalid_arg(
-            f"failed to load '{model}': invalid file override '{key}': the path must be relative to the model "
-            "directory, without '..' or empty parts")
+            f"invalid file override '{key}': the path must be relative to the model directory, without '..' "
+            "or empty parts")
     return path
 
 
@@ -53,13 +53,13 @@ def materialize(model: str, files: dict[str, bytes]) -> Path:
             target = root.joinpath(*rel.parts)
             target.parent.mkdir(parents=True, exist_ok=True)
             if not _inside(root, target):
-                raise TritonError.invalid_arg(f"failed to load '{model}': file override '{key}' leaves the model directory")
+                raise TritonError.invalid_arg(f"file override '{key}' leaves the model directory")
             fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             with os.fdopen(fd, "wb") as f:
                 f.write(files[key])
     except OSError as e:
         shutil.rmtree(root, ignore_errors=True)
-        raise TritonError.invalid_arg(f"failed to load '{model}': cannot write file override: {e}") from None
+        raise TritonError.invalid_arg(f"cannot write file override: {e}") from None
     except BaseException:
         shutil.rmtree(root, ignore_errors=True)
         raise
