@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import gevent
+import gevent.event
 import numpy as np
 import tritonclient.http as httpclient
 
@@ -59,3 +60,36 @@ def wait_for(condition: Callable[[], bool], timeout: float = 30.0, what: str = "
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         gevent.sleep(0.02)
     return time.monotonic() - start
+
+
+class Hammer:
+    """``clients`` greenlets, each with its own client, asking ``model`` back to back until :meth:`stop`."""
+
+    def __init__(self, url: str, model: str, clients: int = 4) -> None:
+        self.answers: list[tuple[float, float]] = []  # (monotonic time answered, tag)
+        self.failures: list[str] = []
+        self._stop = gevent.event.Event()
+        self._greenlets = [gevent.spawn(self._run, url, model) for _ in range(clients)]
+
+    def _run(self, url: str, model: str) -> None:
+        client = httpclient.InferenceServerClient(url)
+        while not self._stop.is_set():
+            try:
+                tag = ask(client, model)
+            except Exception as e:
+                self.failures.append(repr(e))
+            else:
+                self.answers.append((time.monotonic(), tag))
+        client.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        gevent.joinall(self._greenlets, timeout=30)
+
+    @property
+    def clients(self) -> int:
+        return len(self._greenlets)
+
+    @property
+    def sent(self) -> int:
+        return len(self.answers) + len(self.failures)

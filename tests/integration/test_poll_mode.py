@@ -12,7 +12,7 @@ import gevent.event
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from .model_control import add_tagged, ask, index, tagged, wait_for
+from .model_control import Hammer, add_tagged, ask, index, tagged, wait_for
 from .server import IDENTITY_CONFIG
 from .test_lifecycle import BAD_INIT_PY
 
@@ -92,38 +92,23 @@ def test_reload_under_load(tmp_path: Path, start_server) -> None:
     (staging / "2").mkdir(parents=True)
     (staging / "2" / "model.py").write_text(tagged(2))
     server = start_server(repo, flags=POLL)
-    answers: list[tuple[float, float]] = []  # (monotonic time answered, tag)
-    failures: list[str] = []
-    stop = gevent.event.Event()
-
-    def hammer() -> None:
-        client = httpclient.InferenceServerClient(server.url)
-        while not stop.is_set():
-            try:
-                tag = ask(client, "m")
-            except Exception as e:
-                failures.append(repr(e))
-            else:
-                answers.append((time.monotonic(), tag))
-        client.close()
-
-    clients = [gevent.spawn(hammer) for _ in range(4)]
+    load = Hammer(server.url, "m")
     gevent.sleep(1.5)
     shutil.copytree(staging / "2", model_dir / "2")
     shutil.rmtree(model_dir / "1")
     landed = time.monotonic()
-    wait_for(lambda: any(tag == 202 for _, tag in answers[-50:]), WITHIN, "version 2 to answer")
+    wait_for(lambda: any(tag == 202 for _, tag in load.answers[-50:]), WITHIN, "version 2 to answer")
     gevent.sleep(1.5)  # keep the load on while version 1 drains and unloads
-    stop.set()
-    gevent.joinall(clients, timeout=30)
+    load.stop()
+    answers, failures = load.answers, load.failures
     first_new = min(t for t, tag in answers if tag == 202)
     last_old = max((t for t, tag in answers if tag == 101), default=landed)
-    print(f"\nRELOAD-UNDER-LOAD sent={len(answers) + len(failures)} failed={len(failures)} "
+    print(f"\nRELOAD-UNDER-LOAD sent={load.sent} failed={len(failures)} "
           f"first_v2_after={first_new - landed:.3f}s last_v1_after={last_old - landed:.3f}s")
     assert not failures, failures[:5]
     assert {tag for _, tag in answers} == {101, 202}
     # after the swap only requests already in flight (at most one per client) finish on version 1
-    assert sum(1 for t, tag in answers if tag == 101 and t > first_new) <= len(clients)
+    assert sum(1 for t, tag in answers if tag == 101 and t > first_new) <= load.clients
     client = httpclient.InferenceServerClient(server.url)
     wait_for(lambda: index(client)[("m", "1")].get("reason") == "unloaded", WITHIN, "version 1 to be unloaded")
 
@@ -136,3 +121,21 @@ def test_the_watcher_alone_notices_changes(tmp_path: Path, start_server) -> None
     add_tagged(tmp_path, "b", edition=2)
     took = wait_for(lambda: _answers(client, "b", 102), WITHIN, "the watcher to bring model b in")
     assert took < 5.0
+
+
+def test_broken_updates_under_load_keep_the_old_version_serving(tmp_path: Path, start_server) -> None:
+    model_dir = add_tagged(tmp_path, "m", edition=1)
+    server = start_server(tmp_path, flags=POLL)
+    client = httpclient.InferenceServerClient(server.url)
+    load = Hammer(server.url, "m")
+    (model_dir / "2").mkdir()
+    (model_dir / "2" / "model.py").write_text(BAD_INIT_PY)  # a new version whose initialize raises
+    wait_for(lambda: "initialize failed on purpose" in index(client)[("m", "1")].get("reason", ""), WITHIN,
+             "the failed update to show in the index")
+    assert ("m", "2") not in index(client)
+    (model_dir / "config.pbtxt").write_text("max_batch_size: [ nonsense")  # then a config that does not parse
+    wait_for(lambda: "config.pbtxt" in index(client)[("m", "1")].get("reason", ""), WITHIN, "the bad config")
+    load.stop()
+    assert load.sent > 0 and not load.failures, load.failures[:5]
+    assert {tag for _, tag in load.answers} == {101}
+    assert index(client)[("m", "1")]["state"] == "READY" and client.is_server_ready()
