@@ -146,3 +146,26 @@ def test_unload_drains_then_reports_unloaded(tmp_path: Path, model) -> None:
     actor.ref.ask(Unload(), timeout=10)
     assert _tag(in_flight) == 101
     assert published[-1].versions[1].state == "UNAVAILABLE" and published[-1].versions[1].reason == "unloaded"
+
+
+def test_override_directories_live_as_long_as_they_serve(tmp_path: Path, model) -> None:
+    actor, _backend, published = model
+    dirs = []
+    for edition in (1, 2):
+        d = tmp_path / f"override{edition}"
+        d.mkdir()
+        (d / "config.pbtxt").write_text(CONFIG)
+        _version(d, 1, edition)
+        dirs.append(d)
+        actor.ref.ask(Load(d, owned=True), timeout=10)
+        assert _tag(_infer(published[-1])) == 100 + edition
+    assert not dirs[0].exists() and dirs[1].exists()  # the replaced one went after the swap
+    broken = tmp_path / "override3"
+    broken.mkdir()
+    (broken / "config.pbtxt").write_text(CONFIG)
+    _version(broken, 1, 3, broken=True)
+    with pytest.raises(TritonError):
+        actor.ref.ask(Load(broken, owned=True), timeout=10)
+    assert not broken.exists() and dirs[1].exists()  # a failed override is removed, the serving one kept
+    actor.ref.ask(Unload(), timeout=10)
+    assert not dirs[1].exists()

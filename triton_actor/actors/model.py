@@ -220,10 +220,10 @@ class ModelActor(Actor):
         for v in dropped:
             self._versions[v] = Version(v, UNLOADING)
         self._config = plan.config
-        self._loaded_from(plan, msg)
         self._publish_now(wait=True)  # the swap: from here on new requests go to the new versions
         for rec in replaced:
             stop_version(rec, self.model)  # in-flight requests finish on the old version first
+        self._loaded_from(plan, msg)  # only now may an old override directory go
         for v in dropped:
             self._versions[v] = Version(v, UNAVAILABLE, "unloaded")
         if dropped:
