@@ -67,6 +67,11 @@ class Rescan:
 
 
 @dataclass(frozen=True, slots=True)
+class _ModelGone:
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
 class _LoadsFinished:
     reply: Reply[dict[str, str]]
     failures: dict[str, str]
@@ -214,10 +219,7 @@ class RepositoryActor(Actor):
             self._rescan_due = gevent.spawn_later(0.05, self._tell_rescan)
 
     def _tell_rescan(self) -> None:
-        try:
-            self.ref.tell(Rescan())
-        except TritonError:
-            pass  # stopped meanwhile
+        self._tell(Rescan())
 
     def _tick(self) -> None:
         while True:
@@ -233,9 +235,27 @@ class RepositoryActor(Actor):
             self._actor_for(name).ref.ask_async(Load(unique[name])).link(self._log_poll_failure(name))
         for name in actions.unload:
             log.info("poll: unloading '%s' (its folder is gone)", name)
-            self._unload(name, self._models[name])
+            self._models[name].ref.ask_async(Unload()).link(lambda _r, name=name: self._tell(_ModelGone(name)))
         if actions.settling and (self._rescan_due is None or self._rescan_due.dead):
             self._rescan_due = gevent.spawn_later(SETTLE_S, self._tell_rescan)
+
+    def on__ModelGone(self, msg: _ModelGone) -> None:
+        """A model whose folder was removed is unloaded: it leaves the index, as in Triton (NOTES.md pass 4),
+        unless its folder came back meanwhile."""
+        if msg.name in self._poll.applied:
+            return
+        actor = self._models.pop(msg.name, None)
+        if actor is not None:
+            actor.stop(timeout=0)
+        routes = dict(self.routes)
+        routes.pop(msg.name, None)
+        self.routes = MappingProxyType(routes)
+
+    def _tell(self, message: object) -> None:
+        try:
+            self.ref.tell(message)
+        except TritonError:
+            pass  # stopped meanwhile
 
     @staticmethod
     def _log_poll_failure(name: str) -> Any:
