@@ -11,7 +11,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from .model_control import add_tagged, ask, index, tagged, wait_for
+from .model_control import Hammer, add_tagged, ask, index, tagged, wait_for
 from .server import IDENTITY_CONFIG, add_model
 from .test_examples import _post
 from .test_lifecycle import BAD_INIT_PY
@@ -288,3 +288,16 @@ def test_model_load_thread_count_bounds_parallel_loads(tmp_path: Path, start_ser
     spans = sorted(tuple(map(float, line.split())) for line in (repo / "spans").read_text().splitlines())
     overlapping = any(b[0] < a[1] for a, b in itertools.pairwise(spans))
     assert overlapping == (threads > 1), spans
+
+
+def test_explicit_reloads_under_load_fail_no_request(tmp_path: Path, start_server) -> None:
+    model_dir = add_tagged(tmp_path, "m", edition=0)
+    server = start_server(tmp_path, flags=(*EXPLICIT, "--load-model=m"))
+    client = httpclient.InferenceServerClient(server.url)
+    load = Hammer(server.url, "m")
+    for edition in range(1, 11):
+        (model_dir / "1" / "model.py").write_text(tagged(edition))
+        client.load_model("m")
+        assert ask(client, "m") == 100 + edition  # load returns after the swap
+    load.stop()
+    assert load.sent > 0 and not load.failures, load.failures[:5]
