@@ -77,3 +77,11 @@ def test_stamps_see_added_removed_resized_and_touched_files(tmp_path: Path) -> N
     assert touched != first
     (tmp_path / "config.pbtxt").write_text("")
     assert snapshot.take(tmp_path).shared({"1"}) == (("config.pbtxt", 0, snapshot.take(tmp_path).files[1][2]),)
+
+
+def test_stamps_survive_a_symlink_cycle(tmp_path: Path) -> None:
+    (tmp_path / "1").mkdir()
+    (tmp_path / "1" / "model.py").write_text("a")
+    (tmp_path / "1" / "loop").symlink_to(tmp_path)
+    files = [f[0] for f in snapshot.take(tmp_path).files]
+    assert files == ["1/model.py"]

@@ -37,7 +37,17 @@ def take(model_dir: Path) -> Stamp:
     """Walk ``model_dir`` (symlinks followed, as the loaders follow them); unreadable entries are skipped."""
     entries: list[FileEntry] = []
     base = str(model_dir)
+    seen: set[tuple[int, int]] = set()  # directories already walked: a symlink cycle must not loop forever
     for root, dirs, files in os.walk(base, followlinks=True):
+        try:
+            st = os.stat(root)
+        except OSError:
+            dirs.clear()
+            continue
+        if (st.st_dev, st.st_ino) in seen:
+            dirs.clear()
+            continue
+        seen.add((st.st_dev, st.st_ino))
         dirs.sort()
         rel_root = os.path.relpath(root, base)
         for name in files:
