@@ -10,8 +10,8 @@ processes; SIGINT/SIGTERM go through ``gevent.signal_handler``.
 
 ``queue`` IS patched: with ``threading`` patched, ``concurrent.futures`` (used by model code) runs
 its workers as greenlets, and an unpatched queue would block the hub. (feasibility's watchdog note
-asks for ``queue=False``; the model-management work will run watchdog's observer on a native
-thread of its own instead.) The thread bridge uses the C ``_queue`` module directly.
+asks for ``queue=False``; POLL mode runs watchdog's inotify emitter, without its Observer, on a
+native thread of its own instead: ``actors/watcher.py``.) The thread bridge uses the C ``_queue`` module directly.
 """
 
 from __future__ import annotations

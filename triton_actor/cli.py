@@ -64,6 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--disable-auto-complete-config", action="store_true")
     _flag(p, "--strict-model-config", False, "deprecated: true disables auto-complete")
     p.add_argument("--model-control-mode", choices=["none", "poll", "explicit"], default="none")
+    p.add_argument("--load-model", action="append", default=[], dest="load_models", metavar="NAME",
+                   help="explicit mode: model to load at startup (repeatable; '*' = all)")
+    p.add_argument("--repository-poll-secs", type=float, default=15.0,
+                   help="poll mode: seconds between repository rescans (0 = no periodic rescan)")
+    p.add_argument("--model-load-thread-count", type=int, default=4, help="models loaded in parallel")
     p.add_argument("--model-config-name", default="")
     p.add_argument("--backend-config", action="append", default=[], metavar="BACKEND,KEY=VALUE")
     _flag(p, "--allow-client-shm", False, "let clients register shared-memory regions for tensors")
@@ -77,8 +82,13 @@ def parse(argv: Sequence[str] | None = None, environ: dict[str, str] | None = No
     repos = args.repos or ([env["TRITON_ACTOR_MODEL_REPOSITORY"]] if env.get("TRITON_ACTOR_MODEL_REPOSITORY") else [])
     if not repos:
         raise SystemExit("error: --model-repository is required")
-    if args.model_control_mode != "none":
-        raise SystemExit(f"error: --model-control-mode={args.model_control_mode} is not supported yet (only 'none')")
+    if "*" in args.load_models and len(args.load_models) > 1:
+        # tritonserver: "Wildcard model name '*' must be the ONLY startup model if specified at all."
+        raise SystemExit("error: --load-model='*' must be the only --load-model if given at all")
+    if args.repository_poll_secs < 0:
+        raise SystemExit("error: --repository-poll-secs must be >= 0")
+    if args.model_load_thread_count < 1:
+        raise SystemExit("error: --model-load-thread-count must be >= 1")
     return Settings(
         model_repositories=tuple(Path(r).resolve() for r in repos),
         server_id=args.id,
@@ -96,6 +106,9 @@ def parse(argv: Sequence[str] | None = None, environ: dict[str, str] | None = No
         exit_timeout_secs=args.exit_timeout_secs,
         auto_complete=not (args.disable_auto_complete_config or args.strict_model_config),
         model_control_mode=args.model_control_mode,
+        load_models=tuple(args.load_models),
+        repository_poll_secs=args.repository_poll_secs,
+        model_load_thread_count=args.model_load_thread_count,
         model_config_name=args.model_config_name,
         backend_config=_backend_config(args.backend_config),
         allow_client_shm=args.allow_client_shm,

@@ -11,14 +11,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from .actors.bridge import ResponseChannel
+from .actors.handles import READY, ModelHandle, VersionHandle
 from .actors.kernel import Reply
-from .actors.model import READY, ModelHandle, VersionHandle
-from .actors.repository import Index, RepositoryActor
+from .actors.repository import Index, LoadModel, RepositoryActor, UnloadModel
 from .errors import TritonError
 from .inference import InferRequest, InferResponse
 from .protocol import payloads
 from .protocol.dtypes import BY_ENUM_VALUE, DType
 from .repository import config as config_mod
+from .repository.overrides import FILE_PREFIX
 from .shared_memory import SharedMemoryRegistry
 
 SERVER_VERSION = "2.51.0"  # the Triton release whose protocol we speak (clients compare versions)
@@ -190,9 +191,18 @@ class DataPlane:
 
     def load_model(self, name: str, parameters: dict[str, Any]) -> None:
         """Repository extension ``load`` (HTTP and gRPC). ``parameters``: ``config`` (JSON text) and
-        ``file:<version>/<name>`` (bytes) overrides, already decoded by the front end."""
-        raise TritonError.unavailable("explicit model load / unload is not allowed if polling is enabled")
+        ``file:<version>/<name>`` (bytes) overrides, already decoded by the front end; other keys are
+        ignored. Returns once the load finished; raises its error (spec surprise #9)."""
+        config = parameters.get("config")
+        if config is not None and not isinstance(config, str):
+            raise TritonError.internal(f"failed to load '{name}': the 'config' parameter must be a JSON string")
+        files = {k: v for k, v in parameters.items() if k.startswith(FILE_PREFIX)}
+        for key, value in files.items():
+            if not isinstance(value, bytes):
+                raise TritonError.invalid_arg(f"failed to load '{name}': file override '{key}' must be bytes")
+        done = self.repository.ref.ask(LoadModel(name, config, files), timeout=60)
+        done.get()
 
     def unload_model(self, name: str, unload_dependents: bool) -> None:
-        """Repository extension ``unload`` (HTTP and gRPC)."""
-        raise TritonError.unavailable("explicit model load / unload is not allowed if polling is enabled")
+        """Repository extension ``unload`` (HTTP and gRPC): returns before the model is gone."""
+        self.repository.ref.ask(UnloadModel(name, unload_dependents), timeout=60)

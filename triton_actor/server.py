@@ -56,7 +56,8 @@ class Server:
         )
         backends = backends or default_backends(settings.backend_config)
         self.repository = RepositoryActor(list(settings.model_repositories), backends, load,
-                                          settings.model_control_mode)
+                                          settings.model_control_mode, settings.load_models,
+                                          settings.repository_poll_secs, settings.model_load_thread_count)
         self.plane = DataPlane(self.repository, settings.server_id, settings.strict_readiness,
                                SharedMemoryRegistry(settings.allow_client_shm, load.gpu_count))
         self.http: HttpServer | None = None

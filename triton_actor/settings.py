@@ -26,6 +26,9 @@ class Settings:
     exit_timeout_secs: float = 30.0
     auto_complete: bool = True
     model_control_mode: str = "none"
+    load_models: tuple[str, ...] = ()  # --load-model (explicit mode); ("*",) = every model
+    repository_poll_secs: float = 15.0  # poll mode; 0 disables the periodic rescan
+    model_load_thread_count: int = 4  # models that load at the same time
     model_config_name: str = ""
     backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
     allow_client_shm: bool = False

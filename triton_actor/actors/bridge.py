@@ -249,3 +249,24 @@ class ResponseChannel:
         if not self._closed:
             self._closed = True
             self._wake.close()
+
+
+class HubSignal:
+    """A thread-safe wake-up: ``send()`` from any thread makes ``callback()`` run in the hub (sends that
+    arrive before the hub gets to it coalesce into one call). Create and close it in the hub thread."""
+
+    def __init__(self, callback: Callable[[], None]) -> None:
+        self._watcher = gevent.get_hub().loop.async_()
+        self._watcher.start(callback)
+
+    def send(self) -> None:
+        self._watcher.send()
+
+    def close(self) -> None:
+        self._watcher.close()
+
+
+def start_native_thread(fn: Callable[..., None], *args: Any) -> None:
+    """Run ``fn(*args)`` on a new native OS thread (not a greenlet, whatever the patching). It must
+    not touch the hub's gevent objects; a :class:`HubSignal` is how it reaches the hub."""
+    _start_native(fn, args)

@@ -1,43 +1,52 @@
-"""ModelActor: the versions of one model, their ready states, and loading / unloading them.
+"""ModelActor: the versions of one model, their ready states, and loading, reloading and unloading them.
 
-Messages: :class:`Load` (ask: read the config, load the versions its policy names; answers when
-every version is READY or failed), :class:`Unload` (ask: drain and finalize every version).
-State owned: the version records (state, reason, scheduler, instances) and the model's config.
-It publishes an immutable :class:`ModelHandle` after every change through ``publish``; the front
-ends route requests through the handle without a round trip to this actor.
-Failure: a version that fails to load is UNAVAILABLE with the reason; the other versions serve.
-Lifecycle operations on one model are serialized by this actor's mailbox.
+Messages: :class:`Load` (ask: read the config, load what its version policy names; answered when the
+load finished or failed), :class:`Unload` (ask: drain and finalize every version).
+State owned: the version records (state, reason, scheduler, instances), the serving config, where it
+was loaded from (directory and :class:`~..repository.snapshot.Stamp`), and a private override
+directory when the load API supplied files. After every change it publishes an immutable
+:class:`ModelHandle`; the front ends route through the handle without a round trip to this actor.
+
+Reload is load-then-swap (spec §5.1, server#2076): the versions that changed are loaded (and warmed
+up) beside the serving ones; only when all of them are READY is the new handle swapped into the
+routing table; then the replaced versions drain (requests in flight finish on them) and unload.
+A failed update changes nothing that serves: the old versions keep serving and carry the failure
+as their ``reason`` in the index. A ``version_policy`` change loads and unloads only the versions it
+adds and removes. Lifecycle operations on one model are serialized by this actor's mailbox; loads of
+different models share the repository's gate (``--model-load-thread-count``).
+Failure: a version that fails its first load is UNAVAILABLE with the reason; the other versions serve.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import time
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import gevent
+import gevent.lock
 
-from ..backends.base import Backend, InstanceContext
+from ..backends.base import Backend
 from ..errors import TritonError
-from ..inference import InferRequest, InferResponse
 from ..repository import config as config_mod
-from ..repository import layout
+from ..repository import layout, snapshot
 from ..repository.config import ModelConfig
-from ..statistics import VersionStats
-from ..validation import RequestValidator
-from .batch_queue import BatchPolicy
 from .bridge import call_in_thread
-from .instance import InstanceActor
+from .handles import LOADING as LOADING
+from .handles import READY as READY
+from .handles import UNAVAILABLE as UNAVAILABLE
+from .handles import UNKNOWN as UNKNOWN
+from .handles import UNLOADING as UNLOADING
+from .handles import ModelHandle as ModelHandle
+from .handles import VersionHandle as VersionHandle
 from .kernel import Actor, Reply
-from .scheduler import Drain, Enqueue, GetStats, SchedulerActor
+from .version import Version, VersionSource, start_version, stop_version
 
 log = logging.getLogger(__name__)
-
-UNKNOWN, LOADING, READY, UNLOADING, UNAVAILABLE = "UNKNOWN", "LOADING", "READY", "UNLOADING", "UNAVAILABLE"
-_KIND_NAMES = {0: "AUTO", 1: "GPU", 2: "CPU", 3: "MODEL"}
+Publish = Callable[[ModelHandle], Reply[None]]  # answered once the routing table holds the handle
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,57 +61,10 @@ class LoadSettings:
 
 
 @dataclass(frozen=True, slots=True)
-class VersionHandle:
-    """One version as the routing table shows it."""
-
-    version: int
-    state: str
-    reason: str = ""
-    scheduler: SchedulerActor | None = None
-    validator: RequestValidator | None = None
-    labels: dict[str, list[str]] = field(default_factory=dict)
-
-    def infer(self, request: InferRequest) -> Reply[InferResponse]:
-        """Validate and queue (caller's greenlet). The reply completes when the model answered."""
-        assert self.validator is not None and self.scheduler is not None
-        batch = self.validator.check(request)
-        reply: Reply[InferResponse] = Reply()
-        self.scheduler.ref.tell(Enqueue(request, batch, reply, time.perf_counter_ns()))
-        return reply
-
-    def statistics(self) -> dict[str, object]:
-        assert self.scheduler is not None
-        return self.scheduler.ref.ask(GetStats(), timeout=30)
-
-
-@dataclass(frozen=True, slots=True)
-class ModelHandle:
-    """Immutable snapshot of one model, swapped in by its actor on every change."""
-
-    name: str
-    config: ModelConfig | None
-    versions: dict[int, VersionHandle]
-    ready_versions: tuple[int, ...]  # ascending
-
-    def resolve(self, version: int) -> VersionHandle:
-        """The version that serves ``version`` (-1: highest READY), with Triton's errors (spec §1.2)."""
-        if version < 0:
-            if not self.ready_versions:
-                raise TritonError.not_found(f"Request for unknown model: '{self.name}' has no available versions")
-            return self.versions[self.ready_versions[-1]]
-        handle = self.versions.get(version)
-        if handle is None:
-            raise TritonError.not_found(f"Request for unknown model: '{self.name}' version {version} is not found")
-        if handle.state != READY:
-            raise TritonError.unavailable(
-                f"Request for unknown model: '{self.name}' version {version} is not at ready state"
-            )
-        return handle
-
-
-@dataclass(frozen=True, slots=True)
 class Load:
     model_dir: Path
+    config: ModelConfig | None = None  # load-API override, used instead of config.pbtxt (always reloads)
+    owned: bool = False  # model_dir is a private temporary directory this actor deletes when done with it
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,66 +72,80 @@ class Unload:
     pass
 
 
-@dataclass(slots=True)
-class _Version:
-    version: int
-    state: str
-    reason: str = ""
-    scheduler: SchedulerActor | None = None
-    instances: list[InstanceActor] = field(default_factory=list)
-    validator: RequestValidator | None = None
-    labels: dict[str, list[str]] = field(default_factory=dict)
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    model_dir: Path
+    stamp: snapshot.Stamp
+    config: ModelConfig
+    backend: Backend
+    selected: dict[int, Path]
 
 
 class ModelActor(Actor):
     """Owns the versions of one model."""
 
-    def __init__(self, name: str, backends: dict[str, Backend], settings: LoadSettings,
-                 publish: Callable[[ModelHandle], None], parent: Actor | None = None) -> None:
+    def __init__(self, name: str, backends: dict[str, Backend], settings: LoadSettings, publish: Publish,
+                 gate: gevent.lock.Semaphore | None = None, parent: Actor | None = None) -> None:
         super().__init__(f"model:{name}", parent)
         self.model = name
         self._backends = backends
         self._settings = settings
         self._publish = publish
+        self._gate = gate or gevent.lock.Semaphore(1)
         self._config: ModelConfig | None = None
-        self._versions: dict[int, _Version] = {}
+        self._versions: dict[int, Version] = {}
+        self._source: tuple[Path, snapshot.Stamp] | None = None  # None: nothing loaded, or an override
+        self._owned_dir: Path | None = None
 
     # -- messages ---------------------------------------------------------------------------------
     def on_Load(self, msg: Load) -> None:
         try:
-            config, backend, selected = self._prepare(msg.model_dir)
-        except TritonError as e:
-            self._fail_all(e.status_text())
-            raise
-        self._config = config
-        for v in selected:
-            self._versions[v] = _Version(v, LOADING)
-        self._publish_now()
-        config_json = json.dumps(config_mod.to_json_dict(config))
-        jobs = [gevent.spawn(self._load_version, msg.model_dir, v, path, config, config_json, backend)
-                for v, path in selected.items()]
-        gevent.joinall(jobs)
-        errors = [str(job.value) for job in jobs if job.value is not None]
-        self._publish_now()
-        if errors:
-            raise TritonError.invalid_arg("; ".join(errors))
+            with self._gate:
+                self._load(msg)
+        finally:
+            if msg.owned and self._owned_dir != msg.model_dir:
+                shutil.rmtree(msg.model_dir, ignore_errors=True)
 
     def on_Unload(self, _msg: Unload) -> None:
+        live = [rec for rec in self._versions.values() if rec.running]
         for rec in self._versions.values():
             if rec.state == READY:
-                rec.state = UNLOADING
-        self._publish_now()
-        for rec in list(self._versions.values()):
-            if rec.scheduler is not None or rec.instances:
-                self._stop_version(rec)
+                rec.state, rec.reason = UNLOADING, ""
+        self._publish_now(wait=True)  # no new request reaches a version once it is UNLOADING
+        for rec in live:
+            stop_version(rec, self.model)
+        for rec in self._versions.values():
             rec.state, rec.reason = UNAVAILABLE, "unloaded"
+        self._source = None
+        self._drop_owned_dir(None)
         self._publish_now()
 
     # -- loading ----------------------------------------------------------------------------------
-    def _prepare(self, model_dir: Path) -> tuple[ModelConfig, Backend, dict[int, Path]]:
+    def _load(self, msg: Load) -> None:
+        stamp = snapshot.take(msg.model_dir)
+        serving = {v: rec for v, rec in self._versions.items() if rec.state == READY}
+        unchanged = msg.config is None and self._source == (msg.model_dir, stamp)
+        if unchanged and serving and all(r.state == READY or r.reason == "unloaded" for r in self._versions.values()):
+            return  # Triton: loading an unchanged, loaded model is a no-op (spec surprise #9)
+        try:
+            plan = self._prepare(msg.model_dir, msg.config, stamp)
+        except TritonError as e:
+            self._update_failed(serving, e.status_text())
+            raise
+        if not serving:
+            self._first_load(plan, msg)
+        else:
+            self._update(plan, msg, serving)
+
+    def _prepare(self, model_dir: Path, override: ModelConfig | None, stamp: snapshot.Stamp) -> _Plan:
         s = self._settings
-        cfg, explicit = config_mod.read(model_dir, self.model, auto_complete=s.auto_complete,
-                                        config_name=s.config_name)
+        if override is None:
+            cfg, explicit = config_mod.read(model_dir, self.model, auto_complete=s.auto_complete,
+                                            config_name=s.config_name)
+        else:
+            cfg = ModelConfig()
+            cfg.CopyFrom(override)
+            explicit = frozenset(f.name for f, _ in cfg.ListFields())
         available = layout.list_versions(model_dir)
         first = available[min(available, key=str)] if available else None
         config_mod.fill_backend_fields(cfg, self.model, first)
@@ -194,105 +170,139 @@ class ModelActor(Actor):
             raise TritonError.invalid_arg(
                 f"at least one version must be available under the version policy of model '{self.model}'"
             )
-        return cfg, backend, {v: available[v] for v in selected}
+        return _Plan(model_dir, stamp, cfg, backend, {v: available[v] for v in selected})
 
-    def _load_version(self, model_dir: Path, version: int, version_dir: Path, config: ModelConfig,
-                      config_json: str, backend: Backend) -> Exception | None:
-        """Runs in a helper greenlet spawned by on_Load; only it touches this version record meanwhile.
-        Returns the load error (None on success) rather than raising: a raise would be a greenlet crash."""
-        rec = self._versions[version]
-        start = time.monotonic()
-        instances: list[InstanceActor] = []
-        try:
-            labels = _read_labels(config, model_dir, self.model)
-            index = 0
-            for group in config.instance_group:
-                devices = list(group.gpus) if group.kind == 1 else [0]
-                for device in devices:
-                    for i in range(group.count):
-                        ctx = InstanceContext(
-                            self.model, version, model_dir, version_dir, config, config_json,
-                            _instance_name(group.name, i, group.count, device, len(devices)),
-                            _KIND_NAMES.get(group.kind, "CPU"), device, index,
-                            self._settings.backend_config.get(config.backend, {}),
-                        )
-                        instances.append(InstanceActor(ctx, backend))
-                        index += 1
-            failures: list[Exception] = []
-            for inst in instances:
-                try:
-                    inst.wait_ready(self._settings.load_timeout_s)
-                except Exception as e:  # noqa: BLE001 - collected, the first one is the version's reason
-                    failures.append(e)
-            if failures:
-                raise failures[0]
-            stats = VersionStats(self.model, version)
-            scheduler = SchedulerActor(f"scheduler:{self.model}:{version}", instances, stats,
-                                       BatchPolicy.from_config(config))
-            scheduler.start()
-        except Exception as e:  # noqa: BLE001 - any load failure becomes the version's reason
-            for inst in instances:
-                inst.close(timeout=10)
-            rec.state, rec.reason = UNAVAILABLE, e.status_text() if isinstance(e, TritonError) else repr(e)
-            log.error("failed to load '%s' version %d: %s", self.model, version, e)
-            return e
-        rec.state, rec.reason = READY, ""
-        rec.scheduler, rec.instances, rec.labels = scheduler, instances, labels
-        rec.validator = RequestValidator(config)
-        log.info("successfully loaded '%s' version %d (%.2f s)", self.model, version, time.monotonic() - start)
-        return None
+    def _first_load(self, plan: _Plan, msg: Load) -> None:
+        """Nothing serves yet: each version becomes READY or UNAVAILABLE on its own."""
+        self._versions = {v: Version(v, LOADING) for v in plan.selected}
+        self._config = plan.config
+        self._publish_now()
+        self._versions.update(self._start(plan, list(plan.selected)))
+        self._loaded_from(plan, msg)
+        self._publish_now()
+        _raise_failures(self.model, self._versions)
 
-    def _stop_version(self, rec: _Version) -> None:
-        """Drain the version's queue, finalize its instances, stop its scheduler."""
-        if rec.scheduler is not None:
-            drained: Reply[None] = Reply()
-            rec.scheduler.ref.tell(Drain(drained))
-            try:
-                drained.get(timeout=None)
-            except TritonError:
-                pass
-            rec.scheduler.stop()
-        for inst in rec.instances:
-            inst.close()
-        rec.scheduler, rec.instances = None, []
-        log.info("successfully unloaded '%s' version %d", self.model, rec.version)
-
-    def _fail_all(self, reason: str) -> None:
-        if not self._versions:
-            self._versions[-1] = _Version(-1, UNAVAILABLE, reason)
+    def _update(self, plan: _Plan, msg: Load, serving: dict[int, Version]) -> None:
+        """Load what changed beside what serves, swap, then drain and unload what was replaced."""
+        whole = (msg.config is not None or self._source is None or self._source[0] != plan.model_dir
+                 or _without_policy(plan.config) != _without_policy(self._config)
+                 or _shared(plan.stamp) != _shared(self._source[1]))
+        todo = [v for v, path in plan.selected.items()
+                if whole or v not in serving or serving[v].files != plan.stamp.part(path.name)]
+        dropped = [v for v in serving if v not in plan.selected]
+        added = [v for v in todo if v not in serving]
+        if not todo and not dropped:  # e.g. a version_policy edit that selects the same versions
+            self._config = plan.config
+            self._loaded_from(plan, msg)
+            for rec in serving.values():
+                rec.reason = ""
+            self._publish_now()
+            return
+        for v in added:
+            self._versions[v] = Version(v, LOADING)  # visible while loading, as in Triton
+        if added:
+            self._publish_now()
+        started = self._start(plan, todo)
+        if any(rec.state != READY for rec in started.values()):
+            for rec in started.values():
+                if rec.running:
+                    stop_version(rec, self.model)  # never routed to: nothing to drain
+            for v in added:
+                del self._versions[v]
+            self._update_failed(serving, _failure_text(self.model, started))
+            _raise_failures(self.model, started)
+        replaced = [serving[v] for v in todo if v in serving] + [serving[v] for v in dropped]
+        self._versions = {v: rec for v, rec in self._versions.items()  # Triton keeps listing unloaded versions
+                          if (rec.state == READY or rec.reason == "unloaded") and v not in dropped}
+        self._versions.update(started)
         for rec in self._versions.values():
-            if rec.state != READY:
+            rec.reason = ""
+        for v in dropped:
+            self._versions[v] = Version(v, UNLOADING)
+        self._config = plan.config
+        self._publish_now(wait=True)  # the swap: from here on new requests go to the new versions
+        for rec in replaced:
+            stop_version(rec, self.model)  # in-flight requests finish on the old version first
+        self._loaded_from(plan, msg)  # only now may an old override directory go
+        for v in dropped:
+            self._versions[v] = Version(v, UNAVAILABLE, "unloaded")
+        if dropped:
+            self._publish_now()
+
+    def _start(self, plan: _Plan, versions: list[int]) -> dict[int, Version]:
+        """Start ``versions`` in parallel helper greenlets; every result is READY or UNAVAILABLE."""
+        config_json = json.dumps(config_mod.to_json_dict(plan.config))
+        backend_config = self._settings.backend_config.get(plan.config.backend, {})
+        jobs = {
+            v: gevent.spawn(start_version, VersionSource(
+                self.model, v, plan.model_dir, plan.selected[v], plan.config, config_json, plan.backend,
+                backend_config, plan.stamp.part(plan.selected[v].name)), self._settings.load_timeout_s)
+            for v in versions
+        }
+        gevent.joinall(list(jobs.values()))
+        return {v: job.value or Version(v, UNAVAILABLE, "load interrupted") for v, job in jobs.items()}
+
+    def _loaded_from(self, plan: _Plan, msg: Load) -> None:
+        # an override marks the source stale: a later load without one reloads from disk (spec §1.10)
+        self._source = None if msg.config is not None else (plan.model_dir, plan.stamp)
+        self._drop_owned_dir(plan.model_dir if msg.owned else None)
+
+    def _drop_owned_dir(self, keep: Path | None) -> None:
+        if self._owned_dir is not None and self._owned_dir != keep:
+            shutil.rmtree(self._owned_dir, ignore_errors=True)
+        self._owned_dir = keep
+
+    def _update_failed(self, serving: dict[int, Version], reason: str) -> None:
+        """A load that failed before anything new served: what serves keeps serving, with the reason."""
+        if not serving:
+            if not self._versions:
+                self._versions[-1] = Version(-1, UNAVAILABLE, reason)
+            for rec in self._versions.values():
                 rec.state, rec.reason = UNAVAILABLE, reason
+        for rec in serving.values():
+            rec.reason = f"update failed, the previous version keeps serving: {reason}"
         self._publish_now()
 
-    def _publish_now(self) -> None:
-        versions = {
-            v: VersionHandle(v, r.state, r.reason, r.scheduler, r.validator, r.labels)
-            for v, r in sorted(self._versions.items())
-        }
+    def _publish_now(self, wait: bool = False) -> None:
+        versions = {v: rec.handle() for v, rec in sorted(self._versions.items())}
         ready = tuple(v for v, h in versions.items() if h.state == READY)
-        self._publish(ModelHandle(self.model, self._config, versions, ready))
+        applied = self._publish(ModelHandle(self.model, self._config, versions, ready))
+        if wait:
+            try:
+                applied.get(timeout=60)
+            except TritonError as e:
+                log.error("model '%s': routing table not updated: %s", self.model, e)
 
     def on_stop(self) -> None:
         for rec in self._versions.values():
-            if rec.scheduler is not None or rec.instances:
-                self._stop_version(rec)
+            if rec.running:
+                stop_version(rec, self.model)
+        self._drop_owned_dir(None)
 
 
-def _instance_name(group: str, index: int, count: int, device: int, devices: int) -> str:
-    """Triton names a lone instance after its group, otherwise ``<group>_<index>`` (GPU: ``_gpu<id>``)."""
-    name = group if count == 1 else f"{group}_{index}"
-    return name if devices <= 1 else f"{name}_gpu{device}"
+def _without_policy(cfg: ModelConfig | None) -> ModelConfig | None:
+    if cfg is None:
+        return None
+    out = ModelConfig()
+    out.CopyFrom(cfg)
+    out.ClearField("version_policy")
+    return out
 
 
-def _read_labels(config: ModelConfig, model_dir: Path, model: str) -> dict[str, list[str]]:
-    labels: dict[str, list[str]] = {}
-    for out in config.output:
-        if out.label_filename:
-            path = model_dir / out.label_filename
-            if not layout.contained(model_dir, path) or not path.is_file():
-                raise TritonError.invalid_arg(
-                    f"model '{model}': label file '{out.label_filename}' of output '{out.name}' not found in the model directory"
-                )
-            labels[out.name] = layout.read_labels(path)
-    return labels
+def _shared(stamp: snapshot.Stamp) -> tuple[snapshot.FileEntry, ...]:
+    """Files outside version folders that a reload must pick up (labels, warmup data); the config
+    files are compared parsed, so a ``version_policy`` edit does not reload the other versions."""
+    return tuple(f for f in stamp.files if layout.parse_version(f[0].split("/", 1)[0]) is None
+                 and f[0] != "config.pbtxt" and not f[0].startswith("configs/"))
+
+
+def _failure_text(model: str, versions: dict[int, Version]) -> str:
+    """Triton's load error: ``load failed for model 'm': version 1 is at UNAVAILABLE state: <reason>;\\n``."""
+    failed = "".join(f"version {v} is at {rec.state} state: {rec.reason};\n"
+                     for v, rec in sorted(versions.items()) if rec.state != READY)
+    return f"load failed for model '{model}': {failed}"
+
+
+def _raise_failures(model: str, versions: dict[int, Version]) -> None:
+    if any(rec.state != READY for rec in versions.values()):
+        raise TritonError.invalid_arg(_failure_text(model, versions))

@@ -1,35 +1,74 @@
 """RepositoryActor: the model repositories on disk, the control mode, the model actors, the routing table.
 
-Messages: :class:`LoadAll` (ask; answered when every model's load finished), :class:`ModelChanged`
-(event from a model actor carrying its new handle), :class:`Index` (ask), :class:`UnloadAll` (ask).
-State owned: repository paths, control mode, model actors, and the routing table ``routes``
-(name → :class:`ModelHandle`), an immutable dict replaced on every change, so front ends read it
-with no round trip. Failure: a model that fails to load is UNAVAILABLE with its reason in the index;
-the others serve.
+Messages: :class:`LoadAll` (ask, at startup: what the mode loads; answered with a Reply that completes
+with model → error once every load finished), :class:`LoadModel` / :class:`UnloadModel` (asks, the load
+API; only in EXPLICIT mode), :class:`Rescan` (tell: POLL reconciliation), :class:`ModelChanged` (event
+from a model actor carrying its new handle), :class:`Index` (ask), :class:`UnloadAll` (ask).
+State owned: repository paths, control mode, model actors, the POLL bookkeeping
+(:class:`~..repository.reconcile.Reconciler`), and the routing table ``routes`` (name →
+:class:`ModelHandle`), an immutable mapping replaced on every change, so front ends read it with no
+round trip. Failure: a model that fails to load is UNAVAILABLE with its reason in the index (or keeps
+serving its previous version); the others serve.
+
+POLL is reconciliation (spec §5.1, design "Lifecycle"): each rescan (every ``--repository-poll-secs``,
+sooner when :mod:`.watcher` nudges) feeds the stamps on disk to the reconciler and carries out the
+loads and unloads it answers; a change is loaded once the folder was quiet for ``SETTLE_S``.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 import gevent
+import gevent.lock
 
 from ..backends.base import Backend
 from ..errors import TritonError
-from ..repository import layout
+from ..repository import layout, overrides, snapshot
+from ..repository.reconcile import Reconciler
+from .handles import READY, ModelHandle
 from .kernel import Actor, Reply
-from .model import READY, Load, LoadSettings, ModelActor, ModelHandle, Unload
+from .model import Load, LoadSettings, ModelActor, Unload
+from .watcher import Watcher
 
 log = logging.getLogger(__name__)
+NONE, POLL, EXPLICIT = "none", "poll", "explicit"
+SETTLE_S = 1.0  # a changed model directory must stay unchanged this long before POLL loads it
+_REFUSED = "explicit model load / unload is not allowed if polling is enabled"  # same text in NONE mode (spec #3)
+_INVALID_NAME = "a model name is one folder name inside a model repository (no '/', no '..', not hidden)"
 
 
 @dataclass(frozen=True, slots=True)
 class LoadAll:
     pass
+
+
+@dataclass(frozen=True, slots=True)
+class LoadModel:
+    name: str
+    config: str | None = None
+    files: dict[str, bytes] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class UnloadModel:
+    name: str
+    unload_dependents: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Rescan:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class _ModelGone:
+    name: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +80,7 @@ class _LoadsFinished:
 @dataclass(frozen=True, slots=True)
 class ModelChanged:
     handle: ModelHandle
+    applied: Reply[None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,28 +97,54 @@ class RepositoryActor(Actor):
     """Owns what is on disk and which model actors exist."""
 
     def __init__(self, repositories: list[Path], backends: dict[str, Backend], settings: LoadSettings,
-                 control_mode: str = "none") -> None:
+                 control_mode: str = NONE, startup_models: tuple[str, ...] = (), poll_secs: float = 15.0,
+                 load_threads: int = 4) -> None:
         super().__init__("repository")
         self.repositories = repositories
         self.control_mode = control_mode
+        self._startup_models = startup_models
+        self._poll_secs = poll_secs
         self._backends = backends
         self._settings = settings
+        self._gate = gevent.lock.Semaphore(max(1, load_threads))
         self._models: dict[str, ModelActor] = {}
+        self._poll = Reconciler(SETTLE_S)  # POLL: what was loaded from which files, what is settling
+        self._rescan_due: gevent.Greenlet | None = None
+        self._timer: gevent.Greenlet | None = None
+        self._watcher: Watcher | None = None
         self.routes: MappingProxyType[str, ModelHandle] = MappingProxyType({})
 
-    # -- messages ---------------------------------------------------------------------------------
+    def on_start(self) -> None:
+        if self.control_mode == POLL:
+            if self._poll_secs > 0:
+                self._timer = gevent.spawn(self._tick)
+            self._watcher = Watcher(self.repositories, self.nudge)
+
+    def on_stop(self) -> None:
+        for g in (self._timer, self._rescan_due):
+            if g is not None:
+                g.kill(block=False)
+        if self._watcher is not None:
+            self._watcher.stop()
+
+    # -- startup ----------------------------------------------------------------------------------
     def on_LoadAll(self, _msg: LoadAll) -> Reply[dict[str, str]]:
-        """Start every model's load in parallel; the answer (model → error) comes via _LoadsFinished."""
+        """Start the loads the mode asks for, in parallel; the answer (model → error) comes via _LoadsFinished."""
         found = layout.list_models(self.repositories)
-        pending: dict[str, Reply[None]] = {}
+        names = list(found)
         failures: dict[str, str] = {}
-        for name, dirs in found.items():
-            if len(dirs) > 1:
-                failures[name] = f"model '{name}' appears in more than one repository: {', '.join(map(str, dirs))}"
-                self._set_route(ModelHandle(name, None, {}, ()))
+        if self.control_mode == EXPLICIT:
+            names = names if self._startup_models == ("*",) else list(self._startup_models)
+        pending: dict[str, Reply[None]] = {}
+        for name in names:
+            try:
+                model_dir = self._model_dir(name, found)
+            except TritonError as e:
+                failures[name] = e.message
                 continue
-            actor = self._actor_for(name)
-            pending[name] = actor.ref.ask_async(Load(dirs[0]))
+            if self.control_mode == POLL:
+                self._poll.loaded(name, snapshot.take(model_dir))
+            pending[name] = self._actor_for(name).ref.ask_async(Load(model_dir))
         reply: Reply[dict[str, str]] = Reply()
         gevent.spawn(self._await_loads, pending, failures, reply)
         return reply
@@ -95,8 +161,115 @@ class RepositoryActor(Actor):
     def on__LoadsFinished(self, msg: _LoadsFinished) -> None:
         msg.reply.set(msg.failures)
 
+    # -- the load API (EXPLICIT) ------------------------------------------------------------------
+    def on_LoadModel(self, msg: LoadModel) -> Reply[None]:
+        """Answered at once with a Reply that completes when the model actor finished the load.
+
+        What fails before a load starts (unknown or invalid name, bad overrides) is Triton's 500
+        ``failed to load 'm', failed to poll from model repository``, with the reason appended (Triton
+        only logs it; scripts/triton_reference/NOTES.md, pass 4)."""
+        if self.control_mode != EXPLICIT:
+            raise TritonError.unavailable(_REFUSED)
+        try:
+            load = self._load_request(msg)
+        except TritonError as e:
+            reason = "" if e.message == _poll_failed(msg.name) else f": {e.message}"
+            raise TritonError.internal(_poll_failed(msg.name) + reason) from None
+        return self._actor_for(msg.name).ref.ask_async(load)
+
+    def _load_request(self, msg: LoadModel) -> Load:
+        if not layout.is_valid_model_name(msg.name):
+            raise TritonError.invalid_arg(_INVALID_NAME)
+        model_dir = self._model_dir(msg.name, layout.list_models(self.repositories))
+        override = None if msg.config is None else overrides.parse_config(msg.name, msg.config)
+        if msg.files and override is None:
+            raise TritonError.invalid_arg("file overrides need a 'config' parameter as well")
+        if msg.files:
+            return Load(overrides.materialize(msg.name, msg.files), override, owned=True)
+        return Load(model_dir, override)
+
+    def on_UnloadModel(self, msg: UnloadModel) -> None:
+        """Returns before the model is gone (Triton: unload is asynchronous, spec surprise #9); an
+        unknown model (or a name that cannot be one) is not an error. No ensembles yet, so
+        ``unload_dependents`` has nothing to add."""
+        if self.control_mode != EXPLICIT:
+            raise TritonError.unavailable(_REFUSED)
+        actor = self._models.get(msg.name)
+        if actor is not None:
+            self._unload(msg.name, actor)
+
+    def _model_dir(self, name: str, found: dict[str, list[Path]]) -> Path:
+        dirs = found.get(name) if layout.is_valid_model_name(name) else None
+        if not dirs:
+            raise TritonError.internal(_poll_failed(name))
+        if len(dirs) > 1:
+            self._set_route(ModelHandle(name, None, {}, ()))
+            raise TritonError.invalid_arg(
+                f"model '{name}' appears in more than one repository: {', '.join(map(str, dirs))}")
+        return dirs[0]
+
+    def _unload(self, name: str, actor: ModelActor) -> None:
+        done = actor.ref.ask_async(Unload())
+        done.link(lambda r: r.exception() and log.error("unloading '%s' failed: %s", name, r.exception()))
+
+    # -- POLL -------------------------------------------------------------------------------------
+    def nudge(self) -> None:
+        """Something changed on disk (hub thread, from the watcher): rescan soon, once."""
+        if self._rescan_due is None or self._rescan_due.dead:
+            self._rescan_due = gevent.spawn_later(0.05, self._tell_rescan)
+
+    def _tell_rescan(self) -> None:
+        self._tell(Rescan())
+
+    def _tick(self) -> None:
+        while True:
+            gevent.sleep(self._poll_secs)
+            self._tell_rescan()
+
+    def on_Rescan(self, _msg: Rescan) -> None:
+        found = layout.list_models(self.repositories)
+        unique = {name: dirs[0] for name, dirs in found.items() if len(dirs) == 1}
+        actions = self._poll.step({name: snapshot.take(d) for name, d in unique.items()}, time.monotonic())
+        for name in actions.load:
+            log.info("poll: loading '%s' (files changed)", name)
+            self._actor_for(name).ref.ask_async(Load(unique[name])).link(self._log_poll_failure(name))
+        for name in actions.unload:
+            log.info("poll: unloading '%s' (its folder is gone)", name)
+            self._models[name].ref.ask_async(Unload()).link(lambda _r, name=name: self._tell(_ModelGone(name)))
+        if actions.settling and (self._rescan_due is None or self._rescan_due.dead):
+            self._rescan_due = gevent.spawn_later(SETTLE_S, self._tell_rescan)
+
+    def on__ModelGone(self, msg: _ModelGone) -> None:
+        """A model whose folder was removed is unloaded: it leaves the index, as in Triton (NOTES.md pass 4),
+        unless its folder came back meanwhile."""
+        if msg.name in self._poll.applied:
+            return
+        actor = self._models.pop(msg.name, None)
+        if actor is not None:
+            actor.stop(timeout=0)
+        routes = dict(self.routes)
+        routes.pop(msg.name, None)
+        self.routes = MappingProxyType(routes)
+
+    def _tell(self, message: object) -> None:
+        try:
+            self.ref.tell(message)
+        except TritonError:
+            pass  # stopped meanwhile
+
+    @staticmethod
+    def _log_poll_failure(name: str) -> Any:
+        def report(r: Reply[None]) -> None:
+            if r.exception() is not None:
+                log.error("poll: loading '%s' failed: %s", name, r.exception())
+
+        return report
+
+    # -- routing and index ------------------------------------------------------------------------
     def on_ModelChanged(self, msg: ModelChanged) -> None:
         self._set_route(msg.handle)
+        if msg.applied is not None:
+            msg.applied.set(None)
 
     def on_Index(self, msg: Index) -> list[dict[str, Any]]:
         entries: list[dict[str, Any]] = []
@@ -141,11 +314,25 @@ class RepositoryActor(Actor):
     def _actor_for(self, name: str) -> ModelActor:
         actor = self._models.get(name)
         if actor is None:
-            ref = self.ref
-            actor = ModelActor(name, self._backends, self._settings, lambda h: ref.tell(ModelChanged(h)), parent=self)
+            actor = ModelActor(name, self._backends, self._settings, self._publisher(), self._gate, parent=self)
             actor.start()
             self._models[name] = actor
         return actor
+
+    def _publisher(self) -> Any:
+        """What a model actor calls to publish a handle: the Reply completes once ``routes`` holds it, so
+        the actor can drain an old version knowing no new request will be routed to it."""
+        ref = self.ref
+
+        def publish(handle: ModelHandle) -> Reply[None]:
+            applied: Reply[None] = Reply()
+            try:
+                ref.tell(ModelChanged(handle, applied))
+            except TritonError:
+                applied.set(None)  # the repository stopped (shutdown): nothing routes any more
+            return applied
+
+        return publish
 
     def _set_route(self, handle: ModelHandle) -> None:
         routes = dict(self.routes)
@@ -168,3 +355,7 @@ class RepositoryActor(Actor):
                 if vh.state != READY and vh.reason != "unloaded":
                     return False
         return True
+
+
+def _poll_failed(name: str) -> str:
+    return f"failed to load '{name}', failed to poll from model repository"

@@ -22,7 +22,7 @@ from werkzeug.exceptions import HTTPException
 from ..dataplane import DataPlane
 from ..errors import TritonError
 from ..inference import InferRequest
-from ..protocol import generate, payloads, v2_http
+from ..protocol import generate, payloads, repository_http, v2_http
 from .status import HTTP_STATUS, status_line
 
 log = logging.getLogger(__name__)
@@ -286,10 +286,12 @@ def create_app(plane: DataPlane, frontend: HttpFrontend) -> Flask:
         # POST never gets here (the raw WSGI path serves it); the route makes other methods a 405.
         raise TritonError.internal("the /infer route is served by the raw WSGI path")
 
+    def body() -> bytes:
+        return frontend.decompress(frontend.read_wsgi_body(request.environ), request.headers.get("Content-Encoding"))
+
     def generate_request(model: str, version: int) -> InferRequest:
-        body = frontend.decompress(frontend.read_wsgi_body(request.environ), request.headers.get("Content-Encoding"))
         inputs, max_batch_size = plane.input_specs(model, version)
-        return generate.decode_request(body, model, version, inputs, max_batch_size)
+        return generate.decode_request(body(), model, version, inputs, max_batch_size)
 
     @app.post("/v2/models/<model>/generate")
     @app.post("/v2/models/<model>/versions/<int:version>/generate")
@@ -328,8 +330,7 @@ def create_app(plane: DataPlane, frontend: HttpFrontend) -> Flask:
         return Response(events(), status=200, content_type="text/event-stream; charset=utf-8")
 
     def json_body() -> dict[str, Any]:
-        body = frontend.decompress(frontend.read_wsgi_body(request.environ), request.headers.get("Content-Encoding"))
-        return payloads.json_object(body)
+        return payloads.json_object(body())
 
     shm = plane.shm
     # system and CUDA shared memory: the same three routes each, over the one registry
@@ -343,11 +344,11 @@ def create_app(plane: DataPlane, frontend: HttpFrontend) -> Flask:
 
     @app.post("/v2/repository/index")
     def repository_index() -> Response:
-        body = frontend.decompress(frontend.read_wsgi_body(request.environ), request.headers.get("Content-Encoding"))
+        raw = body()
         ready = False
-        if body.strip():
+        if raw.strip():
             try:
-                data = orjson.loads(body)
+                data = orjson.loads(raw)
             except orjson.JSONDecodeError as e:
                 raise TritonError.invalid_arg(f"failed to parse the request JSON buffer: {e}") from None
             ready = data.get("ready", False) if isinstance(data, dict) else None
@@ -357,12 +358,12 @@ def create_app(plane: DataPlane, frontend: HttpFrontend) -> Flask:
 
     @app.post("/v2/repository/models/<model>/load")
     def repository_load(model: str) -> Response:
-        plane.load_model(model, {})
-        return _json({})
+        plane.load_model(model, repository_http.decode_load(body()))
+        return Response(b"", status=200, content_type=_JSON)  # Triton: 200, empty body
 
     @app.post("/v2/repository/models/<model>/unload")
     def repository_unload(model: str) -> Response:
-        plane.unload_model(model, False)
-        return _json({})
+        plane.unload_model(model, repository_http.decode_unload(body()))
+        return Response(b"", status=200, content_type=_JSON)
 
     return app

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import importlib.machinery
+import importlib.util
 import inspect
 import json
 import logging
@@ -61,15 +63,31 @@ def _fresh_package(model: str, version_dir: Path, tag: str) -> str:
     return name
 
 
+class _SourceLoader(importlib.machinery.SourceFileLoader):
+    """Compiles ``model.py`` from its source every time. The ``__pycache__`` check compares the source's
+    mtime in whole seconds and its size, so a file rewritten within the same second at the same size
+    (a hot reload) would otherwise run the previous code."""
+
+    def get_code(self, fullname: str) -> types.CodeType:
+        path = self.get_filename(fullname)
+        return self.source_to_code(self.get_data(path), path)
+
+
 def import_model(model: str, version_dir: Path, filename: str, tag: str) -> types.ModuleType:
     """Import ``<version_dir>/<filename>`` as a fresh module; errors become INVALID_ARG with the traceback."""
     path = version_dir / filename
     if not path.is_file():
         raise TritonError.invalid_arg(f"model '{model}': python model file {path} does not exist")
     package = _fresh_package(model, version_dir, tag)
+    name = f"{package}.{Path(filename).stem}"
+    spec = importlib.util.spec_from_file_location(name, path, loader=_SourceLoader(name, str(path)))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
     try:
-        module = importlib.import_module(f"{package}.{Path(filename).stem}")
+        spec.loader.exec_module(module)
     except Exception as e:
+        sys.modules.pop(name, None)
         raise TritonError.internal(f"failed to load model '{model}': {python_error_text(e)}") from None
     if not hasattr(module, "TritonPythonModel"):
         raise TritonError.invalid_arg(f"failed to load model '{model}': {path} has no class TritonPythonModel")

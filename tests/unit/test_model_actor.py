@@ -1,0 +1,171 @@
+"""ModelActor reloads (``triton_actor/actors/model.py``) with a fake backend: load-then-swap ordering,
+in-flight requests finishing on the old version, broken updates, version-policy changes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from gevent import monkey
+
+from triton_actor.actors.handles import READY, ModelHandle
+from triton_actor.actors.kernel import Reply
+from triton_actor.actors.model import Load, LoadSettings, ModelActor, Unload
+from triton_actor.backends.base import InstanceContext
+from triton_actor.errors import TritonError
+from triton_actor.inference import InferInput, InferRequest, InferResponse
+from triton_actor.protocol.dtypes import BY_WIRE
+
+_sleep = monkey.get_original("time", "sleep")  # the fake model runs on native instance threads
+CONFIG = """
+backend: "fake"
+max_batch_size: 0
+input [ { name: "X", data_type: TYPE_FP32, dims: [ 1 ] } ]
+output [ { name: "Y", data_type: TYPE_FP32, dims: [ 1 ] } ]
+"""
+
+
+class FakeInstance:
+    inline_ok = False
+
+    def __init__(self, ctx: InstanceContext, events: list[tuple[str, Any]]) -> None:
+        self.tag = 100.0 * ctx.version + float((ctx.version_dir / "edition").read_text())
+        self.events = events
+
+    def execute(self, requests: list[InferRequest]) -> list[Any]:
+        _sleep(0.2)  # long enough for a reload to happen while the request is in flight
+        return [InferResponse([("Y", np.array([self.tag], np.float32))]) for _ in requests]
+
+    def finalize(self) -> None:
+        self.events.append(("finalize", self.tag))
+
+
+class FakeBackend:
+    name = "fake"
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, Any]] = []
+
+    def auto_complete(self, *args: Any, **kw: Any) -> None:
+        pass
+
+    def create(self, ctx: InstanceContext) -> FakeInstance:
+        if (ctx.version_dir / "broken").exists():
+            raise RuntimeError("broken on purpose")
+        return FakeInstance(ctx, self.events)
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> Iterator[tuple[ModelActor, FakeBackend, list[ModelHandle]]]:
+    backend = FakeBackend()
+    published: list[ModelHandle] = []
+
+    def publish(handle: ModelHandle) -> Reply[None]:
+        published.append(handle)
+        backend.events.append(("publish", handle.ready_versions))
+        done: Reply[None] = Reply()
+        done.set(None)
+        return done
+
+    actor = ModelActor("m", {"fake": backend}, LoadSettings(auto_complete=False), publish)  # type: ignore[dict-item]
+    actor.start()
+    (tmp_path / "config.pbtxt").write_text(CONFIG)
+    yield actor, backend, published
+    actor.stop(timeout=10)
+
+
+def _version(model_dir: Path, v: int, edition: int, broken: bool = False) -> None:
+    (model_dir / str(v)).mkdir(exist_ok=True)
+    (model_dir / str(v) / "edition").write_text(str(edition))
+    if broken:
+        (model_dir / str(v) / "broken").write_text("")
+
+
+def _infer(handle: ModelHandle) -> Reply[InferResponse]:
+    x = np.zeros(1, np.float32)
+    return handle.resolve(-1).infer(InferRequest("m", -1, "", {"X": InferInput("X", BY_WIRE["FP32"], (1,), x)}))
+
+
+def _tag(reply: Reply[InferResponse]) -> float:
+    return float(reply.get(5).outputs[0][1][0])
+
+
+def test_new_version_swaps_in_after_loading_and_old_drains(tmp_path: Path, model) -> None:
+    actor, backend, published = model
+    _version(tmp_path, 1, 1)
+    actor.ref.ask(Load(tmp_path), timeout=10)
+    in_flight = _infer(published[-1])
+    _version(tmp_path, 2, 2)
+    actor.ref.ask(Load(tmp_path), timeout=10)  # answered after the swap and the drain of version 1
+    assert _tag(in_flight) == 101  # finished on the old version
+    assert _tag(_infer(published[-1])) == 202
+    swap = backend.events.index(("publish", (2,)))
+    assert backend.events.index(("finalize", 101.0)) > swap  # unloaded only after traffic moved
+    assert published[-1].versions[1].reason == "unloaded"
+
+
+def test_broken_update_keeps_serving_and_says_why(tmp_path: Path, model) -> None:
+    actor, _backend, published = model
+    _version(tmp_path, 1, 1)
+    actor.ref.ask(Load(tmp_path), timeout=10)
+    _version(tmp_path, 2, 2, broken=True)
+    with pytest.raises(TritonError, match=r"version 2 is at UNAVAILABLE state: .*broken on purpose"):
+        actor.ref.ask(Load(tmp_path), timeout=10)
+    handle = published[-1]
+    assert handle.ready_versions == (1,) and 2 not in handle.versions
+    assert "broken on purpose" in handle.versions[1].reason and handle.versions[1].state == READY
+    assert _tag(_infer(handle)) == 101
+
+
+def test_unchanged_load_is_a_no_op_and_policy_change_touches_only_named_versions(tmp_path: Path, model) -> None:
+    actor, backend, published = model
+    _version(tmp_path, 1, 1)
+    _version(tmp_path, 2, 2)
+    actor.ref.ask(Load(tmp_path), timeout=10)
+    count = len(published)
+    actor.ref.ask(Load(tmp_path), timeout=10)
+    assert len(published) == count  # nothing changed: nothing published
+    (tmp_path / "config.pbtxt").write_text(CONFIG + "version_policy: { all { } }\n")
+    actor.ref.ask(Load(tmp_path), timeout=10)
+    assert published[-1].ready_versions == (1, 2)
+    assert not any(e[0] == "finalize" for e in backend.events)  # version 2 kept its instance
+    (tmp_path / "config.pbtxt").write_text(CONFIG + "version_policy: { specific { versions: [1] } }\n")
+    actor.ref.ask(Load(tmp_path), timeout=10)
+    assert published[-1].ready_versions == (1,)
+    assert [e for e in backend.events if e[0] == "finalize"] == [("finalize", 202.0)]
+
+
+def test_unload_drains_then_reports_unloaded(tmp_path: Path, model) -> None:
+    actor, _backend, published = model
+    _version(tmp_path, 1, 1)
+    actor.ref.ask(Load(tmp_path), timeout=10)
+    in_flight = _infer(published[-1])
+    actor.ref.ask(Unload(), timeout=10)
+    assert _tag(in_flight) == 101
+    assert published[-1].versions[1].state == "UNAVAILABLE" and published[-1].versions[1].reason == "unloaded"
+
+
+def test_override_directories_live_as_long_as_they_serve(tmp_path: Path, model) -> None:
+    actor, _backend, published = model
+    dirs = []
+    for edition in (1, 2):
+        d = tmp_path / f"override{edition}"
+        d.mkdir()
+        (d / "config.pbtxt").write_text(CONFIG)
+        _version(d, 1, edition)
+        dirs.append(d)
+        actor.ref.ask(Load(d, owned=True), timeout=10)
+        assert _tag(_infer(published[-1])) == 100 + edition
+    assert not dirs[0].exists() and dirs[1].exists()  # the replaced one went after the swap
+    broken = tmp_path / "override3"
+    broken.mkdir()
+    (broken / "config.pbtxt").write_text(CONFIG)
+    _version(broken, 1, 3, broken=True)
+    with pytest.raises(TritonError):
+        actor.ref.ask(Load(broken, owned=True), timeout=10)
+    assert not broken.exists() and dirs[1].exists()  # a failed override is removed, the serving one kept
+    actor.ref.ask(Unload(), timeout=10)
+    assert not dirs[1].exists()

@@ -1,0 +1,145 @@
+"""One loaded model version: its instances and scheduler, started and stopped for a :class:`ModelActor`.
+
+Runs in the model actor's greenlet or in helper greenlets it spawns and joins; a version record is
+touched by one greenlet at a time. Loading never raises: a failure becomes the record's UNAVAILABLE
+state and reason (a raise in a helper greenlet would be a greenlet crash with a traceback).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..backends.base import Backend, InstanceContext
+from ..errors import TritonError
+from ..repository import layout
+from ..repository.config import ModelConfig
+from ..repository.snapshot import FileEntry
+from ..statistics import VersionStats
+from ..validation import RequestValidator
+from .batch_queue import BatchPolicy
+from .handles import READY, UNAVAILABLE, VersionHandle
+from .instance import InstanceActor
+from .kernel import Reply
+from .scheduler import Drain, SchedulerActor
+from .warmup import warm_up
+
+log = logging.getLogger(__name__)
+_KIND_NAMES = {0: "AUTO", 1: "GPU", 2: "CPU", 3: "MODEL"}
+
+
+@dataclass(slots=True)
+class Version:
+    """A model actor's record of one version (mutable, owned by the model actor)."""
+
+    version: int
+    state: str
+    reason: str = ""
+    scheduler: SchedulerActor | None = None
+    instances: list[InstanceActor] = field(default_factory=list)
+    validator: RequestValidator | None = None
+    labels: dict[str, list[str]] = field(default_factory=dict)
+    files: tuple[FileEntry, ...] = ()  # the version folder as it was when loaded (change detection)
+
+    def handle(self) -> VersionHandle:
+        return VersionHandle(self.version, self.state, self.reason, self.scheduler, self.validator, self.labels)
+
+    @property
+    def running(self) -> bool:
+        return self.scheduler is not None or bool(self.instances)
+
+
+@dataclass(frozen=True, slots=True)
+class VersionSource:
+    """Everything needed to start one version."""
+
+    model: str
+    version: int
+    model_dir: Path
+    version_dir: Path
+    config: ModelConfig
+    config_json: str
+    backend: Backend
+    backend_config: dict[str, str]
+    files: tuple[FileEntry, ...]
+
+
+def start_version(src: VersionSource, load_timeout_s: float) -> Version:
+    """Create the instances (each on its own native thread), warm them up, start the scheduler."""
+    start = time.monotonic()
+    instances: list[InstanceActor] = []
+    try:
+        labels = _read_labels(src.config, src.model_dir, src.model)
+        instances = [InstanceActor(ctx, src.backend) for ctx in _contexts(src)]
+        failures: list[Exception] = []
+        for inst in instances:
+            try:
+                inst.wait_ready(load_timeout_s)
+            except Exception as e:  # noqa: BLE001 - collected, the first one is the version's reason
+                failures.append(e)
+        if failures:
+            raise failures[0]
+        warm_up(src.config, src.model_dir, src.model, src.version, instances)
+        stats = VersionStats(src.model, src.version)
+        scheduler = SchedulerActor(f"scheduler:{src.model}:{src.version}", instances, stats,
+                                   BatchPolicy.from_config(src.config))
+        scheduler.start()
+    except Exception as e:  # noqa: BLE001 - any load failure becomes the version's reason
+        for inst in instances:
+            inst.close(timeout=10)
+        reason = e.status_text() if isinstance(e, TritonError) else repr(e)
+        log.error("failed to load '%s' version %d: %s", src.model, src.version, e)
+        return Version(src.version, UNAVAILABLE, reason, files=src.files)
+    log.info("successfully loaded '%s' version %d (%.2f s)", src.model, src.version, time.monotonic() - start)
+    return Version(src.version, READY, "", scheduler, instances, RequestValidator(src.config), labels, src.files)
+
+
+def stop_version(rec: Version, model: str) -> None:
+    """Wait until the version's queue is empty and nothing runs, finalize its instances, stop its scheduler."""
+    if rec.scheduler is not None:
+        drained: Reply[None] = Reply()
+        rec.scheduler.ref.tell(Drain(drained))
+        try:
+            drained.get(timeout=None)
+        except TritonError:
+            pass
+        rec.scheduler.stop()
+    for inst in rec.instances:
+        inst.close()
+    rec.scheduler, rec.instances = None, []
+    log.info("successfully unloaded '%s' version %d", model, rec.version)
+
+
+def _contexts(src: VersionSource) -> list[InstanceContext]:
+    out: list[InstanceContext] = []
+    for group in src.config.instance_group:
+        devices = list(group.gpus) if group.kind == 1 else [0]
+        for device in devices:
+            for i in range(group.count):
+                out.append(InstanceContext(
+                    src.model, src.version, src.model_dir, src.version_dir, src.config, src.config_json,
+                    _instance_name(group.name, i, group.count, device, len(devices)),
+                    _KIND_NAMES.get(group.kind, "CPU"), device, len(out), src.backend_config,
+                ))
+    return out
+
+
+def _instance_name(group: str, index: int, count: int, device: int, devices: int) -> str:
+    """Triton names a lone instance after its group, otherwise ``<group>_<index>`` (GPU: ``_gpu<id>``)."""
+    name = group if count == 1 else f"{group}_{index}"
+    return name if devices <= 1 else f"{name}_gpu{device}"
+
+
+def _read_labels(config: ModelConfig, model_dir: Path, model: str) -> dict[str, list[str]]:
+    labels: dict[str, list[str]] = {}
+    for out in config.output:
+        if out.label_filename:
+            path = model_dir / out.label_filename
+            if not layout.contained(model_dir, path) or not path.is_file():
+                raise TritonError.invalid_arg(
+                    f"model '{model}': label file '{out.label_filename}' of output '{out.name}' not found in the model directory"
+                )
+            labels[out.name] = layout.read_labels(path)
+    return labels

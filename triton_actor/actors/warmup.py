@@ -1,0 +1,74 @@
+"""``model_warmup`` (spec §3.8): sample requests run on every instance before a version is READY.
+
+Runs in the greenlet that loads the version. Each warmup entry builds one request (``zero_data``,
+``random_data`` — zeros for BYTES, as Triton does — or ``input_data_file`` under ``<model>/warmup/``)
+and runs it ``count`` times on each instance; any error fails the version's load.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import TritonError
+from ..inference import InferInput, InferRequest
+from ..protocol import bytes_codec
+from ..protocol.dtypes import BY_ENUM_VALUE, BYTES
+from ..repository import layout
+from ..repository.config import ModelConfig
+from .instance import InstanceActor
+from .kernel import Reply
+
+WARMUP_TIMEOUT_S = 600.0
+
+
+def warm_up(config: ModelConfig, model_dir: Path, model: str, version: int, instances: list[InstanceActor]) -> None:
+    """Run every warmup sample on every instance; raise INVALID_ARG naming the sample on failure."""
+    for sample in config.model_warmup:
+        request = _request(sample, config, model_dir, model, version)
+        for inst in instances:
+            for _ in range(max(sample.count, 1)):
+                reply: Reply[Any] = Reply()
+                inst.execute([request], lambda ok, value, r=reply: r.set(value) if ok else r.fail(value))
+                try:
+                    results, _timings = reply.get(WARMUP_TIMEOUT_S)
+                    if isinstance(results[0], BaseException):
+                        raise results[0]
+                except Exception as e:  # noqa: BLE001 - reported with the sample's name
+                    raise TritonError.invalid_arg(
+                        f"model '{model}' version {version}: warmup sample '{sample.name}' failed: {e}") from None
+
+
+def _request(sample: Any, config: ModelConfig, model_dir: Path, model: str, version: int) -> InferRequest:
+    batch = max(sample.batch_size, 1)
+    inputs: dict[str, InferInput] = {}
+    for name, spec in sample.inputs.items():
+        dtype = BY_ENUM_VALUE.get(spec.data_type)
+        if dtype is None or dtype.numpy is None:
+            raise TritonError.invalid_arg(f"model '{model}': warmup input '{name}' has an unsupported data type")
+        shape = ((batch,) if config.max_batch_size > 0 else ()) + tuple(int(d) for d in spec.dims)
+        count = int(np.prod(shape)) if shape else 1
+        source = spec.WhichOneof("input_data_type")
+        if source == "input_data_file":
+            path = model_dir / "warmup" / spec.input_data_file
+            if not layout.contained(model_dir / "warmup", path) or not path.is_file():
+                raise TritonError.invalid_arg(f"model '{model}': warmup file '{spec.input_data_file}' not found")
+            raw = path.read_bytes()
+            per_item = count // batch if config.max_batch_size > 0 else count
+            if dtype is BYTES:
+                data = bytes_codec.deserialize(raw, per_item, f"warmup input '{name}'")
+            else:
+                data = np.frombuffer(raw, dtype.numpy, per_item)
+            data = np.concatenate([data] * batch) if config.max_batch_size > 0 else data
+            data = data.reshape(shape)
+        elif source == "random_data" and dtype is not BYTES:
+            data = np.random.default_rng().random(shape).astype(dtype.numpy) if dtype.numpy.kind == "f" else \
+                np.random.default_rng().integers(0, 2 if dtype.numpy.kind == "b" else 100, shape).astype(dtype.numpy)
+        elif dtype is BYTES:
+            data = np.full(shape, b"", dtype=np.object_)
+        else:
+            data = np.zeros(shape, dtype.numpy)
+        inputs[name] = InferInput(name, dtype, shape, data)
+    return InferRequest(model, version, f"warmup:{sample.name}", inputs)

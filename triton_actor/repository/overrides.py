@@ -1,0 +1,74 @@
+"""The load API's overrides (spec §1.10): a ``config`` JSON and ``file:<path>`` contents.
+
+Files are written into a fresh private temporary model directory, never into a repository. Every
+path is checked before anything is written: relative, no ``..``, no empty or hidden-parent tricks,
+and the result must stay inside the temporary directory (which holds only what we create there, so
+no symlink can point out of it; files are opened with ``O_NOFOLLOW | O_EXCL`` all the same).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path, PurePosixPath
+
+from ..errors import TritonError
+from . import config as config_mod
+from .config import ModelConfig
+
+FILE_PREFIX = "file:"
+
+
+def parse_config(model: str, text: str) -> ModelConfig:
+    """The ``config`` parameter: ModelConfig JSON with proto field names; anything else is INVALID_ARG."""
+    if not isinstance(text, str) or not text.strip().startswith("{"):
+        raise TritonError.invalid_arg("the 'config' parameter must be a JSON object")
+    cfg = config_mod.parse_json(text, model)
+    if cfg.name and cfg.name != model:
+        raise TritonError.invalid_arg(
+            f"the config override names model '{cfg.name}', expected '{model}'")
+    return cfg
+
+
+def check_path(model: str, key: str) -> PurePosixPath:
+    """``file:<version>/<name>`` → the relative path, or INVALID_ARG when it could leave the model directory."""
+    rel = key[len(FILE_PREFIX):]
+    path = PurePosixPath(rel)
+    bad = (not rel or "\\" in rel or "\x00" in rel or rel.startswith("/") or path.is_absolute()
+           or any(part in ("", ".", "..") for part in rel.split("/")))
+    if bad:
+        raise TritonError.invalid_arg(
+            f"invalid file override '{key}': the path must be relative to the model directory, without '..' "
+            "or empty parts")
+    return path
+
+
+def materialize(model: str, files: dict[str, bytes]) -> Path:
+    """Write the overrides into a new temporary model directory and return it (the caller owns it)."""
+    paths = {key: check_path(model, key) for key in files}
+    root = Path(tempfile.mkdtemp(prefix=f"triton_actor_{model}_"))
+    try:
+        for key, rel in paths.items():
+            target = root.joinpath(*rel.parts)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if not _inside(root, target):
+                raise TritonError.invalid_arg(f"file override '{key}' leaves the model directory")
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(files[key])
+    except OSError as e:
+        shutil.rmtree(root, ignore_errors=True)
+        raise TritonError.invalid_arg(f"cannot write file override: {e}") from None
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+    return root
+
+
+def _inside(root: Path, target: Path) -> bool:
+    try:
+        target.parent.resolve().relative_to(root.resolve())
+    except ValueError:
+        return False
+    return True
