@@ -73,7 +73,7 @@ def rss_kb(pid: int, with_children: bool) -> int:
 
 def start_ours(repo: Path, port: int) -> subprocess.Popen:
     args = [sys.executable, "-m", "triton_actor", "--model-repository", str(repo), "--http-port", str(port),
-            "--http-address", "127.0.0.1", "--log-info=false"]
+            "--http-address", "127.0.0.1", "--log-info=false", "--allow-grpc=false"]
     return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -83,8 +83,8 @@ def start_triton(repo: Path, port: int) -> subprocess.Popen:
     return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def perf(port: int, concurrency: int, window_ms: int, out_csv: Path) -> dict[str, float]:
-    args = [str(TOOLS / "perf_analyzer"), "-m", "add_sub", "-u", f"127.0.0.1:{port}", "-i", "http",
+def perf(port: int, concurrency: int, window_ms: int, out_csv: Path, protocol: str = "http") -> dict[str, float]:
+    args = [str(TOOLS / "perf_analyzer"), "-m", "add_sub", "-u", f"127.0.0.1:{port}", "-i", protocol,
             "--concurrency-range", str(concurrency), "-p", str(window_ms), "-s", "20", "--max-trials", "20",
             "-f", str(out_csv)]
     proc = subprocess.run(args, capture_output=True, text=True)
@@ -93,6 +93,18 @@ def perf(port: int, concurrency: int, window_ms: int, out_csv: Path) -> dict[str
     row = next(csv.DictReader(out_csv.open()))
     return {"rps": float(row["Inferences/Second"]), "p50_us": float(row["p50 latency"]),
             "p99_us": float(row["p99 latency"])}
+
+
+def stop_servers(procs: list[subprocess.Popen], work: Path) -> None:
+    """SIGINT every server (a clean stop), kill what is still there after 30 s, remove the scratch folder."""
+    for proc in procs:
+        proc.send_signal(signal.SIGINT)
+    for proc in procs:
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    shutil.rmtree(work, ignore_errors=True)
 
 
 def main() -> int:
@@ -135,14 +147,7 @@ def main() -> int:
                           f"p50 {res['p50_us']:5.0f} us p99 {res['p99_us']:5.0f} us", flush=True)
         memory_after = {n: rss_kb(p.pid, n == "triton") / 1024 for n, (p, _) in servers.items()}
     finally:
-        for proc, _ in servers.values():
-            proc.send_signal(signal.SIGINT)
-        for proc, _ in servers.values():
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        shutil.rmtree(work, ignore_errors=True)
+        stop_servers([proc for proc, _ in servers.values()], work)
     med = {n: {c: {k: statistics.median(x[k] for x in runs) for k in runs[0]} for c, runs in per.items()}
            for n, per in results.items()}
     lines = ["| concurrency | server | infer/s (median) | p50 µs | p99 µs | ratio vs Triton (infer/s) |",

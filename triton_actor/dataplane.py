@@ -6,6 +6,7 @@ messages. It reads the repository actor's published routing table; only index/st
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,14 +68,24 @@ class DataPlane:
         return payloads.model_metadata(name, versions, handle.config)
 
     def model_config(self, name: str, version: int) -> dict[str, Any]:
+        return config_mod.to_json_dict(self.model_config_message(name, version))
+
+    def model_config_message(self, name: str, version: int) -> Any:
+        """The model's ``ModelConfig`` protobuf (gRPC ModelConfig answers it as is)."""
         handle, _ = self._version(name, version)
-        return config_mod.to_json_dict(handle.config)
+        return handle.config
 
     # -- inference --------------------------------------------------------------------------------
+    def is_known(self, name: str) -> bool:
+        return name in self.repository.routes
+
+    def is_decoupled(self, name: str) -> bool:
+        handle = self.repository.routes.get(name)
+        return handle is not None and handle.config is not None and handle.config.model_transaction_policy.decoupled
+
     def reject_decoupled(self, name: str) -> None:
         """``/infer`` (one request, one response) refuses decoupled models, as Triton does (spec surprise #4)."""
-        handle = self.repository.routes.get(name)
-        if handle is not None and handle.config is not None and handle.config.model_transaction_policy.decoupled:
+        if self.is_decoupled(name):
             raise TritonError.unsupported("HTTP end point doesn't support models with decoupled transaction policy")
 
     def infer(self, request: InferRequest) -> Served:
@@ -87,6 +98,13 @@ class DataPlane:
         vh = handle.resolve(request.model_version)
         response = vh.infer(request).get()
         return Served(response, vh.version, vh.labels, handle.config.max_batch_size > 0)
+
+    def infer_stream(self, request: InferRequest) -> Iterator[tuple[Served, bool]]:
+        """Every response to one request with its "final" flag (streaming front ends). A non-decoupled
+        model answers exactly once; decoupled models (any number of responses) plug in here."""
+        if self.is_decoupled(request.model_name):
+            raise TritonError.unsupported(f"decoupled model '{request.model_name}' is not supported yet")
+        yield self.infer(request), True
 
     def raw_input_spec(self, name: str, version: int) -> tuple[str, DType, tuple[int, ...], int]:
         """The single input a raw binary request feeds (spec §1.6)."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import threading
 from pathlib import Path
@@ -14,7 +13,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from .server import IDENTITY_CONFIG, IDENTITY_PY, add_model
+from .server import IDENTITY_CONFIG, IDENTITY_PY, add_model, wait_for_fifo
 from .test_examples import _post
 
 BAD_INIT_PY = """
@@ -309,12 +308,7 @@ def test_sigterm_finishes_in_flight_and_finalizes(tmp_path: Path, start_server) 
     results: list = []
     caller = threading.Thread(target=_slow_call, args=(server.url, "slow", results))
     caller.start()
-    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
-    try:  # wait (on the fd, no sleep) until the model is inside execute
-        readable, _, _ = select.select([fd], [], [], 60)
-        assert readable, "the request never reached execute():\n" + server.log()
-    finally:
-        os.close(fd)
+    wait_for_fifo(fifo, server)
     server.proc.send_signal(signal.SIGTERM)
     caller.join(60)
     assert server.wait_exit(60) == 0

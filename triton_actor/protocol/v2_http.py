@@ -110,7 +110,7 @@ def _decode_input(item: Any, body: bytes, offset: int, model_name: str, prefix: 
                 f"for model '{model_name}'"
             )
         if dtype is BYTES or dtype is BF16 or size != count * dtype.itemsize:
-            data = _from_binary(memoryview(body)[offset : offset + size], dtype, shape_t, count, name, model_name, prefix)
+            data = tensor_from_bytes(memoryview(body)[offset : offset + size], dtype, shape_t, count, name, model_name, prefix)
         else:  # the common case: a zero-copy view of the body
             data = np.frombuffer(body, dtype=dtype.numpy, count=count, offset=offset)
             if len(shape_t) != 1:
@@ -125,9 +125,10 @@ def _decode_input(item: Any, body: bytes, offset: int, model_name: str, prefix: 
     return InferInput(name, dtype, shape_t, data), offset
 
 
-def _from_binary(
-    buf: memoryview, dtype: DType, shape: tuple[int, ...], count: int, name: str, model: str, prefix: str
+def tensor_from_bytes(
+    buf: bytes | memoryview, dtype: DType, shape: tuple[int, ...], count: int, name: str, model: str, prefix: str
 ) -> np.ndarray:
+    """One input's raw bytes (HTTP binary extension, gRPC ``raw_input_contents``) as an array view."""
     if dtype is BYTES:
         return bytes_codec.deserialize(buf, count, f"{prefix}input '{name}'").reshape(shape)
     expected = count * dtype.itemsize
@@ -347,7 +348,7 @@ def decode_raw_request(
                 f"of type {dtype.wire} and dims {list(dims)}"
             )
         shape = tuple(elements // known if d < 0 else d for d in dims)
-        data = _from_binary(memoryview(body), dtype, shape, elements, name, model_name, "")
+        data = tensor_from_bytes(memoryview(body), dtype, shape, elements, name, model_name, "")
     if max_batch > 0:
         shape = (1, *shape)
         data = data.reshape(shape)

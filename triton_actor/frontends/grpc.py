@@ -1,0 +1,168 @@
+"""gRPC front end: ``inference.GRPCInferenceService`` and ``grpc.health.v1.Health`` (spec §2).
+
+Every method here runs in a hub greenlet (:mod:`.grpc_server` hands each call over from grpcio's
+native threads) and is decode → data-plane call → encode; errors are raised as ``TritonError`` and
+mapped to a ``grpc.StatusCode`` by :mod:`.grpc_server`. Method names are the RPC names.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from ..dataplane import DataPlane
+from ..errors import TritonError
+from ..protocol import v2_grpc
+from ..protocol._generated import grpc_service_pb2 as pb
+from ..protocol._generated import health_pb2
+
+log = logging.getLogger(__name__)
+
+# What this server reports for the trace extension: tracing is off and cannot be switched on yet.
+TRACE_SETTINGS = {"trace_level": ["OFF"], "trace_rate": ["1000"], "trace_count": ["-1"], "log_frequency": ["0"],
+                  "trace_file": [""], "trace_mode": ["triton"]}
+
+
+class GrpcServicer:
+    """The RPCs, each ``method(request message) -> response message`` in a hub greenlet."""
+
+    def __init__(self, plane: DataPlane, log_settings: dict[str, Any] | None = None) -> None:
+        self.plane = plane
+        self.log_settings = log_settings or {"log_file": "", "log_info": True, "log_warning": True,
+                                             "log_error": True, "log_verbose_level": 0, "log_format": "default"}
+
+    # -- health and metadata ----------------------------------------------------------------------
+    def ServerLive(self, req: pb.ServerLiveRequest) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=self.plane.is_live())
+
+    def ServerReady(self, req: pb.ServerReadyRequest) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.plane.is_ready())
+
+    def ModelReady(self, req: pb.ModelReadyRequest) -> pb.ModelReadyResponse:
+        try:
+            ready = self.plane.model_ready(req.name, v2_grpc.parse_version(req.version))
+        except TritonError:
+            ready = False  # Triton answers OK with ready=false for unknown models and versions too
+        return pb.ModelReadyResponse(ready=ready)
+
+    def ServerMetadata(self, req: pb.ServerMetadataRequest) -> pb.ServerMetadataResponse:
+        return v2_grpc.from_dict(pb.ServerMetadataResponse, self.plane.server_metadata())
+
+    def ModelMetadata(self, req: pb.ModelMetadataRequest) -> pb.ModelMetadataResponse:
+        meta = self.plane.model_metadata(req.name, v2_grpc.parse_version(req.version))
+        return v2_grpc.from_dict(pb.ModelMetadataResponse, meta)
+
+    def ModelConfig(self, req: pb.ModelConfigRequest) -> pb.ModelConfigResponse:
+        return pb.ModelConfigResponse(config=self.plane.model_config_message(req.name, v2_grpc.parse_version(req.version)))
+
+    def ModelStatistics(self, req: pb.ModelStatisticsRequest) -> pb.ModelStatisticsResponse:
+        stats = self.plane.statistics(req.name, v2_grpc.parse_version(req.version))
+        return v2_grpc.from_dict(pb.ModelStatisticsResponse, stats)
+
+    # -- inference --------------------------------------------------------------------------------
+    def ModelInfer(self, req: pb.ModelInferRequest) -> pb.ModelInferResponse:
+        if self.plane.is_decoupled(req.model_name):
+            # Triton: gRPC ModelInfer refuses decoupled models (UNIMPLEMENTED), only the stream serves them
+            raise TritonError.unsupported(
+                f"ModelInfer RPC doesn't support models with decoupled transaction policy ('{req.model_name}'); "
+                "use ModelStreamInfer instead"
+            )
+        request = v2_grpc.decode_infer_request(req)
+        served = self.plane.infer(request)
+        return v2_grpc.encode_infer_response(request, served.response, served.version, served.labels, served.batching)
+
+    def stream_infer(self, req: pb.ModelInferRequest) -> Iterator[pb.ModelStreamInferResponse]:
+        """The responses to one request on ``ModelStreamInfer``; an error becomes ``error_message``
+        (spec §2.4) and the stream goes on."""
+        try:
+            request = v2_grpc.decode_infer_request(req)
+            for served, final in self.plane.infer_stream(request):
+                msg = v2_grpc.encode_infer_response(request, served.response, served.version, served.labels,
+                                                    served.batching)
+                yield v2_grpc.stream_response(msg, final)
+        except TritonError as e:
+            yield pb.ModelStreamInferResponse(error_message=e.message)
+        except Exception as e:
+            log.exception("unexpected error on ModelStreamInfer for '%s'", req.model_name)
+            yield pb.ModelStreamInferResponse(error_message=f"internal error: {e!r}")
+
+    # -- repository -------------------------------------------------------------------------------
+    def RepositoryIndex(self, req: pb.RepositoryIndexRequest) -> pb.RepositoryIndexResponse:
+        _no_repository_name(req.repository_name)
+        return v2_grpc.repository_index(self.plane.repository_index(req.ready))
+
+    def RepositoryModelLoad(self, req: pb.RepositoryModelLoadRequest) -> pb.RepositoryModelLoadResponse:
+        _no_repository_name(req.repository_name)
+        self.plane.load_model(req.model_name, v2_grpc.repository_parameters(req.parameters))
+        return pb.RepositoryModelLoadResponse()
+
+    def RepositoryModelUnload(self, req: pb.RepositoryModelUnloadRequest) -> pb.RepositoryModelUnloadResponse:
+        _no_repository_name(req.repository_name)
+        params = v2_grpc.repository_parameters(req.parameters)
+        self.plane.unload_model(req.model_name, bool(params.get("unload_dependents", False)))
+        return pb.RepositoryModelUnloadResponse()
+
+    # -- shared memory ----------------------------------------------------------------------------
+    def SystemSharedMemoryStatus(self, req: pb.SystemSharedMemoryStatusRequest) -> pb.SystemSharedMemoryStatusResponse:
+        _no_region("system", req.name)
+        return pb.SystemSharedMemoryStatusResponse()
+
+    def SystemSharedMemoryRegister(self, req: pb.SystemSharedMemoryRegisterRequest) -> Any:
+        raise TritonError.unsupported("system shared memory is not supported yet")
+
+    def SystemSharedMemoryUnregister(self, req: pb.SystemSharedMemoryUnregisterRequest) -> Any:
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    def CudaSharedMemoryStatus(self, req: pb.CudaSharedMemoryStatusRequest) -> pb.CudaSharedMemoryStatusResponse:
+        _no_region("cuda", req.name)
+        return pb.CudaSharedMemoryStatusResponse()
+
+    def CudaSharedMemoryRegister(self, req: pb.CudaSharedMemoryRegisterRequest) -> Any:
+        raise TritonError.unsupported("CUDA shared memory is not supported by this server")
+
+    def CudaSharedMemoryUnregister(self, req: pb.CudaSharedMemoryUnregisterRequest) -> Any:
+        return pb.CudaSharedMemoryUnregisterResponse()
+
+    # -- trace and logging ------------------------------------------------------------------------
+    def TraceSetting(self, req: pb.TraceSettingRequest) -> pb.TraceSettingResponse:
+        if req.model_name and not self.plane.is_known(req.model_name):
+            raise TritonError.invalid_arg(f"Request for unknown model : {req.model_name}")
+        if req.settings:
+            raise TritonError.unsupported("tracing is not supported: trace settings cannot be changed")
+        msg = pb.TraceSettingResponse()
+        for key, values in TRACE_SETTINGS.items():
+            msg.settings[key].value.extend(values)
+        return msg
+
+    def LogSettings(self, req: pb.LogSettingsRequest) -> pb.LogSettingsResponse:
+        if req.settings:
+            raise TritonError.unsupported("log settings cannot be changed at run time yet")
+        msg = pb.LogSettingsResponse()
+        for key, value in self.log_settings.items():
+            p = msg.settings[key]
+            if isinstance(value, bool):
+                p.bool_param = value
+            elif isinstance(value, int):
+                p.uint32_param = value
+            else:
+                p.string_param = value
+        return msg
+
+    # -- grpc.health.v1.Health --------------------------------------------------------------------
+    def Check(self, req: health_pb2.HealthCheckRequest) -> health_pb2.HealthCheckResponse:
+        """SERVING iff the server is live (Triton's health service)."""
+        status = health_pb2.HealthCheckResponse.SERVING if self.plane.is_live() else \
+            health_pb2.HealthCheckResponse.NOT_SERVING
+        return health_pb2.HealthCheckResponse(status=status)
+
+
+def _no_region(kind: str, name: str) -> None:
+    """No region is ever registered yet: a status asked for one by name is NOT_FOUND, as in Triton."""
+    if name:
+        raise TritonError.not_found(f"Unable to find {kind} shared memory region: '{name}'")
+
+
+def _no_repository_name(name: str) -> None:
+    if name:
+        raise TritonError.unsupported("'repository_name' specification is not supported")
