@@ -99,7 +99,6 @@ class GrpcServer:
         self.servicer = servicer
         self.address = address
         self.port = port
-        self.in_flight = 0
         self._port = HubPort()
         self._executor, self._call = self._runtime()
         opts = {"grpc.max_send_message_length": MAX_MESSAGE, "grpc.max_receive_message_length": MAX_MESSAGE,
@@ -181,7 +180,6 @@ class GrpcServer:
 
     # -- hub greenlets --------------------------------------------------------------------------
     def _guarded(self, method: Callable[[Any], Any], request: Any) -> Any:
-        self.in_flight += 1
         try:
             return method(request)
         except TritonError:
@@ -189,17 +187,13 @@ class GrpcServer:
         except Exception as e:
             log.exception("unexpected error in gRPC %s", getattr(method, "__name__", method))
             raise TritonError.internal(f"internal error: {e!r}") from None
-        finally:
-            self.in_flight -= 1
 
     def _stream_one(self, request: Any, out: _queue.SimpleQueue) -> None:
-        self.in_flight += 1
         try:
             for response in self.servicer.stream_infer(request):
                 out.put(response)
         finally:
             out.put(-1)
-            self.in_flight -= 1
 
     # -- lifecycle (hub thread) -----------------------------------------------------------------
     def start(self) -> int:
