@@ -38,6 +38,35 @@ class GeventGrpcServer(grpc_server.GrpcServer):
         return concurrent.futures.ThreadPoolExecutor(16), lambda fn, *args: fn(*args)
 
 
+class HubHandlerGrpcServer(grpc_server.GrpcServer):
+    """grpcio's handlers themselves run in hub greenlets (grpcio's waits on its native conditions
+    then block the hub for a polling-thread round trip): fewer thread hops, a blocked hub."""
+
+    def _runtime(self) -> tuple[Any, Callable[..., Any]]:
+        from triton_actor.actors.native_threads import NativeFuture, native_threading
+
+        grpc_server.grpc_server_module.threading = native_threading()
+        port = self._port
+
+        class HubExecutor:
+            def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> NativeFuture:
+                future = NativeFuture()
+
+                def run() -> None:
+                    try:
+                        fn(*args, **kwargs)
+                    finally:
+                        future._finish()
+
+                port.post(run)
+                return future
+
+            def shutdown(self, wait: bool = False) -> None:
+                pass
+
+        return HubExecutor(), lambda fn, *args: fn(*args)
+
+
 class AioGrpcServer(grpc_server.GrpcServer):
     def start(self) -> int:
         import grpc
@@ -103,7 +132,8 @@ class AioGrpcServer(grpc_server.GrpcServer):
         pass  # measurement only: the process exits
 
 
-CANDIDATES = {"native": grpc_server.GrpcServer, "gevent": GeventGrpcServer, "aio": AioGrpcServer}
+CANDIDATES = {"native": grpc_server.GrpcServer, "gevent": GeventGrpcServer, "aio": AioGrpcServer,
+              "hub": HubHandlerGrpcServer}
 
 if __name__ == "__main__":
     server_module.GrpcServer = CANDIDATES[sys.argv[1]]  # type: ignore[misc]

@@ -26,6 +26,7 @@ from .frontends.grpc import GrpcServicer
 from .frontends.grpc_server import GrpcServer
 from .frontends.http import HttpFrontend
 from .frontends.http_server import HttpServer
+from .runtime_settings import RuntimeSettings
 from .settings import Settings
 
 log = logging.getLogger("triton_actor.server")
@@ -75,7 +76,8 @@ class Server:
         s = self.settings
         self.repository.start()
         if s.allow_grpc:
-            self.grpc = GrpcServer(GrpcServicer(self.plane), s.grpc_address, s.grpc_port, dict(s.grpc_options))
+            servicer = GrpcServicer(self.plane, RuntimeSettings(s.log_info, s.log_verbose))
+            self.grpc = GrpcServer(servicer, s.grpc_address, s.grpc_port, dict(s.grpc_options))
             log.info("Started GRPCInferenceService at %s:%d", s.grpc_address, self.grpc.start())
         if s.allow_http:
             self.frontend = HttpFrontend(self.plane, s.http_max_input_size)

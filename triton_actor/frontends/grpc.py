@@ -16,21 +16,17 @@ from ..errors import TritonError
 from ..protocol import v2_grpc
 from ..protocol._generated import grpc_service_pb2 as pb
 from ..protocol._generated import health_pb2
+from ..runtime_settings import RuntimeSettings
 
 log = logging.getLogger(__name__)
-
-# What this server reports for the trace extension: tracing is off and cannot be switched on yet.
-TRACE_SETTINGS = {"trace_level": ["OFF"], "trace_rate": ["1000"], "trace_count": ["-1"], "log_frequency": ["0"],
-                  "trace_file": [""], "trace_mode": ["triton"]}
 
 
 class GrpcServicer:
     """The RPCs, each ``method(request message) -> response message`` in a hub greenlet."""
 
-    def __init__(self, plane: DataPlane, log_settings: dict[str, Any] | None = None) -> None:
+    def __init__(self, plane: DataPlane, settings: RuntimeSettings) -> None:
         self.plane = plane
-        self.log_settings = log_settings or {"log_file": "", "log_info": True, "log_warning": True,
-                                             "log_error": True, "log_verbose_level": 0, "log_format": "default"}
+        self.settings = settings
 
     # -- health and metadata ----------------------------------------------------------------------
     def ServerLive(self, req: pb.ServerLiveRequest) -> pb.ServerLiveResponse:
@@ -128,18 +124,19 @@ class GrpcServicer:
     def TraceSetting(self, req: pb.TraceSettingRequest) -> pb.TraceSettingResponse:
         if req.model_name and not self.plane.is_known(req.model_name):
             raise TritonError.invalid_arg(f"Request for unknown model : {req.model_name}")
-        if req.settings:
-            raise TritonError.unsupported("tracing is not supported: trace settings cannot be changed")
+        changes = {key: list(v.value) for key, v in req.settings.items()}
+        current = self.settings.update_trace(changes, req.model_name) if changes else \
+            self.settings.trace_settings(req.model_name)
         msg = pb.TraceSettingResponse()
-        for key, values in TRACE_SETTINGS.items():
+        for key, values in current.items():
             msg.settings[key].value.extend(values)
         return msg
 
     def LogSettings(self, req: pb.LogSettingsRequest) -> pb.LogSettingsResponse:
-        if req.settings:
-            raise TritonError.unsupported("log settings cannot be changed at run time yet")
+        changes = {key: v2_grpc.oneof_value(v) for key, v in req.settings.items()}
+        current = self.settings.update_log(changes) if changes else dict(self.settings.log)
         msg = pb.LogSettingsResponse()
-        for key, value in self.log_settings.items():
+        for key, value in current.items():
             p = msg.settings[key]
             if isinstance(value, bool):
                 p.bool_param = value

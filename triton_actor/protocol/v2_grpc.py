@@ -114,7 +114,8 @@ def _from_contents(contents: pb.InferTensorContents, dtype: DType, shape: tuple[
     return arr.reshape(shape)
 
 
-def _param_value(p: pb.InferParameter) -> Any:
+def oneof_value(p: Any) -> Any:
+    """The value a ``parameter_choice`` oneof holds (InferParameter, LogSettings values...); None if unset."""
     kind = p.WhichOneof("parameter_choice")
     return None if kind is None else getattr(p, kind)
 
@@ -128,7 +129,7 @@ def _decode_parameters(params: Any, prefix: str) -> tuple[dict[str, Any], dict[s
     flags = 0
     for key, p in params.items():
         kind = p.WhichOneof("parameter_choice")
-        value = _param_value(p)
+        value = oneof_value(p)
         if key == "sequence_id":
             if kind not in ("int64_param", "uint64_param", "string_param"):
                 raise TritonError.invalid_arg(f"{prefix}invalid value type for 'sequence_id' parameter, "
@@ -170,7 +171,7 @@ def _decode_outputs(outputs: Any, prefix: str) -> tuple[RequestedOutput, ...]:
                 raise TritonError.unsupported(f"{prefix}output '{o.name}': shared memory is not supported yet")
             p = o.parameters.get("classification")
             if p is not None:
-                cls = _param_value(p)
+                cls = oneof_value(p)
                 if not isinstance(cls, int) or isinstance(cls, bool) or cls < 0:
                     raise TritonError.invalid_arg(
                         f"{prefix}'classification' of output '{o.name}' must be a non-negative int64_param"
@@ -246,7 +247,7 @@ def repository_parameters(params: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, p in params.items():
         kind = p.WhichOneof("parameter_choice")
-        value = None if kind is None else getattr(p, kind)
+        value = oneof_value(p)
         if key == "config" and kind != "string_param":
             raise TritonError.invalid_arg("the 'config' parameter must be a string_param holding JSON")
         if key.startswith("file:") and kind != "bytes_param":
