@@ -17,6 +17,7 @@ from .inference import InferRequest, InferResponse
 from .protocol import payloads
 from .protocol.dtypes import BY_ENUM_VALUE, DType
 from .repository import config as config_mod
+from .shared_memory import SharedMemoryRegistry
 
 SERVER_VERSION = "2.51.0"  # the Triton release whose protocol we speak (clients compare versions)
 
@@ -39,6 +40,7 @@ class DataPlane:
         self.server_id = server_id
         self.strict_readiness = strict_readiness
         self.live = False  # flipped by the server on start / shutdown
+        self.shm = SharedMemoryRegistry()  # system shared memory regions, shared by HTTP and gRPC
         self.accepting = False
 
     # -- health and metadata ----------------------------------------------------------------------

@@ -25,11 +25,13 @@ class InferInput(NamedTuple):
 
 
 class RequestedOutput(NamedTuple):
-    """One entry of the request's ``outputs``: ``binary`` None means "use the request default"."""
+    """One entry of the request's ``outputs``: ``binary`` None means "use the request default";
+    ``shm`` is (region name, offset, byte size) when the result goes to system shared memory."""
 
     name: str
     binary: bool | None = None
     classification: int = 0
+    shm: tuple[str, int, int] | None = None
 
 
 class InferRequest(NamedTuple):

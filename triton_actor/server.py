@@ -117,6 +117,7 @@ class Server:
         except Exception as e:  # noqa: BLE001
             log.error("unloading models at shutdown: %s", e)
         self.plane.live = False
+        self.plane.shm.unregister()  # unmap every client region
         self.repository.stop(timeout=5)
         self._stopped.set()
         log.info("server stopped")

@@ -64,18 +64,19 @@ class GrpcServicer:
                 f"ModelInfer RPC doesn't support models with decoupled transaction policy ('{req.model_name}'); "
                 "use ModelStreamInfer instead"
             )
-        request = v2_grpc.decode_infer_request(req)
+        request = v2_grpc.decode_infer_request(req, self.plane.shm)
         served = self.plane.infer(request)
-        return v2_grpc.encode_infer_response(request, served.response, served.version, served.labels, served.batching)
+        return v2_grpc.encode_infer_response(request, served.response, served.version, served.labels, served.batching,
+                                             self.plane.shm)
 
     def stream_infer(self, req: pb.ModelInferRequest) -> Iterator[pb.ModelStreamInferResponse]:
         """The responses to one request on ``ModelStreamInfer``; an error becomes ``error_message``
         (spec §2.4) and the stream goes on."""
         try:
-            request = v2_grpc.decode_infer_request(req)
+            request = v2_grpc.decode_infer_request(req, self.plane.shm)
             for served, final in self.plane.infer_stream(request):
                 msg = v2_grpc.encode_infer_response(request, served.response, served.version, served.labels,
-                                                    served.batching)
+                                                    served.batching, self.plane.shm)
                 yield v2_grpc.stream_response(msg, final)
         except TritonError as e:
             yield pb.ModelStreamInferResponse(error_message=e.message)
@@ -101,17 +102,22 @@ class GrpcServicer:
 
     # -- shared memory ----------------------------------------------------------------------------
     def SystemSharedMemoryStatus(self, req: pb.SystemSharedMemoryStatusRequest) -> pb.SystemSharedMemoryStatusResponse:
-        _no_region("system", req.name)
-        return pb.SystemSharedMemoryStatusResponse()
+        msg = pb.SystemSharedMemoryStatusResponse()
+        for region in self.plane.shm.status(req.name):
+            msg.regions[region["name"]].CopyFrom(pb.SystemSharedMemoryStatusResponse.RegionStatus(**region))
+        return msg
 
     def SystemSharedMemoryRegister(self, req: pb.SystemSharedMemoryRegisterRequest) -> Any:
-        raise TritonError.unsupported("system shared memory is not supported yet")
+        self.plane.shm.register(req.name, req.key, req.offset, req.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
 
     def SystemSharedMemoryUnregister(self, req: pb.SystemSharedMemoryUnregisterRequest) -> Any:
+        self.plane.shm.unregister(req.name)
         return pb.SystemSharedMemoryUnregisterResponse()
 
     def CudaSharedMemoryStatus(self, req: pb.CudaSharedMemoryStatusRequest) -> pb.CudaSharedMemoryStatusResponse:
-        _no_region("cuda", req.name)
+        if req.name:  # no CUDA region is ever registered
+            raise TritonError.not_found(f"Unable to find cuda shared memory region: '{req.name}'")
         return pb.CudaSharedMemoryStatusResponse()
 
     def CudaSharedMemoryRegister(self, req: pb.CudaSharedMemoryRegisterRequest) -> Any:
@@ -152,12 +158,6 @@ class GrpcServicer:
         status = health_pb2.HealthCheckResponse.SERVING if self.plane.is_live() else \
             health_pb2.HealthCheckResponse.NOT_SERVING
         return health_pb2.HealthCheckResponse(status=status)
-
-
-def _no_region(kind: str, name: str) -> None:
-    """No region is ever registered yet: a status asked for one by name is NOT_FOUND, as in Triton."""
-    if name:
-        raise TritonError.not_found(f"Unable to find {kind} shared memory region: '{name}'")
 
 
 def _no_repository_name(name: str) -> None:

@@ -9,7 +9,7 @@ in, and always as ``raw_output_contents`` out, as Triton answers (spec §2.3).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from google.protobuf import json_format
@@ -21,6 +21,9 @@ from ._generated import grpc_service_pb2 as pb
 from .classification import classify
 from .dtypes import BY_WIRE, BYTES, DType, from_numpy
 from .v2_http import tensor_from_bytes
+
+if TYPE_CHECKING:
+    from ..shared_memory import SharedMemoryRegistry
 
 SEQUENCE_START, SEQUENCE_END = 1, 2
 # The only ``triton_`` request parameter a gRPC client may set (spec surprise #13).
@@ -45,13 +48,15 @@ def parse_version(text: str) -> int:
 
 
 # -- ModelInfer request ---------------------------------------------------------------------------
-def decode_infer_request(msg: pb.ModelInferRequest) -> InferRequest:
-    """Decode a ``ModelInferRequest``; raw contents become zero-copy numpy views."""
+def decode_infer_request(msg: pb.ModelInferRequest, shm: SharedMemoryRegistry | None = None) -> InferRequest:
+    """Decode a ``ModelInferRequest``; raw contents become zero-copy numpy views. Inputs naming a
+    shared-memory region are read from ``shm``; they take no ``raw_input_contents`` entry."""
     model = msg.model_name
     prefix = f"[request id: {msg.id or '<id_unknown>'}] "
     raw = msg.raw_input_contents
+    next_raw = 0
     inputs: dict[str, InferInput] = {}
-    for i, tensor in enumerate(msg.inputs):
+    for tensor in msg.inputs:
         name = tensor.name
         if name in inputs:
             raise TritonError.invalid_arg(f"{prefix}input '{name}' already exists in request")
@@ -64,16 +69,19 @@ def decode_infer_request(msg: pb.ModelInferRequest) -> InferRequest:
             if d < 0:
                 raise TritonError.invalid_arg(f"{prefix}invalid shape {list(shape)} for input '{name}'")
             count *= d
-        if "shared_memory_region" in tensor.parameters:
-            raise TritonError.unsupported(f"{prefix}input '{name}': shared memory is not supported yet")
-        if raw:
+        region = _shm_window(tensor.parameters, f"input '{name}'", shm)
+        if region is not None:
+            buf = shm.read(*region, f"{prefix}input '{name}'")  # type: ignore[union-attr]
+            data = tensor_from_bytes(buf, dtype, shape, count, name, model, prefix)
+        elif raw:
             if tensor.HasField("contents"):
                 raise TritonError.invalid_arg(f"contents field must not be specified when using raw_input_contents "
                                               f"for '{name}' for model '{model}'")
-            if i >= len(raw):
+            if next_raw >= len(raw):
                 raise TritonError.invalid_arg(f"unable to find data for input tensor '{name}' for model '{model}' "
                                               "in request.")
-            data = tensor_from_bytes(raw[i], dtype, shape, count, name, model, prefix)
+            data = tensor_from_bytes(raw[next_raw], dtype, shape, count, name, model, prefix)
+            next_raw += 1
         elif tensor.HasField("contents"):
             data = _from_contents(tensor.contents, dtype, shape, count, name, model, prefix)
         else:
@@ -81,8 +89,26 @@ def decode_infer_request(msg: pb.ModelInferRequest) -> InferRequest:
                                           "in request.")
         inputs[name] = InferInput(name, dtype, shape, data)
     params, kwargs = _decode_parameters(msg.parameters, prefix)
-    outputs = _decode_outputs(msg.outputs, prefix) if msg.outputs else None
+    outputs = _decode_outputs(msg.outputs, prefix, shm) if msg.outputs else None
     return InferRequest(model, parse_version(msg.model_version), msg.id, inputs, outputs, params, **kwargs)
+
+
+def _shm_window(params: Any, what: str, shm: SharedMemoryRegistry | None) -> tuple[str, int, int] | None:
+    """(region, offset, byte size) from ``shared_memory_*`` tensor parameters; None when absent."""
+    if not params or "shared_memory_region" not in params:
+        return None
+    if shm is None:
+        raise TritonError.unsupported(f"{what}: shared memory is not available on this endpoint")
+    region = oneof_value(params["shared_memory_region"])
+    size = params.get("shared_memory_byte_size")
+    offset = params.get("shared_memory_offset")
+    size_v = None if size is None else oneof_value(size)
+    offset_v = 0 if offset is None else oneof_value(offset)
+    if not isinstance(region, str) or not isinstance(size_v, int) or not isinstance(offset_v, int) \
+            or isinstance(size_v, bool) or isinstance(offset_v, bool):
+        raise TritonError.invalid_arg(f"{what}: 'shared_memory_region' (string) and 'shared_memory_byte_size' "
+                                      "(integer) must be given together, with an optional 'shared_memory_offset'")
+    return region, offset_v, size_v
 
 
 def _from_contents(contents: pb.InferTensorContents, dtype: DType, shape: tuple[int, ...], count: int, name: str,
@@ -162,13 +188,13 @@ def _decode_parameters(params: Any, prefix: str) -> tuple[dict[str, Any], dict[s
     return forwarded, kwargs
 
 
-def _decode_outputs(outputs: Any, prefix: str) -> tuple[RequestedOutput, ...]:
+def _decode_outputs(outputs: Any, prefix: str, shm: SharedMemoryRegistry | None) -> tuple[RequestedOutput, ...]:
     result = []
     for o in outputs:
         cls = 0
+        region = None
         if o.parameters:
-            if "shared_memory_region" in o.parameters:
-                raise TritonError.unsupported(f"{prefix}output '{o.name}': shared memory is not supported yet")
+            region = _shm_window(o.parameters, f"{prefix}output '{o.name}'", shm)
             p = o.parameters.get("classification")
             if p is not None:
                 cls = oneof_value(p)
@@ -176,14 +202,16 @@ def _decode_outputs(outputs: Any, prefix: str) -> tuple[RequestedOutput, ...]:
                     raise TritonError.invalid_arg(
                         f"{prefix}'classification' of output '{o.name}' must be a non-negative int64_param"
                     )
-        result.append(RequestedOutput(o.name, None, cls))
+        result.append(RequestedOutput(o.name, None, cls, region))
     return tuple(result)
 
 
 # -- ModelInfer response --------------------------------------------------------------------------
 def encode_infer_response(request: InferRequest, response: InferResponse, model_version: int,
-                          labels: dict[str, list[str]], batching: bool) -> pb.ModelInferResponse:
-    """Outputs in the model's order (only the requested ones), as ``raw_output_contents``."""
+                          labels: dict[str, list[str]], batching: bool,
+                          shm: SharedMemoryRegistry | None = None) -> pb.ModelInferResponse:
+    """Outputs in the model's order (only the requested ones), as ``raw_output_contents``; an output
+    sent to shared memory is written there and gets an empty raw entry (spec §2.3)."""
     msg = pb.ModelInferResponse(model_name=request.model_name, model_version=str(model_version), id=request.id)
     wanted: dict[str, RequestedOutput] | None = None
     if request.outputs is not None:
@@ -191,6 +219,7 @@ def encode_infer_response(request: InferRequest, response: InferResponse, model_
     add_output = msg.outputs.add
     raw = msg.raw_output_contents
     for name, array in response.outputs:
+        spec = None
         if wanted is not None:
             spec = wanted.get(name)
             if spec is None:
@@ -200,8 +229,15 @@ def encode_infer_response(request: InferRequest, response: InferResponse, model_
         dtype = from_numpy(array.dtype)
         if dtype is None:
             raise TritonError.internal(f"unsupported output data type {array.dtype}")
-        add_output(name=name, datatype=dtype.wire, shape=array.shape)
-        raw.append(bytes_codec.serialize(array) if dtype is BYTES else np.ascontiguousarray(array).tobytes())
+        out = add_output(name=name, datatype=dtype.wire, shape=array.shape)
+        data = bytes_codec.serialize(array) if dtype is BYTES else np.ascontiguousarray(array).tobytes()
+        if spec is not None and spec.shm is not None:
+            region, offset, size = spec.shm
+            shm.write(region, offset, size, data, f"output '{name}'")  # type: ignore[union-attr]
+            set_parameters(out.parameters, {"shared_memory_region": region, "shared_memory_byte_size": len(data),
+                                            **({"shared_memory_offset": offset} if offset else {})})
+            data = b""
+        raw.append(data)
     if response.parameters:
         set_parameters(msg.parameters, response.parameters)
     return msg
