@@ -59,6 +59,20 @@ class Client:
             return [{k: v for k, v in m.items() if v != ""} for m in to_json_dict(self.raw.get_model_repository_index())["models"]]
         return self.raw.get_model_repository_index()
 
+    def shm_status(self, name: str = "") -> list[dict[str, Any]]:
+        """System shared memory regions as HTTP lists them (gRPC answers a map of messages)."""
+        if self.grpc:
+            regions = to_json_dict(self.raw.get_system_shared_memory_status(name)).get("regions", {})
+            return [regions[k] for k in sorted(regions)]
+        return sorted(self.raw.get_system_shared_memory_status(name), key=lambda r: r["name"])
+
+    def output_parameters(self, result: Any, name: str) -> dict[str, Any]:
+        """An output's response parameters as plain values."""
+        if self.grpc:
+            return {k: v.WhichOneof("parameter_choice") and getattr(v, v.WhichOneof("parameter_choice"))
+                    for k, v in result.get_output(name).parameters.items()}
+        return result.get_output(name).get("parameters", {})
+
     def response(self, result: Any) -> dict[str, Any]:
         """The infer response's header as a dict (id, model_name, model_version, outputs...)."""
         return to_json_dict(result.get_response()) if self.grpc else result.get_response()
@@ -80,3 +94,7 @@ class Client:
     def status(self, error: Any) -> str:
         """An InferenceServerException's status in this protocol's spelling."""
         return str(error.status())
+
+    def expect(self, grpc_code: str, http_status: int) -> str:
+        """The status an error has here: ``StatusCode.X`` over gRPC, the HTTP status code over HTTP."""
+        return f"StatusCode.{grpc_code}" if self.grpc else str(http_status)

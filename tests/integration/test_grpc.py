@@ -17,7 +17,6 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-import tritonclient.utils.shared_memory as shm
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from tritonclient.utils import InferenceServerException
@@ -236,63 +235,3 @@ def test_sigterm_drains_grpc(tmp_path: Path, start_server) -> None:
     assert server.wait_exit(60) == 0
     client.close()
 
-
-# -- system shared memory -------------------------------------------------------------------------
-@pytest.fixture
-def regions(grpc_client: Client) -> Iterator[dict[str, object]]:
-    """An input region holding INPUT0 and INPUT1 back to back, and an output region; unregistered after."""
-    key = f"/triton_actor_test_{os.getpid()}"
-    made = {"in": shm.create_shared_memory_region("in", key + "_in", 32),
-            "out": shm.create_shared_memory_region("out", key + "_out", 32), "key": key}
-    yield made
-    grpc_client.raw.unregister_system_shared_memory()
-    shm.destroy_shared_memory_region(made["in"])
-    shm.destroy_shared_memory_region(made["out"])
-
-
-def test_system_shared_memory_round_trip(grpc_client: Client, regions: dict[str, object]) -> None:
-    c, key = grpc_client.raw, regions["key"]
-    a, b = np.arange(4, dtype=np.float32), np.full(4, 10, dtype=np.float32)
-    shm.set_shared_memory_region(regions["in"], [a, b])
-    c.register_system_shared_memory("in", f"{key}_in", 32)
-    c.register_system_shared_memory("out", f"{key}_out", 32)
-    status = c.get_system_shared_memory_status(as_json=True)["regions"]
-    assert status["in"] == {"name": "in", "key": f"{key}_in", "byte_size": "32"}
-    inputs = [grpcclient.InferInput("INPUT0", [4], "FP32"), grpcclient.InferInput("INPUT1", [4], "FP32")]
-    inputs[0].set_shared_memory("in", 16)
-    inputs[1].set_shared_memory("in", 16, offset=16)
-    outputs = [grpcclient.InferRequestedOutput("OUTPUT0"), grpcclient.InferRequestedOutput("OUTPUT1")]
-    outputs[0].set_shared_memory("out", 16)
-    outputs[1].set_shared_memory("out", 16, offset=16)
-    result = c.infer("add_sub", inputs, outputs=outputs)
-    out0 = result.get_output("OUTPUT0")
-    assert out0.parameters["shared_memory_region"].string_param == "out"
-    assert out0.parameters["shared_memory_byte_size"].int64_param == 16
-    np.testing.assert_array_equal(shm.get_contents_as_numpy(regions["out"], np.float32, [4]), a + b)
-    np.testing.assert_array_equal(shm.get_contents_as_numpy(regions["out"], np.float32, [4], offset=16), a - b)
-
-
-def test_system_shared_memory_bounds_and_errors(grpc_client: Client, regions: dict[str, object]) -> None:
-    c, key = grpc_client.raw, regions["key"]
-    c.register_system_shared_memory("in", f"{key}_in", 16, offset=16)  # a window on the object's second half
-    for call, args, status, text in [
-        (c.register_system_shared_memory, ("in", f"{key}_in", 16), "StatusCode.ALREADY_EXISTS", "already in manager"),
-        (c.register_system_shared_memory, ("big", f"{key}_in", 64), "StatusCode.INVALID_ARGUMENT", "exceeds the size"),
-        (c.register_system_shared_memory, ("x", "/../../etc/passwd", 8), "StatusCode.INVALID_ARGUMENT", "invalid shared"),
-        (c.register_system_shared_memory, ("x", "/no_such_key_here", 8), "StatusCode.INTERNAL", "Unable to open"),
-        (c.get_system_shared_memory_status, ("nope",), "StatusCode.NOT_FOUND", "Unable to find"),
-    ]:
-        with pytest.raises(InferenceServerException) as e:
-            call(*args)
-        assert e.value.status() == status and text in e.value.message(), e.value
-    for region, offset, size, text in [("in", 8, 16, "outside shared memory region 'in'"),
-                                       ("in", -4, 16, "outside"), ("nope", 0, 16, "Unable to find")]:
-        inputs = [grpcclient.InferInput("INPUT0", [4], "FP32"), grpcclient.InferInput("INPUT1", [4], "FP32")]
-        inputs[0].set_shared_memory(region, size, offset=offset)
-        inputs[1].set_data_from_numpy(np.zeros(4, np.float32))
-        with pytest.raises(InferenceServerException) as e:
-            c.infer("add_sub", inputs)
-        assert e.value.status() == "StatusCode.INVALID_ARGUMENT" and text in e.value.message(), e.value
-    c.unregister_system_shared_memory("in")
-    assert not c.get_system_shared_memory_status().regions
-    assert c.is_server_live()

@@ -134,10 +134,10 @@ class HttpFrontend:
             if hl == 0 or (hl is None and not body):
                 req = v2_http.decode_raw_request(body, self.plane.raw_input_spec(model, version), model, version)
             else:
-                req = v2_http.decode_infer_request(body, hl, model, version)
+                req = v2_http.decode_infer_request(body, hl, model, version, self.plane.shm)
             served = self.plane.infer(req)
             chunks, json_length = v2_http.encode_infer_response(
-                req, served.response, served.version, served.labels, served.batching
+                req, served.response, served.version, served.labels, served.batching, self.plane.shm
             )
         except TritonError as e:
             return error_response(e)
@@ -286,4 +286,49 @@ def create_app(plane: DataPlane, frontend: HttpFrontend) -> Flask:
         plane.unload_model(model, False)
         return _json({})
 
+    _shared_memory_routes(app, plane, frontend)
     return app
+
+
+def _shared_memory_routes(app: Flask, plane: DataPlane, frontend: HttpFrontend) -> None:
+    """System shared memory (one registry with gRPC) and CUDA shared memory (unsupported), spec §1.11."""
+
+    @app.get("/v2/systemsharedmemory/status")
+    @app.get("/v2/systemsharedmemory/region/<region>/status")
+    def shm_status(region: str = "") -> Response:
+        return _json(plane.shm.status(region))
+
+    @app.post("/v2/systemsharedmemory/region/<region>/register")
+    def shm_register(region: str) -> Response:
+        body = frontend.read_wsgi_body(request.environ)
+        try:
+            data = orjson.loads(body)
+            key, offset, size = data["key"], data.get("offset", 0), data["byte_size"]
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            raise TritonError.invalid_arg("expected a JSON object with 'key', 'offset' and 'byte_size'") from None
+        if not isinstance(key, str) or not all(isinstance(v, int) and not isinstance(v, bool) for v in (offset, size)):
+            raise TritonError.invalid_arg("'key' must be a string, 'offset' and 'byte_size' integers")
+        plane.shm.register(region, key, offset, size)
+        return _json({})
+
+    @app.post("/v2/systemsharedmemory/unregister")
+    @app.post("/v2/systemsharedmemory/region/<region>/unregister")
+    def shm_unregister(region: str = "") -> Response:
+        plane.shm.unregister(region)
+        return _json({})
+
+    @app.get("/v2/cudasharedmemory/status")
+    @app.get("/v2/cudasharedmemory/region/<region>/status")
+    def cuda_status(region: str = "") -> Response:
+        if region:
+            raise TritonError.not_found(f"Unable to find cuda shared memory region: '{region}'")
+        return _json([])
+
+    @app.post("/v2/cudasharedmemory/region/<region>/register")
+    def cuda_register(region: str) -> Response:
+        raise TritonError.unsupported("CUDA shared memory is not supported by this server")
+
+    @app.post("/v2/cudasharedmemory/unregister")
+    @app.post("/v2/cudasharedmemory/region/<region>/unregister")
+    def cuda_unregister(region: str = "") -> Response:
+        return _json({})

@@ -16,6 +16,7 @@ from google.protobuf import json_format
 
 from ..errors import TritonError
 from ..inference import InferInput, InferRequest, InferResponse, RequestedOutput
+from ..shared_memory import parse_window, write_output
 from . import bytes_codec
 from ._generated import grpc_service_pb2 as pb
 from .classification import classify
@@ -99,16 +100,9 @@ def _shm_window(params: Any, what: str, shm: SharedMemoryRegistry | None) -> tup
         return None
     if shm is None:
         raise TritonError.unsupported(f"{what}: shared memory is not available on this endpoint")
-    region = oneof_value(params["shared_memory_region"])
-    size = params.get("shared_memory_byte_size")
-    offset = params.get("shared_memory_offset")
-    size_v = None if size is None else oneof_value(size)
-    offset_v = 0 if offset is None else oneof_value(offset)
-    if not isinstance(region, str) or not isinstance(size_v, int) or not isinstance(offset_v, int) \
-            or isinstance(size_v, bool) or isinstance(offset_v, bool):
-        raise TritonError.invalid_arg(f"{what}: 'shared_memory_region' (string) and 'shared_memory_byte_size' "
-                                      "(integer) must be given together, with an optional 'shared_memory_offset'")
-    return region, offset_v, size_v
+    size, offset = params.get("shared_memory_byte_size"), params.get("shared_memory_offset")
+    return parse_window(oneof_value(params["shared_memory_region"]), None if offset is None else oneof_value(offset),
+                        None if size is None else oneof_value(size), what)
 
 
 def _from_contents(contents: pb.InferTensorContents, dtype: DType, shape: tuple[int, ...], count: int, name: str,
@@ -232,10 +226,7 @@ def encode_infer_response(request: InferRequest, response: InferResponse, model_
         out = add_output(name=name, datatype=dtype.wire, shape=array.shape)
         data = bytes_codec.serialize(array) if dtype is BYTES else np.ascontiguousarray(array).tobytes()
         if spec is not None and spec.shm is not None:
-            region, offset, size = spec.shm
-            shm.write(region, offset, size, data, f"output '{name}'")  # type: ignore[union-attr]
-            set_parameters(out.parameters, {"shared_memory_region": region, "shared_memory_byte_size": len(data),
-                                            **({"shared_memory_offset": offset} if offset else {})})
+            set_parameters(out.parameters, write_output(shm, spec.shm, data, f"output '{name}'"))
             data = b""
         raw.append(data)
     if response.parameters:

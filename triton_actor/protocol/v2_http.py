@@ -6,16 +6,20 @@ here. Error texts follow Triton's ``http_server.cc`` so clients see the same mes
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
 
 from ..errors import TritonError
 from ..inference import InferInput, InferRequest, InferResponse, RequestedOutput
+from ..shared_memory import parse_window, write_output
 from . import bytes_codec
 from .classification import classify
 from .dtypes import BF16, BY_WIRE, BYTES, DType, from_numpy
+
+if TYPE_CHECKING:
+    from ..shared_memory import SharedMemoryRegistry
 
 # Request parameters Triton consumes itself; everything else (except triton_*) goes to the model.
 _CONSUMED = frozenset({"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "binary_data_output"})
@@ -43,8 +47,10 @@ def parse_header_length(value: str | None) -> int | None:
     return n
 
 
-def decode_infer_request(body: bytes, header_length: int | None, model_name: str, model_version: int) -> InferRequest:
-    """Decode an ``/infer`` body; binary tensors become zero-copy views of ``body``."""
+def decode_infer_request(body: bytes, header_length: int | None, model_name: str, model_version: int,
+                         shm: SharedMemoryRegistry | None = None) -> InferRequest:
+    """Decode an ``/infer`` body; binary tensors become zero-copy views of ``body``; tensors naming a
+    system shared-memory region are read from ``shm``."""
     if header_length is None:
         header, binary, offset = _loads(body), body, len(body)
     else:
@@ -68,18 +74,19 @@ def decode_infer_request(body: bytes, header_length: int | None, model_name: str
         )
     inputs: dict[str, InferInput] = {}
     for item in raw_inputs:
-        tensor, offset = _decode_input(item, binary, offset, model_name, prefix)
+        tensor, offset = _decode_input(item, binary, offset, model_name, prefix, shm)
         if tensor.name in inputs:
             raise TritonError.invalid_arg(f"{prefix}input '{tensor.name}' already exists in request")
         inputs[tensor.name] = tensor
     if offset != len(body):
         raise TritonError.invalid_arg(f"unexpected additional input data for model '{model_name}'")
     params, kwargs = _decode_parameters(header.get("parameters"), prefix)
-    outputs = _decode_outputs(header.get("outputs"), prefix)
+    outputs = _decode_outputs(header.get("outputs"), prefix, shm)
     return InferRequest(model_name, model_version, rid, inputs, outputs, params, **kwargs)
 
 
-def _decode_input(item: Any, body: bytes, offset: int, model_name: str, prefix: str) -> tuple[InferInput, int]:
+def _decode_input(item: Any, body: bytes, offset: int, model_name: str, prefix: str,
+                  shm: SharedMemoryRegistry | None) -> tuple[InferInput, int]:
     if not isinstance(item, dict):
         raise TritonError.invalid_arg(prefix + "each entry of 'inputs' must be an object")
     name, wire, shape = item.get("name"), item.get("datatype"), item.get("shape")
@@ -101,6 +108,12 @@ def _decode_input(item: Any, body: bytes, offset: int, model_name: str, prefix: 
     shape_t = tuple(shape)
     params = item.get("parameters") or {}
     size = params.get("binary_data_size") if isinstance(params, dict) else None
+    window = _shm_window(params, f"{prefix}input '{name}'", shm)
+    if window is not None:
+        if "data" in item or size is not None:
+            raise TritonError.invalid_arg(f"{prefix}input '{name}' has both shared memory and other data")
+        buf = shm.read(*window, f"{prefix}input '{name}'")  # type: ignore[union-attr]
+        return InferInput(name, dtype, shape_t, tensor_from_bytes(buf, dtype, shape_t, count, name, model_name, prefix)), offset
     if size is not None:
         if "data" in item:
             raise TritonError.invalid_arg(f"{prefix}input '{name}' has both 'data' and 'binary_data_size'")
@@ -228,7 +241,16 @@ def _bool(value: Any, key: str, prefix: str) -> bool:
     return value
 
 
-def _decode_outputs(outputs: Any, prefix: str) -> tuple[RequestedOutput, ...] | None:
+def _shm_window(params: Any, what: str, shm: SharedMemoryRegistry | None) -> tuple[str, int, int] | None:
+    if not isinstance(params, dict) or "shared_memory_region" not in params:
+        return None
+    if shm is None:
+        raise TritonError.unsupported(f"{what}: shared memory is not available on this endpoint")
+    return parse_window(params["shared_memory_region"], params.get("shared_memory_offset"),
+                        params.get("shared_memory_byte_size"), what)
+
+
+def _decode_outputs(outputs: Any, prefix: str, shm: SharedMemoryRegistry | None) -> tuple[RequestedOutput, ...] | None:
     if outputs is None:
         return None
     if not isinstance(outputs, list):
@@ -251,7 +273,8 @@ def _decode_outputs(outputs: Any, prefix: str) -> tuple[RequestedOutput, ...] | 
             raise TritonError.invalid_arg(
                 prefix + f"'classification' of output '{item['name']}' must be a non-negative integer"
             )
-        result.append(RequestedOutput(item["name"], binary, cls))
+        window = _shm_window(params, f"{prefix}output '{item['name']}'", shm)
+        result.append(RequestedOutput(item["name"], binary, cls, window))
     return tuple(result)
 
 
@@ -261,8 +284,10 @@ def encode_infer_response(
     model_version: int,
     labels: dict[str, list[str]],
     batching: bool,
+    shm: SharedMemoryRegistry | None = None,
 ) -> tuple[list[bytes], int | None]:
-    """Encode the response; returns the body chunks and the JSON header length (None: pure JSON)."""
+    """Encode the response; returns the body chunks and the JSON header length (None: pure JSON).
+    Outputs requested in shared memory are written there; their entries carry no data."""
     wanted: dict[str, RequestedOutput] | None = None
     if request.outputs is not None:
         wanted = {o.name: o for o in request.outputs}
@@ -276,6 +301,12 @@ def encode_infer_response(
                 continue
         if spec is not None and spec.classification:
             array = classify(array, spec.classification, labels.get(name), batching)
+        if spec is not None and spec.shm is not None:
+            dtype = _wire_dtype(array)
+            data = bytes_codec.serialize(array) if dtype is BYTES else np.ascontiguousarray(array).tobytes()
+            out_json.append({"name": name, "datatype": dtype.wire, "shape": list(array.shape),
+                             "parameters": write_output(shm, spec.shm, data, f"output '{name}'")})
+            continue
         binary = request.binary_output if spec is None or spec.binary is None else spec.binary
         out_json.append(_encode_output(name, array, binary, blobs))
     header: dict[str, Any] = {}
