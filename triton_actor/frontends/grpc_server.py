@@ -64,7 +64,8 @@ GRPC_STATUS: dict[Code, grpc.StatusCode] = {
 MAX_MESSAGE = 2**31 - 1  # Triton sets INT32_MAX for both directions (spec §2.1)
 _SERVICE = "inference.GRPCInferenceService"
 _HEALTH = "grpc.health.v1.Health"
-_END = object()
+_END = object()  # the client closed its side of a stream
+_GONE = object()  # the stream's RPC is over (cancelled, or the server stops)
 
 
 class _Malformed:
@@ -75,6 +76,7 @@ class _Malformed:
 
 
 _MALFORMED = _Malformed()
+
 
 def _deserializer(message_type: Any) -> Callable[[bytes], Any]:
     parse = message_type.FromString
@@ -151,10 +153,13 @@ class GrpcServer:
         """``ModelStreamInfer``: a reader thread hands each request to the hub; this generator writes
         the responses as they complete, until the client has closed its side and all are written."""
         out: _queue.SimpleQueue = _queue.SimpleQueue()
+        context.add_callback(lambda: out.put(_GONE))  # a cancelled RPC must not leave this thread waiting
         self._executor.submit(self._read_stream, requests, out)
         pending, reading = 0, True
         while reading or pending:
             item = out.get()
+            if item is _GONE:
+                return
             if item is _END:
                 reading = False
             elif item.__class__ is int:
