@@ -1,8 +1,9 @@
 """The gRPC server: grpcio's sync server on native threads, each call handed to a hub greenlet.
 
-How the design was chosen: ``scripts/bench_grpc.py --variants native,aio,gevent`` ran perf_analyzer
-``-i grpc`` on add_sub against the three candidates and real Triton 2.51, interleaved, 3 rounds, on
-the shared 2-core VM (load average 6-7, so compare ratios within the run), medians (infer/s, p50):
+How the design was chosen: ``scripts/bench_grpc.py --variants native,aio,gevent --rounds 3
+--window-ms 2000`` ran perf_analyzer ``-i grpc`` on add_sub against the three candidates and real
+Triton 2.51, interleaved, on the shared 2-core VM (load average 6-7: compare ratios within the run),
+medians (infer/s, p50):
 
 =====================================  ====================  ====================
 candidate                              concurrency 1         concurrency 4
@@ -18,15 +19,26 @@ under concurrency (as in feasibility §7); skipping ``init_gevent`` while grpcio
 patched into greenlets hangs. The native and aio designs keep grpcio off the hub and are level
 within the noise; native won because it is the simpler one to keep correct: it serves the
 streaming RPC with the same threads, needs no second event loop, and leaves grpcio's own
-machinery as it is (``scripts/grpc_candidates.py`` keeps the losers runnable).
+machinery as it is (``scripts/grpc_candidates.py`` keeps the losers runnable). A fourth candidate,
+``hub`` (grpcio's handlers themselves in hub greenlets, blocking the hub while grpcio waits on its
+polling thread), measured level with native in a later run (c=1 0.66x vs 0.78x, c=4 0.39x vs
+0.38x) and blocks the hub, so it lost too. A clean run of the shipped design (bench_grpc.py
+--variants native, load ~4): gRPC c=1 1332/s p50 691 us (0.62x), c=4 1644/s p50 2307 us (0.42x);
+HTTP in the same run 1.09x and 0.88x.
 
 How it works: grpcio's polling thread and handler threads are *native* OS threads
 (``grpc._server`` is given the unpatched ``threading`` of :mod:`..actors.native_threads`, and the
 handler pool is a :class:`NativeExecutor`); only the servicer method crosses to the hub, through a
 :class:`HubPort` (one hop there, one back). ``init_gevent`` is never called, so grpc's C core does
-its own I/O. What remains between us and Triton is thread hops: grpcio's sync server wakes a
-handler thread and round-trips to its polling thread to read the request, and our model path
-adds hub and instance hops that Triton's C++ does not have.
+its own I/O.
+
+Where the time goes (sequential Python client, add_sub, p50): grpcio's sync server answering a canned
+response from its handler thread ~450-490 us; handing that canned answer through the hub adds
+~70-140 us; the real servicer (decode, data plane, inline model, encode) another ~170-190 us. So
+grpcio's own per-call cost (a handler thread woken per call, a round trip to the polling thread to
+read the request) is most of the gap to Triton, and under concurrency the one process's GIL is the
+limit (~540 us of CPU per gRPC request against ~205 us per HTTP request). A ratio of 1.0 needs a
+cheaper gRPC stack than grpcio's Python server (or gRPC served from more than one process).
 
 Status codes are mapped here and only here (spec §1.2).
 """
