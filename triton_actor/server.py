@@ -133,6 +133,10 @@ class Server:
             log.error("%s; exiting (--exit-on-error=true)", e)
             self.stop()
             return 1
+        except OSError as e:  # a port already taken: like Triton, exit with an error
+            log.error("failed to start: %s", e)
+            self.stop()
+            return 1
         self._stopped.wait()
         for h in handlers:
             h.cancel()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -235,3 +236,15 @@ def test_sigterm_drains_grpc(tmp_path: Path, start_server) -> None:
     assert server.wait_exit(60) == 0
     client.close()
 
+
+
+def test_grpc_port_in_use_exits_with_an_error(tmp_path: Path, start_server) -> None:
+    add_model(tmp_path, "ident", IDENTITY_CONFIG, IDENTITY_PY)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        server = start_server(tmp_path, flags=("--grpc-port", str(port)), wait=False)
+        assert server.wait_exit(60) == 1
+    assert f"failed to start: failed to bind gRPC to 127.0.0.1:{port}" in server.log()
+    assert "Traceback" not in server.log()
