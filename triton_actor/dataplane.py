@@ -17,6 +17,7 @@ from .inference import InferRequest, InferResponse
 from .protocol import payloads
 from .protocol.dtypes import BY_ENUM_VALUE, DType
 from .repository import config as config_mod
+from .runtime_settings import RuntimeSettings
 from .shared_memory import SharedMemoryRegistry
 
 SERVER_VERSION = "2.51.0"  # the Triton release whose protocol we speak (clients compare versions)
@@ -35,12 +36,14 @@ class Served:
 class DataPlane:
     """Stateless facade; every method may be called from any request greenlet."""
 
-    def __init__(self, repository: RepositoryActor, server_id: str = "triton", strict_readiness: bool = True) -> None:
+    def __init__(self, repository: RepositoryActor, server_id: str = "triton", strict_readiness: bool = True,
+                 runtime: RuntimeSettings | None = None) -> None:
         self.repository = repository
         self.server_id = server_id
         self.strict_readiness = strict_readiness
         self.live = False  # flipped by the server on start / shutdown
         self.shm = SharedMemoryRegistry()  # system shared memory regions, shared by HTTP and gRPC
+        self.runtime = runtime or RuntimeSettings()  # log and trace settings, shared by HTTP and gRPC
         self.accepting = False
 
     # -- health and metadata ----------------------------------------------------------------------

@@ -59,7 +59,8 @@ class Server:
         backends = backends or default_backends(settings.backend_config)
         self.repository = RepositoryActor(list(settings.model_repositories), backends, load,
                                           settings.model_control_mode)
-        self.plane = DataPlane(self.repository, settings.server_id, settings.strict_readiness)
+        self.plane = DataPlane(self.repository, settings.server_id, settings.strict_readiness,
+                               RuntimeSettings(settings.log_info, settings.log_verbose))
         self.http: HttpServer | None = None
         self.frontend: HttpFrontend | None = None
         self.grpc: GrpcServer | None = None
@@ -76,8 +77,7 @@ class Server:
         s = self.settings
         self.repository.start()
         if s.allow_grpc:
-            servicer = GrpcServicer(self.plane, RuntimeSettings(s.log_info, s.log_verbose))
-            self.grpc = GrpcServer(servicer, s.grpc_address, s.grpc_port, dict(s.grpc_options))
+            self.grpc = GrpcServer(GrpcServicer(self.plane), s.grpc_address, s.grpc_port, dict(s.grpc_options))
             log.info("Started GRPCInferenceService at %s:%d", s.grpc_address, self.grpc.start())
         if s.allow_http:
             self.frontend = HttpFrontend(self.plane, s.http_max_input_size)

@@ -73,6 +73,23 @@ class Client:
                     for k, v in result.get_output(name).parameters.items()}
         return result.get_output(name).get("parameters", {})
 
+    def log_settings(self, update: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Log settings (after ``update``), as plain values."""
+        answer = self.raw.update_log_settings(update) if update else self.raw.get_log_settings()
+        if self.grpc:
+            return {k: getattr(v, v.WhichOneof("parameter_choice")) for k, v in answer.settings.items()}
+        return answer
+
+    def trace_settings(self, model: str = "", update: dict[str, Any] | None = None) -> dict[str, list[str]]:
+        """Trace settings (after ``update``), every value a list of strings as gRPC has them."""
+        if update:
+            answer = self.raw.update_trace_settings(model or None, update)
+        else:
+            answer = self.raw.get_trace_settings(model or None)
+        if self.grpc:
+            return {k: list(v.value) for k, v in answer.settings.items()}
+        return {k: v if isinstance(v, list) else [v] for k, v in answer.items()}
+
     def response(self, result: Any) -> dict[str, Any]:
         """The infer response's header as a dict (id, model_name, model_version, outputs...)."""
         return to_json_dict(result.get_response()) if self.grpc else result.get_response()

@@ -131,24 +131,9 @@ def test_health_service(example_server: ServerProcess) -> None:
     assert answer.status == health_pb2.HealthCheckResponse.SERVING
 
 
-def test_settings_and_shared_memory_answers(grpc_client: Client) -> None:
+def test_cuda_shared_memory_answers(grpc_client: Client) -> None:
     c = grpc_client.raw
-    log = c.get_log_settings(as_json=True)["settings"]
-    assert log["log_verbose_level"] == {"uint32_param": 0} and log["log_format"] == {"string_param": "default"}
-    trace = c.get_trace_settings(as_json=True)["settings"]
-    assert trace["trace_level"] == {"value": ["OFF"]} and trace["trace_mode"] == {"value": ["triton"]}
-    with pytest.raises(InferenceServerException) as e:
-        c.get_trace_settings("nope")
-    assert "Request for unknown model : nope" in e.value.message()
-    updated = c.update_trace_settings("add_sub", {"trace_rate": "5"}, as_json=True)["settings"]
-    assert updated["trace_rate"] == {"value": ["5"]}
-    assert c.get_trace_settings(as_json=True)["settings"]["trace_rate"] == {"value": ["1000"]}  # global unchanged
-    log = c.update_log_settings({"log_verbose_level": 1}, as_json=True)["settings"]
-    assert log["log_verbose_level"] == {"uint32_param": 1}
-    log = c.update_log_settings({"log_verbose_level": 0}, as_json=True)["settings"]
-    with pytest.raises(InferenceServerException) as e:
-        c.update_log_settings({"log_format": "xml"})
-    assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert not c.get_cuda_shared_memory_status().regions
     c.unregister_system_shared_memory("zz")  # unknown region: a no-op, as Triton
     with pytest.raises(InferenceServerException) as e:
         c.register_cuda_shared_memory("c", b"x" * 64, 0, 16)

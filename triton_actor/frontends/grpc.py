@@ -16,7 +16,6 @@ from ..errors import TritonError
 from ..protocol import v2_grpc
 from ..protocol._generated import grpc_service_pb2 as pb
 from ..protocol._generated import health_pb2
-from ..runtime_settings import RuntimeSettings
 
 log = logging.getLogger(__name__)
 
@@ -24,9 +23,9 @@ log = logging.getLogger(__name__)
 class GrpcServicer:
     """The RPCs, each ``method(request message) -> response message`` in a hub greenlet."""
 
-    def __init__(self, plane: DataPlane, settings: RuntimeSettings) -> None:
+    def __init__(self, plane: DataPlane) -> None:
         self.plane = plane
-        self.settings = settings
+        self.settings = plane.runtime
 
     # -- health and metadata ----------------------------------------------------------------------
     def ServerLive(self, req: pb.ServerLiveRequest) -> pb.ServerLiveResponse:
