@@ -74,7 +74,7 @@ def rss_kb(pid: int, with_children: bool) -> int:
 def start_ours(repo: Path, port: int, *extra: str, log: Path | None = None) -> subprocess.Popen:
     """Our server on ``repo`` (extra flags appended); its output goes to ``log`` if given, else nowhere."""
     args = [sys.executable, "-m", "triton_actor", "--model-repository", str(repo), "--http-port", str(port),
-            "--http-address", "127.0.0.1", "--log-info=false", *extra]
+            "--http-address", "127.0.0.1", "--log-info=false", "--allow-grpc=false", *extra]
     out = log.open("wb") if log else subprocess.DEVNULL
     try:
         return subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
@@ -93,11 +93,12 @@ class PerfFailed(SystemExit):
     """perf_analyzer exited non-zero (e.g. no stable measurement within --max-trials); carries its output."""
 
 
-def perf(port: int, concurrency: int, window_ms: int, out_csv: Path, *, model: str = "add_sub",
-         stability: int = 20, max_trials: int = 20, extra: tuple[str, ...] = ()) -> dict[str, float]:
+def perf(port: int, concurrency: int, window_ms: int, out_csv: Path, protocol: str = "http", *,
+         model: str = "add_sub", stability: int = 20, max_trials: int = 20,
+         extra: tuple[str, ...] = ()) -> dict[str, float]:
     """One perf_analyzer run (HTTP, one concurrency); infer/s and p50/p99 latency (µs) from its CSV, plus the
     server-side queue and compute-infer times (µs per request) it read from the statistics endpoint."""
-    args = [str(TOOLS / "perf_analyzer"), "-m", model, "-u", f"127.0.0.1:{port}", "-i", "http",
+    args = [str(TOOLS / "perf_analyzer"), "-m", model, "-u", f"127.0.0.1:{port}", "-i", protocol,
             "--concurrency-range", str(concurrency), "-p", str(window_ms), "-s", str(stability),
             "--max-trials", str(max_trials), "-f", str(out_csv), *extra]
     proc = subprocess.run(args, capture_output=True, text=True)
@@ -107,6 +108,18 @@ def perf(port: int, concurrency: int, window_ms: int, out_csv: Path, *, model: s
     return {"rps": float(row["Inferences/Second"]), "p50_us": float(row["p50 latency"]),
             "p99_us": float(row["p99 latency"]), "queue_us": float(row.get("Server Queue") or 0),
             "infer_us": float(row.get("Server Compute Infer") or 0)}
+
+
+def stop_servers(procs: list[subprocess.Popen], work: Path) -> None:
+    """SIGINT every server (a clean stop), kill what is still there after 30 s, remove the scratch folder."""
+    for proc in procs:
+        proc.send_signal(signal.SIGINT)
+    for proc in procs:
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    shutil.rmtree(work, ignore_errors=True)
 
 
 def main() -> int:
@@ -149,14 +162,7 @@ def main() -> int:
                           f"p50 {res['p50_us']:5.0f} us p99 {res['p99_us']:5.0f} us", flush=True)
         memory_after = {n: rss_kb(p.pid, n == "triton") / 1024 for n, (p, _) in servers.items()}
     finally:
-        for proc, _ in servers.values():
-            proc.send_signal(signal.SIGINT)
-        for proc, _ in servers.values():
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        shutil.rmtree(work, ignore_errors=True)
+        stop_servers([proc for proc, _ in servers.values()], work)
     med = {n: {c: {k: statistics.median(x[k] for x in runs) for k in runs[0]} for c, runs in per.items()}
            for n, per in results.items()}
     lines = ["| concurrency | server | infer/s (median) | p50 µs | p99 µs | ratio vs Triton (infer/s) |",

@@ -2,7 +2,15 @@
 
 import importlib.util
 
+# The test process is a gRPC *client* under gevent: tritonclient's streams and callbacks run on
+# grpcio's own threads, which the patching turned into greenlets; grpcio's documented gevent
+# integration makes them cooperative. (The server never calls this: its gRPC runs on native threads,
+# see triton_actor/frontends/grpc_server.py; it always runs in a subprocess here.)
+from grpc.experimental import gevent as grpc_gevent
+
 import triton_actor.bootstrap  # noqa: F401
+
+grpc_gevent.init_gevent()
 
 # torch's import runs `ldconfig` through the stdlib subprocess (ctypes.util.find_library). Once the
 # harness has started a server with gevent.subprocess, gevent's SIGCHLD reaper takes that child's

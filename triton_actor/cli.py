@@ -26,6 +26,11 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
 
 
+def _int_or_bool(text: str) -> int:
+    low = text.strip().lower()
+    return 1 if low in _TRUE else 0 if low in _FALSE else int(text)
+
+
 def _flag(parser: argparse.ArgumentParser, name: str, default: bool, help_: str) -> None:
     """Triton booleans: ``--flag``, ``--flag=true`` and ``--flag=false`` all parse."""
     parser.add_argument(name, type=_bool, nargs="?", const=True, default=default, metavar="BOOL", help=help_)
@@ -43,6 +48,17 @@ def _backend_config(values: list[str]) -> dict[str, dict[str, str]]:
     return out
 
 
+# tritonserver's gRPC keepalive flags → grpcio server arguments, with Triton's defaults (spec §2.4)
+GRPC_KEEPALIVE = {
+    "--grpc-keepalive-time": ("grpc.keepalive_time_ms", 7_200_000),
+    "--grpc-keepalive-timeout": ("grpc.keepalive_timeout_ms", 20_000),
+    "--grpc-keepalive-permit-without-calls": ("grpc.keepalive_permit_without_calls", 0),
+    "--grpc-http2-max-pings-without-data": ("grpc.http2.max_pings_without_data", 2),
+    "--grpc-http2-min-recv-ping-interval-without-data": ("grpc.http2.min_recv_ping_interval_without_data_ms", 300_000),
+    "--grpc-http2-max-ping-strikes": ("grpc.http2.max_ping_strikes", 2),
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="triton-actor", description="A Triton-compatible inference server in Python.")
     p.add_argument("--version", action="version", version=f"triton-actor {__version__}")
@@ -53,7 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--http-port", type=int, default=8000, help="0 picks a free port (logged at start)")
     _flag(p, "--allow-http", True, "serve HTTP/REST")
     p.add_argument("--grpc-address", default="0.0.0.0")
-    p.add_argument("--grpc-port", type=int, default=8001, help="reserved: gRPC arrives in a later version")
+    p.add_argument("--grpc-port", type=int, default=8001, help="0 picks a free port (logged at start)")
+    _flag(p, "--allow-grpc", True, "serve gRPC")
+    _flag(p, "--reuse-grpc-port", False, "let other processes bind the gRPC port too (SO_REUSEPORT)")
+    p.add_argument("--grpc-infer-allocation-pool-size", type=int, default=8, help="accepted for compatibility; unused")
+    for flag, (_arg, default) in GRPC_KEEPALIVE.items():
+        p.add_argument(flag, type=_int_or_bool, default=default, help=f"gRPC keepalive (default {default})")
     p.add_argument("--metrics-port", type=int, default=8002, help="reserved: metrics arrive in a later version")
     p.add_argument("--http-max-input-size", type=int, default=64 * 1024 * 1024, help="bytes, also after decompression")
     p.add_argument("--log-verbose", type=int, default=0)
@@ -97,6 +118,9 @@ def parse(argv: Sequence[str] | None = None, environ: dict[str, str] | None = No
         allow_http=args.allow_http,
         grpc_address=args.grpc_address,
         grpc_port=args.grpc_port,
+        allow_grpc=args.allow_grpc,
+        grpc_options=(("grpc.so_reuseport", int(args.reuse_grpc_port)),
+                      *((arg, int(getattr(args, flag[2:].replace("-", "_")))) for flag, (arg, _) in GRPC_KEEPALIVE.items())),
         metrics_port=args.metrics_port,
         http_max_input_size=args.http_max_input_size,
         log_verbose=args.log_verbose,

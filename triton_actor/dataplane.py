@@ -20,6 +20,7 @@ from .protocol import payloads
 from .protocol.dtypes import BY_ENUM_VALUE, DType
 from .repository import config as config_mod
 from .repository.overrides import FILE_PREFIX
+from .runtime_settings import RuntimeSettings
 from .shared_memory import SharedMemoryRegistry
 
 SERVER_VERSION = "2.51.0"  # the Triton release whose protocol we speak (clients compare versions)
@@ -71,12 +72,13 @@ class DataPlane:
     """Stateless facade; every method may be called from any request greenlet."""
 
     def __init__(self, repository: RepositoryActor, server_id: str = "triton", strict_readiness: bool = True,
-                 shm: SharedMemoryRegistry | None = None) -> None:
+                 shm: SharedMemoryRegistry | None = None, runtime: RuntimeSettings | None = None) -> None:
         self.repository = repository
         self.shm = shm or SharedMemoryRegistry()
         self.server_id = server_id
         self.strict_readiness = strict_readiness
         self.live = False  # flipped by the server on start / shutdown
+        self.runtime = runtime or RuntimeSettings()  # log and trace settings, shared by HTTP and gRPC
         self.accepting = False
 
     # -- health and metadata ----------------------------------------------------------------------
@@ -106,14 +108,24 @@ class DataPlane:
         return payloads.model_metadata(name, versions, handle.config)
 
     def model_config(self, name: str, version: int) -> dict[str, Any]:
+        return config_mod.to_json_dict(self.model_config_message(name, version))
+
+    def model_config_message(self, name: str, version: int) -> Any:
+        """The model's ``ModelConfig`` protobuf (gRPC ModelConfig answers it as is)."""
         handle, _ = self._version(name, version)
-        return config_mod.to_json_dict(handle.config)
+        return handle.config
 
     # -- inference --------------------------------------------------------------------------------
+    def is_known(self, name: str) -> bool:
+        return name in self.repository.routes
+
+    def is_decoupled(self, name: str) -> bool:
+        handle = self.repository.routes.get(name)
+        return handle is not None and handle.config is not None and handle.config.model_transaction_policy.decoupled
+
     def reject_decoupled(self, name: str) -> None:
         """``/infer`` (one request, one response) refuses decoupled models, as Triton does (spec surprise #4)."""
-        handle = self.repository.routes.get(name)
-        if handle is not None and handle.config is not None and handle.config.model_transaction_policy.decoupled:
+        if self.is_decoupled(name):
             raise TritonError.unsupported("HTTP end point doesn't support models with decoupled transaction policy")
 
     def infer(self, request: InferRequest) -> Served:

@@ -25,7 +25,8 @@ class InferInput(NamedTuple):
 
 
 class RequestedOutput(NamedTuple):
-    """One entry of the request's ``outputs``: ``binary`` None means "use the request default"."""
+    """One entry of the request's ``outputs``: ``binary`` None means "use the request default";
+    ``shm`` is (region name, offset, byte size) when the result goes to system shared memory."""
 
     name: str
     binary: bool | None = None

@@ -22,8 +22,11 @@ from .backends.python.backend import PythonBackend
 from .backends.pytorch import PyTorchBackend
 from .dataplane import DataPlane
 from .devices import gpu_count
+from .frontends.grpc import GrpcServicer
+from .frontends.grpc_server import GrpcServer
 from .frontends.http import HttpFrontend
 from .frontends.http_server import HttpServer
+from .runtime_settings import RuntimeSettings
 from .settings import Settings
 from .shared_memory import SharedMemoryRegistry
 
@@ -59,9 +62,11 @@ class Server:
                                           settings.model_control_mode, settings.load_models,
                                           settings.repository_poll_secs, settings.model_load_thread_count)
         self.plane = DataPlane(self.repository, settings.server_id, settings.strict_readiness,
-                               SharedMemoryRegistry(settings.allow_client_shm, load.gpu_count))
+                               SharedMemoryRegistry(settings.allow_client_shm, load.gpu_count),
+                               RuntimeSettings(settings.log_info, settings.log_verbose))
         self.http: HttpServer | None = None
         self.frontend: HttpFrontend | None = None
+        self.grpc: GrpcServer | None = None
         self._stopped = gevent.event.Event()
         self._stopping = False
 
@@ -74,6 +79,9 @@ class Server:
         """Listen (live, not ready), load every model, then accept inference."""
         s = self.settings
         self.repository.start()
+        if s.allow_grpc:
+            self.grpc = GrpcServer(GrpcServicer(self.plane), s.grpc_address, s.grpc_port, dict(s.grpc_options))
+            log.info("Started GRPCInferenceService at %s:%d", s.grpc_address, self.grpc.start())
         if s.allow_http:
             self.frontend = HttpFrontend(self.plane, s.http_max_input_size)
             self.http = HttpServer(s.http_address, s.http_port, self.frontend)
@@ -97,12 +105,15 @@ class Server:
         self._stopping = True
         log.info("shutting down: waiting up to %.0f s for in-flight requests", self.settings.exit_timeout_secs)
         self.plane.accepting = False
+        grpc_stop = gevent.spawn(self.grpc.stop, self.settings.exit_timeout_secs) if self.grpc is not None else None
         if self.http is not None:
             self.http.close()  # no new connections; requests already being handled run to completion
             if not self.frontend.wait_idle(self.settings.exit_timeout_secs):
                 log.warning("%d request(s) still running after %.0f s", self.frontend.in_flight,
                             self.settings.exit_timeout_secs)
             self.http.stop(timeout=1)
+        if grpc_stop is not None:
+            grpc_stop.join()  # gRPC refuses new RPCs and waits for running ones, alongside HTTP's drain
         try:
             self.repository.ref.ask(UnloadAll(), timeout=self.settings.exit_timeout_secs).get(
                 self.settings.exit_timeout_secs)
@@ -123,6 +134,10 @@ class Server:
             self.start()
         except StartupError as e:
             log.error("%s; exiting (--exit-on-error=true)", e)
+            self.stop()
+            return 1
+        except OSError as e:  # a port already taken: like Triton, exit with an error
+            log.error("failed to start: %s", e)
             self.stop()
             return 1
         self._stopped.wait()

@@ -17,6 +17,8 @@ class Settings:
     allow_http: bool = True
     grpc_address: str = "0.0.0.0"
     grpc_port: int = 8001
+    allow_grpc: bool = True
+    grpc_options: tuple[tuple[str, int], ...] = ()  # grpcio channel arguments (keepalive flags)
     metrics_port: int = 8002
     http_max_input_size: int = 64 * 1024 * 1024
     log_verbose: int = 0

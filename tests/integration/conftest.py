@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 import tritonclient.http as httpclient
 
+from .clients import PROTOCOLS, Client
 from .server import ROOT, ServerProcess
 
 
 @pytest.fixture(scope="session")
 def example_server() -> Iterator[ServerProcess]:
-    server = ServerProcess(ROOT / "model_repository").wait_ready()
+    server = ServerProcess(ROOT / "model_repository", flags=("--allow-client-shm=true",)).wait_ready()
     yield server
     server.stop()
 
@@ -21,6 +22,21 @@ def example_server() -> Iterator[ServerProcess]:
 @pytest.fixture
 def client(example_server: ServerProcess) -> Iterator[httpclient.InferenceServerClient]:
     c = httpclient.InferenceServerClient(example_server.url, concurrency=8)
+    yield c
+    c.close()
+
+
+@pytest.fixture(params=PROTOCOLS)
+def any_client(request: pytest.FixtureRequest, example_server: ServerProcess) -> Iterator[Client]:
+    """The example server through ``tritonclient.http`` and then ``tritonclient.grpc``."""
+    c = Client(request.param, example_server)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def grpc_client(example_server: ServerProcess) -> Iterator[Client]:
+    c = Client("grpc", example_server)
     yield c
     c.close()
 

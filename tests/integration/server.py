@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import signal
 import sys
 import textwrap
@@ -15,6 +16,7 @@ from gevent import subprocess  # cooperative pipes: the harness reads server log
 
 ROOT = Path(__file__).resolve().parents[2]
 _PORT = re.compile(r"Started HTTPService at [^ ]+:(\d+)")
+_GRPC_PORT = re.compile(r"Started GRPCInferenceService at [^ ]+:(\d+)")
 
 
 class ServerProcess:
@@ -24,12 +26,14 @@ class ServerProcess:
         args = [sys.executable, "-m", "triton_actor"]
         for repo in repos:
             args += ["--model-repository", str(repo)]
-        args += ["--http-port", "0", "--http-address", "127.0.0.1", *flags]
+        args += ["--http-port", "0", "--http-address", "127.0.0.1", "--grpc-port", "0", "--grpc-address", "127.0.0.1",
+                 *flags]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(args, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
                                      env=env)
         self.lines: list[str] = []
         self.port: int | None = None
+        self.grpc_port: int | None = None
         self._port_seen = gevent.event.Event()
         self._ready_seen = gevent.event.Event()
         self._reader = gevent.spawn(self._read)
@@ -38,6 +42,9 @@ class ServerProcess:
         assert self.proc.stderr is not None
         for line in self.proc.stderr:
             self.lines.append(line.rstrip("\n"))
+            g = _GRPC_PORT.search(line)
+            if g:
+                self.grpc_port = int(g.group(1))
             m = _PORT.search(line)
             if m:
                 self.port = int(m.group(1))
@@ -50,6 +57,10 @@ class ServerProcess:
     @property
     def url(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
 
     def wait_ready(self, timeout: float = 60) -> ServerProcess:
         """Wait until the server logged that startup finished; raise with its log if it exited."""
@@ -72,6 +83,16 @@ class ServerProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             return self.proc.wait()
+
+
+def wait_for_fifo(fifo: Path, server: ServerProcess, timeout: float = 60) -> None:
+    """Wait (on the fd, no sleep) until a model writes to ``fifo`` (made with ``os.mkfifo``)."""
+    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        readable, _, _ = select.select([fd], [], [], timeout)
+        assert readable, "the request never reached execute():\n" + server.log()
+    finally:
+        os.close(fd)
 
 
 def add_model(repo: Path, name: str, config: str | None, model_py: str, versions: tuple[str, ...] = ("1",),

@@ -1,16 +1,22 @@
-"""The example repository through the official tritonclient (HTTP): values checked against numpy."""
+"""The example repository through the official tritonclient, HTTP and gRPC: values checked against numpy.
+
+Tests taking ``any_client`` run once per protocol (see ``clients.py``); the others are HTTP-only.
+"""
 
 from __future__ import annotations
 
 import gzip
 import http.client
 import json
+from functools import partial
 
+import gevent.queue
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from .clients import Client
 from .server import ServerProcess
 
 
@@ -23,7 +29,12 @@ def _add_sub_inputs(a: np.ndarray, b: np.ndarray, binary: bool = True) -> list[h
     return inputs
 
 
-def test_health_and_server_metadata(client: httpclient.InferenceServerClient) -> None:
+def _inputs(client: Client, a: np.ndarray, b: np.ndarray, binary: bool = True) -> list[object]:
+    return [client.input("INPUT0", a, "FP32", binary), client.input("INPUT1", b, "FP32", binary)]
+
+
+def test_health_and_server_metadata(any_client: Client) -> None:
+    client = any_client
     assert client.is_server_live()
     assert client.is_server_ready()
     meta = client.get_server_metadata()
@@ -31,7 +42,8 @@ def test_health_and_server_metadata(client: httpclient.InferenceServerClient) ->
     assert "binary_tensor_data" in meta["extensions"] and "statistics" in meta["extensions"]
 
 
-def test_model_metadata_and_config(client: httpclient.InferenceServerClient) -> None:
+def test_model_metadata_and_config(any_client: Client) -> None:
+    client = any_client
     meta = client.get_model_metadata("add_sub")
     assert meta == {
         "name": "add_sub", "versions": ["1"], "platform": "python",
@@ -52,35 +64,54 @@ def test_model_metadata_and_config(client: httpclient.InferenceServerClient) -> 
 
 
 @pytest.mark.parametrize("binary", [True, False])
-def test_add_sub_values(client: httpclient.InferenceServerClient, binary: bool) -> None:
+def test_add_sub_values(any_client: Client, binary: bool) -> None:
+    client = any_client
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal(4).astype(np.float32), rng.standard_normal(4).astype(np.float32)
-    outputs = [httpclient.InferRequestedOutput(n, binary_data=binary) for n in ("OUTPUT0", "OUTPUT1")]
-    result = client.infer("add_sub", _add_sub_inputs(a, b, binary), outputs=outputs, request_id="r1")
+    outputs = [client.output(n, binary) for n in ("OUTPUT0", "OUTPUT1")]
+    result = client.infer("add_sub", _inputs(client, a, b, binary), outputs=outputs, request_id="r1")
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
-    assert result.get_response()["id"] == "r1"
-    assert result.get_response()["model_version"] == "1"
+    assert client.response(result)["id"] == "r1"
+    assert client.response(result)["model_version"] == "1"
 
 
-def test_requested_output_subset(client: httpclient.InferenceServerClient) -> None:
+def test_requested_output_subset(any_client: Client) -> None:
+    client = any_client
     a, b = np.arange(4, dtype=np.float32), np.ones(4, dtype=np.float32)
-    result = client.infer("add_sub", _add_sub_inputs(a, b), outputs=[httpclient.InferRequestedOutput("OUTPUT1")])
+    result = client.infer("add_sub", _inputs(client, a, b), outputs=[client.output("OUTPUT1")])
     assert result.as_numpy("OUTPUT0") is None
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
 
 
-def test_string_model(client: httpclient.InferenceServerClient) -> None:
+def test_string_model(any_client: Client) -> None:
+    client = any_client
     text = np.array([["hello", "wörld"], ["a", ""]], dtype=np.object_)
     for binary in (True, False):
-        i = httpclient.InferInput("TEXT", [2, 2], "BYTES")
-        i.set_data_from_numpy(text, binary_data=binary)
-        outs = [httpclient.InferRequestedOutput(n, binary_data=binary) for n in ("UPPER", "LENGTH")]
+        i = client.input("TEXT", text, "BYTES", binary)
+        outs = [client.output(n, binary) for n in ("UPPER", "LENGTH")]
         result = client.infer("string_ops", [i], outputs=outs)
         upper = result.as_numpy("UPPER")
         assert upper.shape == (2, 2)
         assert [x.decode() if isinstance(x, bytes) else x for x in upper.reshape(-1)] == ["HELLO", "WÖRLD", "A", ""]
         np.testing.assert_array_equal(result.as_numpy("LENGTH"), [[5, 6], [1, 0]])
+
+
+def test_identity_batch_concurrent_grpc(grpc_client: Client) -> None:
+    """gRPC ``async_infer``: 16 requests in flight at once, answered through callbacks."""
+    any_client = grpc_client
+    done = gevent.queue.Queue()
+    for k in range(16):
+        i = any_client.input("INPUT0", np.full((1, 3), k, dtype=np.float32), "FP32")
+        any_client.async_infer("identity_batch", [i], partial(_collect, done, k))
+    for _ in range(16):
+        k, result, error = done.get(timeout=30)
+        assert error is None
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.full((1, 3), k, dtype=np.float32))
+
+
+def _collect(done: gevent.queue.Queue, k: int, result: object, error: object) -> None:
+    done.put((k, result, error))
 
 
 def test_identity_batch_concurrent(client: httpclient.InferenceServerClient) -> None:
@@ -93,10 +124,11 @@ def test_identity_batch_concurrent(client: httpclient.InferenceServerClient) -> 
         np.testing.assert_array_equal(p.get_result().as_numpy("OUTPUT0"), np.full((1, 3), k, dtype=np.float32))
 
 
-def test_classification(client: httpclient.InferenceServerClient) -> None:
+def test_classification(any_client: Client) -> None:
+    client = any_client
     a, b = np.array([1, 2, 3, 4], dtype=np.float32), np.array([10, 20, 30, 40], dtype=np.float32)
-    out = httpclient.InferRequestedOutput("OUTPUT0", binary_data=False, class_count=2)
-    result = client.infer("add_sub", _add_sub_inputs(a, b), outputs=[out])
+    out = client.output("OUTPUT0", binary=False, class_count=2)
+    result = client.infer("add_sub", _inputs(client, a, b), outputs=[out])
     assert [x.decode() if isinstance(x, bytes) else x for x in result.as_numpy("OUTPUT0")] == ["44.000000:3", "33.000000:2"]
 
 
@@ -108,11 +140,12 @@ def test_compression_both_ways(client: httpclient.InferenceServerClient) -> None
         np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
 
 
-def test_statistics_are_cumulative(client: httpclient.InferenceServerClient) -> None:
+def test_statistics_are_cumulative(any_client: Client) -> None:
+    client = any_client
     before = client.get_inference_statistics("add_sub")["model_stats"][0]
     a, b = np.arange(4, dtype=np.float32), np.ones(4, dtype=np.float32)
     for _ in range(3):
-        client.infer("add_sub", _add_sub_inputs(a, b))
+        client.infer("add_sub", _inputs(client, a, b))
     after = client.get_inference_statistics("add_sub")["model_stats"][0]
     assert after["name"] == "add_sub" and after["version"] == "1"
     assert after["inference_count"] - before["inference_count"] == 3
@@ -128,13 +161,14 @@ def test_statistics_are_cumulative(client: httpclient.InferenceServerClient) -> 
     assert {m["name"] for m in everything} >= {"add_sub", "string_ops", "identity_batch"}
 
 
-def test_repository_index(client: httpclient.InferenceServerClient) -> None:
+def test_repository_index(any_client: Client) -> None:
+    client = any_client
     index = client.get_model_repository_index()
     assert {"name": "add_sub", "version": "1", "state": "READY"} in index
     assert all(entry["state"] == "READY" for entry in index)  # (the generated ONNX/TorchScript examples too)
     with pytest.raises(InferenceServerException) as e:
         client.load_model("add_sub")
-    assert e.value.status() == "503"
+    assert e.value.status() == ("StatusCode.UNAVAILABLE" if client.grpc else "503")
     assert "explicit model load / unload is not allowed" in e.value.message()
 
 

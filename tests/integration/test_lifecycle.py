@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import threading
 from pathlib import Path
@@ -14,7 +13,8 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from .server import IDENTITY_CONFIG, IDENTITY_PY, add_model
+from .clients import PROTOCOLS, Client
+from .server import IDENTITY_CONFIG, IDENTITY_PY, add_model, wait_for_fifo
 from .test_examples import _post
 
 BAD_INIT_PY = """
@@ -35,8 +35,10 @@ class TritonPythonModel:
 """
 
 
-def _identity(client: httpclient.InferenceServerClient, model: str, data: np.ndarray, **kw: object) -> np.ndarray:
-    i = httpclient.InferInput("INPUT0", list(data.shape), "FP32")
+def _identity(client: httpclient.InferenceServerClient | Client, model: str, data: np.ndarray,
+              **kw: object) -> np.ndarray:
+    mod = client.mod if isinstance(client, Client) else httpclient
+    i = mod.InferInput("INPUT0", list(data.shape), "FP32")
     i.set_data_from_numpy(data)
     return client.infer(model, [i], **kw).as_numpy("OUTPUT0")
 
@@ -76,14 +78,15 @@ def test_non_strict_readiness(tmp_path: Path, start_server) -> None:
     assert httpclient.InferenceServerClient(server.url).is_server_ready()
 
 
-def test_execute_exception_is_a_clean_error(tmp_path: Path, start_server) -> None:
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_execute_exception_is_a_clean_error(tmp_path: Path, start_server, protocol: str) -> None:
     add_model(tmp_path, "exec_raise", IDENTITY_CONFIG, EXEC_RAISE_PY)
     server = start_server(tmp_path)
-    client = httpclient.InferenceServerClient(server.url)
+    client = Client(protocol, server)
     for _ in range(2):
         with pytest.raises(InferenceServerException) as e:
             _identity(client, "exec_raise", np.arange(4, dtype=np.float32))
-        assert e.value.status() == "500"
+        assert client.status(e.value) == client.expect("INTERNAL", 500)
         assert e.value.message().startswith(
             "Failed to process the request(s) for model 'exec_raise_0', message: "
             "ValueError: execute failed on purpose\n\nAt:\n")
@@ -129,7 +132,8 @@ class TritonPythonModel:
 """
 
 
-def test_version_folders_and_policies(tmp_path: Path, start_server) -> None:
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_version_folders_and_policies(tmp_path: Path, start_server, protocol: str) -> None:
     cfg_all = IDENTITY_CONFIG + "\nversion_policy: { all: {} }\n"
     add_model(tmp_path, "all", cfg_all, VERSION_PY, versions=("0", "01", "2", "3abc", "warmup"))
     add_model(tmp_path, "latest", IDENTITY_CONFIG + "\nversion_policy: { latest: { num_versions: 2 } }\n",
@@ -138,7 +142,7 @@ def test_version_folders_and_policies(tmp_path: Path, start_server) -> None:
               VERSION_PY, versions=("1", "2", "3"))
     add_model(tmp_path, "default", IDENTITY_CONFIG, VERSION_PY, versions=("1", "10", "9"))
     server = start_server(tmp_path)
-    client = httpclient.InferenceServerClient(server.url)
+    client = Client(protocol, server)
     ready = {(e["name"], e["version"]) for e in client.get_model_repository_index() if e.get("state") == "READY"}
     assert ready == {("all", "0"), ("all", "2"), ("all", "3"), ("latest", "2"), ("latest", "3"),
                      ("specific", "1"), ("specific", "3"), ("default", "10")}
@@ -149,7 +153,7 @@ def test_version_folders_and_policies(tmp_path: Path, start_server) -> None:
     assert client.get_model_metadata("all")["versions"] == ["0", "2", "3"]
     with pytest.raises(InferenceServerException) as e:
         _identity(client, "latest", x, model_version="1")
-    assert e.value.status() == "404"
+    assert client.status(e.value) == client.expect("NOT_FOUND", 404)
 
 
 AUTO_PY = """
@@ -309,12 +313,7 @@ def test_sigterm_finishes_in_flight_and_finalizes(tmp_path: Path, start_server) 
     results: list = []
     caller = threading.Thread(target=_slow_call, args=(server.url, "slow", results))
     caller.start()
-    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
-    try:  # wait (on the fd, no sleep) until the model is inside execute
-        readable, _, _ = select.select([fd], [], [], 60)
-        assert readable, "the request never reached execute():\n" + server.log()
-    finally:
-        os.close(fd)
+    wait_for_fifo(fifo, server)
     server.proc.send_signal(signal.SIGTERM)
     caller.join(60)
     assert server.wait_exit(60) == 0
@@ -406,3 +405,8 @@ def test_response_parameters_reach_the_client(tmp_path: Path, start_server) -> N
     for rid, want in (("dict", {"source": "dict", "flag": True}), ("json", {"source": "json", "n": 2})):
         status, _, data = _post(server, "/v2/models/params/infer", json.dumps({**body, "id": rid}).encode())
         assert status == 200 and json.loads(data)["parameters"] == want
+    client = Client("grpc", server)
+    for rid, want in (("dict", {"source": "dict", "flag": True}), ("json", {"source": "json", "n": 2})):
+        result = client.infer("params", [client.input("INPUT0", np.ones(1, np.float32), "FP32")], request_id=rid)
+        params = result.get_response().parameters
+        assert {k: getattr(v, v.WhichOneof("parameter_choice")) for k, v in params.items()} == want

@@ -366,4 +366,44 @@ def create_app(plane: DataPlane, frontend: HttpFrontend) -> Flask:
         plane.unload_model(model, repository_http.decode_unload(body()))
         return Response(b"", status=200, content_type=_JSON)
 
+    _settings_routes(app, plane, frontend)
     return app
+
+
+def _json_object(frontend: HttpFrontend) -> dict[str, Any]:
+    try:
+        data = orjson.loads(frontend.read_wsgi_body(request.environ) or b"{}")
+    except orjson.JSONDecodeError as e:
+        raise TritonError.invalid_arg(f"failed to parse the request JSON buffer: {e}") from None
+    if not isinstance(data, dict):
+        raise TritonError.invalid_arg("expected a JSON object")
+    return data
+
+
+def _settings_routes(app: Flask, plane: DataPlane, frontend: HttpFrontend) -> None:
+    """Logging and trace extensions (spec §1.12, §1.13) on the settings gRPC serves too."""
+    runtime = plane.runtime
+
+    @app.get("/v2/logging")
+    @app.post("/v2/logging")
+    def logging_settings() -> Response:
+        if request.method == "GET":
+            return _json(runtime.log)
+        changes = {k: v for k, v in _json_object(frontend).items() if v is not None}
+        return _json(runtime.update_log(changes))
+
+    @app.get("/v2/trace/setting")
+    @app.post("/v2/trace/setting")
+    @app.get("/v2/models/<model>/trace/setting")
+    @app.post("/v2/models/<model>/trace/setting")
+    def trace_settings(model: str = "") -> Response:
+        if model and not plane.is_known(model):
+            raise TritonError.invalid_arg(f"Request for unknown model : {model}")
+        if request.method == "GET":
+            current = runtime.trace_settings(model)
+        else:
+            changes = {k: [] if v is None else [str(x) for x in v] if isinstance(v, list) else [str(v)]
+                       for k, v in _json_object(frontend).items()}
+            current = runtime.update_trace(changes, model)
+        # Triton's JSON: trace_level is an array, every other setting one string
+        return _json({k: v if k == "trace_level" else (v[0] if v else "") for k, v in current.items()})

@@ -6,16 +6,20 @@ here. Error texts follow Triton's ``http_server.cc`` so clients see the same mes
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
 
 from ..errors import TritonError
 from ..inference import InferInput, InferRequest, InferResponse, RequestedOutput
+from ..shared_memory import parse_window, write_output
 from . import bytes_codec
 from .classification import classify
 from .dtypes import BF16, BY_WIRE, BYTES, DType, from_numpy
+
+if TYPE_CHECKING:
+    from ..shared_memory import SharedMemoryRegistry
 
 # Request parameters Triton consumes itself; everything else (except triton_*) goes to the model.
 _CONSUMED = frozenset({"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "binary_data_output"})
@@ -44,9 +48,9 @@ def parse_header_length(value: str | None) -> int | None:
 
 
 def decode_infer_request(body: bytes, header_length: int | None, model_name: str, model_version: int,
-                         shm: Any = None) -> InferRequest:
-    """Decode an ``/infer`` body; binary tensors become zero-copy views of ``body``, shared-memory
-    inputs views of their region (``shm``: the server's SharedMemoryRegistry)."""
+                         shm: SharedMemoryRegistry | None = None) -> InferRequest:
+    """Decode an ``/infer`` body; binary tensors become zero-copy views of ``body``; tensors naming a
+    system shared-memory region are read from ``shm``."""
     if header_length is None:
         header, binary, offset = _loads(body), body, len(body)
     else:
@@ -77,12 +81,12 @@ def decode_infer_request(body: bytes, header_length: int | None, model_name: str
     if offset != len(body):
         raise TritonError.invalid_arg(f"unexpected additional input data for model '{model_name}'")
     params, kwargs = _decode_parameters(header.get("parameters"), prefix)
-    outputs = _decode_outputs(header.get("outputs"), prefix)
+    outputs = _decode_outputs(header.get("outputs"), prefix, shm)
     return InferRequest(model_name, model_version, rid, inputs, outputs, params, **kwargs)
 
 
 def _decode_input(item: Any, body: bytes, offset: int, model_name: str, prefix: str,
-                  shm: Any = None) -> tuple[InferInput, int]:
+                  shm: SharedMemoryRegistry | None) -> tuple[InferInput, int]:
     if not isinstance(item, dict):
         raise TritonError.invalid_arg(prefix + "each entry of 'inputs' must be an object")
     name, wire, shape = item.get("name"), item.get("datatype"), item.get("shape")
@@ -103,15 +107,13 @@ def _decode_input(item: Any, body: bytes, offset: int, model_name: str, prefix: 
         raise TritonError.invalid_arg(f"{prefix}invalid shape {shape!r} for input '{name}'")
     shape_t = tuple(shape)
     params = item.get("parameters") or {}
-    if isinstance(params, dict) and "shared_memory_region" in params:
-        if "data" in item or "binary_data_size" in params:
-            raise TritonError.invalid_arg(
-                f"{prefix}input '{name}' must set only one of 'data', 'binary_data_size' and 'shared_memory_region'")
-        buf = _shm_window(shm, params, f"input '{name}'", prefix).read
-        view = buf(params["shared_memory_region"], params.get("shared_memory_offset", 0),
-                   params["shared_memory_byte_size"], f"{prefix}input '{name}'")
-        return InferInput(name, dtype, shape_t, _from_binary(view, dtype, shape_t, count, name, model_name, prefix)), offset
     size = params.get("binary_data_size") if isinstance(params, dict) else None
+    window = _shm_window(params, f"{prefix}input '{name}'", shm)
+    if window is not None:
+        if "data" in item or size is not None:
+            raise TritonError.invalid_arg(f"{prefix}input '{name}' has both shared memory and other data")
+        buf = shm.read(*window, f"{prefix}input '{name}'")  # type: ignore[union-attr]
+        return InferInput(name, dtype, shape_t, tensor_from_bytes(buf, dtype, shape_t, count, name, model_name, prefix)), offset
     if size is not None:
         if "data" in item:
             raise TritonError.invalid_arg(f"{prefix}input '{name}' has both 'data' and 'binary_data_size'")
@@ -121,7 +123,7 @@ def _decode_input(item: Any, body: bytes, offset: int, model_name: str, prefix: 
                 f"for model '{model_name}'"
             )
         if dtype is BYTES or dtype is BF16 or size != count * dtype.itemsize:
-            data = _from_binary(memoryview(body)[offset : offset + size], dtype, shape_t, count, name, model_name, prefix)
+            data = tensor_from_bytes(memoryview(body)[offset : offset + size], dtype, shape_t, count, name, model_name, prefix)
         else:  # the common case: a zero-copy view of the body
             data = np.frombuffer(body, dtype=dtype.numpy, count=count, offset=offset)
             if len(shape_t) != 1:
@@ -136,19 +138,10 @@ def _decode_input(item: Any, body: bytes, offset: int, model_name: str, prefix: 
     return InferInput(name, dtype, shape_t, data), offset
 
 
-def _shm_window(shm: Any, params: dict[str, Any], what: str, prefix: str) -> Any:
-    """The registry to use for a tensor in shared memory, after checking its parameters are complete."""
-    if shm is None:
-        raise TritonError.unsupported(f"{prefix}shared memory is not available for {what}")
-    if "shared_memory_byte_size" not in params:
-        raise TritonError.invalid_arg(
-            f"{prefix}{what}: 'shared_memory_byte_size' must be given with 'shared_memory_region'")
-    return shm
-
-
-def _from_binary(
-    buf: memoryview, dtype: DType, shape: tuple[int, ...], count: int, name: str, model: str, prefix: str
+def tensor_from_bytes(
+    buf: bytes | memoryview, dtype: DType, shape: tuple[int, ...], count: int, name: str, model: str, prefix: str
 ) -> np.ndarray:
+    """One input's raw bytes (HTTP binary extension, gRPC ``raw_input_contents``) as an array view."""
     if dtype is BYTES:
         return bytes_codec.deserialize(buf, count, f"{prefix}input '{name}'").reshape(shape)
     expected = count * dtype.itemsize
@@ -248,7 +241,16 @@ def _bool(value: Any, key: str, prefix: str) -> bool:
     return value
 
 
-def _decode_outputs(outputs: Any, prefix: str) -> tuple[RequestedOutput, ...] | None:
+def _shm_window(params: Any, what: str, shm: SharedMemoryRegistry | None) -> tuple[str, int, int] | None:
+    if not isinstance(params, dict) or "shared_memory_region" not in params:
+        return None
+    if shm is None:
+        raise TritonError.unsupported(f"{what}: shared memory is not available on this endpoint")
+    return parse_window(params["shared_memory_region"], params.get("shared_memory_offset"),
+                        params.get("shared_memory_byte_size"), what)
+
+
+def _decode_outputs(outputs: Any, prefix: str, shm: SharedMemoryRegistry | None) -> tuple[RequestedOutput, ...] | None:
     if outputs is None:
         return None
     if not isinstance(outputs, list):
@@ -271,18 +273,8 @@ def _decode_outputs(outputs: Any, prefix: str) -> tuple[RequestedOutput, ...] | 
             raise TritonError.invalid_arg(
                 prefix + f"'classification' of output '{item['name']}' must be a non-negative integer"
             )
-        region = None
-        if "shared_memory_region" in params:
-            if cls:
-                raise TritonError.invalid_arg(
-                    prefix + f"output '{item['name']}' cannot use both classification and shared memory")
-            if "shared_memory_byte_size" not in params:
-                raise TritonError.invalid_arg(
-                    prefix + f"output '{item['name']}': 'shared_memory_byte_size' must be given with "
-                    "'shared_memory_region'")
-            region = (params["shared_memory_region"], params.get("shared_memory_offset", 0),
-                      params["shared_memory_byte_size"])
-        result.append(RequestedOutput(item["name"], binary, cls, region))
+        window = _shm_window(params, f"{prefix}output '{item['name']}'", shm)
+        result.append(RequestedOutput(item["name"], binary, cls, window))
     return tuple(result)
 
 
@@ -292,10 +284,10 @@ def encode_infer_response(
     model_version: int,
     labels: dict[str, list[str]],
     batching: bool,
-    shm: Any = None,
+    shm: SharedMemoryRegistry | None = None,
 ) -> tuple[list[bytes], int | None]:
     """Encode the response; returns the body chunks and the JSON header length (None: pure JSON).
-    Outputs requested into shared memory are written there (``shm``: the SharedMemoryRegistry)."""
+    Outputs requested in shared memory are written there; their entries carry no data."""
     wanted: dict[str, RequestedOutput] | None = None
     if request.outputs is not None:
         wanted = {o.name: o for o in request.outputs}
@@ -307,11 +299,14 @@ def encode_infer_response(
             spec = wanted.get(name)
             if spec is None:
                 continue
-        if spec is not None and spec.shm is not None:
-            out_json.append(_write_shm_output(name, array, spec.shm, shm))
-            continue
         if spec is not None and spec.classification:
             array = classify(array, spec.classification, labels.get(name), batching)
+        if spec is not None and spec.shm is not None:
+            dtype = _wire_dtype(array)
+            data = bytes_codec.serialize(array) if dtype is BYTES else np.ascontiguousarray(array).tobytes()
+            out_json.append({"name": name, "datatype": dtype.wire, "shape": list(array.shape),
+                             "parameters": write_output(shm, spec.shm, data, f"output '{name}'")})
+            continue
         binary = request.binary_output if spec is None or spec.binary is None else spec.binary
         out_json.append(_encode_output(name, array, binary, blobs))
     header: dict[str, Any] = {}
@@ -344,18 +339,6 @@ def _encode_output(name: str, array: np.ndarray, binary: bool, blobs: list[bytes
     else:
         entry["data"] = array.reshape(-1).tolist()
     return entry
-
-
-def _write_shm_output(name: str, array: np.ndarray, where: tuple[str, int, int], shm: Any) -> dict[str, Any]:
-    if shm is None:
-        raise TritonError.unsupported(f"shared memory is not available for output '{name}'")
-    dtype = _wire_dtype(array)
-    raw = bytes_codec.serialize(array) if dtype is BYTES else memoryview(np.ascontiguousarray(array)).cast("B")
-    region, offset, size = where
-    shm.write(region, offset, size, raw, f"output '{name}'")
-    return {"name": name, "datatype": dtype.wire, "shape": list(array.shape),
-            "parameters": {"shared_memory_region": region, "shared_memory_offset": offset,
-                           "shared_memory_byte_size": len(raw)}}
 
 
 def _wire_dtype(array: np.ndarray) -> DType:
@@ -396,7 +379,7 @@ def decode_raw_request(
                 f"of type {dtype.wire} and dims {list(dims)}"
             )
         shape = tuple(elements // known if d < 0 else d for d in dims)
-        data = _from_binary(memoryview(body), dtype, shape, elements, name, model_name, "")
+        data = tensor_from_bytes(memoryview(body), dtype, shape, elements, name, model_name, "")
     if max_batch > 0:
         shape = (1, *shape)
         data = data.reshape(shape)

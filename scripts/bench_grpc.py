@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""add_sub over gRPC and HTTP: triton_actor next to real Triton 2.51, driven by perf_analyzer, in one run.
+
+Every server serves a copy of ``model_repository`` (add_sub: FP32 [4], python backend). Rounds
+interleave servers, protocols and concurrencies so machine noise hits all alike; the table gives
+medians, p50/p99 and the ratio ours/Triton per protocol. ``--variants`` starts one triton_actor per
+gRPC design (``native`` as shipped; ``aio`` and ``gevent`` from ``grpc_candidates.py``) to compare
+the candidates within one run.
+
+    scripts/install_bench_tools.sh          # once: perf_analyzer and real tritonserver
+    .venv/bin/python scripts/bench_grpc.py --rounds 3
+
+Writes ``bench_out/grpc.json`` and ``bench_out/grpc.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from bench_http import ROOT, TOOLS, free_port, perf, rss_kb, stop_servers, wait_ready
+
+
+def start_ours(repo: Path, http: int, grpc: int, variant: str) -> subprocess.Popen:
+    """``native`` is the server as shipped; other variants run through ``grpc_candidates.py``."""
+    launcher = ["-m", "triton_actor"] if variant == "native" else [str(ROOT / "scripts" / "grpc_candidates.py"), variant]
+    args = [sys.executable, *launcher, "--model-repository", str(repo), "--http-port", str(http),
+            "--http-address", "127.0.0.1", "--grpc-port", str(grpc), "--grpc-address", "127.0.0.1",
+            "--log-info=false"]
+    return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def start_triton(repo: Path, http: int, grpc: int) -> subprocess.Popen:
+    args = [str(TOOLS / "tritonserver"), f"--model-repository={repo}", "--http-address=127.0.0.1",
+            f"--http-port={http}", "--grpc-address=127.0.0.1", f"--grpc-port={grpc}", "--allow-metrics=false",
+            "--log-info=false"]
+    return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def measure(port: int, c: int, window_ms: int, out_csv: Path, protocol: str) -> dict[str, float] | None:
+    try:
+        return perf(port, c, window_ms, out_csv, protocol)
+    except SystemExit as e:  # perf_analyzer could not stabilise on a noisy machine: record a gap
+        print(f"[bench] {str(e).splitlines()[0] if str(e) else 'perf_analyzer failed'}", flush=True)
+        return None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--concurrency", default="1,4")
+    ap.add_argument("--protocols", default="grpc,http")
+    ap.add_argument("--variants", default="native", help="triton_actor gRPC designs to compare: native,aio,gevent")
+    ap.add_argument("--window-ms", type=int, default=3000)
+    ap.add_argument("--no-triton", action="store_true")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench_out")
+    args = ap.parse_args()
+    if not (TOOLS / "perf_analyzer").exists():
+        raise SystemExit(f"{TOOLS}/perf_analyzer missing: run scripts/install_bench_tools.sh")
+    conc = [int(c) for c in args.concurrency.split(",")]
+    protocols = args.protocols.split(",")
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="bench_grpc_"))
+    servers: dict[str, tuple[subprocess.Popen, dict[str, int]]] = {}
+    names = [f"triton_actor[{v}]" for v in args.variants.split(",")] + ([] if args.no_triton else ["triton"])
+    try:
+        for name in names:
+            repo = work / name.replace("[", "_").replace("]", "")
+            shutil.copytree(ROOT / "model_repository", repo, ignore=shutil.ignore_patterns("__pycache__"))
+            ports = {"http": free_port(), "grpc": free_port()}
+            if name == "triton":
+                proc = start_triton(repo, ports["http"], ports["grpc"])
+            else:
+                proc = start_ours(repo, ports["http"], ports["grpc"], name[len("triton_actor["):-1])
+            wait_ready(ports["http"], proc)
+            servers[name] = (proc, ports)
+            print(f"[bench] {name} ready on {ports}", flush=True)
+        results: dict[str, list[dict[str, float]]] = {}
+        for r in range(args.rounds):
+            for c in conc:
+                for protocol in protocols:
+                    for name, (_, ports) in servers.items():
+                        res = measure(ports[protocol], c, args.window_ms, work / "pa.csv", protocol)
+                        if res is None:
+                            continue
+                        results.setdefault(f"{protocol}|{c}|{name}", []).append(res)
+                        print(f"[bench] round {r + 1} {protocol:4s} c={c} {name:22s} {res['rps']:7.0f} infer/s "
+                              f"p50 {res['p50_us']:5.0f} us p99 {res['p99_us']:6.0f} us", flush=True)
+        memory = {n: rss_kb(p.pid, n == "triton") / 1024 for n, (p, _) in servers.items()}
+    finally:
+        stop_servers([proc for proc, _ in servers.values()], work)
+    med = {k: {m: statistics.median(x[m] for x in runs) for m in runs[0]} | {"n": len(runs)}
+           for k, runs in results.items()}
+    lines = ["| protocol | concurrency | server | infer/s (median) | p50 µs | p99 µs | ratio vs Triton | runs |",
+             "|---|---|---|---|---|---|---|---|"]
+    for protocol in protocols:
+        for c in conc:
+            ref = med.get(f"{protocol}|{c}|triton")
+            for name in servers:
+                m = med.get(f"{protocol}|{c}|{name}")
+                if m is None:
+                    continue
+                ratio = f"{m['rps'] / ref['rps']:.2f}x" if ref else "-"
+                lines.append(f"| {protocol} | {c} | {name} | {m['rps']:.0f} | {m['p50_us']:.0f} | {m['p99_us']:.0f} "
+                             f"| {ratio} | {m['n']} |")
+    lines.append("")
+    lines.append(f"load average at the end: {os.getloadavg()}; resident memory MB: "
+                 + ", ".join(f"{n} {v:.0f}" for n, v in memory.items()))
+    table = "\n".join(lines)
+    print(table)
+    (args.out / "grpc.md").write_text(table + "\n")
+    (args.out / "grpc.json").write_text(json.dumps({"results": results, "median": med, "memory_mb": memory,
+                                                    "load": os.getloadavg()}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

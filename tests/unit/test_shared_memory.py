@@ -1,0 +1,87 @@
+"""The system shared-memory registry: registration rules and bounds on every read and write."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from multiprocessing import shared_memory
+
+import pytest
+
+from triton_actor.errors import Code, TritonError
+from triton_actor.shared_memory import SharedMemoryRegistry, parse_window, write_output
+
+
+@pytest.fixture
+def segment() -> Iterator[tuple[str, shared_memory.SharedMemory]]:
+    seg = shared_memory.SharedMemory(f"ta_unit_{os.getpid()}", create=True, size=64)
+    seg.buf[:64] = bytes(range(64))
+    yield "/" + seg.name, seg
+    seg.close()
+    seg.unlink()
+
+
+def _code(fn: object, *args: object) -> Code:
+    with pytest.raises(TritonError) as e:
+        fn(*args)  # type: ignore[operator]
+    return e.value.code
+
+
+def test_window_reads_and_writes_stay_inside(segment: tuple[str, shared_memory.SharedMemory]) -> None:
+    key, seg = segment
+    reg = SharedMemoryRegistry(allowed=True)
+    reg.register_system("r", key, 16, 32)  # bytes 16..47 of the object
+    assert reg.system_status() == [{"name": "r", "key": key, "offset": 16, "byte_size": 32}]
+    assert bytes(reg.read("r", 0, 4, "x")) == bytes([16, 17, 18, 19])
+    assert bytes(reg.read("r", 28, 4, "x")) == bytes([44, 45, 46, 47])
+    for offset, size in ((29, 4), (-1, 4), (0, 33), (32, 1), (0, -1)):
+        assert _code(reg.read, "r", offset, size, "x") == Code.INVALID_ARG
+    reg.write("r", 4, 4, b"\xff\xff", "out")
+    assert bytes(seg.buf[20:22]) == b"\xff\xff"
+    assert _code(reg.write, "r", 30, 4, b"abcd", "out") == Code.INVALID_ARG  # past the window's end
+    assert _code(reg.write, "r", 0, 2, b"abcd", "out") == Code.INVALID_ARG  # larger than the client's size
+    assert write_output(reg, ("r", 8, 4), b"zz", "o") == {"shared_memory_region": "r", "shared_memory_byte_size": 2,
+                                                          "shared_memory_offset": 8}
+    reg.unregister_system()
+    assert reg.system_status() == [] and _code(reg.read, "r", 0, 1, "x") == Code.NOT_FOUND
+
+
+def test_registration_rules(segment: tuple[str, shared_memory.SharedMemory]) -> None:
+    key, _ = segment
+    reg = SharedMemoryRegistry(allowed=True)
+    reg.register_system("a", key, 0, 64)
+    assert _code(reg.register_system, "a", key, 0, 8) == Code.ALREADY_EXISTS
+    assert _code(reg.register_system, "b", key, 0, 8) == Code.INVALID_ARG  # an active key under another name
+    reg.unregister_system("a")
+    assert _code(reg.register_system, "b", key, 60, 8) == Code.INVALID_ARG  # beyond the object's end
+    assert _code(reg.register_system, "b", key, -1, 8) == Code.INVALID_ARG
+    for bad_key in ("/a/b", "/..", "", "/", "..", 3):
+        assert _code(reg.register_system, "b", bad_key, 0, 8) == Code.INVALID_ARG
+    assert _code(reg.register_system, "b", "/ta_no_such_segment", 0, 8) == Code.INTERNAL
+    assert _code(reg.system_status, "nope") == Code.NOT_FOUND
+    reg.unregister_system("nope")  # unknown: a no-op
+    assert reg.system_status() == []
+
+
+def test_everything_is_refused_unless_allowed(segment: tuple[str, shared_memory.SharedMemory]) -> None:
+    key, _ = segment
+    reg = SharedMemoryRegistry()
+    for call in (lambda: reg.register_system("a", key, 0, 8), reg.system_status, lambda: reg.read("a", 0, 1, "x"),
+                 reg.unregister_system, lambda: reg.register_cuda("c", b"", 0, 8)):
+        assert _code(call) == Code.UNAVAILABLE
+
+
+def test_cuda_regions_are_unsupported_and_share_the_namespace(segment: tuple[str, shared_memory.SharedMemory]) -> None:
+    key, _ = segment
+    reg = SharedMemoryRegistry(allowed=True)
+    assert _code(reg.register_cuda, "c", b"h", 0, 8) == Code.UNSUPPORTED
+    reg.register_system("s", key, 0, 8)
+    assert _code(reg.register_cuda, "s", b"h", 0, 8) == Code.ALREADY_EXISTS
+    assert reg.cuda_status() == [] and _code(reg.cuda_status, "s") == Code.NOT_FOUND
+
+
+def test_parse_window() -> None:
+    assert parse_window("r", None, 8, "x") == ("r", 0, 8)
+    for args in (("r", 0, None), (3, 0, 8), ("r", True, 8), ("r", 0, "8")):
+        with pytest.raises(TritonError):
+            parse_window(*args, "x")

@@ -1,0 +1,186 @@
+"""gRPC front end: ``inference.GRPCInferenceService`` and ``grpc.health.v1.Health`` (spec §2).
+
+Every method here runs in a hub greenlet (:mod:`.grpc_server` hands each call over from grpcio's
+native threads) and is decode → data-plane call → encode; errors are raised as ``TritonError`` and
+mapped to a ``grpc.StatusCode`` by :mod:`.grpc_server`. Method names are the RPC names.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from ..dataplane import DataPlane
+from ..errors import TritonError
+from ..protocol import v2_grpc
+from ..protocol._generated import grpc_service_pb2 as pb
+from ..protocol._generated import health_pb2
+
+log = logging.getLogger(__name__)
+
+
+class GrpcServicer:
+    """The RPCs, each ``method(request message) -> response message`` in a hub greenlet."""
+
+    def __init__(self, plane: DataPlane) -> None:
+        self.plane = plane
+        self.settings = plane.runtime
+
+    # -- health and metadata ----------------------------------------------------------------------
+    def ServerLive(self, req: pb.ServerLiveRequest) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=self.plane.is_live())
+
+    def ServerReady(self, req: pb.ServerReadyRequest) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.plane.is_ready())
+
+    def ModelReady(self, req: pb.ModelReadyRequest) -> pb.ModelReadyResponse:
+        try:
+            ready = self.plane.model_ready(req.name, v2_grpc.parse_version(req.version))
+        except TritonError:
+            ready = False  # Triton answers OK with ready=false for unknown models and versions too
+        return pb.ModelReadyResponse(ready=ready)
+
+    def ServerMetadata(self, req: pb.ServerMetadataRequest) -> pb.ServerMetadataResponse:
+        return v2_grpc.from_dict(pb.ServerMetadataResponse, self.plane.server_metadata())
+
+    def ModelMetadata(self, req: pb.ModelMetadataRequest) -> pb.ModelMetadataResponse:
+        meta = self.plane.model_metadata(req.name, v2_grpc.parse_version(req.version))
+        return v2_grpc.from_dict(pb.ModelMetadataResponse, meta)
+
+    def ModelConfig(self, req: pb.ModelConfigRequest) -> pb.ModelConfigResponse:
+        return pb.ModelConfigResponse(config=self.plane.model_config_message(req.name, v2_grpc.parse_version(req.version)))
+
+    def ModelStatistics(self, req: pb.ModelStatisticsRequest) -> pb.ModelStatisticsResponse:
+        stats = self.plane.statistics(req.name, v2_grpc.parse_version(req.version))
+        return v2_grpc.from_dict(pb.ModelStatisticsResponse, stats)
+
+    # -- inference --------------------------------------------------------------------------------
+    def ModelInfer(self, req: pb.ModelInferRequest) -> pb.ModelInferResponse:
+        if self.plane.is_decoupled(req.model_name):
+            # Triton: gRPC ModelInfer refuses decoupled models (UNIMPLEMENTED), only the stream serves them
+            raise TritonError.unsupported(
+                f"ModelInfer RPC doesn't support models with decoupled transaction policy ('{req.model_name}'); "
+                "use ModelStreamInfer instead"
+            )
+        request = v2_grpc.decode_infer_request(req, self.plane.shm)
+        served = self.plane.infer(request)
+        return v2_grpc.encode_infer_response(request, served.response, served.version, served.labels, served.batching,
+                                             self.plane.shm)
+
+    def stream_infer(self, req: pb.ModelInferRequest) -> Iterator[pb.ModelStreamInferResponse]:
+        """The responses to one request on ``ModelStreamInfer`` (any number from a decoupled model,
+        one from any other), each with ``triton_final_response``; an error becomes ``error_message``
+        (spec §2.4) and the stream goes on. A flags-only final is sent only when the request asked
+        for it with ``triton_enable_empty_final_response``. Closing this iterator (the client went
+        away) cancels the request."""
+        request = None
+        try:
+            request = v2_grpc.decode_infer_request(req, self.plane.shm)
+            streamed = self.plane.infer_stream(request)
+        except TritonError as e:
+            yield v2_grpc.stream_error(req, e.message)
+            return
+        except Exception as e:
+            log.exception("unexpected error on ModelStreamInfer for '%s'", req.model_name)
+            yield v2_grpc.stream_error(req, f"internal error: {e!r}")
+            return
+        empty_final = v2_grpc.wants_empty_final(req)
+        responses = streamed.responses
+        try:
+            for item, final in responses:
+                if isinstance(item, TritonError):
+                    yield v2_grpc.stream_error(req, item.message)
+                elif item is not None:
+                    try:
+                        msg = v2_grpc.encode_infer_response(request, item, streamed.version, streamed.labels,
+                                                            streamed.batching, self.plane.shm)
+                    except TritonError as e:
+                        yield v2_grpc.stream_error(req, e.message)
+                        continue
+                    yield v2_grpc.stream_response(msg, final)
+                elif empty_final:
+                    yield v2_grpc.stream_response(v2_grpc.empty_response(request, streamed.version), True)
+        finally:
+            responses.close()
+
+    # -- repository -------------------------------------------------------------------------------
+    def RepositoryIndex(self, req: pb.RepositoryIndexRequest) -> pb.RepositoryIndexResponse:
+        _no_repository_name(req.repository_name)
+        return v2_grpc.repository_index(self.plane.repository_index(req.ready))
+
+    def RepositoryModelLoad(self, req: pb.RepositoryModelLoadRequest) -> pb.RepositoryModelLoadResponse:
+        _no_repository_name(req.repository_name)
+        self.plane.load_model(req.model_name, v2_grpc.repository_parameters(req.parameters))
+        return pb.RepositoryModelLoadResponse()
+
+    def RepositoryModelUnload(self, req: pb.RepositoryModelUnloadRequest) -> pb.RepositoryModelUnloadResponse:
+        _no_repository_name(req.repository_name)
+        params = v2_grpc.repository_parameters(req.parameters)
+        self.plane.unload_model(req.model_name, bool(params.get("unload_dependents", False)))
+        return pb.RepositoryModelUnloadResponse()
+
+    # -- shared memory ----------------------------------------------------------------------------
+    def SystemSharedMemoryStatus(self, req: pb.SystemSharedMemoryStatusRequest) -> pb.SystemSharedMemoryStatusResponse:
+        msg = pb.SystemSharedMemoryStatusResponse()
+        for region in self.plane.shm.system_status(req.name):
+            msg.regions[region["name"]].CopyFrom(pb.SystemSharedMemoryStatusResponse.RegionStatus(**region))
+        return msg
+
+    def SystemSharedMemoryRegister(self, req: pb.SystemSharedMemoryRegisterRequest) -> Any:
+        self.plane.shm.register_system(req.name, req.key, req.offset, req.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    def SystemSharedMemoryUnregister(self, req: pb.SystemSharedMemoryUnregisterRequest) -> Any:
+        self.plane.shm.unregister_system(req.name)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    def CudaSharedMemoryStatus(self, req: pb.CudaSharedMemoryStatusRequest) -> pb.CudaSharedMemoryStatusResponse:
+        self.plane.shm.cuda_status(req.name)  # never any region; raises for a named one
+        return pb.CudaSharedMemoryStatusResponse()
+
+    def CudaSharedMemoryRegister(self, req: pb.CudaSharedMemoryRegisterRequest) -> Any:
+        self.plane.shm.register_cuda(req.name, req.raw_handle, req.device_id, req.byte_size)
+        return pb.CudaSharedMemoryRegisterResponse()
+
+    def CudaSharedMemoryUnregister(self, req: pb.CudaSharedMemoryUnregisterRequest) -> Any:
+        self.plane.shm.unregister_cuda(req.name)
+        return pb.CudaSharedMemoryUnregisterResponse()
+
+    # -- trace and logging ------------------------------------------------------------------------
+    def TraceSetting(self, req: pb.TraceSettingRequest) -> pb.TraceSettingResponse:
+        if req.model_name and not self.plane.is_known(req.model_name):
+            raise TritonError.invalid_arg(f"Request for unknown model : {req.model_name}")
+        changes = {key: list(v.value) for key, v in req.settings.items()}
+        current = self.settings.update_trace(changes, req.model_name) if changes else \
+            self.settings.trace_settings(req.model_name)
+        msg = pb.TraceSettingResponse()
+        for key, values in current.items():
+            msg.settings[key].value.extend(values)
+        return msg
+
+    def LogSettings(self, req: pb.LogSettingsRequest) -> pb.LogSettingsResponse:
+        changes = {key: v2_grpc.oneof_value(v) for key, v in req.settings.items()}
+        current = self.settings.update_log(changes) if changes else dict(self.settings.log)
+        msg = pb.LogSettingsResponse()
+        for key, value in current.items():
+            p = msg.settings[key]
+            if isinstance(value, bool):
+                p.bool_param = value
+            elif isinstance(value, int):
+                p.uint32_param = value
+            else:
+                p.string_param = value
+        return msg
+
+    # -- grpc.health.v1.Health --------------------------------------------------------------------
+    def Check(self, req: health_pb2.HealthCheckRequest) -> health_pb2.HealthCheckResponse:
+        """SERVING iff the server is live (Triton's health service)."""
+        status = health_pb2.HealthCheckResponse.SERVING if self.plane.is_live() else \
+            health_pb2.HealthCheckResponse.NOT_SERVING
+        return health_pb2.HealthCheckResponse(status=status)
+
+
+def _no_repository_name(name: str) -> None:
+    if name:
+        raise TritonError.unsupported("'repository_name' specification is not supported")

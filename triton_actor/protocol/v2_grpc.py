@@ -1,0 +1,299 @@
+"""KServe V2 gRPC messages (``inference.GRPCInferenceService``, spec §2): protobuf ↔ our values.
+
+Sans-I/O: a ``ModelInferRequest`` in, an :class:`InferRequest` out; an :class:`InferResponse` in, a
+``ModelInferResponse`` out; plus the metadata, statistics, index and settings messages built from
+the same dicts the HTTP front end serves. No grpc server here, only the generated messages.
+Tensors travel as ``raw_input_contents`` (zero-copy ``np.frombuffer`` views) or typed ``contents``
+in, and always as ``raw_output_contents`` out, as Triton answers (spec §2.3).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from google.protobuf import json_format
+
+from ..errors import TritonError
+from ..inference import InferInput, InferRequest, InferResponse, RequestedOutput
+from ..shared_memory import parse_window, write_output
+from . import bytes_codec
+from ._generated import grpc_service_pb2 as pb
+from .classification import classify
+from .dtypes import BY_WIRE, BYTES, DType, from_numpy
+from .v2_http import tensor_from_bytes
+
+if TYPE_CHECKING:
+    from ..shared_memory import SharedMemoryRegistry
+
+SEQUENCE_START, SEQUENCE_END = 1, 2
+# The only ``triton_`` request parameter a gRPC client may set (spec surprise #13).
+EMPTY_FINAL_RESPONSE = "triton_enable_empty_final_response"
+
+# InferTensorContents field holding each datatype's typed elements (spec §2.3).
+_CONTENTS_FIELD = {
+    "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
+    "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
+    "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents",
+}
+
+
+def parse_version(text: str) -> int:
+    """``model_version``: empty means the highest ready version (-1)."""
+    if not text:
+        return -1
+    if not text.isdigit():
+        raise TritonError.invalid_arg(f"failed to get model version from specified version string '{text}' "
+                                      "(details: stol), version should be an integral value > 0")
+    return int(text)
+
+
+# -- ModelInfer request ---------------------------------------------------------------------------
+def decode_infer_request(msg: pb.ModelInferRequest, shm: SharedMemoryRegistry | None = None) -> InferRequest:
+    """Decode a ``ModelInferRequest``; raw contents become zero-copy numpy views. Inputs naming a
+    shared-memory region are read from ``shm``; they take no ``raw_input_contents`` entry."""
+    model = msg.model_name
+    prefix = f"[request id: {msg.id or '<id_unknown>'}] "
+    raw = msg.raw_input_contents
+    next_raw = 0
+    inputs: dict[str, InferInput] = {}
+    for tensor in msg.inputs:
+        name = tensor.name
+        if name in inputs:
+            raise TritonError.invalid_arg(f"{prefix}input '{name}' already exists in request")
+        dtype = BY_WIRE.get(tensor.datatype)
+        if dtype is None:
+            raise TritonError.invalid_arg(f"{prefix}invalid datatype '{tensor.datatype}' for input '{name}'")
+        shape = tuple(tensor.shape)
+        count = 1
+        for d in shape:
+            if d < 0:
+                raise TritonError.invalid_arg(f"{prefix}invalid shape {list(shape)} for input '{name}'")
+            count *= d
+        region = _shm_window(tensor.parameters, f"input '{name}'", shm)
+        if region is not None:
+            buf = shm.read(*region, f"{prefix}input '{name}'")  # type: ignore[union-attr]
+            data = tensor_from_bytes(buf, dtype, shape, count, name, model, prefix)
+        elif raw:
+            if tensor.HasField("contents"):
+                raise TritonError.invalid_arg(f"contents field must not be specified when using raw_input_contents "
+                                              f"for '{name}' for model '{model}'")
+            if next_raw >= len(raw):
+                raise TritonError.invalid_arg(f"unable to find data for input tensor '{name}' for model '{model}' "
+                                              "in request.")
+            data = tensor_from_bytes(raw[next_raw], dtype, shape, count, name, model, prefix)
+            next_raw += 1
+        elif tensor.HasField("contents"):
+            data = _from_contents(tensor.contents, dtype, shape, count, name, model, prefix)
+        else:
+            raise TritonError.invalid_arg(f"unable to find data for input tensor '{name}' for model '{model}' "
+                                          "in request.")
+        inputs[name] = InferInput(name, dtype, shape, data)
+    params, kwargs = _decode_parameters(msg.parameters, prefix)
+    outputs = _decode_outputs(msg.outputs, prefix, shm) if msg.outputs else None
+    return InferRequest(model, parse_version(msg.model_version), msg.id, inputs, outputs, params, **kwargs)
+
+
+def _shm_window(params: Any, what: str, shm: SharedMemoryRegistry | None) -> tuple[str, int, int] | None:
+    """(region, offset, byte size) from ``shared_memory_*`` tensor parameters; None when absent."""
+    if not params or "shared_memory_region" not in params:
+        return None
+    if shm is None:
+        raise TritonError.unsupported(f"{what}: shared memory is not available on this endpoint")
+    size, offset = params.get("shared_memory_byte_size"), params.get("shared_memory_offset")
+    return parse_window(oneof_value(params["shared_memory_region"]), None if offset is None else oneof_value(offset),
+                        None if size is None else oneof_value(size), what)
+
+
+def _from_contents(contents: pb.InferTensorContents, dtype: DType, shape: tuple[int, ...], count: int, name: str,
+                   model: str, prefix: str) -> np.ndarray:
+    field = _CONTENTS_FIELD.get(dtype.wire)
+    if field is None:
+        raise TritonError.invalid_arg(f"{prefix}{dtype.wire} input '{name}' can only be sent in raw_input_contents")
+    present = [f.name for f, _ in contents.ListFields()]
+    if any(f != field for f in present):
+        raise TritonError.invalid_arg(
+            f"{prefix}input '{name}' of type {dtype.wire} must use 'contents.{field}', got {', '.join(present)}"
+        )
+    values = getattr(contents, field)
+    if len(values) != count:
+        if dtype is BYTES:
+            raise TritonError.invalid_arg(
+                f"{prefix}unexpected number of string elements {len(values)} for inference input '{name}' for "
+                f"model '{model}', expecting {count}"
+            )
+        raise TritonError.invalid_arg(  # Triton's text: the byte size the typed contents amount to
+            f"{prefix}input byte size mismatch for input '{name}' for model '{model}'. "
+            f"Expected {count * dtype.itemsize}, got {len(values) * dtype.itemsize}"
+        )
+    if dtype is BYTES:
+        arr = np.empty(count, dtype=np.object_)
+        arr[:] = list(values)
+    else:
+        arr = np.array(values, dtype=dtype.numpy)
+    return arr.reshape(shape)
+
+
+def oneof_value(p: Any) -> Any:
+    """The value a ``parameter_choice`` oneof holds (InferParameter, LogSettings values...); None if unset."""
+    kind = p.WhichOneof("parameter_choice")
+    return None if kind is None else getattr(p, kind)
+
+
+def _decode_parameters(params: Any, prefix: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Triton's ``SetInferenceRequestMetadata`` (spec §2.3): consumed keys become request fields."""
+    if not params:
+        return {}, {}
+    forwarded: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {}
+    flags = 0
+    for key, p in params.items():
+        kind = p.WhichOneof("parameter_choice")
+        value = oneof_value(p)
+        if key == "sequence_id":
+            if kind not in ("int64_param", "uint64_param", "string_param"):
+                raise TritonError.invalid_arg(f"{prefix}invalid value type for 'sequence_id' parameter, "
+                                              "expected int64_param or string_param.")
+            kwargs["correlation_id"] = value
+        elif key in ("sequence_start", "sequence_end"):
+            if kind != "bool_param":
+                raise TritonError.invalid_arg(f"{prefix}invalid value type for '{key}' parameter, expected bool_param.")
+            if value:
+                flags |= SEQUENCE_START if key == "sequence_start" else SEQUENCE_END
+        elif key in ("priority", "timeout"):
+            if kind not in ("int64_param", "uint64_param") or value < 0:
+                raise TritonError.invalid_arg(f"{prefix}invalid value type for '{key}' parameter, "
+                                              "expected a non-negative int64_param or uint64_param.")
+            kwargs["priority" if key == "priority" else "timeout_us"] = value
+        elif key == EMPTY_FINAL_RESPONSE:
+            if kind != "bool_param":
+                raise TritonError.invalid_arg(f"{prefix}invalid value type for '{key}' parameter, expected bool_param.")
+        elif key.startswith("triton_"):
+            raise TritonError.invalid_arg(
+                "parameter keys starting with 'triton_' are reserved for Triton usage. Only the following keys "
+                f"starting with 'triton_' are allowed: {EMPTY_FINAL_RESPONSE}"
+            )
+        elif kind is None or kind == "uint64_param":
+            raise TritonError.invalid_arg(f"{prefix}unsupported value type for parameter '{key}'")
+        else:
+            forwarded[key] = value
+    if flags:
+        kwargs["flags"] = flags
+    return forwarded, kwargs
+
+
+def _decode_outputs(outputs: Any, prefix: str, shm: SharedMemoryRegistry | None) -> tuple[RequestedOutput, ...]:
+    result = []
+    for o in outputs:
+        cls = 0
+        region = None
+        if o.parameters:
+            region = _shm_window(o.parameters, f"{prefix}output '{o.name}'", shm)
+            p = o.parameters.get("classification")
+            if p is not None:
+                cls = oneof_value(p)
+                if not isinstance(cls, int) or isinstance(cls, bool) or cls < 0:
+                    raise TritonError.invalid_arg(
+                        f"{prefix}'classification' of output '{o.name}' must be a non-negative int64_param"
+                    )
+        result.append(RequestedOutput(o.name, None, cls, region))
+    return tuple(result)
+
+
+# -- ModelInfer response --------------------------------------------------------------------------
+def encode_infer_response(request: InferRequest, response: InferResponse, model_version: int,
+                          labels: dict[str, list[str]], batching: bool,
+                          shm: SharedMemoryRegistry | None = None) -> pb.ModelInferResponse:
+    """Outputs in the model's order (only the requested ones), as ``raw_output_contents``; an output
+    sent to shared memory is written there and gets an empty raw entry (spec §2.3)."""
+    msg = pb.ModelInferResponse(model_name=request.model_name, model_version=str(model_version), id=request.id)
+    wanted: dict[str, RequestedOutput] | None = None
+    if request.outputs is not None:
+        wanted = {o.name: o for o in request.outputs}
+    add_output = msg.outputs.add
+    raw = msg.raw_output_contents
+    for name, array in response.outputs:
+        spec = None
+        if wanted is not None:
+            spec = wanted.get(name)
+            if spec is None:
+                continue
+            if spec.classification:
+                array = classify(array, spec.classification, labels.get(name), batching)
+        dtype = from_numpy(array.dtype)
+        if dtype is None:
+            raise TritonError.internal(f"unsupported output data type {array.dtype}")
+        out = add_output(name=name, datatype=dtype.wire, shape=array.shape)
+        data = bytes_codec.serialize(array) if dtype is BYTES else np.ascontiguousarray(array).tobytes()
+        if spec is not None and spec.shm is not None:
+            set_parameters(out.parameters, write_output(shm, spec.shm, data, f"output '{name}'"))
+            data = b""
+        raw.append(data)
+    if response.parameters:
+        set_parameters(msg.parameters, response.parameters)
+    return msg
+
+
+def set_parameters(target: Any, values: dict[str, Any]) -> None:
+    """Fill a ``map<string, InferParameter>`` from plain Python values."""
+    for key, value in values.items():
+        p = target[key]
+        if isinstance(value, bool):
+            p.bool_param = value
+        elif isinstance(value, int):
+            p.int64_param = value
+        elif isinstance(value, float):
+            p.double_param = value
+        else:
+            p.string_param = str(value)
+
+
+def stream_response(response: pb.ModelInferResponse, final: bool = True) -> pb.ModelStreamInferResponse:
+    """One message on ``ModelStreamInfer``: every response says whether it is the last (spec §2.4)."""
+    response.parameters["triton_final_response"].bool_param = final
+    return pb.ModelStreamInferResponse(infer_response=response)
+
+
+def wants_empty_final(msg: pb.ModelInferRequest) -> bool:
+    """Whether a flags-only final of a decoupled model is sent as an empty response (surprise #12)."""
+    p = msg.parameters.get(EMPTY_FINAL_RESPONSE)
+    return p is not None and p.WhichOneof("parameter_choice") == "bool_param" and p.bool_param
+
+
+def empty_response(request: InferRequest, model_version: int) -> pb.ModelInferResponse:
+    return pb.ModelInferResponse(model_name=request.model_name, model_version=str(model_version), id=request.id)
+
+
+def stream_error(msg: pb.ModelInferRequest, message: str) -> pb.ModelStreamInferResponse:
+    """An error for one request on the stream; the stream itself goes on (spec §2.4)."""
+    return pb.ModelStreamInferResponse(error_message=message, infer_response=pb.ModelInferResponse(
+        model_name=msg.model_name, model_version=msg.model_version, id=msg.id))
+
+
+# -- everything else: the HTTP front end's JSON dicts, as messages ----------------------------------
+def from_dict(message_type: type, data: dict[str, Any]) -> Any:
+    """Build a message from the JSON form of it (statistics, metadata: same field names as HTTP)."""
+    return json_format.ParseDict(data, message_type(), ignore_unknown_fields=False)
+
+
+def repository_index(models: list[dict[str, Any]]) -> pb.RepositoryIndexResponse:
+    msg = pb.RepositoryIndexResponse()
+    for m in models:
+        msg.models.add(name=m["name"], version=str(m.get("version", "")), state=m.get("state", ""),
+                       reason=m.get("reason", ""))
+    return msg
+
+
+def repository_parameters(params: Any) -> dict[str, Any]:
+    """``RepositoryModelLoadRequest.parameters`` → the dict ``DataPlane.load_model`` takes:
+    ``config`` as JSON text, ``file:<path>`` as bytes, anything else as its plain value."""
+    out: dict[str, Any] = {}
+    for key, p in params.items():
+        kind = p.WhichOneof("parameter_choice")
+        value = oneof_value(p)
+        if key == "config" and kind != "string_param":
+            raise TritonError.invalid_arg("the 'config' parameter must be a string_param holding JSON")
+        if key.startswith("file:") and kind != "bytes_param":
+            raise TritonError.invalid_arg(f"the '{key}' parameter must be a bytes_param")
+        out[key] = value
+    return out

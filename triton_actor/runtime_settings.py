@@ -1,0 +1,84 @@
+"""The settings clients may change at run time: logging and trace (spec §1.12, §1.13).
+
+One owner for both front ends. Every method runs in a hub greenlet and completes without switching,
+so updates are atomic. Log settings act on Python's logging levels; trace settings are stored and
+reported as Triton reports them (this server records no traces yet).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from .errors import TritonError
+
+_LOG_BOOLS = ("log_info", "log_warning", "log_error")
+_TRACE_DEFAULTS: dict[str, list[str]] = {"trace_level": ["OFF"], "trace_rate": ["1000"], "trace_count": ["-1"],
+                                         "log_frequency": ["0"], "trace_file": [""], "trace_mode": ["triton"]}
+
+
+class RuntimeSettings:
+    """Current log settings and global / per-model trace settings."""
+
+    def __init__(self, log_info: bool = True, log_verbose: int = 0) -> None:
+        self.log: dict[str, Any] = {"log_file": "", "log_info": log_info, "log_warning": True, "log_error": True,
+                                    "log_verbose_level": log_verbose, "log_format": "default"}
+        self.trace: dict[str, list[str]] = {k: list(v) for k, v in _TRACE_DEFAULTS.items()}
+        self.model_trace: dict[str, dict[str, list[str]]] = {}
+
+    # -- logging ----------------------------------------------------------------------------------
+    def update_log(self, changes: dict[str, Any]) -> dict[str, Any]:
+        """Validate every change first, then apply them all; returns the full settings."""
+        for key, value in changes.items():
+            if key in _LOG_BOOLS:
+                ok = isinstance(value, bool)
+            elif key == "log_verbose_level":
+                ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+            elif key == "log_format":
+                ok = value in ("default", "ISO8601")
+            elif key == "log_file":
+                if value:
+                    raise TritonError.unsupported("log_file cannot be changed at run time")
+                ok = True
+            else:
+                raise TritonError.invalid_arg(f"unknown log setting '{key}'")
+            if not ok:
+                raise TritonError.invalid_arg(f"invalid value for log setting '{key}': {value!r}")
+        self.log.update({k: v for k, v in changes.items() if k != "log_file"})
+        self._apply_log_levels()
+        return dict(self.log)
+
+    def _apply_log_levels(self) -> None:
+        s = self.log
+        if s["log_verbose_level"] > 0:
+            level = logging.DEBUG
+        elif s["log_info"]:
+            level = logging.INFO
+        elif s["log_warning"]:
+            level = logging.WARNING
+        else:
+            level = logging.ERROR if s["log_error"] else logging.CRITICAL
+        logging.getLogger().setLevel(level)
+
+    # -- trace ------------------------------------------------------------------------------------
+    def trace_settings(self, model: str = "") -> dict[str, list[str]]:
+        return {**self.trace, **self.model_trace.get(model, {})} if model else dict(self.trace)
+
+    def update_trace(self, changes: dict[str, list[str]], model: str = "") -> dict[str, list[str]]:
+        """An empty value list clears the setting (a model falls back to the global value)."""
+        for key, values in changes.items():
+            if key not in _TRACE_DEFAULTS:
+                raise TritonError.invalid_arg(f"unknown trace setting '{key}'")
+            if key == "trace_file" and values:
+                raise TritonError.unsupported("trace_file cannot be changed over the network")
+            if key == "trace_level" and any(v not in ("OFF", "TIMESTAMPS", "TENSORS") for v in values):
+                raise TritonError.invalid_arg(f"invalid trace_level {values}")
+        target = self.model_trace.setdefault(model, {}) if model else self.trace
+        for key, values in changes.items():
+            if values:
+                target[key] = list(values)
+            elif model:
+                target.pop(key, None)
+            else:
+                target[key] = list(_TRACE_DEFAULTS[key])
+        return self.trace_settings(model)
