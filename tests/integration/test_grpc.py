@@ -159,7 +159,8 @@ def test_decoupled_model_on_model_infer_is_unimplemented(tmp_path: Path, start_s
         req.inputs.add(name="INPUT0", datatype="FP32", shape=[1])
         req.raw_input_contents.append(b"\0" * 4)
         error = _error(pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer, req)
-    assert error.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert (error.code(), error.details()) == (
+        grpc.StatusCode.UNIMPLEMENTED, "ModelInfer RPC doesn't support models with decoupled transaction policy")
 
 
 # -- ModelStreamInfer -----------------------------------------------------------------------------

@@ -73,5 +73,17 @@ def test_calls_run_in_hub_greenlets_and_errors_come_back(port: HubPort) -> None:
     done = gevent.event.Event()
     futures[-1].add_done_callback(lambda _f: port.post(done.set))
     assert done.wait(10)
-    assert executor._threads <= 4
+    assert executor.threads <= 4
+    executor.shutdown()
+
+
+@pytest.mark.timeout(60)
+def test_executor_grows_only_when_no_thread_waits() -> None:
+    """Sequential short tasks (one grpc call at a time) keep reusing one thread: no creep."""
+    executor = NativeExecutor("seq")
+    done: _queue.SimpleQueue = _queue.SimpleQueue()
+    for i in range(300):
+        executor.submit(done.put, i)
+        _wait(done, 1)
+    assert executor.threads <= 2
     executor.shutdown()

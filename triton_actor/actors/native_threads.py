@@ -89,7 +89,11 @@ class NativeFuture:
 
 
 class NativeExecutor:
-    """A growing pool of native threads (at most ``max_workers``) fed through a C ``SimpleQueue``."""
+    """A growing pool of native threads (at most ``max_workers``) fed through a C ``SimpleQueue``.
+
+    ``_idle`` counts threads waiting on the queue and ``_queued`` the tasks nobody took yet; a
+    submit starts a thread only when the queued tasks outnumber the waiting threads.
+    """
 
     def __init__(self, name: str, max_workers: int = 1024) -> None:
         self.name = name
@@ -98,36 +102,47 @@ class NativeExecutor:
         self._lock = native_threading().Lock()
         self._threads = 0
         self._idle = 0
+        self._queued = 0
         self._shutdown = False
 
+    @property
+    def threads(self) -> int:
+        return self._threads
+
     def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> NativeFuture:
-        """Any thread: queue ``fn(*args, **kwargs)``; start a thread when none is idle."""
+        """Any thread: queue ``fn(*args, **kwargs)``; start a thread when none is waiting for it."""
         future = NativeFuture()
         with self._lock:
             if self._shutdown:
                 raise RuntimeError(f"executor {self.name} is shut down")
-            grow = self._idle == 0 and self._threads < self.max_workers
+            self._queued += 1
+            grow = self._queued > self._idle and self._threads < self.max_workers
             if grow:
                 self._threads += 1
-            elif self._idle:
-                self._idle -= 1
         self._queue.put((fn, args, kwargs, future))
         if grow:
             native_threading().Thread(target=self._work, name=f"{self.name}-{self._threads}", daemon=True).start()
         return future
 
     def _work(self) -> None:
-        get = self._queue.get
-        while (item := get()) is not None:
+        get, lock = self._queue.get, self._lock
+        while True:
+            with lock:
+                self._idle += 1
+            item = get()
+            with lock:
+                self._idle -= 1
+                if item is not None:
+                    self._queued -= 1
+            if item is None:
+                break
             fn, args, kwargs, future = item
             try:
                 fn(*args, **kwargs)
             except BaseException:
                 log.exception("native executor task failed")
             future._finish()
-            with self._lock:
-                self._idle += 1
-        with self._lock:
+        with lock:
             self._threads -= 1
 
     def shutdown(self, wait: bool = False) -> None:

@@ -59,10 +59,7 @@ class GrpcServicer:
     def ModelInfer(self, req: pb.ModelInferRequest) -> pb.ModelInferResponse:
         if self.plane.is_decoupled(req.model_name):
             # Triton: gRPC ModelInfer refuses decoupled models (UNIMPLEMENTED), only the stream serves them
-            raise TritonError.unsupported(
-                f"ModelInfer RPC doesn't support models with decoupled transaction policy ('{req.model_name}'); "
-                "use ModelStreamInfer instead"
-            )
+            raise TritonError.unsupported("ModelInfer RPC doesn't support models with decoupled transaction policy")
         request = v2_grpc.decode_infer_request(req, self.plane.shm)
         served = self.plane.infer(request)
         return v2_grpc.encode_infer_response(request, served.response, served.version, served.labels, served.batching,
