@@ -194,3 +194,64 @@ def test_ordinary_model_answering_through_its_response_sender(server) -> None:
     status, _, text = _post("http://" + server.url, "/v2/models/sender_default/infer",
                             {"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "FP32", "data": [-1]}]})
     assert status == 500 and "sent no response" in json.loads(text)["error"]
+
+
+# -- the same decoupled models over gRPC ModelStreamInfer -------------------------------------------
+def _stream(server, requests: list[tuple[str, list, dict]], expect: int) -> list[tuple[object, object]]:
+    """Send ``(model, inputs, kwargs)`` on one stream; collect ``expect`` callbacks (result, error)."""
+    import gevent.queue
+    import tritonclient.grpc as grpcclient
+
+    out: gevent.queue.Queue = gevent.queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: out.put((result, error)))
+    try:
+        for model, inputs, kw in requests:
+            client.async_stream_infer(model, inputs, **kw)
+        return [out.get(timeout=30) for _ in range(expect)]
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def _grpc_input(name: str, value: object, dtype: str):
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    array = np.array([value], dtype=np.object_ if dtype == "BYTES" else np.int32)
+    tensor = grpcclient.InferInput(name, [1], dtype)
+    tensor.set_data_from_numpy(array)
+    return tensor
+
+
+def test_grpc_stream_carries_every_token_with_the_final_flag(server) -> None:
+    inputs = [_grpc_input("text_input", b"hello", "BYTES"), _grpc_input("max_tokens", 5, "INT32")]
+    answers = _stream(server, [("text_generator", inputs, {"request_id": "g1"})], 5)
+    assert all(error is None for _, error in answers)
+    results = [result for result, _ in answers]
+    assert [int(r.as_numpy("index")[0]) for r in results] == [0, 1, 2, 3, 4]
+    http = _events(_post("http://" + server.url, "/v2/models/text_generator/generate_stream",
+                         {"text_input": "hello", "max_tokens": 5})[2])
+    assert [r.as_numpy("text_output")[0].decode() for r in results] == [e["text_output"] for e in http]
+    finals = [r.get_response().parameters["triton_final_response"].bool_param for r in results]
+    assert finals == [False] * 5  # the model closes with a flags-only final: nothing more is sent...
+
+
+def test_grpc_stream_empty_final_response_when_asked(server) -> None:
+    inputs = [_grpc_input("IN", 2, "INT32")]
+    answers = _stream(server, [("square", inputs, {"request_id": "s1", "enable_empty_final_response": True})], 3)
+    results = [result for result, error in answers if error is None]
+    assert len(results) == 3
+    finals = [r.get_response().parameters["triton_final_response"].bool_param for r in results]
+    assert finals == [False, False, True]  # ...unless the request asked for the empty final response
+    assert results[-1].get_response().outputs == [] and results[-1].get_response().id == "s1"
+
+
+def test_grpc_stream_errors_and_keeps_going(server) -> None:
+    answers = _stream(server, [
+        ("square", [_grpc_input("IN", -1, "INT32")], {"request_id": "bad"}),
+        ("square", [_grpc_input("IN", 2, "INT32")], {"request_id": "good"}),
+    ], 3)
+    errors = [error for _, error in answers if error is not None]
+    assert len(errors) == 1 and "IN must not be negative" in str(errors[0])
+    assert sorted(int(r.as_numpy("OUT")[0]) for r, e in answers if e is None) == [0, 1]

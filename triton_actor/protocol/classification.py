@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
+
+from ..inference import InferRequest, InferResponse, RequestedOutput
 
 
 def _fmt(value: object) -> str:
@@ -26,3 +30,19 @@ def classify(array: np.ndarray, count: int, labels: list[str] | None, batching: 
                 text += f":{labels[idx]}"
             out[r, j] = text.encode()
     return out if batching else out.reshape(k)
+
+
+def selected_outputs(request: InferRequest, response: InferResponse, labels: dict[str, list[str]],
+                     batching: bool) -> Iterator[tuple[str, np.ndarray, RequestedOutput | None]]:
+    """The outputs a response carries, in the model's order: every one when the request named none,
+    else the named ones (classified where asked), each with its request entry (both front ends)."""
+    wanted = None if request.outputs is None else {o.name: o for o in request.outputs}
+    for name, array in response.outputs:
+        spec = None
+        if wanted is not None:
+            spec = wanted.get(name)
+            if spec is None:
+                continue
+            if spec.classification:
+                array = classify(array, spec.classification, labels.get(name), batching)
+        yield name, array, spec

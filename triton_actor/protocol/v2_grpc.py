@@ -19,7 +19,7 @@ from ..inference import InferInput, InferRequest, InferResponse, RequestedOutput
 from ..shared_memory import parse_window, write_output
 from . import bytes_codec
 from ._generated import grpc_service_pb2 as pb
-from .classification import classify
+from .classification import selected_outputs
 from .dtypes import BY_WIRE, BYTES, DType, from_numpy
 from .v2_http import tensor_from_bytes
 
@@ -207,19 +207,9 @@ def encode_infer_response(request: InferRequest, response: InferResponse, model_
     """Outputs in the model's order (only the requested ones), as ``raw_output_contents``; an output
     sent to shared memory is written there and gets an empty raw entry (spec §2.3)."""
     msg = pb.ModelInferResponse(model_name=request.model_name, model_version=str(model_version), id=request.id)
-    wanted: dict[str, RequestedOutput] | None = None
-    if request.outputs is not None:
-        wanted = {o.name: o for o in request.outputs}
     add_output = msg.outputs.add
     raw = msg.raw_output_contents
-    for name, array in response.outputs:
-        spec = None
-        if wanted is not None:
-            spec = wanted.get(name)
-            if spec is None:
-                continue
-            if spec.classification:
-                array = classify(array, spec.classification, labels.get(name), batching)
+    for name, array, spec in selected_outputs(request, response, labels, batching):
         dtype = from_numpy(array.dtype)
         if dtype is None:
             raise TritonError.internal(f"unsupported output data type {array.dtype}")

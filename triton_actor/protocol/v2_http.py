@@ -15,7 +15,7 @@ from ..errors import TritonError
 from ..inference import InferInput, InferRequest, InferResponse, RequestedOutput
 from ..shared_memory import parse_window, write_output
 from . import bytes_codec
-from .classification import classify
+from .classification import selected_outputs
 from .dtypes import BF16, BY_WIRE, BYTES, DType, from_numpy
 
 if TYPE_CHECKING:
@@ -288,19 +288,9 @@ def encode_infer_response(
 ) -> tuple[list[bytes], int | None]:
     """Encode the response; returns the body chunks and the JSON header length (None: pure JSON).
     Outputs requested in shared memory are written there; their entries carry no data."""
-    wanted: dict[str, RequestedOutput] | None = None
-    if request.outputs is not None:
-        wanted = {o.name: o for o in request.outputs}
     out_json: list[dict[str, Any]] = []
     blobs: list[bytes] = []
-    for name, array in response.outputs:
-        spec = None
-        if wanted is not None:
-            spec = wanted.get(name)
-            if spec is None:
-                continue
-        if spec is not None and spec.classification:
-            array = classify(array, spec.classification, labels.get(name), batching)
+    for name, array, spec in selected_outputs(request, response, labels, batching):
         if spec is not None and spec.shm is not None:
             dtype = _wire_dtype(array)
             data = bytes_codec.serialize(array) if dtype is BYTES else np.ascontiguousarray(array).tobytes()
