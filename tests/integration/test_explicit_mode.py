@@ -301,3 +301,33 @@ def test_explicit_reloads_under_load_fail_no_request(tmp_path: Path, start_serve
         assert ask(client, "m") == 100 + edition  # load returns after the swap
     load.stop()
     assert load.sent > 0 and not load.failures, load.failures[:5]
+
+
+def test_load_unload_over_grpc(tmp_path: Path, start_server) -> None:
+    """The repository RPCs reach the same data-plane calls: load, reload with overrides, unload, index,
+    and Triton's codes for refusals."""
+    import tritonclient.grpc as grpcclient
+
+    add_tagged(tmp_path, "a")
+    add_tagged(tmp_path, "b", edition=7)
+    server = start_server(tmp_path, flags=(*EXPLICIT, "--load-model", "a"))
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    http = httpclient.InferenceServerClient(server.url)
+    states = {(m.name, m.version): m.state for m in client.get_model_repository_index().models}
+    assert states == {("a", "1"): "READY", ("b", ""): ""}
+    client.load_model("b")
+    assert client.is_model_ready("b") and ask(http, "b") == 107
+    client.load_model("b", files={"file:1/model.py": tagged(8).encode()},
+                      config=json.dumps({"backend": "python", "max_batch_size": 0,
+                                         "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+                                         "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}]}))
+    assert ask(http, "b") == 108
+    client.unload_model("a")
+    wait_for(lambda: not client.is_model_ready("a"), what="a unloaded over gRPC")
+    e = _error(client.load_model, "nope")
+    assert e.status() == "StatusCode.INTERNAL" and "failed to poll from model repository" in e.message()
+    e = _error(client.load_model, "../a")
+    assert e.status() == "StatusCode.INTERNAL" and "a model name is one folder name" in e.message()
+    none_server = start_server(tmp_path)  # NONE mode refuses the API: UNAVAILABLE
+    e = _error(grpcclient.InferenceServerClient(none_server.grpc_url).load_model, "a")
+    assert e.status() == "StatusCode.UNAVAILABLE" and "explicit model load / unload is not allowed" in e.message()
