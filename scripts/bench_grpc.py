@@ -18,14 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from bench_http import ROOT, TOOLS, free_port, perf, rss_kb, stop_servers, wait_ready
+from bench_http import ROOT, TOOLS, copy_add_sub, free_port, perf, rss_kb, stop_servers, wait_ready
 
 
 def start_ours(repo: Path, http: int, grpc: int, variant: str) -> subprocess.Popen:
@@ -73,7 +72,7 @@ def main() -> int:
     try:
         for name in names:
             repo = work / name.replace("[", "_").replace("]", "")
-            shutil.copytree(ROOT / "model_repository", repo, ignore=shutil.ignore_patterns("__pycache__"))
+            copy_add_sub(repo)
             ports = {"http": free_port(), "grpc": free_port()}
             if name == "triton":
                 proc = start_triton(repo, ports["http"], ports["grpc"])

@@ -83,6 +83,12 @@ def start_ours(repo: Path, port: int, *extra: str, log: Path | None = None) -> s
             out.close()
 
 
+def copy_add_sub(repo: Path) -> None:
+    """A repository with just ``add_sub``: the example repository also holds ONNX/TorchScript models and a
+    decoupled one, which the python-only Triton we compare with cannot load."""
+    shutil.copytree(ROOT / "model_repository" / "add_sub", repo / "add_sub", ignore=shutil.ignore_patterns("__pycache__"))
+
+
 def start_triton(repo: Path, port: int) -> subprocess.Popen:
     args = [str(TOOLS / "tritonserver"), f"--model-repository={repo}", "--http-address=127.0.0.1",
             f"--http-port={port}", "--allow-grpc=false", "--allow-metrics=false", "--log-info=false"]
@@ -141,7 +147,7 @@ def main() -> int:
             if name == "triton" and args.no_triton:
                 continue
             repo = work / name
-            shutil.copytree(ROOT / "model_repository", repo, ignore=shutil.ignore_patterns("__pycache__"))
+            copy_add_sub(repo)
             port = free_port()
             proc = starter(repo, port)
             wait_ready(port, proc)
