@@ -154,7 +154,7 @@ def main() -> int:
             servers[name] = (proc, port)
             print(f"[bench] {name} ready on port {port}", flush=True)
         memory = {n: rss_kb(p.pid, n == "triton") / 1024 for n, (p, _) in servers.items()}
-        print(f"[bench] resident memory with the example models loaded (MB): {memory}", flush=True)
+        print(f"[bench] resident memory with add_sub loaded (MB): {memory}", flush=True)
         results: dict[str, dict[int, list[dict[str, float]]]] = {n: {c: [] for c in conc} for n in servers}
         steps = args.rounds * len(conc) * len(servers)
         step = 0
@@ -180,7 +180,7 @@ def main() -> int:
             lines.append(f"| {c} | {name} | {m['rps']:.0f} | {m['p50_us']:.0f} | {m['p99_us']:.0f} | "
                          f"{ratio if name != 'triton' else '1.00x'} |")
     lines.append("")
-    lines.append("Resident memory, example repository loaded (3 python models): " + ", ".join(
+    lines.append("Resident memory, add_sub loaded (Triton: server + its python stub): " + ", ".join(
         f"{n} {memory[n]:.0f} MB at start, {memory_after[n]:.0f} MB after the run" for n in servers))
     table = "\n".join(lines)
     print(table)
