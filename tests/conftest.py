@@ -1,6 +1,11 @@
 """Test-wide setup: the process is gevent-patched first, as the server's own bootstrap does."""
 
 import importlib.util
+import os
+
+# Before grpc is imported: the harness forks servers while tritonclient's gRPC channels are open;
+# with grpcio's fork support on, a forked child can crash before exec (grpc/grpc#43055).
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 # The test process is a gRPC *client* under gevent: tritonclient's streams and callbacks run on
 # grpcio's own threads, which the patching turned into greenlets; grpcio's documented gevent

@@ -16,7 +16,14 @@ native thread of its own instead: ``actors/watcher.py``.) The thread bridge uses
 
 from __future__ import annotations
 
+import os
+
 from gevent import monkey
+
+# grpcio >= 1.80 with fork support on restarts its epoll poller in a forked child, which crashes when
+# the child closes descriptors before exec (grpc/grpc#43055): a model's subprocess (torch's ldconfig,
+# a model.py's subprocess.run) could die before it ran. We never fork to keep using gRPC in a child.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 if not monkey.is_module_patched("socket"):
     monkey.patch_all(subprocess=False, os=False, signal=False)
