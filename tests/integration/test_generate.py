@@ -255,3 +255,21 @@ def test_grpc_stream_errors_and_keeps_going(server) -> None:
     errors = [error for _, error in answers if error is not None]
     assert len(errors) == 1 and "IN must not be negative" in str(errors[0])
     assert sorted(int(r.as_numpy("OUT")[0]) for r, e in answers if e is None) == [0, 1]
+
+
+def test_grpc_stream_cancel_reaches_the_model(server) -> None:
+    import gevent.queue
+    import tritonclient.grpc as grpcclient
+
+    out: gevent.queue.Queue = gevent.queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: out.put((result, error)))
+    inputs = [_grpc_input("text_input", b"a long story", "BYTES"), _grpc_input("max_tokens", 500, "INT32")]
+    client.async_stream_infer("text_generator", inputs, request_id="grpc-leaver")
+    _result, error = out.get(timeout=30)  # the first token arrived: now cancel the stream
+    assert error is None
+    client.stop_stream(cancel_requests=True)
+    client.close()
+    with gevent.Timeout(30, AssertionError("the model never saw the cancellation:\n" + server.log())):
+        while "request 'grpc-leaver' cancelled after" not in server.log():
+            gevent.sleep(0.05)

@@ -55,6 +55,7 @@ class NativeWorker(Generic[S]):
         self._closed = False
         self._hub: Any = None  # the native thread's own gevent hub, once model code created one
         self._idle_wake: Any = None
+        self._idle_event: Any = None
         self._hub_waiting = False
         _start_native(self._run, (setup, teardown))
 
@@ -92,23 +93,29 @@ class NativeWorker(Generic[S]):
         with ``threading`` patched — or slept, or waited on a lock), wait in that hub instead, so the
         model's greenlets keep running while the instance is idle: a decoupled model answering from a
         thread it started (as Triton's examples do) must get to send."""
-        hub = self._hub
-        if hub is None:
-            hub = self._hub = get_hub_if_exists()
+        if self._hub is None:
+            hub = get_hub_if_exists()
             if hub is None:
                 return self._inbox.get()
+            # one watcher, started once and never stopped: a send() that arrives while this thread is
+            # busy is remembered in the event instead of being lost (libev forgets sends to a stopped
+            # watcher)
+            self._idle_event = gevent.event.Event()
             self._idle_wake = hub.loop.async_()
-        inbox = self._inbox
+            self._idle_wake.start(self._idle_event.set)
+            self._hub = hub
+        inbox, event = self._inbox, self._idle_event
         while True:
             try:
                 return inbox.get_nowait()
             except _queue.Empty:
                 pass
+            event.clear()
             self._hub_waiting = True  # from now on submitters also send the wake-up (checked after put)
             try:
                 return inbox.get_nowait()
             except _queue.Empty:
-                hub.wait(self._idle_wake)
+                event.wait()
             finally:
                 self._hub_waiting = False
 

@@ -165,8 +165,14 @@ class GrpcServer:
         """``ModelStreamInfer``: a reader thread hands each request to the hub; this generator writes
         the responses as they complete, until the client has closed its side and all are written."""
         out: _queue.SimpleQueue = _queue.SimpleQueue()
-        context.add_callback(lambda: out.put(_GONE))  # a cancelled RPC must not leave this thread waiting
-        self._executor.submit(self._read_stream, requests, out)
+        gone: list[bool] = []  # non-empty once the client went away; the hub side stops its requests then
+
+        def cancelled() -> None:
+            gone.append(True)
+            out.put(_GONE)  # a cancelled RPC must not leave this thread waiting
+
+        context.add_callback(cancelled)
+        self._executor.submit(self._read_stream, requests, out, gone)
         pending, reading = 0, True
         while reading or pending:
             item = out.get()
@@ -179,7 +185,7 @@ class GrpcServer:
             else:
                 yield item
 
-    def _read_stream(self, requests: Iterator[Any], out: _queue.SimpleQueue) -> None:
+    def _read_stream(self, requests: Iterator[Any], out: _queue.SimpleQueue, gone: list[bool]) -> None:
         try:
             for request in requests:
                 out.put(1)
@@ -187,7 +193,7 @@ class GrpcServer:
                     out.put(pb.ModelStreamInferResponse(error_message=_Malformed.error.message))
                     out.put(-1)
                 else:
-                    self._port.post(self._stream_one, request, out)
+                    self._port.post(self._stream_one, request, out, gone)
         except grpc.RpcError:
             pass  # the client went away: the generator's RPC is over too
         except Exception:
@@ -205,11 +211,17 @@ class GrpcServer:
             log.exception("unexpected error in gRPC %s", getattr(method, "__name__", method))
             raise TritonError.internal(f"internal error: {e!r}") from None
 
-    def _stream_one(self, request: Any, out: _queue.SimpleQueue) -> None:
+    def _stream_one(self, request: Any, out: _queue.SimpleQueue, gone: list[bool]) -> None:
+        """Hub greenlet: the responses of one request on a stream; once the client has gone, closing
+        the generator cancels the request (a decoupled model sees ``is_cancelled()``)."""
+        responses = self.servicer.stream_infer(request)
         try:
-            for response in self.servicer.stream_infer(request):
+            for response in responses:
+                if gone:
+                    break
                 out.put(response)
         finally:
+            responses.close()
             out.put(-1)
 
     # -- lifecycle (hub thread) -----------------------------------------------------------------
