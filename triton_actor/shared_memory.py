@@ -4,7 +4,9 @@ One :class:`SharedMemoryRegistry` per server, owned by the data plane and used o
 thread (front-end greenlets), so it needs no lock. System regions are POSIX shared-memory objects
 (``shm_open``) mapped whole; every read and write is checked against the region's registered window
 (``offset`` .. ``offset + byte_size``), so nothing a client sends reaches outside it. Region names share
-one namespace across system and CUDA memory. CUDA regions need a GPU; without one, registering
+one namespace across system and CUDA memory. Regions are read and written with ``pread``/``pwrite`` on
+the object's descriptor, never through a mapping: a client that truncates its object after registering it
+gets an error, not a server killed by SIGBUS. CUDA regions need a GPU; without one, registering
 answers UNSUPPORTED. Client shared memory is refused unless the server runs with
 ``--allow-client-shm=true`` (spec §1.11).
 """
@@ -12,7 +14,6 @@ answers UNSUPPORTED. Client shared memory is refused unless the server runs with
 from __future__ import annotations
 
 import _posixshmem
-import mmap
 import os
 import re
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ class _Region:
     key: str
     offset: int
     byte_size: int
-    mapping: mmap.mmap
+    fd: int
 
 
 def _size(value: Any, what: str) -> int:
@@ -70,14 +71,13 @@ class SharedMemoryRegistry:
             raise TritonError.internal(f"Unable to open shared memory region: '{key}'") from None
         try:
             size = os.fstat(fd).st_size
-            if size == 0 or offset + byte_size > size:
-                raise TritonError.invalid_arg(f"failed to register shared memory region '{name}': invalid args")
-            mapping = mmap.mmap(fd, size)
         except OSError as e:
-            raise TritonError.invalid_arg(f"failed to register shared memory region '{name}': {e}") from None
-        finally:
             os.close(fd)
-        self._system[name] = _Region(name, key, offset, byte_size, mapping)
+            raise TritonError.invalid_arg(f"failed to register shared memory region '{name}': {e}") from None
+        if size == 0 or offset + byte_size > size:
+            os.close(fd)
+            raise TritonError.invalid_arg(f"failed to register shared memory region '{name}': invalid args")
+        self._system[name] = _Region(name, key, offset, byte_size, fd)
 
     def system_status(self, name: str = "") -> list[dict[str, Any]]:
         self._check_allowed()
@@ -94,10 +94,7 @@ class SharedMemoryRegistry:
         """Forget one region (an unknown name is not an error, as in Triton) or, with no name, all."""
         self._check_allowed()
         for region in [self._system.pop(name)] if name in self._system else ([] if name else self._pop_all()):
-            try:
-                region.mapping.close()
-            except BufferError:  # a request still reads from it: the mapping goes with the last view
-                pass
+            os.close(region.fd)
 
     def _pop_all(self) -> list[_Region]:
         regions = list(self._system.values())
@@ -139,10 +136,18 @@ class SharedMemoryRegistry:
         return region, start, byte_size
 
     def read(self, name: str, offset: Any, byte_size: Any, what: str) -> memoryview:
-        """A read-only view of ``byte_size`` bytes at ``offset`` inside region ``name``."""
+        """A copy of ``byte_size`` bytes at ``offset`` inside region ``name``."""
         self._check_allowed()
         region, start, size = self._window(name, offset, byte_size, what)
-        return memoryview(region.mapping)[start:start + size].toreadonly()
+        buf = bytearray(size)
+        try:
+            got = os.preadv(region.fd, [buf], start) if size else 0
+        except OSError as e:
+            raise TritonError.internal(f"{what}: reading shared memory region '{name}' failed: {e}") from None
+        if got != size:
+            raise TritonError.invalid_arg(
+                f"{what}: shared memory region '{name}' is smaller than when it was registered")
+        return memoryview(buf)
 
     def write(self, name: str, offset: Any, byte_size: Any, data: bytes | memoryview, what: str) -> None:
         """Copy ``data`` into region ``name`` at ``offset``; it must fit the ``byte_size`` the client gave."""
@@ -152,14 +157,19 @@ class SharedMemoryRegistry:
             raise TritonError.invalid_arg(
                 f"shared memory size specified with the request for {what} ({size} bytes) should be at least "
                 f"{len(data)} bytes to hold the results")
-        region.mapping[start:start + len(data)] = data
+        try:
+            if os.fstat(region.fd).st_size < start + len(data):  # never grow a client's object
+                raise TritonError.invalid_arg(
+                    f"{what}: shared memory region '{name}' is smaller than when it was registered")
+            written = os.pwrite(region.fd, data, start)
+        except OSError as e:
+            raise TritonError.internal(f"{what}: writing shared memory region '{name}' failed: {e}") from None
+        if written != len(data):
+            raise TritonError.internal(f"{what}: short write to shared memory region '{name}'")
 
     def close(self) -> None:
         for region in self._pop_all():
-            try:
-                region.mapping.close()
-            except BufferError:
-                pass
+            os.close(region.fd)
 
 
 def write_output(shm: SharedMemoryRegistry | None, window: tuple[str, int, int], data: bytes,

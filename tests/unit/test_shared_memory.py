@@ -85,3 +85,14 @@ def test_parse_window() -> None:
     for args in (("r", 0, None), (3, 0, 8), ("r", True, 8), ("r", 0, "8")):
         with pytest.raises(TritonError):
             parse_window(*args, "x")
+
+
+def test_a_truncated_object_gives_errors_not_a_crash(segment: tuple[str, shared_memory.SharedMemory]) -> None:
+    key, _ = segment
+    reg = SharedMemoryRegistry(allowed=True)
+    reg.register_system("r", key, 0, 64)
+    os.truncate("/dev/shm/" + key.lstrip("/"), 8)  # the client shrinks its object after registering it
+    assert _code(reg.read, "r", 0, 32, "x") == Code.INVALID_ARG
+    assert _code(reg.write, "r", 16, 16, b"z" * 16, "out") == Code.INVALID_ARG
+    assert bytes(reg.read("r", 0, 8, "x")) == bytes(range(8))  # what is still there reads fine
+    assert os.stat("/dev/shm/" + key.lstrip("/")).st_size == 8  # and nothing grew it back
