@@ -273,3 +273,22 @@ def test_grpc_stream_cancel_reaches_the_model(server) -> None:
     with gevent.Timeout(30, AssertionError("the model never saw the cancellation:\n" + server.log())):
         while "request 'grpc-leaver' cancelled after" not in server.log():
             gevent.sleep(0.05)
+
+
+def test_decoupled_model_with_warmup_loads(tmp_path, start_server) -> None:
+    """Warmup runs a decoupled model through a response sink and waits for its final flag."""
+    import shutil
+
+    from .server import ROOT
+
+    shutil.copytree(ROOT / "model_repository" / "text_generator", tmp_path / "gen",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    config = tmp_path / "gen" / "config.pbtxt"
+    config.write_text(config.read_text().replace('name: "text_generator"', 'name: "gen"') + """
+model_warmup [ { name: "hello", batch_size: 1,
+  inputs { key: "text_input" value: { data_type: TYPE_STRING, dims: [ 1 ], zero_data: true } }
+  inputs { key: "max_tokens" value: { data_type: TYPE_INT32, dims: [ 1 ], zero_data: true } } } ]
+""")
+    server = start_server(tmp_path)
+    status, _, text = _post("http://" + server.url, "/v2/models/gen/generate_stream", {"text_input": "hi", "max_tokens": 2})
+    assert status == 200 and len(_events(text)) == 2

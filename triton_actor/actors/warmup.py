@@ -18,6 +18,7 @@ from ..protocol import bytes_codec
 from ..protocol.dtypes import BY_ENUM_VALUE, BYTES
 from ..repository import layout
 from ..repository.config import ModelConfig
+from .bridge import ResponseChannel
 from .instance import InstanceActor
 from .kernel import Reply
 
@@ -31,14 +32,25 @@ def warm_up(config: ModelConfig, model_dir: Path, model: str, version: int, inst
         for inst in instances:
             for _ in range(max(sample.count, 1)):
                 reply: Reply[Any] = Reply()
-                inst.execute([request], lambda ok, value, r=reply: r.set(value) if ok else r.fail(value))
+                # a decoupled model answers through a response sender: give it a sink and drain it
+                channel = ResponseChannel() if config.model_transaction_policy.decoupled else None
+                run = request if channel is None else request._replace(responses=channel)
+                inst.execute([run], lambda ok, value, r=reply: r.set(value) if ok else r.fail(value))
                 try:
                     results, _timings = reply.get(WARMUP_TIMEOUT_S)
                     if isinstance(results[0], BaseException):
                         raise results[0]
+                    final = channel is None
+                    while not final:
+                        item, final = channel.receive(WARMUP_TIMEOUT_S)
+                        if isinstance(item, BaseException):
+                            raise item
                 except Exception as e:  # noqa: BLE001 - reported with the sample's name
                     raise TritonError.invalid_arg(
                         f"model '{model}' version {version}: warmup sample '{sample.name}' failed: {e}") from None
+                finally:
+                    if channel is not None:
+                        channel.close()
 
 
 def _request(sample: Any, config: ModelConfig, model_dir: Path, model: str, version: int) -> InferRequest:
