@@ -146,7 +146,8 @@ def test_queued_request_times_out_with_its_error_and_its_slot_is_freed(tmp_path:
 def test_request_priority_and_timeout_parameters(tmp_path: Path, start_server) -> None:
     model_dir = add_model(tmp_path, "gated", _config(
         "preferred_batch_size: [ 1 ] priority_levels: 2 default_priority_level: 2 "
-        "default_queue_policy { allow_timeout_override: true }"), GATED_PY)  # preferred 1: one request per run
+        "default_queue_policy { allow_timeout_override: true default_timeout_microseconds: 60000000 }"),
+        GATED_PY)  # preferred 1: one request per run; a request's timeout may shorten the 60 s default
     server = start_server(tmp_path)
     first = _hold_one(server, model_dir, "gated")
     normal = gevent.spawn(_call, server.url, "gated", 1.0)

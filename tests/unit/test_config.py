@@ -305,6 +305,15 @@ def test_validate_dynamic_batching_priorities_and_ordering(setup, words) -> None
     _invalid(info, *words)
 
 
+@pytest.mark.parametrize("name", ["../../x/model.py", "a/b.py", "..", "a\\b"])
+def test_validate_default_model_filename_is_a_plain_name(name: str) -> None:
+    cfg = _valid_config()
+    cfg.default_model_filename = name
+    with pytest.raises(TritonError) as info:
+        cm.validate(cfg, "add_sub", gpu_count=0)
+    _invalid(info, "default_model_filename")
+
+
 def test_validate_kind_gpu_without_gpus() -> None:
     cfg = _valid_config()
     cfg.instance_group[0].kind = mc.ModelInstanceGroup.KIND_GPU

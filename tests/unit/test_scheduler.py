@@ -354,7 +354,8 @@ def test_timed_out_request_fails_while_every_instance_is_busy(make) -> None:
 
 @pytest.mark.timeout(30)
 def test_request_timeout_parameter_overrides_when_allowed(make) -> None:
-    policy = _policy(max_batch_size=0, preferred=(), policies={1: QueuePolicy(allow_timeout_override=True)})
+    policy = _policy(max_batch_size=0, preferred=(),
+                     policies={1: QueuePolicy(default_timeout_ns=60_000_000_000, allow_timeout_override=True)})
     sched, [inst], _ = make(policy=policy)
     _enqueue(sched, "running")
     patient = _enqueue(sched, "patient")

@@ -52,10 +52,8 @@ class QueuePolicy:
 
     def deadline(self, now_ns: int, request_timeout_us: int) -> int:
         timeout_ns = self.default_timeout_ns
-        if self.allow_timeout_override and request_timeout_us > 0:
-            override = request_timeout_us * 1000
-            if timeout_ns == 0 or override < timeout_ns:
-                timeout_ns = override
+        if self.allow_timeout_override and 0 < request_timeout_us * 1000 < timeout_ns:
+            timeout_ns = request_timeout_us * 1000  # an override only shortens a default that is set (Triton)
         return now_ns + timeout_ns if timeout_ns else _NO_DEADLINE
 
 
@@ -120,7 +118,7 @@ class _Level(Generic[T]):
 
     def __init__(self, policy: QueuePolicy) -> None:
         self.policy = policy
-        self.timed = bool(policy.default_timeout_ns or policy.allow_timeout_override)
+        self.timed = bool(policy.default_timeout_ns)
         self.main: collections.deque[_Entry[T]] = collections.deque()
         self.delayed: collections.deque[_Entry[T]] = collections.deque()
 

@@ -60,6 +60,8 @@ class GetStats:
 class _Wake:
     """The timer fired: the batcher's delay or a request's timeout is due."""
 
+    timer: Any
+
 
 @dataclass(frozen=True, slots=True)
 class Drain:
@@ -126,8 +128,9 @@ class SchedulerActor(InlineActor):
         self._idle.append(msg.instance)
         self._dispatch()
 
-    def on__Wake(self, _msg: _Wake) -> None:
-        self._timer = None
+    def on__Wake(self, msg: _Wake) -> None:
+        if msg.timer is self._timer:  # a wake from a timer replaced meanwhile keeps the newer one
+            self._timer = None
         self._dispatch()
 
     def on_stop(self) -> None:
@@ -204,12 +207,12 @@ class SchedulerActor(InlineActor):
                 return
             self._timer.stop()
         self._timer_at = at
-        self._timer = gevent.get_hub().loop.timer(wait_ns / 1e9)
-        self._timer.start(self._wake)
+        timer = self._timer = gevent.get_hub().loop.timer(wait_ns / 1e9)
+        timer.start(self._wake, timer)
 
-    def _wake(self) -> None:
+    def _wake(self, timer: Any) -> None:
         try:
-            self.ref.tell(_Wake())
+            self.ref.tell(_Wake(timer))
         except TritonError:  # stopped meanwhile
             pass
 
@@ -255,5 +258,5 @@ def _answer(items: list[Enqueue], ok: bool, value: Any) -> None:
 
 def _shape_key(request: InferRequest, ragged: frozenset[str]) -> tuple[Any, ...]:
     """Requests batch together only when every input has the same non-batch shape (inputs that allow
-    ragged batches excepted) and the same inputs are present."""
-    return tuple((name, None if name in ragged else t.shape[1:]) for name, t in request.inputs.items())
+    ragged batches excepted) and the same inputs are present, in whatever order the client listed them."""
+    return tuple(sorted((name, None if name in ragged else t.shape[1:]) for name, t in request.inputs.items()))

@@ -327,7 +327,9 @@ def create_app(plane: DataPlane, frontend: HttpFrontend) -> Flask:
             finally:
                 responses.close()
 
-        return Response(events(), status=200, content_type="text/event-stream; charset=utf-8")
+        response = Response(events(), status=200, content_type="text/event-stream; charset=utf-8")
+        response.call_on_close(streamed.responses.close)  # also when the stream never started (head not sent)
+        return response
 
     def json_body() -> dict[str, Any]:
         return payloads.json_object(body())

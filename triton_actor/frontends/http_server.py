@@ -266,6 +266,9 @@ class HttpServer:
             sock.sendall(b"0\r\n\r\n")
         except OSError:
             return False
+        except Exception:  # the stream's producer failed mid-way: the body is cut, so is the connection
+            log.exception("event stream failed")
+            return False
         finally:
             close = getattr(chunks, "close", None)
             if close is not None:

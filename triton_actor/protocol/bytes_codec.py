@@ -47,6 +47,8 @@ def deserialize(buf: bytes | memoryview, count: int | None, what: str) -> np.nda
             )
         items.append(bytes(mv[offset : offset + n]))
         offset += n
+        if count is not None and len(items) > count:  # stop early: a huge buffer of empty strings
+            raise TritonError.invalid_arg(f"{what}: expected {count} string elements, got more")
     if count is not None and len(items) != count:
         raise TritonError.invalid_arg(f"{what}: expected {count} string elements, got {len(items)}")
     out = np.empty(len(items), dtype=np.object_)

@@ -65,7 +65,7 @@ def _tensor(name: str, value: Any, dtype: DType, dims: tuple[int, ...], max_batc
             raise TritonError.invalid_arg(f"generate input '{name}': {dtype.wire} cannot be sent as JSON")
         else:
             array = np.asarray(values, dtype=dtype.numpy)
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, OverflowError) as e:
         raise TritonError.invalid_arg(f"generate input '{name}' is not {dtype.wire}: {e}") from None
     known = 1
     for d in dims:

@@ -185,6 +185,9 @@ def validate(cfg: ModelConfig, model: str, gpu_count: int) -> None:
             for d in t.dims:
                 if d < 1 and d != -1:
                     raise _err(model, f"model {kind} '{t.name}' dimension must be integer >= 1, or -1 to indicate a variable-size dimension")
+    name = cfg.default_model_filename
+    if name and ("/" in name or "\\" in name or "\0" in name or name in (".", "..")):
+        raise _err(model, f"default_model_filename '{name}' must be a file name inside the version folder")
     if cfg.HasField("dynamic_batching"):
         _validate_dynamic_batching(cfg, model)
     for group in cfg.instance_group:
