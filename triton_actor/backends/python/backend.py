@@ -16,6 +16,7 @@ import importlib.util
 import inspect
 import json
 import logging
+import os
 import re
 import sys
 import traceback
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from gevent import monkey
 from google.protobuf import json_format
 
 from ...errors import Code, TritonError
@@ -43,8 +45,16 @@ _OWN_DIR = str(Path(__file__).resolve().parents[2])  # the triton_actor package
 _sequence = 0
 
 
+# What each imported model package holds, so unloading gives it back: its sys.path entries (shared
+# entries are counted) and the top-level modules it imported from its own folders (``import utils``).
+# Imports run on instance threads, several at once: one native lock serializes this bookkeeping.
+_lock = monkey.get_original("_thread", "allocate_lock")()
+_path_users: dict[str, int] = {}
+_held: dict[str, tuple[list[str], list[str]]] = {}  # package → (sys.path entries, owned top-level modules)
+
+
 def _fresh_package(model: str, version_dir: Path, tag: str) -> str:
-    """Register a new package whose path is ``version_dir``; return its dotted name."""
+    """Register a new package whose path is ``version_dir``; return its dotted name. Call with ``_lock`` held."""
     global _sequence
     _sequence += 1
     if _ROOT_PACKAGE not in sys.modules:
@@ -57,10 +67,37 @@ def _fresh_package(model: str, version_dir: Path, tag: str) -> str:
     pkg.__path__ = [str(version_dir)]
     pkg.__file__ = str(version_dir / "__init__.py")
     sys.modules[name] = pkg
+    paths = []
     for extra in (str(version_dir), str(version_dir.parent)):
-        if extra not in sys.path:
+        if extra in _path_users:
+            _path_users[extra] += 1
+        elif extra in sys.path:
+            continue  # not ours to count or remove
+        else:
             sys.path.append(extra)
+            _path_users[extra] = 1
+        paths.append(extra)
+    _held[name] = (paths, [])
     return name
+
+
+def _inside(path: object, folder: str) -> bool:
+    return isinstance(path, str) and (path == folder or path.startswith(folder + os.sep))
+
+
+def forget_package(package: str) -> None:
+    """Unload bookkeeping of one imported model: its modules leave sys.modules and the sys.path entries
+    nobody else uses go, so unloaded versions are freed and a reload imports its helpers afresh."""
+    with _lock:
+        paths, owned = _held.pop(package, ([], []))
+        for name in [n for n in sys.modules if n == package or n.startswith(package + ".")] + owned:
+            sys.modules.pop(name, None)
+        for extra in paths:
+            _path_users[extra] -= 1
+            if not _path_users[extra]:
+                del _path_users[extra]
+                if extra in sys.path:
+                    sys.path.remove(extra)
 
 
 class _SourceLoader(importlib.machinery.SourceFileLoader):
@@ -78,18 +115,42 @@ def import_model(model: str, version_dir: Path, filename: str, tag: str) -> type
     path = version_dir / filename
     if not path.is_file():
         raise TritonError.invalid_arg(f"model '{model}': python model file {path} does not exist")
-    package = _fresh_package(model, version_dir, tag)
-    name = f"{package}.{Path(filename).stem}"
-    spec = importlib.util.spec_from_file_location(name, path, loader=_SourceLoader(name, str(path)))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as e:
-        sys.modules.pop(name, None)
-        raise TritonError.internal(f"failed to load model '{model}': {python_error_text(e)}") from None
+    folder = str(version_dir.parent)
+    with _lock:
+        package = _fresh_package(model, version_dir, tag)
+        name = f"{package}.{Path(filename).stem}"
+        spec = importlib.util.spec_from_file_location(name, path, loader=_SourceLoader(name, str(path)))
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        # helpers (``import utils``) resolve afresh from this model's folders, ahead of other models'
+        # same-named files: modules cached from any model folder step aside during the import and come
+        # back afterwards unless this import replaced them
+        folders = [folder, *_path_users]
+        stashed = {n: m for n, m in sys.modules.items() if not n.startswith(_ROOT_PACKAGE)
+                   and any(_inside(getattr(m, "__file__", None), f) for f in folders)}
+        for cached in stashed:
+            del sys.modules[cached]
+        before = set(sys.modules)
+        sys.path[:0] = [str(version_dir), folder]
+        try:
+            spec.loader.exec_module(module)
+            error = None
+        except Exception as e:
+            error = e
+        finally:
+            for entry in (str(version_dir), folder):  # by value: model code may have changed sys.path too
+                sys.path.remove(entry)
+            _held[package][1].extend(n for n in set(sys.modules) - before
+                                     if _inside(getattr(sys.modules[n], "__file__", None), folder)
+                                     and not n.startswith(_ROOT_PACKAGE))
+            for cached, cached_module in stashed.items():
+                sys.modules.setdefault(cached, cached_module)
+    if error is not None:
+        forget_package(package)
+        raise TritonError.internal(f"failed to load model '{model}': {python_error_text(error)}") from None
     if not hasattr(module, "TritonPythonModel"):
+        forget_package(package)
         raise TritonError.invalid_arg(f"failed to load model '{model}': {path} has no class TritonPythonModel")
     return module
 
@@ -115,14 +176,18 @@ class PythonBackend:
             return
         filename = config.default_model_filename or "model.py"
         module = import_model(config.name, version_dir, filename, "autocomplete")
-        hook = getattr(module.TritonPythonModel, "auto_complete_config", None)
-        if hook is None:
-            return
-        helper = pb_utils.ModelConfig(config_mod.to_json_dict(config))
         try:
-            result = hook(helper)
-        except Exception as e:
-            raise TritonError.internal(f"model '{config.name}': auto_complete_config failed: {python_error_text(e)}") from None
+            hook = getattr(module.TritonPythonModel, "auto_complete_config", None)
+            if hook is None:
+                return
+            helper = pb_utils.ModelConfig(config_mod.to_json_dict(config))
+            try:
+                result = hook(helper)
+            except Exception as e:
+                raise TritonError.internal(
+                    f"model '{config.name}': auto_complete_config failed: {python_error_text(e)}") from None
+        finally:
+            forget_package(module.__name__.rpartition(".")[0])
         completed = (result if result is not None else helper).as_dict()
         config.Clear()
         try:
@@ -141,6 +206,15 @@ class PythonInstance:
         self.ctx = ctx
         filename = ctx.config.default_model_filename or "model.py"
         module = import_model(ctx.model_name, ctx.version_dir, filename, f"v{ctx.version}_i{ctx.index}")
+        self._package = module.__name__.rpartition(".")[0]
+        try:
+            self._init(module)
+        except BaseException:
+            forget_package(self._package)
+            raise
+
+    def _init(self, module: types.ModuleType) -> None:
+        ctx = self.ctx
         self.model = module.TritonPythonModel()
         self.decoupled = ctx.config.model_transaction_policy.decoupled
         # Opt-in (config parameter inline_execution: "true"): short executions may then run in the
@@ -251,6 +325,7 @@ class PythonInstance:
         finally:
             if self._loop is not None:
                 self._loop.close()
+            forget_package(self._package)
 
 
 def _default_mode_sender(request: Any) -> Any:
