@@ -280,3 +280,14 @@ def test_onnx_partial_config_is_completed(tmp_path: Path, start_server) -> None:
     assert [(i["name"], i["data_type"], i["dims"]) for i in cfg["input"]] == [("INPUT0", "TYPE_FP32", [8])]
     assert [(o["name"], o["data_type"], o["dims"]) for o in cfg["output"]] == [("OUTPUT0", "TYPE_FP32", [3])]
     assert "dynamic_batching" in cfg
+
+
+def test_many_onnx_models_load_in_parallel(tmp_path: Path, start_server) -> None:
+    """Several models import onnxruntime at once on their load threads: every one must load (concurrent
+    first imports of one module across native threads used to hang or fail under the patching)."""
+    for i in range(5):
+        modelgen.onnx_mlp(tmp_path, f"mlp{i}", dims=(4, 8, 2), max_batch_size=4)
+    server = start_server(tmp_path, flags=("--model-load-thread-count=5",))
+    client = httpclient.InferenceServerClient(server.url)
+    states = {e["name"]: e.get("state") for e in client.get_model_repository_index()}
+    assert states == {f"mlp{i}": "READY" for i in range(5)}

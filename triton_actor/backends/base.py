@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from gevent import monkey
+
 from ..errors import TritonError
 from ..inference import InferRequest, InferResponse
 from ..repository.config import ModelConfig
@@ -29,6 +31,14 @@ class InstanceContext:
 
 
 Result = InferResponse | TritonError
+
+# Models load on several native threads at once. With ``_thread`` patched, importlib's per-module locks
+# are gevent locks, which two native threads cannot share: two first imports of the same module (two
+# ONNX models importing onnxruntime, two model.py files importing torch) can hang or see a partly
+# initialized module. Backends hold this native, re-entrant lock while they import runtimes and while
+# a Python model's module runs its top-level code (imports inside ``initialize`` are not covered: that
+# would serialize model loading).
+IMPORT_LOCK = monkey.get_original("_thread", "RLock")()
 
 
 class BackendInstance(Protocol):

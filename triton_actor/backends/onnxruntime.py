@@ -18,7 +18,7 @@ from ..errors import TritonError
 from ..inference import InferRequest, InferResponse
 from ..protocol._generated import model_config_pb2 as mc
 from ..repository.config import ModelConfig
-from .base import InstanceContext, Result
+from .base import IMPORT_LOCK, InstanceContext, Result
 
 # ONNX tensor type strings (as onnxruntime reports them) → Triton config data types
 ORT_TO_TRITON = {
@@ -42,7 +42,8 @@ def _type_name(value: int) -> str:
 
 def _import_ort() -> Any:
     try:
-        import onnxruntime
+        with IMPORT_LOCK:
+            import onnxruntime
     except ImportError:
         raise TritonError.unavailable(
             "the onnxruntime backend needs ONNX Runtime: pip install 'triton-actor[onnx]' "

@@ -21,7 +21,7 @@ from ..errors import TritonError
 from ..inference import InferRequest, InferResponse
 from ..protocol._generated import model_config_pb2 as mc
 from ..repository.config import ModelConfig
-from .base import InstanceContext, Result
+from .base import IMPORT_LOCK, InstanceContext, Result
 
 _INDEXED = re.compile(r"^(.*)__(\d+)$")
 _threads_configured = False
@@ -29,7 +29,7 @@ _threads_configured = False
 
 def _import_torch() -> Any:
     try:
-        with warnings.catch_warnings():
+        with IMPORT_LOCK, warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
             import torch
     except ImportError:

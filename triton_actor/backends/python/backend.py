@@ -26,14 +26,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gevent import monkey
 from google.protobuf import json_format
 
 from ...errors import Code, TritonError
 from ...inference import InferRequest, InferResponse
 from ...repository import config as config_mod
 from ...repository.config import ModelConfig
-from ..base import InstanceContext, Result
+from ..base import IMPORT_LOCK, InstanceContext, Result
 from . import triton_python_backend_utils as pb_utils
 
 # model.py files do `import triton_python_backend_utils as pb_utils`: serve them our module.
@@ -47,8 +46,8 @@ _sequence = 0
 
 # What each imported model package holds, so unloading gives it back: its sys.path entries (shared
 # entries are counted) and the top-level modules it imported from its own folders (``import utils``).
-# Imports run on instance threads, several at once: one native lock serializes this bookkeeping.
-_lock = monkey.get_original("_thread", "allocate_lock")()
+# Imports run on instance threads, several at once: the backends' import lock serializes them.
+_lock = IMPORT_LOCK  # also keeps model.py imports on different threads from racing (see base.py)
 _path_users: dict[str, int] = {}
 _held: dict[str, tuple[list[str], list[str]]] = {}  # package → (sys.path entries, owned top-level modules)
 
@@ -175,6 +174,10 @@ class PythonBackend:
         if version_dir is None:
             return
         filename = config.default_model_filename or "model.py"
+        with IMPORT_LOCK:
+            self._auto_complete(config, version_dir, filename)
+
+    def _auto_complete(self, config: ModelConfig, version_dir: Path, filename: str) -> None:
         module = import_model(config.name, version_dir, filename, "autocomplete")
         try:
             hook = getattr(module.TritonPythonModel, "auto_complete_config", None)
@@ -205,6 +208,8 @@ class PythonInstance:
     def __init__(self, ctx: InstanceContext) -> None:
         self.ctx = ctx
         filename = ctx.config.default_model_filename or "model.py"
+        # the module's top-level code runs under the backends' import lock (inside import_model);
+        # initialize() runs in parallel with other models' loads (--model-load-thread-count)
         module = import_model(ctx.model_name, ctx.version_dir, filename, f"v{ctx.version}_i{ctx.index}")
         self._package = module.__name__.rpartition(".")[0]
         try:
