@@ -17,6 +17,7 @@ native thread of its own instead: ``actors/watcher.py``.) The thread bridge uses
 from __future__ import annotations
 
 import os
+import types
 
 from gevent import monkey
 
@@ -26,6 +27,25 @@ from gevent import monkey
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 if not monkey.is_module_patched("socket"):
+    # importlib's per-module import locks come from ``_thread``, which the patching turns into gevent
+    # locks: native threads (model instances loading in parallel) cannot share those, and two first
+    # imports of one module on two load threads failed or hung. importlib keeps the native primitives,
+    # bound before patching so that imports already in progress (this one) stay consistent. Greenlets
+    # of one thread then share an import-lock owner, as in an unpatched interpreter; an import that
+    # yields to another greenlet half-way is the (rare) case this trades away.
+    import _frozen_importlib
+    import _thread
+
+    _native_ident = _thread.get_ident
+    _frozen_importlib._thread = types.SimpleNamespace(allocate_lock=_thread.allocate_lock, get_ident=_native_ident)
+
     monkey.patch_all(subprocess=False, os=False, signal=False)
+
+    # gevent re-owned the import locks held right now (this import's) by its greenlet ids; give them back
+    import gc
+
+    for _lock in gc.get_objects():
+        if isinstance(_lock, _frozen_importlib._ModuleLock) and _lock.owner is not None:
+            _lock.owner = _native_ident()
 
 PATCHED = True

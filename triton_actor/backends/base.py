@@ -32,12 +32,11 @@ class InstanceContext:
 
 Result = InferResponse | TritonError
 
-# Models load on several native threads at once. With ``_thread`` patched, importlib's per-module locks
-# are gevent locks, which two native threads cannot share: two first imports of the same module (two
-# ONNX models importing onnxruntime, two model.py files importing torch) can hang or see a partly
-# initialized module. Backends hold this native, re-entrant lock while they import runtimes and while
-# a Python model's module runs its top-level code (imports inside ``initialize`` are not covered: that
-# would serialize model loading).
+# Models load on several native threads at once. The bootstrap gives importlib native locks (with
+# ``_thread`` patched they would be gevent locks, which native threads cannot share: two first imports of
+# one module on two load threads failed or hung). On top of that, backends import runtimes and a Python
+# model's top-level code under this one native, re-entrant lock, so heavy first imports happen one at a
+# time instead of contending.
 IMPORT_LOCK = monkey.get_original("_thread", "RLock")()
 
 
