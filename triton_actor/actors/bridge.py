@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 S = TypeVar("S")
 _start_native = monkey.get_original("_thread", "start_new_thread")
 _get_ident = monkey.get_original("_thread", "get_ident")
+_allocate_native_lock = monkey.get_original("_thread", "allocate_lock")
 
 
 class NativeWorker(Generic[S]):
@@ -213,7 +214,7 @@ class ResponseChannel:
     ``cancelled`` is set by the consumer when its client went away; producers read it.
     """
 
-    __slots__ = ("_items", "_wake", "_event", "_final_sent", "cancelled", "_closed")
+    __slots__ = ("_items", "_wake", "_event", "_final_sent", "cancelled", "_closed", "_send_lock")
 
     def __init__(self) -> None:
         self._items: collections.deque[tuple[Any, bool]] = collections.deque()
@@ -223,14 +224,16 @@ class ResponseChannel:
         self._final_sent = False
         self._closed = False
         self.cancelled = False
+        self._send_lock = _allocate_native_lock()  # senders may race on several threads
 
     def send(self, item: Any, final: bool) -> None:
         """Any thread: queue one response (or error, or None for a flags-only final)."""
-        if self._final_sent:
-            return
-        if final:
-            self._final_sent = True
-        self._items.append((item, final))
+        with self._send_lock:
+            if self._final_sent:
+                return
+            if final:
+                self._final_sent = True
+            self._items.append((item, final))
         if not self._closed:
             self._wake.send()
 
