@@ -128,26 +128,26 @@ class DataPlane:
         if self.is_decoupled(name):
             raise TritonError.unsupported("HTTP end point doesn't support models with decoupled transaction policy")
 
-    def infer(self, request: InferRequest) -> Served:
-        """Route, validate, queue, wait (this greenlet only)."""
+    def _route(self, request: InferRequest) -> tuple[ModelHandle, VersionHandle]:
+        """The version that serves ``request``, with Triton's errors. The caller enqueues right after,
+        without yielding, so a reload's swap cannot slip in between."""
         if not self.accepting:
             raise TritonError.unavailable("Server not ready")
         handle = self.repository.routes.get(request.model_name)
         if handle is None:
             raise TritonError.not_found(f"Request for unknown model: '{request.model_name}' is not found")
-        vh = handle.resolve(request.model_version)
+        return handle, handle.resolve(request.model_version)
+
+    def infer(self, request: InferRequest) -> Served:
+        """Route, validate, queue, wait (this greenlet only)."""
+        handle, vh = self._route(request)
         response = vh.infer(request).get()
         return Served(response, vh.version, vh.labels, handle.config.max_batch_size > 0)
 
     def infer_stream(self, request: InferRequest) -> Streamed:
         """Route, validate and queue a request whose answers are streamed: any number of responses
         from a decoupled model, exactly one from any other. Errors before queueing raise here."""
-        if not self.accepting:
-            raise TritonError.unavailable("Server not ready")
-        handle = self.repository.routes.get(request.model_name)
-        if handle is None:
-            raise TritonError.not_found(f"Request for unknown model: '{request.model_name}' is not found")
-        vh = handle.resolve(request.model_version)
+        handle, vh = self._route(request)
         batching = handle.config.max_batch_size > 0
         if not handle.config.model_transaction_policy.decoupled:
             return Streamed(vh.version, vh.labels, batching, _one_response(vh.infer(request)))

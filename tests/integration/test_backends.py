@@ -283,8 +283,8 @@ def test_onnx_partial_config_is_completed(tmp_path: Path, start_server) -> None:
 
 
 def test_many_onnx_models_load_in_parallel(tmp_path: Path, start_server) -> None:
-    """Several models import onnxruntime at once on their load threads: every one must load (concurrent
-    first imports of one module across native threads used to hang or fail under the patching)."""
+    """Five ONNX models on five load threads all load. A smoke test: the import race it can meet (first
+    imports of one module on several native threads) is pinned down by tests/unit/test_import_lock.py."""
     for i in range(5):
         modelgen.onnx_mlp(tmp_path, f"mlp{i}", dims=(4, 8, 2), max_batch_size=4)
     server = start_server(tmp_path, flags=("--model-load-thread-count=5",))

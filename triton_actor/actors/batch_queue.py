@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import collections
 import itertools
-from collections.abc import Hashable, Iterable, Iterator
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, NamedTuple, TypeVar
 
@@ -178,10 +178,6 @@ class BatchQueue(Generic[T]):
                 self._closest_deadline = deadline
         level.main.append(_Entry(item, batch_size if batch_size > 1 else 1, key, now_ns, deadline))
         self._size += 1
-
-    def items(self) -> Iterator[T]:
-        for entry in self._entries():
-            yield entry.item
 
     def clear(self) -> list[T]:
         """Remove and return everything queued (shutdown)."""

@@ -8,6 +8,7 @@ rules (spec §4.3); a config that disagrees with the file is refused at load nam
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,9 @@ def _import_ort() -> Any:
     try:
         with IMPORT_LOCK:
             import onnxruntime
-    except ImportError:
+    except ImportError as e:
+        if importlib.util.find_spec("onnxruntime") is not None:  # installed, but its import failed
+            raise TritonError.internal(f"importing onnxruntime failed: {e!r}") from None
         raise TritonError.unavailable(
             "the onnxruntime backend needs ONNX Runtime: pip install 'triton-actor[onnx]' "
             "(or 'triton-actor[onnx-gpu]' on CUDA hosts)"

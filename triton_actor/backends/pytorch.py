@@ -9,6 +9,7 @@ bind to the ``forward()`` arguments of the same name; other output names follow 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import warnings
@@ -32,7 +33,9 @@ def _import_torch() -> Any:
         with IMPORT_LOCK, warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
             import torch
-    except ImportError:
+    except ImportError as e:
+        if importlib.util.find_spec("torch") is not None:  # installed, but its import failed
+            raise TritonError.internal(f"importing torch failed: {e!r}") from None
         raise TritonError.unavailable(
             "the pytorch backend needs torch: pip install 'triton-actor[torch]' (torch==2.13.0 is the CPU build)"
         ) from None

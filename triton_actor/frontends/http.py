@@ -373,13 +373,8 @@ def create_app(plane: DataPlane, frontend: HttpFrontend) -> Flask:
 
 
 def _json_object(frontend: HttpFrontend) -> dict[str, Any]:
-    try:
-        data = orjson.loads(frontend.read_wsgi_body(request.environ) or b"{}")
-    except orjson.JSONDecodeError as e:
-        raise TritonError.invalid_arg(f"failed to parse the request JSON buffer: {e}") from None
-    if not isinstance(data, dict):
-        raise TritonError.invalid_arg("expected a JSON object")
-    return data
+    body = frontend.decompress(frontend.read_wsgi_body(request.environ), request.headers.get("Content-Encoding"))
+    return payloads.json_object(body)
 
 
 def _settings_routes(app: Flask, plane: DataPlane, frontend: HttpFrontend) -> None:

@@ -89,7 +89,7 @@ def forget_package(package: str) -> None:
     nobody else uses go, so unloaded versions are freed and a reload imports its helpers afresh."""
     with _lock:
         paths, owned = _held.pop(package, ([], []))
-        for name in [n for n in sys.modules if n == package or n.startswith(package + ".")] + owned:
+        for name in [n for n in list(sys.modules) if n == package or n.startswith(package + ".")] + owned:
             sys.modules.pop(name, None)
         for extra in paths:
             _path_users[extra] -= 1
@@ -126,7 +126,8 @@ def import_model(model: str, version_dir: Path, filename: str, tag: str) -> type
         # same-named files: modules cached from any model folder step aside during the import and come
         # back afterwards unless this import replaced them
         folders = [folder, *_path_users]
-        stashed = {n: m for n, m in sys.modules.items() if not n.startswith(_ROOT_PACKAGE)
+        # (list(...) snapshots in one step: other threads may be importing while this one looks)
+        stashed = {n: m for n, m in list(sys.modules.items()) if not n.startswith(_ROOT_PACKAGE)
                    and any(_inside(getattr(m, "__file__", None), f) for f in folders)}
         for cached in stashed:
             del sys.modules[cached]
@@ -141,7 +142,7 @@ def import_model(model: str, version_dir: Path, filename: str, tag: str) -> type
             for entry in (str(version_dir), folder):  # by value: model code may have changed sys.path too
                 sys.path.remove(entry)
             _held[package][1].extend(n for n in set(sys.modules) - before
-                                     if _inside(getattr(sys.modules[n], "__file__", None), folder)
+                                     if _inside(getattr(sys.modules.get(n), "__file__", None), folder)
                                      and not n.startswith(_ROOT_PACKAGE))
             for cached, cached_module in stashed.items():
                 sys.modules.setdefault(cached, cached_module)
