@@ -3,8 +3,9 @@
 
     python scripts/grpc_candidates.py VARIANT [triton-actor flags...]
 
-VARIANT ``native`` is the server as shipped (``frontends/grpc_server.py``: grpcio's sync server on
-native threads, calls handed to the hub). The others replace its ``GrpcServer`` before the CLI runs:
+VARIANT ``grpcio`` (alias ``native``) is ``--grpc-server grpcio`` as shipped (``frontends/grpc_server.py``:
+grpcio's sync server on native threads, calls handed to the hub); the default transport,
+``frontends/grpc_h2.py``, needs no launcher. The others replace ``GrpcServer`` before the CLI runs:
 
 - ``gevent``: the documented integration, ``grpc.experimental.gevent.init_gevent()``; grpcio's
   threads are greenlets and its completion queue is polled cooperatively on the hub; the servicer
@@ -132,11 +133,11 @@ class AioGrpcServer(grpc_server.GrpcServer):
         pass  # measurement only: the process exits
 
 
-CANDIDATES = {"native": grpc_server.GrpcServer, "gevent": GeventGrpcServer, "aio": AioGrpcServer,
+CANDIDATES = {"grpcio": grpc_server.GrpcServer, "native": grpc_server.GrpcServer, "gevent": GeventGrpcServer, "aio": AioGrpcServer,
               "hub": HubHandlerGrpcServer}
 
 if __name__ == "__main__":
     server_module.GrpcServer = CANDIDATES[sys.argv[1]]  # type: ignore[misc]
     from triton_actor.cli import main
 
-    main(sys.argv[2:])
+    main([*sys.argv[2:], "--grpc-server", "grpcio"])

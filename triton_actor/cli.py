@@ -72,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grpc-port", type=int, default=8001, help="0 picks a free port (logged at start)")
     _flag(p, "--allow-grpc", True, "serve gRPC")
     _flag(p, "--reuse-grpc-port", False, "let other processes bind the gRPC port too (SO_REUSEPORT)")
+    p.add_argument("--grpc-server", choices=("builtin", "grpcio"), default="builtin",
+                   help="gRPC transport: our HTTP/2 in hub greenlets (fast, default) or grpcio's server")
     p.add_argument("--grpc-infer-allocation-pool-size", type=int, default=8, help="accepted for compatibility; unused")
     for flag, (_arg, default) in GRPC_KEEPALIVE.items():
         p.add_argument(flag, type=_int_or_bool, default=default, help=f"gRPC keepalive (default {default})")
@@ -119,6 +121,7 @@ def parse(argv: Sequence[str] | None = None, environ: dict[str, str] | None = No
         grpc_address=args.grpc_address,
         grpc_port=args.grpc_port,
         allow_grpc=args.allow_grpc,
+        grpc_server=args.grpc_server,
         grpc_options=(("grpc.so_reuseport", int(args.reuse_grpc_port)),
                       *((arg, int(getattr(args, flag[2:].replace("-", "_")))) for flag, (arg, _) in GRPC_KEEPALIVE.items())),
         metrics_port=args.metrics_port,

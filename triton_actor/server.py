@@ -23,6 +23,7 @@ from .backends.pytorch import PyTorchBackend
 from .dataplane import DataPlane
 from .devices import gpu_count
 from .frontends.grpc import GrpcServicer
+from .frontends.grpc_h2 import GrpcH2Server
 from .frontends.grpc_server import GrpcServer
 from .frontends.http import HttpFrontend
 from .frontends.http_server import HttpServer
@@ -66,7 +67,7 @@ class Server:
                                RuntimeSettings(settings.log_info, settings.log_verbose))
         self.http: HttpServer | None = None
         self.frontend: HttpFrontend | None = None
-        self.grpc: GrpcServer | None = None
+        self.grpc: GrpcH2Server | GrpcServer | None = None
         self._stopped = gevent.event.Event()
         self._stopping = False
 
@@ -80,7 +81,8 @@ class Server:
         s = self.settings
         self.repository.start()
         if s.allow_grpc:
-            self.grpc = GrpcServer(GrpcServicer(self.plane), s.grpc_address, s.grpc_port, dict(s.grpc_options))
+            transport = GrpcH2Server if s.grpc_server == "builtin" else GrpcServer
+            self.grpc = transport(GrpcServicer(self.plane), s.grpc_address, s.grpc_port, dict(s.grpc_options))
             log.info("Started GRPCInferenceService at %s:%d", s.grpc_address, self.grpc.start())
         if s.allow_http:
             self.frontend = HttpFrontend(self.plane, s.http_max_input_size)

@@ -18,6 +18,7 @@ class Settings:
     grpc_address: str = "0.0.0.0"
     grpc_port: int = 8001
     allow_grpc: bool = True
+    grpc_server: str = "builtin"  # "builtin" (frontends.grpc_h2) or "grpcio" (frontends.grpc_server)
     grpc_options: tuple[tuple[str, int], ...] = ()  # grpcio channel arguments (keepalive flags)
     metrics_port: int = 8002
     http_max_input_size: int = 64 * 1024 * 1024

@@ -23,3 +23,8 @@ def test_grpc_flags() -> None:
     assert (s.grpc_port, s.allow_grpc) == (0, False)
     assert (options["grpc.so_reuseport"], options["grpc.keepalive_time_ms"]) == (1, 1000)
     assert options["grpc.keepalive_permit_without_calls"] == 1
+
+
+def test_grpc_server_choice() -> None:
+    assert parse(["--model-repository", "m"], environ={}).grpc_server == "builtin"
+    assert parse(["--model-repository", "m", "--grpc-server", "grpcio"], environ={}).grpc_server == "grpcio"

@@ -1,0 +1,180 @@
+"""Our HTTP/2 gRPC transport (frontends/grpc_h2.py) under clients that stray from the common path:
+compression, unknown methods, size limits, concurrency on one connection, raw HTTP/2 misbehaviour.
+Every case ends with the server still answering."""
+
+from __future__ import annotations
+
+import socket
+import struct
+from collections.abc import Iterator
+
+import gevent
+import grpc
+import hpack
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+from .server import ServerProcess
+
+
+@pytest.fixture
+def channel(example_server: ServerProcess) -> Iterator[grpc.Channel]:
+    ch = grpc.insecure_channel(example_server.grpc_url, options=[("grpc.max_receive_message_length", -1)])
+    yield ch
+    ch.close()
+
+
+def _add_sub(n: int = 4) -> pb.ModelInferRequest:
+    req = pb.ModelInferRequest(model_name="add_sub")
+    for name in ("INPUT0", "INPUT1"):
+        req.inputs.add(name=name, datatype="FP32", shape=[4])
+        req.raw_input_contents.append(np.arange(n, dtype=np.float32).tobytes())
+    return req
+
+
+def _still_serving(example_server: ServerProcess) -> None:
+    with grpc.insecure_channel(example_server.grpc_url) as ch:
+        resp = pb_grpc.GRPCInferenceServiceStub(ch).ModelInfer(_add_sub(), timeout=30)
+    assert np.frombuffer(resp.raw_output_contents[0], np.float32).tolist() == [0, 2, 4, 6]
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_compressed_requests(example_server: ServerProcess, algorithm: str) -> None:
+    client = grpcclient.InferenceServerClient(example_server.grpc_url)
+    inputs = []
+    for name in ("INPUT0", "INPUT1"):
+        i = grpcclient.InferInput(name, [4], "FP32")
+        i.set_data_from_numpy(np.full(4, 3, dtype=np.float32))
+        inputs.append(i)
+    result = client.infer("add_sub", inputs, compression_algorithm=algorithm)
+    assert result.as_numpy("OUTPUT0").tolist() == [6, 6, 6, 6]
+    client.close()
+
+
+def test_unknown_method_is_unimplemented(channel: grpc.Channel, example_server: ServerProcess) -> None:
+    call = channel.unary_unary("/inference.GRPCInferenceService/NoSuchRpc")
+    with pytest.raises(grpc.RpcError) as e:
+        call(b"", timeout=30)
+    assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert "NoSuchRpc" in e.value.details()
+    _still_serving(example_server)
+
+
+def test_two_messages_on_a_unary_call(channel: grpc.Channel, example_server: ServerProcess) -> None:
+    # a stream-stream call on a unary method path: two messages where one is expected
+    call = channel.stream_stream("/inference.GRPCInferenceService/ModelInfer",
+                                 request_serializer=pb.ModelInferRequest.SerializeToString)
+    with pytest.raises(grpc.RpcError) as e:
+        list(call(iter([_add_sub(), _add_sub()]), timeout=30))
+    assert e.value.code() == grpc.StatusCode.INTERNAL
+    _still_serving(example_server)
+
+
+def test_many_concurrent_calls_on_one_connection(channel: grpc.Channel) -> None:
+    stub = pb_grpc.GRPCInferenceServiceStub(channel)
+    futures = [stub.ModelInfer.future(_add_sub()) for _ in range(200)]
+    answers = {np.frombuffer(f.result(timeout=60).raw_output_contents[1], np.float32).tolist().__str__()
+               for f in futures}
+    assert answers == {"[0.0, 0.0, 0.0, 0.0]"}
+
+
+def test_large_messages_both_ways_beyond_the_windows(channel: grpc.Channel) -> None:
+    """40 MB in and out on one call, twice concurrently: more than our stream window (16 MiB) and
+    the client's, so both directions wait on WINDOW_UPDATE."""
+    stub = pb_grpc.GRPCInferenceServiceStub(channel)
+    n = 10 * 1024 * 1024
+    req = pb.ModelInferRequest(model_name="identity_batch")
+    req.inputs.add(name="INPUT0", datatype="FP32", shape=[1, n])
+    req.raw_input_contents.append(np.arange(n, dtype=np.float32).tobytes())
+    futures = [stub.ModelInfer.future(req, timeout=120) for _ in range(2)]
+    for f in futures:
+        out = np.frombuffer(f.result().raw_output_contents[0], np.float32)
+        assert out.shape == (n,) and out[-1] == n - 1
+
+
+# -- raw HTTP/2 ----------------------------------------------------------------------------------
+_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+
+def _frame(ftype: int, flags: int, sid: int, payload: bytes = b"") -> bytes:
+    return struct.pack(">IBI", (len(payload) << 8) | ftype, flags, sid) + payload
+
+
+def _read_frames(sock: socket.socket, until: int, flags: int = 0,
+                 timeout: float = 10) -> list[tuple[int, int, int, bytes]]:
+    """Frames until one of type ``until`` (with ``flags`` set) arrives, or the peer closes."""
+    sock.settimeout(timeout)
+    buf, frames = b"", []
+    while True:
+        while len(buf) >= 9:
+            lt, frame_flags, sid = struct.unpack_from(">IBI", buf)
+            if len(buf) < 9 + (lt >> 8):
+                break
+            frames.append((lt & 0xFF, frame_flags, sid, buf[9:9 + (lt >> 8)]))
+            buf = buf[9 + (lt >> 8):]
+            if frames[-1][0] == until and frames[-1][1] & flags == flags:
+                return frames
+        chunk = sock.recv(65536)
+        if not chunk:
+            return frames
+        buf += chunk
+
+
+def _connect(example_server: ServerProcess) -> socket.socket:
+    host, port = example_server.grpc_url.rsplit(":", 1)
+    return socket.create_connection((host, int(port)), timeout=10)
+
+
+def test_raw_unary_call_and_ping(example_server: ServerProcess) -> None:
+    """A hand-made client: headers split over HEADERS + CONTINUATION, padded DATA, a PING."""
+    with _connect(example_server) as sock:
+        block = hpack.Encoder().encode([(":method", "POST"), (":scheme", "http"), (":authority", "x"),
+                                        (":path", "/inference.GRPCInferenceService/ModelInfer"),
+                                        ("content-type", "application/grpc"), ("te", "trailers")])
+        body = _add_sub().SerializeToString()
+        message = struct.pack(">BI", 0, len(body)) + body
+        padded = bytes([3]) + message + b"\0\0\0"
+        sock.sendall(_PREFACE + _frame(4, 0, 0) + _frame(1, 0, 1, block[:5]) + _frame(9, 4, 1, block[5:])
+                     + _frame(0, 0x1 | 0x8, 1, padded) + _frame(6, 0, 0, b"12345678"))
+        frames = _read_frames(sock, until=1, flags=1)  # up to the trailers (HEADERS with END_STREAM)
+        assert (6, 1, 0, b"12345678") in frames  # PING ACK with our payload
+        data = b"".join(p for t, _, sid, p in frames if t == 0 and sid == 1)
+        resp = pb.ModelInferResponse.FromString(data[5:])
+        assert np.frombuffer(resp.raw_output_contents[0], np.float32).tolist() == [0, 2, 4, 6]
+        decoder = hpack.Decoder()
+        head, trailers = (decoder.decode(p) for t, _, sid, p in frames if t == 1 and sid == 1)
+        assert ("content-type", "application/grpc") in head and ("grpc-status", "0") in trailers
+    _still_serving(example_server)
+
+
+@pytest.mark.parametrize("junk", [
+    b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",  # HTTP/1 on the gRPC port
+    _PREFACE + b"\xff" * 64,  # a frame longer than any we accept
+    _PREFACE + _frame(1, 4, 2, b"\x82"),  # HEADERS on an even stream id
+    _PREFACE + _frame(1, 4, 1, b"\xff\xff\xff\xff"),  # undecodable header block
+    _PREFACE + _frame(0, 1, 9, b"x"),  # DATA on a stream never opened
+    _PREFACE + _frame(4, 0, 0, b"\0\4\xff\xff\xff\xff"),  # INITIAL_WINDOW_SIZE past 2^31-1
+    _PREFACE + _frame(1, 0, 1, b"\x82") + _frame(6, 0, 0, b"\0" * 8),  # PING while CONTINUATION is owed
+])
+def test_protocol_errors_close_the_connection_only(example_server: ServerProcess, junk: bytes) -> None:
+    with _connect(example_server) as sock:
+        sock.sendall(junk)
+        frames = _read_frames(sock, until=7)  # GOAWAY, or just the close
+        assert not frames or frames[-1][0] in (4, 7, 8)
+    _still_serving(example_server)
+
+
+def test_client_gone_mid_call_and_many_connections(example_server: ServerProcess) -> None:
+    """Connections that open a call and vanish, 50 at once: nothing is left running or leaked."""
+    block = hpack.Encoder().encode([(":method", "POST"), (":path", "/inference.GRPCInferenceService/ModelInfer"),
+                                    ("content-type", "application/grpc")])
+
+    def rude() -> None:
+        with _connect(example_server) as sock:
+            sock.sendall(_PREFACE + _frame(4, 0, 0) + _frame(1, 4, 1, block) + _frame(0, 0, 1, b"\0\0\0\0\x10"))
+
+    gevent.joinall([gevent.spawn(rude) for _ in range(50)], timeout=60, raise_error=True)
+    _still_serving(example_server)

@@ -1,0 +1,110 @@
+"""HTTP/2 framing, server-side HPACK and gRPC message framing (protocol/http2.py)."""
+
+from __future__ import annotations
+
+import gzip
+import zlib
+
+import hpack
+import pytest
+
+from triton_actor.protocol import http2 as h2
+
+
+def test_frame_head_round_trip() -> None:
+    data = h2.frame(h2.DATA, h2.END_STREAM, 7, b"abc")
+    length_type, flags, sid = h2.FRAME_HEAD.unpack_from(data)
+    assert (length_type >> 8, length_type & 0xFF, flags, sid, data[9:]) == (3, h2.DATA, h2.END_STREAM, 7, b"abc")
+    assert len(h2.frame(h2.PING, 0, 0, b"\0" * 8)) == 17
+
+
+def test_settings_round_trip_and_bad_length() -> None:
+    payload = h2.settings_frame({h2.INITIAL_WINDOW_SIZE: 1 << 20, h2.MAX_FRAME_SIZE: 16384})[9:]
+    assert h2.parse_settings(payload) == {h2.INITIAL_WINDOW_SIZE: 1 << 20, h2.MAX_FRAME_SIZE: 16384}
+    with pytest.raises(h2.ProtocolError) as e:
+        h2.parse_settings(b"\0" * 7)
+    assert e.value.code == h2.FRAME_SIZE_ERROR
+
+
+def test_window_update_ignores_reserved_bit() -> None:
+    assert h2.parse_u32(h2.window_update(3, 1000)[9:]) == 1000
+    assert h2.parse_u32(b"\x80\x00\x00\x05") == 5
+    with pytest.raises(h2.ProtocolError):
+        h2.parse_u32(b"\0\0\0")
+
+
+def test_padding() -> None:
+    assert h2.strip_padding(0, b"xyz") == b"xyz"
+    assert h2.strip_padding(h2.PADDED, b"\x02abc\0\0") == b"abc"
+    with pytest.raises(h2.ProtocolError):
+        h2.strip_padding(h2.PADDED, b"\x09abc")
+
+
+@pytest.mark.parametrize("value", [b"0", b"x" * 200, "détail %".encode()])
+def test_encoded_headers_decode_with_a_stock_decoder(value: bytes) -> None:
+    fields = [(b":status", b"200"), (b"content-type", b"application/grpc"), (b"grpc-message", value),
+              (b"a-long-name-" + b"n" * 300, b"v")]
+    decoded = hpack.Decoder().decode(h2.encode_headers(fields), raw=True)
+    assert [(bytes(n), bytes(v)) for n, v in decoded] == fields
+
+
+def test_headers_split_into_continuation_frames() -> None:
+    block = bytes(range(256)) * 100
+    out = h2.headers_frames(1, block, True, 16384)
+    frames, pos = [], 0
+    while pos < len(out):
+        length_type, flags, _sid = h2.FRAME_HEAD.unpack_from(out, pos)
+        frames.append((length_type & 0xFF, flags, out[pos + 9:pos + 9 + (length_type >> 8)]))
+        pos += 9 + (length_type >> 8)
+    assert [t for t, _, _ in frames] == [h2.HEADERS, h2.CONTINUATION]
+    assert frames[0][1] == h2.END_STREAM and frames[1][1] == h2.END_HEADERS
+    assert b"".join(p for _, _, p in frames) == block
+
+
+def test_header_decoder_caches_only_while_the_table_stands_still() -> None:
+    enc, dec = hpack.Encoder(), h2.HeaderDecoder(65536)
+    fields = [(":method", "POST"), (":path", "/inference.GRPCInferenceService/ModelInfer"), ("x-id", "1")]
+    first = enc.encode(fields)  # inserts into the dynamic table
+    assert dec.decode(first)[b"x-id"] == b"1"
+    assert first not in dec._cache
+    second = enc.encode(fields)  # only references now
+    assert dec.decode(second) == dec.decode(second)
+    assert second in dec._cache
+    # the same bytes after the table moved point at other entries: the cache must not answer
+    dec.decode(enc.encode([("x-id", "2"), ("x-other", "y")]))
+    assert second not in dec._cache
+    assert dec.decode(second)[b"x-id"] != b"1"  # index 62 is now the newer entry
+    assert dec.decode(enc.encode([("x-id", "2")]))[b"x-id"] == b"2"
+
+
+def test_header_decoder_rejects_garbage() -> None:
+    with pytest.raises(h2.ProtocolError) as e:
+        h2.HeaderDecoder(65536).decode(b"\xff\xff\xff\xff\xff\xff")
+    assert e.value.code == h2.COMPRESSION_ERROR
+
+
+def test_grpc_messages_split_across_reads() -> None:
+    stream = h2.grpc_message(b"one") + h2.grpc_message(b"") + h2.grpc_message(b"three")
+    buf = bytearray(stream[:10])
+    assert h2.split_messages(buf) == [(0, b"one")]
+    assert h2.pending_length(buf) == 0
+    buf += stream[10:]
+    assert h2.split_messages(buf) == [(0, b""), (0, b"three")]
+    assert buf == bytearray()
+    assert h2.pending_length(bytearray(b"\0\0\0\1\0")) == 256
+
+
+def test_decompress() -> None:
+    assert h2.decompress(b"gzip", gzip.compress(b"x" * 100), 1000) == b"x" * 100
+    assert h2.decompress(b"deflate", zlib.compress(b"y" * 100), 1000) == b"y" * 100
+    with pytest.raises(OverflowError):
+        h2.decompress(b"gzip", gzip.compress(b"x" * 5000), 1000)  # a bomb stops at the limit
+    with pytest.raises(ValueError, match="unsupported grpc-encoding 'snappy'"):
+        h2.decompress(b"snappy", b"", 10)
+
+
+def test_percent_encoding_and_timeouts() -> None:
+    assert h2.percent_encode("ok: 100% é\n") == b"ok: 100%25 %C3%A9%0A"
+    assert h2.parse_timeout(b"100m") == pytest.approx(0.1)
+    assert h2.parse_timeout(b"2S") == 2.0
+    assert h2.parse_timeout(b"x") is None and h2.parse_timeout(b"10q") is None

@@ -1,0 +1,248 @@
+"""HTTP/2 framing (RFC 9113), HPACK for the server side (RFC 7541) and gRPC's message framing.
+
+Bytes in, bytes out: no sockets and no gevent here (the connection logic is
+:mod:`..frontends.grpc_h2`). What a gRPC server needs and nothing more:
+
+* frames: :func:`frame` builds one; :data:`FRAME_HEAD` parses the 9-byte head.
+* headers we send are literals *without indexing* (static-table names where there is one), so our
+  side never keeps an HPACK dynamic table and a response head can be built once and reused.
+* headers we receive go through :class:`HeaderDecoder`: ``hpack``'s decoder (Huffman, the dynamic
+  table) behind a cache keyed by the block's bytes. gRPC clients send the same block on every call
+  once their headers are indexed, so the steady state decodes nothing.
+* gRPC messages: a 5-byte prefix (compressed flag, big-endian length) then the message.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from typing import Any
+
+import hpack
+from hpack.table import HeaderTable
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+# frame types
+DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
+# flags
+END_STREAM = 0x1
+ACK = 0x1
+END_HEADERS = 0x4
+PADDED = 0x8
+PRIORITY_FLAG = 0x20
+# settings
+HEADER_TABLE_SIZE, ENABLE_PUSH, MAX_CONCURRENT_STREAMS, INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE, MAX_HEADER_LIST_SIZE = \
+    range(1, 7)
+# error codes
+NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0x0, 0x1, 0x2, 0x3
+STREAM_CLOSED, FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = 0x5, 0x6, 0x7, 0x8, 0x9
+ENHANCE_YOUR_CALM = 0xB
+
+DEFAULT_WINDOW = 65_535
+DEFAULT_MAX_FRAME = 16_384
+MAX_WINDOW = 2**31 - 1
+
+# length (24 bits) and type share the first 32-bit word; then flags, then the stream id (31 bits)
+FRAME_HEAD = struct.Struct(">IBI")
+_SETTING = struct.Struct(">HI")
+_U32 = struct.Struct(">I")
+_GOAWAY = struct.Struct(">II")
+_GRPC_PREFIX = struct.Struct(">BI")
+
+
+class ProtocolError(Exception):
+    """The peer broke HTTP/2: the connection ends with GOAWAY carrying ``code``."""
+
+    def __init__(self, message: str, code: int = PROTOCOL_ERROR) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# -- frames ---------------------------------------------------------------------------------------
+def frame(ftype: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
+    return FRAME_HEAD.pack((len(payload) << 8) | ftype, flags, stream_id) + payload
+
+
+def settings_frame(values: dict[int, int]) -> bytes:
+    return frame(SETTINGS, 0, 0, b"".join(_SETTING.pack(k, v) for k, v in values.items()))
+
+
+def parse_settings(payload: bytes) -> dict[int, int]:
+    if len(payload) % 6:
+        raise ProtocolError("SETTINGS payload is not a multiple of 6 bytes", FRAME_SIZE_ERROR)
+    return {k: v for k, v in _SETTING.iter_unpack(payload)}
+
+
+def window_update(stream_id: int, increment: int) -> bytes:
+    return frame(WINDOW_UPDATE, 0, stream_id, _U32.pack(increment))
+
+
+def parse_u32(payload: bytes) -> int:
+    if len(payload) != 4:
+        raise ProtocolError("frame payload must be 4 bytes", FRAME_SIZE_ERROR)
+    return _U32.unpack(payload)[0] & 0x7FFF_FFFF
+
+
+def rst_stream(stream_id: int, code: int) -> bytes:
+    return frame(RST_STREAM, 0, stream_id, _U32.pack(code))
+
+
+def goaway(last_stream_id: int, code: int, debug: bytes = b"") -> bytes:
+    return frame(GOAWAY, 0, 0, _GOAWAY.pack(last_stream_id, code) + debug)
+
+
+def strip_padding(flags: int, payload: bytes) -> bytes:
+    """A DATA or HEADERS payload without its padding (the PADDED flag)."""
+    if not flags & PADDED:
+        return payload
+    if not payload or payload[0] >= len(payload):
+        raise ProtocolError("padding longer than the frame")
+    return payload[1:len(payload) - payload[0]]
+
+
+def headers_frames(stream_id: int, block: bytes, end_stream: bool, max_frame: int) -> bytes:
+    """HEADERS (plus CONTINUATION frames when ``block`` is longer than the peer's frame size)."""
+    flags = END_STREAM if end_stream else 0
+    if len(block) <= max_frame:
+        return frame(HEADERS, flags | END_HEADERS, stream_id, block)
+    parts = [block[i:i + max_frame] for i in range(0, len(block), max_frame)]
+    out = [frame(HEADERS, flags, stream_id, parts[0])]
+    out += [frame(CONTINUATION, 0, stream_id, p) for p in parts[1:-1]]
+    out.append(frame(CONTINUATION, END_HEADERS, stream_id, parts[-1]))
+    return b"".join(out)
+
+
+# -- HPACK, sending side --------------------------------------------------------------------------
+_STATIC_NAME = {b":status": 8, b"content-type": 31}  # RFC 7541 Appendix A indices
+
+
+def _hpack_int(value: int, prefix_bits: int, first: int) -> bytes:
+    limit = (1 << prefix_bits) - 1
+    if value < limit:
+        return bytes((first | value,))
+    out = bytearray((first | limit,))
+    value -= limit
+    while value >= 128:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def encode_headers(headers: list[tuple[bytes, bytes]]) -> bytes:
+    """A header block of literals without indexing (plain strings, no Huffman): valid whatever the
+    peer's decoder table holds, so blocks can be cached and reused."""
+    out = []
+    for name, value in headers:
+        if name == b":status" and value == b"200":
+            out.append(b"\x88")  # indexed: static entry 8 is ":status: 200"
+            continue
+        index = _STATIC_NAME.get(name)
+        if index is not None:
+            out.append(_hpack_int(index, 4, 0x00))
+        else:
+            out.append(b"\x00" + _hpack_int(len(name), 7, 0x00) + name)
+        out.append(_hpack_int(len(value), 7, 0x00) + value)
+    return b"".join(out)
+
+
+# -- HPACK, receiving side ------------------------------------------------------------------------
+class _WatchedTable(HeaderTable):
+    """hpack's table, counting every change so cached decodes can be dropped when it moves."""
+
+    changes = 0
+
+    def add(self, name: bytes, value: bytes) -> Any:
+        self.changes += 1
+        return super().add(name, value)
+
+    @HeaderTable.maxsize.setter  # type: ignore[attr-defined,untyped-decorator]
+    def maxsize(self, value: int) -> None:
+        self.changes += 1
+        HeaderTable.maxsize.fset(self, value)  # type: ignore[attr-defined]
+
+
+class HeaderDecoder:
+    """Header blocks → ``{name: value}`` (bytes; a repeated name keeps its last value)."""
+
+    CACHE_SIZE = 256
+
+    def __init__(self, max_header_list_size: int) -> None:
+        self._decoder = hpack.Decoder(max_header_list_size=max_header_list_size)
+        self._table = self._decoder.header_table = _WatchedTable()
+        self._cache: dict[bytes, dict[bytes, bytes]] = {}
+
+    def decode(self, block: bytes) -> dict[bytes, bytes]:
+        hit = self._cache.get(block)
+        if hit is not None:
+            return hit
+        before = self._table.changes
+        try:
+            fields = self._decoder.decode(block, raw=True)
+        except hpack.HPACKError as e:
+            raise ProtocolError(f"bad header block: {e}", COMPRESSION_ERROR) from None
+        headers = {bytes(name): bytes(value) for name, value in fields}
+        if self._table.changes != before:
+            self._cache.clear()  # blocks decoded earlier may point at entries that moved
+        else:
+            if len(self._cache) >= self.CACHE_SIZE:
+                self._cache.clear()
+            self._cache[block] = headers
+        return headers
+
+
+# -- gRPC -----------------------------------------------------------------------------------------
+def grpc_message(payload: bytes) -> bytes:
+    """One length-prefixed, uncompressed gRPC message."""
+    return _GRPC_PREFIX.pack(0, len(payload)) + payload
+
+
+def split_messages(buf: bytearray) -> list[tuple[int, bytes]]:
+    """Take every complete ``(compressed flag, message)`` off the front of ``buf``."""
+    out = []
+    while len(buf) >= 5:
+        flag, n = _GRPC_PREFIX.unpack_from(buf)
+        if len(buf) < 5 + n:
+            break
+        out.append((flag, bytes(buf[5:5 + n])))
+        del buf[:5 + n]
+    return out
+
+
+def pending_length(buf: bytearray) -> int:
+    """The announced length of the message at the front of ``buf`` (0 if its prefix is incomplete)."""
+    return _GRPC_PREFIX.unpack_from(buf)[1] if len(buf) >= 5 else 0
+
+
+def decompress(encoding: bytes, data: bytes, limit: int) -> bytes:
+    """A compressed message under its ``grpc-encoding``; ValueError for unknown ones or past ``limit``."""
+    if encoding == b"gzip":
+        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    elif encoding == b"deflate":
+        d = zlib.decompressobj()
+    else:
+        raise ValueError(f"unsupported grpc-encoding '{encoding.decode('latin-1')}'")
+    out = d.decompress(data, limit + 1)
+    if len(out) > limit:
+        raise OverflowError(len(out))
+    return out
+
+
+def percent_encode(text: str) -> bytes:
+    """``grpc-message``'s encoding: printable ASCII but '%' as is, everything else %XX of UTF-8."""
+    out = bytearray()
+    for b in text.encode("utf-8"):
+        if 0x20 <= b <= 0x7E and b != 0x25:
+            out.append(b)
+        else:
+            out += b"%%%02X" % b
+    return bytes(out)
+
+
+def parse_timeout(value: bytes) -> float | None:
+    """``grpc-timeout`` (e.g. ``100m``) in seconds; None if malformed."""
+    units = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
+    if len(value) < 2 or value[-1:] not in units or not value[:-1].isdigit():
+        return None
+    return int(value[:-1]) * units[value[-1:]]
