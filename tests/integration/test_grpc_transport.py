@@ -17,7 +17,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
-from .server import ServerProcess
+from .server import ROOT, ServerProcess
 
 
 @pytest.fixture
@@ -177,4 +177,25 @@ def test_client_gone_mid_call_and_many_connections(example_server: ServerProcess
             sock.sendall(_PREFACE + _frame(4, 0, 0) + _frame(1, 4, 1, block) + _frame(0, 0, 1, b"\0\0\0\0\x10"))
 
     gevent.joinall([gevent.spawn(rude) for _ in range(50)], timeout=60, raise_error=True)
+    _still_serving(example_server)
+
+
+def test_keepalive_ping_unanswered_closes_the_connection(tmp_path, start_server) -> None:
+    server = start_server(ROOT / "model_repository", flags=(
+        "--grpc-keepalive-time=300", "--grpc-keepalive-timeout=300", "--grpc-keepalive-permit-without-calls=true"))
+    with _connect(server) as sock:
+        sock.sendall(_PREFACE + _frame(4, 0, 0))
+        frames = _read_frames(sock, until=6)  # our keepalive PING
+        assert frames[-1][:2] == (6, 0)
+        assert _read_frames(sock, until=-1, timeout=10) == []  # not answered: closed, nothing else sent
+    _still_serving(server)
+
+
+def test_too_many_pings_without_data(example_server: ServerProcess) -> None:
+    with _connect(example_server) as sock:
+        sock.sendall(_PREFACE + _frame(4, 0, 0) + b"".join(_frame(6, 0, 0, b"%08d" % i) for i in range(4)))
+        frames = _read_frames(sock, until=7)
+        assert [f[3] for f in frames if f[0] == 6] == [b"00000000", b"00000001", b"00000002"]
+        code, debug = struct.unpack(">I", frames[-1][3][4:8])[0], frames[-1][3][8:]
+        assert (code, debug) == (0xB, b"too_many_pings")  # ENHANCE_YOUR_CALM, as grpc
     _still_serving(example_server)

@@ -103,8 +103,5 @@ def test_decompress() -> None:
         h2.decompress(b"snappy", b"", 10)
 
 
-def test_percent_encoding_and_timeouts() -> None:
+def test_percent_encoding() -> None:
     assert h2.percent_encode("ok: 100% é\n") == b"ok: 100%25 %C3%A9%0A"
-    assert h2.parse_timeout(b"100m") == pytest.approx(0.1)
-    assert h2.parse_timeout(b"2S") == 2.0
-    assert h2.parse_timeout(b"x") is None and h2.parse_timeout(b"10q") is None

@@ -129,7 +129,8 @@ class GrpcH2Server:
         self.max_ping_strikes = int(opts.get("grpc.http2.max_ping_strikes", 2))
         self.methods = self._methods()
         self.connections: set[_Connection] = set()
-        self.idle = gevent.event.Event()  # set while no connection has a call running
+        self.calls = 0  # calls running on all connections
+        self.idle = gevent.event.Event()  # set while no call runs
         self.idle.set()
         self._server: StreamServer | None = None
         self.server_port = 0
@@ -183,13 +184,6 @@ class GrpcH2Server:
         finally:
             self.connections.discard(conn)
             conn.close()
-            self.busy_changed()
-
-    def busy_changed(self) -> None:
-        if any(c.calls for c in self.connections):
-            self.idle.clear()
-        else:
-            self.idle.set()
 
 
 class _Connection:
@@ -209,7 +203,7 @@ class _Connection:
         self.going_away = False
         self.closed = False
         self._write_lock = gevent.lock.Semaphore()
-        self._window_open = gevent.event.Event()  # replaced on every window change; waiters wait on one
+        self._window_open: gevent.event.Event | None = None  # what senders out of window wait on
         self._continuation: tuple[int, int, list[bytes]] | None = None
         self._ping_ok = True  # a ping is welcome (we sent headers or data since the last one)
         self._last_ping = 0.0
@@ -237,6 +231,8 @@ class _Connection:
             room = min(stream.send_window, self.send_window)
             if room > 0:
                 return room
+            if self._window_open is None:
+                self._window_open = gevent.event.Event()
             self._window_open.wait()
 
     def _send_data(self, stream: _Stream, data: bytes) -> bool:
@@ -333,7 +329,7 @@ class _Connection:
                     pos += 9 + length
                 if pos:
                     del buf[:pos]
-                if self.going_away and not self.streams and self.server.idle.is_set():
+                if self.going_away and not self.streams:
                     return
                 chunk = recv(_RECV)
                 if not chunk:
@@ -401,8 +397,9 @@ class _Connection:
         self._windows_moved()
 
     def _windows_moved(self) -> None:
-        event, self._window_open = self._window_open, gevent.event.Event()
-        event.set()
+        event, self._window_open = self._window_open, None
+        if event is not None:
+            event.set()
 
     def _on_ping(self, flags: int, payload: bytes) -> None:
         if len(payload) != 8:
@@ -474,7 +471,8 @@ class _Connection:
             self._forget(stream)
             return
         self.calls += 1
-        if self.calls == 1:
+        self.server.calls += 1
+        if self.server.calls == 1:
             self.server.idle.clear()
         if method.streaming:
             stream.inbox = gevent.queue.SimpleQueue()
@@ -610,8 +608,9 @@ class _Connection:
         """A call's handler is done: forget the stream (and wake a drain waiting for it)."""
         if self.streams.pop(stream.id, None) is not None:
             self.calls -= 1
-            if not self.calls:
-                self.server.busy_changed()
+            self.server.calls -= 1
+            if not self.server.calls:
+                self.server.idle.set()
 
     def _forget(self, stream: _Stream) -> None:
         self.streams.pop(stream.id, None)

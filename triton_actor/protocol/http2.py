@@ -239,10 +239,3 @@ def percent_encode(text: str) -> bytes:
             out += b"%%%02X" % b
     return bytes(out)
 
-
-def parse_timeout(value: bytes) -> float | None:
-    """``grpc-timeout`` (e.g. ``100m``) in seconds; None if malformed."""
-    units = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
-    if len(value) < 2 or value[-1:] not in units or not value[:-1].isdigit():
-        return None
-    return int(value[:-1]) * units[value[-1:]]
