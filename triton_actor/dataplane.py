@@ -37,6 +37,16 @@ class Served:
 
 
 @dataclass(slots=True)
+class Pending:
+    """A queued inference: ``reply`` completes with the response; the rest is what the encoder needs."""
+
+    reply: Reply[InferResponse]
+    version: int
+    labels: dict[str, list[str]]
+    batching: bool
+
+
+@dataclass(slots=True)
 class Streamed:
     """A streaming inference: ``responses`` yields ``(InferResponse | TritonError | None, final)``;
     None is a final flag without a response. Closing the iterator early cancels the request."""
@@ -140,9 +150,14 @@ class DataPlane:
 
     def infer(self, request: InferRequest) -> Served:
         """Route, validate, queue, wait (this greenlet only)."""
+        pending = self.infer_start(request)
+        return Served(pending.reply.get(), pending.version, pending.labels, pending.batching)
+
+    def infer_start(self, request: InferRequest) -> Pending:
+        """Route, validate and queue without waiting: for a caller that answers later, or at once
+        when a quick model already answered (``pending.reply.ready()``)."""
         handle, vh = self._route(request)
-        response = vh.infer(request).get()
-        return Served(response, vh.version, vh.labels, handle.config.max_batch_size > 0)
+        return Pending(vh.infer(request), vh.version, vh.labels, handle.config.max_batch_size > 0)
 
     def infer_stream(self, request: InferRequest) -> Streamed:
         """Route, validate and queue a request whose answers are streamed: any number of responses

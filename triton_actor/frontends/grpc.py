@@ -11,8 +11,9 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-from ..dataplane import DataPlane
+from ..dataplane import DataPlane, Pending
 from ..errors import TritonError
+from ..inference import InferRequest
 from ..protocol import v2_grpc
 from ..protocol._generated import grpc_service_pb2 as pb
 from ..protocol._generated import health_pb2
@@ -57,13 +58,20 @@ class GrpcServicer:
 
     # -- inference --------------------------------------------------------------------------------
     def ModelInfer(self, req: pb.ModelInferRequest) -> pb.ModelInferResponse:
+        return self.finish_infer(*self.start_infer(req))
+
+    def start_infer(self, req: pb.ModelInferRequest) -> tuple[InferRequest, Pending]:
+        """``ModelInfer`` in two steps for a transport that will not wait: decode and queue (here),
+        then :meth:`finish_infer` once ``pending.reply`` is ready (it waits if it is not)."""
         if self.plane.is_decoupled(req.model_name):
             # Triton: gRPC ModelInfer refuses decoupled models (UNIMPLEMENTED), only the stream serves them
             raise TritonError.unsupported("ModelInfer RPC doesn't support models with decoupled transaction policy")
         request = v2_grpc.decode_infer_request(req, self.plane.shm)
-        served = self.plane.infer(request)
-        return v2_grpc.encode_infer_response(request, served.response, served.version, served.labels, served.batching,
-                                             self.plane.shm)
+        return request, self.plane.infer_start(request)
+
+    def finish_infer(self, request: InferRequest, pending: Pending) -> pb.ModelInferResponse:
+        return v2_grpc.encode_infer_response(request, pending.reply.get(), pending.version, pending.labels,
+                                             pending.batching, self.plane.shm)
 
     def stream_infer(self, req: pb.ModelInferRequest) -> Iterator[pb.ModelStreamInferResponse]:
         """The responses to one request on ``ModelStreamInfer`` (any number from a decoupled model,

@@ -88,6 +88,7 @@ class _Method:
     parse: Callable[[bytes], Any]
     call: Callable[[Any], Any]
     streaming: bool
+    infer: bool = False  # ModelInfer: started in the reader, answered there when the model already has
 
 
 class _Stream:
@@ -142,7 +143,7 @@ class GrpcH2Server:
             streaming = method.name == "ModelStreamInfer"
             call = self.servicer.stream_infer if streaming else getattr(self.servicer, method.name)
             path = f"/inference.GRPCInferenceService/{method.name}".encode()
-            methods[path] = _Method(request_type.FromString, call, streaming)
+            methods[path] = _Method(request_type.FromString, call, streaming, method.name == "ModelInfer")
         methods[b"/grpc.health.v1.Health/Check"] = _Method(
             health_pb2.HealthCheckRequest.FromString, self.servicer.Check, False)
         return methods
@@ -440,6 +441,16 @@ class _Connection:
             self._continuation = None
             self._headers_done(sid, first_flags, b"".join(parts))
 
+    def _route(self, headers: h2.HeaderBlock) -> tuple[_Method | None, bytes | None, bool]:
+        """(method, grpc-encoding, is a gRPC request) of a header block, kept on the (cached) block."""
+        route = headers.route
+        if route is None:
+            content_type = headers.get(b"content-type", b"")
+            is_grpc = headers.get(b":method") == b"POST" and content_type.startswith(b"application/grpc")
+            route = headers.route = (self.server.methods.get(headers.get(b":path", b"")),
+                                     headers.get(b"grpc-encoding"), is_grpc)
+        return route
+
     def _headers_done(self, sid: int, flags: int, block: bytes) -> None:
         headers = self.decoder.decode(block)  # always decoded: the HPACK table must follow the client
         stream = self.streams.get(sid)
@@ -453,13 +464,12 @@ class _Connection:
         if self.going_away or len(self.streams) >= MAX_STREAMS:
             self.write(h2.rst_stream(sid, h2.REFUSED_STREAM))
             return
-        method = self.server.methods.get(headers.get(b":path", b""))
-        stream = _Stream(sid, method, headers.get(b"grpc-encoding"), self.peer_initial_window)
+        method, encoding, is_grpc = self._route(headers)
+        stream = _Stream(sid, method, encoding, self.peer_initial_window)
         self.streams[sid] = stream
         if flags & h2.END_STREAM:
             stream.input_done = True
-        content_type = headers.get(b"content-type", b"")
-        if headers.get(b":method") != b"POST" or not content_type.startswith(b"application/grpc"):
+        if not is_grpc:
             fields = [(b":status", b"415"), (b"content-type", b"text/plain")]
             stream.answered = stream.headers_sent = True
             self.write(h2.headers_frames(sid, h2.encode_headers(fields), True, self.peer_max_frame))
@@ -482,8 +492,7 @@ class _Connection:
             if stream.input_done:
                 stream.inbox.put(_END)
         elif stream.input_done:
-            stream.started = True
-            gevent.spawn(self._run_unary, stream)
+            self._start_unary(stream)
 
     def _on_data(self, flags: int, sid: int, payload: bytes) -> None:
         n = len(payload)
@@ -521,7 +530,13 @@ class _Connection:
         if stream.inbox is not None:
             stream.inbox.put(_END)
         elif not stream.answered:
-            stream.started = True
+            self._start_unary(stream)
+
+    def _start_unary(self, stream: _Stream) -> None:
+        stream.started = True
+        if stream.method.infer:
+            self._start_infer(stream)
+        else:
             gevent.spawn(self._run_unary, stream)
 
     # -- calls (a greenlet each) ------------------------------------------------------------------
@@ -551,15 +566,72 @@ class _Connection:
             request = self._decode(stream, *messages[0])
             response = stream.method.call(request)
             self.send_message(stream, response.SerializeToString(), final=True)
-        except _Refused as e:
-            self.send_status(stream, e.status, e.message)
-        except TritonError as e:
-            self.send_status(stream, GRPC_STATUS[e.code], e.message)
-        except Exception as e:
-            log.exception("unexpected error in gRPC %s", getattr(stream.method.call, "__name__", "call"))
-            self.send_status(stream, INTERNAL, f"internal error: {e!r}")
+        except Exception as e:  # noqa: BLE001 - every failure is answered as the call's status
+            self._unary_failed(stream, e)
         finally:
             self._finish(stream)
+
+    def _start_infer(self, stream: _Stream) -> None:
+        """ModelInfer, in the reader: decode and queue the request here; when the model answered at
+        once (a quick model runs inline, :class:`InstanceActor`) and the answer fits the windows,
+        answer here too. Otherwise a greenlet waits for the answer, so the reader never blocks on a
+        model or on flow control. Saves a greenlet per call on the hot path."""
+        servicer = self.server.servicer
+        try:
+            messages = h2.split_messages(stream.buf)
+            if len(messages) != 1 or stream.buf:
+                raise _Refused(INTERNAL, f"a unary call takes one request message, got {len(messages)}")
+            request, pending = servicer.start_infer(self._decode(stream, *messages[0]))
+        except Exception as e:  # noqa: BLE001 - every failure is answered as the call's status
+            self._unary_failed(stream, e)
+            self._finish(stream)
+            return
+        if not pending.reply.ready():
+            gevent.spawn(self._finish_infer, stream, request, pending)
+            return
+        try:
+            payload = servicer.finish_infer(request, pending).SerializeToString()
+        except Exception as e:  # noqa: BLE001
+            self._unary_failed(stream, e)
+            self._finish(stream)
+            return
+        n = len(payload) + 5
+        if n <= stream.send_window and n <= self.send_window and n <= self.peer_max_frame:
+            try:
+                self.send_message(stream, payload, final=True)
+            except _Refused as e:
+                self.send_status(stream, e.status, e.message)
+            self._finish(stream)
+        else:
+            gevent.spawn(self._send_unary, stream, payload)
+
+    def _finish_infer(self, stream: _Stream, request: Any, pending: Any) -> None:
+        try:
+            self.send_message(stream, self.server.servicer.finish_infer(request, pending).SerializeToString(),
+                              final=True)
+        except Exception as e:  # noqa: BLE001
+            self._unary_failed(stream, e)
+        finally:
+            self._finish(stream)
+
+    def _send_unary(self, stream: _Stream, payload: bytes) -> None:
+        try:
+            self.send_message(stream, payload, final=True)
+        except _Refused as e:
+            self.send_status(stream, e.status, e.message)
+        finally:
+            self._finish(stream)
+
+    def _unary_failed(self, stream: _Stream, error: Exception) -> None:
+        """A unary call's error as its status (Triton's code for a TritonError)."""
+        if isinstance(error, _Refused):
+            self.send_status(stream, error.status, error.message)
+        elif isinstance(error, TritonError):
+            self.send_status(stream, GRPC_STATUS[error.code], error.message)
+        else:
+            log.error("unexpected error in gRPC %s", getattr(stream.method.call, "__name__", "call"),
+                      exc_info=error)
+            self.send_status(stream, INTERNAL, f"internal error: {error!r}")
 
     def _run_stream(self, stream: _Stream) -> None:
         """``ModelStreamInfer``: a greenlet per request writes that request's responses as they come;

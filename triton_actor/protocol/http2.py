@@ -163,17 +163,29 @@ class _WatchedTable(HeaderTable):
         HeaderTable.maxsize.fset(self, value)  # type: ignore[attr-defined]
 
 
+class HeaderBlock(dict[bytes, bytes]):
+    """A decoded header block, ``{name: value}`` (bytes; a repeated name keeps its last value).
+    ``route`` is free for the connection to keep what it derived from the block: a cached block
+    comes back as the same object, so that work is done once."""
+
+    __slots__ = ("route",)
+
+    def __init__(self, fields: Any) -> None:
+        super().__init__(fields)
+        self.route: Any = None
+
+
 class HeaderDecoder:
-    """Header blocks → ``{name: value}`` (bytes; a repeated name keeps its last value)."""
+    """Header blocks → :class:`HeaderBlock`."""
 
     CACHE_SIZE = 256
 
     def __init__(self, max_header_list_size: int) -> None:
         self._decoder = hpack.Decoder(max_header_list_size=max_header_list_size)
         self._table = self._decoder.header_table = _WatchedTable()
-        self._cache: dict[bytes, dict[bytes, bytes]] = {}
+        self._cache: dict[bytes, HeaderBlock] = {}
 
-    def decode(self, block: bytes) -> dict[bytes, bytes]:
+    def decode(self, block: bytes) -> HeaderBlock:
         hit = self._cache.get(block)
         if hit is not None:
             return hit
@@ -182,7 +194,7 @@ class HeaderDecoder:
             fields = self._decoder.decode(block, raw=True)
         except hpack.HPACKError as e:
             raise ProtocolError(f"bad header block: {e}", COMPRESSION_ERROR) from None
-        headers = {bytes(name): bytes(value) for name, value in fields}
+        headers = HeaderBlock((bytes(name), bytes(value)) for name, value in fields)
         if self._table.changes != before:
             self._cache.clear()  # blocks decoded earlier may point at entries that moved
         else:
