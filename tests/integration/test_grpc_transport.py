@@ -103,11 +103,17 @@ def _frame(ftype: int, flags: int, sid: int, payload: bytes = b"") -> bytes:
     return struct.pack(">IBI", (len(payload) << 8) | ftype, flags, sid) + payload
 
 
-def _read_frames(sock: socket.socket, until: int, flags: int = 0,
-                 timeout: float = 10) -> list[tuple[int, int, int, bytes]]:
-    """Frames until one of type ``until`` (with ``flags`` set) arrives, or the peer closes."""
+def _read_frames(sock: socket.socket, until: int, flags: int = 0, timeout: float = 10,
+                 also: int | None = None) -> list[tuple[int, int, int, bytes]]:
+    """Frames until one of type ``until`` (with ``flags`` set) arrived, and one of type ``also`` if
+    given, or until the peer closes."""
     sock.settimeout(timeout)
     buf, frames = b"", []
+
+    def done() -> bool:
+        return any(t == until and f & flags == flags for t, f, _, _ in frames) and \
+            (also is None or any(t == also for t, _, _, _ in frames))
+
     while True:
         while len(buf) >= 9:
             lt, frame_flags, sid = struct.unpack_from(">IBI", buf)
@@ -115,8 +121,8 @@ def _read_frames(sock: socket.socket, until: int, flags: int = 0,
                 break
             frames.append((lt & 0xFF, frame_flags, sid, buf[9:9 + (lt >> 8)]))
             buf = buf[9 + (lt >> 8):]
-            if frames[-1][0] == until and frames[-1][1] & flags == flags:
-                return frames
+        if done():
+            return frames
         chunk = sock.recv(65536)
         if not chunk:
             return frames
@@ -139,9 +145,7 @@ def test_raw_unary_call_and_ping(example_server: ServerProcess) -> None:
         padded = bytes([3]) + message + b"\0\0\0"
         sock.sendall(_PREFACE + _frame(4, 0, 0) + _frame(1, 0, 1, block[:5]) + _frame(9, 4, 1, block[5:])
                      + _frame(0, 0x1 | 0x8, 1, padded) + _frame(6, 0, 0, b"12345678"))
-        frames = _read_frames(sock, until=1, flags=1)  # up to the trailers (HEADERS with END_STREAM)
-        if not any(f[0] == 6 for f in frames):  # a model answering inline answers before the PING is read
-            frames += _read_frames(sock, until=6)
+        frames = _read_frames(sock, until=1, flags=1, also=6)  # the trailers (HEADERS, END_STREAM), a PING
         assert (6, 1, 0, b"12345678") in frames  # PING ACK with our payload
         data = b"".join(p for t, _, sid, p in frames if t == 0 and sid == 1)
         resp = pb.ModelInferResponse.FromString(data[5:])

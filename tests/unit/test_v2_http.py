@@ -426,3 +426,41 @@ def test_decode_raw_request_errors(body: bytes, spec: tuple[str, Any, tuple[int,
     with pytest.raises(TritonError) as info:
         v2.decode_raw_request(body, spec, "m", 1)
     assert info.value.code == Code.INVALID_ARG
+
+
+def _binary_body(header: dict[str, Any], *arrays: np.ndarray) -> tuple[bytes, int]:
+    head = orjson.dumps(header)
+    return head + b"".join(a.tobytes() for a in arrays), len(head)
+
+
+def test_a_repeated_header_decodes_from_its_plan_with_fresh_data() -> None:
+    header = {"id": "r1", "inputs": [
+        {"name": "A", "datatype": "FP32", "shape": [2, 2], "parameters": {"binary_data_size": 16}},
+        {"name": "B", "datatype": "INT64", "shape": [3], "parameters": {"binary_data_size": 24}}],
+        "outputs": [{"name": "OUT", "parameters": {"binary_data": True}}],
+        "parameters": {"priority": 2, "custom": "x"}}
+    first = v2.decode_infer_request(*_binary_body(header, np.ones((2, 2), np.float32), np.arange(3)), "m", 1)
+    body, hl = _binary_body(header, np.full((2, 2), 7, np.float32), np.arange(3) * 5)
+    assert body[:hl] in v2._PLANS
+    second = v2.decode_infer_request(body, hl, "other", 3)
+    assert (second.model_name, second.model_version, second.id, second.priority) == ("other", 3, "r1", 2)
+    assert second.outputs == first.outputs and second.parameters == {"custom": "x"}
+    assert second.parameters is not first.parameters
+    assert second.inputs["A"].data.tolist() == [[7, 7], [7, 7]] and second.inputs["A"].shape == (2, 2)
+    assert second.inputs["B"].data.tolist() == [0, 5, 10] and second.inputs["B"].dtype is BY_WIRE["INT64"]
+    # the same header with a body of the wrong size still gets Triton's error
+    with pytest.raises(TritonError, match="unexpected additional input data"):
+        v2.decode_infer_request(body + b"xx", hl, "m", 1)
+    with pytest.raises(TritonError, match="unexpected size for input 'B'"):
+        v2.decode_infer_request(body[:-8], hl, "m", 1)
+
+
+def test_headers_with_json_data_or_bytes_are_not_planned() -> None:
+    header = {"inputs": [{"name": "A", "datatype": "INT32", "shape": [1], "data": [3]}]}
+    body = orjson.dumps(header)
+    v2.decode_infer_request(body, len(body), "m", 1)
+    assert body not in v2._PLANS
+    header = {"inputs": [{"name": "S", "datatype": "BYTES", "shape": [1], "parameters": {"binary_data_size": 6}}]}
+    body, hl = _binary_body(header, np.frombuffer(struct.pack("<I", 2) + b"hi", np.uint8))
+    assert v2.decode_infer_request(body, hl, "m", 1).inputs["S"].data.tolist() == [b"hi"]
+    assert body[:hl] not in v2._PLANS

@@ -94,6 +94,9 @@ class SchedulerActor(InlineActor):
 
     # -- messages ---------------------------------------------------------------------------------
     def on_Enqueue(self, msg: Enqueue) -> None:
+        if not self._batching and self._idle and not len(self._queue):
+            self._run(self._idle.pop(), [msg])  # nothing waits and an instance is free: no queueing to do
+            return
         request = msg.request
         key = _shape_key(request, self._ragged) if self._batching else None
         try:
@@ -157,6 +160,9 @@ class SchedulerActor(InlineActor):
     # -- policy -----------------------------------------------------------------------------------
     def _dispatch(self) -> None:
         queue, idle = self._queue, self._idle
+        if not len(queue) and self._timer is None:
+            self._maybe_drained()
+            return
         now = self._clock()
         wait: int | None = None
         while True:
