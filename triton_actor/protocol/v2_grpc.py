@@ -29,6 +29,15 @@ if TYPE_CHECKING:
 SEQUENCE_START, SEQUENCE_END = 1, 2
 # The only ``triton_`` request parameter a gRPC client may set (spec surprise #13).
 EMPTY_FINAL_RESPONSE = "triton_enable_empty_final_response"
+_NO_ID_PREFIX = "[request id: <id_unknown>] "  # error-message prefix of a request without an id
+
+# The per-request values are NamedTuples; ``tuple.__new__`` on the full field tuple builds the same
+# object as the generated ``__new__`` in half the time. The defaults come from the classes themselves.
+_new = tuple.__new__
+assert InferInput._fields == ("name", "dtype", "shape", "data")
+assert InferRequest._fields[:5] == ("model_name", "model_version", "id", "inputs", "outputs")
+_REQUEST_TAIL = tuple(InferRequest._field_defaults[f] for f in InferRequest._fields[5:])
+_OUTPUT_TAIL = tuple(RequestedOutput._field_defaults[f] for f in RequestedOutput._fields[1:])
 
 # InferTensorContents field holding each datatype's typed elements (spec §2.3).
 _CONTENTS_FIELD = {
@@ -52,25 +61,29 @@ def parse_version(text: str) -> int:
 def decode_infer_request(msg: pb.ModelInferRequest, shm: SharedMemoryRegistry | None = None) -> InferRequest:
     """Decode a ``ModelInferRequest``; raw contents become zero-copy numpy views. Inputs naming a
     shared-memory region are read from ``shm``; they take no ``raw_input_contents`` entry."""
+    # Per-request hot path. Repeated protobuf fields are read with one slice each: upb answers a slice
+    # about twice as fast as iterating or indexing its container element by element.
     model = msg.model_name
-    prefix = f"[request id: {msg.id or '<id_unknown>'}] "
-    raw = msg.raw_input_contents
+    request_id = msg.id
+    prefix = f"[request id: {request_id}] " if request_id else _NO_ID_PREFIX
+    raw = msg.raw_input_contents[:]
     next_raw = 0
     inputs: dict[str, InferInput] = {}
-    for tensor in msg.inputs:
+    for tensor in msg.inputs[:]:
         name = tensor.name
         if name in inputs:
             raise TritonError.invalid_arg(f"{prefix}input '{name}' already exists in request")
         dtype = BY_WIRE.get(tensor.datatype)
         if dtype is None:
             raise TritonError.invalid_arg(f"{prefix}invalid datatype '{tensor.datatype}' for input '{name}'")
-        shape = tuple(tensor.shape)
+        shape = tuple(tensor.shape[:])
         count = 1
         for d in shape:
             if d < 0:
                 raise TritonError.invalid_arg(f"{prefix}invalid shape {list(shape)} for input '{name}'")
             count *= d
-        region = _shm_window(tensor.parameters, f"input '{name}'", shm)
+        params = tensor.parameters
+        region = _shm_window(params, f"input '{name}'", shm) if params else None
         if region is not None:
             buf = shm.read(*region, f"{prefix}input '{name}'")  # type: ignore[union-attr]
             data = tensor_from_bytes(buf, dtype, shape, count, name, model, prefix)
@@ -88,10 +101,16 @@ def decode_infer_request(msg: pb.ModelInferRequest, shm: SharedMemoryRegistry | 
         else:
             raise TritonError.invalid_arg(f"unable to find data for input tensor '{name}' for model '{model}' "
                                           "in request.")
-        inputs[name] = InferInput(name, dtype, shape, data)
-    params, kwargs = _decode_parameters(msg.parameters, prefix)
-    outputs = _decode_outputs(msg.outputs, prefix, shm) if msg.outputs else None
-    return InferRequest(model, parse_version(msg.model_version), msg.id, inputs, outputs, params, **kwargs)
+        inputs[name] = _new(InferInput, (name, dtype, shape, data))
+    version_text = msg.model_version
+    version = parse_version(version_text) if version_text else -1
+    requested = msg.outputs[:]
+    outputs = _decode_outputs(requested, prefix, shm) if requested else None
+    params = msg.parameters
+    if not params:
+        return _new(InferRequest, (model, version, request_id, inputs, outputs, *_REQUEST_TAIL))
+    forwarded, kwargs = _decode_parameters(params, prefix)
+    return InferRequest(model, version, request_id, inputs, outputs, forwarded, **kwargs)
 
 
 def _shm_window(params: Any, what: str, shm: SharedMemoryRegistry | None) -> tuple[str, int, int] | None:
@@ -185,17 +204,19 @@ def _decode_parameters(params: Any, prefix: str) -> tuple[dict[str, Any], dict[s
 def _decode_outputs(outputs: Any, prefix: str, shm: SharedMemoryRegistry | None) -> tuple[RequestedOutput, ...]:
     result = []
     for o in outputs:
+        params = o.parameters
+        if not params:
+            result.append(_new(RequestedOutput, (o.name, *_OUTPUT_TAIL)))
+            continue
         cls = 0
-        region = None
-        if o.parameters:
-            region = _shm_window(o.parameters, f"{prefix}output '{o.name}'", shm)
-            p = o.parameters.get("classification")
-            if p is not None:
-                cls = oneof_value(p)
-                if not isinstance(cls, int) or isinstance(cls, bool) or cls < 0:
-                    raise TritonError.invalid_arg(
-                        f"{prefix}'classification' of output '{o.name}' must be a non-negative int64_param"
-                    )
+        region = _shm_window(params, f"{prefix}output '{o.name}'", shm)
+        p = params.get("classification")
+        if p is not None:
+            cls = oneof_value(p)
+            if not isinstance(cls, int) or isinstance(cls, bool) or cls < 0:
+                raise TritonError.invalid_arg(
+                    f"{prefix}'classification' of output '{o.name}' must be a non-negative int64_param"
+                )
         result.append(RequestedOutput(o.name, None, cls, region))
     return tuple(result)
 
@@ -208,20 +229,48 @@ def encode_infer_response(request: InferRequest, response: InferResponse, model_
     sent to shared memory is written there and gets an empty raw entry (spec §2.3)."""
     msg = pb.ModelInferResponse(model_name=request.model_name, model_version=str(model_version), id=request.id)
     add_output = msg.outputs.add
-    raw = msg.raw_output_contents
-    for name, array, spec in selected_outputs(request, response, labels, batching):
+    raw: list[bytes] = []
+    requested = request.outputs
+    if requested is None:  # every output, as the model gave them (what selected_outputs yields)
+        selected: Any = [(name, array, None) for name, array in response.outputs]
+    else:
+        selected = selected_outputs(request, response, labels, batching)
+    for name, array, spec in selected:
         dtype = from_numpy(array.dtype)
         if dtype is None:
             raise TritonError.internal(f"unsupported output data type {array.dtype}")
-        out = add_output(name=name, datatype=dtype.wire, shape=array.shape)
-        data = bytes_codec.serialize(array) if dtype is BYTES else np.ascontiguousarray(array).tobytes()
+        # tobytes() copies in C order whatever the array's layout: no ascontiguousarray first
+        data = bytes_codec.serialize(array) if dtype is BYTES else array.tobytes()
         if spec is not None and spec.shm is not None:
+            out = add_output(name=name, datatype=dtype.wire, shape=array.shape)
             set_parameters(out.parameters, write_output(shm, spec.shm, data, f"output '{name}'"))
             data = b""
+        else:
+            msg.MergeFromString(_output_header(name, dtype.wire, array.shape))
         raw.append(data)
+    msg.raw_output_contents.extend(raw)  # one call into upb instead of one per output
     if response.parameters:
         set_parameters(msg.parameters, response.parameters)
     return msg
+
+
+# Serialized ``outputs`` entries (name, datatype, shape) → merged into a response: upb parses them in
+# about half the time building the entry field by field takes. A plain memo of a pure function (any
+# thread may fill it; dict get/set are atomic), emptied when it grows past what repeated shapes need.
+_HEADERS: dict[tuple[str, str, tuple[int, ...]], bytes] = {}
+_HEADERS_MAX = 4096
+
+
+def _output_header(name: str, wire: str, shape: tuple[int, ...]) -> bytes:
+    key = (name, wire, shape)
+    header = _HEADERS.get(key)
+    if header is None:
+        if len(_HEADERS) >= _HEADERS_MAX:
+            _HEADERS.clear()
+        header = pb.ModelInferResponse(outputs=[pb.ModelInferResponse.InferOutputTensor(
+            name=name, datatype=wire, shape=shape)]).SerializeToString()
+        _HEADERS[key] = header
+    return header
 
 
 def set_parameters(target: Any, values: dict[str, Any]) -> None:

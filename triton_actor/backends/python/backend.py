@@ -256,17 +256,17 @@ class PythonInstance:
     def execute(self, requests: list[InferRequest]) -> list[Result]:
         if self.decoupled:
             return self._execute_decoupled(requests)
-        pb_requests = [_to_pb(r) for r in requests]
-        for pb in pb_requests:
-            pb._sender_factory = _default_mode_sender
+        pb_requests = [_to_pb(r, _default_mode_sender) for r in requests]
         try:
-            responses = self._await(self.model.execute(pb_requests))
+            responses = self.model.execute(pb_requests)
+            if type(responses) is not list:  # a list is never awaitable: skip the awaitable test
+                responses = self._await(responses)
         except Exception as e:
             err = self._model_error(e)
             return [err] * len(requests)
         if responses is None:  # answered through response senders (Triton's default-mode senders)
             responses = [_sent_response(pb) for pb in pb_requests]
-        if not isinstance(responses, list | tuple) or len(responses) != len(requests):
+        if (type(responses) is not list and not isinstance(responses, list | tuple)) or len(responses) != len(requests):
             got = len(responses) if isinstance(responses, list | tuple) else type(responses).__name__
             err = TritonError.internal(
                 f"Failed to process the request(s) for model '{self.ctx.instance_name}', "
@@ -311,6 +311,16 @@ class PythonInstance:
         )
 
     def _from_pb(self, response: Any) -> Result:
+        if type(response) is _Response and response._error is None and response._parameters is None:
+            # the usual response: its own tensors (no subclass may override name()/as_numpy()), no error,
+            # no parameters; pb_utils.Tensor always holds an ndarray
+            outputs = []
+            for t in response._output_tensors:
+                if type(t) is not _Tensor:
+                    break
+                outputs.append((t._name, t._array))
+            else:
+                return InferResponse(outputs, {})
         if response is None:
             return TritonError.internal(f"model '{self.ctx.model_name}' returned None instead of an InferenceResponse")
         if response.has_error():
@@ -354,17 +364,22 @@ def _as_array(value: Any) -> np.ndarray:
 
 
 _trusted = pb_utils.Tensor._trusted
+_from_server = pb_utils.InferenceRequest._from_server
+_Response = pb_utils.InferenceResponse
+_Tensor = pb_utils.Tensor
 
 
-def _to_pb(request: InferRequest) -> Any:
-    return pb_utils.InferenceRequest(
-        request_id=request.id,
-        correlation_id=request.correlation_id,
-        inputs=[_trusted(name, t.data, t.dtype.enum_value) for name, t in request.inputs.items()],
-        requested_output_names=list(request.requested_output_names or ()),
-        model_name=request.model_name,
-        model_version=request.model_version,
-        flags=request.flags,
-        timeout=request.timeout_us,
-        parameters=request.parameters,
+def _to_pb(request: InferRequest, sender_factory: Callable[[Any], Any] | None = None) -> Any:
+    outputs = request.outputs
+    return _from_server(
+        request.id,
+        request.correlation_id,
+        {name: _trusted(name, t.data, t.dtype.enum_value) for name, t in request.inputs.items()},
+        [] if outputs is None else [o.name for o in outputs],
+        request.model_name,
+        request.model_version,
+        request.flags,
+        request.timeout_us,
+        request.parameters,
+        sender_factory,
     )

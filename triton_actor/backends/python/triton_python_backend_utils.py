@@ -297,11 +297,12 @@ class Tensor:
     """A named tensor backed by a C-contiguous numpy array (always in CPU memory)."""
 
     def __init__(self, name: str, data: Any) -> None:
-        if not isinstance(name, str):
+        # exact-type tests first (cheaper than isinstance on this per-output path), the general ones after
+        if type(name) is not str and not isinstance(name, str):
             raise _ArgTypeError(f"Tensor name must be a str, got {type(name).__name__}")
         if not name:
             raise _ArgValueError("Tensor name cannot be an empty string.")
-        if not isinstance(data, np.ndarray):
+        if type(data) is not np.ndarray and not isinstance(data, np.ndarray):
             if isinstance(data, np.generic) or hasattr(data, "__array__") or hasattr(
                 data, "__array_interface__"
             ):
@@ -477,6 +478,18 @@ class InferenceRequest:
     ``_response_sender`` and ``_cancelled``; construction does no copying or JSON work.
     """
 
+    # Defaults of what a request rarely changes: instances store only what differs, which keeps the
+    # per-request construction short (the server builds one per request, see ``_from_server``).
+    _preferred_memory: PreferredMemory | None = None
+    _trace: InferenceTrace | None = None
+    _parameters_json: str | None = None
+    _input_map: dict[str, Tensor] | None = None
+    _input_map_len = 0
+    _release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+    _response_sender: Any = None
+    _sender_factory: Callable[[InferenceRequest], Any] | None = None
+    _cancelled: Any = False
+
     def __init__(
         self,
         request_id: str = "",
@@ -505,16 +518,46 @@ class InferenceRequest:
         self._model_version = model_version
         self._flags = flags
         self._timeout = timeout
-        self._preferred_memory = preferred_memory
-        self._trace = trace
+        if preferred_memory is not None:
+            self._preferred_memory = preferred_memory
+        if trace is not None:
+            self._trace = trace
         self._parameters = parameters
-        self._parameters_json: str | None = None
-        self._input_map: dict[str, Tensor] | None = None
-        self._input_map_len = 0
-        self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
-        self._response_sender: Any = None
-        self._sender_factory: Callable[[InferenceRequest], Any] | None = None
-        self._cancelled: Any = False
+
+    @classmethod
+    def _from_server(
+        cls,
+        request_id: str,
+        correlation_id: int | str,
+        inputs: dict[str, Tensor],
+        requested_output_names: list[str],
+        model_name: str,
+        model_version: int,
+        flags: int,
+        timeout: int,
+        parameters: dict[str, Any],
+        sender_factory: Callable[[InferenceRequest], Any] | None = None,
+    ) -> InferenceRequest:
+        """The server's constructor for a request given to ``execute`` (hot path): ``inputs`` maps
+        unique names to tensors and becomes the lookup index as it is; parameters are checked only
+        when there are some, as the constructor would."""
+        if parameters:
+            _check_parameters(parameters, allow_float=True)
+        request = cls.__new__(cls)
+        request._request_id = request_id
+        request._correlation_id = correlation_id
+        request._inputs = inputs = list(inputs.values()) if inputs else []
+        request._input_map = inputs_map = {t._name: t for t in inputs}
+        request._input_map_len = len(inputs_map)
+        request._requested_output_names = requested_output_names
+        request._model_name = model_name
+        request._model_version = model_version
+        request._flags = flags
+        request._timeout = timeout
+        request._parameters = parameters
+        if sender_factory is not None:
+            request._sender_factory = sender_factory
+        return request
 
     def inputs(self) -> list[Tensor]:
         """Return the input tensors."""
@@ -681,6 +724,8 @@ class InferenceResponseSender:
 class InferenceResponse:
     """A response: output tensors and/or an error, plus optional parameters."""
 
+    _parameters_json: str | None = None  # class default: set on first parameters() with a dict
+
     def __init__(
         self,
         output_tensors: list[Tensor] | None = None,
@@ -689,7 +734,7 @@ class InferenceResponse:
     ) -> None:
         if output_tensors is None:
             output_tensors = []
-        elif not isinstance(output_tensors, list):
+        elif type(output_tensors) is not list and not isinstance(output_tensors, list):
             if isinstance(output_tensors, (str, bytes, Tensor)) or not isinstance(
                 output_tensors, Iterable
             ):
@@ -699,7 +744,7 @@ class InferenceResponse:
                 )
             output_tensors = list(output_tensors)
         for tensor in output_tensors:
-            if not isinstance(tensor, Tensor):
+            if type(tensor) is not Tensor and not isinstance(tensor, Tensor):
                 raise _ArgTypeError(
                     f"output_tensors must contain Tensor objects, found {type(tensor).__name__}"
                 )
@@ -712,8 +757,6 @@ class InferenceResponse:
         self._output_tensors = output_tensors
         self._error = error
         self._parameters = parameters
-        self._parameters_json: str | None = None
-        self._output_map: dict[str, Tensor] | None = None
 
     def output_tensors(self) -> list[Tensor]:
         """Return the output tensors."""
@@ -747,6 +790,11 @@ class InferenceResponse:
 
 def get_input_tensor_by_name(inference_request: Any, name: str) -> Tensor | None:
     """Return the request's input tensor called ``name``, or None."""
+    if type(inference_request) is InferenceRequest:  # the usual case: its index, while still current
+        index = inference_request._input_map
+        if index is not None and inference_request._input_map_len == len(inference_request._inputs):
+            return index.get(name)
+        return inference_request._get_input(name)
     finder = getattr(inference_request, "_get_input", None)
     if finder is not None:
         return finder(name)
