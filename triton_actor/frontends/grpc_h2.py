@@ -46,6 +46,7 @@ from ..protocol import http2 as h2
 from ..protocol._generated import grpc_service_pb2 as pb
 from ..protocol._generated import health_pb2
 from .grpc import GrpcServicer
+from .socket_io import recv_when_readable, send_all
 
 log = logging.getLogger(__name__)
 
@@ -218,7 +219,7 @@ class _Connection:
             return False
         with self._write_lock:
             try:
-                self.sock.sendall(data)
+                send_all(self.sock, data)
             except OSError:
                 self._lost()
                 return False
@@ -306,7 +307,7 @@ class _Connection:
         if self.server.keepalive_time > 0:
             self._keepalive = gevent.spawn(self._keepalive_loop)
         buf = bytearray()
-        recv = self.sock.recv
+        recv, sock = self.sock.recv, self.sock
         try:
             while len(buf) < len(h2.PREFACE):
                 chunk = recv(_RECV)
@@ -332,7 +333,7 @@ class _Connection:
                     del buf[:pos]
                 if self.going_away and not self.streams:
                     return
-                chunk = recv(_RECV)
+                chunk = recv(_RECV) if buf else recv_when_readable(sock, _RECV)
                 if not chunk:
                     return
                 buf += chunk

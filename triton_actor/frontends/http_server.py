@@ -23,6 +23,7 @@ from gevent.server import StreamServer
 
 from ..errors import TritonError
 from .http import HttpFrontend, error_response, too_large
+from .socket_io import recv_when_readable, send_all
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,7 @@ class _Connection:
                 return data
             if len(self.buf) > MAX_HEAD:
                 raise BadRequest(f"{what} too large")
-            chunk = self.sock.recv(_RECV)
+            chunk = self.sock.recv(_RECV) if self.buf else recv_when_readable(self.sock, _RECV)
             if not chunk:
                 if self.buf.strip():
                     raise BadRequest(f"connection closed inside the {what}")
@@ -305,5 +306,5 @@ class HttpServer:
         if not keep_alive:
             lines.append("Connection: close")
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-        sock.sendall(head if head_only else head + body)
+        send_all(sock, head if head_only else head + body)
 

@@ -1,0 +1,29 @@
+"""Two socket calls on the hot path, cheaper than gevent's generic ones for how we use them.
+
+gevent's ``recv`` tries the read first and, on EAGAIN, waits and tries again; a connection between
+requests has nothing to read yet, so that first try only costs a raised exception. gevent's
+``sendall`` runs a Python loop over chunks; a response usually goes to the kernel in one ``send``.
+Both fall back to gevent's own calls, so timeouts, partial sends and closed sockets behave as
+before. They use gevent's socket internals (``_sock``, ``_wait``, ``_read_event``, as gevent's own
+socket subclasses do); ``tests/unit/test_socket_io.py`` checks them against a real socket pair.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def send_all(sock: Any, data: bytes) -> None:
+    """``sock.sendall(data)``: one direct ``send`` when the kernel takes it all."""
+    try:
+        sent = sock._sock.send(data)
+    except BlockingIOError:
+        sent = 0
+    if sent != len(data):
+        sock.sendall(memoryview(data)[sent:])
+
+
+def recv_when_readable(sock: Any, size: int) -> bytes:
+    """``sock.recv(size)`` for a socket expected to have nothing yet: wait first, then read."""
+    sock._wait(sock._read_event)
+    return sock.recv(size)
