@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import time
 from collections.abc import Iterator
 
 import gevent
@@ -164,6 +165,8 @@ def test_raw_unary_call_and_ping(example_server: ServerProcess) -> None:
     _PREFACE + _frame(0, 1, 9, b"x"),  # DATA on a stream never opened
     _PREFACE + _frame(4, 0, 0, b"\0\4\xff\xff\xff\xff"),  # INITIAL_WINDOW_SIZE past 2^31-1
     _PREFACE + _frame(1, 0, 1, b"\x82") + _frame(6, 0, 0, b"\0" * 8),  # PING while CONTINUATION is owed
+    _PREFACE + _frame(1, 0, 1, b"\x82") + _frame(9, 0, 1) * 100,  # endless empty CONTINUATION frames
+    _PREFACE + _frame(8, 0, 0, b"\0\0\0\0"),  # WINDOW_UPDATE of 0
 ])
 def test_protocol_errors_close_the_connection_only(example_server: ServerProcess, junk: bytes) -> None:
     with _connect(example_server) as sock:
@@ -205,3 +208,19 @@ def test_too_many_pings_without_data(example_server: ServerProcess) -> None:
         code, debug = struct.unpack(">I", frames[-1][3][4:8])[0], frames[-1][3][8:]
         assert (code, debug) == (0xB, b"too_many_pings")  # ENHANCE_YOUR_CALM, as grpc
     _still_serving(example_server)
+
+
+def test_a_stream_opened_in_the_read_that_ends_the_connection_does_not_hold_shutdown(start_server) -> None:
+    """Ping strikes end the connection mid-read; a streaming call opened by the next frame of the
+    same read must not stay counted as running (SIGTERM would then wait the whole exit timeout)."""
+    server = start_server(ROOT / "model_repository", flags=("--exit-timeout-secs", "120"))
+    block = hpack.Encoder().encode([(":method", "POST"), (":path", "/inference.GRPCInferenceService/ModelStreamInfer"),
+                                    ("content-type", "application/grpc")])
+    with _connect(server) as sock:
+        sock.sendall(_PREFACE + _frame(4, 0, 0) + b"".join(_frame(6, 0, 0, b"%08d" % i) for i in range(4))
+                     + _frame(1, 4, 1, block))
+        assert _read_frames(sock, until=7)[-1][0] == 7
+    _still_serving(server)
+    started = time.monotonic()
+    assert server.stop() == 0
+    assert time.monotonic() - started < 60

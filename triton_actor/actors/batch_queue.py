@@ -156,6 +156,11 @@ class BatchQueue(Generic[T]):
     def __len__(self) -> int:
         return self._size
 
+    @property
+    def timed(self) -> bool:
+        """Whether a queue policy gives requests a timeout (then even an idle queue checks deadlines)."""
+        return any(level.timed for level in self._levels)
+
     def level_of(self, priority: int) -> int:
         """1-based level of a request priority (Triton's ``InferenceRequest::SetPriority``)."""
         levels = self.policy.priority_levels

@@ -84,6 +84,8 @@ class SchedulerActor(InlineActor):
         self._timer: Any = None
         self._timer_at = 0
         self._batching = self._policy.max_batch_size > 0
+        # no batching and no queue timeouts: a request that finds an idle instance and nobody waiting runs at once
+        self._direct = not self._batching and not self._queue.timed
         self._ragged = self._policy.ragged_inputs
         # preserve_ordering: dispatch sequence numbers and the finished replies waiting for earlier ones
         self._ordered = self._policy.preserve_ordering
@@ -94,7 +96,7 @@ class SchedulerActor(InlineActor):
 
     # -- messages ---------------------------------------------------------------------------------
     def on_Enqueue(self, msg: Enqueue) -> None:
-        if not self._batching and self._idle and not len(self._queue):
+        if self._direct and self._idle and not len(self._queue):
             self._run(self._idle.pop(), [msg])  # nothing waits and an instance is free: no queueing to do
             return
         request = msg.request

@@ -66,6 +66,7 @@ CONNECTION_WINDOW = 64 * 1024 * 1024
 MAX_FRAME = 1024 * 1024
 MAX_HEADER_LIST = 64 * 1024
 MAX_STREAMS = 4096
+MAX_CONTINUATIONS = 64  # CONTINUATION frames in one header block
 _RECV = 256 * 1024
 
 _RESPONSE_HEAD = h2.encode_headers([(b":status", b"200"), (b"content-type", b"application/grpc"),
@@ -173,7 +174,7 @@ class GrpcH2Server:
         if self._server is not None:
             self._server.close()
         for conn in list(self.connections):
-            conn.go_away()
+            gevent.spawn(conn.go_away)  # a client that stopped reading must not hold the shutdown
         self.idle.wait(grace)
         for conn in list(self.connections):
             conn.close()
@@ -206,7 +207,7 @@ class _Connection:
         self.closed = False
         self._write_lock = gevent.lock.Semaphore()
         self._window_open: gevent.event.Event | None = None  # what senders out of window wait on
-        self._continuation: tuple[int, int, list[bytes]] | None = None
+        self._continuation: tuple[int, int, list[bytes], list[int]] | None = None  # sid, flags, parts, size
         self._ping_ok = True  # a ping is welcome (we sent headers or data since the last one)
         self._last_ping = 0.0
         self._ping_strikes = 0
@@ -242,7 +243,7 @@ class _Connection:
         view, sid = memoryview(data), stream.id
         while view:
             room = self._wait_window(stream)
-            if not room:
+            if not room or stream.answered:
                 return False
             chunk = view[:min(room, self.peer_max_frame)]
             n = len(chunk)
@@ -265,7 +266,7 @@ class _Connection:
         sid, n = stream.id, len(msg)
         head = b"" if stream.headers_sent else h2.frame(h2.HEADERS, h2.END_HEADERS, sid, _RESPONSE_HEAD)
         stream.headers_sent = True
-        self._ping_ok = True
+        self._ping_ok, self._ping_strikes = True, 0
         if n <= stream.send_window and n <= self.send_window and n <= self.peer_max_frame:
             stream.send_window -= n
             self.send_window -= n
@@ -320,7 +321,7 @@ class _Connection:
             head, on_frame = h2.FRAME_HEAD, self._on_frame
             while not self.closed:
                 pos, end = 0, len(buf)
-                while end - pos >= 9:
+                while end - pos >= 9 and not self.closed:
                     length_type, flags, sid = head.unpack_from(buf, pos)
                     length = length_type >> 8
                     if length > MAX_FRAME:
@@ -390,12 +391,19 @@ class _Connection:
 
     def _on_window_update(self, sid: int, increment: int) -> None:
         if sid == 0:
+            if not increment:
+                raise h2.ProtocolError("WINDOW_UPDATE of 0")
             self.send_window += increment
+            if self.send_window > h2.MAX_WINDOW:
+                raise h2.ProtocolError("connection window past 2^31-1", h2.FLOW_CONTROL_ERROR)
         else:
             stream = self.streams.get(sid)
             if stream is None:
                 return
             stream.send_window += increment
+            if not increment or stream.send_window > h2.MAX_WINDOW:
+                self.write(h2.rst_stream(sid, h2.PROTOCOL_ERROR if not increment else h2.FLOW_CONTROL_ERROR))
+                self._cancel(stream)
         self._windows_moved()
 
     def _windows_moved(self) -> None:
@@ -426,19 +434,19 @@ class _Connection:
         if flags & h2.PRIORITY_FLAG:
             block = block[5:]
         if not flags & h2.END_HEADERS:
-            self._continuation = (sid, flags, [block])
+            self._continuation = (sid, flags, [block], [len(block)])
             return
         self._headers_done(sid, flags, block)
 
     def _on_continuation(self, flags: int, sid: int, payload: bytes) -> None:
         if self._continuation is None or self._continuation[0] != sid:
             raise h2.ProtocolError("unexpected CONTINUATION")
-        parts = self._continuation[2]
+        _, first_flags, parts, size = self._continuation
         parts.append(payload)
-        if sum(map(len, parts)) > MAX_HEADER_LIST:
+        size[0] += len(payload)
+        if size[0] > MAX_HEADER_LIST or len(parts) > MAX_CONTINUATIONS:
             raise h2.ProtocolError("header block too large", h2.ENHANCE_YOUR_CALM)
         if flags & h2.END_HEADERS:
-            first_flags = self._continuation[1]
             self._continuation = None
             self._headers_done(sid, first_flags, b"".join(parts))
 
@@ -459,8 +467,8 @@ class _Connection:
             if flags & h2.END_STREAM:
                 self._input_done(stream)
             return
-        if sid <= self.last_stream_id:
-            raise h2.ProtocolError("HEADERS on a closed stream", h2.STREAM_CLOSED)
+        if sid <= self.last_stream_id or self.closed:
+            return  # trailers of a stream we answered or reset already (RFC 9113 §5.1): ignored
         self.last_stream_id = sid
         if self.going_away or len(self.streams) >= MAX_STREAMS:
             self.write(h2.rst_stream(sid, h2.REFUSED_STREAM))
@@ -510,10 +518,20 @@ class _Connection:
         stream.buf += data
         stream.recv_unacked += n
         announced = h2.pending_length(stream.buf)
+        refused = None
         if announced > self.server.max_receive:
-            self.send_status(stream, RESOURCE_EXHAUSTED,
-                             f"Received message larger than max ({announced} vs. {self.server.max_receive})")
-            self._cancel(stream)
+            refused = _Refused(RESOURCE_EXHAUSTED,
+                               f"Received message larger than max ({announced} vs. {self.server.max_receive})")
+        elif stream.inbox is None and len(stream.buf) > announced + 5 >= 5:
+            refused = _Refused(INTERNAL, "a unary call takes one request message, got more")
+        if refused is not None:
+            stream.input_done = True  # what else comes on this stream is dropped
+            stream.buf = bytearray()
+            if stream.inbox is not None:
+                stream.inbox.put(refused)  # its greenlet answers once its senders are done
+            else:
+                self.send_status(stream, refused.status, refused.message)
+                self._cancel(stream)
             return
         if stream.inbox is not None:
             for message in h2.split_messages(stream.buf):
@@ -575,8 +593,11 @@ class _Connection:
     def _start_infer(self, stream: _Stream) -> None:
         """ModelInfer, in the reader: decode and queue the request here; when the model answered at
         once (a quick model runs inline, :class:`InstanceActor`) and the answer fits the windows,
-        answer here too. Otherwise a greenlet waits for the answer, so the reader never blocks on a
-        model or on flow control. Saves a greenlet per call on the hot path."""
+        answer here too. Otherwise a greenlet waits for the answer, so the reader never waits for a
+        model's thread or on flow control. Saves a greenlet per call on the hot path. The one case
+        the reader is held: a model promoted to run inline that then yields in ``execute`` (a patched
+        sleep, a BLS call) holds this connection's other streams for that one run; the instance is
+        demoted back to its thread right after it (``InstanceActor``, DEMOTE_WALL_NS)."""
         servicer = self.server.servicer
         try:
             messages = h2.split_messages(stream.buf)
@@ -638,10 +659,18 @@ class _Connection:
         """``ModelStreamInfer``: a greenlet per request writes that request's responses as they come;
         the call ends (OK trailers) once the client has closed its side and every request is answered."""
         group = gevent.pool.Group()
+        refused: _Refused | None = None
         try:
             while True:
                 item = stream.inbox.get()
-                if item is _END or item is _GONE:
+                if item is _END:
+                    break
+                if item is _GONE:
+                    self._stop_waiting(group)
+                    break
+                if isinstance(item, _Refused):
+                    refused = item
+                    self._stop_waiting(group)
                     break
                 try:
                     request = self._decode(stream, *item)
@@ -650,7 +679,10 @@ class _Connection:
                     continue
                 group.spawn(self._stream_one, stream, request)
             group.join()
-            self.send_status(stream, OK, "")
+            if refused is not None:  # its senders are done: the status can go out
+                self.send_status(stream, refused.status, refused.message)
+            else:
+                self.send_status(stream, OK, "")
         except Exception as e:
             log.exception("ModelStreamInfer failed")
             self.send_status(stream, INTERNAL, f"internal error: {e!r}")
@@ -668,7 +700,24 @@ class _Connection:
         finally:
             responses.close()
 
+    @staticmethod
+    def _stop_waiting(group: gevent.pool.Group) -> None:
+        """The stream is over: its request greenlets that wait for a model's next response stop now
+        (GreenletExit closes their generators, which cancels the requests); one that is writing is
+        never interrupted mid-frame: it sees the stream cancelled after its write."""
+        for greenlet in list(group):
+            if not getattr(greenlet, "writing", False):
+                greenlet.kill(block=False)
+
     def _stream_send(self, stream: _Stream, response: Any) -> bool:
+        current = gevent.getcurrent()
+        current.writing = True
+        try:
+            return self._stream_write(stream, response)
+        finally:
+            current.writing = False
+
+    def _stream_write(self, stream: _Stream, response: Any) -> bool:
         with stream.send_lock:  # one message's frames stay together on the stream
             try:
                 return self.send_message(stream, response.SerializeToString(), final=False)
@@ -720,6 +769,8 @@ class _Connection:
 
     def close(self) -> None:
         self._lost()
+        for stream in list(self.streams.values()):
+            self._cancel(stream)  # streams opened after the loss (frames of the same read) too
         if self._keepalive is not None:
             self._keepalive.kill(block=False)
         self.sock.close()

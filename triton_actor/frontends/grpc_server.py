@@ -1,4 +1,9 @@
-"""The gRPC server: grpcio's sync server on native threads, each call handed to a hub greenlet.
+"""``--grpc-server grpcio``: grpcio's sync server on native threads, each call handed to a hub greenlet.
+
+Not the default any more: :mod:`.grpc_h2` (our own HTTP/2 in hub greenlets) replaced it after it
+measured 1.45x / 1.56x Triton's rate at concurrency 1 / 4 where this server reached 0.44x / 0.40x
+(``scripts/bench_grpc.py --variants builtin,grpcio``). It stays as the fallback for anything the
+builtin transport lacks, and the measurements below are why grpcio itself could not get there.
 
 How the design was chosen: ``scripts/bench_grpc.py --variants native,aio,gevent --rounds 3
 --window-ms 2000`` ran perf_analyzer ``-i grpc`` on add_sub against the three candidates and real

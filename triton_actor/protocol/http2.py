@@ -179,6 +179,8 @@ class HeaderDecoder:
     """Header blocks → :class:`HeaderBlock`."""
 
     CACHE_SIZE = 256
+    CACHED_BLOCK_MAX = 1024  # only small blocks that decode to little are kept (a few KiB per connection)
+    CACHED_VALUES_MAX = 8192
 
     def __init__(self, max_header_list_size: int) -> None:
         self._decoder = hpack.Decoder(max_header_list_size=max_header_list_size)
@@ -197,7 +199,7 @@ class HeaderDecoder:
         headers = HeaderBlock((bytes(name), bytes(value)) for name, value in fields)
         if self._table.changes != before:
             self._cache.clear()  # blocks decoded earlier may point at entries that moved
-        else:
+        elif len(block) <= self.CACHED_BLOCK_MAX and sum(map(len, headers.values())) <= self.CACHED_VALUES_MAX:
             if len(self._cache) >= self.CACHE_SIZE:
                 self._cache.clear()
             self._cache[block] = headers

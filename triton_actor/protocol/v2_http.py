@@ -409,16 +409,20 @@ def _encode_binary(request: InferRequest, response: InferResponse, model_version
                    labels: dict[str, list[str]], batching: bool) -> tuple[list[bytes], int] | None:
     """The all-binary case (no shared memory, classification, BYTES or response parameters) from a
     kept JSON header; None when the response is not of that kind."""
+    if len(request.id) > 256:
+        return None  # not worth a cache entry (and ids are client-chosen)
     key: list[Any] = [request.id, request.model_name, model_version]
     chunks: list[bytes] = [b""]
     default = request.binary_output
     for name, array, spec in selected_outputs(request, response, labels, batching):
         if spec is not None and (spec.shm is not None or spec.classification):
             return None
-        if not (default if spec is None or spec.binary is None else spec.binary) or array.dtype.kind == "O":
-            return None
+        if not (default if spec is None or spec.binary is None else spec.binary) or array.dtype.kind in "OSU":
+            return None  # JSON data, or BYTES (length-prefixed elements: the general encoder)
         key += (name, array.dtype, array.shape)
         chunks.append(array.tobytes())
+    if len(chunks) == 1:
+        return None  # no output selected: a pure JSON answer
     cache_key = tuple(key)
     head = _RESPONSE_HEADS.get(cache_key)
     if head is None:
