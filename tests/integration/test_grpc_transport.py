@@ -224,3 +224,14 @@ def test_a_stream_opened_in_the_read_that_ends_the_connection_does_not_hold_shut
     started = time.monotonic()
     assert server.stop() == 0
     assert time.monotonic() - started < 60
+
+
+def test_not_grpc_content_type_gets_415(example_server: ServerProcess) -> None:
+    block = hpack.Encoder().encode([(":method", "POST"), (":path", "/inference.GRPCInferenceService/ModelInfer"),
+                                    ("content-type", "text/plain")])
+    with _connect(example_server) as sock:
+        sock.sendall(_PREFACE + _frame(4, 0, 0) + _frame(1, 4, 1, block))
+        frames = _read_frames(sock, until=3)  # the answer, then RST_STREAM (the request was still open)
+        head = next(p for t, _, sid, p in frames if t == 1 and sid == 1)
+        assert (":status", "415") in hpack.Decoder().decode(head)
+    _still_serving(example_server)

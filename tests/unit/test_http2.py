@@ -99,6 +99,8 @@ def test_decompress() -> None:
     assert h2.decompress(b"deflate", zlib.compress(b"y" * 100), 1000) == b"y" * 100
     with pytest.raises(OverflowError):
         h2.decompress(b"gzip", gzip.compress(b"x" * 5000), 1000)  # a bomb stops at the limit
+    with pytest.raises(zlib.error, match="truncated"):
+        h2.decompress(b"gzip", gzip.compress(b"z" * 1000)[:-12], 5000)
     with pytest.raises(ValueError, match="unsupported grpc-encoding 'snappy'"):
         h2.decompress(b"snappy", b"", 10)
 

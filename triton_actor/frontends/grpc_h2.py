@@ -481,7 +481,8 @@ class _Connection:
         if not is_grpc:
             fields = [(b":status", b"415"), (b"content-type", b"text/plain")]
             stream.answered = stream.headers_sent = True
-            self.write(h2.headers_frames(sid, h2.encode_headers(fields), True, self.peer_max_frame))
+            out = h2.headers_frames(sid, h2.encode_headers(fields), True, self.peer_max_frame)
+            self.write(out if stream.input_done else out + h2.rst_stream(sid, h2.NO_ERROR))
             self._forget(stream)
             return
         if method is None:

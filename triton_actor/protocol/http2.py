@@ -240,6 +240,8 @@ def decompress(encoding: bytes, data: bytes, limit: int) -> bytes:
     out = d.decompress(data, limit + 1)
     if len(out) > limit:
         raise OverflowError(len(out))
+    if not d.eof:
+        raise zlib.error("truncated compressed message")
     return out
 
 
