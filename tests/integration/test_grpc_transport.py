@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 
 import gevent
+import gevent.event
 import grpc
 import hpack
 import numpy as np
@@ -235,3 +236,50 @@ def test_not_grpc_content_type_gets_415(example_server: ServerProcess) -> None:
         head = next(p for t, _, sid, p in frames if t == 1 and sid == 1)
         assert (":status", "415") in hpack.Decoder().decode(head)
     _still_serving(example_server)
+
+
+UNTIL_CANCELLED_PY = """
+import time
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)]))
+            deadline = time.monotonic() + 300
+            while not sender.is_cancelled() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+
+def test_a_cancelled_stream_cancels_a_model_waiting_to_answer(tmp_path, start_server) -> None:
+    """The model answers once, then waits until it is cancelled: the client cancelling the stream
+    must reach it at once (not at its next response), so the server can then stop promptly."""
+    from .server import IDENTITY_CONFIG, add_model
+
+    add_model(tmp_path, "waits", IDENTITY_CONFIG + "\nmodel_transaction_policy { decoupled: true }\n",
+              UNTIL_CANCELLED_PY)
+    server = start_server(tmp_path, flags=("--exit-timeout-secs", "200"))
+    hold = gevent.event.Event()
+
+    def requests():
+        req = pb.ModelInferRequest(model_name="waits")
+        req.inputs.add(name="INPUT0", datatype="FP32", shape=[1])
+        req.raw_input_contents.append(np.ones(1, np.float32).tobytes())
+        yield req
+        hold.wait(120)  # the client keeps its side open
+
+    with grpc.insecure_channel(server.grpc_url) as ch:
+        call = pb_grpc.GRPCInferenceServiceStub(ch).ModelStreamInfer(requests())
+        first = next(call)
+        assert np.frombuffer(first.infer_response.raw_output_contents[0], np.float32).tolist() == [1.0]
+        call.cancel()
+    hold.set()
+    started = time.monotonic()
+    assert server.stop() == 0
+    assert time.monotonic() - started < 60, "a cancelled stream kept the model (and the shutdown) waiting"
