@@ -283,3 +283,31 @@ def test_a_cancelled_stream_cancels_a_model_waiting_to_answer(tmp_path, start_se
     started = time.monotonic()
     assert server.stop() == 0
     assert time.monotonic() - started < 60, "a cancelled stream kept the model (and the shutdown) waiting"
+
+
+def test_random_frames_never_take_the_server_down(example_server: ServerProcess) -> None:
+    """200 connections of well-formed frame heads with random types, flags, streams and payloads
+    (seeded): each may be answered or closed; the server keeps serving."""
+    import random
+
+    rng = random.Random(1234)
+    log_before = len(example_server.log())
+    block = hpack.Encoder().encode([(":method", "POST"), (":path", "/inference.GRPCInferenceService/ModelInfer"),
+                                    ("content-type", "application/grpc")])
+    for _ in range(200):
+        frames = [_frame(4, 0, 0)]
+        for _ in range(rng.randint(1, 12)):
+            ftype = rng.choice([0, 1, 2, 3, 4, 6, 7, 8, 9, 0x0A])
+            payload = block if ftype == 1 and rng.random() < 0.5 else rng.randbytes(rng.choice([0, 1, 4, 5, 8, 9, 40]))
+            frames.append(_frame(ftype, rng.choice([0, 1, 4, 5, 8, 0x20, 0x2D]), rng.choice([0, 1, 2, 3, 5, 2**31 - 1]),
+                                 payload))
+        with _connect(example_server) as sock:
+            sock.sendall(_PREFACE + b"".join(frames))
+            sock.settimeout(0.2)
+            try:
+                while sock.recv(65536):
+                    pass
+            except OSError:
+                pass  # still open and quiet, or reset: both fine
+    _still_serving(example_server)
+    assert "Traceback" not in example_server.log()[log_before:]  # every case was an expected path
