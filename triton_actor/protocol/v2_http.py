@@ -379,8 +379,10 @@ def encode_infer_response(
         if spec is not None and spec.shm is not None:
             dtype = _wire_dtype(array)
             data = bytes_codec.serialize(array) if dtype is BYTES else np.ascontiguousarray(array).tobytes()
-            out_json.append({"name": name, "datatype": dtype.wire, "shape": list(array.shape),
-                             "parameters": write_output(shm, spec.shm, data, f"output '{name}'")})
+            write_output(shm, spec.shm, data, f"output '{name}'")
+            # Triton's HTTP entry for an output in shared memory has no "parameters": its C++ client
+            # (perf_analyzer --shared-memory) reads "binary_data_size" from any output that has them
+            out_json.append({"name": name, "datatype": dtype.wire, "shape": list(array.shape)})
             continue
         binary = request.binary_output if spec is None or spec.binary is None else spec.binary
         out_json.append(_encode_output(name, array, binary, blobs))
