@@ -158,36 +158,49 @@ def test_raw_unary_call_and_ping(example_server: ServerProcess) -> None:
     _still_serving(example_server)
 
 
-@pytest.mark.parametrize("junk", [
-    b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",  # HTTP/1 on the gRPC port
-    _PREFACE + b"\xff" * 64,  # a frame longer than any we accept
-    _PREFACE + _frame(1, 4, 2, b"\x82"),  # HEADERS on an even stream id
-    _PREFACE + _frame(1, 4, 1, b"\xff\xff\xff\xff"),  # undecodable header block
-    _PREFACE + _frame(0, 1, 9, b"x"),  # DATA on a stream never opened
-    _PREFACE + _frame(4, 0, 0, b"\0\4\xff\xff\xff\xff"),  # INITIAL_WINDOW_SIZE past 2^31-1
-    _PREFACE + _frame(1, 0, 1, b"\x82") + _frame(6, 0, 0, b"\0" * 8),  # PING while CONTINUATION is owed
-    _PREFACE + _frame(1, 0, 1, b"\x82") + _frame(9, 0, 1) * 100,  # endless empty CONTINUATION frames
-    _PREFACE + _frame(8, 0, 0, b"\0\0\0\0"),  # WINDOW_UPDATE of 0
-])
-def test_protocol_errors_close_the_connection_only(example_server: ServerProcess, junk: bytes) -> None:
+def test_http1_on_the_grpc_port_is_hung_up(example_server: ServerProcess) -> None:
     with _connect(example_server) as sock:
-        sock.sendall(junk)
-        frames = _read_frames(sock, until=7)  # GOAWAY, or just the close
-        assert not frames or frames[-1][0] in (4, 7, 8)
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        frames = _read_frames(sock, until=7)  # our SETTINGS went out first; then the close
+        assert [f[0] for f in frames] == [4, 8]
     _still_serving(example_server)
 
 
-def test_client_gone_mid_call_and_many_connections(example_server: ServerProcess) -> None:
-    """Connections that open a call and vanish, 50 at once: nothing is left running or leaked."""
+@pytest.mark.parametrize(("junk", "code"), [
+    (_PREFACE + b"\xff" * 64, 0x6),  # a frame longer than any we accept: FRAME_SIZE_ERROR
+    (_PREFACE + _frame(1, 4, 2, b"\x82"), 0x1),  # HEADERS on an even stream id: PROTOCOL_ERROR
+    (_PREFACE + _frame(1, 4, 1, b"\xff\xff\xff\xff"), 0x9),  # undecodable header block: COMPRESSION_ERROR
+    (_PREFACE + _frame(0, 1, 9, b"x"), 0x1),  # DATA on a stream never opened
+    (_PREFACE + _frame(4, 0, 0, b"\0\4\xff\xff\xff\xff"), 0x3),  # INITIAL_WINDOW_SIZE past 2^31-1
+    (_PREFACE + _frame(1, 0, 1, b"\x82") + _frame(6, 0, 0, b"\0" * 8), 0x1),  # PING while CONTINUATION is owed
+    (_PREFACE + _frame(1, 0, 1, b"\x82") + _frame(9, 0, 1) * 100, 0xB),  # endless empty CONTINUATION frames
+    (_PREFACE + _frame(8, 0, 0, b"\0\0\0\0"), 0x1),  # WINDOW_UPDATE of 0
+])
+def test_protocol_errors_close_the_connection_only(example_server: ServerProcess, junk: bytes, code: int) -> None:
+    with _connect(example_server) as sock:
+        sock.sendall(junk)
+        frames = _read_frames(sock, until=7)
+        assert frames[-1][0] == 7, frames  # GOAWAY, with the error code the violation calls for
+        assert struct.unpack(">I", frames[-1][3][4:8])[0] == code
+    _still_serving(example_server)
+
+
+def test_client_gone_mid_call_and_many_connections(start_server) -> None:
+    """Connections that open a call and vanish, 50 at once: the server keeps serving, and nothing
+    is left counted as running (the shutdown does not wait out its exit timeout)."""
+    server = start_server(ROOT / "model_repository", flags=("--exit-timeout-secs", "120"))
     block = hpack.Encoder().encode([(":method", "POST"), (":path", "/inference.GRPCInferenceService/ModelInfer"),
                                     ("content-type", "application/grpc")])
 
     def rude() -> None:
-        with _connect(example_server) as sock:
+        with _connect(server) as sock:
             sock.sendall(_PREFACE + _frame(4, 0, 0) + _frame(1, 4, 1, block) + _frame(0, 0, 1, b"\0\0\0\0\x10"))
 
     gevent.joinall([gevent.spawn(rude) for _ in range(50)], timeout=60, raise_error=True)
-    _still_serving(example_server)
+    _still_serving(server)
+    started = time.monotonic()
+    assert server.stop() == 0
+    assert time.monotonic() - started < 60
 
 
 def test_keepalive_ping_unanswered_closes_the_connection(tmp_path, start_server) -> None:

@@ -254,6 +254,10 @@ class _Connection:
             view = view[n:]
         return True
 
+    def _fits(self, stream: _Stream, n: int) -> bool:
+        """Whether ``n`` bytes of DATA go out in one frame within both windows now."""
+        return n <= stream.send_window and n <= self.send_window and n <= self.peer_max_frame
+
     def send_message(self, stream: _Stream, payload: bytes, final: bool) -> bool:
         """One gRPC message on ``stream`` (the response head first if not sent yet); with ``final``,
         the OK trailers too (a unary answer: one ``sendall`` when it fits the windows)."""
@@ -267,7 +271,7 @@ class _Connection:
         head = b"" if stream.headers_sent else h2.frame(h2.HEADERS, h2.END_HEADERS, sid, _RESPONSE_HEAD)
         stream.headers_sent = True
         self._ping_ok, self._ping_strikes = True, 0
-        if n <= stream.send_window and n <= self.send_window and n <= self.peer_max_frame:
+        if self._fits(stream, n):
             stream.send_window -= n
             self.send_window -= n
             out = head + h2.frame(h2.DATA, 0, sid, msg)
@@ -578,18 +582,24 @@ class _Connection:
             # Triton answers INTERNAL "Unable to parse request" (checked against 2.51)
             raise _Refused(INTERNAL, "Unable to parse request") from None
 
-    def _run_unary(self, stream: _Stream) -> None:
+    def _one_request(self, stream: _Stream) -> Any:
+        """A unary call's request message, decoded."""
+        messages = h2.split_messages(stream.buf)
+        if len(messages) != 1 or stream.buf:
+            raise _Refused(INTERNAL, f"a unary call takes one request message, got {len(messages)}")
+        return self._decode(stream, *messages[0])
+
+    def _answer(self, stream: _Stream, payload: Callable[[], bytes]) -> None:
+        """Send a unary call's answer (or its error as the status); the call is over after."""
         try:
-            messages = h2.split_messages(stream.buf)
-            if len(messages) != 1 or stream.buf:
-                raise _Refused(INTERNAL, f"a unary call takes one request message, got {len(messages)}")
-            request = self._decode(stream, *messages[0])
-            response = stream.method.call(request)
-            self.send_message(stream, response.SerializeToString(), final=True)
+            self.send_message(stream, payload(), final=True)
         except Exception as e:  # noqa: BLE001 - every failure is answered as the call's status
             self._unary_failed(stream, e)
         finally:
             self._finish(stream)
+
+    def _run_unary(self, stream: _Stream) -> None:
+        self._answer(stream, lambda: stream.method.call(self._one_request(stream)).SerializeToString())
 
     def _start_infer(self, stream: _Stream) -> None:
         """ModelInfer, in the reader: decode and queue the request here; when the model answered at
@@ -601,49 +611,19 @@ class _Connection:
         demoted back to its thread right after it (``InstanceActor``, DEMOTE_WALL_NS)."""
         servicer = self.server.servicer
         try:
-            messages = h2.split_messages(stream.buf)
-            if len(messages) != 1 or stream.buf:
-                raise _Refused(INTERNAL, f"a unary call takes one request message, got {len(messages)}")
-            request, pending = servicer.start_infer(self._decode(stream, *messages[0]))
+            request, pending = servicer.start_infer(self._one_request(stream))
+            if pending.reply.ready():
+                payload = servicer.finish_infer(request, pending).SerializeToString()
         except Exception as e:  # noqa: BLE001 - every failure is answered as the call's status
             self._unary_failed(stream, e)
             self._finish(stream)
             return
         if not pending.reply.ready():
-            gevent.spawn(self._finish_infer, stream, request, pending)
-            return
-        try:
-            payload = servicer.finish_infer(request, pending).SerializeToString()
-        except Exception as e:  # noqa: BLE001
-            self._unary_failed(stream, e)
-            self._finish(stream)
-            return
-        n = len(payload) + 5
-        if n <= stream.send_window and n <= self.send_window and n <= self.peer_max_frame:
-            try:
-                self.send_message(stream, payload, final=True)
-            except _Refused as e:
-                self.send_status(stream, e.status, e.message)
-            self._finish(stream)
+            gevent.spawn(self._answer, stream, lambda: servicer.finish_infer(request, pending).SerializeToString())
+        elif self._fits(stream, len(payload) + 5):
+            self._answer(stream, lambda: payload)
         else:
-            gevent.spawn(self._send_unary, stream, payload)
-
-    def _finish_infer(self, stream: _Stream, request: Any, pending: Any) -> None:
-        try:
-            self.send_message(stream, self.server.servicer.finish_infer(request, pending).SerializeToString(),
-                              final=True)
-        except Exception as e:  # noqa: BLE001
-            self._unary_failed(stream, e)
-        finally:
-            self._finish(stream)
-
-    def _send_unary(self, stream: _Stream, payload: bytes) -> None:
-        try:
-            self.send_message(stream, payload, final=True)
-        except _Refused as e:
-            self.send_status(stream, e.status, e.message)
-        finally:
-            self._finish(stream)
+            gevent.spawn(self._answer, stream, lambda: payload)
 
     def _unary_failed(self, stream: _Stream, error: Exception) -> None:
         """A unary call's error as its status (Triton's code for a TritonError)."""

@@ -105,27 +105,22 @@ def _from_plan(plan: _Plan, body: bytes, offset: int, model_name: str, model_ver
 
 
 def _plan_of(header: dict[str, Any], request: InferRequest) -> _Plan | None:
-    """The plan of a header just decoded, or None when the fast path would not reproduce it (JSON
-    data, shared memory, BYTES/BF16, empty or oddly sized tensors)."""
-    items = header["inputs"]
-    if len(items) != len(request.inputs) or request.inputs.__class__ is not dict:
-        return None
+    """The plan of a header just decoded (its inputs are the header's, in order: duplicates were
+    refused), or None when the fast path would not reproduce it (JSON data, shared memory, BYTES/BF16,
+    empty or oddly sized tensors)."""
     planned, total = [], 0
-    for item, tensor in zip(items, request.inputs.values(), strict=True):
+    for item, tensor in zip(header["inputs"], request.inputs.values(), strict=True):
         params = item.get("parameters")
         if params.__class__ is not dict or "data" in item or "shared_memory_region" in params:
             return None
         size = params.get("binary_data_size")
         dtype = tensor.dtype
         count = tensor.data.size
-        if (size.__class__ is not int or dtype is BYTES or dtype is BF16 or not count
-                or size != count * dtype.itemsize or item.get("name") != tensor.name):
+        if size.__class__ is not int or dtype is BYTES or dtype is BF16 or not count or size != count * dtype.itemsize:
             return None
         planned.append((tensor.name, dtype.numpy, dtype, tensor.shape, count, size))
         total += size
     if request.outputs is not None and any(o.shm is not None for o in request.outputs):
-        return None
-    if request.responses is not None:
         return None
     return _Plan(request.id, tuple(planned), total, request.outputs, request.parameters, tuple(request[6:]))
 
