@@ -24,6 +24,7 @@ from typing import Any
 
 import gevent
 
+from .. import fastpath
 from ..errors import TritonError
 from ..inference import InferRequest, InferResponse
 from ..statistics import VersionStats
@@ -85,7 +86,7 @@ class SchedulerActor(InlineActor):
         self._timer_at = 0
         self._batching = self._policy.max_batch_size > 0
         # no batching and no queue timeouts: a request that finds an idle instance and nobody waiting runs at once
-        self._direct = not self._batching and not self._queue.timed
+        self._direct = fastpath.enabled and not self._batching and not self._queue.timed
         self._ragged = self._policy.ragged_inputs
         # preserve_ordering: dispatch sequence numbers and the finished replies waiting for earlier ones
         self._ordered = self._policy.preserve_ordering

@@ -21,6 +21,7 @@ from urllib.parse import unquote
 
 from gevent.server import StreamServer
 
+from .. import fastpath
 from ..errors import TritonError
 from .http import HttpFrontend, error_response, too_large
 from .socket_io import recv_when_readable, send_all
@@ -41,8 +42,8 @@ class BadRequest(Exception):
 # A client repeating a request sends the same head bytes every time (perf_analyzer, a tritonclient
 # loop): parsed heads are kept by their bytes, so the steady state parses nothing. Read-only values.
 _HeadInfo = tuple[str, str, str, dict[str, str], bool, bool]
-_HEADS: dict[bytes, _HeadInfo] = {}
-_HEADS_MAX, _HEAD_CACHED_MAX = 256, 2048
+_HEADS = fastpath.cache("http_server.heads", 256)
+_HEAD_CACHED_MAX = 2048
 
 
 def _parse_head(head: bytes) -> _HeadInfo:
@@ -66,9 +67,7 @@ def _parse_head(head: bytes) -> _HeadInfo:
     keep_alive = ("close" not in connection) if version == "HTTP/1.1" else ("keep-alive" in connection)
     info = (method, target, version, headers, keep_alive, headers.get("expect", "").lower() == "100-continue")
     if len(head) <= _HEAD_CACHED_MAX:
-        if len(_HEADS) >= _HEADS_MAX:
-            _HEADS.clear()
-        _HEADS[head] = info
+        _HEADS.put(head, info)
     return info
 
 

@@ -5,16 +5,23 @@ requests has nothing to read yet, so that first try only costs a raised exceptio
 ``sendall`` runs a Python loop over chunks; a response usually goes to the kernel in one ``send``.
 Both fall back to gevent's own calls, so timeouts, partial sends and closed sockets behave as
 before. They use gevent's socket internals (``_sock``, ``_wait``, ``_read_event``, as gevent's own
-socket subclasses do); ``tests/unit/test_socket_io.py`` checks them against a real socket pair.
+socket subclasses do; gevent is pinned below the next major version for them) and
+``tests/unit/test_socket_io.py`` checks them against a real socket pair. With fast paths off
+(:mod:`triton_actor.fastpath`) both are gevent's public calls.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from .. import fastpath
+
 
 def send_all(sock: Any, data: bytes) -> None:
     """``sock.sendall(data)``: one direct ``send`` when the kernel takes it all."""
+    if not fastpath.enabled:
+        sock.sendall(data)
+        return
     try:
         sent = sock._sock.send(data)
     except BlockingIOError:
@@ -25,5 +32,6 @@ def send_all(sock: Any, data: bytes) -> None:
 
 def recv_when_readable(sock: Any, size: int) -> bytes:
     """``sock.recv(size)`` for a socket expected to have nothing yet: wait first, then read."""
-    sock._wait(sock._read_event)
+    if fastpath.enabled:
+        sock._wait(sock._read_event)
     return sock.recv(size)

@@ -21,6 +21,8 @@ from typing import Any
 import hpack
 from hpack.table import HeaderTable
 
+from ..fastpath import BoundedCache
+
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
 # frame types
@@ -185,7 +187,7 @@ class HeaderDecoder:
     def __init__(self, max_header_list_size: int) -> None:
         self._decoder = hpack.Decoder(max_header_list_size=max_header_list_size)
         self._table = self._decoder.header_table = _WatchedTable()
-        self._cache: dict[bytes, HeaderBlock] = {}
+        self._cache: BoundedCache[bytes, HeaderBlock] = BoundedCache("http2.header_blocks", self.CACHE_SIZE)
 
     def decode(self, block: bytes) -> HeaderBlock:
         hit = self._cache.get(block)
@@ -200,9 +202,7 @@ class HeaderDecoder:
         if self._table.changes != before:
             self._cache.clear()  # blocks decoded earlier may point at entries that moved
         elif len(block) <= self.CACHED_BLOCK_MAX and sum(map(len, headers.values())) <= self.CACHED_VALUES_MAX:
-            if len(self._cache) >= self.CACHE_SIZE:
-                self._cache.clear()
-            self._cache[block] = headers
+            self._cache.put(block, headers)
         return headers
 
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from google.protobuf import json_format
 
+from .. import fastpath
 from ..errors import TritonError
 from ..inference import InferInput, InferRequest, InferResponse, RequestedOutput
 from ..shared_memory import parse_window, write_output
@@ -33,7 +34,6 @@ _NO_ID_PREFIX = "[request id: <id_unknown>] "  # error-message prefix of a reque
 
 # The per-request values are NamedTuples; ``tuple.__new__`` on the full field tuple builds the same
 # object as the generated ``__new__`` in half the time. The defaults come from the classes themselves.
-_new = tuple.__new__
 assert InferInput._fields == ("name", "dtype", "shape", "data")
 assert InferRequest._fields[:5] == ("model_name", "model_version", "id", "inputs", "outputs")
 _REQUEST_TAIL = tuple(InferRequest._field_defaults[f] for f in InferRequest._fields[5:])
@@ -101,14 +101,14 @@ def decode_infer_request(msg: pb.ModelInferRequest, shm: SharedMemoryRegistry | 
         else:
             raise TritonError.invalid_arg(f"unable to find data for input tensor '{name}' for model '{model}' "
                                           "in request.")
-        inputs[name] = _new(InferInput, (name, dtype, shape, data))
+        inputs[name] = fastpath.new_tuple(InferInput, (name, dtype, shape, data))
     version_text = msg.model_version
     version = parse_version(version_text) if version_text else -1
     requested = msg.outputs[:]
     outputs = _decode_outputs(requested, prefix, shm) if requested else None
     params = msg.parameters
     if not params:
-        return _new(InferRequest, (model, version, request_id, inputs, outputs, *_REQUEST_TAIL))
+        return fastpath.new_tuple(InferRequest, (model, version, request_id, inputs, outputs, *_REQUEST_TAIL))
     forwarded, kwargs = _decode_parameters(params, prefix)
     return InferRequest(model, version, request_id, inputs, outputs, forwarded, **kwargs)
 
@@ -206,7 +206,7 @@ def _decode_outputs(outputs: Any, prefix: str, shm: SharedMemoryRegistry | None)
     for o in outputs:
         params = o.parameters
         if not params:
-            result.append(_new(RequestedOutput, (o.name, *_OUTPUT_TAIL)))
+            result.append(fastpath.new_tuple(RequestedOutput, (o.name, *_OUTPUT_TAIL)))
             continue
         cls = 0
         region = _shm_window(params, f"{prefix}output '{o.name}'", shm)
@@ -257,19 +257,16 @@ def encode_infer_response(request: InferRequest, response: InferResponse, model_
 # Serialized ``outputs`` entries (name, datatype, shape) → merged into a response: upb parses them in
 # about half the time building the entry field by field takes. A plain memo of a pure function (any
 # thread may fill it; dict get/set are atomic), emptied when it grows past what repeated shapes need.
-_HEADERS: dict[tuple[str, str, tuple[int, ...]], bytes] = {}
-_HEADERS_MAX = 4096
+_HEADERS = fastpath.cache("v2_grpc.output_headers", 4096)
 
 
 def _output_header(name: str, wire: str, shape: tuple[int, ...]) -> bytes:
     key = (name, wire, shape)
     header = _HEADERS.get(key)
     if header is None:
-        if len(_HEADERS) >= _HEADERS_MAX:
-            _HEADERS.clear()
         header = pb.ModelInferResponse(outputs=[pb.ModelInferResponse.InferOutputTensor(
             name=name, datatype=wire, shape=shape)]).SerializeToString()
-        _HEADERS[key] = header
+        _HEADERS.put(key, header)
     return header
 
 

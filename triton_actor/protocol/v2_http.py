@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 import orjson
 
+from .. import fastpath
 from ..errors import TritonError
 from ..inference import InferInput, InferRequest, InferResponse, RequestedOutput
 from ..shared_memory import parse_window, write_output
@@ -62,8 +63,8 @@ class _Plan(NamedTuple):
 # A client repeating a request sends the same JSON header each time (perf_analyzer, a tritonclient
 # loop): a header decoded once is kept (by its bytes) as a plan, so the steady state only slices the
 # binary part. Nothing in a plan depends on a model: validation runs on every request as before.
-_PLANS: dict[bytes, _Plan] = {}
-_PLANS_MAX, _PLAN_HEADER_MAX = 256, 4096
+_PLANS = fastpath.cache("v2_http.plans", 256)
+_PLAN_HEADER_MAX = 4096
 
 
 def decode_infer_request(body: bytes, header_length: int | None, model_name: str, model_version: int,
@@ -80,13 +81,10 @@ def decode_infer_request(body: bytes, header_length: int | None, model_name: str
     if key is not None:
         plan = _plan_of(header, request)
         if plan is not None:
-            if len(_PLANS) >= _PLANS_MAX:
-                _PLANS.clear()
-            _PLANS[key] = plan
+            _PLANS.put(key, plan)
     return request
 
 
-_new = tuple.__new__  # builds a NamedTuple from its full field tuple, in half the time of its __new__
 assert InferInput._fields == ("name", "dtype", "shape", "data")
 assert InferRequest._fields[:6] == ("model_name", "model_version", "id", "inputs", "outputs", "parameters")
 
@@ -98,10 +96,10 @@ def _from_plan(plan: _Plan, body: bytes, offset: int, model_name: str, model_ver
         data = frombuffer(body, dtype=np_dtype, count=count, offset=offset)
         if len(shape) != 1:
             data = data.reshape(shape)
-        inputs[name] = _new(InferInput, (name, dtype, shape, data))
+        inputs[name] = fastpath.new_tuple(InferInput, (name, dtype, shape, data))
         offset += size
     params = dict(plan.params) if plan.params else {}
-    return _new(InferRequest, (model_name, model_version, plan.rid, inputs, plan.outputs, params, *plan.tail))
+    return fastpath.new_tuple(InferRequest, (model_name, model_version, plan.rid, inputs, plan.outputs, params, *plan.tail))
 
 
 def _plan_of(header: dict[str, Any], request: InferRequest) -> _Plan | None:
@@ -398,8 +396,7 @@ def encode_infer_response(
 # The JSON header of an all-binary response depends only on the request id, the model, and each
 # output's name, dtype and shape: headers built once are kept by those, so the steady state builds
 # no JSON (a repeated request from perf_analyzer or a client loop).
-_RESPONSE_HEADS: dict[tuple[Any, ...], bytes] = {}
-_RESPONSE_HEADS_MAX = 256
+_RESPONSE_HEADS = fastpath.cache("v2_http.response_heads", 256)
 
 
 def _encode_binary(request: InferRequest, response: InferResponse, model_version: int,
@@ -431,9 +428,7 @@ def _encode_binary(request: InferRequest, response: InferResponse, model_version
         header: dict[str, Any] = {"id": request.id} if request.id else {}
         header.update(model_name=request.model_name, model_version=str(model_version), outputs=outputs)
         head = orjson.dumps(header)
-        if len(_RESPONSE_HEADS) >= _RESPONSE_HEADS_MAX:
-            _RESPONSE_HEADS.clear()
-        _RESPONSE_HEADS[cache_key] = head
+        _RESPONSE_HEADS.put(cache_key, head)
     chunks[0] = head
     return chunks, len(head)
 
