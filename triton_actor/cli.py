@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from . import __version__
+from . import __version__, fastpath
 from .settings import Settings
 
 _TRUE = {"true", "1", "yes", "on"}
@@ -95,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-config-name", default="")
     p.add_argument("--backend-config", action="append", default=[], metavar="BACKEND,KEY=VALUE")
     _flag(p, "--allow-client-shm", False, "let clients register shared-memory regions for tensors")
+    p.add_argument("--fast-paths", type=_bool, nargs="?", const=True, default=None, metavar="BOOL",
+                   help="every fast path (caches, inline execution, ...) on or off; default: on, or the "
+                        "TRITON_ACTOR_FAST_PATHS environment variable")
     return p
 
 
@@ -139,6 +142,7 @@ def parse(argv: Sequence[str] | None = None, environ: dict[str, str] | None = No
         model_config_name=args.model_config_name,
         backend_config=_backend_config(args.backend_config),
         allow_client_shm=args.allow_client_shm,
+        fast_paths=fastpath.enabled if args.fast_paths is None else args.fast_paths,
     )
 
 
@@ -153,6 +157,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     from . import bootstrap  # noqa: F401 - patch before the server's modules import gevent-sensitive stuff
 
     settings = parse(argv)
+    fastpath.set_enabled(settings.fast_paths)
     configure_logging(settings)
     from .server import Server
 

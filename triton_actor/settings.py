@@ -35,3 +35,4 @@ class Settings:
     model_config_name: str = ""
     backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
     allow_client_shm: bool = False
+    fast_paths: bool = True  # triton_actor.fastpath: applied process-wide at start-up

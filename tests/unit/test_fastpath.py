@@ -59,3 +59,11 @@ def test_new_tuple_is_checked_only_on_the_slow_path(restore_switch) -> None:
 def test_a_cache_needs_room_for_one_entry() -> None:
     with pytest.raises(ValueError):
         fastpath.BoundedCache("t", 0)
+
+
+def test_the_command_line_switch_wins_over_the_environment() -> None:
+    from triton_actor.cli import parse
+
+    assert parse(["--model-repository", "x", "--fast-paths=false"]).fast_paths is False
+    assert parse(["--model-repository", "x", "--fast-paths"]).fast_paths is True
+    assert parse(["--model-repository", "x"]).fast_paths is fastpath.enabled

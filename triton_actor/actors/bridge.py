@@ -55,6 +55,11 @@ class NativeWorker(Generic[S]):
         self.thread_id: int | None = None
         self._closed = False
         self._hub: Any = None  # the native thread's own gevent hub, once model code created one
+        # True from the moment code on this thread (setup, or any submitted call) created a gevent hub
+        # here: it started a "thread" (a greenlet), slept, or waited on a patched lock or queue, so it
+        # may own objects that only this thread's hub can wake. Written by the native thread before
+        # the reply that follows it is posted; read in the hub. Never goes back to False.
+        self.used_hub = False
         self._idle_wake: Any = None
         self._idle_event: Any = None
         self._hub_waiting = False
@@ -72,14 +77,19 @@ class NativeWorker(Generic[S]):
             self._post(self.stopped, True, True)
             self._drain_unread(e)
             return
+        self.used_hub = get_hub_if_exists() is not None
         self._post(self.ready, True, True)
         try:
             while (item := self._next()) is not None:
                 fn, args, reply = item
                 try:
-                    self._post(reply, True, fn(state, *args))
+                    value = fn(state, *args)
                 except BaseException as e:  # noqa: BLE001
+                    self._note_hub()
                     self._post(reply, False, e)
+                else:
+                    self._note_hub()
+                    self._post(reply, True, value)
         finally:
             if teardown is not None:
                 try:
@@ -87,6 +97,10 @@ class NativeWorker(Generic[S]):
                 except BaseException as e:  # noqa: BLE001
                     print(f"[{self.name}] teardown failed: {e!r}", file=sys.stderr)
             self._post(self.stopped, True, True)
+
+    def _note_hub(self) -> None:
+        if not self.used_hub and get_hub_if_exists() is not None:
+            self.used_hub = True
 
     def _next(self) -> Any:
         """Native thread: the next work item. While the model has no gevent hub in this thread, block

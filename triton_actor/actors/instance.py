@@ -8,13 +8,16 @@ executing fails that batch only; the instance keeps serving.
 Execution mode (a deliberate refinement of thread-per-instance, measured in ``scripts/bench_http.py``):
 handing a batch to a native thread and back costs two thread wake-ups (15-20 µs each on our 2-core
 machines, and the woken thread runs cold caches), which is more than a small Python model's whole
-``execute``. A backend instance that allows it (``inline_ok``: Python models on CPU whose config opts
-in with ``parameters { key: "inline_execution" value: { string_value: "true" } }``) is *promoted* to
+``execute``. A backend instance that allows it (``inline_ok``: a Python model on CPU with a plain,
+non-decoupled ``execute``; see ``backends/python/backend.py``, no parameter needed) is *promoted* to
 run in the calling greenlet after ``PROMOTE_STREAK`` consecutive executions that used less than
-``PROMOTE_NS`` of CPU time; one inline execution using more than ``DEMOTE_NS`` of CPU time (or
-``DEMOTE_WALL_NS`` of wall time) demotes it back to its thread, and the streak
-it needs next time doubles. So the hub is never blocked for long, GIL-releasing or slow models keep
-their thread (and run in parallel), and tiny models skip the crossings.
+``PROMOTE_NS`` of CPU time, unless code on its thread ever created a gevent hub there (it started a
+thread, slept, or waited on a patched lock: it may own objects that only that hub can wake, and
+waiting on them from the main hub would deadlock; :attr:`NativeWorker.used_hub`). One inline
+execution using more than ``DEMOTE_NS`` of CPU time (or ``DEMOTE_WALL_NS`` of wall time) demotes it
+back to its thread, and the streak it needs next time doubles. So the hub is never blocked for long,
+GIL-releasing or slow models keep their thread (and run in parallel), and tiny models skip the
+crossings. A fast path: with :mod:`triton_actor.fastpath` off, every batch goes to the thread.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any
 
 import gevent
 
+from .. import fastpath
 from ..backends.base import Backend, BackendInstance, InstanceContext, Result
 from ..errors import TritonError
 from ..inference import InferRequest
@@ -136,7 +140,7 @@ class InstanceActor:
         def observed(ok: bool, value: Any) -> None:
             if ok:
                 value, cpu_ns = value
-                if cpu_ns < PROMOTE_NS:
+                if cpu_ns < PROMOTE_NS and not self._worker.used_hub and fastpath.enabled:
                     self._streak += 1
                     if self._streak >= self._needed:
                         self._inline = True

@@ -203,6 +203,23 @@ class PythonBackend:
         return PythonInstance(ctx)
 
 
+def _may_run_inline(ctx: InstanceContext, model: Any, decoupled: bool) -> bool:
+    """Whether short executions of this model may run in the calling greenlet (actors/instance.py).
+
+    Decided from what the model is, with no parameter needed: a CPU instance whose ``execute`` is a
+    plain function and which answers within ``execute`` (not decoupled: a decoupled model's threads
+    outlive the call, and on the hub they would compete with the network). Whether its code ever used
+    gevent machinery on its own thread (so it may own objects only that thread's hub can wake) is
+    watched at run time by the instance; such a model is never promoted. The config parameter
+    ``inline_execution: "false"`` keeps a model on its thread regardless (Triton ignores it).
+    """
+    param = ctx.config.parameters.get("inline_execution")
+    if param is not None and param.string_value.strip().lower() in ("false", "no", "0", "off"):
+        return False
+    execute = getattr(model, "execute", None)
+    return ctx.kind == "CPU" and not decoupled and execute is not None and not inspect.iscoroutinefunction(execute)
+
+
 class PythonInstance:
     """One ``TritonPythonModel`` object. Every method runs in the instance's native thread."""
 
@@ -223,12 +240,7 @@ class PythonInstance:
         ctx = self.ctx
         self.model = module.TritonPythonModel()
         self.decoupled = ctx.config.model_transaction_policy.decoupled
-        # Opt-in (config parameter inline_execution: "true"): short executions may then run in the
-        # calling greenlet (see actors/instance.py). Not by default: objects a model creates in
-        # initialize() under gevent (thread pools, events, queues) belong to its thread's hub, and
-        # waiting on them from the main hub deadlocks.
-        param = ctx.config.parameters.get("inline_execution")
-        self.inline_ok = ctx.kind == "CPU" and param is not None and param.string_value.lower() in ("true", "yes", "1")
+        self.inline_ok = _may_run_inline(ctx, self.model, self.decoupled)
         self._loop: asyncio.AbstractEventLoop | None = None
         init = getattr(self.model, "initialize", None)
         if init is not None:

@@ -1,0 +1,131 @@
+"""Short Python models run in the calling greenlet by default, decided from what the model does.
+
+Triton's configs carry no parameter of ours: a model with a plain ``execute`` that never used gevent
+machinery on its own thread is promoted after a streak of short runs (observable here: the native
+thread id its ``execute`` sees changes to the hub's); a model whose ``initialize()`` started a thread
+pool or a thread that feeds an event keeps its thread and keeps answering (waiting on those objects
+from the main hub would deadlock); ``inline_execution: "false"`` keeps any model on its thread; with
+fast paths off nothing is promoted.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from triton_actor import fastpath
+
+from .server import add_model
+
+CONFIG = """
+name: "{name}"
+backend: "python"
+input [ {{ name: "INPUT0", data_type: TYPE_FP32, dims: [ 2 ] }} ]
+output [ {{ name: "TID", data_type: TYPE_INT64, dims: [ 1 ] }}, {{ name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 2 ] }} ]
+instance_group [ {{ kind: KIND_CPU }} ]
+{extra}
+"""
+
+_HEAD = """
+import threading
+import queue
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from gevent import monkey
+import triton_python_backend_utils as pb_utils
+
+native_ident = monkey.get_original("_thread", "get_ident")
+
+def answer(request, out):
+    tid = pb_utils.Tensor("TID", np.array([native_ident()], dtype=np.int64))
+    return pb_utils.InferenceResponse([tid, pb_utils.Tensor("OUTPUT0", out)])
+"""
+
+PLAIN = _HEAD + """
+class TritonPythonModel:
+    def initialize(self, args):
+        self.lock = threading.Lock()  # created, never waited on: no hub on the instance thread
+
+    def execute(self, requests):
+        with self.lock:
+            return [answer(r, pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy() * 2) for r in requests]
+"""
+
+POOL = _HEAD + """
+class TritonPythonModel:
+    def initialize(self, args):
+        self.pool = ThreadPoolExecutor(2)
+        self.pool.submit(int).result()  # its worker now waits in the instance thread's hub
+
+    def execute(self, requests):
+        futures = [self.pool.submit(lambda a: a * 2, pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())
+                   for r in requests]
+        return [answer(r, f.result(timeout=10)) for r, f in zip(requests, futures)]
+"""
+
+FEEDER = _HEAD + """
+class TritonPythonModel:
+    def initialize(self, args):
+        self.ticks = queue.Queue()
+        self.ready = threading.Event()
+        self.stop = False
+        threading.Thread(target=self._feed, daemon=True).start()
+        self.ready.wait(10)
+
+    def _feed(self):
+        self.ready.set()
+        while not self.stop:
+            self.ticks.put(2.0)
+            threading.Event().wait(0.0005)
+
+    def execute(self, requests):
+        return [answer(r, pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy() * self.ticks.get(timeout=10))
+                for r in requests]
+
+    def finalize(self):
+        self.stop = True
+"""
+
+OPT_OUT = 'parameters { key: "inline_execution" value: { string_value: "false" } }'
+
+
+@pytest.fixture
+def server(tmp_path: Path, start_server):
+    for name, code, extra in (("plain", PLAIN, ""), ("pool", POOL, ""), ("feeder", FEEDER, ""),
+                              ("opted_out", PLAIN, OPT_OUT)):
+        add_model(tmp_path, name, CONFIG.format(name=name, extra=extra), code)
+    return start_server(tmp_path)
+
+
+def _thread_ids(url: str, model: str, n: int) -> list[int]:
+    client = httpclient.InferenceServerClient(url)
+    x = httpclient.InferInput("INPUT0", [2], "FP32")
+    x.set_data_from_numpy(np.array([1.5, -2.0], dtype=np.float32))
+    ids = []
+    try:
+        for _ in range(n):
+            result = client.infer(model, [x])
+            assert result.as_numpy("OUTPUT0").tolist() == [3.0, -4.0]
+            ids.append(int(result.as_numpy("TID")[0]))
+    finally:
+        client.close()
+    return ids
+
+
+def test_a_plain_model_is_promoted_without_any_parameter(server) -> None:
+    ids = _thread_ids(server.url, "plain", 80)
+    if fastpath.enabled:
+        assert ids[0] != ids[-1], "a short plain model should run inline after its streak"
+        assert len(set(ids[-10:])) == 1
+    else:
+        assert len(set(ids)) == 1, "with fast paths off every batch runs on the instance thread"
+
+
+@pytest.mark.parametrize("model", ["pool", "feeder", "opted_out"])
+def test_models_that_need_their_thread_keep_it_and_keep_answering(server, model: str) -> None:
+    ids = _thread_ids(server.url, model, 80)
+    assert len(set(ids)) == 1, f"{model} left its thread: {sorted(set(ids))}"
