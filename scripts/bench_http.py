@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """add_sub over HTTP: triton_actor next to real Triton 2.51, driven by perf_analyzer, in one run.
 
-Both servers serve the same ``model_repository/add_sub`` (FP32 [4], python backend, no batching).
+Both servers serve Triton's own ``add_sub`` unchanged (``scripts/triton_reference/add_sub``: FP32 [4],
+python backend, no batching, no parameter of ours).
 Rounds interleave the servers so machine noise hits both alike; the table reports medians and the
 ratio ours/Triton. Resident memory is read from /proc (Triton: server + its python stub processes).
 
@@ -84,9 +85,10 @@ def start_ours(repo: Path, port: int, *extra: str, log: Path | None = None) -> s
 
 
 def copy_add_sub(repo: Path) -> None:
-    """A repository with just ``add_sub``: the example repository also holds ONNX/TorchScript models and a
-    decoupled one, which the python-only Triton we compare with cannot load."""
-    shutil.copytree(ROOT / "model_repository" / "add_sub", repo / "add_sub", ignore=shutil.ignore_patterns("__pycache__"))
+    """A repository with just Triton's own ``add_sub`` (``scripts/triton_reference/add_sub``: Triton's
+    config.pbtxt and model.py, no parameter of ours), served unchanged by both servers."""
+    shutil.copytree(ROOT / "scripts" / "triton_reference" / "add_sub", repo / "add_sub",
+                    ignore=shutil.ignore_patterns("__pycache__"))
 
 
 def start_triton(repo: Path, port: int) -> subprocess.Popen:
