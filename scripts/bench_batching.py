@@ -46,10 +46,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+import modelgen  # noqa: E402
 from bench_http import TOOLS, PerfFailed, free_port, perf, start_ours, wait_ready  # noqa: E402
 from bench_mlp import in_process  # noqa: E402
-
-from triton_actor import modelgen  # noqa: E402
 
 MLP_DIMS = (1024, 4096, 4096, 16)
 SEED = 0

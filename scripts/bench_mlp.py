@@ -20,9 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+import modelgen  # noqa: E402
 from bench_http import free_port, perf, rss_kb, start_ours, wait_ready  # noqa: E402
-
-from triton_actor import modelgen  # noqa: E402
 
 DIMS = (256, 1024, 16)
 

@@ -7,7 +7,7 @@ Usage::
     python scripts/make_examples.py --force        # rewrite all of them
     python scripts/make_examples.py --repo DIR     # another repository folder
 
-Models (weights from a fixed seed, nothing downloaded; see ``triton_actor/modelgen.py``):
+Models (weights from a fixed seed, nothing downloaded; see ``scripts/modelgen.py``):
 
 * ``mlp_onnx``              ONNX MLP 256 -> 1024 -> 16, max_batch_size 64, dynamic batching
 * ``image_classifier_onnx`` ONNX image classifier IMAGE [3, 32, 32] -> PROBABILITIES [10] + labels.txt
@@ -24,11 +24,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+SCRIPTS = Path(__file__).resolve().parent
+ROOT = SCRIPTS.parent
+if str(SCRIPTS) not in sys.path:  # run as a file it already is; loaded another way it may not be
+    sys.path.insert(0, str(SCRIPTS))
 
-from triton_actor import modelgen  # noqa: E402
+import modelgen  # noqa: E402
 
 # name -> (files that make it complete, writer, description)
 MODELS: dict[str, tuple[tuple[str, ...], Callable[[Path, str], Path], str]] = {

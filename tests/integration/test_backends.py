@@ -12,7 +12,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from triton_actor import modelgen
+from scripts import modelgen
 from triton_actor.devices import gpu_count
 
 from .server import IDENTITY_CONFIG, IDENTITY_PY, add_model

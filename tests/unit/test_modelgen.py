@@ -1,4 +1,4 @@
-"""Generated example/test models (``triton_actor/modelgen.py``, ``scripts/make_examples.py``).
+"""Generated example/test models (``scripts/modelgen.py``, ``scripts/make_examples.py``).
 
 Each model is checked in-process against its numpy reference (onnxruntime / torch, no server), and every
 config.pbtxt written must parse with the server's own parser.
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from gevent import subprocess  # the test process is gevent-patched (tests/conftest.py), as test_style does
 
-from triton_actor import modelgen
+from scripts import modelgen
 from triton_actor.protocol._generated import model_config_pb2 as mc
 from triton_actor.repository.config import parse_text
 
@@ -63,7 +63,7 @@ def torch_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_import_is_cheap() -> None:
     code = (
-        "import sys, triton_actor.modelgen\n"
+        "import sys, scripts.modelgen\n"
         "heavy = [m for m in ('torch', 'onnx', 'onnxruntime') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )

@@ -33,19 +33,21 @@ ALL_TYPES = [
 
 @pytest.fixture
 def hooks():
-    """Restore the module-level server hooks after a test."""
-    saved = (pb_utils._bls_executor, pb_utils._bls_async_executor, pb_utils._model_control)
-    yield pb_utils
-    pb_utils._bls_executor, pb_utils._bls_async_executor, pb_utils._model_control = saved
+    """Restore the server hooks (``pb_utils.server_calls``) after a test."""
+    calls = pb_utils.server_calls
+    saved = (calls.bls_executor, calls.bls_async_executor, calls.model_control)
+    yield calls
+    calls.bls_executor, calls.bls_async_executor, calls.model_control = saved
 
 
 @pytest.fixture
 def metric_registry():
     """Give each test a clean metric family registry."""
-    saved = list(pb_utils._metric_families)
-    pb_utils._metric_families.clear()
-    yield pb_utils._metric_families
-    pb_utils._metric_families[:] = saved
+    families = pb_utils.metrics._metric_families
+    saved = list(families)
+    families.clear()
+    yield families
+    families[:] = saved
 
 
 def _config(**extra):
@@ -74,6 +76,44 @@ def test_module_alias_is_same_object(monkeypatch):
 
     assert aliased is pb_utils
     assert aliased.Tensor is pb_utils.Tensor
+
+
+def test_backend_serves_this_package_under_the_model_import_name():
+    from triton_actor.backends.python import backend
+
+    assert sys.modules["triton_python_backend_utils"] is pb_utils
+    assert backend.pb_utils is pb_utils
+
+
+PUBLIC_NAMES = {
+    "COUNTER", "GAUGE", "HISTOGRAM",
+    "TRITONSERVER_MEMORY_CPU", "TRITONSERVER_MEMORY_CPU_PINNED", "TRITONSERVER_MEMORY_GPU",
+    "TRITONSERVER_REQUEST_FLAG_SEQUENCE_END", "TRITONSERVER_REQUEST_FLAG_SEQUENCE_START",
+    "TRITONSERVER_REQUEST_RELEASE_ALL", "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE",
+    "TRITONSERVER_RESPONSE_COMPLETE_FINAL", "TRITON_STRING_TO_NUMPY",
+    "TYPE_BF16", "TYPE_BOOL", "TYPE_FP16", "TYPE_FP32", "TYPE_FP64", "TYPE_INT8", "TYPE_INT16",
+    "TYPE_INT32", "TYPE_INT64", "TYPE_INVALID", "TYPE_STRING", "TYPE_UINT8", "TYPE_UINT16",
+    "TYPE_UINT32", "TYPE_UINT64",
+    "InferenceRequest", "InferenceResponse", "InferenceResponseSender", "InferenceTrace",
+    "LogLevel", "Logger", "Metric", "MetricFamily", "MetricKind", "ModelConfig", "PreferredMemory",
+    "Tensor", "TritonError", "TritonModelException",
+    "deserialize_bytes_tensor", "get_input_config_by_name", "get_input_tensor_by_name",
+    "get_output_config_by_name", "get_output_tensor_by_name", "is_model_ready", "load_model",
+    "numpy_to_triton_type", "serialize_byte_tensor", "triton_string_to_numpy", "triton_to_numpy_type",
+    "unload_model", "using_decoupled_model_transaction_policy",
+}
+
+
+def test_public_face():
+    """``__init__`` re-exports every public name, and only those; the rest are its submodules."""
+    import types
+
+    assert set(pb_utils.__all__) == PUBLIC_NAMES
+    public = {n for n, v in vars(pb_utils).items() if not n.startswith("_") and not isinstance(v, types.ModuleType)}
+    assert public - {"annotations"} == PUBLIC_NAMES
+    namespace: dict = {}
+    exec(f"from {pb_utils.__name__} import *", namespace)  # what `import *` in a model.py gets
+    assert set(namespace) - {"__builtins__"} == PUBLIC_NAMES
 
 
 def test_preferred_memory():
@@ -444,8 +484,8 @@ def test_response_sender_and_cancellation():
 
 
 def test_bls_without_executor(hooks):
-    hooks._bls_executor = None
-    hooks._bls_async_executor = None
+    hooks.bls_executor = None
+    hooks.bls_async_executor = None
     req = pb_utils.InferenceRequest(model_name="other", inputs=[])
     with pytest.raises(pb_utils.TritonModelException, match="BLS is not supported"):
         req.exec()
@@ -461,8 +501,8 @@ def test_bls_with_executor(hooks):
         calls.append((request, decoupled))
         return response
 
-    hooks._bls_executor = executor
-    hooks._bls_async_executor = None
+    hooks.bls_executor = executor
+    hooks.bls_async_executor = None
     req = pb_utils.InferenceRequest(model_name="other")
     assert req.exec() is response
     assert req.exec(decoupled=True) is response
@@ -476,7 +516,7 @@ def test_bls_with_executor(hooks):
     async def async_executor(request, decoupled):
         return ("async", request, decoupled)
 
-    hooks._bls_async_executor = async_executor
+    hooks.bls_async_executor = async_executor
 
     async def run_async_hook():
         return await req.async_exec(decoupled=True)
@@ -798,7 +838,7 @@ def test_metric_family_validation_and_registry(metric_registry):
 
 
 def test_model_control_without_hook(hooks):
-    hooks._model_control = None
+    hooks.model_control = None
     with pytest.raises(pb_utils.TritonModelException, match="model control"):
         pb_utils.load_model("x")
     with pytest.raises(pb_utils.TritonModelException, match="model control"):
@@ -821,7 +861,7 @@ def test_model_control_with_hook(hooks):
             calls.append(("ready", name, version))
             return name == "up"
 
-    hooks._model_control = Control()
+    hooks.model_control = Control()
     pb_utils.load_model("a", config='{"backend": "python"}', files={"file:1/model.py": b"x"})
     pb_utils.unload_model("a", unload_dependents=True)
     assert pb_utils.is_model_ready("up", "1") is True
