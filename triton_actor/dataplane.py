@@ -1,7 +1,8 @@
 """The one data plane behind every front end: decode → **call** → encode, this is the call part.
 
 Front ends (HTTP now, gRPC later) turn wire messages into these calls and the results back into wire
-messages. It reads the repository actor's published routing table; only index/stats ask actors.
+messages. It reads the repository actor's published routing table (no round trip on the hot path);
+lifecycle calls and the index go through the typed :class:`~.actors.repository.RepositoryRef`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 from .actors.bridge import ResponseChannel
 from .actors.handles import READY, ModelHandle, VersionHandle
 from .actors.kernel import Reply
-from .actors.repository import Index, LoadModel, RepositoryActor, UnloadModel
+from .actors.repository import RepositoryActor
 from .errors import TritonError
 from .inference import InferRequest, InferResponse
 from .protocol import payloads
@@ -214,7 +215,7 @@ class DataPlane:
         return {"model_stats": stats}
 
     def repository_index(self, ready_only: bool) -> list[dict[str, Any]]:
-        return self.repository.ref.ask(Index(ready_only), timeout=60)
+        return self.repository.ref.index(ready_only, timeout=60)
 
     def load_model(self, name: str, parameters: dict[str, Any]) -> None:
         """Repository extension ``load`` (HTTP and gRPC). ``parameters``: ``config`` (JSON text) and
@@ -227,9 +228,8 @@ class DataPlane:
         for key, value in files.items():
             if not isinstance(value, bytes):
                 raise TritonError.invalid_arg(f"failed to load '{name}': file override '{key}' must be bytes")
-        done = self.repository.ref.ask(LoadModel(name, config, files), timeout=60)
-        done.get()
+        self.repository.ref.load(name, config, files).get()
 
     def unload_model(self, name: str, unload_dependents: bool) -> None:
         """Repository extension ``unload`` (HTTP and gRPC): returns before the model is gone."""
-        self.repository.ref.ask(UnloadModel(name, unload_dependents), timeout=60)
+        self.repository.ref.unload(name, unload_dependents).get(timeout=60)

@@ -1,7 +1,8 @@
 """The server: builds the actor tree and the front ends, runs until a signal, shuts down cleanly.
 
-Supervision tree: Server → RepositoryActor → ModelActors → per version a SchedulerActor and its
-InstanceActors. Shutdown (SIGINT/SIGTERM): stop accepting, let in-flight requests finish (up to
+Ownership tree: Server → RepositoryActor → ModelActors → per version a SchedulerActor and its
+ModelInstances; the RepositoryActor supervises the ModelActors (restart within a budget, see
+``actors/repository.py``). Shutdown (SIGINT/SIGTERM): stop accepting, let in-flight requests finish (up to
 ``--exit-timeout-secs``), ``finalize()`` every model, exit 0.
 """
 
@@ -15,7 +16,7 @@ import gevent
 import gevent.event
 
 from .actors.model import LoadSettings
-from .actors.repository import LoadAll, RepositoryActor, UnloadAll
+from .actors.repository import RepositoryActor
 from .backends.base import Backend
 from .backends.onnxruntime import OnnxRuntimeBackend
 from .backends.python.backend import PythonBackend
@@ -90,7 +91,7 @@ class Server:
             self.http.start()
             log.info("Started HTTPService at %s:%d", s.http_address, self.http.server_port)
         self.plane.live = True
-        failures: dict[str, str] = self.repository.ref.ask(LoadAll()).get()
+        failures = self.repository.ref.load_all().get()
         for name, reason in sorted(failures.items()):
             log.error("model '%s' failed to load: %s", name, reason)
         if failures and s.exit_on_error:
@@ -117,8 +118,7 @@ class Server:
         if grpc_stop is not None:
             grpc_stop.join()  # gRPC refuses new RPCs and waits for running ones, alongside HTTP's drain
         try:
-            self.repository.ref.ask(UnloadAll(), timeout=self.settings.exit_timeout_secs).get(
-                self.settings.exit_timeout_secs)
+            self.repository.ref.unload_all().get(self.settings.exit_timeout_secs)
         except Exception as e:  # noqa: BLE001
             log.error("unloading models at shutdown: %s", e)
         self.plane.live = False

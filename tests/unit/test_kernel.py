@@ -317,6 +317,7 @@ class Inline(InlineActor):
         super().__init__(name, parent)
         self.trace: list[str] = []
         self.stops = 0
+        self.stopped = gevent.event.Event()
 
     def on_Ping(self, msg: Ping) -> int:
         self.trace.append(f"enter {msg.value}")
@@ -330,6 +331,7 @@ class Inline(InlineActor):
 
     def on_stop(self) -> None:
         self.stops += 1
+        self.stopped.set()
 
 
 @pytest.mark.timeout(30)
@@ -371,7 +373,7 @@ def test_inline_actor_without_parent_stops_on_tell_error(actors) -> None:
     orphan = Inline("orphan")
     ref = actors(orphan)
     ref.tell(Boom("fatal"))
-    assert orphan.stops == 1
+    assert orphan.stopped.wait(WAIT) and orphan.stops == 1  # at once inline; soon from a loop (fast paths off)
     assert not ref.alive
     _unavailable(ref.ask_async(Ping(0)))
 
@@ -390,3 +392,115 @@ def test_inline_actor_stop_and_use_after_stop(actors) -> None:
     assert info.value.code == Code.UNAVAILABLE
     never = Inline("never-started")
     _unavailable(never.ref.ask_async(Ping(0)))
+
+
+# -- requests that carry their own Reply -----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    reply: Reply[int]
+    value: int = 0
+    fail: bool = False
+    release: gevent.event.Event | None = None
+    started: gevent.event.Event = field(default_factory=gevent.event.Event)
+
+
+class Answering(Actor):
+    """Completes each Request's own reply; raises for ``fail``; returns a Reply for a bad ask."""
+
+    def __init__(self, name: str, parent: Actor | None = None) -> None:
+        super().__init__(name, parent)
+        self.dropped: list[object] = []
+
+    def on_Request(self, msg: Request) -> None:
+        msg.started.set()
+        if msg.release is not None:
+            msg.release.wait()
+        if msg.fail:
+            raise ValueError("cannot answer")
+        msg.reply.set(msg.value)
+
+    def on_Ping(self, msg: Ping) -> Reply[int]:
+        out: Reply[int] = Reply()
+        out.set(msg.value)
+        return out  # wrong: a handler never returns a Reply
+
+    def on_dropped(self, message: object) -> None:
+        self.dropped.append(message)
+
+
+@pytest.mark.timeout(30)
+def test_an_error_while_answering_fails_the_messages_own_reply(actors) -> None:
+    parent = Supervisor("parent")
+    actors(parent)
+    ref = actors(Answering("answering", parent=parent))
+    reply: Reply[int] = Reply()
+    ref.tell(Request(reply, fail=True))
+    with pytest.raises(ValueError, match="cannot answer"):
+        reply.get(WAIT)
+    ok: Reply[int] = Reply()
+    ref.tell(Request(ok, 5))
+    assert ok.get(WAIT) == 5 and ref.alive
+    assert parent.failures == []  # the asker got it, not the supervisor
+
+
+@pytest.mark.timeout(30)
+def test_no_reply_inside_a_reply(actors) -> None:
+    ref = actors(Answering("answering"))
+    with pytest.raises(TritonError) as info:
+        ref.ask(Ping(1), timeout=WAIT)
+    assert info.value.code == Code.INTERNAL and "returned a Reply" in info.value.message
+    with pytest.raises(TypeError, match="carries its own reply"):
+        ref.ask(Request(Reply()), timeout=WAIT)
+
+
+@pytest.mark.timeout(30)
+def test_own_replies_of_queued_messages_fail_when_the_actor_stops(actors) -> None:
+    actor = Answering("answering")
+    ref = actors(actor)
+    release = gevent.event.Event()
+    first = Request(Reply(), 1, release=release)
+    ref.tell(first)
+    queued = [Request(Reply(), i) for i in range(3)]
+    for msg in queued:
+        ref.tell(msg)
+    assert first.started.wait(WAIT)
+    actor.stop(timeout=0)
+    release.set()
+    actor.stop(timeout=WAIT)
+    assert first.reply.get(WAIT) == 1
+    for msg in queued:
+        _unavailable(msg.reply)
+    assert actor.dropped == queued
+
+
+# -- InlineActor is a fast path: with fast paths off it is a plain actor ---------------------------
+
+
+class Where(InlineActor):
+    def on_Ping(self, _msg: Ping) -> object:
+        return gevent.getcurrent()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("fast", [True, False])
+def test_inline_actor_runs_on_the_senders_stack_only_with_fast_paths_on(actors, fast: bool) -> None:
+    from triton_actor import fastpath
+
+    before = fastpath.enabled
+    fastpath.set_enabled(fast)
+    try:
+        actor = Where("where")
+        ref = actors(actor)
+    finally:
+        fastpath.set_enabled(before)
+    ran_in = ref.ask(Ping(0), timeout=WAIT)
+    assert (ran_in is gevent.getcurrent()) is fast
+    assert (actor._loop is None) is fast
+    if not fast:
+        assert ran_in is actor._loop
+    assert ref.alive
+    ref.stop(timeout=WAIT)
+    assert not ref.alive
+    _unavailable(ref.ask_async(Ping(0)))

@@ -13,7 +13,7 @@ from gevent import monkey
 
 from triton_actor.actors.handles import READY, ModelHandle
 from triton_actor.actors.kernel import Reply
-from triton_actor.actors.model import Load, LoadSettings, ModelActor, Unload
+from triton_actor.actors.model import LoadSettings, ModelActor
 from triton_actor.backends.base import InstanceContext
 from triton_actor.errors import TritonError
 from triton_actor.inference import InferInput, InferRequest, InferResponse
@@ -96,10 +96,10 @@ def _tag(reply: Reply[InferResponse]) -> float:
 def test_new_version_swaps_in_after_loading_and_old_drains(tmp_path: Path, model) -> None:
     actor, backend, published = model
     _version(tmp_path, 1, 1)
-    actor.ref.ask(Load(tmp_path), timeout=10)
+    actor.ref.load(tmp_path).get(10)
     in_flight = _infer(published[-1])
     _version(tmp_path, 2, 2)
-    actor.ref.ask(Load(tmp_path), timeout=10)  # answered after the swap and the drain of version 1
+    actor.ref.load(tmp_path).get(10)  # answered after the swap and the drain of version 1
     assert _tag(in_flight) == 101  # finished on the old version
     assert _tag(_infer(published[-1])) == 202
     swap = backend.events.index(("publish", (2,)))
@@ -110,10 +110,10 @@ def test_new_version_swaps_in_after_loading_and_old_drains(tmp_path: Path, model
 def test_broken_update_keeps_serving_and_says_why(tmp_path: Path, model) -> None:
     actor, _backend, published = model
     _version(tmp_path, 1, 1)
-    actor.ref.ask(Load(tmp_path), timeout=10)
+    actor.ref.load(tmp_path).get(10)
     _version(tmp_path, 2, 2, broken=True)
     with pytest.raises(TritonError, match=r"version 2 is at UNAVAILABLE state: .*broken on purpose"):
-        actor.ref.ask(Load(tmp_path), timeout=10)
+        actor.ref.load(tmp_path).get(10)
     handle = published[-1]
     assert handle.ready_versions == (1,) and 2 not in handle.versions
     assert "broken on purpose" in handle.versions[1].reason and handle.versions[1].state == READY
@@ -124,16 +124,16 @@ def test_unchanged_load_is_a_no_op_and_policy_change_touches_only_named_versions
     actor, backend, published = model
     _version(tmp_path, 1, 1)
     _version(tmp_path, 2, 2)
-    actor.ref.ask(Load(tmp_path), timeout=10)
+    actor.ref.load(tmp_path).get(10)
     count = len(published)
-    actor.ref.ask(Load(tmp_path), timeout=10)
+    actor.ref.load(tmp_path).get(10)
     assert len(published) == count  # nothing changed: nothing published
     (tmp_path / "config.pbtxt").write_text(CONFIG + "version_policy: { all { } }\n")
-    actor.ref.ask(Load(tmp_path), timeout=10)
+    actor.ref.load(tmp_path).get(10)
     assert published[-1].ready_versions == (1, 2)
     assert not any(e[0] == "finalize" for e in backend.events)  # version 2 kept its instance
     (tmp_path / "config.pbtxt").write_text(CONFIG + "version_policy: { specific { versions: [1] } }\n")
-    actor.ref.ask(Load(tmp_path), timeout=10)
+    actor.ref.load(tmp_path).get(10)
     assert published[-1].ready_versions == (1,)
     assert [e for e in backend.events if e[0] == "finalize"] == [("finalize", 202.0)]
 
@@ -141,9 +141,9 @@ def test_unchanged_load_is_a_no_op_and_policy_change_touches_only_named_versions
 def test_unload_drains_then_reports_unloaded(tmp_path: Path, model) -> None:
     actor, _backend, published = model
     _version(tmp_path, 1, 1)
-    actor.ref.ask(Load(tmp_path), timeout=10)
+    actor.ref.load(tmp_path).get(10)
     in_flight = _infer(published[-1])
-    actor.ref.ask(Unload(), timeout=10)
+    actor.ref.unload().get(10)
     assert _tag(in_flight) == 101
     assert published[-1].versions[1].state == "UNAVAILABLE" and published[-1].versions[1].reason == "unloaded"
 
@@ -157,7 +157,7 @@ def test_override_directories_live_as_long_as_they_serve(tmp_path: Path, model) 
         (d / "config.pbtxt").write_text(CONFIG)
         _version(d, 1, edition)
         dirs.append(d)
-        actor.ref.ask(Load(d, owned=True), timeout=10)
+        actor.ref.load(d, owned=True).get(10)
         assert _tag(_infer(published[-1])) == 100 + edition
     assert not dirs[0].exists() and dirs[1].exists()  # the replaced one went after the swap
     broken = tmp_path / "override3"
@@ -165,7 +165,7 @@ def test_override_directories_live_as_long_as_they_serve(tmp_path: Path, model) 
     (broken / "config.pbtxt").write_text(CONFIG)
     _version(broken, 1, 3, broken=True)
     with pytest.raises(TritonError):
-        actor.ref.ask(Load(broken, owned=True), timeout=10)
+        actor.ref.load(broken, owned=True).get(10)
     assert not broken.exists() and dirs[1].exists()  # a failed override is removed, the serving one kept
-    actor.ref.ask(Unload(), timeout=10)
+    actor.ref.unload().get(10)
     assert not dirs[1].exists()

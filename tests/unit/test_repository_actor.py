@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from triton_actor.actors.model import LoadSettings
-from triton_actor.actors.repository import LoadModel, RepositoryActor, UnloadModel
+from triton_actor.actors.repository import RepositoryActor
 from triton_actor.errors import Code, TritonError
 
 
@@ -27,18 +27,18 @@ def repo(tmp_path: Path) -> Iterator[tuple[RepositoryActor, Path]]:
 def test_names_that_are_not_models_in_the_repository(repo, name: str) -> None:
     actor, tmp_path = repo
     with pytest.raises(TritonError) as e:
-        actor.ref.ask(LoadModel(name), timeout=5)
+        actor.ref.load(name).get(5)
     assert e.value.code == Code.INTERNAL
     assert e.value.message.startswith(f"failed to load '{name}', failed to poll from model repository")
     assert actor._models == {}  # no model actor was made for it
-    actor.ref.ask(UnloadModel(name), timeout=5)  # unloading what is not there is fine (Triton: 200)
+    actor.ref.unload(name).get(5)  # unloading what is not there is fine (Triton: 200)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["repo"]
 
 
 def test_file_override_paths_are_checked_before_anything_is_written(repo) -> None:
     actor, tmp_path = repo
     with pytest.raises(TritonError, match=r"invalid file override 'file:\.\./\.\./x'"):
-        actor.ref.ask(LoadModel("m", "{}", {"file:1/model.py": b"ok", "file:../../x": b"escape"}), timeout=5)
+        actor.ref.load("m", "{}", {"file:1/model.py": b"ok", "file:../../x": b"escape"}).get(5)
     assert actor._models == {}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["repo"]
 
@@ -48,9 +48,9 @@ def test_other_modes_refuse(tmp_path: Path, mode: str) -> None:
     actor = RepositoryActor([tmp_path], {}, LoadSettings(), control_mode=mode, poll_secs=0)
     actor.start()
     try:
-        for msg in (LoadModel("m"), UnloadModel("m")):
+        for call in (actor.ref.load, actor.ref.unload):
             with pytest.raises(TritonError) as e:
-                actor.ref.ask(msg, timeout=5)
+                call("m").get(5)
             assert e.value.code == Code.UNAVAILABLE
             assert e.value.message == "explicit model load / unload is not allowed if polling is enabled"
     finally:

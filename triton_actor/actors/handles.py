@@ -1,4 +1,4 @@
-"""What the routing table holds: immutable snapshots of a model and its versions.
+"""What the routing table holds: immutable snapshots of a model and its versions, and their ready states.
 
 A model actor builds a new :class:`ModelHandle` after every change and the repository actor swaps it
 into its routing table; front ends route requests through handles with no round trip to an actor.
@@ -6,6 +6,7 @@ into its routing table; front ends route requests through handles with no round 
 
 from __future__ import annotations
 
+import enum
 import time
 from dataclasses import dataclass, field
 
@@ -16,7 +17,49 @@ from ..validation import RequestValidator
 from .kernel import Reply
 from .scheduler import Enqueue, GetStats, SchedulerActor
 
-UNKNOWN, LOADING, READY, UNLOADING, UNAVAILABLE = "UNKNOWN", "LOADING", "READY", "UNLOADING", "UNAVAILABLE"
+
+class ReadyState(str, enum.Enum):
+    """Triton's model version ready states (``ModelReadyState``). ``str``-valued: each member equals
+    its name as a string, and the index writes ``.value``, the strings Triton's clients read."""
+
+    UNKNOWN = "UNKNOWN"
+    LOADING = "LOADING"
+    READY = "READY"
+    UNLOADING = "UNLOADING"
+    UNAVAILABLE = "UNAVAILABLE"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+UNKNOWN, LOADING, READY, UNLOADING, UNAVAILABLE = (ReadyState.UNKNOWN, ReadyState.LOADING, ReadyState.READY,
+                                                  ReadyState.UNLOADING, ReadyState.UNAVAILABLE)
+
+# The life of one version record (owned by its ModelActor; ``Version.to`` is the one place that changes a
+# state, and it checks this table). A record is born UNKNOWN; a state may always be kept with a new reason.
+#   UNKNOWN     → LOADING      the load of this version starts
+#   UNKNOWN     → UNAVAILABLE  nothing to load (a config that fails before versions are known)
+#   LOADING     → READY        every instance loaded and warmed up, the scheduler runs
+#   LOADING     → UNAVAILABLE  the load failed (the reason says why) or was interrupted
+#   READY       → UNLOADING    unload requested: no new request is routed, in-flight ones finish
+#   READY       → UNAVAILABLE  the supervisor gave up on the model (ModelActor failed past its budget)
+#   UNLOADING   → UNAVAILABLE  drained and finalized ("unloaded")
+#   UNAVAILABLE → LOADING      loaded again
+# A reload does not move a READY record: the new version gets a record of its own, swapped in when READY.
+TRANSITIONS: dict[ReadyState, frozenset[ReadyState]] = {
+    UNKNOWN: frozenset({LOADING, UNAVAILABLE}),
+    LOADING: frozenset({READY, UNAVAILABLE}),
+    READY: frozenset({UNLOADING, UNAVAILABLE}),
+    UNLOADING: frozenset({UNAVAILABLE}),
+    UNAVAILABLE: frozenset({LOADING}),
+}
+
+
+def check_transition(old: ReadyState, new: ReadyState) -> ReadyState:
+    """``new`` if a version may go from ``old`` to it (or stays in ``old``), else INTERNAL: a bug of ours."""
+    if new is not old and new not in TRANSITIONS[old]:
+        raise TritonError.internal(f"illegal ready state transition {old.value} → {new.value}")
+    return new
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,7 +67,7 @@ class VersionHandle:
     """One version as the routing table shows it."""
 
     version: int
-    state: str
+    state: ReadyState
     reason: str = ""
     scheduler: SchedulerActor | None = None
     validator: RequestValidator | None = None

@@ -1,9 +1,12 @@
-"""InstanceActor: one model instance = one native OS thread running one backend instance.
+"""ModelInstance: one model instance = one native OS thread running one backend instance.
 
-Its mailbox is the native thread's queue (see :mod:`.bridge`): ``execute`` queues a batch there and
-the completion callback runs in the hub. State it owns: the backend instance, its placement, and its
-execution mode. Failure: a load error fails :meth:`wait_ready`; an error raised by the backend while
-executing fails that batch only; the instance keeps serving.
+Not an actor (see the vocabulary in :mod:`.kernel`): a **single-owner hub object**. It has no mailbox
+or loop of ours; its one owner (the scheduler of its version, and the version's start/stop code before
+and after that) calls ``execute`` and ``close`` from the hub thread, and the queue of its
+:class:`~.bridge.NativeWorker` plays the mailbox: ``execute`` queues a batch there and the completion
+callback runs in the hub. State it owns: the backend instance, its placement, and its execution mode.
+Failure: a load error fails :meth:`wait_ready`; an error raised by the backend while executing fails
+that batch only; the instance keeps serving.
 
 Execution mode (a deliberate refinement of thread-per-instance, measured in ``scripts/bench_http.py``):
 handing a batch to a native thread and back costs two thread wake-ups (15-20 µs each on our 2-core
@@ -69,8 +72,9 @@ def _finalize(instance: BackendInstance) -> None:
     instance.finalize()
 
 
-class InstanceActor:
-    """Facade over one native worker: ``execute(batch, done)`` and ``close()`` (hub thread only)."""
+class ModelInstance:
+    """One backend instance on its native worker: ``execute(batch, done)`` and ``close()``; a
+    single-owner hub object, not an actor (hub thread only, never blocks the caller)."""
 
     __slots__ = ("ctx", "_worker", "_backend_instance", "_inline", "_streak", "_needed", "_hub")
 

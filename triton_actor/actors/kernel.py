@@ -1,12 +1,37 @@
 """A small actor kernel on gevent: mailboxes, typed dispatch, asks with replies, supervision.
 
+Vocabulary (the words the rest of ``actors/`` uses, and what they mean in code):
+
+* An **actor** (:class:`Actor`) owns its state and a mailbox (a gevent Queue) drained by **its own loop
+  greenlet**; handlers of one actor run one at a time, in order. Others hold an :class:`ActorRef` (or a
+  typed facade over it, such as ``RepositoryRef`` or ``ModelRef``): ``tell`` posts a message, ``ask``
+  posts it and waits for the handler's return value. RepositoryActor and ModelActor are actors.
+* An **inline actor** (:class:`InlineActor`) is an actor whose handlers never block. It is a fast path
+  (:mod:`triton_actor.fastpath`): while fast paths are on, a message posted to an idle inline actor is
+  handled at once on the sender's stack and messages posted meanwhile are queued and handled by that
+  same drain, so it has no loop greenlet; with fast paths off (read when it starts) it runs as a
+  plain :class:`Actor` with its own loop greenlet, same handlers, same answers. SchedulerActor is one.
+* A **single-owner hub object** is not an actor: no mailbox of ours, no loop. Exactly one owner calls
+  its methods, from the hub thread, and it never blocks the caller. ``NativeWorker`` (the thread bridge:
+  its "mailbox" is its native thread's queue, results come back through a hub watcher),
+  ``ModelInstance`` (one backend instance on one NativeWorker, owned by its version's scheduler) and
+  the ``Version`` records (owned by their ModelActor) are such objects.
+
+Requests and replies: a message that is answered later carries its own :class:`Reply` in a ``reply``
+field (``Enqueue``, ``Load``, ``Drain``); the handler completes it now or later (for instance when
+another actor's reply completes). A handler never returns a Reply. An ``ask`` is for a message whose
+answer is the handler's return value (``Index``, ``GetStats``).
+
 Failure semantics (tested in ``tests/unit/test_kernel.py``):
 
-* an exception raised while handling an **ask** goes back to the asker; the actor lives on;
+* an exception raised while handling an **ask**, or a message that carries its own not yet completed
+  ``reply``, goes back to the asker (that reply fails with it); the actor lives on;
 * an exception raised while handling a **tell** is reported to the supervisor as a
-  :class:`ChildFailed` message (handled by its ``on_child_failure``); with no live parent, the actor
-  logs it and stops;
-* when an actor stops, every ask still in its mailbox fails with UNAVAILABLE, so nobody waits forever;
+  :class:`ChildFailed` message (handled by its ``on_child_failure``, which decides: the default logs
+  and stops the child, RepositoryActor restarts a ModelActor within a budget); with no live parent,
+  the actor logs it and stops;
+* when an actor stops, every ask still in its mailbox fails with UNAVAILABLE, and so does the own
+  ``reply`` of every message still there, so nobody waits forever (``on_dropped`` sees the rest);
 * ``ask`` raises on timeout; it never returns None for a missing answer.
 
 Handlers must not block on an ask to another actor (A asks B while B asks A deadlocks): tell with a
@@ -24,6 +49,7 @@ import gevent
 import gevent.event
 import gevent.queue
 
+from .. import fastpath
 from ..errors import TritonError
 
 log = logging.getLogger(__name__)
@@ -95,11 +121,16 @@ class ActorRef:
         self._actor._post(message, None)
 
     def ask_async(self, message: object) -> Reply[Any]:
+        """Post ``message``; the Reply completes with the handler's return value (or its error). A
+        message that carries its own ``reply`` is told, not asked (that reply is its answer)."""
+        if getattr(message, "reply", None) is not None:
+            raise TypeError(f"{type(message).__name__} carries its own reply: tell it")
         reply: Reply[Any] = Reply()
         self._actor._post(message, reply)
         return reply
 
     def ask(self, message: object, timeout: float | None = None) -> Any:
+        """Post ``message`` and wait for the handler's return value; raises UNAVAILABLE on timeout."""
         return self.ask_async(message).get(timeout)
 
     def stop(self, timeout: float | None = None) -> None:
@@ -121,6 +152,7 @@ class Actor:
     """
 
     mailbox_size: ClassVar[int | None] = None  # None = unbounded
+    ref_class: ClassVar[type[ActorRef]] = ActorRef  # the typed facade others hold
     _dispatch_table: ClassVar[dict[type, Callable[..., Any]]]  # per subclass: message class → handler
 
     def __init__(self, name: str, parent: Actor | None = None) -> None:
@@ -129,13 +161,13 @@ class Actor:
         self._inbox: gevent.queue.Queue = gevent.queue.Queue(self.mailbox_size)
         self._loop: gevent.Greenlet | None = None
         self._stopping = False
-        self._current: Reply[Any] | None = None  # the ask being handled, failed if the loop dies
-        self.ref = ActorRef(self)
+        self._current: tuple[object, Reply[Any] | None] | None = None  # being handled: failed if the loop dies
+        self.ref = self.ref_class(self)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> ActorRef:
         self.on_start()
-        self._loop = gevent.spawn(self._run)
+        self._loop = gevent.spawn(self._mailbox_loop)
         self._loop.name = f"actor:{self.name}"
         return self.ref
 
@@ -168,6 +200,10 @@ class Actor:
         log.error("actor %s failed: %r; stopping it", child.name, error)
         child.stop(timeout=0)
 
+    def on_dropped(self, message: object) -> None:
+        """A message left in the mailbox when the actor stopped (its replies already failed). Runs in
+        the greenlet that finishes the actor. Override to answer what the message stands for."""
+
     # -- mailbox --------------------------------------------------------------------------------
     def _refuse(self, reply: Reply[Any] | None) -> None:
         """A message for an actor that is not running: the ask fails, the tell raises."""
@@ -182,19 +218,20 @@ class Actor:
             return
         self._inbox.put((message, reply))
 
-    def _run(self) -> None:
+    def _mailbox_loop(self) -> None:
         try:
             while not self._stopping:
-                message, reply = self._inbox.get()
+                item = self._inbox.get()
+                message, reply = item
                 if message is _STOP:
                     break
-                self._current = reply
+                self._current = item
                 self._handle(message, reply)
                 self._current = None
         finally:
             self._stopping = True
             if self._current is not None:  # the loop died inside a handler (killed, Timeout, ...)
-                self._current.fail(TritonError.unavailable(f"actor '{self.name}' stopped"))
+                self._drop(*self._current)
                 self._current = None
             self._fail_pending()
             try:
@@ -214,8 +251,11 @@ class Actor:
         try:
             result = handler(self, message)
         except Exception as e:
+            own = getattr(message, "reply", None)
             if reply is not None:
                 reply.fail(e)
+            elif isinstance(own, Reply) and not own.ready():
+                own.fail(e)  # an error while answering goes back to the asker
             elif self.parent is not None and self.parent.alive:
                 self.parent.ref.tell(ChildFailed(self, e))  # through the supervisor's mailbox
             else:
@@ -223,7 +263,10 @@ class Actor:
                 self.stop(timeout=0)
         else:
             if reply is not None:
-                reply.set(result)
+                if isinstance(result, Reply):  # a reply inside a reply: the message should carry it
+                    reply.fail(TritonError.internal(f"{type(message).__name__} handler returned a Reply"))
+                else:
+                    reply.set(result)
 
     def _fail_pending(self) -> None:
         while True:
@@ -231,12 +274,25 @@ class Actor:
                 message, reply = self._inbox.get_nowait()
             except gevent.queue.Empty:
                 return
-            if reply is not None and message is not _STOP:
-                reply.fail(TritonError.unavailable(f"actor '{self.name}' stopped"))
+            if message is not _STOP:
+                self._drop(message, reply)
+
+    def _drop(self, message: object, reply: Reply[Any] | None) -> None:
+        """A message the stopped actor will never handle: its ask and its own reply fail UNAVAILABLE."""
+        error = TritonError.unavailable(f"actor '{self.name}' stopped")
+        if reply is not None:
+            reply.fail(error)
+        own = getattr(message, "reply", None)
+        if isinstance(own, Reply):
+            own.fail(error)
+        try:
+            self.on_dropped(message)
+        except Exception:
+            log.exception("on_dropped of actor %s failed", self.name)
 
 
 class InlineActor(Actor):
-    """An actor whose handlers never block: it has no loop greenlet.
+    """An actor whose handlers never block; while fast paths are on it has no loop greenlet.
 
     A message posted while the actor is idle is handled at once on the sender's stack (a request
     greenlet, or a hub callback such as an instance's completion); a message posted while a handler
@@ -244,6 +300,11 @@ class InlineActor(Actor):
     handled one at a time and in order, and the hot path saves two greenlet switches per hop
     (~15-25 µs each here). Handlers must not block or ask other actors: a handler that yields would
     let other greenlets queue behind it, which stays correct but loses the point.
+
+    This is a fast path: with :data:`triton_actor.fastpath.enabled` off when :meth:`start` runs, the
+    actor runs as a plain :class:`Actor` (mailbox, own loop greenlet) with the same handlers. The
+    handlers then run in the loop greenlet, and messages from hub callbacks (completions, timers)
+    arrive through the mailbox like any other.
     """
 
     def __init__(self, name: str, parent: Actor | None = None) -> None:
@@ -251,20 +312,28 @@ class InlineActor(Actor):
         self._pending: collections.deque[tuple[object, Reply[Any] | None]] = collections.deque()
         self._draining = False
         self._started = False
+        self._inline = False  # started inline and not stopping: the one check on the hot path
         self._finished = gevent.event.Event()
 
     def start(self) -> ActorRef:
+        if not fastpath.enabled:
+            return super().start()  # the slow path: a plain actor with its loop greenlet
         self.on_start()
-        self._started = True
+        self._started = self._inline = True
         return self.ref
 
     @property
     def alive(self) -> bool:
+        if self._loop is not None:
+            return super().alive
         return self._started and not self._stopping
 
     def _post(self, message: object, reply: Reply[Any] | None) -> None:
-        if self._stopping or not self._started:
-            self._refuse(reply)
+        if not self._inline:  # not started, stopping, or running with a loop greenlet
+            if self._started and self._stopping:
+                self._refuse(reply)
+            else:
+                super()._post(message, reply)  # the loop's mailbox; refuses when not running
             return
         self._pending.append((message, reply))
         if not self._draining:
@@ -276,9 +345,8 @@ class InlineActor(Actor):
         try:
             while pending:
                 message, reply = pending.popleft()
-                if message is _STOP or self._stopping:
-                    if message is not _STOP:
-                        pending.appendleft((message, reply))
+                if self._stopping:
+                    pending.appendleft((message, reply))
                     self._finish()
                     return
                 self._handle(message, reply)
@@ -288,10 +356,14 @@ class InlineActor(Actor):
             self._draining = False
 
     def stop(self, timeout: float | None = None) -> None:
+        if self._loop is not None:
+            super().stop(timeout)
+            return
         if not self._started or self._finished.is_set():
             return
         if not self._stopping:
             self._stopping = True
+            self._inline = False
             if not self._draining:
                 self._finish()
             # else: the drain loop finishes after the handler that is running now
@@ -302,9 +374,7 @@ class InlineActor(Actor):
         if self._finished.is_set():
             return
         while self._pending:
-            message, reply = self._pending.popleft()
-            if reply is not None and message is not _STOP:
-                reply.fail(TritonError.unavailable(f"actor '{self.name}' stopped"))
+            self._drop(*self._pending.popleft())
         try:
             self.on_stop()
         except Exception:

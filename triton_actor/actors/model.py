@@ -1,7 +1,10 @@
 """ModelActor: the versions of one model, their ready states, and loading, reloading and unloading them.
 
-Messages: :class:`Load` (ask: read the config, load what its version policy names; answered when the
-load finished or failed), :class:`Unload` (ask: drain and finalize every version).
+Messages (through :class:`ModelRef`): :class:`Load` (read the config, load what its version policy
+names; its ``reply`` completes when the load finished or failed; POLL tells it without a reply, and a
+load failure is then only logged and shown in the index), :class:`Unload` (drain and finalize every
+version; its reply completes when done), :class:`Restart` (from the supervisor, the first message of
+a replacement actor: adopt the failed actor's versions and reload them, or give up on them).
 State owned: the version records (state, reason, scheduler, instances), the serving config, where it
 was loaded from (directory and :class:`~..repository.snapshot.Stamp`), and a private override
 directory when the load API supplied files. After every change it publishes an immutable
@@ -15,10 +18,16 @@ as their ``reason`` in the index. A ``version_policy`` change loads and unloads 
 adds and removes. Lifecycle operations on one model are serialized by this actor's mailbox; loads of
 different models share the repository's gate (``--model-load-thread-count``).
 Failure: a version that fails its first load is UNAVAILABLE with the reason; the other versions serve.
+An unexpected error (not a TritonError) in a tell goes to the RepositoryActor, which restarts this
+actor within a budget (:mod:`.supervisor`): :meth:`ModelActor.hand_over` stops it without unloading,
+and the replacement reloads what was serving (load-then-swap, the old routing snapshot serving
+meanwhile); past the budget the replacement marks every version UNAVAILABLE with the reason and
+unloads them. Messages still queued in the failed actor fail UNAVAILABLE ("actor stopped").
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
@@ -35,14 +44,8 @@ from ..repository import config as config_mod
 from ..repository import layout, snapshot
 from ..repository.config import ModelConfig
 from .bridge import call_in_thread
-from .handles import LOADING as LOADING
-from .handles import READY as READY
-from .handles import UNAVAILABLE as UNAVAILABLE
-from .handles import UNKNOWN as UNKNOWN
-from .handles import UNLOADING as UNLOADING
-from .handles import ModelHandle as ModelHandle
-from .handles import VersionHandle as VersionHandle
-from .kernel import Actor, Reply
+from .handles import LOADING, READY, UNAVAILABLE, UNLOADING, ModelHandle
+from .kernel import Actor, ActorRef, Reply
 from .version import Version, VersionSource, start_version, stop_version
 
 log = logging.getLogger(__name__)
@@ -65,11 +68,57 @@ class Load:
     model_dir: Path
     config: ModelConfig | None = None  # load-API override, used instead of config.pbtxt (always reloads)
     owned: bool = False  # model_dir is a private temporary directory this actor deletes when done with it
+    reply: Reply[None] | None = None  # None: told by POLL, nobody waits; failures are logged
+    reload: bool = False  # load every selected version again even if nothing changed (after a restart)
 
 
 @dataclass(frozen=True, slots=True)
 class Unload:
-    pass
+    reply: Reply[None]
+
+
+@dataclass(frozen=True, slots=True)
+class Handover:
+    """What a failed ModelActor leaves to its replacement (its state, owned from then on by the new one)."""
+
+    versions: dict[int, Version]
+    config: ModelConfig | None
+    source: tuple[Path, snapshot.Stamp] | None
+    owned_dir: Path | None
+    serving: Load | None  # the load whose result serves (replayed by the restart)
+
+
+@dataclass(frozen=True, slots=True)
+class Restart:
+    """From the supervisor: adopt the failed actor's state once ``handover`` completes; reload what was
+    serving, or (``give_up`` set: past the restart budget) mark every version UNAVAILABLE and unload."""
+
+    handover: Reply[Handover]
+    error: str
+    give_up: str | None = None
+
+
+class ModelRef(ActorRef):
+    """Typed facade of a :class:`ModelActor`."""
+
+    __slots__ = ()
+
+    def load(self, model_dir: Path, config: ModelConfig | None = None, owned: bool = False,
+             reply: Reply[None] | None = None) -> Reply[None]:
+        """Load (or reload) from ``model_dir``; the reply (``reply`` if given) completes when done."""
+        done: Reply[None] = Reply() if reply is None else reply
+        self.tell(Load(model_dir, config, owned, done))
+        return done
+
+    def load_in_background(self, model_dir: Path) -> None:
+        """POLL: load from ``model_dir``, nobody waits; a failure shows in the index."""
+        self.tell(Load(model_dir))
+
+    def unload(self) -> Reply[None]:
+        """Drain and finalize every version; the reply completes when they are gone."""
+        done: Reply[None] = Reply()
+        self.tell(Unload(done))
+        return done
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +133,9 @@ class _Plan:
 class ModelActor(Actor):
     """Owns the versions of one model."""
 
+    ref_class = ModelRef
+    ref: ModelRef
+
     def __init__(self, name: str, backends: dict[str, Backend], settings: LoadSettings, publish: Publish,
                  gate: gevent.lock.Semaphore | None = None, parent: Actor | None = None) -> None:
         super().__init__(f"model:{name}", parent)
@@ -96,35 +148,99 @@ class ModelActor(Actor):
         self._versions: dict[int, Version] = {}
         self._source: tuple[Path, snapshot.Stamp] | None = None  # None: nothing loaded, or an override
         self._owned_dir: Path | None = None
+        self._serving: Load | None = None  # the load whose result serves (a restart replays it)
+        self._handover: Reply[Handover] | None = None  # set by hand_over: on_stop hands the state over
 
     # -- messages ---------------------------------------------------------------------------------
     def on_Load(self, msg: Load) -> None:
         try:
             with self._gate:
                 self._load(msg)
+        except TritonError as e:
+            if msg.reply is not None:
+                raise  # the kernel fails msg.reply with it
+            log.error("loading '%s' failed: %s", self.model, e.message)  # the index shows it too
+        else:
+            if msg.reply is not None:
+                msg.reply.set(None)
         finally:
             if msg.owned and self._owned_dir != msg.model_dir:
                 shutil.rmtree(msg.model_dir, ignore_errors=True)
 
-    def on_Unload(self, _msg: Unload) -> None:
+    def on_Unload(self, msg: Unload) -> None:
         live = [rec for rec in self._versions.values() if rec.running]
         for rec in self._versions.values():
             if rec.state == READY:
-                rec.state, rec.reason = UNLOADING, ""
+                rec.to(UNLOADING)
         self._publish_now(wait=True)  # no new request reaches a version once it is UNLOADING
         for rec in live:
             stop_version(rec, self.model)
         for rec in self._versions.values():
-            rec.state, rec.reason = UNAVAILABLE, "unloaded"
-        self._source = None
+            rec.to(UNAVAILABLE, "unloaded")
+        self._source = self._serving = None
         self._drop_owned_dir(None)
         self._publish_now()
+        msg.reply.set(None)
+
+    # -- supervision ------------------------------------------------------------------------------
+    def hand_over(self) -> Reply[Handover]:
+        """Supervisor's greenlet: stop this failed actor *without* unloading; the reply completes with
+        its state once its loop ended (after the message it may be handling now)."""
+        handover: Reply[Handover] = Reply()
+        if not self.alive:
+            handover.fail(TritonError.unavailable(f"actor '{self.name}' already stopped"))
+            return handover
+        self._handover = handover
+        self.stop(timeout=0)
+        return handover
+
+    def on_Restart(self, msg: Restart) -> None:
+        """First message of a replacement actor. Waits for the failed actor to stop (not an ask: the old
+        actor never waits for this one), adopts its versions, then reloads or gives up."""
+        try:
+            state = msg.handover.get()
+        except TritonError as e:
+            log.error("model '%s': nothing handed over after the restart (%s)", self.model, e.message)
+            return
+        self._versions, self._config, self._source = state.versions, state.config, state.source
+        self._owned_dir, self._serving = state.owned_dir, state.serving
+        if msg.give_up is not None:
+            self._give_up(msg.give_up)
+            return
+        leftovers = [rec for rec in self._versions.values() if rec.state in (LOADING, UNLOADING)]
+        for rec in leftovers:  # what the failure interrupted is not routed to: nothing to drain
+            rec.to(UNAVAILABLE, f"interrupted by an internal error: {msg.error}")
+        if self._versions:
+            self._publish_now()
+        for rec in leftovers:
+            if rec.running:
+                stop_version(rec, self.model)
+        if self._serving is not None and any(rec.state == READY for rec in self._versions.values()):
+            log.info("model '%s': restarted after an internal error; reloading what was serving", self.model)
+            try:
+                with self._gate:
+                    self._load(dataclasses.replace(self._serving, reply=None, reload=True))
+            except TritonError as e:  # the old versions keep serving, the index says why
+                log.error("model '%s': reload after the restart failed: %s", self.model, e.message)
+
+    def _give_up(self, reason: str) -> None:
+        """Past the restart budget: every version UNAVAILABLE with ``reason``, then drain and unload."""
+        if not self._versions:
+            self._versions[-1] = Version(-1, UNAVAILABLE, reason)
+        live = [rec for rec in self._versions.values() if rec.running]
+        for rec in self._versions.values():
+            rec.to(UNAVAILABLE, reason)
+        self._publish_now(wait=True)  # nothing is routed to them any more
+        for rec in live:
+            stop_version(rec, self.model)
+        self._source = self._serving = None
+        self._drop_owned_dir(None)
 
     # -- loading ----------------------------------------------------------------------------------
     def _load(self, msg: Load) -> None:
         stamp = snapshot.take(msg.model_dir)
         serving = {v: rec for v, rec in self._versions.items() if rec.state == READY}
-        unchanged = msg.config is None and self._source == (msg.model_dir, stamp)
+        unchanged = msg.config is None and not msg.reload and self._source == (msg.model_dir, stamp)
         if unchanged and serving and all(r.state == READY or r.reason == "unloaded" for r in self._versions.values()):
             return  # Triton: loading an unchanged, loaded model is a no-op (spec surprise #9)
         try:
@@ -184,7 +300,7 @@ class ModelActor(Actor):
 
     def _update(self, plan: _Plan, msg: Load, serving: dict[int, Version]) -> None:
         """Load what changed beside what serves, swap, then drain and unload what was replaced."""
-        whole = (msg.config is not None or self._source is None or self._source[0] != plan.model_dir
+        whole = (msg.reload or msg.config is not None or self._source is None or self._source[0] != plan.model_dir
                  or _without_policy(plan.config) != _without_policy(self._config)
                  or _shared(plan.stamp) != _shared(self._source[1]))
         todo = [v for v, path in plan.selected.items()
@@ -195,7 +311,7 @@ class ModelActor(Actor):
             self._config = plan.config
             self._loaded_from(plan, msg)
             for rec in serving.values():
-                rec.reason = ""
+                rec.to(READY)
             self._publish_now()
             return
         for v in added:
@@ -216,16 +332,17 @@ class ModelActor(Actor):
                           if (rec.state == READY or rec.reason == "unloaded") and v not in dropped}
         self._versions.update(started)
         for rec in self._versions.values():
-            rec.reason = ""
+            rec.to(rec.state)  # same state, the reason cleared
         for v in dropped:
-            self._versions[v] = Version(v, UNLOADING)
+            self._versions[v] = serving[v]
+            serving[v].to(UNLOADING)
         self._config = plan.config
         self._publish_now(wait=True)  # the swap: from here on new requests go to the new versions
         for rec in replaced:
             stop_version(rec, self.model)  # in-flight requests finish on the old version first
         self._loaded_from(plan, msg)  # only now may an old override directory go
         for v in dropped:
-            self._versions[v] = Version(v, UNAVAILABLE, "unloaded")
+            self._versions[v].to(UNAVAILABLE, "unloaded")
         if dropped:
             self._publish_now()
 
@@ -245,6 +362,7 @@ class ModelActor(Actor):
     def _loaded_from(self, plan: _Plan, msg: Load) -> None:
         # an override marks the source stale: a later load without one reloads from disk (spec §1.10)
         self._source = None if msg.config is not None else (plan.model_dir, plan.stamp)
+        self._serving = dataclasses.replace(msg, reply=None, reload=False)
         self._drop_owned_dir(plan.model_dir if msg.owned else None)
 
     def _drop_owned_dir(self, keep: Path | None) -> None:
@@ -258,9 +376,9 @@ class ModelActor(Actor):
             if not self._versions:
                 self._versions[-1] = Version(-1, UNAVAILABLE, reason)
             for rec in self._versions.values():
-                rec.state, rec.reason = UNAVAILABLE, reason
+                rec.to(UNAVAILABLE, reason)
         for rec in serving.values():
-            rec.reason = f"update failed, the previous version keeps serving: {reason}"
+            rec.to(READY, f"update failed, the previous version keeps serving: {reason}")
         self._publish_now()
 
     def _publish_now(self, wait: bool = False) -> None:
@@ -274,6 +392,10 @@ class ModelActor(Actor):
                 log.error("model '%s': routing table not updated: %s", self.model, e)
 
     def on_stop(self) -> None:
+        if self._handover is not None:  # restarted by the supervisor: the replacement takes it all
+            self._handover.set(Handover(self._versions, self._config, self._source, self._owned_dir, self._serving))
+            self._versions, self._owned_dir = {}, None
+            return
         for rec in self._versions.values():
             if rec.running:
                 stop_version(rec, self.model)

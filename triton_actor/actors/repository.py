@@ -1,14 +1,22 @@
 """RepositoryActor: the model repositories on disk, the control mode, the model actors, the routing table.
 
-Messages: :class:`LoadAll` (ask, at startup: what the mode loads; answered with a Reply that completes
-with model → error once every load finished), :class:`LoadModel` / :class:`UnloadModel` (asks, the load
-API; only in EXPLICIT mode), :class:`Rescan` (tell: POLL reconciliation), :class:`ModelChanged` (event
-from a model actor carrying its new handle), :class:`Index` (ask), :class:`UnloadAll` (ask).
+Messages (through :class:`RepositoryRef`): :class:`LoadAll` (at startup: what the mode loads; its
+reply completes with model → error once every load finished), :class:`LoadModel` / :class:`UnloadModel`
+(the load API, only in EXPLICIT mode: the LoadModel reply is handed to the model actor, which completes
+it when the load finished; the UnloadModel reply completes once the unload started),
+:class:`Rescan` (tell: POLL reconciliation), :class:`ModelChanged` (event from a model actor carrying
+its new handle), :class:`Index` (ask), :class:`UnloadAll` (reply completes when every model is gone),
+:class:`~.kernel.ChildFailed` (a ModelActor failed in a tell).
 State owned: repository paths, control mode, model actors, the POLL bookkeeping
 (:class:`~..repository.reconcile.Reconciler`), and the routing table ``routes`` (name →
 :class:`ModelHandle`), an immutable mapping replaced on every change, so front ends read it with no
 round trip. Failure: a model that fails to load is UNAVAILABLE with its reason in the index (or keeps
-serving its previous version); the others serve.
+serving its previous version); the others serve. Supervision: a ModelActor that fails in a tell (an
+error that is not a TritonError, i.e. a bug or a backend breaking its contract) is replaced by a new
+one that reloads what was serving, while the old routing snapshot keeps serving, at most
+:data:`~.supervisor.MAX_RESTARTS` times in :data:`~.supervisor.RESTART_WINDOW_S`; the next failure
+gives up: every version of that model UNAVAILABLE with the reason in the index and unloaded (a later
+load API call or POLL change loads it afresh).
 
 POLL is reconciliation (spec §5.1, design "Lifecycle"): each rescan (every ``--repository-poll-secs``,
 sooner when :mod:`.watcher` nudges) feeds the stamps on disk to the reconciler and carries out the
@@ -30,10 +38,12 @@ import gevent.lock
 from ..backends.base import Backend
 from ..errors import TritonError
 from ..repository import layout, overrides, snapshot
+from ..repository.config import ModelConfig
 from ..repository.reconcile import Reconciler
-from .handles import READY, ModelHandle
-from .kernel import Actor, Reply
-from .model import Load, LoadSettings, ModelActor, Unload
+from .handles import READY, UNAVAILABLE, ModelHandle
+from .kernel import Actor, ActorRef, Reply
+from .model import LoadSettings, ModelActor, Restart
+from .supervisor import RestartBudget
 from .watcher import Watcher
 
 log = logging.getLogger(__name__)
@@ -45,12 +55,13 @@ _INVALID_NAME = "a model name is one folder name inside a model repository (no '
 
 @dataclass(frozen=True, slots=True)
 class LoadAll:
-    pass
+    reply: Reply[dict[str, str]]
 
 
 @dataclass(frozen=True, slots=True)
 class LoadModel:
     name: str
+    reply: Reply[None]
     config: str | None = None
     files: dict[str, bytes] = field(default_factory=dict)
 
@@ -58,6 +69,7 @@ class LoadModel:
 @dataclass(frozen=True, slots=True)
 class UnloadModel:
     name: str
+    reply: Reply[None]
     unload_dependents: bool = False
 
 
@@ -90,16 +102,63 @@ class Index:
 
 @dataclass(frozen=True, slots=True)
 class UnloadAll:
-    pass
+    reply: Reply[None]
+
+
+@dataclass(frozen=True, slots=True)
+class _UnloadsFinished:
+    reply: Reply[None]
+
+
+class RepositoryRef(ActorRef):
+    """Typed facade of the :class:`RepositoryActor` (what the server and the data plane call)."""
+
+    __slots__ = ()
+
+    def load_all(self) -> Reply[dict[str, str]]:
+        """Load what the control mode loads at startup; completes with model → error when all finished."""
+        done: Reply[dict[str, str]] = Reply()
+        self.tell(LoadAll(done))
+        return done
+
+    def load(self, name: str, config: str | None = None, files: dict[str, bytes] | None = None) -> Reply[None]:
+        """The load API (EXPLICIT): completes when the model loaded, or fails with the reason."""
+        done: Reply[None] = Reply()
+        self.tell(LoadModel(name, done, config, files or {}))
+        return done
+
+    def unload(self, name: str, unload_dependents: bool = False) -> Reply[None]:
+        """The unload API (EXPLICIT): completes once the unload started (Triton: asynchronous)."""
+        done: Reply[None] = Reply()
+        self.tell(UnloadModel(name, done, unload_dependents))
+        return done
+
+    def index(self, ready_only: bool = False, timeout: float | None = 60.0) -> list[dict[str, Any]]:
+        """The repository index entries (Triton's ``RepositoryIndex``); raises UNAVAILABLE on timeout."""
+        return self.ask(Index(ready_only), timeout)
+
+    def unload_all(self) -> Reply[None]:
+        """Shutdown: unload every model and stop the model actors; completes when done."""
+        done: Reply[None] = Reply()
+        self.tell(UnloadAll(done))
+        return done
+
+    def rescan(self) -> None:
+        """POLL: reconcile with what is on disk now."""
+        self.tell(Rescan())
 
 
 class RepositoryActor(Actor):
-    """Owns what is on disk and which model actors exist."""
+    """Owns what is on disk and which model actors exist, and supervises the model actors."""
+
+    ref_class = RepositoryRef
+    ref: RepositoryRef
 
     def __init__(self, repositories: list[Path], backends: dict[str, Backend], settings: LoadSettings,
                  control_mode: str = NONE, startup_models: tuple[str, ...] = (), poll_secs: float = 15.0,
-                 load_threads: int = 4) -> None:
+                 load_threads: int = 4, restarts: RestartBudget | None = None) -> None:
         super().__init__("repository")
+        self._restarts = restarts or RestartBudget()
         self.repositories = repositories
         self.control_mode = control_mode
         self._startup_models = startup_models
@@ -128,7 +187,7 @@ class RepositoryActor(Actor):
             self._watcher.stop()
 
     # -- startup ----------------------------------------------------------------------------------
-    def on_LoadAll(self, _msg: LoadAll) -> Reply[dict[str, str]]:
+    def on_LoadAll(self, msg: LoadAll) -> None:
         """Start the loads the mode asks for, in parallel; the answer (model → error) comes via _LoadsFinished."""
         found = layout.list_models(self.repositories)
         names = list(found)
@@ -144,10 +203,8 @@ class RepositoryActor(Actor):
                 continue
             if self.control_mode == POLL:
                 self._poll.loaded(name, snapshot.take(model_dir))
-            pending[name] = self._actor_for(name).ref.ask_async(Load(model_dir))
-        reply: Reply[dict[str, str]] = Reply()
-        gevent.spawn(self._await_loads, pending, failures, reply)
-        return reply
+            pending[name] = self._actor_for(name).ref.load(model_dir)
+        gevent.spawn(self._await_loads, pending, failures, msg.reply)
 
     def _await_loads(self, pending: dict[str, Reply[None]], failures: dict[str, str], reply: Reply[dict[str, str]]) -> None:
         """Helper greenlet: wait for the loads, then report back through the mailbox (keeps ordering)."""
@@ -162,8 +219,8 @@ class RepositoryActor(Actor):
         msg.reply.set(msg.failures)
 
     # -- the load API (EXPLICIT) ------------------------------------------------------------------
-    def on_LoadModel(self, msg: LoadModel) -> Reply[None]:
-        """Answered at once with a Reply that completes when the model actor finished the load.
+    def on_LoadModel(self, msg: LoadModel) -> None:
+        """Hands ``msg.reply`` to the model actor, which completes it when the load finished.
 
         What fails before a load starts (unknown or invalid name, bad overrides) is Triton's 500
         ``failed to load 'm', failed to poll from model repository``, with the reason appended (Triton
@@ -171,13 +228,14 @@ class RepositoryActor(Actor):
         if self.control_mode != EXPLICIT:
             raise TritonError.unavailable(_REFUSED)
         try:
-            load = self._load_request(msg)
+            model_dir, override, owned = self._load_request(msg)
         except TritonError as e:
             reason = "" if e.message == _poll_failed(msg.name) else f": {e.message}"
             raise TritonError.internal(_poll_failed(msg.name) + reason) from None
-        return self._actor_for(msg.name).ref.ask_async(load)
+        self._actor_for(msg.name).ref.load(model_dir, override, owned, reply=msg.reply)
 
-    def _load_request(self, msg: LoadModel) -> Load:
+    def _load_request(self, msg: LoadModel) -> tuple[Path, ModelConfig | None, bool]:
+        """Where the model actor loads from: the model's folder, or a private copy with the overrides."""
         if not layout.is_valid_model_name(msg.name):
             raise TritonError.invalid_arg(_INVALID_NAME)
         model_dir = self._model_dir(msg.name, layout.list_models(self.repositories))
@@ -185,8 +243,8 @@ class RepositoryActor(Actor):
         if msg.files and override is None:
             raise TritonError.invalid_arg("file overrides need a 'config' parameter as well")
         if msg.files:
-            return Load(overrides.materialize(msg.name, msg.files), override, owned=True)
-        return Load(model_dir, override)
+            return overrides.materialize(msg.name, msg.files), override, True
+        return model_dir, override, False
 
     def on_UnloadModel(self, msg: UnloadModel) -> None:
         """Returns before the model is gone (Triton: unload is asynchronous, spec surprise #9); an
@@ -197,6 +255,7 @@ class RepositoryActor(Actor):
         actor = self._models.get(msg.name)
         if actor is not None:
             self._unload(msg.name, actor)
+        msg.reply.set(None)
 
     def _model_dir(self, name: str, found: dict[str, list[Path]]) -> Path:
         dirs = found.get(name) if layout.is_valid_model_name(name) else None
@@ -209,7 +268,7 @@ class RepositoryActor(Actor):
         return dirs[0]
 
     def _unload(self, name: str, actor: ModelActor) -> None:
-        done = actor.ref.ask_async(Unload())
+        done = actor.ref.unload()
         done.link(lambda r: r.exception() and log.error("unloading '%s' failed: %s", name, r.exception()))
 
     # -- POLL -------------------------------------------------------------------------------------
@@ -232,10 +291,10 @@ class RepositoryActor(Actor):
         actions = self._poll.step({name: snapshot.take(d) for name, d in unique.items()}, time.monotonic())
         for name in actions.load:
             log.info("poll: loading '%s' (files changed)", name)
-            self._actor_for(name).ref.ask_async(Load(unique[name])).link(self._log_poll_failure(name))
+            self._actor_for(name).ref.load_in_background(unique[name])  # a failure is logged, and in the index
         for name in actions.unload:
             log.info("poll: unloading '%s' (its folder is gone)", name)
-            self._models[name].ref.ask_async(Unload()).link(lambda _r, name=name: self._tell(_ModelGone(name)))
+            self._models[name].ref.unload().link(lambda _r, name=name: self._tell(_ModelGone(name)))
         if actions.settling and (self._rescan_due is None or self._rescan_due.dead):
             self._rescan_due = gevent.spawn_later(SETTLE_S, self._tell_rescan)
 
@@ -257,14 +316,6 @@ class RepositoryActor(Actor):
         except TritonError:
             pass  # stopped meanwhile
 
-    @staticmethod
-    def _log_poll_failure(name: str) -> Any:
-        def report(r: Reply[None]) -> None:
-            if r.exception() is not None:
-                log.error("poll: loading '%s' failed: %s", name, r.exception())
-
-        return report
-
     # -- routing and index ------------------------------------------------------------------------
     def on_ModelChanged(self, msg: ModelChanged) -> None:
         self._set_route(msg.handle)
@@ -279,7 +330,7 @@ class RepositoryActor(Actor):
             if handle is None or not handle.versions:
                 if not msg.ready_only:
                     entries.append({"name": name} if handle is None else
-                                   {"name": name, "state": "UNAVAILABLE", "reason": "duplicate model name"})
+                                   {"name": name, "state": UNAVAILABLE.value, "reason": "duplicate model name"})
                 continue
             for v, vh in handle.versions.items():
                 if msg.ready_only and vh.state != READY:
@@ -287,28 +338,52 @@ class RepositoryActor(Actor):
                 entry: dict[str, Any] = {"name": name}
                 if v >= 0:
                     entry["version"] = str(v)
-                entry["state"] = vh.state
+                entry["state"] = vh.state.value  # the plain string, for JSON and protobuf alike
                 if vh.reason:
                     entry["reason"] = vh.reason
                 entries.append(entry)
         return entries
 
-    def on_UnloadAll(self, _msg: UnloadAll) -> Reply[None]:
-        replies = [actor.ref.ask_async(Unload()) for actor in self._models.values()]
-        done: Reply[None] = Reply()
+    def on_UnloadAll(self, msg: UnloadAll) -> None:
+        replies = [actor.ref.unload() for actor in self._models.values()]
 
         def wait() -> None:
+            """Helper greenlet: wait for the unloads, then finish in the mailbox (the actors are ours)."""
             for r in replies:
                 try:
                     r.get()
                 except Exception as e:  # noqa: BLE001
                     log.error("unload failed: %s", e)
-            for actor in self._models.values():
-                actor.stop()
-            done.set(None)
+            self._tell(_UnloadsFinished(msg.reply))
 
         gevent.spawn(wait)
-        return done
+
+    def on__UnloadsFinished(self, msg: _UnloadsFinished) -> None:
+        for actor in self._models.values():
+            actor.stop()
+        msg.reply.set(None)
+
+    # -- supervision ------------------------------------------------------------------------------
+    def on_child_failure(self, child: Actor, error: BaseException) -> None:
+        """A ModelActor failed in a tell: restart it within the budget, else give up on the model.
+        Either way the failed actor hands its state to a replacement, which reloads (or unloads)."""
+        if not isinstance(child, ModelActor) or self._models.get(child.model) is not child:
+            super().on_child_failure(child, error)  # not one of ours any more: just stop it
+            return
+        name = child.model
+        text = error.status_text() if isinstance(error, TritonError) else repr(error)
+        give_up = None
+        if self._restarts.allow(name):
+            log.error("model actor '%s' failed: %s; restarting it (%d of %d in %.0f s)", name, text,
+                      self._restarts.used(name), self._restarts.max_restarts, self._restarts.window_s,
+                      exc_info=error)
+        else:
+            give_up = (f"the model's actor failed more than {self._restarts.max_restarts} times in "
+                       f"{self._restarts.window_s:.0f} s, last: {text}")
+            log.error("model actor '%s' failed: %s; giving up, the model is UNAVAILABLE", name, text, exc_info=error)
+        handover = child.hand_over()
+        del self._models[name]
+        self._actor_for(name).ref.tell(Restart(handover, text, give_up))
 
     # -- helpers ----------------------------------------------------------------------------------
     def _actor_for(self, name: str) -> ModelActor:

@@ -1,10 +1,15 @@
 """SchedulerActor: the queue of one model version and the choice of which idle instance runs what.
 
-An :class:`InlineActor`: its handlers never block, so a message is handled on the sender's stack
-when the actor is idle (no loop greenlet, no switch). Messages: :class:`Enqueue` (tell, carries its Reply), :class:`BatchDone` (event from an instance),
-:class:`GetStats` (ask), :class:`Drain` (ask; answered once nothing is queued or running).
-State owned: the request queue, the idle instances, the version's :class:`VersionStats`.
-Failure: a backend error fails only the requests of that batch; the instance goes back to idle.
+An :class:`InlineActor`: its handlers never block, so while fast paths are on a message is handled on
+the sender's stack when the actor is idle (no loop greenlet, no switch); with them off it is a plain
+actor with its loop greenlet. Messages: :class:`Enqueue` (tell, carries its Reply), :class:`BatchDone`
+(event from an instance's completion, in the hub or the caller), :class:`GetStats` (ask),
+:class:`Drain` (tell, carries its Reply: completed once nothing is queued or running).
+State owned: the request queue, the idle instances (:class:`ModelInstance`, single-owner hub
+objects: only this actor calls them once it started), the version's :class:`VersionStats`.
+Failure: a backend error fails only the requests of that batch; the instance goes back to idle. An
+error in a handler fails that message's reply. Stopped: queued requests fail UNAVAILABLE, a batch
+that finishes afterwards still answers its requests (``_answer``).
 
 Policy: the version's :class:`~.batch_queue.BatchQueue` (spec §6.1-6.2) decides what runs next
 whenever an instance is idle; without a scheduling block each request runs alone. No idle instance:
@@ -29,7 +34,7 @@ from ..errors import TritonError
 from ..inference import InferRequest, InferResponse
 from ..statistics import VersionStats
 from .batch_queue import BatchPolicy, BatchQueue, timeout_error
-from .instance import InstanceActor
+from .instance import ModelInstance
 from .kernel import InlineActor, Reply
 
 log = logging.getLogger(__name__)
@@ -45,7 +50,7 @@ class Enqueue:
 
 @dataclass(frozen=True, slots=True)
 class BatchDone:
-    instance: InstanceActor
+    instance: ModelInstance
     items: list[Enqueue]
     dispatch_ns: int
     ok: bool
@@ -72,12 +77,12 @@ class Drain:
 class SchedulerActor(InlineActor):
     """Default and dynamic-batching scheduler of one model version."""
 
-    def __init__(self, name: str, instances: list[InstanceActor], stats: VersionStats,
+    def __init__(self, name: str, instances: list[ModelInstance], stats: VersionStats,
                  policy: BatchPolicy | None = None, clock: Callable[[], int] = time.perf_counter_ns) -> None:
         super().__init__(name)
         self._policy = policy or BatchPolicy()
         self._queue: BatchQueue[Enqueue] = BatchQueue(self._policy)
-        self._idle: list[InstanceActor] = list(reversed(instances))
+        self._idle: list[ModelInstance] = list(reversed(instances))
         self._busy = 0
         self._stats = stats
         self._clock = clock
@@ -153,6 +158,11 @@ class SchedulerActor(InlineActor):
             reply.set(None)
         self._drains.clear()
 
+    def on_dropped(self, message: object) -> None:
+        """A completion that reached the mailbox after the stop (loop mode): still answer its requests."""
+        if isinstance(message, BatchDone):
+            _answer(message.items, message.ok, message.value)
+
     def on_GetStats(self, _msg: GetStats) -> dict[str, object]:
         return self._stats.snapshot()
 
@@ -183,7 +193,7 @@ class SchedulerActor(InlineActor):
             self._arm(now, wait)
         self._maybe_drained()
 
-    def _run(self, instance: InstanceActor, items: list[Enqueue]) -> None:
+    def _run(self, instance: ModelInstance, items: list[Enqueue]) -> None:
         if self._ordered:
             for item in items:
                 self._seq[id(item)] = self._next_seq
@@ -225,7 +235,7 @@ class SchedulerActor(InlineActor):
         except TritonError:  # stopped meanwhile
             pass
 
-    def _completion(self, instance: InstanceActor, items: list[Enqueue], dispatch_ns: int) -> Callable[[bool, Any], None]:
+    def _completion(self, instance: ModelInstance, items: list[Enqueue], dispatch_ns: int) -> Callable[[bool, Any], None]:
         """The hub-side callback of one batch: turn it into a BatchDone message for this actor."""
         tell = self.ref.tell
 

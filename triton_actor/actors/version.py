@@ -20,8 +20,8 @@ from ..repository.snapshot import FileEntry
 from ..statistics import VersionStats
 from ..validation import RequestValidator
 from .batch_queue import BatchPolicy
-from .handles import READY, UNAVAILABLE, VersionHandle
-from .instance import InstanceActor
+from .handles import LOADING, READY, UNAVAILABLE, UNKNOWN, ReadyState, VersionHandle, check_transition
+from .instance import ModelInstance
 from .kernel import Reply
 from .scheduler import Drain, SchedulerActor
 from .warmup import warm_up
@@ -32,16 +32,26 @@ _KIND_NAMES = {0: "AUTO", 1: "GPU", 2: "CPU", 3: "MODEL"}
 
 @dataclass(slots=True)
 class Version:
-    """A model actor's record of one version (mutable, owned by the model actor)."""
+    """A model actor's record of one version: a single-owner object (mutable, owned by the model actor,
+    touched by one greenlet at a time). Its state changes only through :meth:`to`, which checks
+    :data:`~.handles.TRANSITIONS`; a new record is born from UNKNOWN into ``state``."""
 
     version: int
-    state: str
+    state: ReadyState
     reason: str = ""
     scheduler: SchedulerActor | None = None
-    instances: list[InstanceActor] = field(default_factory=list)
+    instances: list[ModelInstance] = field(default_factory=list)
     validator: RequestValidator | None = None
     labels: dict[str, list[str]] = field(default_factory=dict)
     files: tuple[FileEntry, ...] = ()  # the version folder as it was when loaded (change detection)
+
+    def __post_init__(self) -> None:
+        check_transition(UNKNOWN, self.state)
+
+    def to(self, state: ReadyState, reason: str = "") -> None:
+        """Move to ``state`` with ``reason``; an illegal transition raises INTERNAL (a bug of ours)."""
+        self.state = check_transition(self.state, state)
+        self.reason = reason
 
     def handle(self) -> VersionHandle:
         return VersionHandle(self.version, self.state, self.reason, self.scheduler, self.validator, self.labels)
@@ -69,10 +79,11 @@ class VersionSource:
 def start_version(src: VersionSource, load_timeout_s: float) -> Version:
     """Create the instances (each on its own native thread), warm them up, start the scheduler."""
     start = time.monotonic()
-    instances: list[InstanceActor] = []
+    rec = Version(src.version, LOADING, files=src.files)
+    instances: list[ModelInstance] = []
     try:
         labels = _read_labels(src.config, src.model_dir, src.model)
-        instances = [InstanceActor(ctx, src.backend) for ctx in _contexts(src)]
+        instances = [ModelInstance(ctx, src.backend) for ctx in _contexts(src)]
         failures: list[Exception] = []
         for inst in instances:
             try:
@@ -91,9 +102,12 @@ def start_version(src: VersionSource, load_timeout_s: float) -> Version:
             inst.close(timeout=10)
         reason = e.status_text() if isinstance(e, TritonError) else repr(e)
         log.error("failed to load '%s' version %d: %s", src.model, src.version, e)
-        return Version(src.version, UNAVAILABLE, reason, files=src.files)
+        rec.to(UNAVAILABLE, reason)
+        return rec
     log.info("successfully loaded '%s' version %d (%.2f s)", src.model, src.version, time.monotonic() - start)
-    return Version(src.version, READY, "", scheduler, instances, RequestValidator(src.config), labels, src.files)
+    rec.scheduler, rec.instances, rec.validator, rec.labels = scheduler, instances, RequestValidator(src.config), labels
+    rec.to(READY)
+    return rec
 
 
 def stop_version(rec: Version, model: str) -> None:

@@ -19,13 +19,13 @@ from ..protocol.dtypes import BY_ENUM_VALUE, BYTES
 from ..repository import layout
 from ..repository.config import ModelConfig
 from .bridge import ResponseChannel
-from .instance import InstanceActor
+from .instance import ModelInstance
 from .kernel import Reply
 
 WARMUP_TIMEOUT_S = 600.0
 
 
-def warm_up(config: ModelConfig, model_dir: Path, model: str, version: int, instances: list[InstanceActor]) -> None:
+def warm_up(config: ModelConfig, model_dir: Path, model: str, version: int, instances: list[ModelInstance]) -> None:
     """Run every warmup sample on every instance; raise INVALID_ARG naming the sample on failure."""
     for sample in config.model_warmup:
         request = _request(sample, config, model_dir, model, version)

@@ -603,12 +603,12 @@ class _Connection:
 
     def _start_infer(self, stream: _Stream) -> None:
         """ModelInfer, in the reader: decode and queue the request here; when the model answered at
-        once (a quick model runs inline, :class:`InstanceActor`) and the answer fits the windows,
+        once (a quick model runs inline, :class:`ModelInstance`) and the answer fits the windows,
         answer here too. Otherwise a greenlet waits for the answer, so the reader never waits for a
         model's thread or on flow control. Saves a greenlet per call on the hot path. The one case
         the reader is held: a model promoted to run inline that then yields in ``execute`` (a patched
         sleep, a BLS call) holds this connection's other streams for that one run; the instance is
-        demoted back to its thread right after it (``InstanceActor``, DEMOTE_WALL_NS)."""
+        demoted back to its thread right after it (``ModelInstance``, DEMOTE_WALL_NS)."""
         servicer = self.server.servicer
         try:
             request, pending = servicer.start_infer(self._one_request(stream))
