@@ -172,11 +172,11 @@ def test_normalize_defaults() -> None:
     assert list(cfg.dynamic_batching.preferred_batch_size) == [8]
     assert cfg.optimization.input_pinned_memory.enable is True
     assert cfg.optimization.output_pinned_memory.enable is True
-    # no instance_group at all: one group "<model>_0" (Triton 2.51 names its instance "<model>_0"),
-    # KIND_AUTO → CPU without GPUs
+    # no instance_group at all: one group named after the model (Triton 2.51 shows "name": "m" in
+    # /config and names its instance "m_0"), KIND_AUTO → CPU without GPUs
     assert len(cfg.instance_group) == 1
     group = cfg.instance_group[0]
-    assert (group.name, group.kind, group.count) == ("m_0", mc.ModelInstanceGroup.KIND_CPU, 1)
+    assert (group.name, group.kind, group.count) == ("m", mc.ModelInstanceGroup.KIND_CPU, 1)
 
 
 def test_normalize_keeps_explicit_values() -> None:

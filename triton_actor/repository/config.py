@@ -141,9 +141,10 @@ def normalize(cfg: ModelConfig, model: str, gpu_count: int) -> None:
         cfg.optimization.input_pinned_memory.enable = True
         cfg.optimization.output_pinned_memory.enable = True
         if not cfg.instance_group:
-            # named "<model>_0" like any other group: Triton 2.51 reports such an instance as
-            # "<model>_0" (captured in scripts/triton_reference/NOTES.md, exec_raise)
-            cfg.instance_group.add().kind = mc.ModelInstanceGroup.KIND_AUTO
+            # Triton's NormalizeInstanceGroup names the group it adds after the model ("m"), and
+            # its instance is then "m_0" (Triton 2.51: /config and the execute error of exec_raise,
+            # scripts/triton_reference/NOTES.md); unnamed groups of the file are "<model>_<position>"
+            cfg.instance_group.add(name=model, kind=mc.ModelInstanceGroup.KIND_AUTO)
         for idx, group in enumerate(cfg.instance_group):
             if not group.name:
                 group.name = f"{model}_{idx}"
