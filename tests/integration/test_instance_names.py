@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException
 
+from triton_actor.devices import gpu_count
+
 from .clients import PROTOCOLS, Client
 from .server import ServerProcess, add_model
 
@@ -43,9 +45,13 @@ output [ { name: "NAME", data_type: TYPE_STRING, dims: [ 1 ] } ]
 parameters { key: "expected" value: { string_value: "%s" } }
 """
 
+# A python model without instance_group takes Triton's KIND_AUTO: on a GPU host one instance per GPU, all
+# named "<model>_0" (the copies of an instance on several GPUs share its name)
+GPUS = gpu_count()
+
 # model → (instance_group lines, group names /config shows, instance names initialize sees)
 CASES = {
-    "no_groups": ("", ["no_groups"], ["no_groups_0"]),
+    "no_groups": ("", ["no_groups"], ["no_groups_0"] * max(1, GPUS)),
     "one_group": ("instance_group [ { count: 2, kind: KIND_CPU } ]", ["one_group_0"], ["one_group_0_0", "one_group_0_1"]),
     "two_groups": ("instance_group [ { kind: KIND_CPU }, { kind: KIND_CPU } ]", ["two_groups_0", "two_groups_1"],
                    ["two_groups_0_0", "two_groups_1_0"]),
@@ -57,7 +63,7 @@ CASES = {
 def names_server(tmp_path_factory: pytest.TempPathFactory):
     repo = tmp_path_factory.mktemp("names")
     for model, (groups, _, instances) in CASES.items():
-        add_model(repo, model, HEAD % ",".join(instances) + groups, NAME_CHECK_PY)
+        add_model(repo, model, HEAD % ",".join(sorted(set(instances))) + groups, NAME_CHECK_PY)
     server = ServerProcess(repo)  # --exit-on-error is on: one refused name and the server is gone
     try:
         server.wait_ready()
@@ -80,7 +86,8 @@ def test_config_and_statistics_show_triton_group_names(names_server, protocol: s
         for model, (_, groups, instances) in CASES.items():
             cfg = client.get_model_config(model)
             assert [g["name"] for g in cfg["instance_group"]] == groups
-            assert [g["kind"] for g in cfg["instance_group"]] == ["KIND_CPU"] * len(groups)
+            kind = "KIND_GPU" if GPUS and model == "no_groups" else "KIND_CPU"
+            assert [g["kind"] for g in cfg["instance_group"]] == [kind] * len(groups)
             x = client.mod.InferInput("INPUT0", [1], "FP32")
             x.set_data_from_numpy(np.zeros(1, np.float32))
             name = client.infer(model, [x]).as_numpy("NAME")[0]
