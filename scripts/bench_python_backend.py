@@ -40,7 +40,7 @@ def make_instance() -> py_backend.PythonInstance:
     model_dir = ROOT / "model_repository" / "add_sub"
     config, _ = config_mod.read(model_dir, "add_sub", auto_complete=False)
     config_json = json.dumps(config_mod.to_json_dict(config))
-    ctx = InstanceContext("add_sub", 1, model_dir, model_dir / "1", config, config_json, "add_sub_0", "CPU", 0, 0)
+    ctx = InstanceContext("add_sub", 1, model_dir, model_dir / "1", config, config_json, "add_sub_0_0", "CPU", 0, 0)
     return py_backend.PythonInstance(ctx)
 
 

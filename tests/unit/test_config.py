@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from triton_actor.devices import runtime_gpu_support
 from triton_actor.errors import Code, TritonError
 from triton_actor.protocol._generated import model_config_pb2 as mc
 from triton_actor.repository import config as cm
@@ -172,11 +173,11 @@ def test_normalize_defaults() -> None:
     assert list(cfg.dynamic_batching.preferred_batch_size) == [8]
     assert cfg.optimization.input_pinned_memory.enable is True
     assert cfg.optimization.output_pinned_memory.enable is True
-    # no instance_group at all: one group "<model>_0" (Triton 2.51 names its instance "<model>_0"),
-    # KIND_AUTO → CPU without GPUs
+    # no instance_group at all: one group named after the model (Triton 2.51 shows "name": "m" in
+    # /config and names its instance "m_0"), KIND_AUTO → CPU without GPUs
     assert len(cfg.instance_group) == 1
     group = cfg.instance_group[0]
-    assert (group.name, group.kind, group.count) == ("m_0", mc.ModelInstanceGroup.KIND_CPU, 1)
+    assert (group.name, group.kind, group.count) == ("m", mc.ModelInstanceGroup.KIND_CPU, 1)
 
 
 def test_normalize_keeps_explicit_values() -> None:
@@ -216,9 +217,64 @@ def test_normalize_onnx_cpu_count_default_and_gpu_fill() -> None:
     assert cpu.instance_group[0].count == 2  # Triton: two CPU instances for onnxruntime/tensorflow
     gpu = mc.ModelConfig(name="m", backend="onnxruntime")
     gpu.instance_group.add(kind=mc.ModelInstanceGroup.KIND_AUTO)
-    cm.normalize(gpu, "m", gpu_count=2)
+    cm.normalize(gpu, "m", gpu_count=2, gpu_support=_can_use_gpu)
     g = gpu.instance_group[0]
     assert (g.kind, g.count, list(g.gpus)) == (mc.ModelInstanceGroup.KIND_GPU, 1, [0, 1])
+
+
+# -- a kind left to the server on a GPU host (issue 14 §2): the runtime decides -----------------------
+
+CPU_WHEEL = "ONNX Runtime 1.0 has no CUDAExecutionProvider (available providers: CPUExecutionProvider)"
+
+
+def _can_use_gpu(backend: str) -> str | None:
+    return None
+
+
+def _cpu_wheel(backend: str) -> str | None:
+    return CPU_WHEEL if backend == "onnxruntime" else None
+
+
+def _never_asked(backend: str) -> str | None:
+    raise AssertionError(f"the runtime of {backend} was probed on a host without GPUs")
+
+
+@pytest.mark.parametrize("groups", [0, 1])  # no instance_group at all, or one KIND_AUTO group
+def test_kind_left_to_us_follows_the_runtime_on_a_gpu_host(groups: int) -> None:
+    def normalized(backend: str, gpu_support) -> tuple:
+        cfg = mc.ModelConfig(name="m", backend=backend)
+        for _ in range(groups):
+            cfg.instance_group.add(kind=mc.ModelInstanceGroup.KIND_AUTO)
+        cm.normalize(cfg, "m", gpu_count=2, gpu_support=gpu_support)
+        cm.validate(cfg, "m", gpu_count=2, gpu_support=gpu_support)
+        g = cfg.instance_group[0]
+        return mc.ModelInstanceGroup.Kind.Name(g.kind), g.count, list(g.gpus)
+
+    # the CPU wheel of onnxruntime: the CPU, with Triton's CPU count for onnxruntime; it loads
+    assert normalized("onnxruntime", _cpu_wheel) == ("KIND_CPU", 2, [])
+    assert normalized("onnxruntime", _can_use_gpu) == ("KIND_GPU", 1, [0, 1])
+    assert normalized("pytorch", lambda b: "torch 2.0 has no usable CUDA device") == ("KIND_CPU", 1, [])
+    # python models take a GPU group as Triton gives them one: the device id only (no runtime to ask)
+    assert normalized("python", runtime_gpu_support) == ("KIND_GPU", 1, [0, 1])
+
+
+def test_no_runtime_is_probed_without_gpus() -> None:
+    for backend in ("onnxruntime", "pytorch", "python"):
+        cfg = mc.ModelConfig(name="m", backend=backend)
+        cm.normalize(cfg, "m", gpu_count=0, gpu_support=_never_asked)
+        cm.validate(cfg, "m", gpu_count=0, gpu_support=_never_asked)
+        assert cfg.instance_group[0].kind == mc.ModelInstanceGroup.KIND_CPU
+
+
+def test_validate_explicit_kind_gpu_names_the_missing_provider() -> None:
+    cfg = mc.ModelConfig(name="m", backend="onnxruntime")
+    cfg.instance_group.add(kind=mc.ModelInstanceGroup.KIND_GPU)
+    cm.normalize(cfg, "m", gpu_count=1, gpu_support=_cpu_wheel)
+    assert list(cfg.instance_group[0].gpus) == [0]  # an explicit kind is never changed
+    with pytest.raises(TritonError) as info:
+        cm.validate(cfg, "m", gpu_count=1, gpu_support=_cpu_wheel)
+    assert info.value.code == Code.INVALID_ARG
+    assert info.value.message == f"model 'm': instance group m_0 of kind KIND_GPU but {CPU_WHEEL}"
 
 
 def test_normalize_ensemble_gets_no_instances_or_optimization() -> None:

@@ -337,6 +337,52 @@ def test_dlpack_read_only_and_unsupported():
         pb_utils.Tensor.from_dlpack("bad", [1, 2])
 
 
+# ---------------------------------------------------------------------------- BF16 (Triton's pb_tensor.cc)
+
+BF16_NO_NUMPY = "Tensor dtype is BF16 and cannot be converted to NumPy. Use to_dlpack() and from_dlpack() instead."
+
+
+def test_bf16_comes_from_dlpack_and_has_no_numpy():
+    torch = pytest.importorskip("torch")
+    source = torch.tensor([[1.5, -2.0], [3.25, 0.0]], dtype=torch.bfloat16)
+    for given in (source, torch.utils.dlpack.to_dlpack(source)):  # an object with __dlpack__, or a capsule
+        tensor = pb_utils.Tensor.from_dlpack("X", given)
+        assert (tensor.name(), tensor.triton_dtype(), tensor.shape()) == ("X", pb_utils.TYPE_BF16, [2, 2])
+        with pytest.raises(pb_utils.TritonModelException) as e:
+            tensor.as_numpy()
+        assert str(e.value) == BF16_NO_NUMPY
+        # the bit patterns are kept, and nothing is copied
+        assert tensor._array.tobytes() == source.view(torch.int16).numpy().tobytes()
+    source[0, 0] = 7.0
+    assert torch.from_dlpack(tensor)[0, 0].item() == 7.0
+
+
+def test_bf16_goes_back_through_dlpack_as_bfloat16():
+    torch = pytest.importorskip("torch")
+    source = torch.arange(6, dtype=torch.bfloat16).reshape(2, 3)
+    tensor = pb_utils.Tensor.from_dlpack("X", source)
+    for out in (torch.utils.dlpack.from_dlpack(tensor.to_dlpack()), torch.from_dlpack(tensor)):
+        assert out.dtype == torch.bfloat16 and torch.equal(out, source)
+    again = pb_utils.Tensor.from_dlpack("Y", tensor.to_dlpack())  # Triton's own bf16 model does this
+    assert again.triton_dtype() == pb_utils.TYPE_BF16
+    assert torch.equal(torch.from_dlpack(again), source)
+    strided = pb_utils.Tensor.from_dlpack("T", source.t())  # non-contiguous: copied into C order
+    assert torch.equal(torch.from_dlpack(strided), source.t())
+
+
+def test_bf16_server_input_and_numpy_never_bf16():
+    raw = np.frombuffer(np.array([0x3FC0, 0xC000], "<u2").tobytes(), "V2")  # 1.5, -2.0 as the server holds them
+    tensor = pb_utils.Tensor._trusted("I", raw, pb_utils.TYPE_BF16)
+    with pytest.raises(pb_utils.TritonModelException, match="cannot be converted to NumPy"):
+        tensor.as_numpy()
+    torch = pytest.importorskip("torch")
+    assert torch.from_dlpack(tensor).tolist() == [1.5, -2.0]
+    with pytest.raises(TypeError):  # a numpy array is never BF16, whatever its element size
+        pb_utils.Tensor("V", raw)
+    u16 = pb_utils.Tensor.from_dlpack("U", np.array([1, 2], np.uint16))  # uint16 stays UINT16
+    assert u16.triton_dtype() == pb_utils.TYPE_UINT16
+
+
 # ---------------------------------------------------------------------------- errors
 
 

@@ -134,16 +134,17 @@ def _contexts(src: VersionSource) -> list[InstanceContext]:
             for i in range(group.count):
                 out.append(InstanceContext(
                     src.model, src.version, src.model_dir, src.version_dir, src.config, src.config_json,
-                    _instance_name(group.name, i, group.count, device, len(devices)),
+                    _instance_name(group.name, i),
                     _KIND_NAMES.get(group.kind, "CPU"), device, len(out), src.backend_config,
                 ))
     return out
 
 
-def _instance_name(group: str, index: int, count: int, device: int, devices: int) -> str:
-    """Triton names a lone instance after its group, otherwise ``<group>_<index>`` (GPU: ``_gpu<id>``)."""
-    name = group if count == 1 else f"{group}_{index}"
-    return name if devices <= 1 else f"{name}_gpu{device}"
+def _instance_name(group: str, index: int) -> str:
+    """Triton 2.51 names instance ``c`` of group ``g`` ``<g>_<c>``, a lone one too (``m_0_0``, and ``m_0``
+    for the group ``m`` it adds to a config without ``instance_group``). The copies of one instance on
+    several GPUs share that name, as in Triton core's ``backend_model.cc``."""
+    return f"{group}_{index}"
 
 
 def _read_labels(config: ModelConfig, model_dir: Path, model: str) -> dict[str, list[str]]:

@@ -55,6 +55,20 @@ def _import_ort() -> Any:
     return onnxruntime
 
 
+def gpu_support() -> str | None:
+    """None when this ONNX Runtime has its CUDA execution provider, else why not (``devices.runtime_gpu_support``:
+    the CPU wheel on a GPU host puts a kind left to the server on the CPU and refuses KIND_GPU)."""
+    try:
+        ort = _import_ort()
+    except TritonError as e:
+        return e.message
+    providers = ort.get_available_providers()
+    if "CUDAExecutionProvider" in providers:
+        return None
+    return (f"ONNX Runtime {ort.__version__} has no CUDAExecutionProvider (available providers: "
+            f"{', '.join(providers)}); install onnxruntime-gpu with CUDA and cuDNN, or use KIND_CPU")
+
+
 def _session(path: Path, threads: int, providers: list[Any]) -> Any:
     ort = _import_ort()
 

@@ -42,6 +42,19 @@ def _import_torch() -> Any:
     return torch
 
 
+def gpu_support() -> str | None:
+    """None when torch sees a CUDA device, else why not (``devices.runtime_gpu_support``: a CPU build of torch
+    on a GPU host puts a kind left to the server on the CPU and refuses KIND_GPU)."""
+    try:
+        torch = _import_torch()
+    except TritonError as e:
+        return e.message
+    if torch.cuda.is_available():
+        return None
+    return (f"torch {torch.__version__} has no usable CUDA device (torch.cuda.is_available() is false); "
+            "install a CUDA build of torch, or use KIND_CPU")
+
+
 def _indices(names: list[str]) -> list[int] | None:
     """Positions from ``<name>__<i>`` names, or None when not every name has that form."""
     found = [_INDEXED.match(n) for n in names]

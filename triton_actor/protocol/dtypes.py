@@ -46,7 +46,13 @@ BYTES = BY_WIRE["BYTES"]
 BF16 = BY_WIRE["BF16"]
 
 
+# BF16 has no numpy type: its 16-bit patterns travel in arrays of 2-byte void elements, the dtype
+# pb_utils holds BF16 tensors in (``triton_python_backend_utils.dlpack.BF16_NUMPY``); no other Triton
+# type is a void dtype, so an output array of it is BF16 on the wire.
+BF16_NUMPY = np.dtype("V2")
+
 _BY_NUMPY: dict[np.dtype, DType] = {d.numpy: d for d in ALL if d.numpy is not None and d.numpy.kind != "O"}
+_BY_NUMPY[BF16_NUMPY] = BF16
 
 
 def from_numpy(dtype: np.dtype) -> DType | None:

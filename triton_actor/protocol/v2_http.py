@@ -17,7 +17,7 @@ from ..inference import InferInput, InferRequest, InferResponse, RequestedOutput
 from ..shared_memory import parse_window, write_output
 from . import bytes_codec
 from .classification import selected_outputs
-from .dtypes import BF16, BY_WIRE, BYTES, DType, from_numpy
+from .dtypes import BF16, BF16_NUMPY, BY_WIRE, BYTES, DType, from_numpy
 
 if TYPE_CHECKING:
     from ..shared_memory import SharedMemoryRegistry
@@ -224,7 +224,7 @@ def tensor_from_bytes(
             f"{prefix}input byte size mismatch for input '{name}' for model '{model}'. Expected {expected}, got {len(buf)}"
         )
     if dtype is BF16:
-        return np.frombuffer(buf, dtype=np.uint16).reshape(shape)  # raw bit patterns; no numpy bf16
+        return np.frombuffer(buf, dtype=BF16_NUMPY).reshape(shape)  # raw bit patterns; no numpy bf16
     return np.frombuffer(buf, dtype=dtype.numpy).reshape(shape)
 
 

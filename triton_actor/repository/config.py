@@ -8,12 +8,14 @@ normalize → validate. Every error names the model, and the file with line and 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import FieldDescriptor
 
+from ..devices import runtime_gpu_support
 from ..errors import TritonError
 from ..protocol._generated import model_config_pb2 as mc
 
@@ -129,8 +131,13 @@ def fill_backend_fields(cfg: ModelConfig, model: str, first_version_dir: Path | 
         cfg.backend = model.rsplit(".", 1)[1]
 
 
-def normalize(cfg: ModelConfig, model: str, gpu_count: int) -> None:
-    """Triton's ``NormalizeModelConfig`` / ``NormalizeInstanceGroup``: what /config shows after load."""
+def normalize(cfg: ModelConfig, model: str, gpu_count: int,
+              gpu_support: Callable[[str], str | None] = runtime_gpu_support) -> None:
+    """Triton's ``NormalizeModelConfig`` / ``NormalizeInstanceGroup``: what /config shows after load.
+
+    A kind left to the server (KIND_AUTO) is KIND_GPU only when the host has a GPU and the backend's
+    runtime can use it (``gpu_support(backend)`` is None, see :mod:`triton_actor.devices`), else KIND_CPU:
+    the CPU wheel of onnxruntime on a GPU host serves on the CPU instead of failing to load."""
     if not cfg.HasField("version_policy"):
         cfg.version_policy.latest.num_versions = 1
     if cfg.HasField("dynamic_batching") and cfg.max_batch_size > 0 and not cfg.dynamic_batching.preferred_batch_size:
@@ -141,26 +148,27 @@ def normalize(cfg: ModelConfig, model: str, gpu_count: int) -> None:
         cfg.optimization.input_pinned_memory.enable = True
         cfg.optimization.output_pinned_memory.enable = True
         if not cfg.instance_group:
-            # named "<model>_0" like any other group: Triton 2.51 reports such an instance as
-            # "<model>_0" (captured in scripts/triton_reference/NOTES.md, exec_raise)
-            cfg.instance_group.add().kind = mc.ModelInstanceGroup.KIND_AUTO
+            # Triton's NormalizeInstanceGroup names the group it adds after the model ("m"), and
+            # its instance is then "m_0" (Triton 2.51: /config and the execute error of exec_raise,
+            # scripts/triton_reference/NOTES.md); unnamed groups of the file are "<model>_<position>"
+            cfg.instance_group.add(name=model, kind=mc.ModelInstanceGroup.KIND_AUTO)
         for idx, group in enumerate(cfg.instance_group):
             if not group.name:
                 group.name = f"{model}_{idx}"
-            if group.count < 1:
-                group.count = 2 if cfg.backend in ("onnxruntime", "tensorflow") and _is_cpu(group, gpu_count) else 1
             if group.kind == mc.ModelInstanceGroup.KIND_AUTO:
-                group.kind = mc.ModelInstanceGroup.KIND_GPU if gpu_count and cfg.backend != "python" else mc.ModelInstanceGroup.KIND_CPU
+                on_gpu = gpu_count > 0 and gpu_support(cfg.backend) is None
+                group.kind = mc.ModelInstanceGroup.KIND_GPU if on_gpu else mc.ModelInstanceGroup.KIND_CPU
+            if group.count < 1:
+                cpu = group.kind == mc.ModelInstanceGroup.KIND_CPU
+                group.count = 2 if cfg.backend in ("onnxruntime", "tensorflow") and cpu else 1
             if group.kind == mc.ModelInstanceGroup.KIND_GPU and not group.gpus:
                 group.gpus.extend(range(gpu_count))
 
 
-def _is_cpu(group: Any, gpu_count: int) -> bool:
-    return group.kind == mc.ModelInstanceGroup.KIND_CPU or (group.kind == mc.ModelInstanceGroup.KIND_AUTO and not gpu_count)
-
-
-def validate(cfg: ModelConfig, model: str, gpu_count: int) -> None:
-    """The invalid combinations of spec §3.9 that apply to a non-ensemble model; raise on the first."""
+def validate(cfg: ModelConfig, model: str, gpu_count: int,
+             gpu_support: Callable[[str], str | None] = runtime_gpu_support) -> None:
+    """The invalid combinations of spec §3.9 that apply to a non-ensemble model; raise on the first.
+    An explicit KIND_GPU needs a GPU on the host and a runtime that can use it (``gpu_support``)."""
     if cfg.name != model:
         raise _err(model, f"configuration name '{cfg.name}' does not match the model directory name '{model}'")
     if not cfg.backend and not cfg.platform:
@@ -196,6 +204,9 @@ def validate(cfg: ModelConfig, model: str, gpu_count: int) -> None:
         if group.kind == mc.ModelInstanceGroup.KIND_GPU:
             if not gpu_count:
                 raise _err(model, f"instance group {group.name} of kind KIND_GPU but no GPUs are available")
+            reason = gpu_support(cfg.backend)
+            if reason is not None:
+                raise _err(model, f"instance group {group.name} of kind KIND_GPU but {reason}")
             for g in group.gpus:
                 if g < 0 or g >= gpu_count:
                     raise _err(model, f"instance group {group.name} of kind KIND_GPU specifies invalid or unsupported gpu id {g}")

@@ -338,7 +338,7 @@ class PythonInstance:
         if response.has_error():
             err = response.error()
             return TritonError(Code(err.code()), err.message())
-        outputs = [(t.name(), _as_array(t.as_numpy())) for t in response.output_tensors()]
+        outputs = [(t.name(), _output_array(t)) for t in response.output_tensors()]
         # the constructor already validated them; read the dict instead of a JSON round trip per request
         params = response._parameters
         if isinstance(params, str):
@@ -371,7 +371,10 @@ def _sent_response(request: Any) -> Any:
     return box[0]
 
 
-def _as_array(value: Any) -> np.ndarray:
+def _output_array(tensor: Any) -> np.ndarray:
+    if isinstance(tensor, _Tensor) and tensor._triton_dtype == pb_utils.TYPE_BF16:
+        return tensor._array  # BF16 has no as_numpy(); its bit patterns, in the dtype the encoders read as BF16
+    value = tensor.as_numpy()
     return value if isinstance(value, np.ndarray) else np.asarray(value)
 
 

@@ -8,6 +8,7 @@ run unchanged. This module only re-exports; each name lives in the submodule tha
 * ``dtypes`` -- type mappings and the BYTES wire form
 * ``errors`` -- ``TritonModelException``, ``TritonError``
 * ``tensor`` -- ``Tensor``
+* ``dlpack`` -- BF16 through DLPack (numpy has no bfloat16)
 * ``requests`` -- ``InferenceRequest`` (+ ``PreferredMemory``, ``InferenceTrace``)
 * ``responses`` -- ``InferenceResponse``, ``InferenceResponseSender``
 * ``parameters`` -- the parameters check and ``parameters()`` of both

@@ -4,6 +4,10 @@ Owner: the request or response that holds it; a tensor is built and read on the 
 thread (or a thread the model started) and is not shared. Failure: a bad name or an array of a dtype
 Triton has no type for raises at construction; DLPack problems raise ``TritonModelException``.
 ``Tensor._trusted`` is the server's constructor for request inputs it has already validated (hot path).
+
+BF16 (as in Triton's python backend, ``pb_tensor.cc``): numpy has no bfloat16, so ``as_numpy()`` raises
+and the tensor moves only through DLPack (``to_dlpack``/``from_dlpack``, e.g. with ``torch.bfloat16``);
+its 16-bit patterns are held in an array of dtype ``dlpack.BF16_NUMPY``.
 """
 
 from __future__ import annotations
@@ -12,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from . import dtypes
+from . import dlpack, dtypes
+from .constants import TYPE_BF16
 from .errors import TritonModelException, _ArgTypeError, _ArgValueError
 
 # Bound by assignment, not by ``from .dtypes import``: CPython 3.11 compiles ``name.get(...)`` on a name an
@@ -32,6 +37,15 @@ class _CapsuleHolder:
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return (1, 0)  # kDLCPU; numpy checks the capsule's own device anyway
+
+
+def _export(source: Any) -> Any:
+    """``source.__dlpack__()`` as a consumer asks it (Triton passes ``stream=None``): a versioned capsule where
+    the producer supports DLPack 1.0 (it can say read-only), else the legacy one."""
+    try:
+        return source.__dlpack__(stream=None, max_version=(1, 0))
+    except TypeError:
+        return source.__dlpack__(stream=None)
 
 
 class Tensor:
@@ -81,7 +95,11 @@ class Tensor:
         return self._name
 
     def as_numpy(self) -> np.ndarray:
-        """Return the underlying numpy array (no copy)."""
+        """Return the underlying numpy array (no copy); a BF16 tensor has none (Triton's error text)."""
+        if self._triton_dtype == TYPE_BF16:
+            raise TritonModelException(
+                "Tensor dtype is BF16 and cannot be converted to NumPy. Use to_dlpack() and from_dlpack() instead."
+            )
         return self._array
 
     def shape(self) -> list[int]:
@@ -106,18 +124,21 @@ class Tensor:
         if not array.flags.writeable:
             array = array.copy()
             self._array = array
-        return array
+        # BF16: exported as uint16, whose capsule is then relabelled bfloat16
+        return array.view(np.uint16) if self._triton_dtype == TYPE_BF16 else array
 
     def to_dlpack(self) -> Any:
         """Return a DLPack capsule sharing the tensor's memory."""
         try:
-            return self._exportable().__dlpack__()
+            capsule = self._exportable().__dlpack__()
         except (BufferError, TypeError, RuntimeError) as exc:
             raise TritonModelException(f"cannot export tensor '{self._name}': {exc}") from exc
+        return dlpack.relabel(capsule, to_bf16=True) if self._triton_dtype == TYPE_BF16 else capsule
 
     def __dlpack__(self, stream: Any = None, **kwargs: Any) -> Any:
         """DLPack protocol: export the array (arguments are passed to numpy)."""
-        return self._exportable().__dlpack__(stream=stream, **kwargs)
+        capsule = self._exportable().__dlpack__(stream=stream, **kwargs)
+        return dlpack.relabel(capsule, to_bf16=True) if self._triton_dtype == TYPE_BF16 else capsule
 
     def __dlpack_device__(self) -> tuple[int, int]:
         """DLPack protocol: (device type, device id); always CPU."""
@@ -125,22 +146,26 @@ class Tensor:
 
     @staticmethod
     def from_dlpack(name: str, dlpack_tensor: Any) -> Tensor:
-        """Create a tensor from a DLPack capsule or an object with ``__dlpack__``."""
+        """Create a tensor from a DLPack capsule or an object with ``__dlpack__`` (BF16 included)."""
         source = dlpack_tensor
-        if not hasattr(source, "__dlpack__"):
-            if type(source).__name__ != "PyCapsule":
-                raise _ArgTypeError(
-                    "from_dlpack expects a DLPack capsule or an object with __dlpack__, "
-                    f"got {type(source).__name__}"
-                )
-            source = _CapsuleHolder(source)
+        exporter = hasattr(source, "__dlpack__")
+        if not exporter and type(source).__name__ != "PyCapsule":
+            raise _ArgTypeError(
+                "from_dlpack expects a DLPack capsule or an object with __dlpack__, "
+                f"got {type(source).__name__}"
+            )
         try:
-            array = np.from_dlpack(source)
+            capsule = _export(source) if exporter else source
+            bf16 = dlpack.is_bf16(capsule)
+            array = np.from_dlpack(_CapsuleHolder(dlpack.relabel(capsule, to_bf16=False) if bf16 else capsule))
         except (BufferError, TypeError, RuntimeError, ValueError) as exc:
             raise TritonModelException(
                 f"cannot import tensor '{name}' from DLPack (only CPU tensors of numpy-"
-                f"representable dtypes are supported): {exc}"
+                f"representable dtypes or bfloat16 are supported): {exc}"
             ) from exc
+        if bf16:
+            contiguous = array if array.flags.c_contiguous else array.copy(order="C")
+            return Tensor._trusted(name, contiguous.view(dlpack.BF16_NUMPY), TYPE_BF16)
         return Tensor(name, array)
 
     def __repr__(self) -> str:
