@@ -13,7 +13,7 @@ import pytest
 from scripts import modelgen
 from triton_actor.actors.handles import ModelHandle
 from triton_actor.actors.kernel import Reply
-from triton_actor.actors.model import Load, LoadSettings, ModelActor
+from triton_actor.actors.model import LoadSettings, ModelActor
 from triton_actor.backends import onnxruntime as ort_backend
 from triton_actor.backends import pytorch as torch_backend
 from triton_actor.devices import gpu_count, runtime_gpu_support
@@ -83,7 +83,7 @@ def gpu_host() -> Iterator[tuple[ModelActor, list[ModelHandle]]]:
 def test_cpu_wheel_on_gpu_host_serves_a_kind_left_to_us_on_the_cpu(tmp_path: Path, gpu_host) -> None:
     actor, published = gpu_host
     model_dir = modelgen.onnx_mlp(tmp_path, "mlp", dims=(4, 8, 2), config=False)  # no config: no instance_group
-    actor.ref.ask(Load(model_dir), timeout=60)
+    actor.ref.load(model_dir).get(60)
     handle = published[-1]
     assert handle.ready_versions == (1,)
     group = handle.config.instance_group[0]
@@ -99,6 +99,6 @@ def test_cpu_wheel_on_gpu_host_refuses_explicit_kind_gpu_clearly(tmp_path: Path,
     config = model_dir / "config.pbtxt"
     config.write_text(config.read_text().replace("KIND_CPU", "KIND_GPU"))
     with pytest.raises(TritonError) as info:
-        actor.ref.ask(Load(model_dir), timeout=60)
+        actor.ref.load(model_dir).get(60)
     assert "instance group mlp_0 of kind KIND_GPU but ONNX Runtime" in info.value.message
     assert "has no CUDAExecutionProvider" in info.value.message
