@@ -1,0 +1,24 @@
+"""TLS for the gRPC port, as Triton's ``--grpc-use-ssl*`` flags configure it.
+
+Triton's flags: ``--grpc-server-cert`` / ``--grpc-server-key`` (PEM) are the server's identity;
+with ``--grpc-use-ssl-mutual`` a client must present a certificate that chains to
+``--grpc-root-cert``. gRPC clients require ALPN ``h2`` (grpc-core refuses a TLS connection that did
+not negotiate it), and TLS 1.2 is the floor HTTP/2 sets (RFC 9113 §9.2).
+"""
+
+from __future__ import annotations
+
+import ssl
+
+
+def server_context(cert: str, key: str, root_cert: str = "", mutual: bool = False) -> ssl.SSLContext:
+    """A server-side context; raises ``OSError`` / ``ssl.SSLError`` for unreadable or bad files."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(cert, key)
+    context.set_alpn_protocols(["h2"])
+    if root_cert:
+        context.load_verify_locations(root_cert)
+    if mutual:
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
