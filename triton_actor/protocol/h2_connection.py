@@ -412,11 +412,11 @@ class H2Connection:
                     stream.send_window += delta
                     if stream.send_window > h2.MAX_WINDOW:
                         raise ProtocolError("a stream window past 2^31-1", h2.FLOW_CONTROL_ERROR)
+                self._window_event(events)
         self._out.append(_SETTINGS_ACK)
         if not self._settings_seen:  # the handshake is complete
             self._settings_seen = True
             self._header_since = None
-        self._window_event(events)
 
     def _on_push_promise(self, flags: int, sid: int, payload: bytes, events: list[Event], now: float) -> None:
         raise ProtocolError("PUSH_PROMISE from a client")
