@@ -7,8 +7,8 @@ sends add_sub's unary call the way grpcio does (HEADERS whose block is indexed-o
 call, one DATA frame with END_STREAM) and reads the HEADERS + DATA + trailers answer, one call at a
 time. Prints µs per call (best of ``--repeat`` runs of ``--number`` calls): the transport (framing,
 HPACK, state machine, greenlet and socket calls) plus protobuf parse and serialize and the client's
-few socket calls. ``--machine`` times the state machine alone (``protocol/h2_connection.py``, bytes
-in and out, no socket) where it exists.
+few socket calls. It also times the state machine alone (``protocol/h2_connection.py``: the call's
+bytes in, events out, the answer's bytes out; no socket, no protobuf).
 
     .venv/bin/python scripts/bench_grpc_transport.py [--number 20000] [--repeat 5]
 """
@@ -122,11 +122,42 @@ def _with_sid(template: bytes, sid: int) -> bytes:
     return template[:5] + sid_bytes + template[9:head_len + 5] + sid_bytes + template[head_len + 9:]
 
 
+def bench_machine(number: int, repeat: int) -> float:
+    from triton_actor.protocol import h2_connection as h2c
+    from triton_actor.protocol.http2 import grpc_message
+
+    conn = h2c.H2Connection()
+    conn.initiate_connection()
+    conn.receive_data(PREFACE + frame(4, 0, 0, struct.pack(">HI", 4, 2**31 - 1))
+                      + frame(8, 0, 0, struct.pack(">I", 2**31 - 1 - 65535)))
+    enc, body = hpack.Encoder(), add_sub_request()
+    conn.receive_data(call_bytes(enc, 1, body))  # inserts the headers in both HPACK tables
+    conn.send_response(1, b"\x88", b"", b"")
+    template = call_bytes(enc, 1, body)
+    answer = grpc_message(StubServicer().response.SerializeToString())
+    head, trailers = b"\x88", b"\x00\x0bgrpc-status\x010"
+    sid, best = 1, float("inf")
+    for _ in range(repeat):
+        started = time.perf_counter()
+        for _ in range(number):
+            sid += 2
+            for event in conn.receive_data(_with_sid(template, sid)):
+                if type(event) is h2c.DataReceived and event.end_stream:
+                    conn.send_response(event.stream_id, head, answer, trailers)
+            conn.data_to_send()
+        best = min(best, (time.perf_counter() - started) / number)
+    return best * 1e6
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--number", type=int, default=20000)
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
+    try:
+        print(f"state machine alone: {bench_machine(args.number, args.repeat):.1f} us/call")
+    except ImportError:
+        pass  # before protocol/h2_connection.py
     print(f"unary ModelInfer over a socket pair: {bench_socket(args.number, args.repeat):.1f} us/call")
 
 

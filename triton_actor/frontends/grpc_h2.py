@@ -35,7 +35,7 @@ from ..settings import Settings
 from . import tls
 from .grpc import GrpcServicer
 from .grpc_calls import UNIMPLEMENTED, Call, method_table, route
-from .socket_io import recv_when_readable, send_all
+from .socket_io import plain_recv, plain_send_all, recv_when_readable, send_all
 
 log = logging.getLogger(__name__)
 
@@ -150,16 +150,11 @@ class Connection:
         self._send, self._recv = send_all, recv_when_readable  # plain socket calls under TLS
 
     def handshake(self, context: ssl.SSLContext) -> bool:
-        """TLS, within the header timeout (a client that connects and says nothing is dropped)."""
-        self.sock.settimeout(self.server.limits.header_timeout)
-        try:
-            self.sock = context.wrap_socket(self.sock, server_side=True)
-        except (OSError, ssl.SSLError) as e:
-            log.debug("gRPC TLS handshake failed: %s", e)
-            return False
-        self.sock.settimeout(None)
-        self._send, self._recv = _sendall, _recv
-        return True
+        """TLS, within the header timeout; a TLS socket is read and written with gevent's own calls."""
+        wrapped = tls.accept(self.sock, context, self.server.limits.header_timeout)
+        if wrapped is not None:
+            self.sock, self._send, self._recv = wrapped, plain_send_all, plain_recv
+        return wrapped is not None
 
     # -- writing (any greenlet) -----------------------------------------------------------------
     def flush(self) -> bool:
@@ -296,10 +291,3 @@ class Connection:
             self._timer.kill(block=False)
         self.sock.close()
 
-
-def _sendall(sock: Any, data: bytes) -> None:
-    sock.sendall(data)
-
-
-def _recv(sock: Any, size: int) -> bytes:
-    return sock.recv(size)

@@ -8,7 +8,11 @@ not negotiate it), and TLS 1.2 is the floor HTTP/2 sets (RFC 9113 §9.2).
 
 from __future__ import annotations
 
+import logging
+import socket
 import ssl
+
+log = logging.getLogger(__name__)
 
 
 def server_context(cert: str, key: str, root_cert: str = "", mutual: bool = False) -> ssl.SSLContext:
@@ -22,3 +26,16 @@ def server_context(cert: str, key: str, root_cert: str = "", mutual: bool = Fals
     if mutual:
         context.verify_mode = ssl.CERT_REQUIRED
     return context
+
+
+def accept(sock: socket.socket, context: ssl.SSLContext, timeout: float) -> ssl.SSLSocket | None:
+    """The server side of the handshake on an accepted socket, within ``timeout`` seconds (a client
+    that connects and says nothing is dropped); None when it fails. Runs in the connection's greenlet."""
+    sock.settimeout(timeout)
+    try:
+        wrapped = context.wrap_socket(sock, server_side=True)
+    except (OSError, ssl.SSLError) as e:
+        log.debug("TLS handshake failed: %s", e)
+        return None
+    wrapped.settimeout(None)
+    return wrapped
