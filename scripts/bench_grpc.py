@@ -3,9 +3,7 @@
 
 Every server serves a copy of ``model_repository`` (add_sub: FP32 [4], python backend). Rounds
 interleave servers, protocols and concurrencies so machine noise hits all alike; the table gives
-medians, p50/p99 and the ratio ours/Triton per protocol. ``--variants`` starts one triton_actor per
-gRPC design (``builtin``: the default, our HTTP/2 transport; ``grpcio``: ``--grpc-server grpcio``;
-``aio``, ``gevent`` and ``hub`` from ``grpc_candidates.py``) to compare the candidates within one run.
+medians, p50/p99 and the ratio ours/Triton per protocol.
 
     scripts/install_bench_tools.sh          # once: perf_analyzer and real tritonserver
     .venv/bin/python scripts/bench_grpc.py --rounds 3
@@ -28,9 +26,8 @@ from bench_http import ROOT, TOOLS, copy_add_sub, free_port, perf, rss_kb, stop_
 
 
 def start_ours(repo: Path, http: int, grpc: int, variant: str) -> subprocess.Popen:
-    """``builtin`` is the server as shipped; other variants run through ``grpc_candidates.py``."""
-    launcher = ["-m", "triton_actor"] if variant == "builtin" else [str(ROOT / "scripts" / "grpc_candidates.py"), variant]
-    args = [sys.executable, *launcher, "--model-repository", str(repo), "--http-port", str(http),
+    """The server as shipped (``variant`` names it in the table)."""
+    args = [sys.executable, "-m", "triton_actor", "--model-repository", str(repo), "--http-port", str(http),
             "--http-address", "127.0.0.1", "--grpc-port", str(grpc), "--grpc-address", "127.0.0.1",
             "--log-info=false"]
     return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -57,7 +54,7 @@ def main() -> int:
     ap.add_argument("--concurrency", default="1,4")
     ap.add_argument("--protocols", default="grpc,http")
     ap.add_argument("--variants", default="builtin",
-                    help="triton_actor gRPC designs to compare: builtin,grpcio,aio,gevent,hub")
+                    help="names of triton_actor servers to start (each the server as shipped)")
     ap.add_argument("--window-ms", type=int, default=3000)
     ap.add_argument("--no-triton", action="store_true")
     ap.add_argument("--out", type=Path, default=ROOT / "bench_out")

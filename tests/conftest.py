@@ -9,8 +9,8 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 # The test process is a gRPC *client* under gevent: tritonclient's streams and callbacks run on
 # grpcio's own threads, which the patching turned into greenlets; grpcio's documented gevent
-# integration makes them cooperative. (The server never calls this: its gRPC runs on native threads,
-# see triton_actor/frontends/grpc_server.py; it always runs in a subprocess here.)
+# integration makes them cooperative. (The server never calls this: it serves gRPC on its own HTTP/2
+# in hub greenlets, triton_actor/frontends/grpc_h2.py; it always runs in a subprocess here.)
 from grpc.experimental import gevent as grpc_gevent
 
 import triton_actor.bootstrap  # noqa: F401

@@ -48,7 +48,7 @@ def _backend_config(values: list[str]) -> dict[str, dict[str, str]]:
     return out
 
 
-# tritonserver's gRPC keepalive flags → grpcio server arguments, with Triton's defaults (spec §2.4)
+# tritonserver's gRPC keepalive flags → grpc channel arguments, with Triton's defaults (spec §2.4)
 GRPC_KEEPALIVE = {
     "--grpc-keepalive-time": ("grpc.keepalive_time_ms", 7_200_000),
     "--grpc-keepalive-timeout": ("grpc.keepalive_timeout_ms", 20_000),
@@ -57,6 +57,35 @@ GRPC_KEEPALIVE = {
     "--grpc-http2-min-recv-ping-interval-without-data": ("grpc.http2.min_recv_ping_interval_without_data_ms", 300_000),
     "--grpc-http2-max-ping-strikes": ("grpc.http2.max_ping_strikes", 2),
 }
+
+
+def _grpc_transport_flags(p: argparse.ArgumentParser) -> None:
+    """TLS (Triton's flags) and the limits of our HTTP/2 transport."""
+    _flag(p, "--grpc-use-ssl", False, "serve gRPC over TLS (needs --grpc-server-cert and --grpc-server-key)")
+    p.add_argument("--grpc-server-cert", default="", help="PEM certificate (chain) of the gRPC server")
+    p.add_argument("--grpc-server-key", default="", help="PEM private key of the gRPC server")
+    p.add_argument("--grpc-root-cert", default="", help="PEM CA certificates that client certificates must chain to")
+    _flag(p, "--grpc-use-ssl-mutual", False, "require a client certificate (mutual TLS; implies --grpc-use-ssl)")
+    p.add_argument("--grpc-max-connections", type=int, default=1000, help="gRPC connections served at once")
+    p.add_argument("--grpc-max-concurrent-streams", type=int, default=128, help="HTTP/2 streams per connection")
+    p.add_argument("--grpc-header-timeout-secs", type=float, default=60.0,
+                   help="a TLS handshake, HTTP/2 preface or header block must complete within this")
+    p.add_argument("--grpc-idle-timeout-secs", type=float, default=180.0,
+                   help="close gRPC connections without calls after this (0 = never)")
+
+
+def _grpc_tls(args: argparse.Namespace) -> dict[str, object]:
+    use_ssl = args.grpc_use_ssl or args.grpc_use_ssl_mutual
+    if use_ssl and not (args.grpc_server_cert and args.grpc_server_key):
+        raise SystemExit("error: --grpc-use-ssl needs --grpc-server-cert and --grpc-server-key")
+    if args.grpc_use_ssl_mutual and not args.grpc_root_cert:
+        raise SystemExit("error: --grpc-use-ssl-mutual needs --grpc-root-cert")
+    return dict(grpc_use_ssl=use_ssl, grpc_server_cert=args.grpc_server_cert, grpc_server_key=args.grpc_server_key,
+                grpc_root_cert=args.grpc_root_cert, grpc_use_ssl_mutual=args.grpc_use_ssl_mutual,
+                grpc_max_connections=args.grpc_max_connections,
+                grpc_max_concurrent_streams=args.grpc_max_concurrent_streams,
+                grpc_header_timeout_secs=args.grpc_header_timeout_secs,
+                grpc_idle_timeout_secs=args.grpc_idle_timeout_secs)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,8 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grpc-port", type=int, default=8001, help="0 picks a free port (logged at start)")
     _flag(p, "--allow-grpc", True, "serve gRPC")
     _flag(p, "--reuse-grpc-port", False, "let other processes bind the gRPC port too (SO_REUSEPORT)")
-    p.add_argument("--grpc-server", choices=("builtin", "grpcio"), default="builtin",
-                   help="gRPC transport: our HTTP/2 in hub greenlets (fast, default) or grpcio's server")
+    _grpc_transport_flags(p)
     p.add_argument("--grpc-infer-allocation-pool-size", type=int, default=8, help="accepted for compatibility; unused")
     for flag, (_arg, default) in GRPC_KEEPALIVE.items():
         p.add_argument(flag, type=_int_or_bool, default=default, help=f"gRPC keepalive (default {default})")
@@ -124,9 +152,9 @@ def parse(argv: Sequence[str] | None = None, environ: dict[str, str] | None = No
         grpc_address=args.grpc_address,
         grpc_port=args.grpc_port,
         allow_grpc=args.allow_grpc,
-        grpc_server=args.grpc_server,
         grpc_options=(("grpc.so_reuseport", int(args.reuse_grpc_port)),
                       *((arg, int(getattr(args, flag[2:].replace("-", "_")))) for flag, (arg, _) in GRPC_KEEPALIVE.items())),
+        **_grpc_tls(args),
         metrics_port=args.metrics_port,
         http_max_input_size=args.http_max_input_size,
         log_verbose=args.log_verbose,

@@ -25,7 +25,6 @@ from .dataplane import DataPlane
 from .devices import gpu_count
 from .frontends.grpc import GrpcServicer
 from .frontends.grpc_h2 import GrpcH2Server
-from .frontends.grpc_server import GrpcServer
 from .frontends.http import HttpFrontend
 from .frontends.http_server import HttpServer
 from .runtime_settings import RuntimeSettings
@@ -68,7 +67,7 @@ class Server:
                                RuntimeSettings(settings.log_info, settings.log_verbose))
         self.http: HttpServer | None = None
         self.frontend: HttpFrontend | None = None
-        self.grpc: GrpcH2Server | GrpcServer | None = None
+        self.grpc: GrpcH2Server | None = None
         self._stopped = gevent.event.Event()
         self._stopping = False
 
@@ -82,8 +81,7 @@ class Server:
         s = self.settings
         self.repository.start()
         if s.allow_grpc:
-            transport = GrpcH2Server if s.grpc_server == "builtin" else GrpcServer
-            self.grpc = transport(GrpcServicer(self.plane), s.grpc_address, s.grpc_port, dict(s.grpc_options))
+            self.grpc = GrpcH2Server.from_settings(GrpcServicer(self.plane), s)
             log.info("Started GRPCInferenceService at %s:%d", s.grpc_address, self.grpc.start())
         if s.allow_http:
             self.frontend = HttpFrontend(self.plane, s.http_max_input_size)

@@ -18,8 +18,16 @@ class Settings:
     grpc_address: str = "0.0.0.0"
     grpc_port: int = 8001
     allow_grpc: bool = True
-    grpc_server: str = "builtin"  # "builtin" (frontends.grpc_h2) or "grpcio" (frontends.grpc_server)
-    grpc_options: tuple[tuple[str, int], ...] = ()  # grpcio channel arguments (keepalive flags)
+    grpc_options: tuple[tuple[str, int], ...] = ()  # grpc channel arguments (keepalive flags)
+    grpc_use_ssl: bool = False  # TLS on the gRPC port (Triton's --grpc-use-ssl*)
+    grpc_server_cert: str = ""
+    grpc_server_key: str = ""
+    grpc_root_cert: str = ""  # CA that client certificates must chain to (mutual TLS)
+    grpc_use_ssl_mutual: bool = False
+    grpc_max_connections: int = 1000  # served at once; more wait in the listen backlog
+    grpc_max_concurrent_streams: int = 128  # HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS (nginx's default)
+    grpc_header_timeout_secs: float = 60.0  # TLS handshake, preface, SETTINGS or a header block (nginx's)
+    grpc_idle_timeout_secs: float = 180.0  # a connection without calls is closed (GOAWAY); 0 = never
     metrics_port: int = 8002
     http_max_input_size: int = 64 * 1024 * 1024
     log_verbose: int = 0

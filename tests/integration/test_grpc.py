@@ -25,23 +25,14 @@ from tritonclient.utils import InferenceServerException
 from triton_actor.protocol._generated import health_pb2, health_pb2_grpc
 
 from .clients import Client
-from .server import IDENTITY_CONFIG, IDENTITY_PY, ROOT, ServerProcess, add_model, wait_for_fifo
+from .server import IDENTITY_CONFIG, IDENTITY_PY, ServerProcess, add_model, wait_for_fifo
 from .test_lifecycle import DECOUPLED_CONFIG, SLOW_CONFIG, SLOW_PY
 
 
-@pytest.fixture(scope="module")
-def grpcio_server() -> Iterator[ServerProcess]:
-    """The example repository behind ``--grpc-server grpcio`` (grpcio's server, the other transport)."""
-    server = ServerProcess(ROOT / "model_repository", flags=("--grpc-server", "grpcio")).wait_ready()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(params=["builtin", "grpcio"])
-def stub(request: pytest.FixtureRequest, example_server: ServerProcess) -> Iterator[pb_grpc.GRPCInferenceServiceStub]:
-    """Raw RPCs against each gRPC transport: the default (our HTTP/2) and grpcio's server."""
-    server = example_server if request.param == "builtin" else request.getfixturevalue("grpcio_server")
-    channel = grpc.insecure_channel(server.grpc_url)
+@pytest.fixture
+def stub(example_server: ServerProcess) -> Iterator[pb_grpc.GRPCInferenceServiceStub]:
+    """Raw RPCs (tritonclient's generated stubs) against our HTTP/2 transport."""
+    channel = grpc.insecure_channel(example_server.grpc_url)
     yield pb_grpc.GRPCInferenceServiceStub(channel)
     channel.close()
 

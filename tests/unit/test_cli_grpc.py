@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from triton_actor.cli import parse
 
 
@@ -25,6 +27,25 @@ def test_grpc_flags() -> None:
     assert options["grpc.keepalive_permit_without_calls"] == 1
 
 
-def test_grpc_server_choice() -> None:
-    assert parse(["--model-repository", "m"], environ={}).grpc_server == "builtin"
-    assert parse(["--model-repository", "m", "--grpc-server", "grpcio"], environ={}).grpc_server == "grpcio"
+def test_grpc_tls_flags_are_tritons() -> None:
+    s = parse(["--model-repository", "m"], environ={})
+    assert (s.grpc_use_ssl, s.grpc_use_ssl_mutual, s.grpc_server_cert) == (False, False, "")
+    s = parse(["--model-repository", "m", "--grpc-use-ssl-mutual=true", "--grpc-server-cert", "c.pem",
+               "--grpc-server-key", "k.pem", "--grpc-root-cert", "ca.pem"], environ={})
+    assert (s.grpc_use_ssl, s.grpc_use_ssl_mutual) == (True, True)  # mutual implies TLS
+    assert (s.grpc_server_cert, s.grpc_server_key, s.grpc_root_cert) == ("c.pem", "k.pem", "ca.pem")
+    with pytest.raises(SystemExit, match="--grpc-server-cert"):
+        parse(["--model-repository", "m", "--grpc-use-ssl"], environ={})
+    with pytest.raises(SystemExit, match="--grpc-root-cert"):
+        parse(["--model-repository", "m", "--grpc-use-ssl-mutual", "--grpc-server-cert", "c", "--grpc-server-key",
+               "k"], environ={})
+
+
+def test_grpc_transport_limits() -> None:
+    s = parse(["--model-repository", "m"], environ={})
+    assert (s.grpc_max_connections, s.grpc_max_concurrent_streams) == (1000, 128)
+    assert (s.grpc_header_timeout_secs, s.grpc_idle_timeout_secs) == (60.0, 180.0)
+    s = parse(["--model-repository", "m", "--grpc-max-connections", "10", "--grpc-max-concurrent-streams", "4",
+               "--grpc-header-timeout-secs", "2.5", "--grpc-idle-timeout-secs", "0"], environ={})
+    assert (s.grpc_max_connections, s.grpc_max_concurrent_streams) == (10, 4)
+    assert (s.grpc_header_timeout_secs, s.grpc_idle_timeout_secs) == (2.5, 0.0)

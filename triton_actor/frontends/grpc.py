@@ -1,8 +1,8 @@
 """gRPC front end: ``inference.GRPCInferenceService`` and ``grpc.health.v1.Health`` (spec §2).
 
-Every method here runs in a hub greenlet (:mod:`.grpc_server` hands each call over from grpcio's
-native threads) and is decode → data-plane call → encode; errors are raised as ``TritonError`` and
-mapped to a ``grpc.StatusCode`` by :mod:`.grpc_server`. Method names are the RPC names.
+Every method here runs in a hub greenlet (a call's, :mod:`.grpc_calls`) and is decode → data-plane
+call → encode; errors are raised as ``TritonError`` and mapped to gRPC status codes by
+:mod:`.grpc_calls`. Method names are the RPC names.
 """
 
 from __future__ import annotations

@@ -35,3 +35,13 @@ def recv_when_readable(sock: Any, size: int) -> bytes:
     if fastpath.enabled:
         sock._wait(sock._read_event)
     return sock.recv(size)
+
+
+def plain_send_all(sock: Any, data: bytes) -> None:
+    """gevent's ``sendall``: for a TLS socket, whose ``_sock`` would bypass the encryption."""
+    sock.sendall(data)
+
+
+def plain_recv(sock: Any, size: int) -> bytes:
+    """gevent's ``recv``: for a TLS socket, which may hold decrypted bytes while the raw one is quiet."""
+    return sock.recv(size)

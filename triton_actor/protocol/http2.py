@@ -1,7 +1,7 @@
 """HTTP/2 framing (RFC 9113), HPACK for the server side (RFC 7541) and gRPC's message framing.
 
-Bytes in, bytes out: no sockets and no gevent here (the connection logic is
-:mod:`..frontends.grpc_h2`). What a gRPC server needs and nothing more:
+Bytes in, bytes out: no sockets and no gevent here (the connection state machine is
+:mod:`.h2_connection`, driven by :mod:`..frontends.grpc_h2`). What a gRPC server needs and nothing more:
 
 * frames: :func:`frame` builds one; :data:`FRAME_HEAD` parses the 9-byte head.
 * headers we send are literals *without indexing* (static-table names where there is one), so our
@@ -49,7 +49,7 @@ MAX_WINDOW = 2**31 - 1
 FRAME_HEAD = struct.Struct(">IBI")
 _SETTING = struct.Struct(">HI")
 _U32 = struct.Struct(">I")
-_GOAWAY = struct.Struct(">II")
+GOAWAY_HEAD = struct.Struct(">II")  # last stream id, error code
 _GRPC_PREFIX = struct.Struct(">BI")
 
 
@@ -91,7 +91,7 @@ def rst_stream(stream_id: int, code: int) -> bytes:
 
 
 def goaway(last_stream_id: int, code: int, debug: bytes = b"") -> bytes:
-    return frame(GOAWAY, 0, 0, _GOAWAY.pack(last_stream_id, code) + debug)
+    return frame(GOAWAY, 0, 0, GOAWAY_HEAD.pack(last_stream_id, code) + debug)
 
 
 def strip_padding(flags: int, payload: bytes) -> bytes:
@@ -196,6 +196,8 @@ class HeaderDecoder:
         before = self._table.changes
         try:
             fields = self._decoder.decode(block, raw=True)
+        except hpack.OversizedHeaderListError as e:
+            raise ProtocolError(f"header list too large: {e}", ENHANCE_YOUR_CALM) from None  # as h2
         except hpack.HPACKError as e:
             raise ProtocolError(f"bad header block: {e}", COMPRESSION_ERROR) from None
         headers = HeaderBlock((bytes(name), bytes(value)) for name, value in fields)

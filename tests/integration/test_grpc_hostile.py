@@ -1,0 +1,151 @@
+"""Hostile HTTP/2 clients on the gRPC port (issue 14 §3): rapid reset, SETTINGS floods, streams past
+MAX_CONCURRENT_STREAMS, half-sent prefaces against the connection cap; and TLS (Triton's
+``--grpc-use-ssl*`` flags). Each attacker is a raw socket; each test ends with a real tritonclient
+call that must succeed quickly."""
+
+from __future__ import annotations
+
+import struct
+import time
+from pathlib import Path
+
+import gevent
+import hpack
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from gevent import subprocess  # the test process is gevent-patched (tests/conftest.py)
+
+from .server import ROOT, ServerProcess
+from .test_grpc_transport import _PREFACE, _connect, _frame, _read_frames
+
+_BLOCK_FIELDS = [(":method", "POST"), (":scheme", "http"), (":authority", "x"),
+                 (":path", "/inference.GRPCInferenceService/ModelInfer"), ("content-type", "application/grpc")]
+
+
+def _quick_infer(url: str, within: float = 10.0, **ssl_args: str | bool) -> None:
+    """A real tritonclient call answers, and fast."""
+    started = time.monotonic()
+    client = grpcclient.InferenceServerClient(url, **ssl_args)
+    inputs = []
+    for name in ("INPUT0", "INPUT1"):
+        i = grpcclient.InferInput(name, [4], "FP32")
+        i.set_data_from_numpy(np.arange(4, dtype=np.float32))
+        inputs.append(i)
+    result = client.infer("add_sub", inputs, client_timeout=within)
+    client.close()
+    assert result.as_numpy("OUTPUT0").tolist() == [0, 2, 4, 6]
+    assert time.monotonic() - started < within
+
+
+def _goaway_code(frames: list[tuple[int, int, int, bytes]]) -> int:
+    assert frames and frames[-1][0] == 7, [f[:3] for f in frames[-5:]]
+    return struct.unpack(">I", frames[-1][3][4:8])[0]
+
+
+def test_rapid_reset_is_told_to_calm_down(example_server: ServerProcess) -> None:
+    """CVE-2023-44487: HEADERS + RST_STREAM in a loop. The connection gets GOAWAY(ENHANCE_YOUR_CALM)
+    after a bounded number of resets; other clients are served meanwhile."""
+    enc = hpack.Encoder()
+    attack = b"".join(_frame(1, 4, sid, enc.encode(_BLOCK_FIELDS)) + _frame(3, 0, sid, b"\0\0\0\x08")
+                      for sid in range(1, 4001, 2))
+    with _connect(example_server) as sock:
+        sender = gevent.spawn(sock.sendall, _PREFACE + _frame(4, 0, 0) + attack)
+        _quick_infer(example_server.grpc_url)
+        frames = _read_frames(sock, until=7, timeout=30)
+        sender.kill()
+    assert _goaway_code(frames) == 0xB
+    assert struct.unpack(">I", frames[-1][3][:4])[0] < 4000  # the last stream it took: it stopped early
+    _quick_infer(example_server.grpc_url)
+
+
+def test_settings_flood_with_open_streams_is_told_to_calm_down(example_server: ServerProcess) -> None:
+    """128 open streams, then SETTINGS frames changing INITIAL_WINDOW_SIZE: bounded work per frame,
+    bounded frames; the flood ends with GOAWAY(ENHANCE_YOUR_CALM)."""
+    enc = hpack.Encoder()
+    streams = b"".join(_frame(1, 4, sid, enc.encode(_BLOCK_FIELDS)) for sid in range(1, 257, 2))
+    flood = b"".join(_frame(4, 0, 0, struct.pack(">HI", 4, 65535 + i % 2)) for i in range(20000))
+    with _connect(example_server) as sock:
+        sender = gevent.spawn(sock.sendall, _PREFACE + _frame(4, 0, 0) + streams + flood)
+        _quick_infer(example_server.grpc_url)
+        frames = _read_frames(sock, until=7, timeout=30)
+        sender.kill()
+    assert _goaway_code(frames) == 0xB
+    assert sum(1 for f in frames if f[0] == 4 and f[1] == 1) < 2000  # ACKs stopped with the budget
+    _quick_infer(example_server.grpc_url)
+
+
+def test_max_concurrent_streams_is_advertised_and_enforced(example_server: ServerProcess) -> None:
+    enc = hpack.Encoder()
+    streams = b"".join(_frame(1, 4, sid, enc.encode(_BLOCK_FIELDS)) for sid in range(1, 260, 2))  # 130
+    with _connect(example_server) as sock:
+        sock.sendall(_PREFACE + _frame(4, 0, 0) + streams)
+        frames = _read_frames(sock, until=3)
+        ours = frames[0][3]
+        advertised = dict(struct.unpack(">HI", ours[i:i + 6]) for i in range(0, len(ours), 6))
+        assert advertised[3] == 128
+        refused = [(sid, struct.unpack(">I", p)[0]) for t, _, sid, p in frames if t == 3]
+        assert refused[0] == (257, 0x7)  # the 129th stream: REFUSED_STREAM
+    _quick_infer(example_server.grpc_url)
+
+
+def test_half_sent_prefaces_time_out_under_the_connection_cap(start_server) -> None:
+    """More silent and half-sent connections than the cap: they are dropped after the header
+    timeout, and a real client gets its turn."""
+    server = start_server(ROOT / "model_repository",
+                          flags=("--grpc-header-timeout-secs", "1", "--grpc-max-connections", "8"))
+    socks = [_connect(server) for _ in range(20)]
+    try:
+        for i, sock in enumerate(socks):
+            if i % 2:
+                sock.sendall(_PREFACE[:10])
+        _quick_infer(server.grpc_url, within=15)
+        started = time.monotonic()
+        for sock in socks[:8]:
+            sock.settimeout(10)
+            while sock.recv(65536):  # our SETTINGS, maybe a GOAWAY, then the close
+                pass
+        assert time.monotonic() - started < 10
+    finally:
+        for sock in socks:
+            sock.close()
+    _quick_infer(server.grpc_url)
+
+
+# -- TLS --------------------------------------------------------------------------------------------
+def _openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A CA made here, a server certificate for localhost / 127.0.0.1 and a client certificate."""
+    d = tmp_path_factory.mktemp("pki")
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=test-ca",
+             "-keyout", str(d / "ca.key"), "-out", str(d / "ca.pem"))
+    (d / "san.cnf").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    for name in ("server", "client"):
+        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout", str(d / f"{name}.key"),
+                 "-out", str(d / f"{name}.csr"))
+        _openssl("x509", "-req", "-in", str(d / f"{name}.csr"), "-CA", str(d / "ca.pem"), "-CAkey", str(d / "ca.key"),
+                 "-CAcreateserial", "-days", "2", "-extfile", str(d / "san.cnf"), "-out", str(d / f"{name}.pem"))
+    return d
+
+
+def test_tls(pki: Path, start_server) -> None:
+    server = start_server(ROOT / "model_repository", flags=(
+        "--grpc-use-ssl=true", "--grpc-server-cert", str(pki / "server.pem"), "--grpc-server-key", str(pki / "server.key")))
+    _quick_infer(f"localhost:{server.grpc_port}", ssl=True, root_certificates=str(pki / "ca.pem"))
+    with pytest.raises(Exception):  # noqa: B017 - plaintext against TLS: whatever grpc raises
+        _quick_infer(server.grpc_url, within=5)
+
+
+def test_mutual_tls(pki: Path, start_server) -> None:
+    server = start_server(ROOT / "model_repository", flags=(
+        "--grpc-use-ssl-mutual=true", "--grpc-server-cert", str(pki / "server.pem"),
+        "--grpc-server-key", str(pki / "server.key"), "--grpc-root-cert", str(pki / "ca.pem")))
+    url = f"localhost:{server.grpc_port}"
+    _quick_infer(url, ssl=True, root_certificates=str(pki / "ca.pem"), private_key=str(pki / "client.key"),
+                 certificate_chain=str(pki / "client.pem"))
+    with pytest.raises(Exception):  # noqa: B017 - no client certificate: the handshake fails
+        _quick_infer(url, within=5, ssl=True, root_certificates=str(pki / "ca.pem"))

@@ -1,0 +1,355 @@
+"""gRPC calls over our HTTP/2 connection: the method table, one :class:`Call` per stream, statuses.
+
+The connection driver (:mod:`.grpc_h2`) hands each stream's events here; a call decodes its
+messages (``grpc-encoding`` gzip/deflate, size limits → RESOURCE_EXHAUSTED), runs the servicer
+method (:mod:`.grpc`) and answers: a unary call with HEADERS + DATA + trailers in one write when the
+windows allow, a ``ModelStreamInfer`` call with a greenlet per request. Status codes are mapped
+here and only here (spec §1.2); ``grpc-message`` is percent-encoded.
+
+Runs in the connection's greenlets on the hub: the reader (the driver's, for the events) and a
+greenlet per call; one :class:`Call` is touched by no other connection.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import gevent
+import gevent.lock
+import gevent.pool
+import gevent.queue
+from google.protobuf.message import DecodeError
+
+from .. import fastpath
+from ..errors import Code, TritonError
+from ..protocol import http2 as h2
+from ..protocol._generated import grpc_service_pb2 as pb
+from ..protocol._generated import health_pb2
+from ..protocol.h2_connection import H2Stream, StreamClosedError
+from .grpc import GrpcServicer
+
+if TYPE_CHECKING:
+    from .grpc_h2 import Connection
+
+log = logging.getLogger(__name__)
+
+# grpc status codes (numbers are the wire values)
+OK, CANCELLED, UNKNOWN, INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS = 0, 1, 2, 3, 5, 6
+RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL, UNAVAILABLE = 8, 12, 13, 14
+GRPC_STATUS: dict[Code, int] = {
+    Code.INTERNAL: INTERNAL, Code.NOT_FOUND: NOT_FOUND, Code.UNAVAILABLE: UNAVAILABLE,
+    Code.UNSUPPORTED: UNIMPLEMENTED, Code.INVALID_ARG: INVALID_ARGUMENT, Code.UNKNOWN: UNKNOWN,
+    Code.ALREADY_EXISTS: ALREADY_EXISTS, Code.CANCELLED: CANCELLED,
+}
+
+RESPONSE_HEAD = h2.encode_headers([(b":status", b"200"), (b"content-type", b"application/grpc"),
+                                   (b"grpc-accept-encoding", b"identity,deflate,gzip")])
+OK_TRAILERS = h2.encode_headers([(b"grpc-status", b"0")])
+_END = object()  # the client closed its side of a stream
+_GONE = object()  # the stream is over (reset, or the connection closed)
+
+
+class Refused(Exception):
+    """A call ends with a gRPC status before (or instead of) reaching the servicer."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class Method:
+    parse: Callable[[bytes], Any]
+    call: Callable[[Any], Any]
+    streaming: bool
+    infer: bool = False  # ModelInfer: started in the reader, answered there when the model already has
+
+
+def method_table(servicer: GrpcServicer) -> dict[bytes, Method]:
+    """``:path`` → method, for ``inference.GRPCInferenceService`` and ``grpc.health.v1.Health/Check``."""
+    methods = {}
+    for method in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
+        request_type = getattr(pb, method.input_type.name)
+        streaming = method.name == "ModelStreamInfer"
+        call = servicer.stream_infer if streaming else getattr(servicer, method.name)
+        path = f"/inference.GRPCInferenceService/{method.name}".encode()
+        methods[path] = Method(request_type.FromString, call, streaming, method.name == "ModelInfer")
+    methods[b"/grpc.health.v1.Health/Check"] = Method(health_pb2.HealthCheckRequest.FromString, servicer.Check, False)
+    return methods
+
+
+def route(methods: dict[bytes, Method], headers: h2.HeaderBlock) -> tuple[Method | None, bytes | None, bool]:
+    """(method, grpc-encoding, is a gRPC request) of a header block, kept on the (cached) block."""
+    found = headers.route
+    if found is None:
+        is_grpc = headers.get(b":method") == b"POST" and \
+            headers.get(b"content-type", b"").startswith(b"application/grpc")
+        found = headers.route = (methods.get(headers.get(b":path", b"")), headers.get(b"grpc-encoding"), is_grpc)
+    return found
+
+
+class Call:
+    """One gRPC call on one stream; its life is its handler's (``started`` … :meth:`finish`)."""
+
+    __slots__ = ("conn", "stream", "sid", "method", "encoding", "buf", "inbox", "send_lock", "greenlet",
+                 "input_done", "done", "finished", "started")
+
+    def __init__(self, conn: Connection, stream: H2Stream, method: Method, encoding: bytes | None) -> None:
+        self.conn = conn
+        self.stream = stream
+        self.sid = stream.id
+        self.method = method
+        self.encoding = encoding
+        self.buf = bytearray()
+        self.inbox: gevent.queue.SimpleQueue | None = None
+        self.send_lock: gevent.lock.Semaphore | None = None
+        self.greenlet: gevent.Greenlet | None = None
+        self.input_done = False
+        self.done = False  # our side is over (answered, refused, or the stream is gone)
+        self.finished = False  # counted out of the running calls
+        self.started = False  # its handler runs (or ran)
+
+    # -- events from the reader ---------------------------------------------------------------
+    def begin(self, end_stream: bool) -> None:
+        if self.method.streaming:
+            self.inbox = gevent.queue.SimpleQueue()
+            self.send_lock = gevent.lock.Semaphore()
+            self.started = True
+            self.greenlet = gevent.spawn(self._run_stream)
+        if end_stream:
+            self.end_input()
+
+    def on_data(self, data: bytes, end_stream: bool) -> None:
+        buf = self.buf
+        buf += data
+        announced = h2.pending_length(buf)
+        limit = self.conn.server.max_receive
+        refused = None
+        if announced > limit:
+            refused = Refused(RESOURCE_EXHAUSTED, f"Received message larger than max ({announced} vs. {limit})")
+        elif self.inbox is None and len(buf) > announced + 5 >= 5:
+            refused = Refused(INTERNAL, "a unary call takes one request message, got more")
+        if refused is not None:
+            self.input_done = True  # what else comes on this stream is dropped
+            self.buf = bytearray()
+            if self.inbox is not None:
+                self.inbox.put(refused)  # its greenlet answers once its senders are done
+            else:
+                self.send_status(refused.status, refused.message)
+                self.finish()
+            return
+        if self.inbox is not None:
+            for message in h2.split_messages(buf):
+                self.inbox.put(message)
+        if end_stream:
+            self.end_input()
+
+    def end_input(self) -> None:
+        if self.input_done:
+            return
+        self.input_done = True
+        if self.inbox is not None:
+            self.inbox.put(_END)
+        elif not self.done:
+            self.started = True
+            if self.method.infer and fastpath.enabled:
+                self._start_infer()
+            else:  # the specification: a greenlet per call
+                self.greenlet = gevent.spawn(self._run_unary)
+
+    def cancel(self) -> None:
+        """The stream is gone (reset by the client, or the connection lost): the call's work stops.
+        A greenlet that is writing is never interrupted mid-frame; it sees the stream closed after."""
+        self.done = self.input_done = True
+        if self.inbox is not None:
+            self.inbox.put(_GONE)
+        elif self.greenlet is not None and self.greenlet is not self.conn.writer:
+            self.greenlet.kill(block=False)  # GreenletExit where it waits for the model's answer
+            self.finish()
+        elif not self.started:
+            self.finish()  # no handler will
+
+    # -- sending ------------------------------------------------------------------------------
+    def send_message(self, payload: bytes, final: bool) -> bool:
+        """One gRPC message (the response head first if not sent yet); with ``final`` the OK
+        trailers too (a unary answer: one write when it fits the windows)."""
+        if self.done:
+            return False
+        limit = self.conn.server.max_send
+        if len(payload) > limit:
+            raise Refused(RESOURCE_EXHAUSTED, f"Sent message larger than max ({len(payload)} vs. {limit})")
+        msg, conn, h2c = h2.grpc_message(payload), self.conn, self.conn.h2
+        try:
+            if final and h2c.send_response(self.sid, RESPONSE_HEAD, msg, OK_TRAILERS):
+                self.done = True
+                return conn.flush()
+            if not self.stream.headers_sent:
+                h2c.send_headers(self.sid, RESPONSE_HEAD)
+            view = memoryview(msg)
+            while view:
+                if not conn.wait_window(self.stream):
+                    return False
+                view = view[h2c.send_data(self.sid, view):]
+                if not conn.flush():
+                    return False
+        except StreamClosedError:
+            return False
+        return self.send_status(OK, "") if final else conn.flush()
+
+    def send_status(self, status: int, message: str) -> bool:
+        """The call's trailers (a trailers-only response if nothing was sent yet); ends the stream."""
+        if self.done:
+            return False
+        self.done = True
+        fields = [(b"grpc-status", b"%d" % status)]
+        if message:
+            fields.append((b"grpc-message", h2.percent_encode(message)))
+        if not self.stream.headers_sent:
+            fields = [(b":status", b"200"), (b"content-type", b"application/grpc"), *fields]
+        try:
+            self.conn.h2.send_headers(self.sid, fields, end_stream=True)
+        except StreamClosedError:
+            return False
+        return self.conn.flush()
+
+    def finish(self) -> None:
+        """The call's handler is done (or never ran): it no longer counts as running."""
+        if not self.finished:
+            self.finished = True
+            self.conn.call_finished()
+
+    # -- unary calls --------------------------------------------------------------------------
+    def _decode(self, flag: int, data: bytes) -> Any:
+        limit = self.conn.server.max_receive
+        if flag:
+            try:
+                data = h2.decompress(self.encoding or b"identity", data, limit)
+            except OverflowError as e:
+                raise Refused(RESOURCE_EXHAUSTED, f"Received message larger than max ({e.args[0]} vs. {limit})") \
+                    from None
+            except ValueError as e:
+                raise Refused(UNIMPLEMENTED, str(e)) from None
+            except zlib.error as e:
+                raise Refused(INTERNAL, f"could not decompress the message: {e}") from None
+        try:
+            return self.method.parse(data)
+        except DecodeError:
+            # Triton answers INTERNAL "Unable to parse request" (checked against 2.51)
+            raise Refused(INTERNAL, "Unable to parse request") from None
+
+    def _one_request(self) -> Any:
+        messages = h2.split_messages(self.buf)
+        if len(messages) != 1 or self.buf:
+            raise Refused(INTERNAL, f"a unary call takes one request message, got {len(messages)}")
+        return self._decode(*messages[0])
+
+    def _answer(self, payload: Callable[[], bytes]) -> None:
+        """Send a unary call's answer (or its error as the status); the call is over after."""
+        try:
+            self.send_message(payload(), final=True)
+        except Exception as e:  # noqa: BLE001 - every failure is answered as the call's status
+            self._failed(e)
+        finally:
+            self.finish()
+
+    def _run_unary(self) -> None:
+        self._answer(lambda: self.method.call(self._one_request()).SerializeToString())
+
+    def _start_infer(self) -> None:
+        """ModelInfer, in the reader (a fast path): decode and queue the request here; when the
+        model answered at once (a quick model runs inline, :class:`ModelInstance`) and the answer
+        fits the windows, answer here too — the reader flushes it with the rest of its read.
+        Otherwise a greenlet waits for the answer, so the reader never waits for a model's thread
+        or on flow control. The one case the reader is held: a model promoted to run inline that
+        then yields in ``execute`` holds this connection's other streams for that one run; the
+        instance is demoted back to its thread right after it (``ModelInstance``, DEMOTE_WALL_NS)."""
+        servicer = self.conn.server.servicer
+        try:
+            request, pending = servicer.start_infer(self._one_request())
+            if pending.reply.ready():
+                payload = servicer.finish_infer(request, pending).SerializeToString()
+        except Exception as e:  # noqa: BLE001 - every failure is answered as the call's status
+            self._failed(e)
+            self.finish()
+            return
+        if not pending.reply.ready():
+            self.greenlet = gevent.spawn(self._answer, lambda: servicer.finish_infer(request, pending).SerializeToString())
+        elif len(payload) <= self.conn.server.max_send and \
+                self.conn.h2.send_response(self.sid, RESPONSE_HEAD, h2.grpc_message(payload), OK_TRAILERS):
+            self.done = True
+            self.finish()
+        else:
+            self.greenlet = gevent.spawn(self._answer, lambda: payload)
+
+    def _failed(self, error: Exception) -> None:
+        """A unary call's error as its status (Triton's code for a TritonError)."""
+        if isinstance(error, Refused):
+            self.send_status(error.status, error.message)
+        elif isinstance(error, TritonError):
+            self.send_status(GRPC_STATUS[error.code], error.message)
+        else:
+            log.error("unexpected error in gRPC %s", getattr(self.method.call, "__name__", "call"), exc_info=error)
+            self.send_status(INTERNAL, f"internal error: {error!r}")
+
+    # -- ModelStreamInfer ---------------------------------------------------------------------
+    def _run_stream(self) -> None:
+        """A greenlet per request writes that request's responses as they come; the call ends (OK
+        trailers) once the client has closed its side and every request is answered."""
+        group = gevent.pool.Group()
+        refused: Refused | None = None
+        try:
+            while True:
+                item = self.inbox.get()
+                if item is _END:
+                    break
+                if item is _GONE or isinstance(item, Refused):
+                    refused = item if item is not _GONE else None
+                    self._stop_waiting(group)
+                    break
+                try:
+                    request = self._decode(*item)
+                except Refused as e:
+                    self._stream_send(pb.ModelStreamInferResponse(error_message=e.message))
+                    continue
+                group.spawn(self._stream_one, request)
+            group.join()
+            if refused is not None:  # its senders are done: the status can go out
+                self.send_status(refused.status, refused.message)
+            else:
+                self.send_status(OK, "")
+        except Exception as e:
+            log.exception("ModelStreamInfer failed")
+            self.send_status(INTERNAL, f"internal error: {e!r}")
+        finally:
+            self.finish()
+
+    def _stream_one(self, request: pb.ModelInferRequest) -> None:
+        """The responses of one request on a stream; once the client has gone, closing the generator
+        cancels the request (a decoupled model sees ``is_cancelled()``)."""
+        responses = self.method.call(request)
+        try:
+            for response in responses:
+                if not self._stream_send(response):
+                    break
+        finally:
+            responses.close()
+
+    def _stop_waiting(self, group: gevent.pool.Group) -> None:
+        """The stream is over: its request greenlets stop now (GreenletExit closes their generators,
+        which cancels the requests), but never the one inside a socket write."""
+        for greenlet in list(group):
+            if greenlet is not self.conn.writer:
+                greenlet.kill(block=False)
+
+    def _stream_send(self, response: Any) -> bool:
+        with self.send_lock:  # one message's frames stay together on the stream
+            try:
+                return self.send_message(response.SerializeToString(), final=False)
+            except Refused as e:
+                return self.send_message(pb.ModelStreamInferResponse(error_message=e.message).SerializeToString(),
+                                         final=False)

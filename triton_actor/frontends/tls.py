@@ -1,0 +1,41 @@
+"""TLS for the gRPC port, as Triton's ``--grpc-use-ssl*`` flags configure it.
+
+Triton's flags: ``--grpc-server-cert`` / ``--grpc-server-key`` (PEM) are the server's identity;
+with ``--grpc-use-ssl-mutual`` a client must present a certificate that chains to
+``--grpc-root-cert``. gRPC clients require ALPN ``h2`` (grpc-core refuses a TLS connection that did
+not negotiate it), and TLS 1.2 is the floor HTTP/2 sets (RFC 9113 §9.2).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import ssl
+
+log = logging.getLogger(__name__)
+
+
+def server_context(cert: str, key: str, root_cert: str = "", mutual: bool = False) -> ssl.SSLContext:
+    """A server-side context; raises ``OSError`` / ``ssl.SSLError`` for unreadable or bad files."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(cert, key)
+    context.set_alpn_protocols(["h2"])
+    if root_cert:
+        context.load_verify_locations(root_cert)
+    if mutual:
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+def accept(sock: socket.socket, context: ssl.SSLContext, timeout: float) -> ssl.SSLSocket | None:
+    """The server side of the handshake on an accepted socket, within ``timeout`` seconds (a client
+    that connects and says nothing is dropped); None when it fails. Runs in the connection's greenlet."""
+    sock.settimeout(timeout)
+    try:
+        wrapped = context.wrap_socket(sock, server_side=True)
+    except (OSError, ssl.SSLError) as e:
+        log.debug("TLS handshake failed: %s", e)
+        return None
+    wrapped.settimeout(None)
+    return wrapped

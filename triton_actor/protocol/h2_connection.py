@@ -1,0 +1,629 @@
+"""The server side of an HTTP/2 connection (RFC 9113) as a sans-I/O state machine.
+
+Shaped like python-hyper's ``h2``: bytes go in through :meth:`H2Connection.receive_data`, which
+returns the events they carry; the send methods queue frames whose bytes :meth:`data_to_send`
+hands back. No sockets, no gevent and no clock of its own: the driver passes ``now`` (monotonic
+seconds) where time matters. :mod:`..frontends.grpc_h2` drives it for gRPC.
+
+It owns the whole protocol state: stream states, flow-control windows both ways (connection and
+stream), SETTINGS (ours, the peer's, the ACKs), PING and keepalive, CONTINUATION assembly, padding,
+HPACK (through :class:`.http2.HeaderDecoder` and its cache), GOAWAY and RST_STREAM with the error
+code each violation calls for, and every limit a hostile client meets (:class:`Limits`):
+
+* ``max_concurrent_streams`` is advertised and enforced (REFUSED_STREAM past it), which also bounds
+  the streams an INITIAL_WINDOW_SIZE change walks;
+* control frames (SETTINGS, PING, RST_STREAM, WINDOW_UPDATE, PRIORITY, empty DATA, HEADERS on closed
+  streams) spend a token bucket (``control_frame_burst`` refilled at ``control_frame_rate`` per
+  second and by each frame we send, as nghttp2's "glitch" limit); a flood ends the connection with
+  GOAWAY(ENHANCE_YOUR_CALM);
+* rapid reset (CVE-2023-44487): each stream the peer resets before we answered it adds one to a
+  debt that each stream we complete pays back; past ``max_reset_debt`` → GOAWAY(ENHANCE_YOUR_CALM);
+* header lists past ``max_header_list`` (compressed or decoded) → GOAWAY(ENHANCE_YOUR_CALM);
+* a preface, first SETTINGS or header block not complete within ``header_timeout``, and a connection
+  without streams for ``idle_timeout``, are closed by :meth:`tick`;
+* ping strikes (grpc's policy: pings without data closer than ``min_ping_interval``).
+
+Events (see the classes below) name the stream by ``stream_id`` and carry its :class:`H2Stream`,
+whose ``call`` slot is the driver's own. Unlike ``h2``, the end of a request is the ``end_stream``
+attribute of :class:`RequestReceived` / :class:`DataReceived` (``StreamEnded`` only follows
+trailers), and received data is acknowledged (WINDOW_UPDATE) as it arrives: the driver bounds what
+it buffers by message size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from . import http2 as h2
+from .http2 import ProtocolError
+
+_MASK = 0x7FFF_FFFF
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What we advertise and enforce on one connection (defaults: grpc-go's and nginx's choices)."""
+
+    max_concurrent_streams: int = 128  # nginx's http2_max_concurrent_streams
+    initial_window: int = 16 * 1024 * 1024  # a 16 MiB tensor needs no WINDOW_UPDATE round trip
+    connection_window: int = 64 * 1024 * 1024
+    max_frame: int = 1024 * 1024
+    max_header_list: int = 64 * 1024
+    max_continuations: int = 64  # CONTINUATION frames in one header block
+    control_frame_burst: int = 1000  # nghttp2's glitch burst
+    control_frame_rate: float = 100.0  # tokens per second
+    max_reset_debt: int = 256  # streams reset by the peer and not made up for by completed ones
+    header_timeout: float = 60.0  # nginx's client_header_timeout: preface, SETTINGS, a header block
+    idle_timeout: float = 180.0  # nginx's http2_idle_timeout: no stream open; 0 = never
+    keepalive_time: float = 7200.0  # grpc.keepalive_time_ms; 0 = no keepalive pings
+    keepalive_timeout: float = 20.0  # grpc.keepalive_timeout_ms
+    keepalive_permit_without_calls: bool = False
+    min_ping_interval: float = 300.0  # grpc.http2.min_recv_ping_interval_without_data_ms
+    max_ping_strikes: int = 2  # grpc.http2.max_ping_strikes; 0 = unlimited
+
+
+# -- events ---------------------------------------------------------------------------------------
+class Event:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__ if k != "stream")
+        return f"{type(self).__name__}({fields})"
+
+    def __eq__(self, other: object) -> bool:
+        return type(self) is type(other) and all(
+            getattr(self, k) == getattr(other, k) for k in self.__slots__ if k != "stream")
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class RequestReceived(Event):
+    """A new stream's header block (decoded, possibly a cached :class:`.http2.HeaderBlock`)."""
+
+    __slots__ = ("stream_id", "stream", "headers", "end_stream")
+
+    def __init__(self, stream: H2Stream, headers: h2.HeaderBlock, end_stream: bool) -> None:
+        self.stream_id, self.stream, self.headers, self.end_stream = stream.id, stream, headers, end_stream
+
+
+class DataReceived(Event):
+    """DATA on an open stream (padding removed; its bytes are acknowledged already)."""
+
+    __slots__ = ("stream_id", "stream", "data", "end_stream")
+
+    def __init__(self, stream: H2Stream, data: bytes, end_stream: bool) -> None:
+        self.stream_id, self.stream, self.data, self.end_stream = stream.id, stream, data, end_stream
+
+
+class StreamEnded(Event):
+    """The peer closed its side with trailers (a HEADERS block with END_STREAM)."""
+
+    __slots__ = ("stream_id", "stream")
+
+    def __init__(self, stream: H2Stream) -> None:
+        self.stream_id, self.stream = stream.id, stream
+
+
+class StreamReset(Event):
+    """The stream is over before its end: the peer reset it (``remote``) or we did for a violation."""
+
+    __slots__ = ("stream_id", "stream", "error_code", "remote")
+
+    def __init__(self, stream: H2Stream, error_code: int, remote: bool) -> None:
+        self.stream_id, self.stream, self.error_code, self.remote = stream.id, stream, error_code, remote
+
+
+class WindowUpdated(Event):
+    """Send windows opened (WINDOW_UPDATE or SETTINGS); at most one per :meth:`receive_data`."""
+
+    __slots__ = ("stream_id",)
+
+    def __init__(self, stream_id: int = 0) -> None:
+        self.stream_id = stream_id
+
+
+class ConnectionTerminated(Event):
+    """The connection ends: the peer's GOAWAY (``remote``; running streams may finish), or ours
+    for a violation (``data_to_send`` holds the GOAWAY; close once it is written)."""
+
+    __slots__ = ("error_code", "last_stream_id", "additional_data", "remote")
+
+    def __init__(self, error_code: int, last_stream_id: int, additional_data: bytes, remote: bool) -> None:
+        self.error_code, self.last_stream_id = error_code, last_stream_id
+        self.additional_data, self.remote = additional_data, remote
+
+
+# -- streams --------------------------------------------------------------------------------------
+class H2Stream:
+    """One open stream: its windows and half-close states; ``call`` belongs to the driver."""
+
+    __slots__ = ("id", "send_window", "recv_window", "remote_closed", "local_closed", "headers_sent", "call")
+
+    def __init__(self, stream_id: int, send_window: int, recv_window: int) -> None:
+        self.id = stream_id
+        self.send_window = send_window  # what the peer lets us send
+        self.recv_window = recv_window  # what we let the peer send before our next WINDOW_UPDATE
+        self.remote_closed = False
+        self.local_closed = False
+        self.headers_sent = False
+        self.call: Any = None
+
+
+class StreamClosedError(Exception):
+    """A send on a stream that is closed on our side (answered or reset)."""
+
+
+class H2Connection:
+    """One server-side connection. Single owner (the driver's reader and the calls it runs, never
+    two threads): every method is synchronous and only queues bytes."""
+
+    def __init__(self, limits: Limits | None = None, now: float = 0.0) -> None:
+        self.limits = limits = limits or Limits()
+        self.streams: dict[int, H2Stream] = {}
+        self.decoder = h2.HeaderDecoder(limits.max_header_list)
+        self.send_window = h2.DEFAULT_WINDOW  # the peer's connection window for our DATA
+        self.recv_window = limits.connection_window
+        self.peer_initial_window = h2.DEFAULT_WINDOW
+        self.peer_max_frame = h2.DEFAULT_MAX_FRAME
+        self.last_stream_id = 0
+        self.going_away = False  # GOAWAY sent or received: no new streams
+        self.closed = False  # nothing more to read or send: close the transport
+        self._out: list[bytes] = []
+        self._buf = bytearray()
+        self._preface = False
+        self._settings_seen = False
+        self._continuation: tuple[int, int, list[bytes], int] | None = None  # sid, flags, parts, size
+        self._header_since = now  # waiting for preface/SETTINGS or a header block since (None: not)
+        self._idle_since = now
+        self._tokens = float(limits.control_frame_burst)
+        self._tokens_at = now
+        self._reset_debt = 0
+        self._ping_ok = True  # a ping is welcome (we sent headers or data since the last one)
+        self._last_ping = -1e18
+        self._ping_strikes = 0
+        self._ping_sent_at: float | None = None  # our keepalive ping awaiting its ACK
+        self._keepalive_at = now + limits.keepalive_time
+        self._tick_step = min(5.0, _tick_step_of(limits))
+        self._handlers = (self._on_data, self._on_headers, self._on_priority, self._on_rst_stream,
+                          self._on_settings, self._on_push_promise, self._on_ping, self._on_goaway,
+                          self._on_window_update, self._on_continuation)
+
+    # -- output ---------------------------------------------------------------------------------
+    def data_to_send(self) -> bytes:
+        """Every byte queued since the last call."""
+        out = self._out
+        if not out:
+            return b""
+        data = out[0] if len(out) == 1 else b"".join(out)
+        out.clear()
+        return data
+
+    def initiate_connection(self) -> None:
+        """Our SETTINGS and the connection window beyond the default: the first bytes we send."""
+        lim = self.limits
+        self._out.append(h2.settings_frame({
+            h2.MAX_CONCURRENT_STREAMS: lim.max_concurrent_streams, h2.INITIAL_WINDOW_SIZE: lim.initial_window,
+            h2.MAX_FRAME_SIZE: lim.max_frame, h2.MAX_HEADER_LIST_SIZE: lim.max_header_list, h2.ENABLE_PUSH: 0}))
+        if lim.connection_window > h2.DEFAULT_WINDOW:
+            self._out.append(h2.window_update(0, lim.connection_window - h2.DEFAULT_WINDOW))
+
+    # -- input ----------------------------------------------------------------------------------
+    def receive_data(self, data: bytes, now: float = 0.0) -> list[Event]:
+        """Feed bytes read from the peer; returns the events they complete (frames may span calls)."""
+        events: list[Event] = []
+        if self.closed:
+            return events
+        buf = self._buf
+        buf += data
+        if not self._preface and not self._check_preface(buf, events):
+            return events
+        self._refill(now)
+        pos, end, head, handlers, max_frame = 0, len(buf), h2.FRAME_HEAD, self._handlers, self.limits.max_frame
+        try:
+            while end - pos >= 9:
+                length_type, flags, sid = head.unpack_from(buf, pos)
+                length = length_type >> 8
+                if length > max_frame:
+                    raise ProtocolError(f"frame of {length} bytes", h2.FRAME_SIZE_ERROR)
+                if end - pos - 9 < length:
+                    break
+                ftype = length_type & 0xFF
+                payload = bytes(buf[pos + 9:pos + 9 + length])
+                pos += 9 + length
+                if self._continuation is not None and ftype != h2.CONTINUATION:
+                    raise ProtocolError("expected CONTINUATION")
+                if ftype < 10:
+                    handlers[ftype](flags, sid & _MASK, payload, events, now)
+                if self.closed:
+                    break
+        except ProtocolError as e:
+            self._terminate(e.code, str(e), events)
+        del buf[:pos]
+        return events
+
+    def _check_preface(self, buf: bytearray, events: list[Event]) -> bool:
+        n = len(h2.PREFACE)
+        if not h2.PREFACE.startswith(bytes(buf[:n])):
+            self.closed = True  # not an HTTP/2 client (HTTP/1 on the gRPC port): hang up, no GOAWAY
+            events.append(ConnectionTerminated(h2.PROTOCOL_ERROR, 0, b"no HTTP/2 preface", False))
+            return False
+        if len(buf) < n:
+            return False
+        del buf[:n]
+        self._preface = True
+        return True
+
+    def _terminate(self, code: int, message: str, events: list[Event]) -> None:
+        """A connection error: GOAWAY with ``code``, then nothing more is read."""
+        debug = message.encode()[:256]
+        self._out.append(h2.goaway(self.last_stream_id, code, debug))
+        self.going_away = self.closed = True
+        self._continuation = None
+        events.append(ConnectionTerminated(code, self.last_stream_id, debug, False))
+
+    # -- control-frame budget -------------------------------------------------------------------
+    def _refill(self, now: float) -> None:
+        lim = self.limits
+        if now > self._tokens_at:
+            self._tokens = min(lim.control_frame_burst, self._tokens + (now - self._tokens_at) * lim.control_frame_rate)
+        self._tokens_at = now
+
+    def _spend(self) -> None:
+        """One control frame (or other frame that does no work): past the budget the peer floods."""
+        self._tokens -= 1
+        if self._tokens < 0:
+            raise ProtocolError("too_many_control_frames", h2.ENHANCE_YOUR_CALM)
+
+    # -- frames ---------------------------------------------------------------------------------
+    def _on_data(self, flags: int, sid: int, payload: bytes, events: list[Event], now: float) -> None:
+        if sid == 0:
+            raise ProtocolError("DATA on stream 0")
+        n = len(payload)
+        if n > self.recv_window:
+            raise ProtocolError("DATA beyond the connection window", h2.FLOW_CONTROL_ERROR)
+        self.recv_window -= n
+        if self.recv_window <= self.limits.connection_window // 2:
+            self._out.append(h2.window_update(0, self.limits.connection_window - self.recv_window))
+            self.recv_window = self.limits.connection_window
+        stream = self.streams.get(sid)
+        end = flags & h2.END_STREAM
+        if stream is None or stream.remote_closed:
+            if sid > self.last_stream_id:
+                raise ProtocolError("DATA on an idle stream")
+            if stream is not None:  # half-closed (remote): a stream error
+                self._reset(stream, h2.STREAM_CLOSED, events)
+            return  # a stream we answered or reset already: its data is dropped
+        if n > stream.recv_window:
+            self._reset(stream, h2.FLOW_CONTROL_ERROR, events)
+            return
+        data = h2.strip_padding(flags, payload) if flags & h2.PADDED else payload
+        if not n and not end:
+            self._spend()
+        if end:
+            stream.remote_closed = True
+        else:
+            stream.recv_window -= n
+            if stream.recv_window <= self.limits.initial_window // 2:
+                self._out.append(h2.window_update(sid, self.limits.initial_window - stream.recv_window))
+                stream.recv_window = self.limits.initial_window
+        events.append(DataReceived(stream, data, bool(end)))
+        if end and stream.local_closed:
+            self._forget(stream)
+
+    def _on_headers(self, flags: int, sid: int, payload: bytes, events: list[Event], now: float) -> None:
+        if sid == 0 or not sid & 1:
+            raise ProtocolError("HEADERS on a stream a client may not open")
+        block = h2.strip_padding(flags, payload) if flags & h2.PADDED else payload
+        if flags & h2.PRIORITY_FLAG:
+            if len(block) < 5:
+                raise ProtocolError("HEADERS too short for its priority", h2.FRAME_SIZE_ERROR)
+            block = block[5:]
+        if not flags & h2.END_HEADERS:
+            self._continuation = (sid, flags, [block], len(block))
+            self._header_since = now
+            return
+        self._headers_done(sid, flags, block, events)
+
+    def _on_continuation(self, flags: int, sid: int, payload: bytes, events: list[Event], now: float) -> None:
+        if self._continuation is None or self._continuation[0] != sid:
+            raise ProtocolError("unexpected CONTINUATION")
+        _, first_flags, parts, size = self._continuation
+        parts.append(payload)
+        size += len(payload)
+        if size > self.limits.max_header_list or len(parts) > self.limits.max_continuations:
+            raise ProtocolError("header block too large", h2.ENHANCE_YOUR_CALM)
+        self._continuation = (sid, first_flags, parts, size)
+        if flags & h2.END_HEADERS:
+            self._continuation = None
+            self._header_since = None
+            self._headers_done(sid, first_flags, b"".join(parts), events)
+
+    def _headers_done(self, sid: int, flags: int, block: bytes, events: list[Event]) -> None:
+        headers = self.decoder.decode(block)  # always decoded: the HPACK table must follow the peer
+        end = bool(flags & h2.END_STREAM)
+        stream = self.streams.get(sid)
+        if stream is not None:  # trailers
+            if stream.remote_closed or not end:
+                self._reset(stream, h2.PROTOCOL_ERROR if not end else h2.STREAM_CLOSED, events)
+                return
+            stream.remote_closed = True
+            events.append(StreamEnded(stream))
+            if stream.local_closed:
+                self._forget(stream)
+            return
+        if sid <= self.last_stream_id:
+            self._spend()  # trailers of a stream we answered or reset already (RFC 9113 §5.1): ignored
+            return
+        self.last_stream_id = sid
+        if self.going_away or len(self.streams) >= self.limits.max_concurrent_streams:
+            self._spend()
+            self._out.append(h2.rst_stream(sid, h2.REFUSED_STREAM))
+            return
+        stream = H2Stream(sid, self.peer_initial_window, self.limits.initial_window)
+        stream.remote_closed = end
+        self.streams[sid] = stream
+        self._idle_since = None
+        events.append(RequestReceived(stream, headers, end))
+
+    def _on_priority(self, flags: int, sid: int, payload: bytes, events: list[Event], now: float) -> None:
+        if sid == 0:
+            raise ProtocolError("PRIORITY on stream 0")
+        self._spend()  # priorities are advisory (RFC 9113 §5.3.2): ignored
+
+    def _on_rst_stream(self, flags: int, sid: int, payload: bytes, events: list[Event], now: float) -> None:
+        code = h2.parse_u32(payload)
+        if sid == 0 or sid > self.last_stream_id:
+            raise ProtocolError("RST_STREAM on an idle stream")
+        self._spend()
+        stream = self.streams.get(sid)
+        if stream is None:
+            return
+        self._forget(stream)
+        stream.local_closed = stream.remote_closed = True
+        events.append(StreamReset(stream, code, True))
+        self._reset_debt += 1
+        if self._reset_debt > self.limits.max_reset_debt:
+            raise ProtocolError("too_many_resets", h2.ENHANCE_YOUR_CALM)
+
+    def _on_settings(self, flags: int, sid: int, payload: bytes, events: list[Event], now: float) -> None:
+        if sid:
+            raise ProtocolError("SETTINGS on a stream")
+        if flags & h2.ACK:
+            if payload:
+                raise ProtocolError("SETTINGS ACK with a payload", h2.FRAME_SIZE_ERROR)
+            return
+        self._spend()
+        values = h2.parse_settings(payload)
+        if values.get(h2.ENABLE_PUSH, 0) > 1:
+            raise ProtocolError("bad ENABLE_PUSH")
+        if h2.MAX_FRAME_SIZE in values:
+            size = values[h2.MAX_FRAME_SIZE]
+            if not h2.DEFAULT_MAX_FRAME <= size <= 2**24 - 1:
+                raise ProtocolError("bad MAX_FRAME_SIZE")
+            self.peer_max_frame = size
+        if h2.INITIAL_WINDOW_SIZE in values:
+            new = values[h2.INITIAL_WINDOW_SIZE]
+            if new > h2.MAX_WINDOW:
+                raise ProtocolError("INITIAL_WINDOW_SIZE too large", h2.FLOW_CONTROL_ERROR)
+            delta, self.peer_initial_window = new - self.peer_initial_window, new
+            if delta:
+                for stream in self.streams.values():  # at most max_concurrent_streams
+                    stream.send_window += delta
+                    if stream.send_window > h2.MAX_WINDOW:
+                        raise ProtocolError("a stream window past 2^31-1", h2.FLOW_CONTROL_ERROR)
+                self._window_event(events)
+        self._out.append(_SETTINGS_ACK)
+        if not self._settings_seen:  # the handshake is complete
+            self._settings_seen = True
+            self._header_since = None
+
+    def _on_push_promise(self, flags: int, sid: int, payload: bytes, events: list[Event], now: float) -> None:
+        raise ProtocolError("PUSH_PROMISE from a client")
+
+    def _on_ping(self, flags: int, sid: int, payload: bytes, events: list[Event], now: float) -> None:
+        if sid:
+            raise ProtocolError("PING on a stream")
+        if len(payload) != 8:
+            raise ProtocolError("PING payload must be 8 bytes", h2.FRAME_SIZE_ERROR)
+        if flags & h2.ACK:
+            self._ping_sent_at = None
+            return
+        self._spend()
+        lim = self.limits
+        if not self._ping_ok and not self.streams and now - self._last_ping < lim.min_ping_interval:
+            self._ping_strikes += 1
+            if lim.max_ping_strikes and self._ping_strikes > lim.max_ping_strikes:
+                raise ProtocolError("too_many_pings", h2.ENHANCE_YOUR_CALM)
+        self._ping_ok, self._last_ping = False, now
+        self._out.append(h2.frame(h2.PING, h2.ACK, 0, payload))
+
+    def _on_goaway(self, flags: int, sid: int, payload: bytes, events: list[Event], now: float) -> None:
+        if sid:
+            raise ProtocolError("GOAWAY on a stream")
+        if len(payload) < 8:
+            raise ProtocolError("GOAWAY shorter than 8 bytes", h2.FRAME_SIZE_ERROR)
+        last, code = h2.GOAWAY_HEAD.unpack_from(payload)
+        self.going_away = True
+        events.append(ConnectionTerminated(code, last & _MASK, payload[8:], True))
+
+    def _on_window_update(self, flags: int, sid: int, payload: bytes, events: list[Event], now: float) -> None:
+        increment = h2.parse_u32(payload)
+        self._spend()
+        if sid == 0:
+            if not increment:
+                raise ProtocolError("WINDOW_UPDATE of 0")
+            self.send_window += increment
+            if self.send_window > h2.MAX_WINDOW:
+                raise ProtocolError("connection window past 2^31-1", h2.FLOW_CONTROL_ERROR)
+            self._window_event(events)
+            return
+        stream = self.streams.get(sid)
+        if stream is None:
+            if sid > self.last_stream_id:
+                raise ProtocolError("WINDOW_UPDATE on an idle stream")
+            return
+        stream.send_window += increment
+        if not increment or stream.send_window > h2.MAX_WINDOW:
+            self._reset(stream, h2.PROTOCOL_ERROR if not increment else h2.FLOW_CONTROL_ERROR, events)
+            return
+        self._window_event(events)
+
+    def _window_event(self, events: list[Event]) -> None:
+        if not events or type(events[-1]) is not WindowUpdated:
+            events.append(_WINDOW_UPDATED)
+
+    # -- sending --------------------------------------------------------------------------------
+    def _open(self, sid: int) -> H2Stream:
+        stream = self.streams.get(sid)
+        if stream is None or stream.local_closed:
+            raise StreamClosedError(sid)
+        return stream
+
+    def send_headers(self, sid: int, headers: bytes | list[tuple[bytes, bytes]], end_stream: bool = False) -> None:
+        """A header block (pre-encoded bytes, or fields to encode) on ``sid``; trailers with ``end_stream``."""
+        stream = self._open(sid)
+        block = headers if isinstance(headers, bytes) else h2.encode_headers(headers)
+        stream.headers_sent = True
+        self._sent_something()
+        self._out.append(h2.headers_frames(sid, block, end_stream, self.peer_max_frame))
+        if end_stream:
+            self._end_local(stream)
+
+    def send_trailers(self, sid: int, headers: bytes | list[tuple[bytes, bytes]]) -> None:
+        self.send_headers(sid, headers, end_stream=True)
+
+    def local_flow_control_window(self, sid: int) -> int:
+        """Bytes of DATA ``sid`` may send now (both windows)."""
+        return max(0, min(self._open(sid).send_window, self.send_window))
+
+    @property
+    def max_outbound_frame_size(self) -> int:
+        return self.peer_max_frame
+
+    def send_data(self, sid: int, data: bytes | memoryview, end_stream: bool = False) -> int:
+        """As much of ``data`` as both windows let through, in frames of the peer's size; returns
+        the bytes sent. ``end_stream`` applies when all of ``data`` went."""
+        stream = self._open(sid)
+        room = max(0, min(stream.send_window, self.send_window, len(data)))
+        view, step, out = memoryview(data)[:room], self.peer_max_frame, self._out
+        end = end_stream and room == len(data)
+        for i in range(0, room or end, step):  # an empty DATA frame only to end the stream
+            last = i + step >= room
+            out.append(h2.frame(h2.DATA, h2.END_STREAM if end and last else 0, sid, bytes(view[i:i + step])))
+        stream.send_window -= room
+        self.send_window -= room
+        self._sent_something()
+        if end:
+            self._end_local(stream)
+        return room
+
+    def send_response(self, sid: int, head: bytes, data: bytes, trailers: bytes) -> bool:
+        """The hot unary answer in one go — HEADERS (unless sent), one DATA frame, trailers — when
+        ``data`` fits both windows and one frame; False (nothing queued) when it does not."""
+        stream = self._open(sid)
+        n = len(data)
+        if n > stream.send_window or n > self.send_window or n > self.peer_max_frame:
+            return False
+        stream.send_window -= n
+        self.send_window -= n
+        self._sent_something()
+        out = self._out
+        if not stream.headers_sent:
+            stream.headers_sent = True
+            out.append(h2.frame(h2.HEADERS, h2.END_HEADERS, sid, head))
+        out.append(h2.frame(h2.DATA, 0, sid, data))
+        out.append(h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, sid, trailers))
+        self._end_local(stream)
+        return True
+
+    def _sent_something(self) -> None:
+        self._ping_ok, self._ping_strikes = True, 0
+        if self._tokens < self.limits.control_frame_burst:
+            self._tokens += 1  # the peer's WINDOW_UPDATE or PING in answer to our frames is due
+
+    def _end_local(self, stream: H2Stream) -> None:
+        """We sent END_STREAM: the stream completed (it pays back one reset)."""
+        stream.local_closed = True
+        if self._reset_debt:
+            self._reset_debt -= 1
+        if not stream.remote_closed:
+            self._out.append(h2.rst_stream(stream.id, h2.NO_ERROR))  # answered early: the peer may stop sending
+            stream.remote_closed = True
+        self._forget(stream)
+
+    def reset_stream(self, sid: int, error_code: int = h2.CANCEL) -> None:
+        """RST_STREAM on ``sid`` (a no-op for a stream that is closed already)."""
+        stream = self.streams.get(sid)
+        if stream is not None:
+            stream.local_closed = stream.remote_closed = True
+            self._forget(stream)
+            self._out.append(h2.rst_stream(sid, error_code))
+
+    def _reset(self, stream: H2Stream, code: int, events: list[Event]) -> None:
+        """A stream error of the peer's: RST_STREAM with ``code``; the driver cancels its call."""
+        self.reset_stream(stream.id, code)
+        events.append(StreamReset(stream, code, False))
+
+    def _forget(self, stream: H2Stream) -> None:
+        self.streams.pop(stream.id, None)  # idle time starts at the next tick()
+
+    def ping(self, payload: bytes = b"\0" * 8) -> None:
+        self._out.append(h2.frame(h2.PING, 0, 0, payload))
+
+    def go_away(self, error_code: int = h2.NO_ERROR, debug: bytes = b"") -> None:
+        """GOAWAY: no new streams; with an error code, the connection is over now."""
+        if not self.going_away or error_code:
+            self._out.append(h2.goaway(self.last_stream_id, error_code, debug))
+        self.going_away = True
+        if error_code:
+            self.closed = True
+
+    # -- time -----------------------------------------------------------------------------------
+    def tick(self, now: float) -> float:
+        """Timeouts and keepalive at ``now``: may queue a PING or a GOAWAY, or set ``closed``.
+        Returns when to call again (at most a few seconds on: idle time is sampled here)."""
+        lim = self.limits
+        if self.closed:
+            return now + 3600
+        if self.streams:
+            self._idle_since = None
+        elif self._idle_since is None:
+            self._idle_since = now
+        if self._header_since is not None and now - self._header_since >= lim.header_timeout:
+            self.go_away(h2.NO_ERROR, b"header_timeout")  # a slow or half-sent preface or header block
+            self.closed = True
+        elif self._idle_since is not None and lim.idle_timeout and now - self._idle_since >= lim.idle_timeout:
+            self.go_away(h2.NO_ERROR, b"idle_timeout")
+            self.closed = True
+        elif self._ping_sent_at is not None:
+            if now - self._ping_sent_at >= lim.keepalive_timeout:
+                self.closed = True  # the peer is gone: nothing more is sent (grpc's keepalive)
+        elif lim.keepalive_time and now >= self._keepalive_at:
+            self._keepalive_at = now + lim.keepalive_time
+            if self.streams or lim.keepalive_permit_without_calls:
+                self._ping_sent_at = now
+                self.ping()
+        return self._next_deadline(now)
+
+    def _next_deadline(self, now: float) -> float:
+        lim = self.limits
+        times = [now + self._tick_step]
+        if lim.keepalive_time:
+            times.append(self._keepalive_at)
+        if self._ping_sent_at is not None:
+            times.append(self._ping_sent_at + lim.keepalive_timeout)
+        if self._header_since is not None:
+            times.append(self._header_since + lim.header_timeout)
+        if self._idle_since is not None and lim.idle_timeout:
+            times.append(self._idle_since + lim.idle_timeout)
+        return min(times)
+
+
+def _tick_step_of(limits: Limits) -> float:
+    """How often :meth:`H2Connection.tick` must run to honour the timeouts within a quarter of them."""
+    return min(t / 4 for t in (limits.header_timeout, limits.idle_timeout or 20.0, 20.0) if t > 0)
+
+
+_SETTINGS_ACK = h2.frame(h2.SETTINGS, h2.ACK, 0)
+_WINDOW_UPDATED = WindowUpdated(0)
