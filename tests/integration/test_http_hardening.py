@@ -3,6 +3,7 @@ and the one router's 404/405 answers. Waits are on sockets (select), never fixed
 
 from __future__ import annotations
 
+import contextlib
 import resource
 import select
 import socket
@@ -15,6 +16,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from .server import ROOT, ServerProcess
+from .test_http_fuzz import _exchange
 
 REPO = ROOT / "model_repository"
 
@@ -32,21 +34,18 @@ def _connect(server: ServerProcess) -> socket.socket:
     return socket.create_connection(("127.0.0.1", server.port), timeout=30)
 
 
-def _answer(sock: socket.socket) -> bytes:
-    """Everything the server sends until it closes."""
-    out = b""
+@contextlib.contextmanager
+def _half_sent(server: ServerProcess, n: int, data: bytes) -> Iterator[list[socket.socket]]:
+    """``n`` connections that each sent ``data`` and wait; closed at the end."""
+    socks: list[socket.socket] = []
     try:
-        while chunk := sock.recv(65536):
-            out += chunk
-    except OSError:
-        pass
-    return out
-
-
-def _exchange(server: ServerProcess, data: bytes) -> bytes:
-    with _connect(server) as sock:
-        sock.sendall(data)
-        return _answer(sock)
+        for _ in range(n):
+            socks.append(_connect(server))
+            socks[-1].sendall(data)
+        yield socks
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 def _status(answer: bytes) -> int:
@@ -146,32 +145,16 @@ def test_head_limits(example_server: ServerProcess) -> None:
 
 
 def test_a_thousand_half_sent_heads_do_not_stop_a_client(example_server: ServerProcess) -> None:
-    socks = []
-    try:
-        for _ in range(1000):
-            sock = _connect(example_server)
-            sock.sendall(b"POST /v2/models/add_sub/infer HTTP/1.1\r\nHost: x\r\nContent-Le")
-            socks.append(sock)
+    with _half_sent(example_server, 1000, b"POST /v2/models/add_sub/infer HTTP/1.1\r\nHost: x\r\nContent-Le"):
         _infer_ok(example_server)
-    finally:
-        for sock in socks:
-            sock.close()
 
 
 def test_connection_cap_closes_waiting_connections(start_server: Callable[..., ServerProcess]) -> None:
     server = start_server(REPO, flags=("--http-max-connections", "50"))
-    socks = []
-    try:
-        for _ in range(200):
-            sock = _connect(server)
-            sock.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHo")
-            socks.append(sock)
+    with _half_sent(server, 200, b"GET /v2/health/ready HTTP/1.1\r\nHo") as socks:
         _infer_ok(server)
         closed = sum(_closed_within(sock, 10 if i == 0 else 0.01) for i, sock in enumerate(socks[:150]))
         assert closed == 150  # the oldest waiting ones made room; at most 50 stay open
-    finally:
-        for sock in socks:
-            sock.close()
     assert "Traceback" not in server.log()
 
 

@@ -172,7 +172,7 @@ def test_malformed_heads(head: bytes, status: int) -> None:
 
 def test_deadlines() -> None:
     conn = http1.ServerConnection(SMALL, now=100.0)
-    assert conn.deadline == 175.0 and conn.waiting  # keep-alive idle
+    assert (conn.deadline, conn.since, conn.waiting) == (175.0, 100.0, True)  # keep-alive idle
     conn.receive_data(b"POST / HTTP/1.1\r\n", 101.0)
     assert conn.next_event() is NEED_DATA and conn.deadline == 111.0  # the head: 10 s in all
     conn.receive_data(b"Content-Length: 4\r\n", 105.0)
@@ -189,7 +189,7 @@ def test_deadlines() -> None:
     conn.receive_data(b" / HTTP/1.1\r\n\r\n", 121.0)
     assert isinstance(conn.next_event(), Head) and conn.next_event() == Body(b"")
     conn.start_next_cycle(122.0)
-    assert conn.deadline == 197.0
+    assert (conn.deadline, conn.since) == (197.0, 122.0)
 
 
 def test_answers() -> None:

@@ -108,7 +108,7 @@ class HttpServer:
     def _make_room(self) -> bool:
         """Close the connections waiting longest for a request head; False when none is waiting."""
         waiting = [c for c in self._connections if c.http.waiting]
-        for conn in heapq.nsmallest(_EVICT_BATCH, waiting, key=lambda c: c.http.deadline):
+        for conn in heapq.nsmallest(_EVICT_BATCH, waiting, key=lambda c: c.http.since):
             self._drop(conn)
         now = monotonic()
         if now - self._warned_at > 60:

@@ -180,13 +180,15 @@ class ServerConnection:
     """One client connection's request side. Owned by the connection's greenlet; ``deadline`` is
     read by the driver's reaper (same hub thread)."""
 
-    __slots__ = ("limits", "state", "buf", "deadline", "want", "_last", "_length", "_parts", "_total", "_trailer")
+    __slots__ = ("limits", "state", "buf", "deadline", "since", "want", "_last", "_length", "_parts", "_total",
+                 "_trailer")
 
     def __init__(self, limits: Limits = DEFAULT_LIMITS, now: float = 0.0) -> None:
         self.limits = limits
         self.state = HEAD
         self.buf = bytearray()
         self.deadline = now + limits.keepalive_timeout
+        self.since = now  # when it began waiting for the current request's head
         self.want = 0  # body bytes still to come (a hint for the size of the next read)
         self._last = now  # when data last arrived
         self._length = 0
@@ -241,6 +243,7 @@ class ServerConnection:
         self.state = HEAD
         timeout = self.limits.header_timeout if self.buf else self.limits.keepalive_timeout
         self.deadline = now + timeout
+        self.since = now
 
     # -- head -------------------------------------------------------------------------------------
     def _head(self) -> Head | _Sentinel:
