@@ -115,7 +115,8 @@ class HttpFrontend:
             if route is None:
                 route = self.match(method, path)
             endpoint, args = route
-            return self._views[endpoint](HttpRequest(method, path, query, headers, body, self.max_input_size), **args)
+            req = fastpath.new_tuple(HttpRequest, (method, path, query, headers, body, self.max_input_size))
+            return self._views[endpoint](req, **args)
         except TritonError as e:
             return error_response(e)
         except HTTPException as e:

@@ -149,14 +149,19 @@ class HttpServer:
     def _serve(self, conn: _Connection) -> None:
         sock, http, frontend = conn.sock, conn.http, self.frontend
         while not self._closing:
-            head = self._next_event(sock, http)
+            head = http.next_event()
+            if head is http1.NEED_DATA:
+                head = self._next_event(sock, http)
             if head is http1.CLOSED:
                 return
             frontend.begin()
             try:
                 if head.expect_continue:
                     send_all(sock, http1.CONTINUE)
-                body = self._next_event(sock, http).data
+                body = http.next_event()
+                if body is http1.NEED_DATA:
+                    body = self._next_event(sock, http)
+                body = body.data
                 path, _, query = head.target.partition("?")
                 reply = frontend(head.method, unquote(path, "latin-1"), query, head.headers, body)
                 keep_alive = head.keep_alive and not self._closing

@@ -248,6 +248,8 @@ class ServerConnection:
     # -- head -------------------------------------------------------------------------------------
     def _head(self) -> Head | _Sentinel:
         buf = self.buf
+        if not buf:
+            return NEED_DATA
         if buf.startswith(b"\r\n"):  # empty lines before a request line are ignored (RFC 9112 §2.2)
             del buf[: len(buf) - len(buf.lstrip(b"\r\n"))]
         idx = buf.find(b"\r\n\r\n")
