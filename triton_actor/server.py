@@ -26,6 +26,7 @@ from .frontends.grpc import GrpcServicer
 from .frontends.grpc_h2 import GrpcH2Server
 from .frontends.grpc_server import GrpcServer
 from .frontends.http import HttpFrontend
+from .frontends.http_routes import create_app
 from .frontends.http_server import HttpServer
 from .protocol import http1
 from .runtime_settings import RuntimeSettings
@@ -86,7 +87,7 @@ class Server:
             self.grpc = transport(GrpcServicer(self.plane), s.grpc_address, s.grpc_port, dict(s.grpc_options))
             log.info("Started GRPCInferenceService at %s:%d", s.grpc_address, self.grpc.start())
         if s.allow_http:
-            self.frontend = HttpFrontend(self.plane, s.http_max_input_size)
+            self.frontend = HttpFrontend(create_app(self.plane), s.http_max_input_size)
             limits = http1.Limits(max_body=s.http_max_input_size, header_timeout=s.http_header_timeout_secs,
                                   body_timeout=s.http_body_timeout_secs, keepalive_timeout=s.http_keepalive_timeout_secs)
             self.http = HttpServer(s.http_address, s.http_port, self.frontend, limits, s.http_max_connections)

@@ -13,6 +13,7 @@ from triton_actor import fastpath
 from triton_actor.errors import TritonError
 from triton_actor.frontends import http
 from triton_actor.frontends.http import HttpFrontend
+from triton_actor.frontends.http_routes import create_app
 
 
 @pytest.fixture(params=[True, False], ids=["fast", "slow"])
@@ -20,7 +21,7 @@ def router(request: pytest.FixtureRequest) -> Iterator[tuple[HttpFrontend, Magic
     before = fastpath.enabled
     fastpath.set_enabled(request.param)
     plane = MagicMock()
-    yield HttpFrontend(plane, max_input_size=100), plane
+    yield HttpFrontend(create_app(plane), max_input_size=100), plane
     fastpath.set_enabled(before)
 
 

@@ -17,10 +17,10 @@ from typing import Any, NamedTuple
 
 import gevent.event
 import orjson
+from flask import Flask
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from .. import fastpath
-from ..dataplane import DataPlane
 from ..errors import TritonError
 from .status import HTTP_STATUS, status_line
 
@@ -94,15 +94,12 @@ def _routing_error(e: HTTPException) -> Reply:
 
 
 class HttpFrontend:
-    """The router over the routes of :func:`.http_routes.create_app`, and the count of requests in
-    flight that shutdown drains. Runs in the connection's greenlet."""
+    """The router over the url map of ``app`` (:func:`.http_routes.create_app`), and the count of
+    requests in flight that shutdown drains. Runs in the connection's greenlet."""
 
-    def __init__(self, plane: DataPlane, max_input_size: int = 64 * 1024 * 1024) -> None:
-        from .http_routes import create_app  # the views import this module's helpers
-
-        self.plane = plane
+    def __init__(self, app: Flask, max_input_size: int = 64 * 1024 * 1024) -> None:
         self.max_input_size = max_input_size
-        self.app = create_app(plane)
+        self.app = app
         self._adapter = self.app.url_map.bind("triton")
         self._views: dict[str, View] = self.app.view_functions
         self.in_flight = 0
