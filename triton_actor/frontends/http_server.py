@@ -151,7 +151,7 @@ class HttpServer:
         while not self._closing:
             head = http.next_event()
             if head is http1.NEED_DATA:
-                head = self._next_event(sock, http)
+                head = self._read_event(sock, http)
             if head is http1.CLOSED:
                 return
             frontend.begin()
@@ -160,7 +160,7 @@ class HttpServer:
                     send_all(sock, http1.CONTINUE)
                 body = http.next_event()
                 if body is http1.NEED_DATA:
-                    body = self._next_event(sock, http)
+                    body = self._read_event(sock, http)
                 body = body.data
                 path, _, query = head.target.partition("?")
                 reply = frontend(head.method, unquote(path, "latin-1"), query, head.headers, body)
@@ -172,16 +172,17 @@ class HttpServer:
             http.start_next_cycle(monotonic())
 
     @staticmethod
-    def _next_event(sock: socket.socket, http: http1.ServerConnection) -> Any:
+    def _read_event(sock: socket.socket, http: http1.ServerConnection) -> Any:
+        """Read until the state machine (which said NEED_DATA) has its next event."""
         while True:
-            event = http.next_event()
-            if event is not http1.NEED_DATA:
-                return event
             if http.buf:
                 data = sock.recv(max(_RECV, http.want))
             else:  # between requests: nothing to read yet, wait first
                 data = recv_when_readable(sock, _RECV)
             http.receive_data(data, monotonic())
+            event = http.next_event()
+            if event is not http1.NEED_DATA:
+                return event
 
     # -- answers ----------------------------------------------------------------------------------
     def _refuse(self, sock: socket.socket, error: http1.ProtocolError) -> None:

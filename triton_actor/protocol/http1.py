@@ -365,16 +365,28 @@ class ServerConnection:
 # -- answers --------------------------------------------------------------------------------------
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 LAST_CHUNK = b"0\r\n\r\n"
+_CHUNKED_END = b"Transfer-Encoding: chunked\r\n\r\n"
+
+# (status, keep-alive, *fields) → the head's bytes up to its framing field: the answers to a repeating
+# client repeat (building them cost ~1.1 µs, a hit ~0.4). Fast path; _head_start is the slow path.
+_RESPONSE_HEADS = fastpath.cache("http1.response_heads", 256)
 
 
 def response_head(status: str, headers: list[tuple[str, str]], length: int | None, keep_alive: bool) -> bytes:
     """Status line and fields; ``length`` None = a chunked body follows (send :func:`chunk` s)."""
-    lines = [f"HTTP/1.1 {status}"]
-    lines.extend(f"{k}: {v}" for k, v in headers)
-    lines.append("Transfer-Encoding: chunked" if length is None else f"Content-Length: {length}")
+    key = (status, keep_alive, *headers)
+    start = _RESPONSE_HEADS.get(key)
+    if start is None:
+        start = _head_start(status, headers, keep_alive)
+        _RESPONSE_HEADS.put(key, start)
+    return start + (_CHUNKED_END if length is None else b"Content-Length: %d\r\n\r\n" % length)
+
+
+def _head_start(status: str, headers: list[tuple[str, str]], keep_alive: bool) -> bytes:
+    lines = [f"HTTP/1.1 {status}", *(f"{k}: {v}" for k, v in headers)]
     if not keep_alive:
         lines.append("Connection: close")
-    lines.append("\r\n")
+    lines.append("")
     return "\r\n".join(lines).encode("latin-1")
 
 
