@@ -149,7 +149,7 @@ class HttpServer:
     def _serve(self, conn: _Connection) -> None:
         sock, http, frontend = conn.sock, conn.http, self.frontend
         while not self._closing:
-            head = http.next_event()
+            head = http.next_event() if http.buf else http1.NEED_DATA  # empty: it needs data
             if head is http1.NEED_DATA:
                 head = self._read_event(sock, http)
             if head is http1.CLOSED:

@@ -355,7 +355,7 @@ class ServerConnection:
         self.state = DONE
         self.want = 0
         self.deadline = _NEVER  # the request is being answered: no read timeout applies
-        return Body(data)
+        return fastpath.new_tuple(Body, (data,))
 
     def _fail(self, status: int, message: str) -> ProtocolError:
         self.state = ERROR
