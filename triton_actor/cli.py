@@ -107,6 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(flag, type=_int_or_bool, default=default, help=f"gRPC keepalive (default {default})")
     p.add_argument("--metrics-port", type=int, default=8002, help="reserved: metrics arrive in a later version")
     p.add_argument("--http-max-input-size", type=int, default=64 * 1024 * 1024, help="bytes, also after decompression")
+    p.add_argument("--http-max-connections", type=int, default=1024,
+                   help="open HTTP connections (lowered to leave a quarter of the descriptor limit free)")
+    p.add_argument("--http-header-timeout-secs", type=float, default=60.0, help="time to send a request head")
+    p.add_argument("--http-body-timeout-secs", type=float, default=60.0, help="time between two reads of a body")
+    p.add_argument("--http-keepalive-timeout-secs", type=float, default=75.0, help="idle time between requests")
     p.add_argument("--log-verbose", type=int, default=0)
     _flag(p, "--log-info", True, "log informational messages")
     _flag(p, "--strict-readiness", True, "ready only when every model is ready")
@@ -157,6 +162,10 @@ def parse(argv: Sequence[str] | None = None, environ: dict[str, str] | None = No
         **_grpc_tls(args),
         metrics_port=args.metrics_port,
         http_max_input_size=args.http_max_input_size,
+        http_max_connections=args.http_max_connections,
+        http_header_timeout_secs=args.http_header_timeout_secs,
+        http_body_timeout_secs=args.http_body_timeout_secs,
+        http_keepalive_timeout_secs=args.http_keepalive_timeout_secs,
         log_verbose=args.log_verbose,
         log_info=args.log_info,
         strict_readiness=args.strict_readiness,

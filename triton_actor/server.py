@@ -26,7 +26,9 @@ from .devices import gpu_count
 from .frontends.grpc import GrpcServicer
 from .frontends.grpc_h2 import GrpcH2Server
 from .frontends.http import HttpFrontend
+from .frontends.http_routes import create_app
 from .frontends.http_server import HttpServer
+from .protocol import http1
 from .runtime_settings import RuntimeSettings
 from .settings import Settings
 from .shared_memory import SharedMemoryRegistry
@@ -84,8 +86,10 @@ class Server:
             self.grpc = GrpcH2Server.from_settings(GrpcServicer(self.plane), s)
             log.info("Started GRPCInferenceService at %s:%d", s.grpc_address, self.grpc.start())
         if s.allow_http:
-            self.frontend = HttpFrontend(self.plane, s.http_max_input_size)
-            self.http = HttpServer(s.http_address, s.http_port, self.frontend)
+            self.frontend = HttpFrontend(create_app(self.plane), s.http_max_input_size)
+            limits = http1.Limits(max_body=s.http_max_input_size, header_timeout=s.http_header_timeout_secs,
+                                  body_timeout=s.http_body_timeout_secs, keepalive_timeout=s.http_keepalive_timeout_secs)
+            self.http = HttpServer(s.http_address, s.http_port, self.frontend, limits, s.http_max_connections)
             self.http.start()
             log.info("Started HTTPService at %s:%d", s.http_address, self.http.server_port)
         self.plane.live = True

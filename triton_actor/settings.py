@@ -30,6 +30,12 @@ class Settings:
     grpc_idle_timeout_secs: float = 180.0  # a connection without calls is closed (GOAWAY); 0 = never
     metrics_port: int = 8002
     http_max_input_size: int = 64 * 1024 * 1024
+    # HTTP connection bounds, nginx's defaults (worker_connections is 512-1024; client_header_timeout,
+    # client_body_timeout, keepalive_timeout)
+    http_max_connections: int = 1024
+    http_header_timeout_secs: float = 60.0
+    http_body_timeout_secs: float = 60.0
+    http_keepalive_timeout_secs: float = 75.0
     log_verbose: int = 0
     log_info: bool = True
     strict_readiness: bool = True

@@ -1,148 +1,76 @@
-"""A lean HTTP/1.1 server on gevent's StreamServer, made for the inference hot path.
+"""The HTTP/1.1 driver: gevent's StreamServer, one greenlet per connection, feeding the sans-I/O
+:mod:`..protocol.http1` state machine and answering through the router (:class:`.http.HttpFrontend`).
 
 Why not gevent.pywsgi: at the request rates Triton reaches here (~3000/s per connection), pywsgi's
 per-request machinery (environ building, header objects, several sends) was most of our latency.
-This server reads a request with a few ``recv`` calls, parses the head with ``bytes.split``, sends
-``POST .../infer`` straight to :meth:`HttpFrontend.infer`, hands every other route to the WSGI
-(Flask) app, and writes each response with one ``sendall`` (so Nagle never stalls it; TCP_NODELAY
-is set anyway). Keep-alive, ``Expect: 100-continue`` and chunked request bodies are supported.
+A request here is a few ``recv`` calls and one ``sendall`` per answer (so Nagle never stalls it;
+TCP_NODELAY is set anyway).
+
+Connections are bounded as nginx bounds them: at most ``max_connections`` (lowered to leave a
+quarter of the descriptor limit free); when they run out, the ones waiting longest for a request
+head are closed (nginx drains its "reusable" connections the same way), and if none is waiting the
+new connection is closed. One reaper greenlet closes connections past the deadline their state
+machine gives (header, body between reads, keep-alive idle): a timer per read would cost ~3 µs a
+request, a deadline is two attribute writes. Closing a socket wakes its greenlet with an error at
+its ``recv``; a connection has a deadline only while it waits for bytes, never while it is answered.
 """
 
 from __future__ import annotations
 
-import io
+import heapq
 import logging
-import re
+import resource
 import socket
-import sys
 from collections.abc import Iterable
+from time import monotonic
 from typing import Any
 from urllib.parse import unquote
 
+import gevent
+import orjson
 from gevent.server import StreamServer
 
-from .. import fastpath
-from ..errors import TritonError
-from .http import HttpFrontend, error_response, too_large
+from ..protocol import http1
+from .http import JSON_HEADERS, HttpFrontend, Reply, error_response, too_large
 from .socket_io import recv_when_readable, send_all
+from .status import status_line
 
 log = logging.getLogger(__name__)
 
-MAX_HEAD = 64 * 1024
-# one header line: name, colon, value without surrounding blanks (the regex runs in C: ~3x faster
-# than splitting each line in Python)
-_HEADER = re.compile(r"^([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*(.*?)[ \t]*\r?$", re.M)
 _RECV = 256 * 1024
+_EVICT_BATCH = 32  # nginx drains up to 32 reusable connections at a time when it runs out
 
 
-class BadRequest(Exception):
-    """The bytes on the connection are not HTTP/1.x we can serve; answer 400 and close."""
-
-
-# A client repeating a request sends the same head bytes every time (perf_analyzer, a tritonclient
-# loop): parsed heads are kept by their bytes, so the steady state parses nothing. Read-only values.
-_HeadInfo = tuple[str, str, str, dict[str, str], bool, bool]
-_HEADS = fastpath.cache("http_server.heads", 256)
-_HEAD_CACHED_MAX = 2048
-
-
-def _parse_head(head: bytes) -> _HeadInfo:
-    """(method, target, version, lower-cased headers, keep-alive, expects 100-continue) of a head."""
-    text = head.decode("latin-1")
-    request_line, _, header_text = text.partition("\r\n")
-    try:
-        method, target, version = request_line.split(" ", 2)
-    except ValueError:
-        raise BadRequest("malformed request line") from None
-    pairs = _HEADER.findall(header_text)
-    if len(pairs) != header_text.count("\n") + (1 if header_text else 0):
-        raise BadRequest("malformed header line")
-    headers = {k.lower(): v for k, v in pairs}
-    if len(headers) != len(pairs):  # repeated headers: join the values, as RFC 9110 allows
-        headers = {}
-        for k, v in pairs:
-            key = k.lower()
-            headers[key] = f"{headers[key]},{v}" if key in headers else v
-    connection = headers.get("connection", "").lower()
-    keep_alive = ("close" not in connection) if version == "HTTP/1.1" else ("keep-alive" in connection)
-    info = (method, target, version, headers, keep_alive, headers.get("expect", "").lower() == "100-continue")
-    if len(head) <= _HEAD_CACHED_MAX:
-        _HEADS.put(head, info)
-    return info
+def descriptor_cap(wanted: int) -> int:
+    """``wanted`` connections, lowered to leave a quarter of the process's descriptor limit (at least
+    64) to everything else: at the limit, ``accept`` fails for every client."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    return max(1, min(wanted, soft - max(64, soft // 4)))
 
 
 class _Connection:
-    """Buffered reads on one client socket."""
+    __slots__ = ("sock", "http")
 
-    __slots__ = ("sock", "buf")
-
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, http: http1.ServerConnection) -> None:
         self.sock = sock
-        self.buf = bytearray()
-
-    def _read_until(self, delimiter: bytes, what: str) -> bytes | None:
-        """Bytes up to ``delimiter`` (excluded, consumed); None at EOF before any byte."""
-        while True:
-            idx = self.buf.find(delimiter)
-            if idx >= 0:
-                data = bytes(self.buf[:idx])
-                del self.buf[: idx + len(delimiter)]
-                return data
-            if len(self.buf) > MAX_HEAD:
-                raise BadRequest(f"{what} too large")
-            chunk = self.sock.recv(_RECV) if self.buf else recv_when_readable(self.sock, _RECV)
-            if not chunk:
-                if self.buf.strip():
-                    raise BadRequest(f"connection closed inside the {what}")
-                return None
-            self.buf += chunk
-
-    def read_head(self) -> bytes | None:
-        """Bytes up to the blank line ending the head (excluded); None at a clean EOF."""
-        return self._read_until(b"\r\n\r\n", "request head")
-
-    def read_exact(self, n: int) -> bytes:
-        while len(self.buf) < n:
-            chunk = self.sock.recv(max(_RECV, n - len(self.buf)))
-            if not chunk:
-                raise BadRequest("connection closed inside the request body")
-            self.buf += chunk
-        data = bytes(self.buf[:n])
-        del self.buf[:n]
-        return data
-
-    def read_line(self) -> bytes:
-        line = self._read_until(b"\r\n", "chunked body")
-        if line is None:
-            raise BadRequest("connection closed inside the chunked body")
-        return line
-
-    def read_chunked(self, limit: int) -> bytes:
-        parts: list[bytes] = []
-        total = 0
-        while True:
-            try:
-                size = int(self.read_line().split(b";", 1)[0], 16)
-            except ValueError:
-                raise BadRequest("invalid chunk size") from None
-            if size == 0:
-                while self.read_line():  # trailers
-                    pass
-                return b"".join(parts)
-            total += size
-            if total > limit:
-                raise TritonError.invalid_arg(str(too_large(total, limit)))
-            parts.append(self.read_exact(size))
-            self.read_exact(2)
+        self.http = http
 
 
 class HttpServer:
     """Serves one :class:`HttpFrontend` on ``(address, port)``; port 0 picks a free one."""
 
-    def __init__(self, address: str, port: int, frontend: HttpFrontend) -> None:
+    def __init__(self, address: str, port: int, frontend: HttpFrontend, limits: http1.Limits = http1.DEFAULT_LIMITS,
+                 max_connections: int = 1024) -> None:
         self.frontend = frontend
+        self.limits = limits
+        self.max_connections = descriptor_cap(max_connections)
         self._server = StreamServer((address, port), self._handle)
+        self._connections: dict[_Connection, None] = {}  # insertion-ordered set
+        self._reaper: gevent.Greenlet | None = None
         self._closing = False
+        self._warned_at = -1e9
 
     @property
     def server_port(self) -> int:
@@ -150,6 +78,7 @@ class HttpServer:
 
     def start(self) -> None:
         self._server.start()
+        self._reaper = gevent.spawn(self._reap)
 
     def close(self) -> None:
         """Stop accepting; connections finish the request they are in and then close."""
@@ -159,132 +88,133 @@ class HttpServer:
     def stop(self, timeout: float | None = 1.0) -> None:
         self._closing = True
         self._server.stop(timeout=timeout)
+        if self._reaper is not None:
+            self._reaper.kill(block=False)
+        for conn in list(self._connections):
+            self._drop(conn)
+
+    # -- bounds -----------------------------------------------------------------------------------
+    def _reap(self) -> None:
+        """Close connections past their deadline (hub greenlet; a tick of a quarter of the shortest
+        timeout, at most 1 s, as coarse as nginx's timers)."""
+        lim = self.limits
+        tick = min(1.0, max(0.01, min(lim.header_timeout, lim.body_timeout, lim.keepalive_timeout) / 4))
+        while True:
+            gevent.sleep(tick)
+            now = monotonic()
+            for conn in [c for c in self._connections if c.http.deadline <= now]:
+                self._drop(conn)
+
+    def _make_room(self) -> bool:
+        """Close the connections waiting longest for a request head; False when none is waiting."""
+        waiting = [c for c in self._connections if c.http.waiting]
+        for conn in heapq.nsmallest(_EVICT_BATCH, waiting, key=lambda c: c.http.since):
+            self._drop(conn)
+        now = monotonic()
+        if now - self._warned_at > 60:
+            self._warned_at = now
+            log.warning("%d HTTP connections (--http-max-connections): closed %d waiting for a request",
+                        self.max_connections, min(len(waiting), _EVICT_BATCH))
+        return bool(waiting)
+
+    def _drop(self, conn: _Connection) -> None:
+        """Close ``conn`` from outside its greenlet, which wakes at its ``recv`` with an error."""
+        self._connections.pop(conn, None)
+        try:
+            conn.sock.close()
+        except OSError:
+            pass
 
     # -- one connection ---------------------------------------------------------------------------
     def _handle(self, sock: socket.socket, address: Any) -> None:
+        if len(self._connections) >= self.max_connections and not self._make_room():
+            sock.close()
+            return
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
             pass
-        conn = _Connection(sock)
+        conn = _Connection(sock, http1.ServerConnection(self.limits, monotonic()))
+        self._connections[conn] = None
         try:
-            while not self._closing:
-                head = conn.read_head()
-                if head is None:
-                    return
-                if not self._serve_one(conn, head, address):
-                    return
-        except BadRequest as e:
-            self._send(sock, "400 Bad Request", [("Content-Type", "application/json")],
-                       b'{"error":"' + str(e).encode() + b'"}', keep_alive=False)
-        except (ConnectionError, OSError):
-            pass  # the client went away
+            self._serve(conn)
+        except http1.ProtocolError as e:
+            self._refuse(sock, e)
+        except OSError:
+            pass  # the client went away, or a deadline closed the socket
         finally:
-            try:
-                sock.close()
-            except OSError:
-                pass
+            self._connections.pop(conn, None)
+            sock.close()
 
-    def _serve_one(self, conn: _Connection, head: bytes, address: Any) -> bool:
-        """Read the body, answer; False when the connection must close afterwards."""
-        parsed = _HEADS.get(head)
-        if parsed is None:
-            parsed = _parse_head(head)
-        method, target, version, headers, keep_alive, expect_continue = parsed
-        if expect_continue:
-            conn.sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
-        limit = self.frontend.max_input_size
-        self.frontend.begin()
-        try:
+    def _serve(self, conn: _Connection) -> None:
+        sock, http, frontend = conn.sock, conn.http, self.frontend
+        while not self._closing:
+            head = http.next_event() if http.buf else http1.NEED_DATA  # empty: it needs data
+            if head is http1.NEED_DATA:
+                head = self._read_event(sock, http)
+            if head is http1.CLOSED:
+                return
+            frontend.begin()
             try:
-                body = self._read_body(conn, headers, limit)
-            except TritonError as e:
-                status, out_headers, out = error_response(e)
-                self._send(conn.sock, status, out_headers, out, keep_alive=False)
-                return False
-            path, _, query = target.partition("?")
-            path = unquote(path, "latin-1")
-            infer = self.frontend.match_infer(method, path)
-            if infer is not None:
-                status, out_headers, out = self.frontend.infer(
-                    infer[0], infer[1], body, headers.get("inference-header-content-length"),
-                    headers.get("content-encoding"), headers.get("accept-encoding"),
-                )
-            else:
-                status, out_headers, out = self._wsgi(method, path, query, version, headers, body, address)
-            keep_alive = keep_alive and not self._closing
-            if not isinstance(out, bytes):  # an event stream: chunked, each event sent as it comes
-                return self._send_stream(conn.sock, status, out_headers, out, keep_alive)
-            self._send(conn.sock, status, out_headers, out, keep_alive, head_only=method == "HEAD")
-            return keep_alive
-        finally:
-            self.frontend.end()
+                if head.expect_continue:
+                    send_all(sock, http1.CONTINUE)
+                body = http.next_event()
+                if body is http1.NEED_DATA:
+                    body = self._read_event(sock, http)
+                body = body.data
+                path, _, query = head.target.partition("?")
+                reply = frontend(head.method, unquote(path, "latin-1"), query, head.headers, body)
+                keep_alive = head.keep_alive and not self._closing
+                if not self._send(sock, head.method, reply, keep_alive):
+                    return
+            finally:
+                frontend.end()
+            http.start_next_cycle(monotonic())
 
     @staticmethod
-    def _read_body(conn: _Connection, headers: dict[str, str], limit: int) -> bytes:
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            return conn.read_chunked(limit)
-        length = headers.get("content-length")
-        if not length:
-            return b""
+    def _read_event(sock: socket.socket, http: http1.ServerConnection) -> Any:
+        """Read until the state machine (which said NEED_DATA) has its next event."""
+        while True:
+            if http.buf:
+                data = sock.recv(max(_RECV, http.want))
+            else:  # between requests: nothing to read yet, wait first
+                data = recv_when_readable(sock, _RECV)
+            http.receive_data(data, monotonic())
+            event = http.next_event()
+            if event is not http1.NEED_DATA:
+                return event
+
+    # -- answers ----------------------------------------------------------------------------------
+    def _refuse(self, sock: socket.socket, error: http1.ProtocolError) -> None:
+        """Answer a request the state machine refused, then the connection closes."""
+        if isinstance(error, http1.BodyTooLarge):
+            reply = error_response(too_large(error.size, error.limit))  # Triton's text and status
+        else:
+            reply = (status_line(error.status), JSON_HEADERS, orjson.dumps({"error": error.message}))
         try:
-            n = int(length)
-        except ValueError:
-            raise BadRequest("invalid Content-Length") from None
-        if n < 0:
-            raise BadRequest("invalid Content-Length")
-        if n > limit:
-            raise too_large(n, limit)
-        return conn.read_exact(n)
-
-    def _wsgi(self, method: str, path: str, query: str, version: str, headers: dict[str, str], body: bytes,
-              address: Any) -> tuple[str, list[tuple[str, str]], bytes | Iterable[bytes]]:
-        environ: dict[str, Any] = {
-            "REQUEST_METHOD": method, "SCRIPT_NAME": "", "PATH_INFO": path, "QUERY_STRING": query,
-            "SERVER_NAME": "triton_actor", "SERVER_PORT": str(self.server_port), "SERVER_PROTOCOL": version,
-            "REMOTE_ADDR": address[0] if isinstance(address, tuple) else "",
-            "CONTENT_TYPE": headers.get("content-type", ""), "CONTENT_LENGTH": str(len(body)),
-            "wsgi.version": (1, 0), "wsgi.url_scheme": "http", "wsgi.input": io.BytesIO(body),
-            "wsgi.errors": sys.stderr, "wsgi.multithread": False, "wsgi.multiprocess": False, "wsgi.run_once": False,
-        }
-        for key, value in headers.items():
-            if key not in ("content-type", "content-length"):
-                environ["HTTP_" + key.upper().replace("-", "_")] = value
-        captured: list[Any] = []
-
-        def start_response(status: str, response_headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
-            captured[:] = [status, response_headers]
-            return lambda data: None
-
-        result = self.frontend.wsgi_fallback(environ, start_response)
-        status, response_headers = captured if captured else (None, None)
-        if status is not None and any(k.lower() == "content-type" and v.startswith("text/event-stream")
-                                      for k, v in response_headers):
-            return status, [(k, v) for k, v in response_headers if k.lower() != "content-length"], result
-        try:
-            out = b"".join(result)
-        finally:
-            close = getattr(result, "close", None)
-            if close is not None:
-                close()
-        status, response_headers = captured
-        return status, [(k, v) for k, v in response_headers if k.lower() != "content-length"], out
+            self._send(sock, "POST", reply, keep_alive=False)
+        except OSError:
+            pass
+    def _send(self, sock: socket.socket, method: str, reply: Reply, keep_alive: bool) -> bool:
+        """Send one answer; False when the connection must close afterwards."""
+        status, headers, body = reply
+        if not isinstance(body, bytes):
+            return self._send_stream(sock, status, headers, body, keep_alive)
+        head = http1.response_head(status, headers, len(body), keep_alive)
+        send_all(sock, head if method == "HEAD" else head + body)
+        return keep_alive
 
     @staticmethod
     def _send_stream(sock: socket.socket, status: str, headers: list[tuple[str, str]], chunks: Iterable[bytes],
                      keep_alive: bool) -> bool:
-        """Send ``chunks`` with chunked transfer encoding; a client that goes away closes the iterator
+        """Send ``chunks`` with chunked transfer coding; a client that goes away closes the iterator
         (which cancels the request behind it) and the connection."""
-        lines = [f"HTTP/1.1 {status}", *(f"{k}: {v}" for k, v in headers), "Transfer-Encoding: chunked",
-                 "Cache-Control: no-cache"]
-        if not keep_alive:
-            lines.append("Connection: close")
         try:
-            sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
-            for chunk in chunks:
-                if chunk:
-                    sock.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-            sock.sendall(b"0\r\n\r\n")
+            sock.sendall(http1.response_head(status, [*headers, ("Cache-Control", "no-cache")], None, keep_alive))
+            for data in chunks:
+                if data:
+                    sock.sendall(http1.chunk(data))
+            sock.sendall(http1.LAST_CHUNK)
         except OSError:
             return False
         except Exception:  # the stream's producer failed mid-way: the body is cut, so is the connection
@@ -295,15 +225,3 @@ class HttpServer:
             if close is not None:
                 close()
         return keep_alive
-
-    @staticmethod
-    def _send(sock: socket.socket, status: str, headers: list[tuple[str, str]], body: bytes, keep_alive: bool,
-              head_only: bool = False) -> None:
-        lines = [f"HTTP/1.1 {status}"]
-        lines.extend(f"{k}: {v}" for k, v in headers)
-        lines.append(f"Content-Length: {len(body)}")
-        if not keep_alive:
-            lines.append("Connection: close")
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-        send_all(sock, head if head_only else head + body)
-

@@ -1,0 +1,203 @@
+"""The HTTP/1.1 state machine (``protocol/http1.py``), byte for byte: bytes in, events out."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import pytest
+
+from triton_actor import fastpath
+from triton_actor.protocol import http1
+from triton_actor.protocol.http1 import CLOSED, NEED_DATA, Body, BodyTooLarge, Head, Limits, ProtocolError
+
+SMALL = Limits(max_body=100, header_timeout=10, body_timeout=5, keepalive_timeout=75)
+
+
+@pytest.fixture(params=[True, False], ids=["fast", "slow"])
+def fast_paths(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every test here runs with the parsed-head cache and without it."""
+    before = fastpath.enabled
+    fastpath.set_enabled(request.param)
+    yield
+    fastpath.set_enabled(before)
+
+
+pytestmark = pytest.mark.usefixtures("fast_paths")
+
+
+def events(data: bytes, limits: Limits = SMALL, step: int = 0) -> list[object]:
+    """Feed ``data`` (in ``step``-byte pieces; 0 = at once) and collect events up to NEED_DATA/CLOSED,
+    starting the next cycle after each body."""
+    conn = http1.ServerConnection(limits, now=0.0)
+    pieces = [data[i:i + step] for i in range(0, len(data), step)] if step else [data]
+    out: list[object] = []
+    for piece in pieces:
+        conn.receive_data(piece, 1.0)
+        while (event := conn.next_event()) is not NEED_DATA:
+            out.append(event)
+            if isinstance(event, Body):
+                conn.start_next_cycle(2.0)
+            if event is CLOSED:
+                return out
+    return out
+
+
+def refused(data: bytes, limits: Limits = SMALL) -> ProtocolError:
+    with pytest.raises(ProtocolError) as e:
+        events(data, limits)
+    return e.value
+
+
+def test_get_then_post_pipelined() -> None:
+    data = (b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n"
+            b"POST /v2/models/m/infer?a=1 HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello")
+    for step in (0, 1, 7):
+        assert events(data, step=step) == [
+            Head("GET", "/v2/health/ready", "HTTP/1.1", {"host": "x"}, True, False, 0), Body(b""),
+            Head("POST", "/v2/models/m/infer?a=1", "HTTP/1.1", {"host": "x", "content-length": "5"}, True, False, 5),
+            Body(b"hello"),
+        ]
+
+
+def test_keep_alive_expect_and_repeated_fields() -> None:
+    (head, _), = [events(b"GET / HTTP/1.0\r\n\r\n")]
+    assert head.keep_alive is False
+    assert events(b"GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")[0].keep_alive is True
+    assert events(b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n")[0].keep_alive is False
+    head = events(b"POST / HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n")[0]
+    assert head.expect_continue and head.length == 2
+    head = events(b"GET / HTTP/1.1\r\nA: 1\r\nB:\t x \t\r\na: 2\r\n\r\n")[0]
+    assert head.headers == {"a": "1,2", "b": "x"}
+
+
+def test_empty_lines_before_a_request_are_ignored() -> None:
+    assert [type(e) for e in events(b"\r\n\r\nGET / HTTP/1.1\r\n\r\n")] == [Head, Body]
+
+
+def test_clean_close_and_truncation() -> None:
+    conn = http1.ServerConnection(SMALL)
+    conn.receive_data(b"", 1.0)
+    assert conn.next_event() is CLOSED
+    for partial in (b"GET / HTTP/1.1\r\nHo", b"POST / HTTP/1.1\r\nContent-Length: 9\r\n\r\nabc",
+                    b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab"):
+        conn = http1.ServerConnection(SMALL)
+        conn.receive_data(partial, 1.0)
+        while conn.next_event() is not NEED_DATA:
+            pass
+        with pytest.raises(ProtocolError) as e:
+            conn.receive_data(b"", 2.0)
+        assert e.value.status == 400
+
+
+@pytest.mark.parametrize("value", ["1_0", "+5", "-1", "5 5", "0x5", "1e1", "\uff15", "", "5,6", "five"])
+def test_content_length_digits_only(value: str) -> None:
+    data = f"POST /cl HTTP/1.1\r\nContent-Length: {value}\r\n\r\n".encode()
+    assert refused(data).status == 400
+
+
+def test_content_length_agreeing_duplicates_and_blanks() -> None:
+    data = b"POST / HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\nabc"
+    assert events(data)[1] == Body(b"abc")
+    assert refused(b"POST / HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd").status == 400
+    # blanks around a field value are not part of it (RFC 9110 §5.5)
+    assert events(b"POST / HTTP/1.1\r\nContent-Length:  3 \r\n\r\nabc")[1] == Body(b"abc")
+
+
+def test_body_limit_on_declared_length() -> None:
+    e = refused(b"POST / HTTP/1.1\r\nContent-Length: 101\r\n\r\n")
+    assert isinstance(e, BodyTooLarge) and (e.size, e.limit) == (101, 100)
+    assert isinstance(refused(b"POST / HTTP/1.1\r\nContent-Length: " + b"9" * 400 + b"\r\n\r\n"), BodyTooLarge)
+    assert events(b"POST / HTTP/1.1\r\nContent-Length: 100\r\n\r\n" + b"x" * 100)[1] == Body(b"x" * 100)
+
+
+def test_transfer_encoding_with_content_length_is_refused() -> None:
+    data = b"POST / HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+    assert refused(data).status == 400
+    assert refused(b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n").status == 501
+
+
+def test_chunked_body() -> None:
+    data = (b"POST / HTTP/1.1\r\nTransfer-Encoding: Chunked\r\n\r\n"
+            b"5;name=value\r\nhello\r\n1 \r\n \r\nA\r\n0123456789\r\n0\r\nTrailer-A: 1\r\n\r\n"
+            b"GET /next HTTP/1.1\r\n\r\n")
+    for step in (0, 1, 3):
+        got = events(data, step=step)
+        assert got[0].length == http1.CHUNKED
+        assert got[1:] == [Body(b"hello 0123456789"), got[2], Body(b"")]
+        assert got[2].target == "/next"
+
+
+@pytest.mark.parametrize("size", [b"-7FFFFFFFFFFFFFFF", b"-1", b"+5", b"0x5", b"zz", b"", b" 5", b"5_0",
+                                  b"1" * 17, b"1" * 60_000, b"5\x00", b"5\rx"])
+def test_chunk_size_hex_digits_only(size: bytes) -> None:
+    data = b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n" + size + b"\r\nhello\r\n0\r\n\r\n"
+    e = refused(data, SMALL._replace(max_body=1 << 62))
+    assert e.status == 400 and not isinstance(e, BodyTooLarge)
+
+
+def test_chunk_limits() -> None:
+    head = b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+    # the limit applies before the chunk's data arrives: nothing of a too-large chunk is buffered
+    e = refused(head + b"40\r\n" + b"x" * 64 + b"\r\n40\r\n")
+    assert isinstance(e, BodyTooLarge) and (e.size, e.limit) == (128, 100)
+    assert refused(head + b"5;" + b"e" * 2000 + b"\r\n").message == "chunk size line too long"
+    assert refused(head + b"5\r\nhelloXX").message == "chunk data not followed by CRLF"
+    assert refused(head + b"0\r\nBad Trailer\r\n\r\n").status == 400
+    many = b"".join(b"T%d: %s\r\n" % (i, b"v" * 1000) for i in range(40))
+    assert refused(head + b"0\r\n" + many + b"\r\n").status == 431
+
+
+def test_head_limits() -> None:
+    assert refused(b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\n\r\n").status == 414
+    assert refused(b"GET /" + b"a" * 9000).status == 414  # before the line ends
+    assert refused(b"GET /a HTTP/1.1\r\nX: " + b"v" * 9000 + b"\r\n\r\n").status == 431
+    fields = b"".join(b"X-%d: %s\r\n" % (i, b"v" * 4000) for i in range(9))
+    assert refused(b"GET /b HTTP/1.1\r\n" + fields + b"\r\n").status == 431
+    assert refused(b"GET /c HTTP/1.1\r\n" + b"X: " + b"v" * 40_000).status == 431  # before the head ends
+    fields = b"".join(b"X-%d: v\r\n" % i for i in range(101))
+    assert refused(b"GET /d HTTP/1.1\r\n" + fields + b"\r\n").status == 431
+
+
+@pytest.mark.parametrize(("head", "status"), [
+    (b"GET / HTTP/2.0", 505), (b"GET / FOO", 400), (b"GET  / HTTP/1.1", 400), (b"GET / HTTP/1.1 x", 400),
+    (b"G(T / HTTP/1.1", 400), (b"GET /\x7f HTTP/1.1", 400), (b"GET", 400),
+    (b"GET / HTTP/1.1\r\nNo-Colon", 400), (b"GET / HTTP/1.1\r\nName : v", 400),
+    (b"GET / HTTP/1.1\r\nA: 1\r\n folded", 400), (b"GET / HTTP/1.1\r\nA: x\ry", 400),
+    (b"GET / HTTP/1.1\r\nA: x\x00y", 400),
+])
+def test_malformed_heads(head: bytes, status: int) -> None:
+    assert refused(head + b"\r\n\r\n").status == status
+
+
+def test_deadlines() -> None:
+    conn = http1.ServerConnection(SMALL, now=100.0)
+    assert (conn.deadline, conn.since, conn.waiting) == (175.0, 100.0, True)  # keep-alive idle
+    conn.receive_data(b"POST / HTTP/1.1\r\n", 101.0)
+    assert conn.next_event() is NEED_DATA and conn.deadline == 111.0  # the head: 10 s in all
+    conn.receive_data(b"Content-Length: 4\r\n", 105.0)
+    assert conn.next_event() is NEED_DATA and conn.deadline == 111.0
+    conn.receive_data(b"\r\nab", 106.0)
+    assert isinstance(conn.next_event(), Head) and not conn.waiting
+    assert conn.next_event() is NEED_DATA and (conn.deadline, conn.want) == (111.0, 2)  # 5 s after the last read
+    conn.receive_data(b"c", 108.0)
+    assert conn.next_event() is NEED_DATA and conn.deadline == 113.0
+    conn.receive_data(b"dGET", 109.0)
+    assert conn.next_event() == Body(b"abcd") and conn.deadline == math.inf  # being answered
+    conn.start_next_cycle(120.0)
+    assert conn.deadline == 130.0  # a pipelined head has begun: header timeout
+    conn.receive_data(b" / HTTP/1.1\r\n\r\n", 121.0)
+    assert isinstance(conn.next_event(), Head) and conn.next_event() == Body(b"")
+    conn.start_next_cycle(122.0)
+    assert (conn.deadline, conn.since) == (197.0, 122.0)
+
+
+def test_answers() -> None:
+    assert http1.response_head("200 OK", [("Content-Type", "application/json")], 2, True) == (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n")
+    for _ in range(2):  # built, then (fast paths on) from the cache
+        assert http1.response_head("405 Not Allowed", [("Allow", "POST")], 0, False) == (
+            b"HTTP/1.1 405 Not Allowed\r\nAllow: POST\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
+    assert http1.response_head("200 OK", [], None, True) == b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    assert http1.chunk(b"x" * 26) == b"1a\r\n" + b"x" * 26 + b"\r\n"
+    assert http1.CONTINUE == b"HTTP/1.1 100 Continue\r\n\r\n" and http1.LAST_CHUNK == b"0\r\n\r\n"

@@ -1,0 +1,266 @@
+"""Where the HTTP/REST routes are declared: KServe V2 plus Triton's extensions (spec §1).
+
+:func:`create_app` builds the Flask app whose url map :class:`.http.HttpFrontend` routes every request
+with. A view takes an :class:`.http.HttpRequest` and the url arguments and returns a
+:data:`.http.Reply`: decode → data-plane call → encode; a :class:`TritonError` it raises becomes
+``{"error": "..."}`` with the status of :mod:`.status`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import zlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import orjson
+from flask import Flask
+
+from ..dataplane import DataPlane, Streamed
+from ..errors import TritonError
+from ..inference import InferRequest
+from ..protocol import generate, payloads, repository_http, v2_http
+from .http import JSON_HEADERS, TEXT_HEADERS, HttpRequest, Reply, View, json_reply
+
+_OK_EMPTY: Reply = ("200 OK", TEXT_HEADERS, b"")
+_OK_EMPTY_JSON: Reply = ("200 OK", JSON_HEADERS, b"")  # Triton: load/unload answer 200, empty body
+_NOT_READY: Reply = ("400 Bad Request", TEXT_HEADERS, b"")
+_BINARY = "application/octet-stream"
+
+
+def create_app(plane: DataPlane) -> Flask:
+    """The Flask app holding every route (the url map is all the router uses of it)."""
+    app = Flask("triton_actor")
+    app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False  # no implicit OPTIONS answers: 405 as Triton
+    app.url_map.strict_slashes = False
+    app.url_map.merge_slashes = False  # '//' is a 404, not a redirect
+    for group in (_health_routes, _model_routes, _infer_routes, _generate_routes, _shm_routes,
+                  _repository_routes, _settings_routes):
+        group(app, plane)
+    return app
+
+
+def versioned(app: Flask, suffix: str, method: str = "GET") -> Callable[[View], View]:
+    """Declare a view at ``/v2/models/<model>[/versions/<int:version>]<suffix>`` (no version: -1, the
+    highest ready one)."""
+
+    def register(view: View) -> View:
+        for rule in (f"/v2/models/<model>{suffix}", f"/v2/models/<model>/versions/<int:version>{suffix}"):
+            app.add_url_rule(rule, view.__name__, view, methods=[method])
+        return view
+
+    return register
+
+
+def _health_routes(app: Flask, plane: DataPlane) -> None:
+    @app.get("/v2/health/live")
+    def health_live(req: HttpRequest) -> Reply:
+        return _OK_EMPTY if plane.is_live() else _NOT_READY
+
+    @app.get("/v2/health/ready")
+    def health_ready(req: HttpRequest) -> Reply:
+        return _OK_EMPTY if plane.is_ready() else _NOT_READY
+
+    @app.get("/v2")
+    def server_metadata(req: HttpRequest) -> Reply:
+        return json_reply(plane.server_metadata())
+
+
+def _model_routes(app: Flask, plane: DataPlane) -> None:
+    @versioned(app, "")
+    def model_metadata(req: HttpRequest, model: str, version: int = -1) -> Reply:
+        return json_reply(plane.model_metadata(model, version))
+
+    @versioned(app, "/ready")
+    def model_ready(req: HttpRequest, model: str, version: int = -1) -> Reply:
+        try:
+            ready = plane.model_ready(model, version)
+        except TritonError:
+            ready = False  # Triton answers every lookup failure here with this 400
+        return _OK_EMPTY if ready else ("400 Bad Request", TEXT_HEADERS, b'{"error":"Model version not ready"}')
+
+    @versioned(app, "/config")
+    def model_config(req: HttpRequest, model: str, version: int = -1) -> Reply:
+        return json_reply(plane.model_config(model, version))
+
+    @app.get("/v2/models/stats")
+    @versioned(app, "/stats")
+    def model_stats(req: HttpRequest, model: str = "", version: int = -1) -> Reply:
+        return json_reply(plane.statistics(model, version))
+
+
+def _infer_routes(app: Flask, plane: DataPlane) -> None:
+    @versioned(app, "/infer", "POST")
+    def infer(req: HttpRequest, model: str, version: int = -1) -> Reply:
+        request = _decode_infer(plane, req, model, version)
+        served = plane.infer(request)
+        chunks, json_length = v2_http.encode_infer_response(
+            request, served.response, served.version, served.labels, served.batching, plane.shm)
+        return _infer_reply(chunks, json_length, req.headers.get("accept-encoding"))
+
+
+def _decode_infer(plane: DataPlane, req: HttpRequest, model: str, version: int) -> InferRequest:
+    plane.reject_decoupled(model)
+    body = req.payload()
+    hl = v2_http.parse_header_length(req.headers.get("inference-header-content-length"))
+    if hl == 0 or (hl is None and not body):
+        return v2_http.decode_raw_request(body, plane.raw_input_spec(model, version), model, version)
+    return v2_http.decode_infer_request(body, hl, model, version, plane.shm)
+
+
+def _infer_reply(chunks: list[bytes], json_length: int | None, accept_encoding: str | None) -> Reply:
+    out = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    if json_length is None:
+        headers = [("Content-Type", "application/json")]
+    else:
+        headers = [("Content-Type", _BINARY), ("Inference-Header-Content-Length", str(json_length))]
+    encoding = _accepted_encoding(accept_encoding)
+    if encoding is not None:
+        out = gzip.compress(out, 1) if encoding == "gzip" else zlib.compress(out, 1)
+        headers.append(("Content-Encoding", encoding))
+    return "200 OK", headers, out
+
+
+def _accepted_encoding(header: str | None) -> str | None:
+    if not header:
+        return None
+    offered = [p.split(";")[0].strip().lower() for p in header.split(",")]
+    for enc in ("gzip", "deflate"):
+        if enc in offered:
+            return enc
+    return None
+
+
+def _generate_routes(app: Flask, plane: DataPlane) -> None:
+    def start(req: HttpRequest, model: str, version: int) -> tuple[InferRequest, Streamed]:
+        inputs, max_batch_size = plane.input_specs(model, version)
+        request = generate.decode_request(req.payload(), model, version, inputs, max_batch_size)
+        return request, plane.infer_stream(request)
+
+    @versioned(app, "/generate", "POST")
+    def generate_one(req: HttpRequest, model: str, version: int = -1) -> Reply:
+        request, streamed = start(req, model, version)
+        responses = streamed.responses
+        try:  # one answer: the first response (a decoupled model's later ones are cancelled)
+            for item, _final in responses:
+                if isinstance(item, TritonError):
+                    raise item
+                if item is not None:
+                    return "200 OK", JSON_HEADERS, generate.encode_response(model, streamed.version, request.id, item)
+        finally:
+            responses.close()
+        raise TritonError.internal(f"model '{model}' finished without a response")
+
+    @versioned(app, "/generate_stream", "POST")
+    def generate_stream(req: HttpRequest, model: str, version: int = -1) -> Reply:
+        request, streamed = start(req, model, version)
+        return "200 OK", [("Content-Type", "text/event-stream; charset=utf-8")], _Events(model, request, streamed)
+
+
+class _Events:
+    """A generate_stream body: one SSE event per response. The driver calls :meth:`close` when the
+    stream ends or the client leaves (also when it never started), which cancels the request."""
+
+    def __init__(self, model: str, request: InferRequest, streamed: Streamed) -> None:
+        self.model, self.request, self.streamed = model, request, streamed
+
+    def __iter__(self) -> Iterator[bytes]:
+        for item, _final in self.streamed.responses:
+            if isinstance(item, TritonError):
+                yield generate.sse_error(item)
+            elif item is not None:
+                yield generate.sse_event(generate.encode_response(self.model, self.streamed.version,
+                                                                  self.request.id, item))
+
+    def close(self) -> None:
+        self.streamed.responses.close()
+
+
+def _shm_routes(app: Flask, plane: DataPlane) -> None:
+    """System and CUDA shared memory: the same three routes each, over the one registry."""
+    shm = plane.shm
+    for kind, status, register, unregister in (
+        ("system", shm.system_status, lambda r, d: shm.register_system(r, d.get("key"), d.get("offset", 0),
+                                                                        d.get("byte_size")), shm.unregister_system),
+        ("cuda", shm.cuda_status, lambda r, d: shm.register_cuda(r, d.get("raw_handle"), d.get("device_id", 0),
+                                                                  d.get("byte_size")), shm.unregister_cuda),
+    ):
+        _shm_kind(app, kind, status, register, unregister)
+
+
+def _shm_kind(app: Flask, kind: str, status: Callable[[str], Any], register: Callable[[str, dict[str, Any]], None],
+              unregister: Callable[[str], None]) -> None:
+    base = f"/v2/{kind}sharedmemory"
+
+    def status_route(req: HttpRequest, region: str = "") -> Reply:
+        return json_reply(status(region))
+
+    def register_route(req: HttpRequest, region: str) -> Reply:
+        register(region, payloads.json_object(req.payload()))
+        return _OK_EMPTY
+
+    def unregister_route(req: HttpRequest, region: str = "") -> Reply:
+        unregister(region)
+        return _OK_EMPTY
+
+    app.add_url_rule(f"{base}/status", f"{kind}_shm_status", status_route, methods=["GET"])
+    app.add_url_rule(f"{base}/region/<region>/status", f"{kind}_shm_status", status_route, methods=["GET"])
+    app.add_url_rule(f"{base}/region/<region>/register", f"{kind}_shm_register", register_route, methods=["POST"])
+    app.add_url_rule(f"{base}/unregister", f"{kind}_shm_unregister", unregister_route, methods=["POST"])
+    app.add_url_rule(f"{base}/region/<region>/unregister", f"{kind}_shm_unregister", unregister_route,
+                     methods=["POST"])
+
+
+def _repository_routes(app: Flask, plane: DataPlane) -> None:
+    @app.post("/v2/repository/index")
+    def repository_index(req: HttpRequest) -> Reply:
+        return json_reply(plane.repository_index(_index_ready(req.payload())))
+
+    @app.post("/v2/repository/models/<model>/load")
+    def repository_load(req: HttpRequest, model: str) -> Reply:
+        plane.load_model(model, repository_http.decode_load(req.payload()))
+        return _OK_EMPTY_JSON
+
+    @app.post("/v2/repository/models/<model>/unload")
+    def repository_unload(req: HttpRequest, model: str) -> Reply:
+        plane.unload_model(model, repository_http.decode_unload(req.payload()))
+        return _OK_EMPTY_JSON
+
+
+def _index_ready(raw: bytes) -> bool:
+    if not raw.strip():
+        return False
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise TritonError.invalid_arg(f"failed to parse the request JSON buffer: {e}") from None
+    ready = data.get("ready", False) if isinstance(data, dict) else None
+    if not isinstance(ready, bool):
+        raise TritonError.invalid_arg("Expected 'ready' to be a boolean")
+    return ready
+
+
+def _settings_routes(app: Flask, plane: DataPlane) -> None:
+    """Logging and trace extensions (spec §1.12, §1.13) on the settings gRPC serves too."""
+    runtime = plane.runtime
+
+    @app.route("/v2/logging", methods=["GET", "POST"])
+    def logging_settings(req: HttpRequest) -> Reply:
+        if req.method != "POST":
+            return json_reply(runtime.log)
+        changes = {k: v for k, v in payloads.json_object(req.payload()).items() if v is not None}
+        return json_reply(runtime.update_log(changes))
+
+    @app.route("/v2/trace/setting", methods=["GET", "POST"])
+    @app.route("/v2/models/<model>/trace/setting", methods=["GET", "POST"])
+    def trace_settings(req: HttpRequest, model: str = "") -> Reply:
+        if model and not plane.is_known(model):
+            raise TritonError.invalid_arg(f"Request for unknown model : {model}")
+        if req.method != "POST":
+            current = runtime.trace_settings(model)
+        else:
+            changes = {k: [] if v is None else [str(x) for x in v] if isinstance(v, list) else [str(v)]
+                       for k, v in payloads.json_object(req.payload()).items()}
+            current = runtime.update_trace(changes, model)
+        # Triton's JSON: trace_level is an array, every other setting one string
+        return json_reply({k: v if k == "trace_level" else (v[0] if v else "") for k, v in current.items()})
