@@ -90,21 +90,43 @@ class TritonPythonModel:
         self.stop = True
 """
 
+THREAD_LOCAL = _HEAD + """
+class TritonPythonModel:
+    def initialize(self, args):
+        self.tl = threading.local()  # per thread (per greenlet under gevent): set on the instance's thread
+        self.tl.scale = 2.0
+
+    def execute(self, requests):
+        return [answer(r, pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy() * self.tl.scale) for r in requests]
+"""
+
+PICKY = _HEAD + """
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+            if x[0] > 100:
+                raise ValueError("INPUT0[0] must be at most 100")
+            out.append(answer(r, x * 2))
+        return out
+"""
+
 OPT_OUT = 'parameters { key: "inline_execution" value: { string_value: "false" } }'
 
 
 @pytest.fixture
 def server(tmp_path: Path, start_server):
     for name, code, extra in (("plain", PLAIN, ""), ("pool", POOL, ""), ("feeder", FEEDER, ""),
-                              ("opted_out", PLAIN, OPT_OUT)):
+                              ("opted_out", PLAIN, OPT_OUT), ("thread_local", THREAD_LOCAL, ""),
+                              ("picky", PICKY, "")):
         add_model(tmp_path, name, CONFIG.format(name=name, extra=extra), code)
     return start_server(tmp_path)
 
 
 def _thread_ids(url: str, model: str, n: int) -> list[int]:
     client = httpclient.InferenceServerClient(url)
-    x = httpclient.InferInput("INPUT0", [2], "FP32")
-    x.set_data_from_numpy(np.array([1.5, -2.0], dtype=np.float32))
+    x = _input([1.5, -2.0])
     ids = []
     try:
         for _ in range(n):
@@ -114,6 +136,12 @@ def _thread_ids(url: str, model: str, n: int) -> list[int]:
     finally:
         client.close()
     return ids
+
+
+def _input(values: list[float]) -> httpclient.InferInput:
+    x = httpclient.InferInput("INPUT0", [2], "FP32")
+    x.set_data_from_numpy(np.array(values, dtype=np.float32))
+    return x
 
 
 def test_a_plain_model_is_promoted_without_any_parameter(server) -> None:
@@ -129,3 +157,23 @@ def test_a_plain_model_is_promoted_without_any_parameter(server) -> None:
 def test_models_that_need_their_thread_keep_it_and_keep_answering(server, model: str) -> None:
     ids = _thread_ids(server.url, model, 80)
     assert len(set(ids)) == 1, f"{model} left its thread: {sorted(set(ids))}"
+
+
+def test_a_model_that_depends_on_its_thread_keeps_answering_and_its_thread(server) -> None:
+    """threading.local set in initialize() is invisible inline: the failed inline run is retried on the
+    thread (the client sees the right answer) and the model is not promoted again."""
+    ids = _thread_ids(server.url, "thread_local", 120)
+    assert len(set(ids)) == 1, f"answers came from several threads: {sorted(set(ids))}"
+
+
+def test_a_bad_request_to_a_promoted_model_fails_alone_and_the_model_is_promoted_again(server) -> None:
+    first = _thread_ids(server.url, "picky", 40)
+    client = httpclient.InferenceServerClient(server.url)
+    try:
+        with pytest.raises(httpclient.InferenceServerException, match="must be at most 100"):
+            client.infer("picky", [_input([101.0, 0.0])])
+    finally:
+        client.close()
+    later = _thread_ids(server.url, "picky", 120)
+    if fastpath.enabled:
+        assert first[0] != first[-1] and later[0] == first[0] and later[-1] != first[0]

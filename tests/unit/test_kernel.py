@@ -455,6 +455,18 @@ def test_no_reply_inside_a_reply(actors) -> None:
         ref.ask(Request(Reply()), timeout=WAIT)
 
 
+def test_a_message_whose_reply_is_left_out_is_still_refused_by_ask(actors) -> None:
+    """Load(dir) without a reply is POLL's fire-and-forget form: its handler logs failures instead of
+    answering, so an ask would return None for a failed load. Refused, whatever the field holds."""
+    from pathlib import Path
+
+    from triton_actor.actors.model import Load
+
+    ref = actors(Answering("answering"))
+    with pytest.raises(TypeError, match="carries its own reply"):
+        ref.ask(Load(Path(".")), timeout=WAIT)
+
+
 @pytest.mark.timeout(30)
 def test_own_replies_of_queued_messages_fail_when_the_actor_stops(actors) -> None:
     actor = Answering("answering")

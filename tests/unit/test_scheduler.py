@@ -421,3 +421,18 @@ def test_without_preserve_ordering_replies_go_as_soon_as_ready(make) -> None:
     _sync(sched)
     instances[1].complete(0)
     assert second.get(timeout=WAIT).parameters == {"rid": "second"}
+
+
+def test_a_batch_answered_with_the_wrong_number_of_results_fails_alone(make) -> None:
+    """Every request of the batch is answered and the instance comes back (nothing stranded)."""
+    sched, (inst,), _stats = make()
+    first = _enqueue(sched, "a")
+    sched.ref.ask(GetStats(), timeout=WAIT)  # the barrier: the batch went to the instance
+    inst.complete(0, results=[])  # a backend that returned nothing for one request
+    with pytest.raises(TritonError) as info:
+        first.get(WAIT)
+    assert info.value.code == Code.INTERNAL
+    second = _enqueue(sched, "b")
+    sched.ref.ask(GetStats(), timeout=WAIT)
+    inst.complete(1)
+    assert second.get(WAIT).parameters == {"rid": "b"}

@@ -55,10 +55,15 @@ TRANSITIONS: dict[ReadyState, frozenset[ReadyState]] = {
 }
 
 
+class IllegalTransition(AssertionError):
+    """A version moved along no edge of :data:`TRANSITIONS`: a bug of ours. Not a TritonError, so a
+    handler that treats TritonErrors as expected load failures lets it reach the supervisor."""
+
+
 def check_transition(old: ReadyState, new: ReadyState) -> ReadyState:
-    """``new`` if a version may go from ``old`` to it (or stays in ``old``), else INTERNAL: a bug of ours."""
+    """``new`` if a version may go from ``old`` to it (or stays in ``old``), else :class:`IllegalTransition`."""
     if new is not old and new not in TRANSITIONS[old]:
-        raise TritonError.internal(f"illegal ready state transition {old.value} → {new.value}")
+        raise IllegalTransition(f"illegal ready state transition {old.value} → {new.value}")
     return new
 
 

@@ -34,7 +34,7 @@ import gevent
 
 from .. import fastpath
 from ..backends.base import Backend, BackendInstance, InstanceContext, Result
-from ..errors import TritonError
+from ..errors import Code, TritonError
 from ..inference import InferRequest
 from .bridge import NativeWorker
 
@@ -46,6 +46,7 @@ PROMOTE_NS = 200_000
 PROMOTE_STREAK = 32
 DEMOTE_NS = 1_000_000
 DEMOTE_WALL_NS = 20_000_000
+NEVER = 1 << 62  # a streak no instance reaches: promotion is off for good
 _perf_ns = time.perf_counter_ns
 _thread_ns = time.thread_time_ns
 
@@ -126,8 +127,17 @@ class ModelInstance:
         c0 = _thread_ns()
         try:
             value = _run_batch(self._backend_instance, requests)
-        except Exception as e:  # noqa: BLE001 - reported like a thread-side failure
-            done(False, e)
+        except Exception:  # noqa: BLE001 - retried on the thread, whose answer counts
+            self._retry_on_thread(requests, done)
+            return
+        except BaseException:
+            # killed while the model yielded (GreenletExit, a Timeout): the batch must still be
+            # answered, or the instance would stay busy and its replies never complete
+            self._inline = False
+            done(False, TritonError(Code.CANCELLED, f"instance '{self.name}': execution was interrupted"))
+            raise
+        if any(isinstance(r, BaseException) for r in value[0]):
+            self._retry_on_thread(requests, done)
             return
         # CPU time says how long the hub was blocked (wall time also counts the OS preempting us);
         # a long wall time with little CPU means the model yielded (e.g. patched sleep): also demote.
@@ -137,6 +147,27 @@ class ModelInstance:
             self._needed *= 2
             log.debug("instance %s: back to its thread (next promotion after %d short runs)", self.name, self._needed)
         done(True, value)
+
+    def _retry_on_thread(self, requests: list[InferRequest], done: Done) -> None:
+        """An inline run failed: run the batch again on the instance's thread, whose answer is the one
+        the clients get. A model that fails inline but not on its thread depends on its thread (a
+        ``threading.local`` set in ``initialize()``, per-thread library state): it is never promoted
+        again. One that fails on its thread too failed for its own reasons (bad input): the usual
+        demotion. The price: a failing batch of a promoted model runs twice."""
+        self._inline = False
+        self._streak = 0
+
+        def retried(ok: bool, value: Any) -> None:
+            if ok:
+                value, _cpu_ns = value
+            if ok and not any(isinstance(r, BaseException) for r in value[0]):
+                self._needed = NEVER
+                log.warning("instance %s fails when run inline but not on its thread: it keeps its thread", self.name)
+            else:
+                self._needed *= 2
+            done(ok, value)
+
+        self._worker.submit_callback(_run_batch_cpu, (requests,), retried)
 
     def _observe(self, done: Done) -> Done:
         """Wrap a thread-mode completion: count executions with little CPU time towards promotion."""

@@ -123,7 +123,7 @@ class ActorRef:
     def ask_async(self, message: object) -> Reply[Any]:
         """Post ``message``; the Reply completes with the handler's return value (or its error). A
         message that carries its own ``reply`` is told, not asked (that reply is its answer)."""
-        if getattr(message, "reply", None) is not None:
+        if hasattr(message, "reply"):  # even when left None: its handler answers there, not here
             raise TypeError(f"{type(message).__name__} carries its own reply: tell it")
         reply: Reply[Any] = Reply()
         self._actor._post(message, reply)

@@ -116,6 +116,24 @@ class SchedulerActor(InlineActor):
         self._dispatch()
 
     def on_BatchDone(self, msg: BatchDone) -> None:
+        """Answer the batch and take the instance back. Whatever goes wrong answering (a backend that
+        returned the wrong number of results, a bug of ours), every request of the batch is answered
+        and the instance is idle again: an error here must not strand replies or an instance."""
+        try:
+            self._answer_batch(msg)
+        except Exception as e:
+            log.exception("scheduler %s: answering a batch failed", self.name)
+            error = TritonError.internal(f"instance '{msg.instance.name}': {e!r}")
+            for item in msg.items:
+                self._seq.pop(id(item), None)
+                if not item.reply.ready():
+                    _complete(item, False, error)
+        finally:
+            self._busy -= 1
+            self._idle.append(msg.instance)
+        self._dispatch()
+
+    def _answer_batch(self, msg: BatchDone) -> None:
         now = self._clock()
         stats = self._stats
         if msg.ok:
@@ -135,9 +153,6 @@ class SchedulerActor(InlineActor):
             for item in msg.items:
                 stats.record_failure(now - item.start_ns)
                 self._respond(item, False, error)
-        self._busy -= 1
-        self._idle.append(msg.instance)
-        self._dispatch()
 
     def on__Wake(self, msg: _Wake) -> None:
         if msg.timer is self._timer:  # a wake from a timer replaced meanwhile keeps the newer one

@@ -362,7 +362,7 @@ def encode_infer_response(
 ) -> tuple[list[bytes], int | None]:
     """Encode the response; returns the body chunks and the JSON header length (None: pure JSON).
     Outputs requested in shared memory are written there; their entries carry no data."""
-    if not response.parameters:
+    if fastpath.enabled and not response.parameters:
         fast = _encode_binary(request, response, model_version, labels, batching)
         if fast is not None:
             return fast

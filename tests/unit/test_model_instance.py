@@ -1,0 +1,95 @@
+"""ModelInstance's inline mode, with a fake backend: what happens when an inline run fails or is killed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import gevent
+import gevent.event
+import numpy as np
+from gevent import monkey
+
+from triton_actor.actors.instance import NEVER, ModelInstance
+from triton_actor.backends.base import InstanceContext
+from triton_actor.errors import Code, TritonError
+from triton_actor.inference import InferInput, InferRequest, InferResponse
+from triton_actor.protocol.dtypes import BY_WIRE
+from triton_actor.repository.config import ModelConfig
+
+
+class YieldingInstance:
+    """Yields inside execute when told to (like a model calling a patched sleep)."""
+
+    inline_ok = True
+
+    def __init__(self) -> None:
+        self.fail_inline = False
+        self.sleep = 0.0
+        self.thread: int | None = None  # the instance's native thread, set when created there
+
+    def execute(self, requests: list[InferRequest]) -> list[Any]:
+        if self.sleep:
+            gevent.sleep(self.sleep)
+        if self.fail_inline and _native_ident() != self.thread:
+            return [TritonError.internal("no thread state here") for _ in requests]
+        return [InferResponse([("OUT", np.array([1]))], {}) for _ in requests]
+
+    def finalize(self) -> None:
+        pass
+
+
+_native_ident = monkey.get_original("_thread", "get_ident")
+
+
+class YieldingBackend:
+    def __init__(self) -> None:
+        self.instance = YieldingInstance()
+
+    def create(self, ctx: InstanceContext) -> YieldingInstance:
+        self.instance.thread = _native_ident()
+        return self.instance
+
+
+def _instance() -> tuple[ModelInstance, YieldingInstance]:
+    backend = YieldingBackend()
+    ctx = InstanceContext("m", 1, Path("."), Path("."), ModelConfig(name="m"), "{}", "m_0", "CPU", 0, 0)
+    inst = ModelInstance(ctx, backend)  # type: ignore[arg-type]
+    inst.wait_ready(10)
+    inst._inline = True  # as if promoted
+    return inst, backend.instance
+
+
+def _request() -> InferRequest:
+    return InferRequest("m", 1, "", {"X": InferInput("X", BY_WIRE["FP32"], (1,), np.zeros(1, np.float32))})
+
+
+def test_an_inline_run_killed_while_the_model_yields_still_answers_its_batch() -> None:
+    inst, model = _instance()
+    model.sleep = 5.0
+    answers: list[tuple[bool, Any]] = []
+    runner = gevent.spawn(inst.execute, [_request()], lambda ok, value: answers.append((ok, value)))
+    gevent.sleep(0.05)
+    runner.kill(timeout=5)
+    assert len(answers) == 1 and answers[0][0] is False
+    assert isinstance(answers[0][1], TritonError) and answers[0][1].code == Code.CANCELLED
+    assert not inst.inline
+    inst.close(10)
+
+
+def test_a_failed_inline_run_is_answered_by_the_thread_and_never_promoted_again() -> None:
+    inst, model = _instance()
+    model.fail_inline = True
+    answers: list[tuple[bool, Any]] = []
+    done = gevent.event.Event()
+
+    def record(ok: bool, value: Any) -> None:
+        answers.append((ok, value))
+        done.set()
+
+    gevent.spawn(inst.execute, [_request()], record).join(5)
+    assert done.wait(10)
+    ok, (results, _timings) = answers[0]
+    assert ok and isinstance(results[0], InferResponse)
+    assert not inst.inline and inst._needed == NEVER
+    inst.close(10)
