@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator
 
@@ -132,7 +133,7 @@ def test_chunked_body() -> None:
                                   b"1" * 17, b"1" * 60_000, b"5\x00", b"5\rx"])
 def test_chunk_size_hex_digits_only(size: bytes) -> None:
     data = b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n" + size + b"\r\nhello\r\n0\r\n\r\n"
-    e = refused(data, SMALL._replace(max_body=1 << 62))
+    e = refused(data, dataclasses.replace(SMALL, max_body=1 << 62))
     assert e.status == 400 and not isinstance(e, BodyTooLarge)
 
 

@@ -3,6 +3,7 @@ every path, ``/infer`` included, with the route cache (fast path) and without it
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 from collections.abc import Iterator
 from unittest.mock import MagicMock
@@ -67,6 +68,6 @@ def test_payload_limits_decompressed_size() -> None:
     req = http.HttpRequest("POST", "/", "", {"content-encoding": "gzip"}, gzip.compress(b"x" * 101), 100)
     with pytest.raises(TritonError, match="exceeds the maximum allowed value of 100"):
         req.payload()
-    assert req._replace(body=gzip.compress(b"x" * 100)).payload() == b"x" * 100
+    assert dataclasses.replace(req, body=gzip.compress(b"x" * 100)).payload() == b"x" * 100
     with pytest.raises(TritonError, match="unsupported Content-Encoding 'br'"):
-        req._replace(headers={"content-encoding": "br"}).payload()
+        dataclasses.replace(req, headers={"content-encoding": "br"}).payload()

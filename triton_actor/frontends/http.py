@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 import zlib
 from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from typing import Any
 
 import gevent.event
 import orjson
@@ -39,7 +40,8 @@ _ROUTES = fastpath.cache("http.routes", 512)
 _ROUTE_CACHED_MAX = 512
 
 
-class HttpRequest(NamedTuple):
+@dataclass(slots=True)
+class HttpRequest:
     """What a view gets: the request line's parts, lower-case headers (read-only), the raw body."""
 
     method: str
@@ -112,7 +114,7 @@ class HttpFrontend:
             if route is None:
                 route = self.match(method, path)
             endpoint, args = route
-            req = fastpath.new_tuple(HttpRequest, (method, path, query, headers, body, self.max_input_size))
+            req = HttpRequest(method, path, query, headers, body, self.max_input_size)
             return self._views[endpoint](req, **args)
         except TritonError as e:
             return error_response(e)

@@ -154,18 +154,20 @@ class HttpServer:
                 head = self._read_event(sock, http)
             if head is http1.CLOSED:
                 return
+            # unpacked, not read by name: a NamedTuple's field getters are CPython 3.11's slow path
+            method, target, _version, headers, keep_alive, expect_continue, _length = head
             frontend.begin()
             try:
-                if head.expect_continue:
+                if expect_continue:
                     send_all(sock, http1.CONTINUE)
-                body = http.next_event()
-                if body is http1.NEED_DATA:
-                    body = self._read_event(sock, http)
-                body = body.data
-                path, _, query = head.target.partition("?")
-                reply = frontend(head.method, unquote(path, "latin-1"), query, head.headers, body)
-                keep_alive = head.keep_alive and not self._closing
-                if not self._send(sock, head.method, reply, keep_alive):
+                event = http.next_event()
+                if event is http1.NEED_DATA:
+                    event = self._read_event(sock, http)
+                (body,) = event
+                path, _, query = target.partition("?")
+                reply = frontend(method, unquote(path, "latin-1"), query, headers, body)
+                keep_alive = keep_alive and not self._closing
+                if not self._send(sock, method, reply, keep_alive):
                     return
             finally:
                 frontend.end()

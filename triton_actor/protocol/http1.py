@@ -18,6 +18,7 @@ chunk size, which turned the body limit off.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from .. import fastpath
@@ -36,8 +37,10 @@ _TARGET = re.compile(r"[\x21-\x7e]+")  # visible ASCII (RFC 3986; anything else 
 _NEVER = float("inf")
 
 
-class Limits(NamedTuple):
-    """What one connection may send (nginx's defaults) and how long it may take."""
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What one connection may send (nginx's defaults) and how long it may take. (Slots, not a
+    NamedTuple: CPython 3.11 specializes slot reads, not a NamedTuple's field getters.)"""
 
     max_line: int = 8 * 1024  # request line or one header line (nginx: one 8k buffer)
     max_head: int = 32 * 1024  # request line + headers (nginx: 4 x 8k)
@@ -229,7 +232,10 @@ class ServerConnection:
                 return NEED_DATA
             data = bytes(self.buf[:n]) if len(self.buf) > n else bytes(self.buf)
             del self.buf[:n]
-            return self._finish(data)
+            self.state = DONE  # _finish, inline on the hot path
+            self.want = 0
+            self.deadline = _NEVER
+            return fastpath.new_tuple(Body, (data,))
         if state == EOF:
             return CLOSED
         if state in (CHUNK_SIZE, CHUNK_DATA, TRAILERS):
@@ -266,7 +272,7 @@ class ServerConnection:
             except ProtocolError:
                 self.state = ERROR
                 raise
-        length = info.length
+        length = info[6]  # Head.length (an index: field getters are the slow attribute path)
         if length > self.limits.max_body:
             self.state = ERROR
             raise BodyTooLarge(length, self.limits.max_body)
