@@ -448,3 +448,16 @@ def test_keepalive_ping_and_its_timeout() -> None:
     assert conn.tick(31.0) <= 32.0 and not conn.closed
     conn.tick(32.0)  # not answered within the timeout: closed, nothing sent
     assert conn.closed and conn.data_to_send() == b""
+
+
+def test_single_headers_frame_longer_than_the_header_list_limit_is_told_to_calm_down() -> None:
+    # one HEADERS frame (no CONTINUATION) of HPACK size updates: refused before hpack sees it
+    conn = connected(Limits(max_header_list=1024))
+    terminated(conn, frame(h2.HEADERS, h2.END_HEADERS, 1, b"\x20" * 1025), h2.ENHANCE_YOUR_CALM)
+
+
+def test_more_than_two_size_updates_are_a_compression_error() -> None:
+    conn = connected()
+    block = hpack.Encoder().encode(REQUEST)
+    assert len(conn.receive_data(frame(h2.HEADERS, h2.END_HEADERS, 1, b"\x20\x3f\xe1\x1f" + block))) == 1
+    terminated(conn, frame(h2.HEADERS, h2.END_HEADERS, 3, b"\x20\x20\x20" + block), h2.COMPRESSION_ERROR)

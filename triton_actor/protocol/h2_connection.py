@@ -18,7 +18,9 @@ code each violation calls for, and every limit a hostile client meets (:class:`L
   GOAWAY(ENHANCE_YOUR_CALM);
 * rapid reset (CVE-2023-44487): each stream the peer resets before we answered it adds one to a
   debt that each stream we complete pays back; past ``max_reset_debt`` → GOAWAY(ENHANCE_YOUR_CALM);
-* header lists past ``max_header_list`` (compressed or decoded) → GOAWAY(ENHANCE_YOUR_CALM);
+* header blocks past ``max_header_list`` (compressed: one HEADERS frame or CONTINUATION-assembled,
+  checked before HPACK; or decoded) → GOAWAY(ENHANCE_YOUR_CALM); a block that starts with more
+  than two dynamic-table size updates (RFC 7541 §4.2) → GOAWAY(COMPRESSION_ERROR);
 * a preface, first SETTINGS or header block not complete within ``header_timeout``, and a connection
   without streams for ``idle_timeout``, are closed by :meth:`tick`;
 * ping strikes (grpc's policy: pings without data closer than ``min_ping_interval``).
@@ -319,6 +321,8 @@ class H2Connection:
             if len(block) < 5:
                 raise ProtocolError("HEADERS too short for its priority", h2.FRAME_SIZE_ERROR)
             block = block[5:]
+        if len(block) > self.limits.max_header_list:  # before hpack: a frame of size updates costs time, no size
+            raise ProtocolError("header block too large", h2.ENHANCE_YOUR_CALM)
         if not flags & h2.END_HEADERS:
             self._continuation = (sid, flags, [block], len(block))
             self._header_since = now

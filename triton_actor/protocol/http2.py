@@ -193,6 +193,8 @@ class HeaderDecoder:
         hit = self._cache.get(block)
         if hit is not None:
             return hit
+        if block and block[0] & 0xE0 == 0x20:
+            _check_size_updates(block)
         before = self._table.changes
         try:
             fields = self._decoder.decode(block, raw=True)
@@ -206,6 +208,21 @@ class HeaderDecoder:
         elif len(block) <= self.CACHED_BLOCK_MAX and sum(map(len, headers.values())) <= self.CACHED_VALUES_MAX:
             self._cache.put(block, headers)
         return headers
+
+
+def _check_size_updates(block: bytes) -> None:
+    """At most two dynamic-table size updates, at the start of a block (RFC 7541 §4.2): hpack takes
+    any number, and a block of them costs decoding time and adds nothing to the decoded size."""
+    pos, count, end = 0, 0, len(block)
+    while pos < end and block[pos] & 0xE0 == 0x20:
+        count += 1
+        if count > 2:
+            raise ProtocolError("more than two dynamic table size updates", COMPRESSION_ERROR)
+        if block[pos] & 0x1F == 0x1F:  # a multi-byte integer follows
+            pos += 1
+            while pos < end and block[pos] & 0x80:
+                pos += 1
+        pos += 1
 
 
 # -- gRPC -----------------------------------------------------------------------------------------
