@@ -345,7 +345,7 @@ def test_rapid_reset_is_told_to_calm_down() -> None:
         conn.receive_data(rst(sid, h2.CANCEL))
     assert not conn.closed
     request(conn, 21, encoder=enc)
-    conn.send_headers(21, b"\x88", end_stream=True)  # a completed stream pays one reset back
+    assert conn.send_response(21, b"\x88", b"\0" * 5, b"\x40\x01a\x01b")  # a completed answer pays one back
     conn.data_to_send()
     request(conn, 23, encoder=enc)
     conn.receive_data(rst(23, h2.CANCEL))
@@ -356,10 +356,16 @@ def test_rapid_reset_is_told_to_calm_down() -> None:
 @pytest.mark.parametrize("flood", [
     settings(window=70_000), frame(h2.PING, 0, 0, b"\0" * 8), wu(0, 1), frame(h2.PRIORITY, 0, 1, b"\0" * 5),
     frame(h2.DATA, 0, 1, b""),
+    # frames that do no work: ACKs, unknown types, empty DATA on a closed stream
+    frame(h2.SETTINGS, h2.ACK, 0), frame(h2.PING, h2.ACK, 0, b"\0" * 8), frame(0x20, 0, 0, b"x"),
+    frame(h2.DATA, 0, 3, b""),
 ])
 def test_control_frame_flood_is_told_to_calm_down(flood: bytes) -> None:
     conn = connected(Limits(control_frame_burst=50, control_frame_rate=10.0, max_ping_strikes=0))
-    request(conn, 1)
+    enc = hpack.Encoder()
+    request(conn, 1, encoder=enc)
+    request(conn, 3, end_stream=True, encoder=enc)
+    conn.reset_stream(3)  # closed: its empty DATA is dropped
     conn.receive_data(flood * 49, now=0.0)  # the handshake's SETTINGS took one token
     assert not conn.closed
     conn.receive_data(flood * 10, now=1.0)  # ten more tokens a second
@@ -461,3 +467,42 @@ def test_more_than_two_size_updates_are_a_compression_error() -> None:
     block = hpack.Encoder().encode(REQUEST)
     assert len(conn.receive_data(frame(h2.HEADERS, h2.END_HEADERS, 1, b"\x20\x3f\xe1\x1f" + block))) == 1
     terminated(conn, frame(h2.HEADERS, h2.END_HEADERS, 3, b"\x20\x20\x20" + block), h2.COMPRESSION_ERROR)
+
+
+def test_resets_we_send_for_stream_errors_count_as_rapid_resets() -> None:
+    conn = connected(Limits(max_reset_debt=10))
+    enc = hpack.Encoder()
+    for sid in range(1, 23, 2):  # HEADERS, DATA with END_STREAM, one more DATA: STREAM_CLOSED
+        request(conn, sid, encoder=enc)
+        data = frame(h2.DATA, h2.END_STREAM, sid, b"x") + frame(h2.DATA, 0, sid, b"y")
+        if sid < 21:
+            events = conn.receive_data(data)
+            assert isinstance(events[-1], StreamReset) and events[-1].error_code == h2.STREAM_CLOSED
+            assert not conn.closed
+    terminated(conn, data, h2.ENHANCE_YOUR_CALM)
+
+
+def test_refused_answers_pay_back_no_resets_and_refund_no_tokens() -> None:
+    conn = connected(Limits(max_reset_debt=10, control_frame_burst=1000))
+    enc = hpack.Encoder()
+    tokens = conn._tokens
+    for sid in range(1, 44, 4):  # a call the client resets, then one we answer at once without a body
+        request(conn, sid, encoder=enc)
+        conn.receive_data(rst(sid, h2.CANCEL))
+        request(conn, sid + 2, end_stream=True, encoder=enc)
+        if conn.closed:
+            break
+        conn.send_headers(sid + 2, [(b":status", b"415")], end_stream=True)
+    assert conn.closed
+    assert conn._tokens < tokens - 10  # the answers refunded nothing
+
+
+def test_a_completed_answer_with_a_body_pays_back_a_reset() -> None:
+    conn = connected(Limits(max_reset_debt=1))
+    enc = hpack.Encoder()
+    for sid in range(1, 41, 4):
+        request(conn, sid, encoder=enc)
+        conn.receive_data(rst(sid, h2.CANCEL))
+        request(conn, sid + 2, end_stream=True, encoder=enc)
+        assert conn.send_response(sid + 2, b"\x88", b"\0\0\0\0\0", b"\x40\x01a\x01b")
+    assert not conn.closed

@@ -12,12 +12,15 @@ code each violation calls for, and every limit a hostile client meets (:class:`L
 
 * ``max_concurrent_streams`` is advertised and enforced (REFUSED_STREAM past it), which also bounds
   the streams an INITIAL_WINDOW_SIZE change walks;
-* control frames (SETTINGS, PING, RST_STREAM, WINDOW_UPDATE, PRIORITY, empty DATA, HEADERS on closed
-  streams) spend a token bucket (``control_frame_burst`` refilled at ``control_frame_rate`` per
-  second and by each frame we send, as nghttp2's "glitch" limit); a flood ends the connection with
-  GOAWAY(ENHANCE_YOUR_CALM);
-* rapid reset (CVE-2023-44487): each stream the peer resets before we answered it adds one to a
-  debt that each stream we complete pays back; past ``max_reset_debt`` → GOAWAY(ENHANCE_YOUR_CALM);
+* control frames and frames that do no work (SETTINGS and PING, ACKs too, RST_STREAM,
+  WINDOW_UPDATE, PRIORITY, unknown types, empty DATA, HEADERS on closed streams, the frames our
+  stream errors answer) spend a token bucket (``control_frame_burst`` refilled at
+  ``control_frame_rate`` per second and by each DATA frame we send, as nghttp2's "glitch" limit); a
+  flood ends the connection with GOAWAY(ENHANCE_YOUR_CALM);
+* rapid reset (CVE-2023-44487): each stream reset before we answered it — by the peer, or by us
+  for its stream error or past the stream limit — adds one to a debt that each stream we complete
+  with DATA pays back (refusals and trailers-only statuses pay nothing back); past
+  ``max_reset_debt`` → GOAWAY(ENHANCE_YOUR_CALM);
 * header blocks past ``max_header_list`` (compressed: one HEADERS frame or CONTINUATION-assembled,
   checked before HPACK; or decoded) → GOAWAY(ENHANCE_YOUR_CALM); a block that starts with more
   than two dynamic-table size updates (RFC 7541 §4.2) → GOAWAY(COMPRESSION_ERROR);
@@ -140,7 +143,8 @@ class ConnectionTerminated(Event):
 class H2Stream:
     """One open stream: its windows and half-close states; ``call`` belongs to the driver."""
 
-    __slots__ = ("id", "send_window", "recv_window", "remote_closed", "local_closed", "headers_sent", "call")
+    __slots__ = ("id", "send_window", "recv_window", "remote_closed", "local_closed", "headers_sent", "answered",
+                 "call")
 
     def __init__(self, stream_id: int, send_window: int, recv_window: int) -> None:
         self.id = stream_id
@@ -149,6 +153,7 @@ class H2Stream:
         self.remote_closed = False
         self.local_closed = False
         self.headers_sent = False
+        self.answered = False  # we sent DATA: a completed answer, not a refusal
         self.call: Any = None
 
 
@@ -237,6 +242,8 @@ class H2Connection:
                     raise ProtocolError("expected CONTINUATION")
                 if ftype < 10:
                     handlers[ftype](flags, sid & _MASK, payload, events, now)
+                else:
+                    self._spend()  # unknown frame types are ignored (RFC 9113 §4.1), not for free
                 if self.closed:
                     break
         except ProtocolError as e:
@@ -295,6 +302,8 @@ class H2Connection:
                 raise ProtocolError("DATA on an idle stream")
             if stream is not None:  # half-closed (remote): a stream error
                 self._reset(stream, h2.STREAM_CLOSED, events)
+            elif not n:
+                self._spend()
             return  # a stream we answered or reset already: its data is dropped
         if n > stream.recv_window:
             self._reset(stream, h2.FLOW_CONTROL_ERROR, events)
@@ -363,6 +372,8 @@ class H2Connection:
         if self.going_away or len(self.streams) >= self.limits.max_concurrent_streams:
             self._spend()
             self._out.append(h2.rst_stream(sid, h2.REFUSED_STREAM))
+            if not self.going_away:
+                self._add_reset_debt()  # past the limit we advertised
             return
         stream = H2Stream(sid, self.peer_initial_window, self.limits.initial_window)
         stream.remote_closed = end
@@ -386,6 +397,10 @@ class H2Connection:
         self._forget(stream)
         stream.local_closed = stream.remote_closed = True
         events.append(StreamReset(stream, code, True))
+        self._add_reset_debt()
+
+    def _add_reset_debt(self) -> None:
+        """A stream reset by either side for the peer's doing (CVE-2023-44487 and its variants)."""
         self._reset_debt += 1
         if self._reset_debt > self.limits.max_reset_debt:
             raise ProtocolError("too_many_resets", h2.ENHANCE_YOUR_CALM)
@@ -396,6 +411,7 @@ class H2Connection:
         if flags & h2.ACK:
             if payload:
                 raise ProtocolError("SETTINGS ACK with a payload", h2.FRAME_SIZE_ERROR)
+            self._spend()
             return
         self._spend()
         values = h2.parse_settings(payload)
@@ -431,6 +447,7 @@ class H2Connection:
         if len(payload) != 8:
             raise ProtocolError("PING payload must be 8 bytes", h2.FRAME_SIZE_ERROR)
         if flags & h2.ACK:
+            self._spend()
             self._ping_sent_at = None
             return
         self._spend()
@@ -489,21 +506,14 @@ class H2Connection:
         stream = self._open(sid)
         block = headers if isinstance(headers, bytes) else h2.encode_headers(headers)
         stream.headers_sent = True
-        self._sent_something()
+        self._ping_ok, self._ping_strikes = True, 0  # no token back: a refusal costs the peer nothing
         self._out.append(h2.headers_frames(sid, block, end_stream, self.peer_max_frame))
         if end_stream:
             self._end_local(stream)
 
-    def send_trailers(self, sid: int, headers: bytes | list[tuple[bytes, bytes]]) -> None:
-        self.send_headers(sid, headers, end_stream=True)
-
     def local_flow_control_window(self, sid: int) -> int:
         """Bytes of DATA ``sid`` may send now (both windows)."""
         return max(0, min(self._open(sid).send_window, self.send_window))
-
-    @property
-    def max_outbound_frame_size(self) -> int:
-        return self.peer_max_frame
 
     def send_data(self, sid: int, data: bytes | memoryview, end_stream: bool = False) -> int:
         """As much of ``data`` as both windows let through, in frames of the peer's size; returns
@@ -517,7 +527,9 @@ class H2Connection:
             out.append(h2.frame(h2.DATA, h2.END_STREAM if end and last else 0, sid, bytes(view[i:i + step])))
         stream.send_window -= room
         self.send_window -= room
-        self._sent_something()
+        if room:
+            stream.answered = True
+            self._sent_something()
         if end:
             self._end_local(stream)
         return room
@@ -531,6 +543,7 @@ class H2Connection:
             return False
         stream.send_window -= n
         self.send_window -= n
+        stream.answered = True
         self._sent_something()
         out = self._out
         if not stream.headers_sent:
@@ -542,14 +555,16 @@ class H2Connection:
         return True
 
     def _sent_something(self) -> None:
+        """We sent DATA: pings are welcome, and the WINDOW_UPDATE it calls for gets its token back."""
         self._ping_ok, self._ping_strikes = True, 0
         if self._tokens < self.limits.control_frame_burst:
             self._tokens += 1  # the peer's WINDOW_UPDATE or PING in answer to our frames is due
 
     def _end_local(self, stream: H2Stream) -> None:
-        """We sent END_STREAM: the stream completed (it pays back one reset)."""
+        """We sent END_STREAM: a stream we answered with DATA completed (it pays back one reset;
+        a refusal or a trailers-only status pays nothing back)."""
         stream.local_closed = True
-        if self._reset_debt:
+        if self._reset_debt and stream.answered:
             self._reset_debt -= 1
         if not stream.remote_closed:
             self._out.append(h2.rst_stream(stream.id, h2.NO_ERROR))  # answered early: the peer may stop sending
@@ -565,9 +580,12 @@ class H2Connection:
             self._out.append(h2.rst_stream(sid, error_code))
 
     def _reset(self, stream: H2Stream, code: int, events: list[Event]) -> None:
-        """A stream error of the peer's: RST_STREAM with ``code``; the driver cancels its call."""
+        """A stream error of the peer's: RST_STREAM with ``code``; the driver cancels its call. It
+        costs a token and counts as a reset (else streams ended by errors are free rapid resets)."""
         self.reset_stream(stream.id, code)
         events.append(StreamReset(stream, code, False))
+        self._spend()
+        self._add_reset_debt()
 
     def _forget(self, stream: H2Stream) -> None:
         self.streams.pop(stream.id, None)  # idle time starts at the next tick()
