@@ -506,3 +506,40 @@ def test_a_completed_answer_with_a_body_pays_back_a_reset() -> None:
         request(conn, sid + 2, end_stream=True, encoder=enc)
         assert conn.send_response(sid + 2, b"\x88", b"\0\0\0\0\0", b"\x40\x01a\x01b")
     assert not conn.closed
+
+
+def test_a_stream_without_progress_is_cancelled() -> None:
+    conn = connected(Limits(stream_timeout=10.0))
+    enc = hpack.Encoder()
+    request(conn, 1, encoder=enc)  # at 0, then no more: cancelled at 10
+    request(conn, 3, end_stream=True, encoder=enc)  # the request is complete: no timeout
+    request(conn, 5, encoder=enc)
+    conn.streams[5].long_lived = True  # a bidirectional stream the driver runs (ModelStreamInfer)
+    conn.receive_data(frame(h2.HEADERS, h2.END_HEADERS, 7, enc.encode(REQUEST)), now=5.0)
+    conn.receive_data(frame(h2.DATA, 0, 7, b"x"), now=8.0)  # progress
+    assert conn.tick(9.0) <= 10.0 and not conn.expired and conn.data_to_send() == b""
+    conn.tick(10.0)
+    assert conn.data_to_send() == rst(1, h2.CANCEL) and conn.expired == [StreamReset(conn.expired[0].stream, h2.CANCEL, False)]
+    assert conn.expired[0].stream_id == 1 and sorted(conn.streams) == [3, 5, 7]
+    conn.expired.clear()
+    conn.tick(18.0)
+    assert conn.data_to_send() == rst(7, h2.CANCEL) and [e.stream_id for e in conn.expired] == [7]
+
+
+def test_data_waits_while_the_send_buffer_is_full() -> None:
+    conn = connected(Limits(max_send_buffer=100_000), peer=struct.pack(">HI", h2.INITIAL_WINDOW_SIZE, 2**31 - 1))
+    conn.receive_data(wu(0, 2**31 - 1 - 65_535))
+    request(conn, 1, end_stream=True)
+    conn.data_to_send()
+    assert conn.send_data(1, b"x" * 150_000) == 100_000  # the rest waits for the writer
+    assert conn.local_flow_control_window(1) == 0 and not conn.send_response(1, b"\x88", b"y", b"")
+    conn.data_to_send()
+    assert conn.local_flow_control_window(1) == 100_000 and conn.send_response(1, b"\x88", b"y", b"")
+
+
+def test_a_write_stuck_past_the_write_timeout_closes_the_connection() -> None:
+    conn = connected(Limits(write_timeout=10.0))
+    conn.writing_since = 5.0
+    assert conn.tick(14.0) <= 15.0 and not conn.closed
+    conn.tick(15.0)
+    assert conn.closed

@@ -117,6 +117,7 @@ class Call:
     # -- events from the reader ---------------------------------------------------------------
     def begin(self, end_stream: bool) -> None:
         if self.method.streaming:
+            self.stream.long_lived = True  # a bidirectional stream may idle between requests
             self.inbox = gevent.queue.SimpleQueue()
             self.send_lock = gevent.lock.Semaphore()
             self.started = True
@@ -168,7 +169,8 @@ class Call:
         self.done = self.input_done = True
         if self.inbox is not None:
             self.inbox.put(_GONE)
-        elif self.greenlet is not None and self.greenlet is not self.conn.writer:
+        elif self.greenlet is not None and self.greenlet is not self.conn.writer and \
+                self.greenlet is not gevent.getcurrent():  # its own (a send timed out): it ends itself
             self.greenlet.kill(block=False)  # GreenletExit where it waits for the model's answer
             self.finish()
         elif not self.started:

@@ -158,31 +158,49 @@ class Connection:
 
     # -- writing (any greenlet) -----------------------------------------------------------------
     def flush(self) -> bool:
-        """Write what the state machine queued (in order: the bytes are taken under the lock)."""
+        """Write what the state machine queued (in order: the bytes are taken under the lock). A
+        write stuck longer than ``write_timeout`` loses the connection (the timer sees it)."""
         if self.lost:
             return False
         with self._write_lock:
-            data = self.h2.data_to_send()
+            if self.lost:  # lost while this greenlet waited for the lock
+                return False
+            conn = self.h2
+            data = conn.data_to_send()
             if data:
                 self.writer = gevent.getcurrent()
+                conn.writing_since = time.monotonic()
                 try:
                     self._send(self.sock, data)
                 except OSError:
                     self._lose()
                     return False
                 finally:
-                    self.writer = None
+                    self.writer = conn.writing_since = None
+                if self._window_open is not None:
+                    self._windows_moved()  # senders held by max_send_buffer may go on
         return True
 
     def wait_window(self, stream: h2c.H2Stream) -> int:
-        """Bytes ``stream`` may send now (waits for the peer's WINDOW_UPDATE); 0 once it is gone."""
+        """Bytes ``stream`` may send now (waits for the peer's WINDOW_UPDATE); 0 once it is gone.
+        A peer that keeps the window shut for ``window_timeout`` gets the stream reset (CANCEL)."""
+        deadline = None
         while not (stream.local_closed or self.lost):
             room = self.h2.local_flow_control_window(stream.id)
             if room > 0:
                 return room
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + self.server.limits.window_timeout
+            elif now >= deadline:
+                self.h2.reset_stream(stream.id)  # CANCEL
+                self.flush()
+                if stream.call is not None:
+                    stream.call.cancel()
+                return 0
             if self._window_open is None:
                 self._window_open = gevent.event.Event()
-            self._window_open.wait()
+            self._window_open.wait(deadline - now)
         return 0
 
     def _windows_moved(self) -> None:
@@ -254,7 +272,11 @@ class Connection:
         conn = self.h2
         while not self.lost:
             deadline = conn.tick(time.monotonic())
-            self.flush()
+            expired, conn.expired = conn.expired, []
+            for event in expired:  # streams without progress: their calls are cancelled
+                self._on_event(event)
+            if self.writer is None:  # never wait behind a stuck write: the tick times it out
+                self.flush()
             if conn.closed:
                 self._lose()
                 return

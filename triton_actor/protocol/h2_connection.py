@@ -25,8 +25,14 @@ code each violation calls for, and every limit a hostile client meets (:class:`L
   checked before HPACK; or decoded) → GOAWAY(ENHANCE_YOUR_CALM); a block that starts with more
   than two dynamic-table size updates (RFC 7541 §4.2) → GOAWAY(COMPRESSION_ERROR);
 * a preface, first SETTINGS or header block not complete within ``header_timeout``, and a connection
-  without streams for ``idle_timeout``, are closed by :meth:`tick`;
-* ping strikes (grpc's policy: pings without data closer than ``min_ping_interval``).
+  without streams for ``idle_timeout``, are closed by :meth:`tick`; a stream whose request makes no
+  progress (HEADERS or DATA) for ``stream_timeout`` is reset (CANCEL) there, its :class:`StreamReset`
+  left in ``expired`` for the driver (unless the driver marked it ``long_lived``);
+* ping strikes (grpc's policy: pings without data closer than ``min_ping_interval``);
+* a peer that stops reading: the driver marks its writes (``writing_since``) and :meth:`tick` closes
+  the connection when one takes ``write_timeout``; DATA waits (:meth:`local_flow_control_window`
+  is 0, :meth:`send_response` declines) while ``max_send_buffer`` bytes are queued unwritten;
+  ``window_timeout`` is how long the driver lets a stream wait for the peer's window.
 
 Events (see the classes below) name the stream by ``stream_id`` and carry its :class:`H2Stream`,
 whose ``call`` slot is the driver's own. Unlike ``h2``, the end of a request is the ``end_stream``
@@ -61,6 +67,10 @@ class Limits:
     max_reset_debt: int = 256  # streams reset by the peer and not made up for by completed ones
     header_timeout: float = 60.0  # nginx's client_header_timeout: preface, SETTINGS, a header block
     idle_timeout: float = 180.0  # nginx's http2_idle_timeout: no stream open; 0 = never
+    stream_timeout: float = 60.0  # nginx's client_body_timeout: a request's HEADERS/DATA apart; 0 = never
+    window_timeout: float = 60.0  # a stream waits this long for the peer to open its send window
+    write_timeout: float = 60.0  # nginx's send_timeout: one write to a peer that stopped reading
+    max_send_buffer: int = 4 * 1024 * 1024  # bytes queued and not written yet, past which DATA waits
     keepalive_time: float = 7200.0  # grpc.keepalive_time_ms; 0 = no keepalive pings
     keepalive_timeout: float = 20.0  # grpc.keepalive_timeout_ms
     keepalive_permit_without_calls: bool = False
@@ -144,9 +154,9 @@ class H2Stream:
     """One open stream: its windows and half-close states; ``call`` belongs to the driver."""
 
     __slots__ = ("id", "send_window", "recv_window", "remote_closed", "local_closed", "headers_sent", "answered",
-                 "call")
+                 "progress_at", "long_lived", "call")
 
-    def __init__(self, stream_id: int, send_window: int, recv_window: int) -> None:
+    def __init__(self, stream_id: int, send_window: int, recv_window: int, now: float = 0.0) -> None:
         self.id = stream_id
         self.send_window = send_window  # what the peer lets us send
         self.recv_window = recv_window  # what we let the peer send before our next WINDOW_UPDATE
@@ -154,6 +164,8 @@ class H2Stream:
         self.local_closed = False
         self.headers_sent = False
         self.answered = False  # we sent DATA: a completed answer, not a refusal
+        self.progress_at = now  # the peer's last HEADERS or DATA on it
+        self.long_lived = False  # the driver's: no stream_timeout (a bidirectional call may idle)
         self.call: Any = None
 
 
@@ -176,6 +188,8 @@ class H2Connection:
         self.last_stream_id = 0
         self.going_away = False  # GOAWAY sent or received: no new streams
         self.closed = False  # nothing more to read or send: close the transport
+        self.expired: list[Event] = []  # StreamReset of the streams tick() cancelled; the driver's to take
+        self.writing_since: float | None = None  # the driver's: a write to the transport started then
         self._out: list[bytes] = []
         self._buf = bytearray()
         self._preface = False
@@ -311,6 +325,7 @@ class H2Connection:
         data = h2.strip_padding(flags, payload) if flags & h2.PADDED else payload
         if not n and not end:
             self._spend()
+        stream.progress_at = now
         if end:
             stream.remote_closed = True
         else:
@@ -336,7 +351,7 @@ class H2Connection:
             self._continuation = (sid, flags, [block], len(block))
             self._header_since = now
             return
-        self._headers_done(sid, flags, block, events)
+        self._headers_done(sid, flags, block, events, now)
 
     def _on_continuation(self, flags: int, sid: int, payload: bytes, events: list[Event], now: float) -> None:
         if self._continuation is None or self._continuation[0] != sid:
@@ -350,9 +365,9 @@ class H2Connection:
         if flags & h2.END_HEADERS:
             self._continuation = None
             self._header_since = None
-            self._headers_done(sid, first_flags, b"".join(parts), events)
+            self._headers_done(sid, first_flags, b"".join(parts), events, now)
 
-    def _headers_done(self, sid: int, flags: int, block: bytes, events: list[Event]) -> None:
+    def _headers_done(self, sid: int, flags: int, block: bytes, events: list[Event], now: float) -> None:
         headers = self.decoder.decode(block)  # always decoded: the HPACK table must follow the peer
         end = bool(flags & h2.END_STREAM)
         stream = self.streams.get(sid)
@@ -375,7 +390,7 @@ class H2Connection:
             if not self.going_away:
                 self._add_reset_debt()  # past the limit we advertised
             return
-        stream = H2Stream(sid, self.peer_initial_window, self.limits.initial_window)
+        stream = H2Stream(sid, self.peer_initial_window, self.limits.initial_window, now)
         stream.remote_closed = end
         self.streams[sid] = stream
         self._idle_since = None
@@ -512,14 +527,18 @@ class H2Connection:
             self._end_local(stream)
 
     def local_flow_control_window(self, sid: int) -> int:
-        """Bytes of DATA ``sid`` may send now (both windows)."""
-        return max(0, min(self._open(sid).send_window, self.send_window))
+        """Bytes of DATA ``sid`` may send now (both windows, and what ``max_send_buffer`` leaves)."""
+        return max(0, min(self._open(sid).send_window, self.send_window, self._buffer_room()))
+
+    def _buffer_room(self) -> int:
+        out = self._out
+        return self.limits.max_send_buffer - sum(map(len, out)) if out else self.limits.max_send_buffer
 
     def send_data(self, sid: int, data: bytes | memoryview, end_stream: bool = False) -> int:
         """As much of ``data`` as both windows let through, in frames of the peer's size; returns
         the bytes sent. ``end_stream`` applies when all of ``data`` went."""
         stream = self._open(sid)
-        room = max(0, min(stream.send_window, self.send_window, len(data)))
+        room = max(0, min(stream.send_window, self.send_window, len(data), self._buffer_room()))
         view, step, out = memoryview(data)[:room], self.peer_max_frame, self._out
         end = end_stream and room == len(data)
         for i in range(0, room or end, step):  # an empty DATA frame only to end the stream
@@ -539,7 +558,8 @@ class H2Connection:
         ``data`` fits both windows and one frame; False (nothing queued) when it does not."""
         stream = self._open(sid)
         n = len(data)
-        if n > stream.send_window or n > self.send_window or n > self.peer_max_frame:
+        if n > stream.send_window or n > self.send_window or n > self.peer_max_frame or \
+                (self._out and n > self._buffer_room()):
             return False
         stream.send_window -= n
         self.send_window -= n
@@ -610,9 +630,13 @@ class H2Connection:
             return now + 3600
         if self.streams:
             self._idle_since = None
+            if lim.stream_timeout:
+                self._expire_streams(now)
         elif self._idle_since is None:
             self._idle_since = now
-        if self._header_since is not None and now - self._header_since >= lim.header_timeout:
+        if self.writing_since is not None and now - self.writing_since >= lim.write_timeout:
+            self.closed = True  # the peer stopped reading: nothing more can be sent
+        elif self._header_since is not None and now - self._header_since >= lim.header_timeout:
             self.go_away(h2.NO_ERROR, b"header_timeout")  # a slow or half-sent preface or header block
             self.closed = True
         elif self._idle_since is not None and lim.idle_timeout and now - self._idle_since >= lim.idle_timeout:
@@ -628,13 +652,27 @@ class H2Connection:
                 self.ping()
         return self._next_deadline(now)
 
+    def _expire_streams(self, now: float) -> None:
+        """Streams whose request made no progress for ``stream_timeout``: RST_STREAM(CANCEL), and a
+        :class:`StreamReset` in ``expired`` for the driver to cancel the call."""
+        limit = now - self.limits.stream_timeout
+        for stream in [s for s in self.streams.values() if s.progress_at <= limit]:
+            if not stream.remote_closed and not stream.long_lived:
+                self.reset_stream(stream.id, h2.CANCEL)
+                self.expired.append(StreamReset(stream, h2.CANCEL, False))
+
     def _next_deadline(self, now: float) -> float:
         lim = self.limits
         times = [now + self._tick_step]
+        if lim.stream_timeout:
+            times += [s.progress_at + lim.stream_timeout for s in self.streams.values()
+                      if not s.remote_closed and not s.long_lived]
         if lim.keepalive_time:
             times.append(self._keepalive_at)
         if self._ping_sent_at is not None:
             times.append(self._ping_sent_at + lim.keepalive_timeout)
+        if self.writing_since is not None:
+            times.append(self.writing_since + lim.write_timeout)
         if self._header_since is not None:
             times.append(self._header_since + lim.header_timeout)
         if self._idle_since is not None and lim.idle_timeout:
@@ -644,7 +682,8 @@ class H2Connection:
 
 def _tick_step_of(limits: Limits) -> float:
     """How often :meth:`H2Connection.tick` must run to honour the timeouts within a quarter of them."""
-    return min(t / 4 for t in (limits.header_timeout, limits.idle_timeout or 20.0, 20.0) if t > 0)
+    times = (limits.header_timeout, limits.idle_timeout or 20.0, limits.stream_timeout, limits.write_timeout, 20.0)
+    return min(t / 4 for t in times if t > 0)
 
 
 _SETTINGS_ACK = h2.frame(h2.SETTINGS, h2.ACK, 0)
