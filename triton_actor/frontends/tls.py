@@ -12,6 +12,8 @@ import logging
 import socket
 import ssl
 
+import gevent
+
 log = logging.getLogger(__name__)
 
 
@@ -29,13 +31,21 @@ def server_context(cert: str, key: str, root_cert: str = "", mutual: bool = Fals
 
 
 def accept(sock: socket.socket, context: ssl.SSLContext, timeout: float) -> ssl.SSLSocket | None:
-    """The server side of the handshake on an accepted socket, within ``timeout`` seconds (a client
-    that connects and says nothing is dropped); None when it fails. Runs in the connection's greenlet."""
+    """The server side of the handshake on an accepted socket, within ``timeout`` seconds in all
+    (a client that says nothing, or drips its ClientHello a byte per read, is dropped); None when
+    it fails. Runs in the connection's greenlet."""
     sock.settimeout(timeout)
+    deadline = gevent.Timeout(timeout)  # the socket timeout is per read; this one is the handshake's
     try:
-        wrapped = context.wrap_socket(sock, server_side=True)
+        with deadline:
+            wrapped = context.wrap_socket(sock, server_side=True)
     except (OSError, ssl.SSLError) as e:
         log.debug("TLS handshake failed: %s", e)
+        return None
+    except gevent.Timeout as e:
+        if e is not deadline:
+            raise
+        log.debug("TLS handshake not done within %s s", timeout)
         return None
     wrapped.settimeout(None)
     return wrapped
