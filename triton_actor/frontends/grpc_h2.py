@@ -31,7 +31,7 @@ import gevent.pool
 from gevent.server import StreamServer
 
 from ..protocol import h2_connection as h2c
-from ..settings import Settings
+from ..settings import Settings, default_grpc_max_connections
 from . import tls
 from .grpc import GrpcServicer
 from .grpc_calls import UNIMPLEMENTED, Call, method_table, route
@@ -47,10 +47,11 @@ _NOT_GRPC = [(b":status", b"415"), (b"content-type", b"text/plain")]
 class GrpcH2Server:
     """``inference.GRPCInferenceService`` and ``grpc.health.v1.Health`` over our HTTP/2; create,
     ``start`` and ``stop`` it from the hub thread. ``options`` are grpc channel arguments (the
-    keepalive flags); ``limits`` the HTTP/2 limits; ``ssl_context`` turns on TLS."""
+    keepalive flags); ``limits`` the HTTP/2 limits; ``max_connections`` 0 derives the cap from the
+    open-file limit; ``ssl_context`` turns on TLS."""
 
     def __init__(self, servicer: GrpcServicer, address: str, port: int, options: dict[str, Any] | None = None,
-                 limits: h2c.Limits | None = None, max_connections: int = 1000,
+                 limits: h2c.Limits | None = None, max_connections: int = 0,
                  ssl_context: ssl.SSLContext | None = None) -> None:
         opts = dict(options or {})
         self.servicer = servicer
@@ -66,7 +67,7 @@ class GrpcH2Server:
             keepalive_permit_without_calls=bool(opts.get("grpc.keepalive_permit_without_calls", 0)),
             min_ping_interval=int(opts.get("grpc.http2.min_recv_ping_interval_without_data_ms", 300_000)) / 1000,
             max_ping_strikes=int(opts.get("grpc.http2.max_ping_strikes", 2)))
-        self.max_connections = max_connections
+        self.max_connections = max_connections or default_grpc_max_connections()
         self.ssl_context = ssl_context
         self.methods = method_table(servicer)
         self.connections: set[Connection] = set()
