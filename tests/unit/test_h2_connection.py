@@ -543,3 +543,11 @@ def test_a_write_stuck_past_the_write_timeout_closes_the_connection() -> None:
     assert conn.tick(14.0) <= 15.0 and not conn.closed
     conn.tick(15.0)
     assert conn.closed
+
+
+def test_the_header_block_cache_is_bounded_in_bytes() -> None:
+    decoder = h2.HeaderDecoder(64 * 1024)
+    for i in range(200):  # literals without indexing: the table never moves, every block is cached
+        block = h2.encode_headers([(b":path", b"/%d" % i), (b"x-v", b"v" * 400)])
+        assert decoder.decode(block)[b":path"] == b"/%d" % i
+    assert len(decoder._cache) * 400 * 2 <= h2.HeaderDecoder.CACHE_BYTES

@@ -178,16 +178,19 @@ class HeaderBlock(dict[bytes, bytes]):
 
 
 class HeaderDecoder:
-    """Header blocks → :class:`HeaderBlock`."""
+    """Header blocks → :class:`HeaderBlock`. The cache holds at most ``CACHE_SIZE`` blocks and
+    ``CACHE_BYTES`` of blocks and decoded values per connection (it is emptied when full)."""
 
     CACHE_SIZE = 256
-    CACHED_BLOCK_MAX = 1024  # only small blocks that decode to little are kept (a few KiB per connection)
+    CACHE_BYTES = 64 * 1024
+    CACHED_BLOCK_MAX = 1024  # only small blocks that decode to little are kept
     CACHED_VALUES_MAX = 8192
 
     def __init__(self, max_header_list_size: int) -> None:
         self._decoder = hpack.Decoder(max_header_list_size=max_header_list_size)
         self._table = self._decoder.header_table = _WatchedTable()
         self._cache: BoundedCache[bytes, HeaderBlock] = BoundedCache("http2.header_blocks", self.CACHE_SIZE)
+        self._cached_bytes = 0  # put since the last clear (evicted entries too: an upper bound)
 
     def decode(self, block: bytes) -> HeaderBlock:
         hit = self._cache.get(block)
@@ -204,10 +207,19 @@ class HeaderDecoder:
             raise ProtocolError(f"bad header block: {e}", COMPRESSION_ERROR) from None
         headers = HeaderBlock((bytes(name), bytes(value)) for name, value in fields)
         if self._table.changes != before:
-            self._cache.clear()  # blocks decoded earlier may point at entries that moved
-        elif len(block) <= self.CACHED_BLOCK_MAX and sum(map(len, headers.values())) <= self.CACHED_VALUES_MAX:
+            self._clear()  # blocks decoded earlier may point at entries that moved
+            return headers
+        size = len(block) + sum(map(len, headers)) + sum(map(len, headers.values()))
+        if len(block) <= self.CACHED_BLOCK_MAX and size <= self.CACHED_VALUES_MAX:
+            if self._cached_bytes + size > self.CACHE_BYTES:
+                self._clear()
+            self._cached_bytes += size
             self._cache.put(block, headers)
         return headers
+
+    def _clear(self) -> None:
+        self._cache.clear()
+        self._cached_bytes = 0
 
 
 def _check_size_updates(block: bytes) -> None:
