@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import socket
 import struct
+from typing import Any
 
 import gevent
+import gevent.event
 import hpack
 import pytest
 
 from scripts.bench_grpc_transport import StubServicer
+from triton_actor.frontends.grpc_calls import Call, method_table
 from triton_actor.frontends.grpc_h2 import GrpcH2Server
 from triton_actor.protocol import http2 as h2
 from triton_actor.protocol._generated import grpc_service_pb2 as pb
@@ -82,3 +85,32 @@ def test_a_peer_that_stops_reading_is_dropped(serve) -> None:
     sock.sendall(_PREFACE + windows + b"".join(_call(sid) for sid in (1, 3, 5)))  # never read
     handler.join(timeout=10)  # the connection is over, its calls cancelled
     assert handler.dead and not server.connections and server.idle.is_set()
+
+
+def test_model_stream_infer_runs_a_bounded_number_of_requests_per_stream(serve, monkeypatch) -> None:
+    monkeypatch.setattr(Call, "STREAM_REQUESTS", 4)
+    server, sock, _ = serve(Limits())
+    running, four, release = [], gevent.event.Event(), gevent.event.Event()
+
+    def stream_infer(request: Any) -> Any:
+        running.append(request)
+        if len(running) == 4:
+            four.set()
+        release.wait()
+        yield pb.ModelStreamInferResponse()
+
+    server.servicer.stream_infer = stream_infer
+    server.methods = method_table(server.servicer)
+    message = h2.grpc_message(pb.ModelInferRequest(model_name="m").SerializeToString())
+    fields = [(k, v.replace("ModelInfer", "ModelStreamInfer")) for k, v in _FIELDS]
+    sock.sendall(_PREFACE + _frame(4, 0, 0) + _frame(1, 4, 1, hpack.Encoder().encode(fields))
+                 + _frame(0, 0, 1, message * 10))
+    _read_frames(sock, until=4, flags=1)  # our SETTINGS ACK: the frames were read
+    assert four.wait(5)
+    for _ in range(3):
+        gevent.idle()  # the stream's reading loop had its chance to start more
+    assert len(running) == 4
+    conn = next(iter(server.connections))
+    assert conn.h2.unconsumed == 5 * len(message)  # queued (the fifth waits for a slot, taken) count
+    release.set()
+    assert [t for t, f, _, _ in _read_frames(sock, until=0) if t == 0]

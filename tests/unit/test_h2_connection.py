@@ -551,3 +551,19 @@ def test_the_header_block_cache_is_bounded_in_bytes() -> None:
         block = h2.encode_headers([(b":path", b"/%d" % i), (b"x-v", b"v" * 400)])
         assert decoder.decode(block)[b":path"] == b"/%d" % i
     assert len(decoder._cache) * 400 * 2 <= h2.HeaderDecoder.CACHE_BYTES
+
+
+def test_received_bytes_not_consumed_are_bounded_per_connection() -> None:
+    conn = connected(Limits(max_unconsumed=1000))
+    enc = hpack.Encoder()
+    request(conn, 1, encoder=enc)
+    request(conn, 3, encoder=enc)
+    assert len(conn.receive_data(frame(h2.DATA, 0, 1, b"x" * 600))) == 1
+    events = conn.receive_data(frame(h2.DATA, 0, 3, b"y" * 600))  # 1200 held: stream 3 is reset
+    assert events == [StreamReset(events[0].stream, h2.ENHANCE_YOUR_CALM, False)]
+    assert conn.data_to_send() == rst(3, h2.ENHANCE_YOUR_CALM) and conn.unconsumed == 600
+    conn.consumed(conn.streams[1], 500)  # the driver took a message off stream 1's buffer
+    request(conn, 5, encoder=enc)
+    assert len(conn.receive_data(frame(h2.DATA, 0, 5, b"z" * 850))) == 1
+    conn.reset_stream(1)  # a stream that ends gives back what it still held
+    assert conn.unconsumed == 850

@@ -67,6 +67,8 @@ class GrpcH2Server:
             keepalive_permit_without_calls=bool(opts.get("grpc.keepalive_permit_without_calls", 0)),
             min_ping_interval=int(opts.get("grpc.http2.min_recv_ping_interval_without_data_ms", 300_000)) / 1000,
             max_ping_strikes=int(opts.get("grpc.http2.max_ping_strikes", 2)))
+        # one message of the largest size must fit what a connection may hold unconsumed
+        self.limits = replace(self.limits, max_unconsumed=max(self.limits.max_unconsumed, self.max_receive + 5))
         self.max_connections = max_connections or default_grpc_max_connections()
         self.ssl_context = ssl_context
         self.methods = method_table(servicer)

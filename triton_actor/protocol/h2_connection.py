@@ -37,8 +37,10 @@ code each violation calls for, and every limit a hostile client meets (:class:`L
 Events (see the classes below) name the stream by ``stream_id`` and carry its :class:`H2Stream`,
 whose ``call`` slot is the driver's own. Unlike ``h2``, the end of a request is the ``end_stream``
 attribute of :class:`RequestReceived` / :class:`DataReceived` (``StreamEnded`` only follows
-trailers), and received data is acknowledged (WINDOW_UPDATE) as it arrives: the driver bounds what
-it buffers by message size.
+trailers), and received data is acknowledged (WINDOW_UPDATE) as it arrives: what the driver has
+not consumed yet (:meth:`H2Connection.consumed`; a stream that ends gives its share back) is bounded
+by ``max_unconsumed`` per connection — past it the stream that brought the DATA is reset
+(ENHANCE_YOUR_CALM) — and the driver bounds each message by size.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ class Limits:
     window_timeout: float = 60.0  # a stream waits this long for the peer to open its send window
     write_timeout: float = 60.0  # nginx's send_timeout: one write to a peer that stopped reading
     max_send_buffer: int = 4 * 1024 * 1024  # bytes queued and not written yet, past which DATA waits
+    max_unconsumed: int = 64 * 1024 * 1024  # DATA received and not taken by the driver (all streams)
     keepalive_time: float = 7200.0  # grpc.keepalive_time_ms; 0 = no keepalive pings
     keepalive_timeout: float = 20.0  # grpc.keepalive_timeout_ms
     keepalive_permit_without_calls: bool = False
@@ -154,7 +157,7 @@ class H2Stream:
     """One open stream: its windows and half-close states; ``call`` belongs to the driver."""
 
     __slots__ = ("id", "send_window", "recv_window", "remote_closed", "local_closed", "headers_sent", "answered",
-                 "progress_at", "long_lived", "call")
+                 "progress_at", "long_lived", "unconsumed", "call")
 
     def __init__(self, stream_id: int, send_window: int, recv_window: int, now: float = 0.0) -> None:
         self.id = stream_id
@@ -166,6 +169,7 @@ class H2Stream:
         self.answered = False  # we sent DATA: a completed answer, not a refusal
         self.progress_at = now  # the peer's last HEADERS or DATA on it
         self.long_lived = False  # the driver's: no stream_timeout (a bidirectional call may idle)
+        self.unconsumed = 0  # DATA bytes delivered and not yet consumed (H2Connection.consumed)
         self.call: Any = None
 
 
@@ -190,6 +194,7 @@ class H2Connection:
         self.closed = False  # nothing more to read or send: close the transport
         self.expired: list[Event] = []  # StreamReset of the streams tick() cancelled; the driver's to take
         self.writing_since: float | None = None  # the driver's: a write to the transport started then
+        self.unconsumed = 0  # DATA bytes delivered on open streams and not consumed (max_unconsumed)
         self._out: list[bytes] = []
         self._buf = bytearray()
         self._preface = False
@@ -325,6 +330,12 @@ class H2Connection:
         data = h2.strip_padding(flags, payload) if flags & h2.PADDED else payload
         if not n and not end:
             self._spend()
+        if data:
+            self.unconsumed += len(data)
+            stream.unconsumed += len(data)
+            if self.unconsumed > self.limits.max_unconsumed:  # the windows are opened as DATA arrives
+                self._reset(stream, h2.ENHANCE_YOUR_CALM, events)
+                return
         stream.progress_at = now
         if end:
             stream.remote_closed = True
@@ -607,8 +618,16 @@ class H2Connection:
         self._spend()
         self._add_reset_debt()
 
+    def consumed(self, stream: H2Stream, n: int | None = None) -> None:
+        """The driver took ``n`` (None: all) of the bytes ``stream`` delivered off its buffers."""
+        n = stream.unconsumed if n is None else min(n, stream.unconsumed)
+        stream.unconsumed -= n
+        self.unconsumed -= n
+
     def _forget(self, stream: H2Stream) -> None:
         self.streams.pop(stream.id, None)  # idle time starts at the next tick()
+        if stream.unconsumed:
+            self.consumed(stream)
 
     def ping(self, payload: bytes = b"\0" * 8) -> None:
         self._out.append(h2.frame(h2.PING, 0, 0, payload))
