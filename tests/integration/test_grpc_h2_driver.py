@@ -30,6 +30,7 @@ def _servicer(size: int) -> StubServicer:
     """ModelInfer answers at once with ``size`` bytes of output."""
     servicer = StubServicer()
     servicer.response = pb.ModelInferResponse(model_name="m", raw_output_contents=[b"\0" * size])
+    servicer.ModelInfer = lambda request: servicer.response  # the slow path's (TRITON_ACTOR_FAST_PATHS=0)
     return servicer
 
 
