@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from . import __version__, fastpath
-from .settings import Settings
+from .settings import Settings, default_grpc_max_connections
 
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
@@ -66,12 +66,13 @@ def _grpc_transport_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grpc-server-key", default="", help="PEM private key of the gRPC server")
     p.add_argument("--grpc-root-cert", default="", help="PEM CA certificates that client certificates must chain to")
     _flag(p, "--grpc-use-ssl-mutual", False, "require a client certificate (mutual TLS; implies --grpc-use-ssl)")
-    p.add_argument("--grpc-max-connections", type=int, default=1000, help="gRPC connections served at once")
+    p.add_argument("--grpc-max-connections", type=int, default=0,
+                   help="gRPC connections served at once (default: min(1000, half the open-file limit))")
     p.add_argument("--grpc-max-concurrent-streams", type=int, default=128, help="HTTP/2 streams per connection")
     p.add_argument("--grpc-header-timeout-secs", type=float, default=60.0,
                    help="a TLS handshake, HTTP/2 preface or header block must complete within this")
     p.add_argument("--grpc-idle-timeout-secs", type=float, default=180.0,
-                   help="close gRPC connections without calls after this (0 = never)")
+                   help="close gRPC connections without open HTTP/2 streams after this (0 = never)")
 
 
 def _grpc_tls(args: argparse.Namespace) -> dict[str, object]:
@@ -82,7 +83,7 @@ def _grpc_tls(args: argparse.Namespace) -> dict[str, object]:
         raise SystemExit("error: --grpc-use-ssl-mutual needs --grpc-root-cert")
     return dict(grpc_use_ssl=use_ssl, grpc_server_cert=args.grpc_server_cert, grpc_server_key=args.grpc_server_key,
                 grpc_root_cert=args.grpc_root_cert, grpc_use_ssl_mutual=args.grpc_use_ssl_mutual,
-                grpc_max_connections=args.grpc_max_connections,
+                grpc_max_connections=args.grpc_max_connections or default_grpc_max_connections(),
                 grpc_max_concurrent_streams=args.grpc_max_concurrent_streams,
                 grpc_header_timeout_secs=args.grpc_header_timeout_secs,
                 grpc_idle_timeout_secs=args.grpc_idle_timeout_secs)

@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import resource
 from dataclasses import dataclass, field
 from pathlib import Path
+
+
+def default_grpc_max_connections() -> int:
+    """min(1000, half the soft RLIMIT_NOFILE): each connection is a descriptor, and models, files and
+    the HTTP port need theirs (1000 against the common soft limit of 1024 ended in EMFILE)."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return 1000 if soft == resource.RLIM_INFINITY else max(1, min(1000, soft // 2))
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,10 +32,11 @@ class Settings:
     grpc_server_key: str = ""
     grpc_root_cert: str = ""  # CA that client certificates must chain to (mutual TLS)
     grpc_use_ssl_mutual: bool = False
-    grpc_max_connections: int = 1000  # served at once; more wait in the listen backlog
+    # served at once; more wait in the listen backlog
+    grpc_max_connections: int = field(default_factory=default_grpc_max_connections)
     grpc_max_concurrent_streams: int = 128  # HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS (nginx's default)
     grpc_header_timeout_secs: float = 60.0  # TLS handshake, preface, SETTINGS or a header block (nginx's)
-    grpc_idle_timeout_secs: float = 180.0  # a connection without calls is closed (GOAWAY); 0 = never
+    grpc_idle_timeout_secs: float = 180.0  # a connection without open streams is closed (GOAWAY); 0 = never
     metrics_port: int = 8002
     http_max_input_size: int = 64 * 1024 * 1024
     # HTTP connection bounds, nginx's defaults (worker_connections is 512-1024; client_header_timeout,

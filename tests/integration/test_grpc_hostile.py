@@ -149,3 +149,27 @@ def test_mutual_tls(pki: Path, start_server) -> None:
                  certificate_chain=str(pki / "client.pem"))
     with pytest.raises(Exception):  # noqa: B017 - no client certificate: the handshake fails
         _quick_infer(url, within=5, ssl=True, root_certificates=str(pki / "ca.pem"))
+
+
+def test_tls_handshake_has_one_deadline_not_one_per_read(pki: Path, start_server) -> None:
+    """A ClientHello dripped a byte at a time (each read well within the timeout) is dropped when
+    the whole handshake has taken the header timeout."""
+    server = start_server(ROOT / "model_repository", flags=(
+        "--grpc-use-ssl=true", "--grpc-server-cert", str(pki / "server.pem"), "--grpc-server-key", str(pki / "server.key"),
+        "--grpc-header-timeout-secs", "1"))
+    started = time.monotonic()
+    with _connect(server) as sock:
+        sock.settimeout(0.4)
+        hello = b"\x16\x03\x01\x02\x00" + b"\x01" * 512  # a record header announcing 512 bytes, dripped
+        closed = False
+        for byte in hello:
+            if closed or time.monotonic() - started > 6:
+                break
+            try:
+                sock.send(bytes([byte]))
+                closed = sock.recv(1) == b""
+            except TimeoutError:
+                pass
+            except OSError:
+                closed = True
+    assert closed and time.monotonic() - started < 4

@@ -345,7 +345,7 @@ def test_rapid_reset_is_told_to_calm_down() -> None:
         conn.receive_data(rst(sid, h2.CANCEL))
     assert not conn.closed
     request(conn, 21, encoder=enc)
-    conn.send_headers(21, b"\x88", end_stream=True)  # a completed stream pays one reset back
+    assert conn.send_response(21, b"\x88", b"\0" * 5, b"\x40\x01a\x01b")  # a completed answer pays one back
     conn.data_to_send()
     request(conn, 23, encoder=enc)
     conn.receive_data(rst(23, h2.CANCEL))
@@ -356,10 +356,16 @@ def test_rapid_reset_is_told_to_calm_down() -> None:
 @pytest.mark.parametrize("flood", [
     settings(window=70_000), frame(h2.PING, 0, 0, b"\0" * 8), wu(0, 1), frame(h2.PRIORITY, 0, 1, b"\0" * 5),
     frame(h2.DATA, 0, 1, b""),
+    # frames that do no work: ACKs, unknown types, empty DATA on a closed stream
+    frame(h2.SETTINGS, h2.ACK, 0), frame(h2.PING, h2.ACK, 0, b"\0" * 8), frame(0x20, 0, 0, b"x"),
+    frame(h2.DATA, 0, 3, b""),
 ])
 def test_control_frame_flood_is_told_to_calm_down(flood: bytes) -> None:
     conn = connected(Limits(control_frame_burst=50, control_frame_rate=10.0, max_ping_strikes=0))
-    request(conn, 1)
+    enc = hpack.Encoder()
+    request(conn, 1, encoder=enc)
+    request(conn, 3, end_stream=True, encoder=enc)
+    conn.reset_stream(3)  # closed: its empty DATA is dropped
     conn.receive_data(flood * 49, now=0.0)  # the handshake's SETTINGS took one token
     assert not conn.closed
     conn.receive_data(flood * 10, now=1.0)  # ten more tokens a second
@@ -448,3 +454,116 @@ def test_keepalive_ping_and_its_timeout() -> None:
     assert conn.tick(31.0) <= 32.0 and not conn.closed
     conn.tick(32.0)  # not answered within the timeout: closed, nothing sent
     assert conn.closed and conn.data_to_send() == b""
+
+
+def test_single_headers_frame_longer_than_the_header_list_limit_is_told_to_calm_down() -> None:
+    # one HEADERS frame (no CONTINUATION) of HPACK size updates: refused before hpack sees it
+    conn = connected(Limits(max_header_list=1024))
+    terminated(conn, frame(h2.HEADERS, h2.END_HEADERS, 1, b"\x20" * 1025), h2.ENHANCE_YOUR_CALM)
+
+
+def test_more_than_two_size_updates_are_a_compression_error() -> None:
+    conn = connected()
+    block = hpack.Encoder().encode(REQUEST)
+    assert len(conn.receive_data(frame(h2.HEADERS, h2.END_HEADERS, 1, b"\x20\x3f\xe1\x1f" + block))) == 1
+    terminated(conn, frame(h2.HEADERS, h2.END_HEADERS, 3, b"\x20\x20\x20" + block), h2.COMPRESSION_ERROR)
+
+
+def test_resets_we_send_for_stream_errors_count_as_rapid_resets() -> None:
+    conn = connected(Limits(max_reset_debt=10))
+    enc = hpack.Encoder()
+    for sid in range(1, 23, 2):  # HEADERS, DATA with END_STREAM, one more DATA: STREAM_CLOSED
+        request(conn, sid, encoder=enc)
+        data = frame(h2.DATA, h2.END_STREAM, sid, b"x") + frame(h2.DATA, 0, sid, b"y")
+        if sid < 21:
+            events = conn.receive_data(data)
+            assert isinstance(events[-1], StreamReset) and events[-1].error_code == h2.STREAM_CLOSED
+            assert not conn.closed
+    terminated(conn, data, h2.ENHANCE_YOUR_CALM)
+
+
+def test_refused_answers_pay_back_no_resets_and_refund_no_tokens() -> None:
+    conn = connected(Limits(max_reset_debt=10, control_frame_burst=1000))
+    enc = hpack.Encoder()
+    tokens = conn._tokens
+    for sid in range(1, 44, 4):  # a call the client resets, then one we answer at once without a body
+        request(conn, sid, encoder=enc)
+        conn.receive_data(rst(sid, h2.CANCEL))
+        request(conn, sid + 2, end_stream=True, encoder=enc)
+        if conn.closed:
+            break
+        conn.send_headers(sid + 2, [(b":status", b"415")], end_stream=True)
+    assert conn.closed
+    assert conn._tokens < tokens - 10  # the answers refunded nothing
+
+
+def test_a_completed_answer_with_a_body_pays_back_a_reset() -> None:
+    conn = connected(Limits(max_reset_debt=1))
+    enc = hpack.Encoder()
+    for sid in range(1, 41, 4):
+        request(conn, sid, encoder=enc)
+        conn.receive_data(rst(sid, h2.CANCEL))
+        request(conn, sid + 2, end_stream=True, encoder=enc)
+        assert conn.send_response(sid + 2, b"\x88", b"\0\0\0\0\0", b"\x40\x01a\x01b")
+    assert not conn.closed
+
+
+def test_a_stream_without_progress_is_cancelled() -> None:
+    conn = connected(Limits(stream_timeout=10.0))
+    enc = hpack.Encoder()
+    request(conn, 1, encoder=enc)  # at 0, then no more: cancelled at 10
+    request(conn, 3, end_stream=True, encoder=enc)  # the request is complete: no timeout
+    request(conn, 5, encoder=enc)
+    conn.streams[5].long_lived = True  # a bidirectional stream the driver runs (ModelStreamInfer)
+    conn.receive_data(frame(h2.HEADERS, h2.END_HEADERS, 7, enc.encode(REQUEST)), now=5.0)
+    conn.receive_data(frame(h2.DATA, 0, 7, b"x"), now=8.0)  # progress
+    assert conn.tick(9.0) <= 10.0 and not conn.expired and conn.data_to_send() == b""
+    conn.tick(10.0)
+    assert conn.data_to_send() == rst(1, h2.CANCEL) and conn.expired == [StreamReset(conn.expired[0].stream, h2.CANCEL, False)]
+    assert conn.expired[0].stream_id == 1 and sorted(conn.streams) == [3, 5, 7]
+    conn.expired.clear()
+    conn.tick(18.0)
+    assert conn.data_to_send() == rst(7, h2.CANCEL) and [e.stream_id for e in conn.expired] == [7]
+
+
+def test_data_waits_while_the_send_buffer_is_full() -> None:
+    conn = connected(Limits(max_send_buffer=100_000), peer=struct.pack(">HI", h2.INITIAL_WINDOW_SIZE, 2**31 - 1))
+    conn.receive_data(wu(0, 2**31 - 1 - 65_535))
+    request(conn, 1, end_stream=True)
+    conn.data_to_send()
+    assert conn.send_data(1, b"x" * 150_000) == 100_000  # the rest waits for the writer
+    assert conn.local_flow_control_window(1) == 0 and not conn.send_response(1, b"\x88", b"y", b"")
+    conn.data_to_send()
+    assert conn.local_flow_control_window(1) == 100_000 and conn.send_response(1, b"\x88", b"y", b"")
+
+
+def test_a_write_stuck_past_the_write_timeout_closes_the_connection() -> None:
+    conn = connected(Limits(write_timeout=10.0))
+    conn.writing_since = 5.0
+    assert conn.tick(14.0) <= 15.0 and not conn.closed
+    conn.tick(15.0)
+    assert conn.closed
+
+
+def test_the_header_block_cache_is_bounded_in_bytes() -> None:
+    decoder = h2.HeaderDecoder(64 * 1024)
+    for i in range(200):  # literals without indexing: the table never moves, every block is cached
+        block = h2.encode_headers([(b":path", b"/%d" % i), (b"x-v", b"v" * 400)])
+        assert decoder.decode(block)[b":path"] == b"/%d" % i
+    assert len(decoder._cache) * 400 * 2 <= h2.HeaderDecoder.CACHE_BYTES
+
+
+def test_received_bytes_not_consumed_are_bounded_per_connection() -> None:
+    conn = connected(Limits(max_unconsumed=1000))
+    enc = hpack.Encoder()
+    request(conn, 1, encoder=enc)
+    request(conn, 3, encoder=enc)
+    assert len(conn.receive_data(frame(h2.DATA, 0, 1, b"x" * 600))) == 1
+    events = conn.receive_data(frame(h2.DATA, 0, 3, b"y" * 600))  # 1200 held: stream 3 is reset
+    assert events == [StreamReset(events[0].stream, h2.ENHANCE_YOUR_CALM, False)]
+    assert conn.data_to_send() == rst(3, h2.ENHANCE_YOUR_CALM) and conn.unconsumed == 600
+    conn.consumed(conn.streams[1], 500)  # the driver took a message off stream 1's buffer
+    request(conn, 5, encoder=enc)
+    assert len(conn.receive_data(frame(h2.DATA, 0, 5, b"z" * 850))) == 1
+    conn.reset_stream(1)  # a stream that ends gives back what it still held
+    assert conn.unconsumed == 850

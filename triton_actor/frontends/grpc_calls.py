@@ -97,7 +97,9 @@ class Call:
     """One gRPC call on one stream; its life is its handler's (``started`` … :meth:`finish`)."""
 
     __slots__ = ("conn", "stream", "sid", "method", "encoding", "buf", "inbox", "send_lock", "greenlet",
-                 "input_done", "done", "finished", "started")
+                 "input_done", "done", "finished", "started", "requests")
+
+    STREAM_REQUESTS = 128  # ModelStreamInfer requests running at once on one stream; more wait in the inbox
 
     def __init__(self, conn: Connection, stream: H2Stream, method: Method, encoding: bytes | None) -> None:
         self.conn = conn
@@ -113,10 +115,12 @@ class Call:
         self.done = False  # our side is over (answered, refused, or the stream is gone)
         self.finished = False  # counted out of the running calls
         self.started = False  # its handler runs (or ran)
+        self.requests: gevent.pool.Pool | None = None  # a ModelStreamInfer call's running requests
 
     # -- events from the reader ---------------------------------------------------------------
     def begin(self, end_stream: bool) -> None:
         if self.method.streaming:
+            self.stream.long_lived = True  # a bidirectional stream may idle between requests
             self.inbox = gevent.queue.SimpleQueue()
             self.send_lock = gevent.lock.Semaphore()
             self.started = True
@@ -137,6 +141,7 @@ class Call:
         if refused is not None:
             self.input_done = True  # what else comes on this stream is dropped
             self.buf = bytearray()
+            self.conn.h2.consumed(self.stream)
             if self.inbox is not None:
                 self.inbox.put(refused)  # its greenlet answers once its senders are done
             else:
@@ -157,6 +162,7 @@ class Call:
             self.inbox.put(_END)
         elif not self.done:
             self.started = True
+            self.conn.h2.consumed(self.stream)  # the request is the handler's from here
             if self.method.infer and fastpath.enabled:
                 self._start_infer()
             else:  # the specification: a greenlet per call
@@ -168,7 +174,10 @@ class Call:
         self.done = self.input_done = True
         if self.inbox is not None:
             self.inbox.put(_GONE)
-        elif self.greenlet is not None and self.greenlet is not self.conn.writer:
+            if self.requests is not None:
+                self._stop_waiting(self.requests)  # frees the pool the reading loop may wait on
+        elif self.greenlet is not None and self.greenlet is not self.conn.writer and \
+                self.greenlet is not gevent.getcurrent():  # its own (a send timed out): it ends itself
             self.greenlet.kill(block=False)  # GreenletExit where it waits for the model's answer
             self.finish()
         elif not self.started:
@@ -300,11 +309,13 @@ class Call:
     def _run_stream(self) -> None:
         """A greenlet per request writes that request's responses as they come; the call ends (OK
         trailers) once the client has closed its side and every request is answered."""
-        group = gevent.pool.Group()
+        group = self.requests = gevent.pool.Pool(self.STREAM_REQUESTS)
         refused: Refused | None = None
         try:
             while True:
                 item = self.inbox.get()
+                if type(item) is tuple:
+                    self.conn.h2.consumed(self.stream, len(item[1]) + 5)  # queued ones stay counted
                 if item is _END:
                     break
                 if item is _GONE or isinstance(item, Refused):
@@ -316,7 +327,7 @@ class Call:
                 except Refused as e:
                     self._stream_send(pb.ModelStreamInferResponse(error_message=e.message))
                     continue
-                group.spawn(self._stream_one, request)
+                group.spawn(self._stream_one, request)  # waits while STREAM_REQUESTS run
             group.join()
             if refused is not None:  # its senders are done: the status can go out
                 self.send_status(refused.status, refused.message)
@@ -343,7 +354,7 @@ class Call:
         """The stream is over: its request greenlets stop now (GreenletExit closes their generators,
         which cancels the requests), but never the one inside a socket write."""
         for greenlet in list(group):
-            if greenlet is not self.conn.writer:
+            if greenlet is not self.conn.writer and greenlet is not gevent.getcurrent():
                 greenlet.kill(block=False)
 
     def _stream_send(self, response: Any) -> bool:

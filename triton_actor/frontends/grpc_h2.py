@@ -31,7 +31,7 @@ import gevent.pool
 from gevent.server import StreamServer
 
 from ..protocol import h2_connection as h2c
-from ..settings import Settings
+from ..settings import Settings, default_grpc_max_connections
 from . import tls
 from .grpc import GrpcServicer
 from .grpc_calls import UNIMPLEMENTED, Call, method_table, route
@@ -47,10 +47,11 @@ _NOT_GRPC = [(b":status", b"415"), (b"content-type", b"text/plain")]
 class GrpcH2Server:
     """``inference.GRPCInferenceService`` and ``grpc.health.v1.Health`` over our HTTP/2; create,
     ``start`` and ``stop`` it from the hub thread. ``options`` are grpc channel arguments (the
-    keepalive flags); ``limits`` the HTTP/2 limits; ``ssl_context`` turns on TLS."""
+    keepalive flags); ``limits`` the HTTP/2 limits; ``max_connections`` 0 derives the cap from the
+    open-file limit; ``ssl_context`` turns on TLS."""
 
     def __init__(self, servicer: GrpcServicer, address: str, port: int, options: dict[str, Any] | None = None,
-                 limits: h2c.Limits | None = None, max_connections: int = 1000,
+                 limits: h2c.Limits | None = None, max_connections: int = 0,
                  ssl_context: ssl.SSLContext | None = None) -> None:
         opts = dict(options or {})
         self.servicer = servicer
@@ -66,7 +67,9 @@ class GrpcH2Server:
             keepalive_permit_without_calls=bool(opts.get("grpc.keepalive_permit_without_calls", 0)),
             min_ping_interval=int(opts.get("grpc.http2.min_recv_ping_interval_without_data_ms", 300_000)) / 1000,
             max_ping_strikes=int(opts.get("grpc.http2.max_ping_strikes", 2)))
-        self.max_connections = max_connections
+        # one message of the largest size must fit what a connection may hold unconsumed
+        self.limits = replace(self.limits, max_unconsumed=max(self.limits.max_unconsumed, self.max_receive + 5))
+        self.max_connections = max_connections or default_grpc_max_connections()
         self.ssl_context = ssl_context
         self.methods = method_table(servicer)
         self.connections: set[Connection] = set()
@@ -158,31 +161,49 @@ class Connection:
 
     # -- writing (any greenlet) -----------------------------------------------------------------
     def flush(self) -> bool:
-        """Write what the state machine queued (in order: the bytes are taken under the lock)."""
+        """Write what the state machine queued (in order: the bytes are taken under the lock). A
+        write stuck longer than ``write_timeout`` loses the connection (the timer sees it)."""
         if self.lost:
             return False
         with self._write_lock:
-            data = self.h2.data_to_send()
+            if self.lost:  # lost while this greenlet waited for the lock
+                return False
+            conn = self.h2
+            data = conn.data_to_send()
             if data:
                 self.writer = gevent.getcurrent()
+                conn.writing_since = time.monotonic()
                 try:
                     self._send(self.sock, data)
                 except OSError:
                     self._lose()
                     return False
                 finally:
-                    self.writer = None
+                    self.writer = conn.writing_since = None
+                if self._window_open is not None:
+                    self._windows_moved()  # senders held by max_send_buffer may go on
         return True
 
     def wait_window(self, stream: h2c.H2Stream) -> int:
-        """Bytes ``stream`` may send now (waits for the peer's WINDOW_UPDATE); 0 once it is gone."""
+        """Bytes ``stream`` may send now (waits for the peer's WINDOW_UPDATE); 0 once it is gone.
+        A peer that keeps the window shut for ``window_timeout`` gets the stream reset (CANCEL)."""
+        deadline = None
         while not (stream.local_closed or self.lost):
             room = self.h2.local_flow_control_window(stream.id)
             if room > 0:
                 return room
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + self.server.limits.window_timeout
+            elif now >= deadline:
+                self.h2.reset_stream(stream.id)  # CANCEL
+                self.flush()
+                if stream.call is not None:
+                    stream.call.cancel()
+                return 0
             if self._window_open is None:
                 self._window_open = gevent.event.Event()
-            self._window_open.wait()
+            self._window_open.wait(deadline - now)
         return 0
 
     def _windows_moved(self) -> None:
@@ -254,7 +275,11 @@ class Connection:
         conn = self.h2
         while not self.lost:
             deadline = conn.tick(time.monotonic())
-            self.flush()
+            expired, conn.expired = conn.expired, []
+            for event in expired:  # streams without progress: their calls are cancelled
+                self._on_event(event)
+            if self.writer is None:  # never wait behind a stuck write: the tick times it out
+                self.flush()
             if conn.closed:
                 self._lose()
                 return

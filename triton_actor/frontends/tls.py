@@ -12,6 +12,8 @@ import logging
 import socket
 import ssl
 
+import gevent
+
 log = logging.getLogger(__name__)
 
 
@@ -28,12 +30,20 @@ def server_context(cert: str, key: str, root_cert: str = "", mutual: bool = Fals
     return context
 
 
+class _HandshakeTimeout(OSError):
+    pass
+
+
 def accept(sock: socket.socket, context: ssl.SSLContext, timeout: float) -> ssl.SSLSocket | None:
-    """The server side of the handshake on an accepted socket, within ``timeout`` seconds (a client
-    that connects and says nothing is dropped); None when it fails. Runs in the connection's greenlet."""
+    """The server side of the handshake on an accepted socket, within ``timeout`` seconds in all
+    (a client that says nothing, or drips its ClientHello a byte per read, is dropped); None when
+    it fails. Runs in the connection's greenlet."""
     sock.settimeout(timeout)
     try:
-        wrapped = context.wrap_socket(sock, server_side=True)
+        # the socket timeout is per read; this one is the handshake's. An OSError, so that the
+        # half-made SSLSocket closes the descriptor it took over (it lets other exceptions through)
+        with gevent.Timeout(timeout, _HandshakeTimeout(f"TLS handshake not done within {timeout} s")):
+            wrapped = context.wrap_socket(sock, server_side=True)
     except (OSError, ssl.SSLError) as e:
         log.debug("TLS handshake failed: %s", e)
         return None

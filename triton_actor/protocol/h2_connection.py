@@ -12,22 +12,35 @@ code each violation calls for, and every limit a hostile client meets (:class:`L
 
 * ``max_concurrent_streams`` is advertised and enforced (REFUSED_STREAM past it), which also bounds
   the streams an INITIAL_WINDOW_SIZE change walks;
-* control frames (SETTINGS, PING, RST_STREAM, WINDOW_UPDATE, PRIORITY, empty DATA, HEADERS on closed
-  streams) spend a token bucket (``control_frame_burst`` refilled at ``control_frame_rate`` per
-  second and by each frame we send, as nghttp2's "glitch" limit); a flood ends the connection with
-  GOAWAY(ENHANCE_YOUR_CALM);
-* rapid reset (CVE-2023-44487): each stream the peer resets before we answered it adds one to a
-  debt that each stream we complete pays back; past ``max_reset_debt`` → GOAWAY(ENHANCE_YOUR_CALM);
-* header lists past ``max_header_list`` (compressed or decoded) → GOAWAY(ENHANCE_YOUR_CALM);
+* control frames and frames that do no work (SETTINGS and PING, ACKs too, RST_STREAM,
+  WINDOW_UPDATE, PRIORITY, unknown types, empty DATA, HEADERS on closed streams, the frames our
+  stream errors answer) spend a token bucket (``control_frame_burst`` refilled at
+  ``control_frame_rate`` per second and by each DATA frame we send, as nghttp2's "glitch" limit); a
+  flood ends the connection with GOAWAY(ENHANCE_YOUR_CALM);
+* rapid reset (CVE-2023-44487): each stream reset before we answered it — by the peer, or by us
+  for its stream error or past the stream limit — adds one to a debt that each stream we complete
+  with DATA pays back (refusals and trailers-only statuses pay nothing back); past
+  ``max_reset_debt`` → GOAWAY(ENHANCE_YOUR_CALM);
+* header blocks past ``max_header_list`` (compressed: one HEADERS frame or CONTINUATION-assembled,
+  checked before HPACK; or decoded) → GOAWAY(ENHANCE_YOUR_CALM); a block that starts with more
+  than two dynamic-table size updates (RFC 7541 §4.2) → GOAWAY(COMPRESSION_ERROR);
 * a preface, first SETTINGS or header block not complete within ``header_timeout``, and a connection
-  without streams for ``idle_timeout``, are closed by :meth:`tick`;
-* ping strikes (grpc's policy: pings without data closer than ``min_ping_interval``).
+  without streams for ``idle_timeout``, are closed by :meth:`tick`; a stream whose request makes no
+  progress (HEADERS or DATA) for ``stream_timeout`` is reset (CANCEL) there, its :class:`StreamReset`
+  left in ``expired`` for the driver (unless the driver marked it ``long_lived``);
+* ping strikes (grpc's policy: pings without data closer than ``min_ping_interval``);
+* a peer that stops reading: the driver marks its writes (``writing_since``) and :meth:`tick` closes
+  the connection when one takes ``write_timeout``; DATA waits (:meth:`local_flow_control_window`
+  is 0, :meth:`send_response` declines) while ``max_send_buffer`` bytes are queued unwritten;
+  ``window_timeout`` is how long the driver lets a stream wait for the peer's window.
 
 Events (see the classes below) name the stream by ``stream_id`` and carry its :class:`H2Stream`,
 whose ``call`` slot is the driver's own. Unlike ``h2``, the end of a request is the ``end_stream``
 attribute of :class:`RequestReceived` / :class:`DataReceived` (``StreamEnded`` only follows
-trailers), and received data is acknowledged (WINDOW_UPDATE) as it arrives: the driver bounds what
-it buffers by message size.
+trailers), and received data is acknowledged (WINDOW_UPDATE) as it arrives: what the driver has
+not consumed yet (:meth:`H2Connection.consumed`; a stream that ends gives its share back) is bounded
+by ``max_unconsumed`` per connection — past it the stream that brought the DATA is reset
+(ENHANCE_YOUR_CALM) — and the driver bounds each message by size.
 """
 
 from __future__ import annotations
@@ -56,6 +69,11 @@ class Limits:
     max_reset_debt: int = 256  # streams reset by the peer and not made up for by completed ones
     header_timeout: float = 60.0  # nginx's client_header_timeout: preface, SETTINGS, a header block
     idle_timeout: float = 180.0  # nginx's http2_idle_timeout: no stream open; 0 = never
+    stream_timeout: float = 60.0  # nginx's client_body_timeout: a request's HEADERS/DATA apart; 0 = never
+    window_timeout: float = 60.0  # a stream waits this long for the peer to open its send window
+    write_timeout: float = 60.0  # nginx's send_timeout: one write to a peer that stopped reading
+    max_send_buffer: int = 4 * 1024 * 1024  # bytes queued and not written yet, past which DATA waits
+    max_unconsumed: int = 64 * 1024 * 1024  # DATA received and not taken by the driver (all streams)
     keepalive_time: float = 7200.0  # grpc.keepalive_time_ms; 0 = no keepalive pings
     keepalive_timeout: float = 20.0  # grpc.keepalive_timeout_ms
     keepalive_permit_without_calls: bool = False
@@ -138,15 +156,20 @@ class ConnectionTerminated(Event):
 class H2Stream:
     """One open stream: its windows and half-close states; ``call`` belongs to the driver."""
 
-    __slots__ = ("id", "send_window", "recv_window", "remote_closed", "local_closed", "headers_sent", "call")
+    __slots__ = ("id", "send_window", "recv_window", "remote_closed", "local_closed", "headers_sent", "answered",
+                 "progress_at", "long_lived", "unconsumed", "call")
 
-    def __init__(self, stream_id: int, send_window: int, recv_window: int) -> None:
+    def __init__(self, stream_id: int, send_window: int, recv_window: int, now: float = 0.0) -> None:
         self.id = stream_id
         self.send_window = send_window  # what the peer lets us send
         self.recv_window = recv_window  # what we let the peer send before our next WINDOW_UPDATE
         self.remote_closed = False
         self.local_closed = False
         self.headers_sent = False
+        self.answered = False  # we sent DATA: a completed answer, not a refusal
+        self.progress_at = now  # the peer's last HEADERS or DATA on it
+        self.long_lived = False  # the driver's: no stream_timeout (a bidirectional call may idle)
+        self.unconsumed = 0  # DATA bytes delivered and not yet consumed (H2Connection.consumed)
         self.call: Any = None
 
 
@@ -169,6 +192,9 @@ class H2Connection:
         self.last_stream_id = 0
         self.going_away = False  # GOAWAY sent or received: no new streams
         self.closed = False  # nothing more to read or send: close the transport
+        self.expired: list[Event] = []  # StreamReset of the streams tick() cancelled; the driver's to take
+        self.writing_since: float | None = None  # the driver's: a write to the transport started then
+        self.unconsumed = 0  # DATA bytes delivered on open streams and not consumed (max_unconsumed)
         self._out: list[bytes] = []
         self._buf = bytearray()
         self._preface = False
@@ -235,6 +261,8 @@ class H2Connection:
                     raise ProtocolError("expected CONTINUATION")
                 if ftype < 10:
                     handlers[ftype](flags, sid & _MASK, payload, events, now)
+                else:
+                    self._spend()  # unknown frame types are ignored (RFC 9113 §4.1), not for free
                 if self.closed:
                     break
         except ProtocolError as e:
@@ -293,6 +321,8 @@ class H2Connection:
                 raise ProtocolError("DATA on an idle stream")
             if stream is not None:  # half-closed (remote): a stream error
                 self._reset(stream, h2.STREAM_CLOSED, events)
+            elif not n:
+                self._spend()
             return  # a stream we answered or reset already: its data is dropped
         if n > stream.recv_window:
             self._reset(stream, h2.FLOW_CONTROL_ERROR, events)
@@ -300,6 +330,13 @@ class H2Connection:
         data = h2.strip_padding(flags, payload) if flags & h2.PADDED else payload
         if not n and not end:
             self._spend()
+        if data:
+            self.unconsumed += len(data)
+            stream.unconsumed += len(data)
+            if self.unconsumed > self.limits.max_unconsumed:  # the windows are opened as DATA arrives
+                self._reset(stream, h2.ENHANCE_YOUR_CALM, events)
+                return
+        stream.progress_at = now
         if end:
             stream.remote_closed = True
         else:
@@ -319,11 +356,13 @@ class H2Connection:
             if len(block) < 5:
                 raise ProtocolError("HEADERS too short for its priority", h2.FRAME_SIZE_ERROR)
             block = block[5:]
+        if len(block) > self.limits.max_header_list:  # before hpack: a frame of size updates costs time, no size
+            raise ProtocolError("header block too large", h2.ENHANCE_YOUR_CALM)
         if not flags & h2.END_HEADERS:
             self._continuation = (sid, flags, [block], len(block))
             self._header_since = now
             return
-        self._headers_done(sid, flags, block, events)
+        self._headers_done(sid, flags, block, events, now)
 
     def _on_continuation(self, flags: int, sid: int, payload: bytes, events: list[Event], now: float) -> None:
         if self._continuation is None or self._continuation[0] != sid:
@@ -337,9 +376,9 @@ class H2Connection:
         if flags & h2.END_HEADERS:
             self._continuation = None
             self._header_since = None
-            self._headers_done(sid, first_flags, b"".join(parts), events)
+            self._headers_done(sid, first_flags, b"".join(parts), events, now)
 
-    def _headers_done(self, sid: int, flags: int, block: bytes, events: list[Event]) -> None:
+    def _headers_done(self, sid: int, flags: int, block: bytes, events: list[Event], now: float) -> None:
         headers = self.decoder.decode(block)  # always decoded: the HPACK table must follow the peer
         end = bool(flags & h2.END_STREAM)
         stream = self.streams.get(sid)
@@ -359,8 +398,10 @@ class H2Connection:
         if self.going_away or len(self.streams) >= self.limits.max_concurrent_streams:
             self._spend()
             self._out.append(h2.rst_stream(sid, h2.REFUSED_STREAM))
+            if not self.going_away:
+                self._add_reset_debt()  # past the limit we advertised
             return
-        stream = H2Stream(sid, self.peer_initial_window, self.limits.initial_window)
+        stream = H2Stream(sid, self.peer_initial_window, self.limits.initial_window, now)
         stream.remote_closed = end
         self.streams[sid] = stream
         self._idle_since = None
@@ -382,6 +423,10 @@ class H2Connection:
         self._forget(stream)
         stream.local_closed = stream.remote_closed = True
         events.append(StreamReset(stream, code, True))
+        self._add_reset_debt()
+
+    def _add_reset_debt(self) -> None:
+        """A stream reset by either side for the peer's doing (CVE-2023-44487 and its variants)."""
         self._reset_debt += 1
         if self._reset_debt > self.limits.max_reset_debt:
             raise ProtocolError("too_many_resets", h2.ENHANCE_YOUR_CALM)
@@ -392,6 +437,7 @@ class H2Connection:
         if flags & h2.ACK:
             if payload:
                 raise ProtocolError("SETTINGS ACK with a payload", h2.FRAME_SIZE_ERROR)
+            self._spend()
             return
         self._spend()
         values = h2.parse_settings(payload)
@@ -427,6 +473,7 @@ class H2Connection:
         if len(payload) != 8:
             raise ProtocolError("PING payload must be 8 bytes", h2.FRAME_SIZE_ERROR)
         if flags & h2.ACK:
+            self._spend()
             self._ping_sent_at = None
             return
         self._spend()
@@ -485,27 +532,24 @@ class H2Connection:
         stream = self._open(sid)
         block = headers if isinstance(headers, bytes) else h2.encode_headers(headers)
         stream.headers_sent = True
-        self._sent_something()
+        self._ping_ok, self._ping_strikes = True, 0  # no token back: a refusal costs the peer nothing
         self._out.append(h2.headers_frames(sid, block, end_stream, self.peer_max_frame))
         if end_stream:
             self._end_local(stream)
 
-    def send_trailers(self, sid: int, headers: bytes | list[tuple[bytes, bytes]]) -> None:
-        self.send_headers(sid, headers, end_stream=True)
-
     def local_flow_control_window(self, sid: int) -> int:
-        """Bytes of DATA ``sid`` may send now (both windows)."""
-        return max(0, min(self._open(sid).send_window, self.send_window))
+        """Bytes of DATA ``sid`` may send now (both windows, and what ``max_send_buffer`` leaves)."""
+        return max(0, min(self._open(sid).send_window, self.send_window, self._buffer_room()))
 
-    @property
-    def max_outbound_frame_size(self) -> int:
-        return self.peer_max_frame
+    def _buffer_room(self) -> int:
+        out = self._out
+        return self.limits.max_send_buffer - sum(map(len, out)) if out else self.limits.max_send_buffer
 
     def send_data(self, sid: int, data: bytes | memoryview, end_stream: bool = False) -> int:
         """As much of ``data`` as both windows let through, in frames of the peer's size; returns
         the bytes sent. ``end_stream`` applies when all of ``data`` went."""
         stream = self._open(sid)
-        room = max(0, min(stream.send_window, self.send_window, len(data)))
+        room = max(0, min(stream.send_window, self.send_window, len(data), self._buffer_room()))
         view, step, out = memoryview(data)[:room], self.peer_max_frame, self._out
         end = end_stream and room == len(data)
         for i in range(0, room or end, step):  # an empty DATA frame only to end the stream
@@ -513,7 +557,9 @@ class H2Connection:
             out.append(h2.frame(h2.DATA, h2.END_STREAM if end and last else 0, sid, bytes(view[i:i + step])))
         stream.send_window -= room
         self.send_window -= room
-        self._sent_something()
+        if room:
+            stream.answered = True
+            self._sent_something()
         if end:
             self._end_local(stream)
         return room
@@ -523,10 +569,12 @@ class H2Connection:
         ``data`` fits both windows and one frame; False (nothing queued) when it does not."""
         stream = self._open(sid)
         n = len(data)
-        if n > stream.send_window or n > self.send_window or n > self.peer_max_frame:
+        if n > stream.send_window or n > self.send_window or n > self.peer_max_frame or \
+                (self._out and n > self._buffer_room()):
             return False
         stream.send_window -= n
         self.send_window -= n
+        stream.answered = True
         self._sent_something()
         out = self._out
         if not stream.headers_sent:
@@ -538,14 +586,16 @@ class H2Connection:
         return True
 
     def _sent_something(self) -> None:
+        """We sent DATA: pings are welcome, and the WINDOW_UPDATE it calls for gets its token back."""
         self._ping_ok, self._ping_strikes = True, 0
         if self._tokens < self.limits.control_frame_burst:
             self._tokens += 1  # the peer's WINDOW_UPDATE or PING in answer to our frames is due
 
     def _end_local(self, stream: H2Stream) -> None:
-        """We sent END_STREAM: the stream completed (it pays back one reset)."""
+        """We sent END_STREAM: a stream we answered with DATA completed (it pays back one reset;
+        a refusal or a trailers-only status pays nothing back)."""
         stream.local_closed = True
-        if self._reset_debt:
+        if self._reset_debt and stream.answered:
             self._reset_debt -= 1
         if not stream.remote_closed:
             self._out.append(h2.rst_stream(stream.id, h2.NO_ERROR))  # answered early: the peer may stop sending
@@ -561,12 +611,23 @@ class H2Connection:
             self._out.append(h2.rst_stream(sid, error_code))
 
     def _reset(self, stream: H2Stream, code: int, events: list[Event]) -> None:
-        """A stream error of the peer's: RST_STREAM with ``code``; the driver cancels its call."""
+        """A stream error of the peer's: RST_STREAM with ``code``; the driver cancels its call. It
+        costs a token and counts as a reset (else streams ended by errors are free rapid resets)."""
         self.reset_stream(stream.id, code)
         events.append(StreamReset(stream, code, False))
+        self._spend()
+        self._add_reset_debt()
+
+    def consumed(self, stream: H2Stream, n: int | None = None) -> None:
+        """The driver took ``n`` (None: all) of the bytes ``stream`` delivered off its buffers."""
+        n = stream.unconsumed if n is None else min(n, stream.unconsumed)
+        stream.unconsumed -= n
+        self.unconsumed -= n
 
     def _forget(self, stream: H2Stream) -> None:
         self.streams.pop(stream.id, None)  # idle time starts at the next tick()
+        if stream.unconsumed:
+            self.consumed(stream)
 
     def ping(self, payload: bytes = b"\0" * 8) -> None:
         self._out.append(h2.frame(h2.PING, 0, 0, payload))
@@ -588,9 +649,13 @@ class H2Connection:
             return now + 3600
         if self.streams:
             self._idle_since = None
+            if lim.stream_timeout:
+                self._expire_streams(now)
         elif self._idle_since is None:
             self._idle_since = now
-        if self._header_since is not None and now - self._header_since >= lim.header_timeout:
+        if self.writing_since is not None and now - self.writing_since >= lim.write_timeout:
+            self.closed = True  # the peer stopped reading: nothing more can be sent
+        elif self._header_since is not None and now - self._header_since >= lim.header_timeout:
             self.go_away(h2.NO_ERROR, b"header_timeout")  # a slow or half-sent preface or header block
             self.closed = True
         elif self._idle_since is not None and lim.idle_timeout and now - self._idle_since >= lim.idle_timeout:
@@ -606,13 +671,27 @@ class H2Connection:
                 self.ping()
         return self._next_deadline(now)
 
+    def _expire_streams(self, now: float) -> None:
+        """Streams whose request made no progress for ``stream_timeout``: RST_STREAM(CANCEL), and a
+        :class:`StreamReset` in ``expired`` for the driver to cancel the call."""
+        limit = now - self.limits.stream_timeout
+        for stream in [s for s in self.streams.values() if s.progress_at <= limit]:
+            if not stream.remote_closed and not stream.long_lived:
+                self.reset_stream(stream.id, h2.CANCEL)
+                self.expired.append(StreamReset(stream, h2.CANCEL, False))
+
     def _next_deadline(self, now: float) -> float:
         lim = self.limits
         times = [now + self._tick_step]
+        if lim.stream_timeout:
+            times += [s.progress_at + lim.stream_timeout for s in self.streams.values()
+                      if not s.remote_closed and not s.long_lived]
         if lim.keepalive_time:
             times.append(self._keepalive_at)
         if self._ping_sent_at is not None:
             times.append(self._ping_sent_at + lim.keepalive_timeout)
+        if self.writing_since is not None:
+            times.append(self.writing_since + lim.write_timeout)
         if self._header_since is not None:
             times.append(self._header_since + lim.header_timeout)
         if self._idle_since is not None and lim.idle_timeout:
@@ -622,7 +701,8 @@ class H2Connection:
 
 def _tick_step_of(limits: Limits) -> float:
     """How often :meth:`H2Connection.tick` must run to honour the timeouts within a quarter of them."""
-    return min(t / 4 for t in (limits.header_timeout, limits.idle_timeout or 20.0, 20.0) if t > 0)
+    times = (limits.header_timeout, limits.idle_timeout or 20.0, limits.stream_timeout, limits.write_timeout, 20.0)
+    return min(t / 4 for t in times if t > 0)
 
 
 _SETTINGS_ACK = h2.frame(h2.SETTINGS, h2.ACK, 0)

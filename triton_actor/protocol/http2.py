@@ -178,21 +178,26 @@ class HeaderBlock(dict[bytes, bytes]):
 
 
 class HeaderDecoder:
-    """Header blocks → :class:`HeaderBlock`."""
+    """Header blocks → :class:`HeaderBlock`. The cache holds at most ``CACHE_SIZE`` blocks and
+    ``CACHE_BYTES`` of blocks and decoded values per connection (it is emptied when full)."""
 
     CACHE_SIZE = 256
-    CACHED_BLOCK_MAX = 1024  # only small blocks that decode to little are kept (a few KiB per connection)
+    CACHE_BYTES = 64 * 1024
+    CACHED_BLOCK_MAX = 1024  # only small blocks that decode to little are kept
     CACHED_VALUES_MAX = 8192
 
     def __init__(self, max_header_list_size: int) -> None:
         self._decoder = hpack.Decoder(max_header_list_size=max_header_list_size)
         self._table = self._decoder.header_table = _WatchedTable()
         self._cache: BoundedCache[bytes, HeaderBlock] = BoundedCache("http2.header_blocks", self.CACHE_SIZE)
+        self._cached_bytes = 0  # put since the last clear (evicted entries too: an upper bound)
 
     def decode(self, block: bytes) -> HeaderBlock:
         hit = self._cache.get(block)
         if hit is not None:
             return hit
+        if block and block[0] & 0xE0 == 0x20:
+            _check_size_updates(block)
         before = self._table.changes
         try:
             fields = self._decoder.decode(block, raw=True)
@@ -202,10 +207,34 @@ class HeaderDecoder:
             raise ProtocolError(f"bad header block: {e}", COMPRESSION_ERROR) from None
         headers = HeaderBlock((bytes(name), bytes(value)) for name, value in fields)
         if self._table.changes != before:
-            self._cache.clear()  # blocks decoded earlier may point at entries that moved
-        elif len(block) <= self.CACHED_BLOCK_MAX and sum(map(len, headers.values())) <= self.CACHED_VALUES_MAX:
+            self._clear()  # blocks decoded earlier may point at entries that moved
+            return headers
+        size = len(block) + sum(map(len, headers)) + sum(map(len, headers.values()))
+        if len(block) <= self.CACHED_BLOCK_MAX and size <= self.CACHED_VALUES_MAX:
+            if self._cached_bytes + size > self.CACHE_BYTES:
+                self._clear()
+            self._cached_bytes += size
             self._cache.put(block, headers)
         return headers
+
+    def _clear(self) -> None:
+        self._cache.clear()
+        self._cached_bytes = 0
+
+
+def _check_size_updates(block: bytes) -> None:
+    """At most two dynamic-table size updates, at the start of a block (RFC 7541 §4.2): hpack takes
+    any number, and a block of them costs decoding time and adds nothing to the decoded size."""
+    pos, count, end = 0, 0, len(block)
+    while pos < end and block[pos] & 0xE0 == 0x20:
+        count += 1
+        if count > 2:
+            raise ProtocolError("more than two dynamic table size updates", COMPRESSION_ERROR)
+        if block[pos] & 0x1F == 0x1F:  # a multi-byte integer follows
+            pos += 1
+            while pos < end and block[pos] & 0x80:
+                pos += 1
+        pos += 1
 
 
 # -- gRPC -----------------------------------------------------------------------------------------

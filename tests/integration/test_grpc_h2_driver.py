@@ -1,0 +1,117 @@
+"""The gevent driver of the HTTP/2 state machine (frontends/grpc_h2.py) in process, against a raw
+socket peer: the timeouts that need the driver (a shut send window, a stream without progress, a
+peer that stops reading) end streams and connections instead of holding them forever."""
+
+from __future__ import annotations
+
+import socket
+import struct
+from typing import Any
+
+import gevent
+import gevent.event
+import hpack
+import pytest
+
+from scripts.bench_grpc_transport import StubServicer
+from triton_actor.frontends.grpc_calls import Call, method_table
+from triton_actor.frontends.grpc_h2 import GrpcH2Server
+from triton_actor.protocol import http2 as h2
+from triton_actor.protocol._generated import grpc_service_pb2 as pb
+from triton_actor.protocol.h2_connection import Limits
+
+from .test_grpc_transport import _PREFACE, _frame, _read_frames
+
+_FIELDS = [(":method", "POST"), (":scheme", "http"), (":authority", "x"),
+           (":path", "/inference.GRPCInferenceService/ModelInfer"), ("content-type", "application/grpc")]
+
+
+def _servicer(size: int) -> StubServicer:
+    """ModelInfer answers at once with ``size`` bytes of output."""
+    servicer = StubServicer()
+    servicer.response = pb.ModelInferResponse(model_name="m", raw_output_contents=[b"\0" * size])
+    servicer.ModelInfer = lambda request: servicer.response  # the slow path's (TRITON_ACTOR_FAST_PATHS=0)
+    return servicer
+
+
+@pytest.fixture
+def serve():
+    started = []
+
+    def start(limits: Limits, size: int = 16) -> tuple[GrpcH2Server, socket.socket, gevent.Greenlet]:
+        server = GrpcH2Server(_servicer(size), "127.0.0.1", 0, limits=limits)
+        listener = socket.create_server(("127.0.0.1", 0))
+        theirs = socket.create_connection(listener.getsockname())
+        ours, _ = listener.accept()
+        listener.close()
+        started.append((gevent.spawn(server._handle, ours, None), theirs))
+        return server, theirs, started[-1][0]
+
+    yield start
+    for greenlet, sock in started:
+        sock.close()
+        greenlet.kill()
+
+
+def _call(sid: int, end_stream: bool = True) -> bytes:
+    body = pb.ModelInferRequest(model_name="m").SerializeToString()
+    head = _frame(1, 4, sid, hpack.Encoder().encode(_FIELDS))
+    return head + (_frame(0, 1, sid, h2.grpc_message(body)) if end_stream else b"")
+
+
+def _rst(frames: list) -> list[tuple[int, int]]:
+    return [(sid, struct.unpack(">I", payload)[0]) for t, _, sid, payload in frames if t == 3]
+
+
+def test_a_send_window_that_never_opens_resets_the_stream(serve) -> None:
+    server, sock, _ = serve(Limits(window_timeout=0.3))
+    sock.sendall(_PREFACE + _frame(4, 0, 0, struct.pack(">HI", 4, 0)) + _call(1))  # INITIAL_WINDOW_SIZE 0
+    assert (1, h2.CANCEL) in _rst(_read_frames(sock, until=3, timeout=5))
+    with gevent.Timeout(5):
+        server.idle.wait()
+
+
+def test_a_stream_without_progress_is_cancelled(serve) -> None:
+    server, sock, _ = serve(Limits(stream_timeout=0.3))
+    sock.sendall(_PREFACE + _frame(4, 0, 0) + _call(1, end_stream=False))  # HEADERS, then nothing
+    assert (1, h2.CANCEL) in _rst(_read_frames(sock, until=3, timeout=5))
+    with gevent.Timeout(5):
+        server.idle.wait()
+
+
+def test_a_peer_that_stops_reading_is_dropped(serve) -> None:
+    server, sock, handler = serve(Limits(write_timeout=0.5), size=4 * 1024 * 1024)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    windows = _frame(4, 0, 0, struct.pack(">HI", 4, 2**31 - 1)) + _frame(8, 0, 0, struct.pack(">I", 2**31 - 65536))
+    sock.sendall(_PREFACE + windows + b"".join(_call(sid) for sid in (1, 3, 5)))  # never read
+    handler.join(timeout=10)  # the connection is over, its calls cancelled
+    assert handler.dead and not server.connections and server.idle.is_set()
+
+
+def test_model_stream_infer_runs_a_bounded_number_of_requests_per_stream(serve, monkeypatch) -> None:
+    monkeypatch.setattr(Call, "STREAM_REQUESTS", 4)
+    server, sock, _ = serve(Limits())
+    running, four, release = [], gevent.event.Event(), gevent.event.Event()
+
+    def stream_infer(request: Any) -> Any:
+        running.append(request)
+        if len(running) == 4:
+            four.set()
+        release.wait()
+        yield pb.ModelStreamInferResponse()
+
+    server.servicer.stream_infer = stream_infer
+    server.methods = method_table(server.servicer)
+    message = h2.grpc_message(pb.ModelInferRequest(model_name="m").SerializeToString())
+    fields = [(k, v.replace("ModelInfer", "ModelStreamInfer")) for k, v in _FIELDS]
+    sock.sendall(_PREFACE + _frame(4, 0, 0) + _frame(1, 4, 1, hpack.Encoder().encode(fields))
+                 + _frame(0, 0, 1, message * 10))
+    _read_frames(sock, until=4, flags=1)  # our SETTINGS ACK: the frames were read
+    assert four.wait(5)
+    for _ in range(3):
+        gevent.idle()  # the stream's reading loop had its chance to start more
+    assert len(running) == 4
+    conn = next(iter(server.connections))
+    assert conn.h2.unconsumed == 5 * len(message)  # queued (the fifth waits for a slot, taken) count
+    release.set()
+    assert [t for t, f, _, _ in _read_frames(sock, until=0) if t == 0]
