@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from triton_actor.cli import parse
+from triton_actor.settings import default_grpc_max_connections
 
 
 def test_grpc_defaults_are_tritons() -> None:
@@ -43,7 +44,7 @@ def test_grpc_tls_flags_are_tritons() -> None:
 
 def test_grpc_transport_limits() -> None:
     s = parse(["--model-repository", "m"], environ={})
-    assert (s.grpc_max_connections, s.grpc_max_concurrent_streams) == (1000, 128)
+    assert (s.grpc_max_connections, s.grpc_max_concurrent_streams) == (default_grpc_max_connections(), 128)
     assert (s.grpc_header_timeout_secs, s.grpc_idle_timeout_secs) == (60.0, 180.0)
     s = parse(["--model-repository", "m", "--grpc-max-connections", "10", "--grpc-max-concurrent-streams", "4",
                "--grpc-header-timeout-secs", "2.5", "--grpc-idle-timeout-secs", "0"], environ={})
