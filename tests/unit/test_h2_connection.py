@@ -567,3 +567,17 @@ def test_received_bytes_not_consumed_are_bounded_per_connection() -> None:
     assert len(conn.receive_data(frame(h2.DATA, 0, 5, b"z" * 850))) == 1
     conn.reset_stream(1)  # a stream that ends gives back what it still held
     assert conn.unconsumed == 850
+
+
+def test_a_busy_grpc_cpp_client_never_runs_out_of_tokens() -> None:
+    """What perf_analyzer (grpc-c++) sends: after every answer a stream and a connection
+    WINDOW_UPDATE, and now and then a BDP PING; 20,000 calls at one instant, no GOAWAY."""
+    conn = connected()
+    enc = hpack.Encoder()
+    for i in range(20_000):
+        sid = 2 * i + 1
+        request(conn, sid, end_stream=True, encoder=enc)
+        assert conn.send_response(sid, b"\x88", b"\0\0\0\0\0", b"\x40\x01a\x01b")
+        conn.receive_data(wu(sid, 5) + wu(0, 5) + (frame(h2.PING, 0, 0, b"p" * 8) if i % 50 == 0 else b""))
+        conn.data_to_send()
+    assert not conn.closed
