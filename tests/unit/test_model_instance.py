@@ -93,3 +93,39 @@ def test_a_failed_inline_run_is_answered_by_the_thread_and_never_promoted_again(
     assert ok and isinstance(results[0], InferResponse)
     assert not inst.inline and inst._needed == NEVER
     inst.close(10)
+
+
+def _run(inst: ModelInstance) -> None:
+    finished = gevent.event.Event()
+    gevent.spawn(inst.execute, [_request()], lambda ok, value: finished.set())
+    assert finished.wait(10)
+
+
+def test_one_slow_inline_run_does_not_demote_but_a_few_in_a_row_do() -> None:
+    """A garbage collection or an OS preemption on a busy host is one slow run; a model that yields
+    or computes for long does it every time."""
+    from triton_actor.actors import instance as mod
+
+    inst, model = _instance()
+    model.sleep = (mod.DEMOTE_WALL_NS + mod.DEMOTE_AT_ONCE_WALL_NS) / 2e9  # slow, not far over
+    _run(inst)
+    model.sleep = 0.0
+    _run(inst)
+    assert inst.inline
+    model.sleep = (mod.DEMOTE_WALL_NS + mod.DEMOTE_AT_ONCE_WALL_NS) / 2e9
+    for _ in range(mod.DEMOTE_AFTER - 1):
+        _run(inst)
+        assert inst.inline
+    _run(inst)
+    assert not inst.inline and inst._needed == 2 * mod.PROMOTE_STREAK
+    inst.close(10)
+
+
+def test_one_run_far_over_the_limit_demotes_at_once() -> None:
+    from triton_actor.actors import instance as mod
+
+    inst, model = _instance()
+    model.sleep = mod.DEMOTE_AT_ONCE_WALL_NS / 1e9 + 0.01
+    _run(inst)
+    assert not inst.inline
+    inst.close(10)

@@ -16,9 +16,10 @@ non-decoupled ``execute``; see ``backends/python/backend.py``, no parameter need
 run in the calling greenlet after ``PROMOTE_STREAK`` consecutive executions that used less than
 ``PROMOTE_NS`` of CPU time, unless code on its thread ever created a gevent hub there (it started a
 thread, slept, or waited on a patched lock: it may own objects that only that hub can wake, and
-waiting on them from the main hub would deadlock; :attr:`NativeWorker.used_hub`). One inline
-execution using more than ``DEMOTE_NS`` of CPU time (or ``DEMOTE_WALL_NS`` of wall time) demotes it
-back to its thread, and the streak it needs next time doubles. So the hub is never blocked for long,
+waiting on them from the main hub would deadlock; :attr:`NativeWorker.used_hub`). ``DEMOTE_AFTER``
+inline executions in a row using more than ``DEMOTE_NS`` of CPU time (or ``DEMOTE_WALL_NS`` of wall
+time), or one far over it, demote it back to its thread, and the streak it needs next time doubles
+(until ``FORGIVE_AFTER`` good inline runs reset it). So the hub is never blocked for long,
 GIL-releasing or slow models keep their thread (and run in parallel), and tiny models skip the
 crossings. A fast path: with :mod:`triton_actor.fastpath` off, every batch goes to the thread.
 """
@@ -46,6 +47,10 @@ PROMOTE_NS = 200_000
 PROMOTE_STREAK = 32
 DEMOTE_NS = 1_000_000
 DEMOTE_WALL_NS = 20_000_000
+DEMOTE_AFTER = 3  # slow inline runs in a row
+DEMOTE_AT_ONCE_NS = 10_000_000  # CPU time of one inline run that demotes by itself
+DEMOTE_AT_ONCE_WALL_NS = 50_000_000
+FORGIVE_AFTER = 4096  # inline runs without a demotion that reset the promotion streak
 NEVER = 1 << 62  # a streak no instance reaches: promotion is off for good
 _perf_ns = time.perf_counter_ns
 _thread_ns = time.thread_time_ns
@@ -77,7 +82,7 @@ class ModelInstance:
     """One backend instance on its native worker: ``execute(batch, done)`` and ``close()``; a
     single-owner hub object, not an actor (hub thread only, never blocks the caller)."""
 
-    __slots__ = ("ctx", "_worker", "_backend_instance", "_inline", "_streak", "_needed", "_hub")
+    __slots__ = ("ctx", "_worker", "_backend_instance", "_inline", "_streak", "_needed", "_hub", "_slow")
 
     def __init__(self, ctx: InstanceContext, backend: Backend) -> None:
         self.ctx = ctx
@@ -85,6 +90,7 @@ class ModelInstance:
         self._inline = False
         self._streak = 0
         self._needed = PROMOTE_STREAK
+        self._slow = 0  # slow inline runs in a row
         self._hub = gevent.get_hub()
         self._worker: NativeWorker[BackendInstance] = NativeWorker(
             ctx.instance_name, setup=self._create_in_thread(backend), teardown=_finalize
@@ -139,14 +145,29 @@ class ModelInstance:
         if any(isinstance(r, BaseException) for r in value[0]):
             self._retry_on_thread(requests, done)
             return
-        # CPU time says how long the hub was blocked (wall time also counts the OS preempting us);
-        # a long wall time with little CPU means the model yielded (e.g. patched sleep): also demote.
-        if _thread_ns() - c0 > DEMOTE_NS or value[1][1] > DEMOTE_WALL_NS:
-            self._inline = False
-            self._streak = 0
-            self._needed *= 2
-            log.debug("instance %s: back to its thread (next promotion after %d short runs)", self.name, self._needed)
+        self._after_inline_run(_thread_ns() - c0, value[1][1])
         done(True, value)
+
+    def _after_inline_run(self, cpu_ns: int, wall_ns: int) -> None:
+        """Demote a model whose inline runs block the hub. CPU time says how long the hub was blocked;
+        a long wall time with little CPU means the model yielded (a patched sleep) or the OS preempted
+        us. One run far over the limit demotes at once; otherwise it takes ``DEMOTE_AFTER`` slow runs
+        in a row, so a garbage collection or a preemption on a busy host does not (measured: single
+        outliers under perf_analyzer on 2 cores demoted add_sub again and again, and the doubling
+        streak then kept it on its thread for good). Each demotion doubles the streak the next
+        promotion needs; ``FORGIVE_AFTER`` inline runs without one bring it back to the start."""
+        if cpu_ns > DEMOTE_NS or wall_ns > DEMOTE_WALL_NS:
+            self._slow += 1
+            if self._slow >= DEMOTE_AFTER or cpu_ns > DEMOTE_AT_ONCE_NS or wall_ns > DEMOTE_AT_ONCE_WALL_NS:
+                self._inline = False
+                self._streak = self._slow = 0
+                self._needed = min(self._needed * 2, NEVER)
+                log.debug("instance %s: back to its thread (next promotion after %d short runs)", self.name, self._needed)
+            return
+        self._slow = 0
+        self._streak += 1  # inline runs since the promotion
+        if self._streak == FORGIVE_AFTER and self._needed < NEVER:
+            self._needed = PROMOTE_STREAK
 
     def _retry_on_thread(self, requests: list[InferRequest], done: Done) -> None:
         """An inline run failed: run the batch again on the instance's thread, whose answer is the one
@@ -179,6 +200,7 @@ class ModelInstance:
                     self._streak += 1
                     if self._streak >= self._needed:
                         self._inline = True
+                        self._streak = self._slow = 0
                         log.debug("instance %s: runs inline from now on", self.name)
                 else:
                     self._streak = 0
