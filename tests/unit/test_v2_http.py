@@ -465,3 +465,13 @@ def test_headers_with_json_data_or_bytes_are_not_planned() -> None:
     body, hl = _binary_body(header, np.frombuffer(struct.pack("<I", 2) + b"hi", np.uint8))
     assert v2.decode_infer_request(body, hl, "m", 1).inputs["S"].data.tolist() == [b"hi"]
     assert body[:hl] not in v2._PLANS
+
+
+def test_json_data_nested_deeper_than_any_tensor_is_a_clear_error() -> None:
+    deep = "[" * 1000 + "1" + "]" * 1000
+    body = ('{"inputs":[{"name":"A","datatype":"FP32","shape":[1],"data":' + deep + "}]}").encode()
+    with pytest.raises(TritonError) as info:
+        v2.decode_infer_request(body, None, "m", 1)
+    assert info.value.code == Code.INVALID_ARG and "nested deeper" in info.value.message
+    shallow = b'{"inputs":[{"name":"A","datatype":"FP32","shape":[2,1,2],"data":[[[1,2]],[[3,[4]]]]}]}'
+    assert v2.decode_infer_request(shallow, None, "m", 1).inputs["A"].data.ravel().tolist() == [1, 2, 3, 4]

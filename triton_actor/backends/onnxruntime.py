@@ -19,6 +19,7 @@ from ..errors import TritonError
 from ..inference import InferRequest, InferResponse
 from ..protocol._generated import model_config_pb2 as mc
 from ..repository.config import ModelConfig
+from ..repository.layout import model_file
 from .base import IMPORT_LOCK, InstanceContext, Result
 
 # ONNX tensor type strings (as onnxruntime reports them) → Triton config data types
@@ -88,10 +89,7 @@ def _session(path: Path, threads: int, providers: list[Any]) -> Any:
 def _model_file(model_dir: Path, version_dir: Path | None, config: ModelConfig) -> Path:
     if version_dir is None:
         raise TritonError.invalid_arg(f"model '{config.name}': no version folder to read the ONNX model from")
-    path = version_dir / (config.default_model_filename or "model.onnx")
-    if not path.exists():
-        raise TritonError.invalid_arg(f"model '{config.name}': ONNX model file {path} does not exist")
-    return path
+    return model_file(config.name, version_dir, config.default_model_filename or "model.onnx", "ONNX model file")
 
 
 class OnnxRuntimeBackend:

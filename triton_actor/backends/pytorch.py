@@ -22,6 +22,7 @@ from ..errors import TritonError
 from ..inference import InferRequest, InferResponse
 from ..protocol._generated import model_config_pb2 as mc
 from ..repository.config import ModelConfig
+from ..repository.layout import model_file
 from .base import IMPORT_LOCK, InstanceContext, Result
 
 _INDEXED = re.compile(r"^(.*)__(\d+)$")
@@ -119,9 +120,7 @@ class TorchScriptInstance:
                     f"model '{cfg.name}': {mc.DataType.Name(t.data_type)} tensor '{t.name}' is not supported by "
                     "the PyTorch backend"
                 )
-        path = ctx.version_dir / (cfg.default_model_filename or "model.pt")
-        if not path.is_file():
-            raise TritonError.invalid_arg(f"model '{cfg.name}': TorchScript file {path} does not exist")
+        path = model_file(cfg.name, ctx.version_dir, cfg.default_model_filename or "model.pt", "TorchScript file")
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")

@@ -228,12 +228,23 @@ def tensor_from_bytes(
     return np.frombuffer(buf, dtype=dtype.numpy).reshape(shape)
 
 
-def _flatten(data: Any, out: list[Any]) -> None:
-    for x in data:
-        if isinstance(x, list):
-            _flatten(x, out)
-        else:
+_MAX_NESTING = 64  # JSON 'data' nested deeper than any tensor's rank could be is refused, not recursed
+
+
+def _flatten(data: list[Any], out: list[Any], name: str) -> None:
+    """Row-major elements of nested lists, without recursion (a client controls the depth)."""
+    stack = [iter(data)]
+    while stack:
+        for x in stack[-1]:
+            if isinstance(x, list):
+                if len(stack) >= _MAX_NESTING:
+                    raise TritonError.invalid_arg(
+                        f"Unable to parse 'data' of input '{name}': nested deeper than {_MAX_NESTING} levels")
+                stack.append(iter(x))
+                break
             out.append(x)
+        else:
+            stack.pop()
 
 
 def _from_json(data: Any, dtype: DType, shape: tuple[int, ...], count: int, name: str, prefix: str) -> np.ndarray:
@@ -243,7 +254,7 @@ def _from_json(data: Any, dtype: DType, shape: tuple[int, ...], count: int, name
         )
     flat: list[Any] = []
     if isinstance(data, list):
-        _flatten(data, flat)
+        _flatten(data, flat, name)
     else:
         flat.append(data)
     if len(flat) != count:

@@ -24,6 +24,29 @@ def is_valid_model_name(name: str) -> bool:
     return bool(_VALID_NAME.match(name)) and name not in (".", "..") and not name.startswith(".")
 
 
+def model_file(model: str, version_dir: Path, filename: str, what: str) -> Path:
+    """The model file ``filename`` (``default_model_filename`` or the backend's default) of a version:
+    the one way a backend finds what it reads, compiles or imports. It must be a plain file name whose
+    resolved path stays inside the version folder, whatever a config or a load request says (an absolute
+    path, ``..``, or a symlink out of the folder is refused before anything is opened)."""
+    from ..errors import TritonError
+
+    if not filename or "/" in filename or "\\" in filename or "\0" in filename or filename in (".", ".."):
+        raise TritonError.invalid_arg(
+            f"model '{model}': default_model_filename '{filename}' must be a file name inside the version folder")
+    path = version_dir / filename
+    folder = version_dir.resolve()
+    try:
+        inside = path.resolve().is_relative_to(folder)
+    except OSError:
+        inside = False
+    if not inside:
+        raise TritonError.invalid_arg(f"model '{model}': {what} {path} is outside its version folder")
+    if not path.is_file():
+        raise TritonError.invalid_arg(f"model '{model}': {what} {path} does not exist")
+    return path
+
+
 def list_models(repositories: Sequence[Path]) -> dict[str, list[Path]]:
     """Every model folder of every repository, name → the folders holding it (more than one = duplicate)."""
     found: dict[str, list[Path]] = {}

@@ -32,6 +32,7 @@ from ...errors import Code, TritonError
 from ...inference import InferRequest, InferResponse
 from ...repository import config as config_mod
 from ...repository.config import ModelConfig
+from ...repository.layout import model_file
 from ..base import IMPORT_LOCK, InstanceContext, Result
 from . import triton_python_backend_utils as pb_utils
 
@@ -111,9 +112,7 @@ class _SourceLoader(importlib.machinery.SourceFileLoader):
 
 def import_model(model: str, version_dir: Path, filename: str, tag: str) -> types.ModuleType:
     """Import ``<version_dir>/<filename>`` as a fresh module; errors become INVALID_ARG with the traceback."""
-    path = version_dir / filename
-    if not path.is_file():
-        raise TritonError.invalid_arg(f"model '{model}': python model file {path} does not exist")
+    path = model_file(model, version_dir, filename, "python model file")
     folder = str(version_dir.parent)
     with _lock:
         package = _fresh_package(model, version_dir, tag)
