@@ -209,6 +209,15 @@ class SchedulerActor(InlineActor):
         self._maybe_drained()
 
     def _run(self, instance: ModelInstance, items: list[Enqueue]) -> None:
+        if any(i.reply.ready() for i in items):  # answered before it ran: cancelled by its client
+            now = self._clock()
+            for item in items:
+                if item.reply.ready():
+                    self._stats.record_failure(now - item.start_ns)
+            items = [i for i in items if not i.reply.ready()]
+            if not items:
+                self._idle.append(instance)
+                return
         if self._ordered:
             for item in items:
                 self._seq[id(item)] = self._next_seq

@@ -11,8 +11,10 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
+import gevent
+
 from ..dataplane import DataPlane, Pending
-from ..errors import TritonError
+from ..errors import Code, TritonError
 from ..inference import InferRequest
 from ..protocol import v2_grpc
 from ..protocol._generated import grpc_service_pb2 as pb
@@ -70,7 +72,14 @@ class GrpcServicer:
         return request, self.plane.infer_start(request)
 
     def finish_infer(self, request: InferRequest, pending: Pending) -> pb.ModelInferResponse:
-        return v2_grpc.encode_infer_response(request, pending.reply.get(), pending.version, pending.labels,
+        try:
+            response = pending.reply.get()
+        except gevent.GreenletExit:
+            # the call was cancelled (RST_STREAM, a lost connection): a request still queued is
+            # dropped by its scheduler instead of run (one already running finishes unseen)
+            pending.reply.fail(TritonError(Code.CANCELLED, "request cancelled by the client"))
+            raise
+        return v2_grpc.encode_infer_response(request, response, pending.version, pending.labels,
                                              pending.batching, self.plane.shm)
 
     def stream_infer(self, req: pb.ModelInferRequest) -> Iterator[pb.ModelStreamInferResponse]:
