@@ -173,8 +173,9 @@ class ModelInstance:
         """An inline run failed: run the batch again on the instance's thread, whose answer is the one
         the clients get. A model that fails inline but not on its thread depends on its thread (a
         ``threading.local`` set in ``initialize()``, per-thread library state): it is never promoted
-        again. One that fails on its thread too failed for its own reasons (bad input): the usual
-        demotion. The price: a failing batch of a promoted model runs twice."""
+        again. One that fails on its thread too failed for its own reasons (a bad request): it goes
+        back inline with no penalty, so clients sending bad requests cannot push a model off the fast
+        path for good. The price: a failing batch of a promoted model runs twice."""
         self._inline = False
         self._streak = 0
 
@@ -185,7 +186,7 @@ class ModelInstance:
                 self._needed = NEVER
                 log.warning("instance %s fails when run inline but not on its thread: it keeps its thread", self.name)
             else:
-                self._needed *= 2
+                self._inline = fastpath.enabled  # the model's own error, inline or not
             done(ok, value)
 
         self._worker.submit_callback(_run_batch_cpu, (requests,), retried)
