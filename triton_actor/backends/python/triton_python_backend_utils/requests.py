@@ -138,9 +138,9 @@ class InferenceRequest(JsonParameters):
         request = cls.__new__(cls)
         request._request_id = request_id
         request._correlation_id = correlation_id
-        request._inputs = inputs = list(inputs.values()) if inputs else []
-        request._input_map = inputs_map = {t._name: t for t in inputs}
-        request._input_map_len = len(inputs_map)
+        request._inputs = list(inputs.values())
+        request._input_map = inputs  # already name -> tensor: no second dict per request
+        request._input_map_len = len(inputs)
         request._requested_output_names = requested_output_names
         request._model_name = model_name
         request._model_version = model_version
