@@ -18,6 +18,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from ..devices import runtime_gpu_support
 from ..errors import TritonError
 from ..protocol._generated import model_config_pb2 as mc
+from .layout import is_plain_file_name
 
 ModelConfig = mc.ModelConfig
 
@@ -194,7 +195,7 @@ def validate(cfg: ModelConfig, model: str, gpu_count: int,
                 if d < 1 and d != -1:
                     raise _err(model, f"model {kind} '{t.name}' dimension must be integer >= 1, or -1 to indicate a variable-size dimension")
     name = cfg.default_model_filename
-    if name and ("/" in name or "\\" in name or "\0" in name or name in (".", "..")):
+    if name and not is_plain_file_name(name):
         raise _err(model, f"default_model_filename '{name}' must be a file name inside the version folder")
     if cfg.HasField("dynamic_batching"):
         _validate_dynamic_batching(cfg, model)

@@ -24,6 +24,11 @@ def is_valid_model_name(name: str) -> bool:
     return bool(_VALID_NAME.match(name)) and name not in (".", "..") and not name.startswith(".")
 
 
+def is_plain_file_name(name: str) -> bool:
+    """One path segment naming a file: no separator, no NUL, not ``.``/``..``."""
+    return bool(_VALID_NAME.match(name)) and name not in (".", "..")
+
+
 def model_file(model: str, version_dir: Path, filename: str, what: str) -> Path:
     """The model file ``filename`` (``default_model_filename`` or the backend's default) of a version:
     the one way a backend finds what it reads, compiles or imports. It must be a plain file name whose
@@ -31,7 +36,7 @@ def model_file(model: str, version_dir: Path, filename: str, what: str) -> Path:
     path, ``..``, or a symlink out of the folder is refused before anything is opened)."""
     from ..errors import TritonError
 
-    if not filename or "/" in filename or "\\" in filename or "\0" in filename or filename in (".", ".."):
+    if not is_plain_file_name(filename):
         raise TritonError.invalid_arg(
             f"model '{model}': default_model_filename '{filename}' must be a file name inside the version folder")
     path = version_dir / filename
