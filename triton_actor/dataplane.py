@@ -16,6 +16,7 @@ from .actors.handles import READY, ModelHandle, VersionHandle
 from .actors.kernel import Reply
 from .actors.repository import RepositoryActor
 from .errors import TritonError
+from .host import Host, LocalHost
 from .inference import InferRequest, InferResponse
 from .protocol import payloads
 from .protocol.dtypes import BY_ENUM_VALUE, DType
@@ -83,7 +84,8 @@ class DataPlane:
     """Stateless facade; every method may be called from any request greenlet."""
 
     def __init__(self, repository: RepositoryActor, server_id: str = "triton", strict_readiness: bool = True,
-                 shm: SharedMemoryRegistry | None = None, runtime: RuntimeSettings | None = None) -> None:
+                 shm: SharedMemoryRegistry | None = None, runtime: RuntimeSettings | None = None,
+                 host: Host | None = None) -> None:
         self.repository = repository
         self.shm = shm or SharedMemoryRegistry()
         self.server_id = server_id
@@ -91,6 +93,7 @@ class DataPlane:
         self.live = False  # flipped by the server on start / shutdown
         self.runtime = runtime or RuntimeSettings()  # log and trace settings, shared by HTTP and gRPC
         self.accepting = False
+        self.host: Host = host or LocalHost()  # host-wide reads and changes go through it (host.py)
 
     # -- health and metadata ----------------------------------------------------------------------
     def is_live(self) -> bool:

@@ -28,6 +28,7 @@ from .frontends.grpc_h2 import GrpcH2Server
 from .frontends.http import HttpFrontend
 from .frontends.http_routes import create_app
 from .frontends.http_server import HttpServer
+from .host import Host, LocalHost
 from .protocol import http1
 from .runtime_settings import RuntimeSettings
 from .settings import Settings
@@ -52,8 +53,10 @@ class StartupError(Exception):
 class Server:
     """Owns the repository actor and the front ends for one process."""
 
-    def __init__(self, settings: Settings, backends: dict[str, Backend] | None = None) -> None:
+    def __init__(self, settings: Settings, backends: dict[str, Backend] | None = None,
+                 host: Host | None = None) -> None:
         self.settings = settings
+        self.host: Host = host or LocalHost()  # what is host-wide with several workers (host.py)
         load = LoadSettings(
             gpu_count=gpu_count(),
             auto_complete=settings.auto_complete,
@@ -66,7 +69,7 @@ class Server:
                                           settings.repository_poll_secs, settings.model_load_thread_count)
         self.plane = DataPlane(self.repository, settings.server_id, settings.strict_readiness,
                                SharedMemoryRegistry(settings.allow_client_shm, load.gpu_count),
-                               RuntimeSettings(settings.log_info, settings.log_verbose))
+                               RuntimeSettings(settings.log_info, settings.log_verbose), self.host)
         self.http: HttpServer | None = None
         self.frontend: HttpFrontend | None = None
         self.grpc: GrpcH2Server | None = None
