@@ -15,6 +15,7 @@ from typing import Any
 import gevent
 import gevent.event
 
+from . import hostwide
 from .actors.model import LoadSettings
 from .actors.repository import RepositoryActor
 from .backends.base import Backend
@@ -67,9 +68,13 @@ class Server:
         self.repository = RepositoryActor(list(settings.model_repositories), backends, load,
                                           settings.model_control_mode, settings.load_models,
                                           settings.repository_poll_secs, settings.model_load_thread_count)
+        shm = SharedMemoryRegistry(settings.allow_client_shm, load.gpu_count)
+        runtime = RuntimeSettings(settings.log_info, settings.log_verbose)
+        hostwide.register_handlers(self.host, self.repository, shm, runtime)
         self.plane = DataPlane(self.repository, settings.server_id, settings.strict_readiness,
-                               SharedMemoryRegistry(settings.allow_client_shm, load.gpu_count),
-                               RuntimeSettings(settings.log_info, settings.log_verbose), self.host)
+                               hostwide.HostSharedMemory(shm, self.host),  # type: ignore[arg-type]
+                               hostwide.HostRuntimeSettings(runtime, self.host),  # type: ignore[arg-type]
+                               self.host)
         self.http: HttpServer | None = None
         self.frontend: HttpFrontend | None = None
         self.grpc: GrpcH2Server | None = None
