@@ -52,6 +52,8 @@ class HttpRequest:
     headers: dict[str, str]
     body: bytes
     max_size: int  # --http-max-input-size, also after decompression
+    # the driver's "client went away" event, started on demand by a view that waits (None: not watched)
+    peer_gone: Callable[[], gevent.event.Event] | None = None
 
     def payload(self) -> bytes:
         """The body with ``Content-Encoding: gzip|deflate`` undone, never over ``max_size`` bytes."""
@@ -111,7 +113,8 @@ class HttpFrontend:
         self.in_flight = 0
         self._idle: gevent.event.Event | None = None  # created by wait_idle (shutdown) only
 
-    def __call__(self, method: str, path: str, query: str, headers: dict[str, str], body: bytes) -> Reply:
+    def __call__(self, method: str, path: str, query: str, headers: dict[str, str], body: bytes,
+                 peer_gone: Callable[[], gevent.event.Event] | None = None) -> Reply:
         """Route and answer one request; ``path`` is percent-decoded."""
         try:
             route = _ROUTES.get((method, path))
@@ -122,7 +125,7 @@ class HttpFrontend:
                 refusal = self._refusal(endpoint, headers)
                 if refusal is not None:
                     return status_line(403), JSON_HEADERS, orjson.dumps({"error": refusal})
-            req = HttpRequest(method, path, query, headers, body, self.max_input_size)
+            req = HttpRequest(method, path, query, headers, body, self.max_input_size, peer_gone)
             return self._views[endpoint](req, **args)
         except TritonError as e:
             return error_response(e)
