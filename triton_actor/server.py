@@ -31,6 +31,7 @@ from .frontends.http_server import HttpServer
 from .host import Host, LocalHost
 from .protocol import http1
 from .runtime_settings import RuntimeSettings
+from .server_calls import ServerCalls
 from .settings import Settings
 from .shared_memory import SharedMemoryRegistry
 
@@ -70,6 +71,7 @@ class Server:
         self.plane = DataPlane(self.repository, settings.server_id, settings.strict_readiness,
                                SharedMemoryRegistry(settings.allow_client_shm, load.gpu_count),
                                RuntimeSettings(settings.log_info, settings.log_verbose), self.host)
+        self.server_calls = ServerCalls(self.plane)  # BLS and model control from Python models
         self.http: HttpServer | None = None
         self.frontend: HttpFrontend | None = None
         self.grpc: GrpcH2Server | None = None
@@ -84,6 +86,7 @@ class Server:
     def start(self) -> None:
         """Listen (live, not ready), load every model, then accept inference."""
         s = self.settings
+        self.server_calls.install()
         self.repository.start()
         if s.allow_grpc:
             self.grpc = GrpcH2Server.from_settings(GrpcServicer(self.plane), s)
@@ -129,6 +132,7 @@ class Server:
         self.plane.live = False
         self.plane.shm.close()
         self.repository.stop(timeout=5)
+        self.server_calls.uninstall()
         self._stopped.set()
         log.info("server stopped")
 
