@@ -123,13 +123,19 @@ class ServerCalls:
 
     # -- hub greenlets ----------------------------------------------------------------------------
     def _enter(self, request: InferRequest, worker: NativeWorker[Any] | None) -> tuple[str, int] | None:
-        """Route ``request`` and record that ``worker`` waits for it; refuse a wait that never ends."""
+        """Check that the target is ready and record that ``worker`` waits for it; refuse a wait that
+        never ends. Triton's python backend asks ``ModelIsReady`` first and answers its own text."""
+        handle = self.plane.repository.routes.get(request.model_name)
+        try:
+            if handle is None:
+                raise TritonError.not_found(request.model_name)
+            version = handle.resolve(request.model_version)
+        except TritonError:
+            raise TritonError.internal(
+                f"Failed for execute the inference request. Model '{request.model_name}' is not ready.") from None
         if worker is None:
             return None
-        handle = self.plane.repository.routes.get(request.model_name)
-        if handle is None:
-            return None  # the data plane answers with Triton's error
-        target = (request.model_name, handle.resolve(request.model_version).version)
+        target = (request.model_name, version.version)
         if not self._waits.enter(worker, target):
             raise TritonError.unavailable(
                 f"BLS request to model '{target[0]}' version {target[1]} would wait forever: every instance of it "
@@ -239,11 +245,16 @@ def _to_infer_request(pb: Any) -> InferRequest:
         array = tensor._array
         inputs[tensor._name] = InferInput(tensor._name, BY_ENUM_VALUE[tensor._triton_dtype], array.shape, array)
     names = pb.requested_output_names()
-    outputs = tuple(RequestedOutput(str(n)) for n in names) if names else None
+    outputs = tuple(RequestedOutput(_text(n)) for n in names) if names else None
     version = pb.model_version()
-    return InferRequest(pb.model_name(), -1 if version in (None, "") else int(version), pb.request_id() or "",
+    # names taken from a BYTES tensor arrive as bytes (Triton's example does that: its bindings take them)
+    return InferRequest(_text(pb.model_name()), -1 if version in (None, "") else int(version), pb.request_id() or "",
                         inputs, outputs, pb._parameters_dict(), False, 0, int(pb.timeout() or 0),
                         pb.correlation_id(), int(pb.flags() or 0))
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _to_pb_response(result: Any, names: tuple[str, ...] | None) -> Any:

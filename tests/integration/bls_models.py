@@ -118,7 +118,7 @@ class TritonPythonModel:
         if mode == "sync":
             return describe(addsub_request(parameters={"k": "v", "n": 3}).exec()) | {"tid": native_ident()}
         if mode == "outputs":
-            return describe(addsub_request(names=["OUTPUT1"]).exec())
+            return describe(addsub_request(model=b"addsub", names=["OUTPUT1"]).exec())  # a name as bytes, as Triton accepts
         if mode == "version":
             return [describe(addsub_request(model_version=v).exec()) for v in (1, 7)]
         if mode == "unknown":

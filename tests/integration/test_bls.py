@@ -69,11 +69,13 @@ def test_requested_outputs_and_versions(client: httpclient.InferenceServerClient
     assert run(client, "caller", "outputs")["outputs"] == {"OUTPUT1": DIFF}
     v1, v7 = run(client, "caller", "version")
     assert v1["outputs"]["OUTPUT0"] == SUM
-    assert v7 == {"error": "Request for unknown model: 'addsub' version 7 is not found", "code": 2}
+    assert v7 == {"error": "Failed for execute the inference request. Model 'addsub' is not ready.", "code": 1}
 
 
 def test_errors_come_back_as_error_responses(client: httpclient.InferenceServerClient) -> None:
-    assert run(client, "caller", "unknown") == {"error": "Request for unknown model: 'nope' is not found", "code": 2}
+    # Triton's python backend checks readiness first, with its own text (its BLS example prints it)
+    assert run(client, "caller", "unknown") == {
+        "error": "Failed for execute the inference request. Model 'nope' is not ready.", "code": 1}
     wrong = run(client, "caller", "wrong_inputs")
     assert wrong["code"] == 3  # INVALID_ARG
     assert wrong["error"].startswith("[request id: <id_unknown>] expected 2 inputs but got 1 inputs for model 'addsub'")
@@ -89,7 +91,7 @@ def test_async_exec_gather_and_decoupled(client: httpclient.InferenceServerClien
     assert [r["outputs"]["OUTPUT0"] for r in got] == [SUM] * 4
     assert [json.loads(r["parameters"]["seen"]) for r in got] == [{"i": i} for i in range(4)]
     assert [r["outputs"] for r in run(client, "caller_async", "decoupled")] == [{"OUT": [0]}, {"OUT": [1]}, {}]
-    assert run(client, "caller_async", "error")["error"] == "Request for unknown model: 'nope' is not found"
+    assert run(client, "caller_async", "error")["error"] == "Failed for execute the inference request. Model 'nope' is not ready."
 
 
 def test_is_model_ready_from_a_model(client: httpclient.InferenceServerClient) -> None:
