@@ -17,6 +17,7 @@ found through their native workers' tags (``(model, version)``, set by ``actors/
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .actors.bridge import NativeWorker, workers_tagged
@@ -27,7 +28,9 @@ VersionKey = tuple[str, int]
 class WaitGraph:
     """The BLS calls in flight from instance threads, by calling worker."""
 
-    def __init__(self) -> None:
+    def __init__(self, instances_of: Callable[[VersionKey], list[Any]] = workers_tagged) -> None:
+        # ``instances_of(version)``: the workers (anything with ``busy``) that serve ``version``
+        self._instances_of = instances_of
         self._waits: dict[NativeWorker[Any], list[VersionKey]] = {}
 
     def enter(self, worker: NativeWorker[Any], target: VersionKey) -> bool:
@@ -48,7 +51,7 @@ class WaitGraph:
 
     def _stuck(self, version: VersionKey, path: set[VersionKey]) -> bool:
         """True if no instance of ``version`` will ever be free, given the waits recorded now."""
-        instances = workers_tagged(version)
+        instances = self._instances_of(version)
         if not instances:
             return False  # not served by instances of ours (an ensemble, a remote...): not our cycle
         if version in path:

@@ -145,6 +145,15 @@ class TritonPythonModel:
             if response.has_error():
                 return describe(response)
             return {"inner": json.loads(response.output_tensors()[0].as_numpy()[0])}
+        if mode.startswith("to:"):  # to:<model>:<mode for it>
+            _, model, inner = mode.split(":", 2)
+            request = pb_utils.InferenceRequest(
+                model_name=model, inputs=[pb_utils.Tensor("MODE", np.array([inner.encode()], dtype=object))],
+                requested_output_names=["OUT"])
+            response = request.exec()
+            if response.has_error():
+                return describe(response)
+            return {"inner": json.loads(response.output_tensors()[0].as_numpy()[0])}
         if mode == "ready":
             return {"addsub": pb_utils.is_model_ready("addsub"), "nope": pb_utils.is_model_ready("nope")}
         raise pb_utils.TritonModelException("unknown mode " + mode)
@@ -232,6 +241,26 @@ class TritonPythonModel:
         return None
 """
 
+# decoupled: the BLS call is made from a thread the model started (a greenlet on the instance thread
+# once threading is patched), after execute() returned
+DECOUPLED_CALLER_PY = CALLER_HEAD + """
+import threading
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for r in requests:
+            threading.Thread(target=self.work, args=(r.get_response_sender(),), daemon=True).start()
+        return None
+
+    def work(self, sender):
+        response = addsub_request().exec()
+        sender.send(answer(describe(response)))
+        for r in addsub_request().exec(decoupled=True):  # a plain target through the streaming call
+            sender.send(answer(describe(r)))
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+"""
+
 CONTROLLER_PY = CALLER_HEAD + """
 import base64
 
@@ -277,6 +306,9 @@ def caller_repo(repo: Path) -> Path:
     add_model(repo, "caller_many", CALLER_CONFIG % 4, CALLER_PY)
     add_model(repo, "caller_inline", CALLER_CONFIG % 1, CALLER_PY)
     add_model(repo, "caller_async", CALLER_CONFIG % 1, ASYNC_CALLER_PY)
+    add_model(repo, "caller_b", CALLER_CONFIG % 1, CALLER_PY)
+    add_model(repo, "caller_decoupled", CALLER_CONFIG % 1 + "model_transaction_policy { decoupled: true }",
+              DECOUPLED_CALLER_PY)
     add_model(repo, "reschedule", RESCHEDULE_CONFIG, RESCHEDULE_PY)
     add_model(repo, "reschedule_decoupled", RESCHEDULE_CONFIG + "model_transaction_policy { decoupled: true }",
               RESCHEDULE_DECOUPLED_PY)

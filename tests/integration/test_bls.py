@@ -107,6 +107,36 @@ def test_call_to_the_calling_model(client: httpclient.InferenceServerClient) -> 
     assert run(client, "caller", "sync")["outputs"]["OUTPUT0"] == SUM
 
 
+def test_cycle_between_two_models(client: httpclient.InferenceServerClient) -> None:
+    # caller (one instance) -> caller_b (one instance) -> caller: the innermost call is refused
+    got = run(client, "caller", "to:caller_b:to:caller:sync")
+    assert got["inner"]["code"] == 4 and "would wait forever" in got["inner"]["error"], got
+    # no cycle: caller -> caller_b -> addsub
+    assert run(client, "caller", "to:caller_b:sync")["inner"]["outputs"]["OUTPUT0"] == SUM
+
+
+def test_bls_from_a_thread_of_a_decoupled_model(bls_server: ServerProcess) -> None:
+    c = grpcclient.InferenceServerClient(bls_server.grpc_url)
+    out: gevent.queue.Queue = gevent.queue.Queue()
+    c.start_stream(callback=partial(_collect, out))
+    try:
+        i = grpcclient.InferInput("MODE", [1], "BYTES")
+        i.set_data_from_numpy(np.array([b"x"], dtype=object))
+        c.async_stream_infer("caller_decoupled", [i], enable_empty_final_response=True)
+        answers = []
+        while True:
+            result, error = out.get(timeout=30)
+            assert error is None, error
+            if result.get_response().outputs:
+                answers.append(json.loads(result.as_numpy("OUT")[0]))
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+        assert [a["outputs"]["OUTPUT0"] for a in answers] == [SUM, SUM]
+    finally:
+        c.stop_stream()
+        c.close()
+
+
 def test_every_target_instance_busy(client: httpclient.InferenceServerClient) -> None:
     # four callers at once, one instance of the target that takes 0.3 s a call: all queue, all answered
     jobs = [gevent.spawn(run, client, "caller_many", "slow") for _ in range(4)]
