@@ -22,6 +22,12 @@ time), or one far over it, demote it back to its thread, and the streak it needs
 (until ``FORGIVE_AFTER`` good inline runs reset it). So the hub is never blocked for long,
 GIL-releasing or slow models keep their thread (and run in parallel), and tiny models skip the
 crossings. A fast path: with :mod:`triton_actor.fastpath` off, every batch goes to the thread.
+
+A model that calls the server from ``execute`` (BLS, model control) waits for the hub, so it must
+not run on the hub: once it did so on its thread it is never promoted (``NativeWorker.calls_server``),
+and a promoted model whose first such call happens inline gets :class:`~.bridge.RunOnThread` raised
+into it; the batch then runs again on its thread (the part of ``execute`` before the call runs twice,
+once in the model's life) and the model stays there.
 """
 
 from __future__ import annotations

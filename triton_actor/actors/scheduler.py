@@ -17,6 +17,10 @@ requests wait in the queue (backpressure), so N instances keep at most N batches
 enters through one gevent timer (the batcher's delay, request timeouts); with ``preserve_ordering``
 replies are released in the order the requests were dispatched (= arrival order, which that option
 requires to be unambiguous: one priority level, no DELAY policy).
+
+Rescheduling: a backend result :data:`~..backends.base.RESCHEDULE` (a Python model released the
+request with ``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE``) puts the request back in the queue as a new
+arrival instead of answering it; its reply completes when a later execution answers it.
 """
 
 from __future__ import annotations
