@@ -48,11 +48,13 @@ class ServerCalls:
 
     def __init__(self, plane: DataPlane) -> None:
         self.plane = plane
-        self._calls = HubCalls()  # created in the hub thread, like the hub this object serves
+        self._calls: HubCalls | None = None  # its watcher exists while the hooks are installed
         self._hub = this_thread_hub()
         self._waits = WaitGraph()
 
     def install(self) -> None:
+        """Hub thread: fill the hooks of ``pb_utils.server_calls``."""
+        self._calls = HubCalls()
         hooks.bls_executor = self.exec
         hooks.bls_async_executor = self.async_exec
         hooks.model_control = self
@@ -60,13 +62,17 @@ class ServerCalls:
     def uninstall(self) -> None:
         if hooks.bls_executor == self.exec:
             hooks.bls_executor = hooks.bls_async_executor = hooks.model_control = None
-        self._calls.close()
+        if self._calls is not None:
+            self._calls.close()
+            self._calls = None
 
     # -- any thread but the hub's -----------------------------------------------------------------
     def _off_hub(self) -> NativeWorker[Any] | None:
         """The calling instance's worker (None for other threads); refuse the hub itself."""
         if this_thread_hub() is self._hub:
             raise RunOnThread()
+        if self._calls is None:
+            raise pb_utils.TritonModelException("the server is not running: it cannot serve this call")
         worker = current_worker()
         if worker is not None:
             worker.calls_server = True
@@ -149,7 +155,7 @@ class ServerCalls:
         except TritonError as e:
             return e
         try:
-            return self.plane.infer(request).response
+            return self.plane.infer(request, internal=True).response
         except TritonError as e:
             return e
         finally:
@@ -161,7 +167,7 @@ class ServerCalls:
         target = None
         try:
             target = self._enter(request, worker)
-            for item, final in self.plane.infer_stream(request).responses:
+            for item, final in self.plane.infer_stream(request, internal=True).responses:
                 inbox.put((item, final))
         except TritonError as e:
             inbox.put((e, True))
@@ -177,7 +183,7 @@ class ServerCalls:
         target = None
         try:
             target = self._enter(request, worker)
-            return [item for item, _final in self.plane.infer_stream(request).responses]
+            return [item for item, _final in self.plane.infer_stream(request, internal=True).responses]
         except TritonError as e:
             return [e]
         finally:

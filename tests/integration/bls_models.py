@@ -145,6 +145,9 @@ class TritonPythonModel:
             if response.has_error():
                 return describe(response)
             return {"inner": json.loads(response.output_tensors()[0].as_numpy()[0])}
+        if mode.startswith("drain:"):  # a first call that signals the test, then a second one
+            first = addsub_request(model="slow", parameters={"fifo": mode[len("drain:"):]}).exec()
+            return [describe(first), describe(addsub_request().exec())]
         if mode.startswith("to:"):  # to:<model>:<mode for it>
             _, model, inner = mode.split(":", 2)
             request = pb_utils.InferenceRequest(

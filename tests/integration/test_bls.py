@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -211,6 +212,26 @@ def test_reschedule_decoupled(bls_server: ServerProcess) -> None:
         assert values == [[3], [2], [1], [0]]
     finally:
         c.stop_stream()
+        c.close()
+
+
+def test_bls_while_the_server_drains(tmp_path: Path, start_server) -> None:
+    """SIGTERM while a BLS model runs: its next BLS call is still served (Triton core serves
+    inference while exiting; only the front ends stop taking requests), the client gets its answer."""
+    server = start_server(caller_repo(tmp_path / "repo"))
+    fifo = tmp_path / "started.fifo"
+    os.mkfifo(fifo)
+    c = httpclient.InferenceServerClient(server.url, network_timeout=60)
+    try:
+        i = httpclient.InferInput("MODE", [1], "BYTES")
+        i.set_data_from_numpy(np.array([f"drain:{fifo}".encode()], dtype=object))
+        pending = c.async_infer("caller", [i])
+        wait_for_fifo(fifo, server)  # the first BLS call is running
+        server.proc.send_signal(signal.SIGTERM)
+        first, second = json.loads(pending.get_result().as_numpy("OUT")[0])
+        assert first["outputs"]["OUTPUT0"] == SUM and second["outputs"]["OUTPUT0"] == SUM, (first, second)
+        assert server.wait_exit(60) == 0
+    finally:
         c.close()
 
 
