@@ -162,12 +162,19 @@ class ServerCalls:
             if target is not None:
                 self._waits.leave(worker, target)
 
-    def _stream_on_hub(self, request: InferRequest, worker: NativeWorker[Any] | None, inbox: ThreadInbox) -> None:
-        """Pump a streamed inference into ``inbox``: ``(item, final)`` pairs, then ``_END``."""
+    def _stream_on_hub(self, request: InferRequest, worker: NativeWorker[Any] | None, inbox: ThreadInbox,
+                       reader: ResponseIterator) -> None:
+        """Pump a streamed inference into ``inbox``: ``(item, final)`` pairs, then ``_END``. Once the
+        model cancelled its iterator, the next response closes the stream (the target then sees
+        ``is_cancelled()``)."""
         target = None
         try:
             target = self._enter(request, worker)
-            for item, final in self.plane.infer_stream(request, internal=True).responses:
+            responses = self.plane.infer_stream(request, internal=True).responses
+            for item, final in responses:
+                if reader.cancelled:
+                    responses.close()  # type: ignore[attr-defined]
+                    break
                 inbox.put((item, final))
         except TritonError as e:
             inbox.put((e, True))
@@ -213,6 +220,7 @@ class ResponseIterator:
         self._inbox = inbox
         self._names = names
         self._done = False
+        self.cancelled = False  # read by the pump on the hub
 
     def __iter__(self) -> ResponseIterator:
         return self
@@ -229,8 +237,11 @@ class ResponseIterator:
         return _to_pb_response(value, self._names)
 
     def cancel(self) -> None:
-        """Stop yielding (the responses still being produced are dropped)."""
-        self._done = True
+        """Stop yielding; the stream is closed at the target's next response, which then sees
+        ``is_cancelled()`` (responses produced meanwhile are dropped)."""
+        if not self._done:
+            self._inbox.close()
+        self._done = self.cancelled = True
 
 
 def _ignore(_ok: bool, _value: Any) -> None:
@@ -240,8 +251,9 @@ def _ignore(_ok: bool, _value: Any) -> None:
 def _stream(calls: HubCalls, fn: Any, request: InferRequest, worker: NativeWorker[Any] | None,
             names: tuple[str, ...] | None) -> Iterator[Any]:
     inbox = ThreadInbox()
-    calls.submit(fn, (request, worker, inbox), _ignore)
-    return ResponseIterator(inbox, names)
+    reader = ResponseIterator(inbox, names)
+    calls.submit(fn, (request, worker, inbox, reader), _ignore)
+    return reader
 
 
 def _to_infer_request(pb: Any) -> InferRequest:

@@ -137,6 +137,13 @@ class TritonPythonModel:
             request = pb_utils.InferenceRequest(model_name="square", inputs=[pb_utils.Tensor("IN", np.array([3], np.int32))],
                                                 requested_output_names=["OUT"])
             return [describe(r) for r in request.exec(decoupled=True)]
+        if mode == "cancel":  # read one response of five, cancel, and go on
+            request = pb_utils.InferenceRequest(model_name="square", inputs=[pb_utils.Tensor("IN", np.array([5], np.int32))],
+                                                requested_output_names=["OUT"])
+            responses = request.exec(decoupled=True)
+            first = describe(next(responses))
+            responses.cancel()
+            return {"first": first, "rest": [describe(r) for r in responses], "after": describe(addsub_request().exec())}
         if mode == "self":
             request = pb_utils.InferenceRequest(
                 model_name=self.name, inputs=[pb_utils.Tensor("MODE", np.array([b"sync"], dtype=object))],

@@ -87,6 +87,12 @@ def test_decoupled_exec_yields_every_response(client: httpclient.InferenceServer
     assert [r["outputs"] for r in got] == [{"OUT": [0]}, {"OUT": [1]}, {"OUT": [2]}, {}]  # the last: final flag only
 
 
+def test_decoupled_exec_cancelled_by_the_model(client: httpclient.InferenceServerClient) -> None:
+    got = run(client, "caller", "cancel")
+    assert got["first"]["outputs"] == {"OUT": [0]} and got["rest"] == []
+    assert got["after"]["outputs"]["OUTPUT0"] == SUM
+
+
 def test_async_exec_gather_and_decoupled(client: httpclient.InferenceServerClient) -> None:
     got = run(client, "caller_async", "gather")
     assert [r["outputs"]["OUTPUT0"] for r in got] == [SUM] * 4
