@@ -143,31 +143,32 @@ class DataPlane:
         if self.is_decoupled(name):
             raise TritonError.unsupported("HTTP end point doesn't support models with decoupled transaction policy")
 
-    def _route(self, request: InferRequest) -> tuple[ModelHandle, VersionHandle]:
+    def _route(self, request: InferRequest, internal: bool = False) -> tuple[ModelHandle, VersionHandle]:
         """The version that serves ``request``, with Triton's errors. The caller enqueues right after,
-        without yielding, so a reload's swap cannot slip in between."""
-        if not self.accepting:
+        without yielding, so a reload's swap cannot slip in between. ``internal``: a request made by a
+        model (BLS), served while the server drains at shutdown too, as Triton core allows."""
+        if not self.accepting and not internal:
             raise TritonError.unavailable("Server not ready")
         handle = self.repository.routes.get(request.model_name)
         if handle is None:
             raise TritonError.not_found(f"Request for unknown model: '{request.model_name}' is not found")
         return handle, handle.resolve(request.model_version)
 
-    def infer(self, request: InferRequest) -> Served:
+    def infer(self, request: InferRequest, internal: bool = False) -> Served:
         """Route, validate, queue, wait (this greenlet only)."""
-        pending = self.infer_start(request)
+        pending = self.infer_start(request, internal)
         return Served(pending.reply.get(), pending.version, pending.labels, pending.batching)
 
-    def infer_start(self, request: InferRequest) -> Pending:
+    def infer_start(self, request: InferRequest, internal: bool = False) -> Pending:
         """Route, validate and queue without waiting: for a caller that answers later, or at once
         when a quick model already answered (``pending.reply.ready()``)."""
-        handle, vh = self._route(request)
+        handle, vh = self._route(request, internal)
         return Pending(vh.infer(request), vh.version, vh.labels, handle.config.max_batch_size > 0)
 
-    def infer_stream(self, request: InferRequest) -> Streamed:
+    def infer_stream(self, request: InferRequest, internal: bool = False) -> Streamed:
         """Route, validate and queue a request whose answers are streamed: any number of responses
         from a decoupled model, exactly one from any other. Errors before queueing raise here."""
-        handle, vh = self._route(request)
+        handle, vh = self._route(request, internal)
         batching = handle.config.max_batch_size > 0
         if not handle.config.model_transaction_policy.decoupled:
             return Streamed(vh.version, vh.labels, batching, _one_response(vh.infer(request)))

@@ -33,6 +33,7 @@ from .host import Host, LocalHost
 from .protocol import http1
 from .protocol.restricted import Restrictions
 from .runtime_settings import RuntimeSettings
+from .server_calls import ServerCalls
 from .settings import Settings
 from .shared_memory import SharedMemoryRegistry
 
@@ -77,6 +78,7 @@ class Server:
                                hostwide.HostSharedMemory(shm, self.host),  # type: ignore[arg-type]
                                hostwide.HostRuntimeSettings(runtime, self.host),  # type: ignore[arg-type]
                                self.host)
+        self.server_calls = ServerCalls(self.plane)  # BLS and model control from Python models
         self.http: HttpServer | None = None
         self.frontend: HttpFrontend | None = None
         self.grpc: GrpcH2Server | None = None
@@ -90,10 +92,15 @@ class Server:
 
     def start(self) -> None:
         """Listen (live, not ready), load every model, then accept inference."""
-        self.repository.start()
+        self.start_actors()
         self.serve()
         self.load_models()
         self.plane.accepting = True
+
+    def start_actors(self) -> None:
+        """The repository actor (nothing loaded yet), with the hooks models call the server through."""
+        self.server_calls.install()
+        self.repository.start()
 
     def serve(self, listeners: dict[str, Any] | None = None) -> None:
         """Start the front ends; ``listeners`` (``"http"``, ``"grpc"``): sockets bound already (a worker's)."""
@@ -157,6 +164,7 @@ class Server:
         self.plane.live = False
         self.plane.shm.close()
         self.repository.stop(timeout=5)
+        self.server_calls.uninstall()
         self._stopped.set()
         log.info("server stopped")
 

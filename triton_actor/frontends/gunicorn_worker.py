@@ -76,7 +76,7 @@ class TritonWorker(Worker):
         configure_logging(settings)
         host = WorkerHost(os.environ[RUN_DIR_ENV], self.age, self.pid)
         server = Server(settings, host=host)
-        server.repository.start()
+        server.start_actors()
         changes = host.join()  # from here on, every host-wide change reaches this worker too
         try:
             server.load_models()
