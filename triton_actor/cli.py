@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from . import __version__, fastpath
+from . import __version__, fastpath, runtime_settings
 from .settings import Settings, default_grpc_max_connections
 
 _TRUE = {"true", "1", "yes", "on"}
@@ -132,7 +132,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fast-paths", type=_bool, nargs="?", const=True, default=None, metavar="BOOL",
                    help="every fast path (caches, inline execution, ...) on or off; default: on, or the "
                         "TRITON_ACTOR_FAST_PATHS environment variable")
+    _trace_flags(p)
     return p
+
+
+def _trace_flags(p: argparse.ArgumentParser) -> None:
+    """Triton's ``--trace-config`` and its deprecated single flags (tracing.py records the traces)."""
+    p.add_argument("--trace-config", action="append", default=[], metavar="[MODE,]KEY=VALUE",
+                   help="trace settings: level=TIMESTAMPS|TENSORS|OFF, rate=N, count=N, triton,file=PATH, "
+                        "triton,log-frequency=N")
+    for flag, dest in (("--trace-file", "trace_file"), ("--trace-level", "trace_level"),
+                       ("--trace-rate", "trace_rate"), ("--trace-count", "trace_count"),
+                       ("--trace-log-frequency", "log_frequency")):
+        p.add_argument(flag, action="append", default=[], dest=f"deprecated_{dest}", help="deprecated: --trace-config")
+
+
+def _trace_settings(args: argparse.Namespace) -> dict[str, list[str]]:
+    old = {k[len("deprecated_"):]: v for k, v in vars(args).items() if k.startswith("deprecated_trace") or
+           k == "deprecated_log_frequency"}
+    try:
+        return runtime_settings.trace_config(args.trace_config, old)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
 
 
 def parse(argv: Sequence[str] | None = None, environ: dict[str, str] | None = None) -> Settings:
@@ -181,6 +202,7 @@ def parse(argv: Sequence[str] | None = None, environ: dict[str, str] | None = No
         backend_config=_backend_config(args.backend_config),
         allow_client_shm=args.allow_client_shm,
         fast_paths=fastpath.enabled if args.fast_paths is None else args.fast_paths,
+        trace_config=_trace_settings(args),
     )
 
 

@@ -69,7 +69,8 @@ class Server:
                                           settings.repository_poll_secs, settings.model_load_thread_count)
         self.plane = DataPlane(self.repository, settings.server_id, settings.strict_readiness,
                                SharedMemoryRegistry(settings.allow_client_shm, load.gpu_count),
-                               RuntimeSettings(settings.log_info, settings.log_verbose), self.host)
+                               RuntimeSettings(settings.log_info, settings.log_verbose, settings.trace_config),
+                               self.host)
         self.http: HttpServer | None = None
         self.frontend: HttpFrontend | None = None
         self.grpc: GrpcH2Server | None = None
@@ -127,6 +128,8 @@ class Server:
         except Exception as e:  # noqa: BLE001
             log.error("unloading models at shutdown: %s", e)
         self.plane.live = False
+        if not self.plane.runtime.tracer.flush(timeout=10):
+            log.warning("traces still being written at shutdown")
         self.plane.shm.close()
         self.repository.stop(timeout=5)
         self._stopped.set()

@@ -58,4 +58,5 @@ class Settings:
     model_config_name: str = ""
     backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
     allow_client_shm: bool = False
+    trace_config: dict[str, list[str]] = field(default_factory=dict)  # --trace-config (runtime_settings.py)
     fast_paths: bool = True  # triton_actor.fastpath: applied process-wide at start-up

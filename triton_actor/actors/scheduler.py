@@ -33,6 +33,7 @@ from .. import fastpath
 from ..errors import TritonError
 from ..inference import InferRequest, InferResponse
 from ..statistics import VersionStats
+from ..tracing import VersionTrace
 from .batch_queue import BatchPolicy, BatchQueue, timeout_error
 from .instance import ModelInstance
 from .kernel import InlineActor, Reply
@@ -78,8 +79,10 @@ class SchedulerActor(InlineActor):
     """Default and dynamic-batching scheduler of one model version."""
 
     def __init__(self, name: str, instances: list[ModelInstance], stats: VersionStats,
-                 policy: BatchPolicy | None = None, clock: Callable[[], int] = time.perf_counter_ns) -> None:
+                 policy: BatchPolicy | None = None, clock: Callable[[], int] = time.perf_counter_ns,
+                 trace: VersionTrace | None = None) -> None:
         super().__init__(name)
+        self._trace = trace or _NO_TRACE  # tracing.py: ``.on`` is read once per finished batch
         self._policy = policy or BatchPolicy()
         self._queue: BatchQueue[Enqueue] = BatchQueue(self._policy)
         self._idle: list[ModelInstance] = list(reversed(instances))
@@ -146,6 +149,8 @@ class SchedulerActor(InlineActor):
                 else:
                     stats.record_success(item.batch_size, now - item.start_ns, msg.dispatch_ns - item.start_ns, timings)
                     self._respond(item, True, result)
+            if self._trace.on:
+                self._trace.batch(msg.items, results, msg.dispatch_ns, now, timings)
         else:
             stats.record_execution(sum(i.batch_size for i in msg.items), 0, 0, 0)
             error = msg.value if isinstance(msg.value, TritonError) else TritonError.internal(
@@ -153,6 +158,8 @@ class SchedulerActor(InlineActor):
             for item in msg.items:
                 stats.record_failure(now - item.start_ns)
                 self._respond(item, False, error)
+            if self._trace.on:
+                self._trace.batch(msg.items, None, msg.dispatch_ns, now, (0, 0, 0))
 
     def on__Wake(self, msg: _Wake) -> None:
         if msg.timer is self._timer:  # a wake from a timer replaced meanwhile keeps the newer one
@@ -276,6 +283,13 @@ class SchedulerActor(InlineActor):
             for reply in self._drains:
                 reply.set(None)
             self._drains.clear()
+
+
+class _NoTrace:
+    on = False
+
+
+_NO_TRACE: Any = _NoTrace()
 
 
 def _complete(item: Enqueue, ok: bool, value: Any) -> None:
