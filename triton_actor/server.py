@@ -15,6 +15,7 @@ from typing import Any
 import gevent
 import gevent.event
 
+from . import live_status
 from .actors.model import LoadSettings
 from .actors.repository import RepositoryActor
 from .backends.base import Backend
@@ -71,6 +72,7 @@ class Server:
                                SharedMemoryRegistry(settings.allow_client_shm, load.gpu_count),
                                RuntimeSettings(settings.log_info, settings.log_verbose, settings.trace_config),
                                self.host)
+        self.host.register("status", lambda args: live_status.local_status(self.plane, args))  # the status page
         self.http: HttpServer | None = None
         self.frontend: HttpFrontend | None = None
         self.grpc: GrpcH2Server | None = None

@@ -3,7 +3,7 @@
 An :class:`InlineActor`: its handlers never block, so while fast paths are on a message is handled on
 the sender's stack when the actor is idle (no loop greenlet, no switch); with them off it is a plain
 actor with its loop greenlet. Messages: :class:`Enqueue` (tell, carries its Reply), :class:`BatchDone`
-(event from an instance's completion, in the hub or the caller), :class:`GetStats` (ask),
+(event from an instance's completion, in the hub or the caller), :class:`GetStats` and :class:`GetStatus` (ask),
 :class:`Drain` (tell, carries its Reply: completed once nothing is queued or running).
 State owned: the request queue, the idle instances (:class:`ModelInstance`, single-owner hub
 objects: only this actor calls them once it started), the version's :class:`VersionStats`.
@@ -64,6 +64,11 @@ class GetStats:
 
 
 @dataclass(frozen=True, slots=True)
+class GetStatus:
+    """The status page's view: the statistics snapshot plus the live queue and instances."""
+
+
+@dataclass(frozen=True, slots=True)
 class _Wake:
     """The timer fired: the batcher's delay or a request's timeout is due."""
 
@@ -87,6 +92,8 @@ class SchedulerActor(InlineActor):
         self._queue: BatchQueue[Enqueue] = BatchQueue(self._policy)
         self._idle: list[ModelInstance] = list(reversed(instances))
         self._busy = 0
+        self._running = 0  # requests in the batches being executed
+        self._instance_names = [i.name for i in instances]
         self._stats = stats
         self._clock = clock
         self._drains: list[Reply[None]] = []
@@ -133,6 +140,7 @@ class SchedulerActor(InlineActor):
                     _complete(item, False, error)
         finally:
             self._busy -= 1
+            self._running -= len(msg.items)
             self._idle.append(msg.instance)
         self._dispatch()
 
@@ -188,6 +196,10 @@ class SchedulerActor(InlineActor):
     def on_GetStats(self, _msg: GetStats) -> dict[str, object]:
         return self._stats.snapshot()
 
+    def on_GetStatus(self, _msg: GetStatus) -> dict[str, object]:
+        return {"stats": self._stats.snapshot(), "queued": len(self._queue), "running": self._running,
+                "busy_instances": self._busy, "instances": list(self._instance_names)}
+
     def on_Drain(self, msg: Drain) -> None:
         self._drains.append(msg.reply)
         self._maybe_drained()
@@ -231,6 +243,7 @@ class SchedulerActor(InlineActor):
                 self._next_seq += 1
         dispatch_ns = self._clock()
         self._busy += 1
+        self._running += len(items)
         instance.execute([i.request for i in items], self._completion(instance, items, dispatch_ns))
 
     def _expire(self, items: list[Enqueue], now: int) -> None:
