@@ -81,9 +81,9 @@ function render(st) {
     for (const k in counts) if (k in base.counts) rates[k] = (counts[k] - base.counts[k]) * 1e9 / (now - base.time);
   history.push({time: now, counts: counts});
   document.getElementById("server").textContent = (st.ready ? "ready" : st.live ? "live, not ready" : "down") +
-    ` \u00b7 ${st.workers} worker(s)`;
+    ` \\u00b7 ${st.workers} worker(s)`;
   document.getElementById("summary").textContent =
-    `${st.versions.length} model version(s) \u00b7 ${st.success} requests served, ${st.fail} failed \u00b7 updated ` +
+    `${st.versions.length} model version(s) \\u00b7 ${st.success} requests served, ${st.fail} failed \\u00b7 updated ` +
     new Date(now / 1e6).toLocaleTimeString();
   document.getElementById("rows").innerHTML = st.versions.map(v => {
     const key = v.name + "/" + v.version, l = v.latency_ms || {};
@@ -94,7 +94,7 @@ function render(st) {
       (v.reason ? `<div class="reason" title="${esc(v.reason)}">${esc(v.reason.split("\\n")[0])}</div>` : "") + "</td>" +
       `<td title="${esc((v.instances || []).join(", "))}">${live ? v.busy_instances + "/" + v.instances.length + " busy" : ""}</td>` +
       `<td class="queued">${live ? v.queued : ""}</td><td class="inflight">${live ? v.queued + v.running : ""}</td>` +
-      `<td class="rate">${!live ? "" : rates[key] === undefined ? "\u2013" : fmt(rates[key], 1)}</td>` +
+      `<td class="rate">${!live ? "" : rates[key] === undefined ? "\\u2013" : fmt(rates[key], 1)}</td>` +
       `<td class="success">${live ? v.success : ""}</td><td>${live ? v.fail : ""}</td>` +
       `<td class="p50">${live && v.success ? fmt(l.p50, 3) : ""}</td><td>${live && v.success ? fmt(l.p90, 3) : ""}</td>` +
       `<td class="p99">${live && v.success ? fmt(l.p99, 3) : ""}</td><td class="l">${hist(v.batches)}</td></tr>`;
