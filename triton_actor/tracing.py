@@ -8,7 +8,7 @@ attribute check is all the hot path pays while tracing is off.
 
 Settings in force are :class:`Sampler` objects, as Triton core's ``TraceSetting``: one global, one per model
 with an override; a change replaces them (sample counter and remaining count start again, as a new
-``TraceSetting`` does in Triton). ``trace_rate`` N traces requests 1, N+1, 2N+1, ... of those a sampler
+``TraceSetting`` does in Triton). ``trace_rate`` N traces requests N, 2N, 3N, ... of those a sampler
 sees; ``trace_count`` stops it after that many traces (-1: never); ``log_frequency`` 0 appends every trace
 to ``trace_file`` (kept a valid JSON array after every write, where Triton closes the array at exit),
 N > 0 writes each N traces to ``<trace_file>.<index>`` and what is left at shutdown to the next index.
@@ -62,7 +62,7 @@ class Sampler:
         if self.remaining == 0:
             return False
         self.seen += 1
-        if (self.seen - 1) % self.rate:
+        if self.seen % self.rate:  # Triton core: ``(++sample_) % rate_ == 0``
             return False
         if self.remaining > 0:
             self.remaining -= 1

@@ -53,12 +53,12 @@ def test_rate_count_and_writer(tmp_path: Path) -> None:
     assert settings.trace_settings()["trace_count"] == ["0"]
     assert tracer.flush(10)
     entries = json.loads(path.read_text())
-    assert [e["request_id"] for e in entries if "model_name" in e] == ["r0", "r3"]  # requests 1 and 4 of rate 3
-    settings.update_trace({"trace_count": ["1"], "trace_level": ["TIMESTAMPS", "TENSORS"]})
+    assert [e["request_id"] for e in entries if "model_name" in e] == ["r2", "r5"]  # requests 3 and 6 of rate 3
+    settings.update_trace({"trace_count": ["1"], "trace_rate": ["1"], "trace_level": ["TIMESTAMPS", "TENSORS"]})
     trace.batch([_item("again")], [response], 200, 300, (0, 50, 0))
     assert tracer.flush(10)
     entries = json.loads(path.read_text())  # appended into the same array
-    assert [e["request_id"] for e in entries if "model_name" in e] == ["r0", "r3", "again"]
+    assert [e["request_id"] for e in entries if "model_name" in e] == ["r2", "r5", "again"]
     assert [e["activity"] for e in entries if "activity" in e] == ["TENSOR_QUEUE_INPUT", "TENSOR_BACKEND_OUTPUT"]
 
 
