@@ -73,6 +73,7 @@ class Server:
                                RuntimeSettings(settings.log_info, settings.log_verbose, settings.trace_config),
                                self.host)
         self.host.register("status", lambda args: live_status.local_status(self.plane, args))  # the status page
+        self.plane.runtime.tracer.for_worker(self.host.worker_id)
         self.http: HttpServer | None = None
         self.frontend: HttpFrontend | None = None
         self.grpc: GrpcH2Server | None = None

@@ -130,6 +130,13 @@ class Tracer:
         self._idle = gevent.event.Event()
         self._idle.set()
         self._writer: gevent.Greenlet | None = None
+        self._suffix = ""  # ".worker<N>" for worker N > 0: one writer per file (see for_worker)
+
+    def for_worker(self, worker_id: int) -> None:
+        """Several worker processes (host.py): trace ids stay unique host-wide (worker N counts from
+        N * 10**12) and worker N > 0 writes ``<trace_file>.worker<N>``, so no two processes write one file."""
+        self._last_id = max(self._last_id, worker_id * 10**12)
+        self._suffix = f".worker{worker_id}" if worker_id else ""
 
     # -- settings ---------------------------------------------------------------------------------
     def configure(self, global_settings: dict[str, list[str]], models: dict[str, dict[str, list[str]]]) -> None:
@@ -178,7 +185,7 @@ class Tracer:
             sampler.stream = []
 
     def _queue(self, path: str, indexed: bool, entries: list[dict[str, Any]]) -> None:
-        self._pending.append((path, indexed, entries))
+        self._pending.append((path + self._suffix, indexed, entries))
         self._idle.clear()
         if self._writer is None:
             self._writer = gevent.spawn(self._write_loop)

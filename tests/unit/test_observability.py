@@ -62,6 +62,17 @@ def test_rate_count_and_writer(tmp_path: Path) -> None:
     assert [e["activity"] for e in entries if "activity" in e] == ["TENSOR_QUEUE_INPUT", "TENSOR_BACKEND_OUTPUT"]
 
 
+def test_worker_ids_and_files(tmp_path: Path) -> None:
+    tracer = Tracer()
+    tracer.for_worker(2)
+    RuntimeSettings(trace={"trace_level": ["TIMESTAMPS"], "trace_rate": ["1"], "trace_file": [str(tmp_path / "t.json")]},
+                    tracer=tracer)
+    tracer.version("m", 1).batch([_item("w")], None, 200, 300, (0, 0, 0))
+    assert tracer.flush(10)
+    assert not (tmp_path / "t.json").exists()
+    assert json.loads((tmp_path / "t.json.worker2").read_text())[0]["id"] == 2 * 10**12 + 1
+
+
 def test_per_model_override_and_off_by_default(tmp_path: Path) -> None:
     tracer = Tracer()
     settings = RuntimeSettings(trace={"trace_file": [str(tmp_path / "t.json")]}, tracer=tracer)
