@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from . import __version__, fastpath
+from . import __version__, fastpath, runtime_settings
 from .settings import Settings, default_grpc_max_connections
 
 _TRUE = {"true", "1", "yes", "on"}
@@ -139,7 +139,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=1, metavar="N",
                    help="worker processes serving the same ports under gunicorn's arbiter (default 1: "
                         "one process, no arbiter); see conf/gunicorn.conf.py")
+    _trace_flags(p)
     return p
+
+
+def _trace_flags(p: argparse.ArgumentParser) -> None:
+    """Triton's ``--trace-config`` and its deprecated single flags (tracing.py records the traces)."""
+    p.add_argument("--trace-config", action="append", default=[], metavar="[MODE,]KEY=VALUE",
+                   help="trace settings: level=TIMESTAMPS|TENSORS|OFF, rate=N, count=N, triton,file=PATH, "
+                        "triton,log-frequency=N")
+    for flag, dest in (("--trace-file", "trace_file"), ("--trace-level", "trace_level"),
+                       ("--trace-rate", "trace_rate"), ("--trace-count", "trace_count"),
+                       ("--trace-log-frequency", "log_frequency")):
+        p.add_argument(flag, action="append", default=[], dest=f"deprecated_{dest}", help="deprecated: --trace-config")
+
+
+def _trace_settings(args: argparse.Namespace) -> dict[str, list[str]]:
+    old = {k[len("deprecated_"):]: v for k, v in vars(args).items() if k.startswith("deprecated_trace") or
+           k == "deprecated_log_frequency"}
+    try:
+        return runtime_settings.trace_config(args.trace_config, old)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
 
 
 def parse(argv: Sequence[str] | None = None, environ: dict[str, str] | None = None) -> Settings:
@@ -201,6 +222,7 @@ def parse(argv: Sequence[str] | None = None, environ: dict[str, str] | None = No
         workers=args.workers,
         http_restricted_api=tuple(args.http_restricted_api),
         grpc_restricted_protocol=tuple(args.grpc_restricted_protocol),
+        trace_config=_trace_settings(args),
     )
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import gevent
 import gevent.event
 
-from . import hostwide
+from . import hostwide, live_status
 from .actors.model import LoadSettings
 from .actors.repository import RepositoryActor
 from .backends.base import Backend
@@ -72,13 +72,15 @@ class Server:
                                           settings.model_control_mode, settings.load_models,
                                           settings.repository_poll_secs, settings.model_load_thread_count)
         shm = SharedMemoryRegistry(settings.allow_client_shm, load.gpu_count)
-        runtime = RuntimeSettings(settings.log_info, settings.log_verbose)
+        runtime = RuntimeSettings(settings.log_info, settings.log_verbose, settings.trace_config)
+        runtime.tracer.for_worker(self.host.worker_id)  # trace ids and files apart per worker (tracing.py)
         hostwide.register_handlers(self.host, self.repository, shm, runtime)
         self.plane = DataPlane(self.repository, settings.server_id, settings.strict_readiness,
                                hostwide.HostSharedMemory(shm, self.host),  # type: ignore[arg-type]
                                hostwide.HostRuntimeSettings(runtime, self.host),  # type: ignore[arg-type]
                                self.host)
         self.server_calls = ServerCalls(self.plane)  # BLS and model control from Python models
+        self.host.register("status", lambda args: live_status.local_status(self.plane, args))  # the status page
         self.http: HttpServer | None = None
         self.frontend: HttpFrontend | None = None
         self.grpc: GrpcH2Server | None = None
@@ -162,6 +164,8 @@ class Server:
         except Exception as e:  # noqa: BLE001
             log.error("unloading models at shutdown: %s", e)
         self.plane.live = False
+        if not self.plane.runtime.tracer.flush(timeout=10):
+            log.warning("traces still being written at shutdown")
         self.plane.shm.close()
         self.repository.stop(timeout=5)
         self.server_calls.uninstall()

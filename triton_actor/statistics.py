@@ -29,6 +29,44 @@ class BatchStat:
     compute_output: Duration = field(default_factory=Duration)
 
 
+# Request latency histogram (the status page's percentiles): fixed log-spaced buckets, four per octave of
+# 256 ns units (a bucket's bounds are at most 25% apart) up to about 10 hours (longer lands in the last);
+# the index comes from ``int.bit_length``: constant cost, no search, no allocation per request. Indexes
+# 4-11 stay empty (the first octaves are the four 256 ns buckets 0-3).
+LATENCY_BUCKETS = 152
+_LAST_OCTAVE = LATENCY_BUCKETS // 4  # from this octave on, everything lands in the last bucket
+
+
+def latency_bucket(ns: int) -> int:
+    v = ns >> 8
+    b = v.bit_length()
+    if b < 3:
+        return v
+    return min(b * 4 + ((v >> (b - 3)) & 3), LATENCY_BUCKETS - 1)
+
+
+def bucket_upper_ns(index: int) -> int:
+    """The exclusive upper bound of bucket ``index`` in ns (what a percentile in that bucket reports)."""
+    if index < 12:
+        return (min(index, 3) + 1) << 8
+    b, sub = divmod(index, 4)
+    return ((5 + sub) << (b - 3)) << 8
+
+
+def percentile_ns(buckets: list[int], q: float) -> int:
+    """The upper bound of the bucket holding the ``q`` quantile (0 < q <= 1); 0 without data."""
+    total = sum(buckets)
+    if not total:
+        return 0
+    rank = q * total
+    seen = 0
+    for i, n in enumerate(buckets):
+        seen += n
+        if n and seen >= rank:
+            return bucket_upper_ns(i)
+    return bucket_upper_ns(len(buckets) - 1)
+
+
 class VersionStats:
     """Counters of one model version. Counting rules mirror Triton core:
 
@@ -37,7 +75,7 @@ class VersionStats:
     """
 
     __slots__ = ("name", "version", "last_inference", "inference_count", "execution_count", "durations",
-                 "batches", "_success", "_queue", "_input", "_infer", "_output")
+                 "batches", "latency", "_success", "_queue", "_input", "_infer", "_output")
 
     def __init__(self, name: str, version: int) -> None:
         self.name = name
@@ -47,6 +85,7 @@ class VersionStats:
         self.execution_count = 0
         self.durations = {k: Duration() for k in _DURATIONS}
         self.batches: dict[int, BatchStat] = {}
+        self.latency = [0] * LATENCY_BUCKETS  # successful requests by end-to-end time (latency_bucket)
         d = self.durations  # the hot path adds to these directly (a method call each is measurable)
         self._success, self._queue = d["success"], d["queue"]
         self._input, self._infer, self._output = d["compute_input"], d["compute_infer"], d["compute_output"]
@@ -68,6 +107,9 @@ class VersionStats:
     def record_success(self, batch_size: int, total_ns: int, queue_ns: int, timings: tuple[int, int, int]) -> None:
         """A request answered: its elements count as inferences, its batch's compute times are its own."""
         self.inference_count += batch_size
+        v = total_ns >> 8  # latency_bucket(total_ns), inlined: a call costs more than the arithmetic
+        b = v.bit_length()
+        self.latency[(b * 4 + ((v >> (b - 3)) & 3) if b < _LAST_OCTAVE else LATENCY_BUCKETS - 1) if b >= 3 else v] += 1
         for duration, ns in ((self._success, total_ns), (self._queue, queue_ns), (self._input, timings[0]),
                              (self._infer, timings[1]), (self._output, timings[2])):
             duration.count += 1
@@ -90,4 +132,5 @@ class VersionStats:
                 size: (b.compute_input.count, b.compute_input.ns, b.compute_infer.ns, b.compute_output.ns)
                 for size, b in sorted(self.batches.items())
             },
+            "latency": list(self.latency),
         }

@@ -3,7 +3,7 @@
 An :class:`InlineActor`: its handlers never block, so while fast paths are on a message is handled on
 the sender's stack when the actor is idle (no loop greenlet, no switch); with them off it is a plain
 actor with its loop greenlet. Messages: :class:`Enqueue` (tell, carries its Reply), :class:`BatchDone`
-(event from an instance's completion, in the hub or the caller), :class:`GetStats` (ask),
+(event from an instance's completion, in the hub or the caller), :class:`GetStats` and :class:`GetStatus` (ask),
 :class:`Drain` (tell, carries its Reply: completed once nothing is queued or running).
 State owned: the request queue, the idle instances (:class:`ModelInstance`, single-owner hub
 objects: only this actor calls them once it started), the version's :class:`VersionStats`.
@@ -38,6 +38,7 @@ from ..backends.base import RESCHEDULE
 from ..errors import TritonError
 from ..inference import InferRequest, InferResponse
 from ..statistics import VersionStats
+from ..tracing import VersionTrace
 from .batch_queue import BatchPolicy, BatchQueue, timeout_error
 from .instance import ModelInstance
 from .kernel import InlineActor, Reply
@@ -68,6 +69,11 @@ class GetStats:
 
 
 @dataclass(frozen=True, slots=True)
+class GetStatus:
+    """The status page's view: the statistics snapshot plus the live queue and instances."""
+
+
+@dataclass(frozen=True, slots=True)
 class _Wake:
     """The timer fired: the batcher's delay or a request's timeout is due."""
 
@@ -83,12 +89,16 @@ class SchedulerActor(InlineActor):
     """Default and dynamic-batching scheduler of one model version."""
 
     def __init__(self, name: str, instances: list[ModelInstance], stats: VersionStats,
-                 policy: BatchPolicy | None = None, clock: Callable[[], int] = time.perf_counter_ns) -> None:
+                 policy: BatchPolicy | None = None, clock: Callable[[], int] = time.perf_counter_ns,
+                 trace: VersionTrace | None = None) -> None:
         super().__init__(name)
+        self._trace = trace or _NO_TRACE  # tracing.py: ``.on`` is read once per finished batch
         self._policy = policy or BatchPolicy()
         self._queue: BatchQueue[Enqueue] = BatchQueue(self._policy)
         self._idle: list[ModelInstance] = list(reversed(instances))
         self._busy = 0
+        self._running = 0  # requests in the batches being executed
+        self._instance_names = [i.name for i in instances]
         self._stats = stats
         self._clock = clock
         self._drains: list[Reply[None]] = []
@@ -135,6 +145,7 @@ class SchedulerActor(InlineActor):
                     _complete(item, False, error)
         finally:
             self._busy -= 1
+            self._running -= len(msg.items)
             self._idle.append(msg.instance)
         self._dispatch()
 
@@ -153,6 +164,8 @@ class SchedulerActor(InlineActor):
                 else:
                     stats.record_success(item.batch_size, now - item.start_ns, msg.dispatch_ns - item.start_ns, timings)
                     self._respond(item, True, result)
+            if self._trace.on:
+                self._trace.batch(msg.items, results, msg.dispatch_ns, now, timings)
         else:
             stats.record_execution(sum(i.batch_size for i in msg.items), 0, 0, 0)
             error = msg.value if isinstance(msg.value, TritonError) else TritonError.internal(
@@ -160,6 +173,8 @@ class SchedulerActor(InlineActor):
             for item in msg.items:
                 stats.record_failure(now - item.start_ns)
                 self._respond(item, False, error)
+            if self._trace.on:
+                self._trace.batch(msg.items, None, msg.dispatch_ns, now, (0, 0, 0))
 
     def _requeue(self, item: Enqueue) -> None:
         """A request its model rescheduled: back into the queue (the dispatch after this batch
@@ -204,6 +219,10 @@ class SchedulerActor(InlineActor):
     def on_GetStats(self, _msg: GetStats) -> dict[str, object]:
         return self._stats.snapshot()
 
+    def on_GetStatus(self, _msg: GetStatus) -> dict[str, object]:
+        return {"stats": self._stats.snapshot(), "queued": len(self._queue), "running": self._running,
+                "busy_instances": self._busy, "instances": list(self._instance_names)}
+
     def on_Drain(self, msg: Drain) -> None:
         self._drains.append(msg.reply)
         self._maybe_drained()
@@ -247,6 +266,7 @@ class SchedulerActor(InlineActor):
                 self._next_seq += 1
         dispatch_ns = self._clock()
         self._busy += 1
+        self._running += len(items)
         instance.execute([i.request for i in items], self._completion(instance, items, dispatch_ns))
 
     def _expire(self, items: list[Enqueue], now: int) -> None:
@@ -304,6 +324,13 @@ class SchedulerActor(InlineActor):
             for reply in self._drains:
                 reply.set(None)
             self._drains.clear()
+
+
+class _NoTrace:
+    on = False
+
+
+_NO_TRACE: Any = _NoTrace()
 
 
 def _complete(item: Enqueue, ok: bool, value: Any) -> None:

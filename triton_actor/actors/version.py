@@ -18,6 +18,7 @@ from ..repository import layout
 from ..repository.config import ModelConfig
 from ..repository.snapshot import FileEntry
 from ..statistics import VersionStats
+from ..tracing import TRACER
 from ..validation import RequestValidator
 from .batch_queue import BatchPolicy
 from .handles import LOADING, READY, UNAVAILABLE, UNKNOWN, ReadyState, VersionHandle, check_transition
@@ -96,7 +97,8 @@ def start_version(src: VersionSource, load_timeout_s: float) -> Version:
         warm_up(src.config, src.model_dir, src.model, src.version, instances)
         stats = VersionStats(src.model, src.version)
         scheduler = SchedulerActor(f"scheduler:{src.model}:{src.version}", instances, stats,
-                                   BatchPolicy.from_config(src.config))
+                                   BatchPolicy.from_config(src.config),
+                                   trace=TRACER.version(src.model, src.version))
         scheduler.start()
     except Exception as e:  # noqa: BLE001 - any load failure becomes the version's reason
         for inst in instances:

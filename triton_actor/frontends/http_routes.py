@@ -22,6 +22,7 @@ from ..errors import Code, TritonError
 from ..inference import InferRequest, InferResponse
 from ..protocol import generate, payloads, repository_http, v2_http
 from .http import JSON_HEADERS, TEXT_HEADERS, HttpRequest, Reply, View, json_reply
+from .status_page import status_routes
 
 _OK_EMPTY: Reply = ("200 OK", TEXT_HEADERS, b"")
 _OK_EMPTY_JSON: Reply = ("200 OK", JSON_HEADERS, b"")  # Triton: load/unload answer 200, empty body
@@ -36,7 +37,7 @@ def create_app(plane: DataPlane) -> Flask:
     app.url_map.strict_slashes = False
     app.url_map.merge_slashes = False  # '//' is a 404, not a redirect
     for group in (_health_routes, _model_routes, _infer_routes, _generate_routes, _shm_routes,
-                  _repository_routes, _settings_routes):
+                  _repository_routes, _settings_routes, status_routes):
         group(app, plane)
     return app
 
