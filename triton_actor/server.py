@@ -28,7 +28,10 @@ from .frontends.grpc_h2 import GrpcH2Server
 from .frontends.http import HttpFrontend
 from .frontends.http_routes import create_app
 from .frontends.http_server import HttpServer
+from .frontends.metrics_server import MetricsServer
 from .host import Host, LocalHost
+from .metrics.snapshot import MetricsSource
+from .metrics.statsd_push import StatsdPusher
 from .protocol import http1
 from .runtime_settings import RuntimeSettings
 from .settings import Settings
@@ -70,6 +73,9 @@ class Server:
         self.plane = DataPlane(self.repository, settings.server_id, settings.strict_readiness,
                                SharedMemoryRegistry(settings.allow_client_shm, load.gpu_count),
                                RuntimeSettings(settings.log_info, settings.log_verbose), self.host)
+        self.host.register("metrics", MetricsSource(self.repository))  # this process's share of /metrics
+        self.metrics: MetricsServer | None = None
+        self.statsd: StatsdPusher | None = None
         self.http: HttpServer | None = None
         self.frontend: HttpFrontend | None = None
         self.grpc: GrpcH2Server | None = None
@@ -95,6 +101,7 @@ class Server:
             self.http = HttpServer(s.http_address, s.http_port, self.frontend, limits, s.http_max_connections)
             self.http.start()
             log.info("Started HTTPService at %s:%d", s.http_address, self.http.server_port)
+        self._start_metrics()
         self.plane.live = True
         failures = self.repository.ref.load_all().get()
         for name, reason in sorted(failures.items()):
@@ -104,6 +111,22 @@ class Server:
         self.plane.accepting = True
         log.info("server is ready: %d model(s) loaded, %d failed",
                  len(self.repository.routes) - len(failures), len(failures))
+
+    def _start_metrics(self, listener: Any = None) -> None:
+        """``/metrics`` (on ``listener``, a bound listening socket, or on the flags' address and port) and
+        the StatsD push; with several workers only worker 0 pushes, the host's totals (statsd_push.py)."""
+        s = self.settings
+        if s.allow_metrics:
+            self.metrics = MetricsServer(self.host, s.metrics_config, listener or (s.metrics_address, s.metrics_port),
+                                         s.metrics_interval_ms / 1000)
+            log.info("Started Metrics Service at %s:%d", s.metrics_address, self.metrics.start())
+        if s.statsd_host and self.host.worker_id == 0:
+            system = (lambda: self.metrics.sampler.values) if self.metrics is not None else None
+            self.statsd = StatsdPusher(lambda: self.host.gather("metrics"), s.statsd_host, s.statsd_port,
+                                       s.statsd_prefix, s.statsd_interval_ms / 1000, system)
+            self.statsd.start()
+            log.info("Pushing metrics to StatsD at %s:%d every %d ms", s.statsd_host, s.statsd_port,
+                     s.statsd_interval_ms)
 
     def stop(self) -> None:
         """Stop accepting, drain in-flight requests, finalize the models (idempotent)."""
@@ -121,7 +144,11 @@ class Server:
                             self.settings.exit_timeout_secs)
             self.http.stop(timeout=1)
         if grpc_stop is not None:
-            grpc_stop.join()  # gRPC refuses new RPCs and waits for running ones, alongside HTTP's drain
+            grpc_stop.join()
+        if self.statsd is not None:
+            self.statsd.stop()  # one last push: the requests that just finished
+        if self.metrics is not None:
+            self.metrics.stop()  # gRPC refuses new RPCs and waits for running ones, alongside HTTP's drain
         try:
             self.repository.ref.unload_all().get(self.settings.exit_timeout_secs)
         except Exception as e:  # noqa: BLE001

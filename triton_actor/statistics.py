@@ -9,6 +9,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+# nv_inference_request_failure's ``reason`` label (Triton core's FailureReason); every series exists from load
+FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+
 _DURATIONS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit", "cache_miss")
 
 
@@ -37,7 +40,7 @@ class VersionStats:
     """
 
     __slots__ = ("name", "version", "last_inference", "inference_count", "execution_count", "durations",
-                 "batches", "_success", "_queue", "_input", "_infer", "_output")
+                 "batches", "failures", "load_secs", "_success", "_queue", "_input", "_infer", "_output")
 
     def __init__(self, name: str, version: int) -> None:
         self.name = name
@@ -47,6 +50,8 @@ class VersionStats:
         self.execution_count = 0
         self.durations = {k: Duration() for k in _DURATIONS}
         self.batches: dict[int, BatchStat] = {}
+        self.failures = dict.fromkeys(FAILURE_REASONS, 0)  # failed requests by reason (metrics only)
+        self.load_secs = 0.0  # how long the version took to load (nv_model_load_duration_secs)
         d = self.durations  # the hot path adds to these directly (a method call each is measurable)
         self._success, self._queue = d["success"], d["queue"]
         self._input, self._infer, self._output = d["compute_input"], d["compute_infer"], d["compute_output"]
@@ -73,9 +78,11 @@ class VersionStats:
             duration.count += 1
             duration.ns += ns
 
-    def record_failure(self, total_ns: int) -> None:
-        """A request that reached the scheduler and failed (rejected-before-queueing ones are not counted)."""
+    def record_failure(self, total_ns: int, reason: str = "OTHER") -> None:
+        """A request that reached the scheduler and failed (rejected-before-queueing ones are not counted);
+        ``reason`` is one of :data:`FAILURE_REASONS`."""
         self.durations["fail"].add(total_ns)
+        self.failures[reason] += 1
 
     def snapshot(self) -> dict[str, object]:
         """A plain-data copy for the protocol layer."""
@@ -86,6 +93,8 @@ class VersionStats:
             "inference_count": self.inference_count,
             "execution_count": self.execution_count,
             "durations": {k: (v.count, v.ns) for k, v in self.durations.items()},
+            "failures": dict(self.failures),
+            "load_secs": self.load_secs,
             "batches": {
                 size: (b.compute_input.count, b.compute_input.ns, b.compute_infer.ns, b.compute_output.ns)
                 for size, b in sorted(self.batches.items())

@@ -94,6 +94,7 @@ def start_version(src: VersionSource, load_timeout_s: float) -> Version:
             raise failures[0]
         warm_up(src.config, src.model_dir, src.model, src.version, instances)
         stats = VersionStats(src.model, src.version)
+        stats.load_secs = time.monotonic() - start
         scheduler = SchedulerActor(f"scheduler:{src.model}:{src.version}", instances, stats,
                                    BatchPolicy.from_config(src.config))
         scheduler.start()

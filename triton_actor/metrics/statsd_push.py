@@ -1,0 +1,113 @@
+"""StatsD push: the same totals as ``/metrics``, sent every ``--statsd-interval-ms`` with the ``statsd`` client.
+
+Names (Graphite's dotted style; model names sanitised to ``[A-Za-z0-9_-]``, everything else becomes ``_``),
+under ``--statsd-prefix`` (``triton``)::
+
+    <prefix>.model.<model>.<version>.request_success            counter (increments since the last push)
+    <prefix>.model.<model>.<version>.request_failure.<REASON>   counter (REJECTED, CANCELED, BACKEND, OTHER)
+    <prefix>.model.<model>.<version>.inference_count            counter
+    <prefix>.model.<model>.<version>.exec_count                 counter
+    <prefix>.model.<model>.<version>.pending_request_count      gauge
+    <prefix>.model.<model>.<version>.load_duration_secs         gauge
+    <prefix>.model.<model>.<version>.<stage>_duration_ms        timer: mean per request over the interval
+                                    (stage: request, queue, compute_input, compute_infer, compute_output)
+    <prefix>.cpu_utilization, cpu_memory_total_bytes, cpu_memory_used_bytes   gauges
+
+Several workers: one pusher per host, in the worker whose ``host.worker_id`` is 0; it pushes the host's
+totals (``host.gather("metrics")``), so gauges are not overwritten by each worker in turn and counters are
+sent once. Owner: the server of that worker; the previous totals (for the deltas) are the pusher's own.
+Failure: StatsD is UDP, fire and forget; an error building or sending one push is logged and the next push
+sends the deltas since the last successful one.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+from typing import Any
+
+import gevent
+import statsd
+
+from .families import merge_models
+
+log = logging.getLogger(__name__)
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+_STAGES = ("request", "queue", "compute_input", "compute_infer", "compute_output")
+
+
+def sanitise(name: str) -> str:
+    """A model name as one Graphite path component (dots would split it)."""
+    return _UNSAFE.sub("_", name) or "_"
+
+
+class StatsdPusher:
+    """Every ``interval_s``: gather, diff with the last push, send counters, timers and gauges."""
+
+    def __init__(self, gather: Callable[[], list[dict[str, Any]]], host: str, port: int = 8125,
+                 prefix: str = "triton", interval_s: float = 1.0,
+                 system: Callable[[], dict[str, list[tuple[dict[str, str], float]]]] | None = None) -> None:
+        self.gather = gather
+        self.client = statsd.StatsClient(host, port, prefix=prefix or None)
+        self.interval_s = interval_s
+        self.system = system
+        self._last: dict[tuple[str, str], dict[str, Any]] = {}
+        self._greenlet: gevent.Greenlet | None = None
+
+    def start(self) -> None:
+        self._greenlet = gevent.spawn(self._loop)
+
+    def stop(self, flush: bool = True) -> None:
+        if self._greenlet is not None:
+            self._greenlet.kill()
+        if flush:
+            self.push_once()
+
+    def _loop(self) -> None:
+        while True:
+            gevent.sleep(self.interval_s)  # the push period itself, not a synchronisation
+            self.push_once()
+
+    def push_once(self) -> None:
+        try:
+            models = merge_models(self.gather())
+            with self.client.pipeline() as pipe:
+                for entry in models:
+                    self._push_model(pipe, entry)
+                self._push_system(pipe)
+        except Exception:  # one lost push; the next sends the deltas since the last one
+            log.exception("statsd push failed")
+
+    def _push_model(self, pipe: Any, e: dict[str, Any]) -> None:
+        key = (e["model"], e["version"])
+        base = f"model.{sanitise(e['model'])}.{sanitise(e['version'])}"
+        last = self._last.get(key)
+        self._last[key] = e
+        prev = last or {"success": 0, "inference_count": 0, "exec_count": 0, "failures": {},
+                        "durations_us": dict.fromkeys(_STAGES, 0)}
+        for field in ("success", "inference_count", "exec_count"):
+            name = "request_success" if field == "success" else field
+            delta = e[field] - prev[field]
+            if delta > 0 or last is None:
+                pipe.incr(f"{base}.{name}", delta)
+        for reason, n in e["failures"].items():
+            delta = n - prev["failures"].get(reason, 0)
+            if delta > 0 or last is None:
+                pipe.incr(f"{base}.request_failure.{reason}", delta)
+        requests = e["success"] - prev["success"]
+        if requests > 0:
+            for stage in _STAGES:
+                mean_us = (e["durations_us"][stage] - prev["durations_us"][stage]) / requests
+                pipe.timing(f"{base}.{stage}_duration_ms", mean_us / 1000.0)
+        pipe.gauge(f"{base}.pending_request_count", e["pending"])
+        pipe.gauge(f"{base}.load_duration_secs", e["load_secs"])
+
+    def _push_system(self, pipe: Any) -> None:
+        if self.system is None:
+            return
+        for name, series in self.system().items():
+            for labels, value in series:
+                suffix = f".{sanitise(labels['gpu_uuid'])}" if "gpu_uuid" in labels else ""
+                pipe.gauge(name.removeprefix("nv_") + suffix, value)
