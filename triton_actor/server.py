@@ -65,6 +65,7 @@ class Server:
             auto_complete=settings.auto_complete,
             config_name=settings.model_config_name,
             backend_config=settings.backend_config,
+            latency_metrics=(settings.metrics_config.summary_latencies, settings.metrics_config.histogram_latencies),
         )
         backends = backends or default_backends(settings.backend_config)
         self.repository = RepositoryActor(list(settings.model_repositories), backends, load,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 # nv_inference_request_failure's ``reason`` label (Triton core's FailureReason); every series exists from load
 FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
@@ -40,7 +41,7 @@ class VersionStats:
     """
 
     __slots__ = ("name", "version", "last_inference", "inference_count", "execution_count", "durations",
-                 "batches", "failures", "load_secs", "_success", "_queue", "_input", "_infer", "_output")
+                 "batches", "failures", "load_secs", "latency", "_success", "_queue", "_input", "_infer", "_output")
 
     def __init__(self, name: str, version: int) -> None:
         self.name = name
@@ -52,6 +53,7 @@ class VersionStats:
         self.batches: dict[int, BatchStat] = {}
         self.failures = dict.fromkeys(FAILURE_REASONS, 0)  # failed requests by reason (metrics only)
         self.load_secs = 0.0  # how long the version took to load (nv_model_load_duration_secs)
+        self.latency: Any = None  # a metrics.latency.LatencyRecorder when summaries/histograms are on
         d = self.durations  # the hot path adds to these directly (a method call each is measurable)
         self._success, self._queue = d["success"], d["queue"]
         self._input, self._infer, self._output = d["compute_input"], d["compute_infer"], d["compute_output"]
@@ -77,6 +79,8 @@ class VersionStats:
                              (self._infer, timings[1]), (self._output, timings[2])):
             duration.count += 1
             duration.ns += ns
+        if self.latency is not None:
+            self.latency.observe(total_ns, queue_ns, timings)
 
     def record_failure(self, total_ns: int, reason: str = "OTHER") -> None:
         """A request that reached the scheduler and failed (rejected-before-queueing ones are not counted);
@@ -95,6 +99,7 @@ class VersionStats:
             "durations": {k: (v.count, v.ns) for k, v in self.durations.items()},
             "failures": dict(self.failures),
             "load_secs": self.load_secs,
+            **({"latency": self.latency.snapshot()} if self.latency is not None else {}),
             "batches": {
                 size: (b.compute_input.count, b.compute_input.ns, b.compute_infer.ns, b.compute_output.ns)
                 for size, b in sorted(self.batches.items())

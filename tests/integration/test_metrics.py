@@ -262,3 +262,33 @@ def test_statsd_push_reaches_graphite(tmp_path: Path, start_server) -> None:
         graphite.wait_for("stats.gauges.triton.cpu_memory_total_bytes", lambda p: p and p[-1] > 0)
     finally:
         graphite.stop()
+
+
+def test_summaries_and_first_response_histogram_behind_their_switches(tmp_path: Path, start_server) -> None:
+    add_model(tmp_path, "echo", ECHO_CONFIG, ECHO_PY)
+    server = start_server(tmp_path, flags=("--metrics-config", "summary_latencies=true",
+                                           "--metrics-config", "histogram_latencies=true",
+                                           "--metrics-config", "summary_quantiles=0.5:0.05,0.99:0.001",
+                                           "--metrics-config", "counter_latencies=false"))
+    with httpclient.InferenceServerClient(server.url) as client:
+        for _ in range(5):
+            _infer(client, httpclient, 1)
+    text = scrape(server)
+    m = {"model": "echo", "version": "1"}
+    assert "# TYPE nv_inference_request_summary_us summary" in text
+    assert value(text, "nv_inference_request_summary_us_count", **m) == 5
+    p50 = value(text, "nv_inference_request_summary_us", **m, quantile="0.5")
+    p99 = value(text, "nv_inference_request_summary_us", **m, quantile="0.99")
+    assert 0 < p50 <= p99 <= value(text, "nv_inference_request_summary_us_sum", **m)
+    assert value(text, "nv_inference_compute_infer_summary_us_count", **m) == 5
+    assert "# TYPE nv_inference_first_response_histogram_ms histogram" in text
+    assert value(text, "nv_inference_first_response_histogram_ms_bucket", **m, le="+Inf") == 5
+    assert value(text, "nv_inference_first_response_histogram_ms_count", **m) == 5
+    assert "nv_inference_request_duration_us" not in text  # counter_latencies=false
+
+
+def test_no_summaries_by_default(tmp_path: Path, start_server) -> None:
+    add_model(tmp_path, "echo", ECHO_CONFIG, ECHO_PY)
+    server = start_server(tmp_path)
+    text = scrape(server)
+    assert "summary_us" not in text and "histogram_ms" not in text

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..backends.base import Backend, InstanceContext
 from ..errors import TritonError
+from ..metrics.latency import LatencyRecorder
 from ..repository import layout
 from ..repository.config import ModelConfig
 from ..repository.snapshot import FileEntry
@@ -76,7 +77,8 @@ class VersionSource:
     files: tuple[FileEntry, ...]
 
 
-def start_version(src: VersionSource, load_timeout_s: float) -> Version:
+def start_version(src: VersionSource, load_timeout_s: float,
+                  latency_metrics: tuple[bool, bool] = (False, False)) -> Version:
     """Create the instances (each on its own native thread), warm them up, start the scheduler."""
     start = time.monotonic()
     rec = Version(src.version, LOADING, files=src.files)
@@ -95,6 +97,8 @@ def start_version(src: VersionSource, load_timeout_s: float) -> Version:
         warm_up(src.config, src.model_dir, src.model, src.version, instances)
         stats = VersionStats(src.model, src.version)
         stats.load_secs = time.monotonic() - start
+        if any(latency_metrics):  # --metrics-config summary_latencies / histogram_latencies
+            stats.latency = LatencyRecorder(*latency_metrics)
         scheduler = SchedulerActor(f"scheduler:{src.model}:{src.version}", instances, stats,
                                    BatchPolicy.from_config(src.config))
         scheduler.start()

@@ -1,8 +1,9 @@
 """``--metrics-config`` switches (Triton's names), parsed once at start-up into a frozen value.
 
 Triton accepts ``--metrics-config <key>=<value>`` repeatedly; we know ``counter_latencies`` (the
-``*_duration_us`` counters, on by default), ``summary_latencies`` and ``histogram_latencies`` (accepted,
-but not produced yet: see the README) and ``summary_quantiles`` (``q:error,...``). Unknown keys are an error,
+``*_duration_us`` counters, on by default), ``summary_latencies`` (the ``*_summary_us`` summaries),
+``histogram_latencies`` (``nv_inference_first_response_histogram_ms``), both off by default, and
+``summary_quantiles`` (``q:error,...``; the error is accepted and unused: quantiles are exact over the window). Unknown keys are an error,
 as they are for tritonserver.
 """
 

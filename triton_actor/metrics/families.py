@@ -10,10 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+import numpy as np
 from prometheus_client.core import Metric
 
 from ..statistics import FAILURE_REASONS
 from .config import MetricsConfig
+from .latency import STAGES as _STAGE_NAMES
 
 _COUNTERS = (  # family, help, snapshot field
     ("nv_inference_request_success", "Number of successful inference requests, all batch sizes", "success"),
@@ -63,7 +65,22 @@ def merge_models(snapshots: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
             for k, us in e["durations_us"].items():
                 m["durations_us"][k] += us
             m["load_secs"] = max(m["load_secs"], e["load_secs"])
+            if "latency" in e:
+                m["latency"] = merge_latency(m.get("latency"), e["latency"])
     return [merged[k] for k in sorted(merged)]
+
+
+def merge_latency(a: dict[str, Any] | None, b: dict[str, Any]) -> dict[str, Any]:
+    """Two workers' :class:`~.latency.LatencyRecorder` snapshots of one version as one."""
+    if a is None:
+        return b
+    out = {"count": a["count"] + b["count"], "sums": [x + y for x, y in zip(a["sums"], b["sums"], strict=True)]}
+    if "samples" in a:
+        out["samples"] = {k: a["samples"][k] + b["samples"][k] for k in a["samples"]}
+    if "buckets" in a:
+        out["buckets"] = [x + y for x, y in zip(a["buckets"], b["buckets"], strict=True)]
+        out["bounds"] = a["bounds"]
+    return out
 
 
 def merge_custom(snapshots: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -104,8 +121,59 @@ def model_families(models: list[dict[str, Any]], config: MetricsConfig) -> Itera
     if config.counter_latencies:
         yield from _per_model(models, [(n, h, lambda e, k=k: e["durations_us"][k]) for n, h, k in _DURATIONS],
                               "counter")
+    if config.summary_latencies:
+        yield from summary_families(models, config.summary_quantiles)
+    if config.histogram_latencies:
+        yield from histogram_family(models)
     yield from _per_model(models, [("nv_model_load_duration_secs", "Model load time in seconds",
                                     lambda e: e["load_secs"])], "gauge")
+
+
+_SUMMARIES = (  # family, help, LatencyRecorder stage index
+    ("nv_inference_request_summary_us", "Summary of inference request duration in microseconds "
+     "(includes cached requests)", 0),
+    ("nv_inference_queue_summary_us", "Summary of inference queuing duration in microseconds "
+     "(includes cached requests)", 1),
+    ("nv_inference_compute_input_summary_us", "Summary of compute input duration in microseconds "
+     "(does not include cached requests)", 2),
+    ("nv_inference_compute_infer_summary_us", "Summary of compute inference duration in microseconds "
+     "(does not include cached requests)", 3),
+    ("nv_inference_compute_output_summary_us", "Summary of inference compute output duration in microseconds "
+     "(does not include cached requests)", 4),
+)
+
+
+def summary_families(models: list[dict[str, Any]], quantiles: tuple[tuple[float, float], ...]) -> Iterator[Metric]:
+    """Quantiles over each version's recent window (all workers' samples together), count and sum since load."""
+    for name, help_text, index in _SUMMARIES:
+        m = Metric(name, help_text, "summary")
+        for e in models:
+            lat = e.get("latency")
+            if lat is None or "samples" not in lat:
+                continue
+            window = np.asarray(lat["samples"][_STAGE_NAMES[index]], dtype=np.float64)
+            for q, _err in quantiles:
+                v = float(np.quantile(window, q)) if window.size else float("nan")
+                m.add_sample(name, {**_labels(e), "quantile": repr(q)}, v)
+            m.add_sample(name + "_count", _labels(e), lat["count"])
+            m.add_sample(name + "_sum", _labels(e), lat["sums"][index])
+        yield m
+
+
+def histogram_family(models: list[dict[str, Any]]) -> Iterator[Metric]:
+    name = "nv_inference_first_response_histogram_ms"
+    m = Metric(name, "Duration from request to first response in milliseconds", "histogram")
+    for e in models:
+        lat = e.get("latency")
+        if lat is None or "buckets" not in lat:
+            continue
+        cumulative = 0
+        for bound, n in zip([*lat["bounds"], float("inf")], lat["buckets"], strict=True):
+            cumulative += n
+            m.add_sample(name + "_bucket", {**_labels(e), "le": _bound(bound)}, cumulative)
+        m.add_sample(name + "_count", _labels(e), lat["count"])
+        m.add_sample(name + "_sum", _labels(e), lat["sums"][0] / 1000)
+    yield m
 
 
 def _per_model(models: list[dict[str, Any]], specs: list[tuple[str, str, Callable[[dict[str, Any]], float]]],

@@ -42,6 +42,7 @@ def version_entry(stats: dict[str, Any]) -> dict[str, Any]:
         "pending": stats.get("pending", 0),
         "durations_us": {k: d[src][1] // 1000 for k, src in DURATIONS.items()},
         "load_secs": stats.get("load_secs", 0.0),
+        **({"latency": stats["latency"]} if "latency" in stats else {}),
     }
 
 
