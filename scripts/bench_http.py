@@ -176,6 +176,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "bench_out")
     ap.add_argument("--metrics-compare", action="store_true",
                     help="triton_actor with metrics off vs on (scraped during the run); no Triton")
+    ap.add_argument("--stability", type=int, default=20,
+                    help="perf_analyzer's stability percentage (raise it on a busy machine)")
     ap.add_argument("--scrape-interval-ms", type=int, default=1000, help="--metrics-compare: scrape period")
     args = ap.parse_args()
     scraper = MetricsScraper(args.scrape_interval_ms / 1000) if args.metrics_compare else None
@@ -208,7 +210,7 @@ def main() -> int:
             for c in conc:
                 for name, (_, port) in servers.items():
                     step += 1
-                    res = perf(port, c, args.window_ms, work / "pa.csv")
+                    res = perf(port, c, args.window_ms, work / "pa.csv", stability=args.stability)
                     results[name][c].append(res)
                     print(f"[bench {step}/{steps}] round {r + 1} c={c} {name:12s} {res['rps']:8.0f} infer/s "
                           f"p50 {res['p50_us']:5.0f} us p99 {res['p99_us']:5.0f} us", flush=True)
