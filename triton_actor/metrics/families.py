@@ -153,7 +153,7 @@ def summary_families(models: list[dict[str, Any]], quantiles: tuple[tuple[float,
                 continue
             window = np.asarray(lat["samples"][_STAGE_NAMES[index]], dtype=np.float64)
             for q, _err in quantiles:
-                v = float(np.quantile(window, q)) if window.size else float("nan")
+                v = float(np.quantile(window, q, method="inverted_cdf")) if window.size else float("nan")
                 m.add_sample(name, {**_labels(e), "quantile": repr(q)}, v)
             m.add_sample(name + "_count", _labels(e), lat["count"])
             m.add_sample(name + "_sum", _labels(e), lat["sums"][index])

@@ -37,23 +37,23 @@ class LatencyRecorder:
 
     def observe(self, total_ns: int, queue_ns: int, timings: tuple[int, int, int]) -> None:
         """One successful request (scheduler's greenlet)."""
-        us = (total_ns // 1000, queue_ns // 1000, timings[0] // 1000, timings[1] // 1000, timings[2] // 1000)
+        ns = (total_ns, queue_ns, *timings)
         self.count += 1
-        sums = self.sums
-        for i, v in enumerate(us):
+        sums = self.sums  # ns, so that the sums match the *_duration_us counters (which sum ns too)
+        for i, v in enumerate(ns):
             sums[i] += v
         if self.summaries:
-            self._window.append((self._clock(), us))
+            self._window.append((self._clock(), tuple(v // 1000 for v in ns)))
         if self.histogram:
             self._buckets[bisect.bisect_left(FIRST_RESPONSE_BUCKETS_MS, total_ns / 1e6)] += 1
 
     def snapshot(self) -> dict[str, Any]:
-        """Plain data: ``samples`` (per stage, µs, the recent window), ``count``, ``sums``, ``buckets``."""
+        """Plain data: ``samples`` (per stage, µs, the recent window), ``count``, ``sums`` (µs), ``buckets``."""
         horizon = self._clock() - MAX_AGE_S
         while self._window and self._window[0][0] < horizon:
             self._window.popleft()
         recent = [s for _, s in self._window]
-        snap: dict[str, Any] = {"count": self.count, "sums": list(self.sums)}
+        snap: dict[str, Any] = {"count": self.count, "sums": [v // 1000 for v in self.sums]}  # µs
         if self.summaries:
             snap["samples"] = {stage: [s[i] for s in recent] for i, stage in enumerate(STAGES)}
         if self.histogram:
