@@ -5,6 +5,7 @@ example, and the StatsD push read back from a real carbon's whisper files."""
 from __future__ import annotations
 
 import re
+import socket
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -292,3 +293,13 @@ def test_no_summaries_by_default(tmp_path: Path, start_server) -> None:
     server = start_server(tmp_path)
     text = scrape(server)
     assert "summary_us" not in text and "histogram_ms" not in text
+
+
+def test_a_taken_metrics_port_stops_the_server_with_an_error(tmp_path: Path, start_server) -> None:
+    add_model(tmp_path, "echo", ECHO_CONFIG, ECHO_PY)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        server = start_server(tmp_path, flags=("--metrics-port", str(taken.getsockname()[1])), wait=False)
+        assert server.wait_exit(60) == 1  # as tritonserver: a port it cannot bind is fatal
+    assert "failed to start" in server.log()
