@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from . import hostwide
 from .actors.bridge import ResponseChannel
 from .actors.handles import READY, ModelHandle, VersionHandle
 from .actors.kernel import Reply
@@ -199,7 +200,6 @@ class DataPlane:
 
     # -- statistics and repository ----------------------------------------------------------------
     def statistics(self, name: str, version: int) -> dict[str, Any]:
-        stats = []
         if name:
             handle = self.repository.routes.get(name)
             if handle is None or not handle.ready_versions:
@@ -208,13 +208,9 @@ class DataPlane:
                 vh = handle.versions.get(version)
                 if vh is None or vh.state != READY:
                     raise TritonError.invalid_arg(f"requested model version is not available for model '{name}'")
-                targets = [vh]
-            else:
-                targets = [handle.versions[v] for v in handle.ready_versions]
-        else:
-            targets = [h.versions[v] for _, h in sorted(self.repository.routes.items()) for v in h.ready_versions]
-        for vh in targets:
-            stats.append(payloads.model_statistics(vh.statistics()))
+        # every worker's counters, added up (one process: just this one's)
+        per_worker = self.host.gather("statistics", {"name": name, "version": version})
+        stats = [payloads.model_statistics(snap) for snap in hostwide.sum_statistics(per_worker)]
         return {"model_stats": stats}
 
     def repository_index(self, ready_only: bool) -> list[dict[str, Any]]:
@@ -231,8 +227,8 @@ class DataPlane:
         for key, value in files.items():
             if not isinstance(value, bytes):
                 raise TritonError.invalid_arg(f"failed to load '{name}': file override '{key}' must be bytes")
-        self.repository.ref.load(name, config, files).get()
+        self.host.broadcast("model.load", {"name": name, "config": config, "files": files})
 
     def unload_model(self, name: str, unload_dependents: bool) -> None:
         """Repository extension ``unload`` (HTTP and gRPC): returns before the model is gone."""
-        self.repository.ref.unload(name, unload_dependents).get(timeout=60)
+        self.host.broadcast("model.unload", {"name": name, "unload_dependents": unload_dependents})

@@ -69,3 +69,4 @@ class Settings:
     backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
     allow_client_shm: bool = False
     fast_paths: bool = True  # triton_actor.fastpath: applied process-wide at start-up
+    workers: int = 1  # --workers: processes under gunicorn's arbiter (triton_actor/workers/)

@@ -303,3 +303,35 @@ def test_a_taken_metrics_port_stops_the_server_with_an_error(tmp_path: Path, sta
         server = start_server(tmp_path, flags=("--metrics-port", str(taken.getsockname()[1])), wait=False)
         assert server.wait_exit(60) == 1  # as tritonserver: a port it cannot bind is fatal
     assert "failed to start" in server.log()
+
+
+@pytest.mark.timeout(240)
+def test_one_scrape_returns_the_host_totals_under_several_workers(tmp_path: Path) -> None:
+    from .gunicorn_server import PID_CONFIG, PID_PY, Gunicorn, pid_infer, pids_seen
+
+    repo = tmp_path / "repo"
+    add_model(repo, "pid", PID_CONFIG, PID_PY.replace(
+        "    def execute(self, requests):",
+        "    def initialize(self, args):\n"
+        "        self.m = pb_utils.MetricFamily('served', 'requests', pb_utils.MetricFamily.COUNTER).Metric()\n\n"
+        "    def execute(self, requests):\n"
+        "        self.m.increment(len(requests))"))
+    g = Gunicorn("--model-repository", str(repo), workers=2)
+    try:
+        workers = set(g.wait_serving(2))
+        assert pids_seen(g.url, workers) == workers  # both workers answered some requests
+        for _ in range(20):
+            pid_infer(g.url)
+        url = f"http://127.0.0.1:{g.metrics_port}/metrics"
+        scrapes = []
+        for _ in range(6):  # fresh connections: the kernel hands them to either worker
+            with urllib.request.urlopen(url, timeout=30) as r:
+                scrapes.append(r.read().decode())
+        stats = httpclient.InferenceServerClient(g.url).get_inference_statistics("pid")["model_stats"][0]
+        total = stats["inference_stats"]["success"]["count"]
+        assert total >= 22
+        for text in scrapes:
+            assert value(text, "nv_inference_request_success", model="pid", version="1") == total
+            assert value(text, "served") == total  # the model's own counter, summed over the workers
+    finally:
+        assert g.stop() == 0

@@ -96,8 +96,8 @@ class _Pipe:
     def incr(self, name: str, n: int) -> None:
         self.sent.append(("c", name, n))
 
-    def gauge(self, name: str, v: float) -> None:
-        self.sent.append(("g", name, v))
+    def gauge(self, name: str, v: float, delta: bool = False) -> None:
+        self.sent.append(("g+" if delta else "g", name, v))
 
     def timing(self, name: str, ms: float) -> None:
         self.sent.append(("ms", name, ms))
@@ -105,17 +105,19 @@ class _Pipe:
 
 def test_statsd_names_and_deltas() -> None:
     totals = [{"models": [_entry(3, 1, model="a.b/c")]}]
-    pusher = StatsdPusher(lambda: totals, "127.0.0.1", 9, "triton")
+    pusher = StatsdPusher(lambda: totals[0], "127.0.0.1", 9, "triton")
     pipe = _Pipe()
     pusher.client.pipeline = lambda: pipe  # type: ignore[method-assign]
     pusher.push_once()
     assert ("c", "model.a_b_c.1.request_success", 3) in pipe.sent
     assert ("c", "model.a_b_c.1.request_failure.BACKEND", 1) in pipe.sent
-    assert ("g", "model.a_b_c.1.pending_request_count", 1) in pipe.sent
+    assert ("g+", "model.a_b_c.1.pending_request_count", 1) in pipe.sent
+    assert ("g", "model.a_b_c.1.load_duration_secs", 0.5) in pipe.sent
     assert ("ms", "model.a_b_c.1.request_duration_ms", 10 / 3 / 1000) in pipe.sent
     pipe.sent.clear()
     totals[0]["models"][0] = {**_entry(5, 0, model="a.b/c")}
     pusher.push_once()
     assert ("c", "model.a_b_c.1.request_success", 2) in pipe.sent  # only what happened since the last push
     assert not any(name.endswith("request_failure.BACKEND") for _, name, _ in pipe.sent)  # nothing new
+    assert ("g+", "model.a_b_c.1.pending_request_count", -1) in pipe.sent  # this worker's share went 1 -> 0
     assert sanitise("") == "_"

@@ -62,6 +62,7 @@ class LoadSettings:
     backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
     load_timeout_s: float = 600.0
     latency_metrics: tuple[bool, bool] = (False, False)  # (summary_latencies, histogram_latencies)
+    workers: int = 1  # worker processes on this host (instance counts are divided among them)
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,8 +355,8 @@ class ModelActor(Actor):
         jobs = {
             v: gevent.spawn(start_version, VersionSource(
                 self.model, v, plan.model_dir, plan.selected[v], plan.config, config_json, plan.backend,
-                backend_config, plan.stamp.part(plan.selected[v].name)), self._settings.load_timeout_s,
-                self._settings.latency_metrics)
+                backend_config, plan.stamp.part(plan.selected[v].name), self._settings.workers),
+                self._settings.load_timeout_s, self._settings.latency_metrics)
             for v in versions
         }
         gevent.joinall(list(jobs.values()))

@@ -62,11 +62,12 @@ class HttpServer:
     """Serves one :class:`HttpFrontend` on ``(address, port)``; port 0 picks a free one."""
 
     def __init__(self, address: str, port: int, frontend: HttpFrontend, limits: http1.Limits = http1.DEFAULT_LIMITS,
-                 max_connections: int = 1024) -> None:
+                 max_connections: int = 1024, listener: socket.socket | None = None) -> None:
         self.frontend = frontend
         self.limits = limits
         self.max_connections = descriptor_cap(max_connections)
-        self._server = StreamServer((address, port), self._handle)
+        # ``listener``: a socket bound by someone else (gunicorn's arbiter hands its listeners down)
+        self._server = StreamServer(listener if listener is not None else (address, port), self._handle)
         self._connections: dict[_Connection, None] = {}  # insertion-ordered set
         self._reaper: gevent.Greenlet | None = None
         self._closing = False
@@ -84,6 +85,12 @@ class HttpServer:
         """Stop accepting; connections finish the request they are in and then close."""
         self._closing = True
         self._server.close()
+
+    def wait_closed(self, timeout: float) -> None:
+        """After :meth:`close`: wait until the clients closed or were answered, at most ``timeout`` s."""
+        deadline = monotonic() + timeout
+        while self._connections and monotonic() < deadline:
+            gevent.sleep(0.01)
 
     def stop(self, timeout: float | None = 1.0) -> None:
         self._closing = True
@@ -148,7 +155,7 @@ class HttpServer:
 
     def _serve(self, conn: _Connection) -> None:
         sock, http, frontend = conn.sock, conn.http, self.frontend
-        while not self._closing:
+        while True:  # closing: the answer says Connection: close, and the loop ends after it is sent
             head = http.next_event() if http.buf else http1.NEED_DATA  # empty: it needs data
             if head is http1.NEED_DATA:
                 head = self._read_event(sock, http)

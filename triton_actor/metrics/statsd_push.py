@@ -7,17 +7,21 @@ under ``--statsd-prefix`` (``triton``)::
     <prefix>.model.<model>.<version>.request_failure.<REASON>   counter (REJECTED, CANCELED, BACKEND, OTHER)
     <prefix>.model.<model>.<version>.inference_count            counter
     <prefix>.model.<model>.<version>.exec_count                 counter
-    <prefix>.model.<model>.<version>.pending_request_count      gauge
+    <prefix>.model.<model>.<version>.pending_request_count      gauge (sent as +/- changes, see below)
     <prefix>.model.<model>.<version>.load_duration_secs         gauge
     <prefix>.model.<model>.<version>.<stage>_duration_ms        timer: mean per request over the interval
                                     (stage: request, queue, compute_input, compute_infer, compute_output)
     <prefix>.cpu_utilization, cpu_memory_total_bytes, cpu_memory_used_bytes   gauges
 
-Several workers: one pusher per host, in the worker whose ``host.worker_id`` is 0; it pushes the host's
-totals (``host.gather("metrics")``), so gauges are not overwritten by each worker in turn and counters are
-sent once. Owner: the server of that worker; the previous totals (for the deltas) are the pusher's own.
-Failure: StatsD is UDP, fire and forget; an error building or sending one push is logged and the next push
-sends the deltas since the last successful one.
+Several workers: every worker pushes what changed in its own process since its last push -- counters as
+increments and the pending count as a gauge change (``+n`` / ``-n``) -- and StatsD adds them up, so the
+daemon holds the host's totals without any cross-process call, and a worker that is replaced takes only
+its own (already pushed) share with it. Its last push, at shutdown after the drain, brings its pending
+share back to 0. The load time and the host gauges (CPU, memory) are plain gauges: every worker sends about
+the same value. (Trap: without ``deleteIdleStats``, a server killed with requests pending leaves its share
+in the daemon's pending gauge until the daemon restarts.) Owner: the server of each process; the previous
+values (for the changes) are the pusher's own. Failure: StatsD is UDP, fire and forget; an error building
+or sending one push is logged and the next push sends the changes since the last successful one.
 """
 
 from __future__ import annotations
@@ -44,12 +48,12 @@ def sanitise(name: str) -> str:
 
 
 class StatsdPusher:
-    """Every ``interval_s``: gather, diff with the last push, send counters, timers and gauges."""
+    """Every ``interval_s``: snapshot this process, diff with the last push, send counters, timers and gauges."""
 
-    def __init__(self, gather: Callable[[], list[dict[str, Any]]], host: str, port: int = 8125,
+    def __init__(self, snapshot: Callable[[], dict[str, Any]], host: str, port: int = 8125,
                  prefix: str = "triton", interval_s: float = 1.0,
                  system: Callable[[], dict[str, list[tuple[dict[str, str], float]]]] | None = None) -> None:
-        self.gather = gather
+        self.snapshot = snapshot  # this process's metrics snapshot (snapshot.MetricsSource)
         self.client = statsd.StatsClient(host, port, prefix=prefix or None)
         self.interval_s = interval_s
         self.system = system
@@ -72,7 +76,7 @@ class StatsdPusher:
 
     def push_once(self) -> None:
         try:
-            models = merge_models(self.gather())
+            models = merge_models([self.snapshot()])
             with self.client.pipeline() as pipe:
                 for entry in models:
                     self._push_model(pipe, entry)
@@ -85,7 +89,7 @@ class StatsdPusher:
         base = f"model.{sanitise(e['model'])}.{sanitise(e['version'])}"
         last = self._last.get(key)
         self._last[key] = e
-        prev = last or {"success": 0, "inference_count": 0, "exec_count": 0, "failures": {},
+        prev = last or {"success": 0, "inference_count": 0, "exec_count": 0, "failures": {}, "pending": 0,
                         "durations_us": dict.fromkeys(_STAGES, 0)}
         for field in ("success", "inference_count", "exec_count"):
             name = "request_success" if field == "success" else field
@@ -101,7 +105,8 @@ class StatsdPusher:
             for stage in _STAGES:
                 mean_us = (e["durations_us"][stage] - prev["durations_us"][stage]) / requests
                 pipe.timing(f"{base}.{stage}_duration_ms", mean_us / 1000.0)
-        pipe.gauge(f"{base}.pending_request_count", e["pending"])
+        # a change, not a value: the workers' shares add up (+0 keeps an idle gauge alive in the daemon)
+        pipe.gauge(f"{base}.pending_request_count", e["pending"] - prev["pending"], delta=True)
         pipe.gauge(f"{base}.load_duration_secs", e["load_secs"])
 
     def _push_system(self, pipe: Any) -> None:
