@@ -121,3 +121,46 @@ def test_statsd_names_and_deltas() -> None:
     assert not any(name.endswith("request_failure.BACKEND") for _, name, _ in pipe.sent)  # nothing new
     assert ("g+", "model.a_b_c.1.pending_request_count", -1) in pipe.sent  # this worker's share went 1 -> 0
     assert sanitise("") == "_"
+
+
+class _FakeNvml:
+    """The few NVML calls the sampler makes, for one GPU (no GPU on the CI machines)."""
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 1
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        return i
+
+    def nvmlDeviceGetUUID(self, h: int) -> bytes:
+        return b"GPU-1234"
+
+    def nvmlDeviceGetMemoryInfo(self, h: int) -> object:
+        return type("Mem", (), {"total": 80e9, "used": 1e9})()
+
+    def nvmlDeviceGetUtilizationRates(self, h: int) -> object:
+        return type("Util", (), {"gpu": 25})()
+
+    def nvmlDeviceGetPowerUsage(self, h: int) -> int:
+        return 70_000  # mW
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h: int) -> int:
+        return 700_000
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h: int) -> int:
+        return 5_000  # mJ
+
+
+def test_gpu_gauges_through_nvml() -> None:
+    from triton_actor.metrics.system import SystemSampler
+
+    sampler = SystemSampler(60)
+    sampler._nvml = _FakeNvml()
+    sampler.sample()
+    sampler.sample()  # the CPU utilisation needs two readings
+    text = render(TritonCollector(list, MetricsConfig(), lambda: sampler.values)).decode()
+    assert 'nv_gpu_utilization{gpu_uuid="GPU-1234"} 0.25\n' in text
+    assert 'nv_gpu_power_usage{gpu_uuid="GPU-1234"} 70.0\n' in text
+    assert "# TYPE nv_energy_consumption counter\n" in text
+    assert 'nv_energy_consumption{gpu_uuid="GPU-1234"} 5.0\n' in text
+    assert "nv_cpu_utilization " in text and "nv_cpu_memory_total_bytes " in text
