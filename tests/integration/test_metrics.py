@@ -4,6 +4,7 @@ example, and the StatsD push read back from a real carbon's whisper files."""
 
 from __future__ import annotations
 
+import queue
 import re
 import socket
 import urllib.error
@@ -18,8 +19,10 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from .graphite import Graphite
+from .model_control import wait_for
 from .server import add_model
 from .test_batching import GATED_PY, _call, _config, _hold_one
+from .test_grpc_cancel import CONFIG, MODEL, _input
 
 _SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$')
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
@@ -335,3 +338,28 @@ def test_one_scrape_returns_the_host_totals_under_several_workers(tmp_path: Path
             assert value(text, "served") == total  # the model's own counter, summed over the workers
     finally:
         assert g.stop() == 0
+
+
+def test_a_call_cancelled_in_the_queue_counts_as_canceled(tmp_path: Path, start_server) -> None:
+    log, gate = tmp_path / "executions.log", tmp_path / "gate"
+    add_model(tmp_path / "repo", "gated", CONFIG, MODEL.format(log=str(log), gate=str(gate)))
+    server = start_server(tmp_path / "repo")
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    answers: queue.Queue = queue.Queue()
+    try:
+        client.async_infer("gated", _input(1.0), callback=lambda result, error: answers.put(error))
+        wait_for(lambda: log.exists() and log.read_text() == "1.0\n", what="the first request to run")
+        second = client.async_infer("gated", _input(2.0), callback=lambda result, error: answers.put(error))
+        assert client.is_server_live()  # the second call is queued behind the first
+        second.cancel()
+        assert client.is_server_live()  # the server read the RST_STREAM
+        gate.write_text("open")
+        [answers.get(timeout=10) for _ in range(2)]
+        client.infer("gated", _input(3.0))  # runs after the cancelled one was dropped from the queue
+    finally:
+        gate.write_text("open")
+        client.close()
+    text = scrape(server)
+    m = {"model": "gated", "version": "1"}
+    assert value(text, "nv_inference_request_failure", **m, reason="CANCELED") == 1
+    assert value(text, "nv_inference_request_success", **m) == 2
