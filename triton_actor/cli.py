@@ -102,6 +102,7 @@ def _metrics_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--statsd-port", type=int, default=8125)
     p.add_argument("--statsd-prefix", default="triton", help="prefix of every StatsD metric name")
     p.add_argument("--statsd-interval-ms", type=int, default=1000, help="StatsD push period")
+    _flag(p, "--statsd-tags", False, "send model, version and reason as Graphite tags (name;model=...)")
 
 
 def _metrics_settings(args: argparse.Namespace) -> dict[str, object]:
@@ -114,7 +115,8 @@ def _metrics_settings(args: argparse.Namespace) -> dict[str, object]:
     return dict(metrics_port=args.metrics_port, allow_metrics=args.allow_metrics,
                 metrics_address=args.metrics_address, metrics_interval_ms=args.metrics_interval_ms,
                 metrics_config=config, statsd_host=args.statsd_host, statsd_port=args.statsd_port,
-                statsd_prefix=args.statsd_prefix, statsd_interval_ms=args.statsd_interval_ms)
+                statsd_prefix=args.statsd_prefix, statsd_interval_ms=args.statsd_interval_ms,
+                statsd_tags=args.statsd_tags)
 
 
 def build_parser() -> argparse.ArgumentParser:

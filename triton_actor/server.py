@@ -142,7 +142,7 @@ class Server:
         if s.statsd_host:
             system = (lambda: self.metrics.sampler.values) if self.metrics is not None else None
             self.statsd = StatsdPusher(lambda: self.metrics_source({}), s.statsd_host, s.statsd_port,
-                                       s.statsd_prefix, s.statsd_interval_ms / 1000, system)
+                                       s.statsd_prefix, s.statsd_interval_ms / 1000, system, s.statsd_tags)
             self.statsd.start()
             log.info("Pushing metrics to StatsD at %s:%d every %d ms", s.statsd_host, s.statsd_port,
                      s.statsd_interval_ms)

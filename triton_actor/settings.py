@@ -48,6 +48,7 @@ class Settings:
     statsd_port: int = 8125
     statsd_prefix: str = "triton"
     statsd_interval_ms: int = 1000
+    statsd_tags: bool = False  # model/version/reason as Graphite tags instead of path components
     http_max_input_size: int = 64 * 1024 * 1024
     # HTTP connection bounds, nginx's defaults (worker_connections is 512-1024; client_header_timeout,
     # client_body_timeout, keepalive_timeout)

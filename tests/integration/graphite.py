@@ -69,6 +69,8 @@ PICKLE_RECEIVER_PORT = {pickle_port}
 CACHE_QUERY_INTERFACE = 127.0.0.1
 CACHE_QUERY_PORT = {query_port}
 LOG_UPDATES = False
+ENABLE_TAGS = False
+TAG_HASH_FILENAMES = False
 LOG_LISTENER_CONNECTIONS = False
 """)
         (root / "storage-schemas.conf").write_text("[stats]\npattern = ^stats\\.\nretentions = 1s:1h\n"
@@ -97,8 +99,15 @@ LOG_LISTENER_CONNECTIONS = False
             raise
 
     def fetch(self, metric: str, seconds: int = 600) -> list[float]:
-        """The non-empty points of ``metric`` (dotted) in the last ``seconds``; [] while its file is missing."""
-        path = self.whisper_dir.joinpath(*metric.split(".")).with_suffix(".wsp")
+        """The non-empty points of ``metric`` (dotted; with ``;tag=value``s sorted by tag: a Graphite tagged
+        series, which carbon keeps under ``_tagged/``) in the last ``seconds``; [] while its file is missing."""
+        if ";" in metric:
+            found = list(self.whisper_dir.glob(f"_tagged/*/*/{metric.replace('.', '_DOT_')}.wsp"))
+            if not found:
+                return []
+            path = found[0]
+        else:
+            path = self.whisper_dir.joinpath(*metric.split(".")).with_suffix(".wsp")
         if not path.exists():
             return []
         out = subprocess.run([str(WHISPER_FETCH), f"--from={int(time.time()) - seconds}", str(path)],

@@ -268,6 +268,28 @@ def test_statsd_push_reaches_graphite(tmp_path: Path, start_server) -> None:
         graphite.stop()
 
 
+def test_statsd_push_with_graphite_tags(tmp_path: Path, start_server) -> None:
+    graphite = Graphite(tmp_path / "graphite")
+    try:
+        repo = tmp_path / "repo"
+        add_model(repo, "echo.v2", ECHO_CONFIG, ECHO_PY)
+        server = start_server(repo, flags=("--statsd-host", "127.0.0.1", "--statsd-port", str(graphite.statsd_port),
+                                           "--statsd-interval-ms", "200", "--statsd-tags=true"))
+        with httpclient.InferenceServerClient(server.url) as client:
+            for fill in (1.0, 1.0, -1.0):
+                x = httpclient.InferInput("INPUT0", [1, 2], "FP32")
+                x.set_data_from_numpy(np.full((1, 2), fill, np.float32))
+                try:
+                    client.infer("echo.v2", [x])
+                except InferenceServerException:
+                    assert fill < 0
+        graphite.wait_for("stats.counters.triton.request_success.count;model=echo.v2;version=1", lambda p: sum(p) == 2)
+        graphite.wait_for("stats.counters.triton.request_failure.count;model=echo.v2;reason=BACKEND;version=1",
+                          lambda p: sum(p) == 1)
+    finally:
+        graphite.stop()
+
+
 def test_summaries_and_first_response_histogram_behind_their_switches(tmp_path: Path, start_server) -> None:
     add_model(tmp_path, "echo", ECHO_CONFIG, ECHO_PY)
     server = start_server(tmp_path, flags=("--metrics-config", "summary_latencies=true",

@@ -164,3 +164,12 @@ def test_gpu_gauges_through_nvml() -> None:
     assert "# TYPE nv_energy_consumption counter\n" in text
     assert 'nv_energy_consumption{gpu_uuid="GPU-1234"} 5.0\n' in text
     assert "nv_cpu_utilization " in text and "nv_cpu_memory_total_bytes " in text
+
+
+def test_statsd_graphite_tags() -> None:
+    pusher = StatsdPusher(lambda: {"models": [_entry(2, 0, model="a.b/c")]}, "127.0.0.1", 9, "triton", tags=True)
+    pipe = _Pipe()
+    pusher.client.pipeline = lambda: pipe  # type: ignore[method-assign]
+    pusher.push_once()
+    assert ("c", "request_success;model=a.b_c;version=1", 2) in pipe.sent
+    assert ("c", "request_failure;model=a.b_c;version=1;reason=BACKEND", 1) in pipe.sent

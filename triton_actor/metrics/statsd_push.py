@@ -13,6 +13,10 @@ under ``--statsd-prefix`` (``triton``)::
                                     (stage: request, queue, compute_input, compute_infer, compute_output)
     <prefix>.cpu_utilization, cpu_memory_total_bytes, cpu_memory_used_bytes   gauges
 
+With ``--statsd-tags`` the model, version and failure reason are Graphite tags instead of path components
+(``<prefix>.request_success;model=<model>;version=<version>``, ``<prefix>.request_failure;model=..;reason=..``;
+npm statsd and carbon >= 1.1 pass them through to Graphite's tagged series).
+
 Several workers: every worker pushes what changed in its own process since its last push -- counters as
 increments and the pending count as a gauge change (``+n`` / ``-n``) -- and StatsD adds them up, so the
 daemon holds the host's totals without any cross-process call, and a worker that is replaced takes only
@@ -39,6 +43,7 @@ from .families import merge_models
 log = logging.getLogger(__name__)
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+_UNSAFE_TAG = re.compile(r"[^A-Za-z0-9_.-]")  # what survives npm statsd's key sanitising in a tag value
 _STAGES = ("request", "queue", "compute_input", "compute_infer", "compute_output")
 
 
@@ -52,11 +57,13 @@ class StatsdPusher:
 
     def __init__(self, snapshot: Callable[[], dict[str, Any]], host: str, port: int = 8125,
                  prefix: str = "triton", interval_s: float = 1.0,
-                 system: Callable[[], dict[str, list[tuple[dict[str, str], float]]]] | None = None) -> None:
+                 system: Callable[[], dict[str, list[tuple[dict[str, str], float]]]] | None = None,
+                 tags: bool = False) -> None:
         self.snapshot = snapshot  # this process's metrics snapshot (snapshot.MetricsSource)
         self.client = statsd.StatsClient(host, port, prefix=prefix or None)
         self.interval_s = interval_s
         self.system = system
+        self.tags = tags
         self._last: dict[tuple[str, str], dict[str, Any]] = {}
         self._greenlet: gevent.Greenlet | None = None
 
@@ -86,28 +93,35 @@ class StatsdPusher:
 
     def _push_model(self, pipe: Any, e: dict[str, Any]) -> None:
         key = (e["model"], e["version"])
-        base = f"model.{sanitise(e['model'])}.{sanitise(e['version'])}"
+        name = self._namer(e["model"], e["version"])
         last = self._last.get(key)
         self._last[key] = e
         prev = last or {"success": 0, "inference_count": 0, "exec_count": 0, "failures": {}, "pending": 0,
                         "durations_us": dict.fromkeys(_STAGES, 0)}
         for field in ("success", "inference_count", "exec_count"):
-            name = "request_success" if field == "success" else field
             delta = e[field] - prev[field]
             if delta > 0 or last is None:
-                pipe.incr(f"{base}.{name}", delta)
+                pipe.incr(name("request_success" if field == "success" else field), delta)
         for reason, n in e["failures"].items():
             delta = n - prev["failures"].get(reason, 0)
             if delta > 0 or last is None:
-                pipe.incr(f"{base}.request_failure.{reason}", delta)
+                pipe.incr(name("request_failure", reason), delta)
         requests = e["success"] - prev["success"]
         if requests > 0:
             for stage in _STAGES:
                 mean_us = (e["durations_us"][stage] - prev["durations_us"][stage]) / requests
-                pipe.timing(f"{base}.{stage}_duration_ms", mean_us / 1000.0)
+                pipe.timing(name(f"{stage}_duration_ms"), mean_us / 1000.0)
         # a change, not a value: the workers' shares add up (+0 keeps an idle gauge alive in the daemon)
-        pipe.gauge(f"{base}.pending_request_count", e["pending"] - prev["pending"], delta=True)
-        pipe.gauge(f"{base}.load_duration_secs", e["load_secs"])
+        pipe.gauge(name("pending_request_count"), e["pending"] - prev["pending"], delta=True)
+        pipe.gauge(name("load_duration_secs"), e["load_secs"])
+
+    def _namer(self, model: str, version: str) -> Callable[..., str]:
+        """``name(metric, reason=None)`` for one version: dotted path components, or Graphite tags."""
+        if self.tags:
+            tags = f";model={_UNSAFE_TAG.sub('_', model)};version={_UNSAFE_TAG.sub('_', version)}"
+            return lambda metric, reason=None: metric + tags + (f";reason={reason}" if reason else "")
+        base = f"model.{sanitise(model)}.{sanitise(version)}"
+        return lambda metric, reason=None: f"{base}.{metric}" + (f".{reason}" if reason else "")
 
     def _push_system(self, pipe: Any) -> None:
         if self.system is None:
