@@ -34,6 +34,7 @@ from .host import Host, LocalHost
 from .metrics.snapshot import MetricsSource
 from .metrics.statsd_push import StatsdPusher
 from .protocol import http1
+from .protocol.restricted import Restrictions
 from .runtime_settings import RuntimeSettings
 from .settings import Settings
 from .shared_memory import SharedMemoryRegistry
@@ -111,7 +112,8 @@ class Server:
             self.grpc = GrpcH2Server.from_settings(GrpcServicer(self.plane), s)
             log.info("Started GRPCInferenceService at %s:%d", s.grpc_address, self.grpc.start(listeners.get("grpc")))
         if s.allow_http:
-            self.frontend = HttpFrontend(create_app(self.plane), s.http_max_input_size)
+            self.frontend = HttpFrontend(create_app(self.plane), s.http_max_input_size,
+                                         Restrictions(s.http_restricted_api, "--http-restricted-api"))
             limits = http1.Limits(max_body=s.http_max_input_size, header_timeout=s.http_header_timeout_secs,
                                   body_timeout=s.http_body_timeout_secs, keepalive_timeout=s.http_keepalive_timeout_secs)
             self.http = HttpServer(s.http_address, s.http_port, self.frontend, limits, s.http_max_connections,

@@ -122,3 +122,19 @@ def pids_seen(url: str, want: set[int], model: str = "pid", tries: int = 200) ->
         if want <= seen:
             break
     return seen
+
+
+def wait_gone(pids: set[int], timeout: float = 60) -> None:
+    """Wait until the processes ``pids`` (old workers, reaped by the arbiter) no longer exist."""
+    with gevent.Timeout(timeout, AssertionError(f"workers {pids} never exited")):
+        while True:
+            alive = set()
+            for pid in pids:
+                try:
+                    os.kill(pid, 0)
+                    alive.add(pid)
+                except ProcessLookupError:
+                    pass
+            if not alive:
+                return
+            gevent.sleep(0.05)  # another process's exit: nothing here to wait on but its pid

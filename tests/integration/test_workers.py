@@ -12,7 +12,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from .gunicorn_server import PID_CONFIG, PID_PY, Gunicorn, pid_infer, pids_seen
+from .gunicorn_server import PID_CONFIG, PID_PY, Gunicorn, pid_infer, pids_seen, wait_gone
 from .server import add_model
 
 pytestmark = pytest.mark.timeout(240)
@@ -132,9 +132,8 @@ def test_hup_replaces_workers_one_at_a_time_with_no_failed_request(repo: Path) -
         g.signal(signal.SIGHUP)
         new = set(g.wait_serving(4)) - old
         assert len(new) == 2
-        with gevent.Timeout(60, AssertionError("old workers still answer")):
-            while pids_seen(g.url, new, tries=60) != new:
-                gevent.sleep(0.1)
+        wait_gone(old)
+        assert pids_seen(g.url, new) == new
         n = len(done)
         with gevent.Timeout(30, AssertionError("traffic stopped after the reload")):
             while len(done) < n + 20:
@@ -163,6 +162,10 @@ def test_a_killed_worker_is_replaced_and_replays_host_wide_changes(repo: Path, t
             fresh = httpclient.InferenceServerClient(g.url)
             assert fresh.get_log_settings()["log_verbose_level"] == 1
             fresh.close()
+        g.signal(signal.SIGTTIN)  # one more worker: it starts with the host's state too
+        added = g.wait_serving(4)[3]
+        alive.add(added)
+        assert pids_seen(g.url, alive, model="extra", tries=400) == alive
         client.close()
     finally:
         assert g.stop() == 0
@@ -198,3 +201,20 @@ def test_term_drains_requests_in_flight(repo: Path, tmp_path: Path) -> None:
         assert g.stop() == 0
     finally:
         g.stop()
+
+
+def test_a_load_during_a_rolling_restart_reaches_the_new_workers(repo: Path) -> None:
+    add_model(repo, "extra", PID_CONFIG, PID_PY)
+    g = Gunicorn("--model-repository", str(repo), "--model-control-mode", "explicit", "--load-model", "pid", workers=2)
+    try:
+        old = set(g.wait_serving(2))
+        client = httpclient.InferenceServerClient(g.url, network_timeout=120)
+        g.signal(signal.SIGHUP)
+        client.load_model("extra")  # while the new workers start (and the old ones still serve)
+        new = set(g.wait_serving(4)) - old
+        wait_gone(old)
+        assert pids_seen(g.url, new) == new
+        assert pids_seen(g.url, new, model="extra") == new
+        client.close()
+    finally:
+        assert g.stop() == 0

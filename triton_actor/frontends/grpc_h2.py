@@ -31,10 +31,12 @@ import gevent.pool
 from gevent.server import StreamServer
 
 from ..protocol import h2_connection as h2c
+from ..protocol import restricted
+from ..protocol.restricted import Restrictions
 from ..settings import Settings, default_grpc_max_connections
 from . import tls
 from .grpc import GrpcServicer
-from .grpc_calls import UNIMPLEMENTED, Call, method_table, route
+from .grpc_calls import UNAVAILABLE, UNIMPLEMENTED, Call, method_table, route
 from .socket_io import plain_recv, plain_send_all, recv_when_readable, send_all
 
 log = logging.getLogger(__name__)
@@ -52,8 +54,9 @@ class GrpcH2Server:
 
     def __init__(self, servicer: GrpcServicer, address: str, port: int, options: dict[str, Any] | None = None,
                  limits: h2c.Limits | None = None, max_connections: int = 0,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None, restrictions: Restrictions | None = None) -> None:
         opts = dict(options or {})
+        self.restrictions = restrictions or None  # --grpc-restricted-protocol; None: no check at all
         self.servicer = servicer
         self.address = address
         self.port = port
@@ -85,8 +88,9 @@ class GrpcH2Server:
                             header_timeout=s.grpc_header_timeout_secs, idle_timeout=s.grpc_idle_timeout_secs)
         context = tls.server_context(s.grpc_server_cert, s.grpc_server_key, s.grpc_root_cert,
                                      s.grpc_use_ssl_mutual) if s.grpc_use_ssl else None
+        restrictions = Restrictions(s.grpc_restricted_protocol, "--grpc-restricted-protocol")
         return cls(servicer, s.grpc_address, s.grpc_port, dict(s.grpc_options), limits, s.grpc_max_connections,
-                   context)
+                   context, restrictions)
 
     def start(self, listener: socket.socket | None = None) -> int:
         """Bind and start serving; returns the bound port (``port`` 0 picks a free one). ``listener``: a
@@ -140,6 +144,15 @@ class GrpcH2Server:
         self.calls += 1
         if self.calls == 1:
             self.idle.clear()
+
+    def _refusal(self, headers: Any) -> str | None:
+        """--grpc-restricted-protocol: the refusal for this call's category, or None."""
+        restrictions = self.server.restrictions
+        assert restrictions is not None
+        category = restricted.grpc_category(headers.get(b":path", b"").rsplit(b"/", 1)[-1].decode("latin-1"))
+        header = restrictions.header_for(category)
+        value = headers.get(header.encode("latin-1")) if header else None
+        return restrictions.refusal(category, value.decode("latin-1") if value is not None else None)
 
     def call_finished(self) -> None:
         self.calls -= 1
@@ -275,9 +288,24 @@ class Connection:
             call.finished = True  # never counted
             call.send_status(UNIMPLEMENTED, f"Method not found: {path}")
             return
+        if self.server.restrictions is not None:
+            refusal = self._refusal(event.headers)
+            if refusal is not None:
+                call.finished = True
+                call.send_status(UNAVAILABLE, refusal)
+                return
         self.calls += 1
         self.server.call_started()
         call.begin(event.end_stream)
+
+    def _refusal(self, headers: Any) -> str | None:
+        """--grpc-restricted-protocol: the refusal for this call's category, or None."""
+        restrictions = self.server.restrictions
+        assert restrictions is not None
+        category = restricted.grpc_category(headers.get(b":path", b"").rsplit(b"/", 1)[-1].decode("latin-1"))
+        header = restrictions.header_for(category)
+        value = headers.get(header.encode("latin-1")) if header else None
+        return restrictions.refusal(category, value.decode("latin-1") if value is not None else None)
 
     def call_finished(self) -> None:
         self.calls -= 1

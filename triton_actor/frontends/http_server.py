@@ -27,8 +27,10 @@ from typing import Any
 from urllib.parse import unquote
 
 import gevent
+import gevent.event
 import orjson
 from gevent.server import StreamServer
+from gevent.socket import wait_read
 
 from ..protocol import http1
 from .http import JSON_HEADERS, HttpFrontend, Reply, error_response, too_large
@@ -51,11 +53,35 @@ def descriptor_cap(wanted: int) -> int:
 
 
 class _Connection:
-    __slots__ = ("sock", "http")
+    __slots__ = ("sock", "http", "watcher", "gone")
 
     def __init__(self, sock: socket.socket, http: http1.ServerConnection) -> None:
         self.sock = sock
         self.http = http
+        self.watcher: gevent.Greenlet | None = None
+        self.gone: gevent.event.Event | None = None
+
+    def peer_gone(self) -> gevent.event.Event:
+        """An event set if the client closes the connection while its request waits (an answer that
+        cannot be delivered any more: the request is cancelled). Started only by a request that waits,
+        so quick answers pay nothing; a client that sends more (pipelining) ends the watch."""
+        if self.gone is None:
+            self.gone = gevent.event.Event()
+            self.watcher = gevent.spawn(self._watch, self.gone)
+        return self.gone
+
+    def _watch(self, gone: gevent.event.Event) -> None:
+        try:
+            wait_read(self.sock.fileno())
+            if not self.sock.recv(1, socket.MSG_PEEK):
+                gone.set()
+        except OSError:
+            gone.set()
+
+    def end_watch(self) -> None:
+        if self.watcher is not None:
+            self.watcher.kill(block=False)
+            self.watcher = self.gone = None
 
 
 class HttpServer:
@@ -172,7 +198,9 @@ class HttpServer:
                     event = self._read_event(sock, http)
                 (body,) = event
                 path, _, query = target.partition("?")
-                reply = frontend(method, unquote(path, "latin-1"), query, headers, body)
+                reply = frontend(method, unquote(path, "latin-1"), query, headers, body, conn.peer_gone)
+                if conn.watcher is not None:
+                    conn.end_watch()
                 keep_alive = keep_alive and not self._closing
                 if not self._send(sock, method, reply, keep_alive):
                     return
