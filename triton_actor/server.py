@@ -29,7 +29,10 @@ from .frontends.grpc_h2 import GrpcH2Server
 from .frontends.http import HttpFrontend
 from .frontends.http_routes import create_app
 from .frontends.http_server import HttpServer
+from .frontends.metrics_server import MetricsServer
 from .host import Host, LocalHost
+from .metrics.snapshot import MetricsSource
+from .metrics.statsd_push import StatsdPusher
 from .protocol import http1
 from .protocol.restricted import Restrictions
 from .runtime_settings import RuntimeSettings
@@ -65,6 +68,7 @@ class Server:
             auto_complete=settings.auto_complete,
             config_name=settings.model_config_name,
             backend_config=settings.backend_config,
+            latency_metrics=(settings.metrics_config.summary_latencies, settings.metrics_config.histogram_latencies),
             workers=settings.workers,
         )
         backends = backends or default_backends(settings.backend_config)
@@ -81,6 +85,10 @@ class Server:
                                self.host)
         self.server_calls = ServerCalls(self.plane)  # BLS and model control from Python models
         self.host.register("status", lambda args: live_status.local_status(self.plane, args))  # the status page
+        self.metrics_source = MetricsSource(self.repository)  # this process's share of /metrics
+        self.host.register("metrics", self.metrics_source)
+        self.metrics: MetricsServer | None = None
+        self.statsd: StatsdPusher | None = None
         self.http: HttpServer | None = None
         self.frontend: HttpFrontend | None = None
         self.grpc: GrpcH2Server | None = None
@@ -105,7 +113,8 @@ class Server:
         self.repository.start()
 
     def serve(self, listeners: dict[str, Any] | None = None) -> None:
-        """Start the front ends; ``listeners`` (``"http"``, ``"grpc"``): sockets bound already (a worker's)."""
+        """Start the front ends; ``listeners`` (``"http"``, ``"grpc"``, ``"metrics"``): sockets bound already
+        (a worker's)."""
         s = self.settings
         listeners = listeners or {}
         if s.allow_grpc:
@@ -120,6 +129,7 @@ class Server:
                                    listeners.get("http"))
             self.http.start()
             log.info("Started HTTPService at %s:%d", s.http_address, self.http.server_port)
+        self._start_metrics(listeners.get("metrics"))
         self.plane.live = True
 
     def load_models(self) -> None:
@@ -131,6 +141,22 @@ class Server:
             raise StartupError(f"{len(failures)} model(s) failed to load: {', '.join(sorted(failures))}")
         log.info("server is ready: %d model(s) loaded, %d failed",
                  len(self.repository.routes) - len(failures), len(failures))
+
+    def _start_metrics(self, listener: Any = None) -> None:
+        """``/metrics`` (on ``listener``, a bound listening socket, or on the flags' address and port) and
+        the StatsD push (every worker pushes its own changes, which StatsD adds up: statsd_push.py)."""
+        s = self.settings
+        if s.allow_metrics:
+            self.metrics = MetricsServer(self.host, s.metrics_config, listener or (s.metrics_address, s.metrics_port),
+                                         s.metrics_interval_ms / 1000)
+            log.info("Started Metrics Service at %s:%d", s.metrics_address, self.metrics.start())
+        if s.statsd_host:
+            system = (lambda: self.metrics.sampler.values) if self.metrics is not None else None
+            self.statsd = StatsdPusher(lambda: self.metrics_source({}), s.statsd_host, s.statsd_port,
+                                       s.statsd_prefix, s.statsd_interval_ms / 1000, system, s.statsd_tags)
+            self.statsd.start()
+            log.info("Pushing metrics to StatsD at %s:%d every %d ms", s.statsd_host, s.statsd_port,
+                     s.statsd_interval_ms)
 
     def stop(self, handover: bool = False) -> None:
         """Stop accepting, drain in-flight requests, finalize the models (idempotent).
@@ -159,6 +185,10 @@ class Server:
         if grpc_stop is not None:
             grpc_stop.join()  # gRPC refuses new RPCs and waits for running ones, alongside HTTP's drain
         self.plane.accepting = False
+        if self.statsd is not None:
+            self.statsd.stop()  # one last push: the requests that just finished
+        if self.metrics is not None:
+            self.metrics.stop()
         try:
             self.repository.ref.unload_all().get(self.settings.exit_timeout_secs)
         except Exception as e:  # noqa: BLE001

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
+
+# nv_inference_request_failure's ``reason`` label (Triton core's FailureReason); every series exists from load
+FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 
 _DURATIONS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit", "cache_miss")
 
@@ -75,7 +79,7 @@ class VersionStats:
     """
 
     __slots__ = ("name", "version", "last_inference", "inference_count", "execution_count", "durations",
-                 "batches", "latency", "_success", "_queue", "_input", "_infer", "_output")
+                 "batches", "failures", "load_secs", "latency", "latency_recorder", "_success", "_queue", "_input", "_infer", "_output")
 
     def __init__(self, name: str, version: int) -> None:
         self.name = name
@@ -86,6 +90,9 @@ class VersionStats:
         self.durations = {k: Duration() for k in _DURATIONS}
         self.batches: dict[int, BatchStat] = {}
         self.latency = [0] * LATENCY_BUCKETS  # successful requests by end-to-end time (latency_bucket)
+        self.failures = dict.fromkeys(FAILURE_REASONS, 0)  # failed requests by reason (metrics only)
+        self.load_secs = 0.0  # how long the version took to load (nv_model_load_duration_secs)
+        self.latency_recorder: Any = None  # a metrics.latency.LatencyRecorder when summaries/histograms are on
         d = self.durations  # the hot path adds to these directly (a method call each is measurable)
         self._success, self._queue = d["success"], d["queue"]
         self._input, self._infer, self._output = d["compute_input"], d["compute_infer"], d["compute_output"]
@@ -114,10 +121,14 @@ class VersionStats:
                              (self._infer, timings[1]), (self._output, timings[2])):
             duration.count += 1
             duration.ns += ns
+        if self.latency_recorder is not None:
+            self.latency_recorder.observe(total_ns, queue_ns, timings)
 
-    def record_failure(self, total_ns: int) -> None:
-        """A request that reached the scheduler and failed (rejected-before-queueing ones are not counted)."""
+    def record_failure(self, total_ns: int, reason: str = "OTHER") -> None:
+        """A request that reached the scheduler and failed (rejected-before-queueing ones are not counted);
+        ``reason`` is one of :data:`FAILURE_REASONS`."""
         self.durations["fail"].add(total_ns)
+        self.failures[reason] += 1
 
     def snapshot(self) -> dict[str, object]:
         """A plain-data copy for the protocol layer."""
@@ -128,6 +139,9 @@ class VersionStats:
             "inference_count": self.inference_count,
             "execution_count": self.execution_count,
             "durations": {k: (v.count, v.ns) for k, v in self.durations.items()},
+            "failures": dict(self.failures),
+            "load_secs": self.load_secs,
+            **({"latency_windows": self.latency_recorder.snapshot()} if self.latency_recorder is not None else {}),
             "batches": {
                 size: (b.compute_input.count, b.compute_input.ns, b.compute_infer.ns, b.compute_output.ns)
                 for size, b in sorted(self.batches.items())

@@ -16,7 +16,7 @@ import tritonclient.http as httpclient
 from gevent import subprocess
 
 ROOT = Path(__file__).resolve().parents[2]
-_LISTENING = re.compile(r"Listening at: http://[^:]+:(\d+),http://[^:]+:(\d+)")
+_LISTENING = re.compile(r"Listening at: http://[^:]+:(\d+),http://[^:]+:(\d+)(?:,http://[^:]+:(\d+))?")
 _BOOTED = re.compile(r"Booting worker with pid: (\d+)")
 _SERVING = re.compile(r"worker \d+ \(pid (\d+)\) is serving")
 
@@ -44,13 +44,13 @@ class Gunicorn:
 
     def __init__(self, *flags: str, workers: int = 2) -> None:
         args = ["--http-port", "0", "--http-address", "127.0.0.1", "--grpc-port", "0", "--grpc-address", "127.0.0.1",
-                "--exit-timeout-secs", "20", *flags]
+                "--exit-timeout-secs", "20", "--metrics-port", "0", "--metrics-address", "127.0.0.1", *flags]
         env = dict(os.environ, PYTHONUNBUFFERED="1", TRITON_ACTOR_ARGS=shlex.join(args),
                    TRITON_ACTOR_WORKERS=str(workers))
         self.proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", "conf/gunicorn.conf.py"], cwd=ROOT,
                                      env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
         self.lines: list[str] = []
-        self.port = self.grpc_port = 0
+        self.port = self.grpc_port = self.metrics_port = 0
         self.serving: list[int] = []  # worker pids, in the order they started serving
         self._changed = gevent.event.Event()
         self._reader = gevent.spawn(self._read)
@@ -62,6 +62,7 @@ class Gunicorn:
             m = _LISTENING.search(line)
             if m:
                 self.port, self.grpc_port = int(m.group(1)), int(m.group(2))
+                self.metrics_port = int(m.group(3) or 0)
             m = _SERVING.search(line)
             if m:
                 self.serving.append(int(m.group(1)))

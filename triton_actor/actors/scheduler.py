@@ -125,7 +125,7 @@ class SchedulerActor(InlineActor):
         try:
             self._queue.add(msg, msg.batch_size, key, request.priority, request.timeout_us, msg.start_ns)
         except TritonError as e:
-            self._stats.record_failure(self._clock() - msg.start_ns)
+            self._stats.record_failure(self._clock() - msg.start_ns, "REJECTED")  # queue full
             msg.reply.fail(TritonError(e.code, _prefix(request) + e.message))
             return
         self._dispatch()
@@ -159,7 +159,7 @@ class SchedulerActor(InlineActor):
                 if result is RESCHEDULE:
                     self._requeue(item)
                 elif isinstance(result, BaseException):
-                    stats.record_failure(now - item.start_ns)
+                    stats.record_failure(now - item.start_ns, "BACKEND")
                     self._respond(item, False, result)
                 else:
                     stats.record_success(item.batch_size, now - item.start_ns, msg.dispatch_ns - item.start_ns, timings)
@@ -171,7 +171,7 @@ class SchedulerActor(InlineActor):
             error = msg.value if isinstance(msg.value, TritonError) else TritonError.internal(
                 f"instance '{msg.instance.name}' failed: {msg.value!r}")
             for item in msg.items:
-                stats.record_failure(now - item.start_ns)
+                stats.record_failure(now - item.start_ns, "BACKEND")
                 self._respond(item, False, error)
             if self._trace.on:
                 self._trace.batch(msg.items, None, msg.dispatch_ns, now, (0, 0, 0))
@@ -217,7 +217,9 @@ class SchedulerActor(InlineActor):
             _answer(message.items, message.ok, message.value)
 
     def on_GetStats(self, _msg: GetStats) -> dict[str, object]:
-        return self._stats.snapshot()
+        snap = self._stats.snapshot()
+        snap["pending"] = len(self._queue)  # queued, not yet executing (nv_inference_pending_request_count)
+        return snap
 
     def on_GetStatus(self, _msg: GetStatus) -> dict[str, object]:
         return {"stats": self._stats.snapshot(), "queued": len(self._queue), "running": self._running,
@@ -255,7 +257,7 @@ class SchedulerActor(InlineActor):
             now = self._clock()
             for item in items:
                 if item.reply.ready():
-                    self._stats.record_failure(now - item.start_ns)
+                    self._stats.record_failure(now - item.start_ns, "CANCELED")
             items = [i for i in items if not i.reply.ready()]
             if not items:
                 self._idle.append(instance)
@@ -271,7 +273,7 @@ class SchedulerActor(InlineActor):
 
     def _expire(self, items: list[Enqueue], now: int) -> None:
         for item in items:
-            self._stats.record_failure(now - item.start_ns)
+            self._stats.record_failure(now - item.start_ns, "REJECTED")  # timed out in the queue
             item.reply.fail(timeout_error(_prefix(item.request)))
 
     def _respond(self, item: Enqueue, ok: bool, value: Any) -> None:

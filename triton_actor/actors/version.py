@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..backends.base import Backend, InstanceContext
 from ..errors import TritonError
+from ..metrics.latency import LatencyRecorder
 from ..repository import layout
 from ..repository.config import ModelConfig
 from ..repository.snapshot import FileEntry
@@ -78,7 +79,8 @@ class VersionSource:
     workers: int = 1  # worker processes sharing the host: instance_group counts are per host (README)
 
 
-def start_version(src: VersionSource, load_timeout_s: float) -> Version:
+def start_version(src: VersionSource, load_timeout_s: float,
+                  latency_metrics: tuple[bool, bool] = (False, False)) -> Version:
     """Create the instances (each on its own native thread), warm them up, start the scheduler."""
     start = time.monotonic()
     rec = Version(src.version, LOADING, files=src.files)
@@ -96,6 +98,9 @@ def start_version(src: VersionSource, load_timeout_s: float) -> Version:
             raise failures[0]
         warm_up(src.config, src.model_dir, src.model, src.version, instances)
         stats = VersionStats(src.model, src.version)
+        stats.load_secs = time.monotonic() - start
+        if any(latency_metrics):  # --metrics-config summary_latencies / histogram_latencies
+            stats.latency_recorder = LatencyRecorder(*latency_metrics)
         scheduler = SchedulerActor(f"scheduler:{src.model}:{src.version}", instances, stats,
                                    BatchPolicy.from_config(src.config),
                                    trace=TRACER.version(src.model, src.version))

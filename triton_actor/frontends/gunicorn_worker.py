@@ -86,7 +86,7 @@ class TritonWorker(Worker):
             sys.exit(Arbiter.WORKER_BOOT_ERROR)
         for error in replay(host, changes):
             log.error("worker %d: replaying a host-wide change failed: %s", self.age, error)
-        server.serve(dict(zip(("http", "grpc"), self.sockets, strict=False)))
+        server.serve(dict(zip(("http", "grpc", "metrics"), self.sockets, strict=False)))
         server.plane.accepting = True
         host.mark_ready()
         log.info("worker %d (pid %d) is serving", self.age, self.pid)

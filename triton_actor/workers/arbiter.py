@@ -132,6 +132,8 @@ class RollingArbiter(Arbiter):
 def gunicorn_options(settings: Settings, argv: list[str]) -> dict[str, Any]:
     """The gunicorn settings for ``settings`` (also what ``conf/gunicorn.conf.py`` sets)."""
     binds = [f"{settings.http_address}:{settings.http_port}", f"{settings.grpc_address}:{settings.grpc_port}"]
+    if settings.allow_metrics:  # third listener: every worker answers /metrics with the host's totals
+        binds.append(f"{settings.metrics_address}:{settings.metrics_port}")
     os.environ[ARGS_ENV] = shlex.join(argv)
     return {
         "bind": binds,
