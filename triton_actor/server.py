@@ -23,6 +23,7 @@ from .backends.python.backend import PythonBackend
 from .backends.pytorch import PyTorchBackend
 from .dataplane import DataPlane
 from .devices import gpu_count
+from .errors import TritonError
 from .frontends.grpc import GrpcServicer
 from .frontends.grpc_h2 import GrpcH2Server
 from .frontends.http import HttpFrontend
@@ -30,6 +31,8 @@ from .frontends.http_routes import create_app
 from .frontends.http_server import HttpServer
 from .host import Host, LocalHost
 from .protocol import http1
+from .repository import remote
+from .repository.remote import RemoteRepository
 from .runtime_settings import RuntimeSettings
 from .settings import Settings
 from .shared_memory import SharedMemoryRegistry
@@ -64,9 +67,14 @@ class Server:
             backend_config=settings.backend_config,
         )
         backends = backends or default_backends(settings.backend_config)
-        self.repository = RepositoryActor(list(settings.model_repositories), backends, load,
-                                          settings.model_control_mode, settings.load_models,
-                                          settings.repository_poll_secs, settings.model_load_thread_count)
+        # object-store repositories are mirrored into local folders the repository actor reads (remote.py)
+        self.mirrors = [RemoteRepository(url, settings.remote_cache_dir) for url in settings.remote_repositories]
+        self._mirror_poll: gevent.Greenlet | None = None
+        refresh = self._sync_mirrors if self.mirrors and settings.model_control_mode == "explicit" else None
+        self.repository = RepositoryActor([*settings.model_repositories, *(m.root for m in self.mirrors)],
+                                          backends, load, settings.model_control_mode, settings.load_models,
+                                          settings.repository_poll_secs, settings.model_load_thread_count,
+                                          refresh=refresh)
         self.plane = DataPlane(self.repository, settings.server_id, settings.strict_readiness,
                                SharedMemoryRegistry(settings.allow_client_shm, load.gpu_count),
                                RuntimeSettings(settings.log_info, settings.log_verbose), self.host)
@@ -96,6 +104,12 @@ class Server:
             self.http.start()
             log.info("Started HTTPService at %s:%d", s.http_address, self.http.server_port)
         self.plane.live = True
+        try:
+            self._sync_mirrors()
+        except TritonError as e:
+            raise StartupError(e.message) from None
+        if self.mirrors and s.model_control_mode == "poll" and s.repository_poll_secs > 0:
+            self._mirror_poll = gevent.spawn(remote.poll, self.mirrors, s.repository_poll_secs, self.repository.nudge)
         failures = self.repository.ref.load_all().get()
         for name, reason in sorted(failures.items()):
             log.error("model '%s' failed to load: %s", name, reason)
@@ -128,9 +142,18 @@ class Server:
             log.error("unloading models at shutdown: %s", e)
         self.plane.live = False
         self.plane.shm.close()
+        if self._mirror_poll is not None:
+            self._mirror_poll.kill()
         self.repository.stop(timeout=5)
+        for mirror in self.mirrors:  # after the repository actor (its watcher) stopped looking at them
+            mirror.close()
         self._stopped.set()
         log.info("server stopped")
+
+    def _sync_mirrors(self) -> None:
+        """Bring every object-store mirror up to date (the caller's greenlet); raises TritonError."""
+        for mirror in self.mirrors:
+            mirror.sync()
 
     def run(self) -> int:
         """CLI entry: start, serve until SIGINT/SIGTERM, stop. Exit status 0 on a clean stop."""
