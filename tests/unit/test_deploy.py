@@ -15,6 +15,7 @@ import jsonschema
 import pytest
 import yaml
 
+from tests.unit.helm_subset import render_chart, render_template
 from triton_actor import cli
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
@@ -169,3 +170,48 @@ def test_serving_runtime_arguments_are_real_flags() -> None:
     settings = cli.parse(container["args"], environ={})
     assert settings.http_port == container["ports"][0]["containerPort"] == 8080  # KServe's HTTP port
     assert settings.grpc_port == 9000 and str(settings.model_repositories[0]) == "/mnt/models"
+
+
+# -- the Helm chart (rendered by tests/unit/helm_subset.py: helm itself is not installable here) -----------
+CHART = ROOT / "deploy" / "helm" / "triton-actor"
+
+
+def _rendered(**kwargs: Any) -> dict[str, dict[str, Any]]:
+    docs = [yaml.safe_load(text) for text in render_chart(CHART, **kwargs).values()]
+    return {d["kind"]: d for d in docs if d}
+
+
+def test_chart_renders_valid_kubernetes_that_equals_the_plain_manifests() -> None:
+    """With its default values and release name, the chart is exactly deploy/kubernetes (minus the adapter
+    rule, which belongs to the Prometheus adapter's release)."""
+    rendered = _rendered(release="triton-actor")
+    for doc in rendered.values():
+        _k8s_validate(doc)
+    plain = _by_kind()
+    plain.pop("ConfigMap")
+    assert rendered == plain
+
+
+def test_chart_values_reach_the_manifests() -> None:
+    rendered = _rendered(release="edge", values={
+        "modelRepository": "gs://bucket/repo", "extraArgs": ["--log-verbose=1", "--strict-readiness=false"],
+        "image": {"tag": "9.9"}, "autoscaling": {"enabled": False}, "resources": {"limits": {"cpu": "3"}}})
+    assert "HorizontalPodAutoscaler" not in rendered
+    for doc in rendered.values():
+        _k8s_validate(doc)
+    container = rendered["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == "triton-actor:9.9"  # values merge deeply, as helm merges them
+    assert container["resources"]["limits"] == {"memory": "4Gi", "cpu": "3"}
+    settings = cli.parse(container["args"], environ={})
+    assert settings.remote_repositories == ("gs://bucket/repo",) and settings.log_verbose == 1
+    assert settings.strict_readiness is False
+    assert rendered["Service"]["spec"]["selector"] == {"app.kubernetes.io/name": "edge"}
+
+
+def test_the_renderer_refuses_what_it_does_not_know() -> None:
+    with pytest.raises(ValueError):
+        render_template("{{ include \"x\" . }}", {})
+    with pytest.raises(ValueError):
+        render_template("{{ range .Values.x }}", {"Values": {"x": [1]}})
+    assert render_template("a:\n  {{- if .V }}\n  b: {{ .V | quote }}\n  {{- end }}\n", {"V": 'x"y'}) == \
+        'a:\n  b: "x\\"y"\n'
