@@ -89,6 +89,8 @@ def test_s3_url_forms(monkeypatch: pytest.MonkeyPatch) -> None:
     triton = remote.S3Store("s3://127.0.0.1:9000/bucket/models")  # Triton's form for a non-AWS endpoint
     assert (triton.bucket, triton.prefix) == ("bucket", "models/")
     assert triton._client.meta.endpoint_url == "http://127.0.0.1:9000"
+    tls = remote.S3Store("s3://https://minio.local:9443/bucket")
+    assert (tls.bucket, tls.prefix, tls._client.meta.endpoint_url) == ("bucket", "", "https://minio.local:9443")
 
 
 def test_other_schemes_go_through_fsspec(tmp_path: Path) -> None:
