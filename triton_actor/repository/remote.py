@@ -236,5 +236,7 @@ def poll(mirrors: list[RemoteRepository], period: float, changed: Any) -> None:
                 dirty = mirror.sync() or dirty
             except TritonError as e:
                 log.error("poll: %s", e.message)
+            except Exception:  # e.g. an OSError in the cache folder: log it, keep polling
+                log.exception("poll: syncing model repository %s failed", mirror.url)
         if dirty:
             changed()
