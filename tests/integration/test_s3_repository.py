@@ -11,6 +11,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from .gunicorn_server import PID_CONFIG, PID_PY, Gunicorn, pids_seen
 from .model_control import add_tagged, ask, index, tagged, wait_for
 from .s3 import Bucket, moto_endpoint  # noqa: F401 - the fixture
 
@@ -99,3 +100,23 @@ def test_unreachable_s3_repository_fails_startup(tmp_path: Path, moto_endpoint: 
     server = start_server("s3://no-such-bucket/models", wait=False)
     assert server.wait_exit(60) == 1
     assert "failed to read model repository 's3://no-such-bucket/models'" in server.log()
+
+
+@pytest.mark.timeout(240)
+def test_s3_repository_with_workers(tmp_path: Path, moto_endpoint: str,  # noqa: F811
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under gunicorn every worker mirrors the bucket (a cache folder each) and POLL reaches all of them."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
+    bucket = Bucket(moto_endpoint, "workers")
+    bucket.put("repo/pid/config.pbtxt", PID_CONFIG)
+    bucket.put("repo/pid/1/model.py", PID_PY)
+    g = Gunicorn("--model-repository", "s3://workers/repo", *POLL, workers=2)
+    try:
+        workers = set(g.wait_serving(2))
+        assert pids_seen(g.url, workers) == workers
+        bucket.put("repo/pid2/config.pbtxt", PID_CONFIG)
+        bucket.put("repo/pid2/1/model.py", PID_PY)
+        wait_for(lambda: g.log().count("successfully loaded 'pid2'") >= 2, WITHIN, "pid2 loaded by both workers")
+        assert pids_seen(g.url, workers, model="pid2") == workers
+    finally:
+        assert g.stop() == 0
