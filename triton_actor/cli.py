@@ -12,6 +12,7 @@ from typing import NoReturn
 
 from . import __version__, fastpath, runtime_settings
 from .metrics.config import parse_metrics_config
+from .repository import remote
 from .settings import Settings, default_grpc_max_connections
 
 _TRUE = {"true", "1", "yes", "on"}
@@ -123,7 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="triton-actor", description="A Triton-compatible inference server in Python.")
     p.add_argument("--version", action="version", version=f"triton-actor {__version__}")
     p.add_argument("--model-repository", "--model-store", action="append", default=[], dest="repos",
-                   metavar="DIR", help="model repository folder (repeatable)")
+                   metavar="DIR",
+                   help="model repository folder, or s3://bucket/prefix (other fsspec schemes too) (repeatable)")
     p.add_argument("--id", default="triton", help="server name in server metadata")
     p.add_argument("--http-address", default="0.0.0.0")
     p.add_argument("--http-port", type=int, default=8000, help="0 picks a free port (logged at start)")
@@ -218,7 +220,9 @@ def parse(argv: Sequence[str] | None = None, environ: dict[str, str] | None = No
     if args.model_load_thread_count < 1:
         raise SystemExit("error: --model-load-thread-count must be >= 1")
     return Settings(
-        model_repositories=tuple(Path(r).resolve() for r in repos),
+        model_repositories=tuple(Path(r).resolve() for r in repos if not remote.is_remote(r)),
+        remote_repositories=tuple(r for r in repos if remote.is_remote(r)),
+        remote_cache_dir=env.get("TRITON_AWS_MOUNT_DIRECTORY", ""),
         server_id=args.id,
         http_address=args.http_address,
         http_port=args.http_port,

@@ -24,6 +24,7 @@ from .backends.python.backend import PythonBackend
 from .backends.pytorch import PyTorchBackend
 from .dataplane import DataPlane
 from .devices import gpu_count
+from .errors import TritonError
 from .frontends.grpc import GrpcServicer
 from .frontends.grpc_h2 import GrpcH2Server
 from .frontends.http import HttpFrontend
@@ -35,6 +36,8 @@ from .metrics.snapshot import MetricsSource
 from .metrics.statsd_push import StatsdPusher
 from .protocol import http1
 from .protocol.restricted import Restrictions
+from .repository import remote
+from .repository.remote import RemoteRepository
 from .runtime_settings import RuntimeSettings
 from .server_calls import ServerCalls
 from .settings import Settings
@@ -72,9 +75,14 @@ class Server:
             workers=settings.workers,
         )
         backends = backends or default_backends(settings.backend_config)
-        self.repository = RepositoryActor(list(settings.model_repositories), backends, load,
-                                          settings.model_control_mode, settings.load_models,
-                                          settings.repository_poll_secs, settings.model_load_thread_count)
+        # object-store repositories are mirrored into local folders the repository actor reads (remote.py)
+        self.mirrors = [RemoteRepository(url, settings.remote_cache_dir) for url in settings.remote_repositories]
+        self._mirror_poll: gevent.Greenlet | None = None
+        refresh = self._sync_mirrors if self.mirrors and settings.model_control_mode == "explicit" else None
+        self.repository = RepositoryActor([*settings.model_repositories, *(m.root for m in self.mirrors)],
+                                          backends, load, settings.model_control_mode, settings.load_models,
+                                          settings.repository_poll_secs, settings.model_load_thread_count,
+                                          refresh=refresh)
         shm = SharedMemoryRegistry(settings.allow_client_shm, load.gpu_count)
         runtime = RuntimeSettings(settings.log_info, settings.log_verbose, settings.trace_config)
         runtime.tracer.for_worker(self.host.worker_id)  # trace ids and files apart per worker (tracing.py)
@@ -133,7 +141,15 @@ class Server:
         self.plane.live = True
 
     def load_models(self) -> None:
-        """Load the models the control mode starts with; raises StartupError under --exit-on-error."""
+        """Load the models the control mode starts with; raises StartupError under --exit-on-error.
+        Object-store repositories are downloaded first (a bucket that cannot be read: StartupError)."""
+        s = self.settings
+        try:
+            self._sync_mirrors()
+        except TritonError as e:
+            raise StartupError(e.message) from None
+        if self.mirrors and s.model_control_mode == "poll" and s.repository_poll_secs > 0:
+            self._mirror_poll = gevent.spawn(remote.poll, self.mirrors, s.repository_poll_secs, self.repository.nudge)
         failures = self.repository.ref.load_all().get()
         for name, reason in sorted(failures.items()):
             log.error("model '%s' failed to load: %s", name, reason)
@@ -197,10 +213,19 @@ class Server:
         if not self.plane.runtime.tracer.flush(timeout=10):
             log.warning("traces still being written at shutdown")
         self.plane.shm.close()
+        if self._mirror_poll is not None:
+            self._mirror_poll.kill()
         self.repository.stop(timeout=5)
         self.server_calls.uninstall()
+        for mirror in self.mirrors:  # after the repository actor (its watcher) stopped looking at them
+            mirror.close()
         self._stopped.set()
         log.info("server stopped")
+
+    def _sync_mirrors(self) -> None:
+        """Bring every object-store mirror up to date (the caller's greenlet); raises TritonError."""
+        for mirror in self.mirrors:
+            mirror.sync()
 
     def run(self) -> int:
         """CLI entry: start, serve until SIGINT/SIGTERM, stop. Exit status 0 on a clean stop."""

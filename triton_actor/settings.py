@@ -21,6 +21,10 @@ class Settings:
     """Every knob, named as tritonserver's flags (spec §5.2)."""
 
     model_repositories: tuple[Path, ...] = ()
+    # object-store repositories (s3://bucket/prefix, other fsspec schemes), mirrored to a local cache
+    # folder under remote_cache_dir (Triton's TRITON_AWS_MOUNT_DIRECTORY; empty = the system temp folder)
+    remote_repositories: tuple[str, ...] = ()
+    remote_cache_dir: str = ""
     server_id: str = "triton"
     http_address: str = "0.0.0.0"
     http_port: int = 8000

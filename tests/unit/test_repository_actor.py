@@ -55,3 +55,30 @@ def test_other_modes_refuse(tmp_path: Path, mode: str) -> None:
             assert e.value.message == "explicit model load / unload is not allowed if polling is enabled"
     finally:
         actor.stop(timeout=5)
+
+
+def test_explicit_load_refreshes_object_store_mirrors_first(tmp_path: Path) -> None:
+    """With object-store repositories the load API re-syncs them first (repository/remote.py), off the
+    mailbox; a sync that fails fails the load with Triton's poll-failure text and the reason."""
+    calls: list[str] = []
+    outcome: list[TritonError | None] = [TritonError.unavailable("failed to read model repository 's3://b': down")]
+
+    def refresh() -> None:
+        calls.append("sync")
+        if outcome[0] is not None:
+            raise outcome[0]
+
+    actor = RepositoryActor([tmp_path], {}, LoadSettings(), control_mode="explicit", refresh=refresh)
+    actor.start()
+    try:
+        with pytest.raises(TritonError) as e:
+            actor.ref.load("m").get(5)
+        assert e.value.code == Code.INTERNAL
+        assert e.value.message == ("failed to load 'm', failed to poll from model repository: "
+                                   "failed to read model repository 's3://b': down")
+        outcome[0] = None
+        with pytest.raises(TritonError, match="failed to load 'm', failed to poll from model repository"):
+            actor.ref.load("m").get(5)  # synced, but no such model: the usual answer
+        assert calls == ["sync", "sync"] and actor._models == {}
+    finally:
+        actor.stop(timeout=5)

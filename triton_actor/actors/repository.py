@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -76,6 +77,15 @@ class UnloadModel:
 @dataclass(frozen=True, slots=True)
 class Rescan:
     pass
+
+
+@dataclass(frozen=True, slots=True)
+class _Refreshed:
+    """EXPLICIT with object-store repositories: the mirrors were re-synced for ``load`` (or failed)."""
+
+    load: LoadModel
+    reply: Reply[None]  # the load's reply: an error raised while handling this message fails it
+    error: TritonError | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,8 +166,10 @@ class RepositoryActor(Actor):
 
     def __init__(self, repositories: list[Path], backends: dict[str, Backend], settings: LoadSettings,
                  control_mode: str = NONE, startup_models: tuple[str, ...] = (), poll_secs: float = 15.0,
-                 load_threads: int = 4, restarts: RestartBudget | None = None) -> None:
+                 load_threads: int = 4, restarts: RestartBudget | None = None,
+                 refresh: Callable[[], object] | None = None) -> None:
         super().__init__("repository")
+        self._refresh = refresh  # re-syncs object-store mirrors (repository/remote.py) before a load
         self._restarts = restarts or RestartBudget()
         self.repositories = repositories
         self.control_mode = control_mode
@@ -227,6 +239,26 @@ class RepositoryActor(Actor):
         only logs it; scripts/triton_reference/NOTES.md, pass 4)."""
         if self.control_mode != EXPLICIT:
             raise TritonError.unavailable(_REFUSED)
+        if self._refresh is not None:  # Triton polls the repository on every load: sync the mirrors first
+            gevent.spawn(self._refresh_for, msg)
+            return
+        self._start_load(msg)
+
+    def _refresh_for(self, msg: LoadModel) -> None:
+        """Helper greenlet: sync the object-store mirrors (network I/O stays off the mailbox), then load."""
+        error = None
+        try:
+            self._refresh()  # type: ignore[misc]
+        except TritonError as e:
+            error = e
+        self._tell(_Refreshed(msg, msg.reply, error))
+
+    def on__Refreshed(self, msg: _Refreshed) -> None:
+        if msg.error is not None:
+            raise TritonError.internal(f"{_poll_failed(msg.load.name)}: {msg.error.message}")
+        self._start_load(msg.load)
+
+    def _start_load(self, msg: LoadModel) -> None:
         try:
             model_dir, override, owned = self._load_request(msg)
         except TritonError as e:
