@@ -3,11 +3,13 @@
 The CLI, the gunicorn worker and the tests import this module first. It uses public gevent API only and
 touches no interpreter internals (supported: CPython 3.10-3.13).
 
-What is patched: ``socket``, ``ssl``, ``select``, ``time`` and the rest of ``patch_all``'s defaults, so
+What is patched: ``socket``, ``ssl``, ``time`` and the rest of ``patch_all``'s defaults, so
 the hub's I/O cooperates. What is **not**:
 
-* ``thread`` / ``threading`` / ``queue`` stay native (a native thread waiting on a gevent queue that
-  another thread fills never wakes: ``concurrent.futures`` in model code needs both native). Model instances run on native threads (thread-per-instance, the
+* ``thread`` / ``threading`` / ``queue`` / ``select`` stay native (a native thread waiting on a gevent
+  queue that another thread fills never wakes: ``concurrent.futures`` in model code needs both native;
+  watchdog's inotify reader is a native thread that polls with ``select.poll``, which patched raises
+  ``LoopExit`` in a thread without a running hub). The hub itself waits on sockets through gevent. Model instances run on native threads (thread-per-instance, the
   thread bridge in ``actors/bridge.py``), model code starts threads of its own (a ``ThreadPoolExecutor``
   in ``initialize``), POLL's inotify emitter runs on one, and importlib's per-module import locks come from
   ``_thread``: with ``_thread`` patched those locks are gevent locks that native threads loading models in
@@ -34,6 +36,7 @@ from gevent import monkey
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 if not monkey.is_module_patched("socket"):
-    monkey.patch_all(thread=False, threading=False, queue=False, subprocess=False, os=False, signal=False)
+    monkey.patch_all(thread=False, threading=False, queue=False, select=False, subprocess=False, os=False,
+                     signal=False)
 
 PATCHED = True

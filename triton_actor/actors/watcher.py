@@ -55,8 +55,12 @@ class Watcher:
             log.warning("not watching %s for changes (%r); relying on --repository-poll-secs", path, e)
             return
         try:
-            while not self._stopping:
+            # the emitter stops itself when the watched folder goes away (then every further call
+            # only logs a warning, in a busy loop): from there the periodic rescan alone keeps watch
+            while not self._stopping and emitter.should_keep_running():
                 emitter.queue_events(_WAIT_S)
+            if not self._stopping:
+                log.warning("stopped watching %s (it is gone); relying on --repository-poll-secs", path)
         except Exception as e:  # noqa: BLE001
             log.warning("watching %s stopped: %r; relying on --repository-poll-secs", path, e)
         finally:
