@@ -32,6 +32,19 @@ class InstanceContext:
 
 Result = InferResponse | TritonError
 
+
+class _Rescheduled:
+    """The result of a request the model released with ``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE``: no
+    answer yet, the scheduler queues it again (python backend ``set_release_flags``)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "RESCHEDULED"
+
+
+RESCHEDULED = _Rescheduled()
+
 # Models load on several native threads at once. The bootstrap gives importlib native locks (with
 # ``_thread`` patched they would be gevent locks, which native threads cannot share: two first imports of
 # one module on two load threads failed or hung). On top of that, backends import runtimes and a Python

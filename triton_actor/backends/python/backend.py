@@ -33,7 +33,7 @@ from ...inference import InferRequest, InferResponse
 from ...repository import config as config_mod
 from ...repository.config import ModelConfig
 from ...repository.layout import model_file
-from ..base import IMPORT_LOCK, InstanceContext, Result
+from ..base import IMPORT_LOCK, RESCHEDULED, InstanceContext, Result
 from . import triton_python_backend_utils as pb_utils
 
 # model.py files do `import triton_python_backend_utils as pb_utils`: serve them our module.
@@ -239,6 +239,8 @@ class PythonInstance:
         ctx = self.ctx
         self.model = module.TritonPythonModel()
         self.decoupled = ctx.config.model_transaction_policy.decoupled
+        # RESCHEDULE is honoured where a scheduler takes requests back: iterative sequences (sequence_scheduler.py)
+        self._reschedule = ctx.config.sequence_batching.iterative_sequence
         self.inline_ok = _may_run_inline(ctx, self.model, self.decoupled)
         self._loop: asyncio.AbstractEventLoop | None = None
         init = getattr(self.model, "initialize", None)
@@ -276,7 +278,7 @@ class PythonInstance:
             err = self._model_error(e)
             return [err] * len(requests)
         if responses is None:  # answered through response senders (Triton's default-mode senders)
-            responses = [_sent_response(pb) for pb in pb_requests]
+            responses = [None if self._reschedule and _rescheduled(pb) else _sent_response(pb) for pb in pb_requests]
         if (type(responses) is not list and not isinstance(responses, list | tuple)) or len(responses) != len(requests):
             got = len(responses) if isinstance(responses, list | tuple) else type(responses).__name__
             err = TritonError.internal(
@@ -284,6 +286,9 @@ class PythonInstance:
                 f"message: execute() must return a list of {len(requests)} InferenceResponse objects, got {got}"
             )
             return [err] * len(requests)
+        if self._reschedule:
+            return [RESCHEDULED if r is None and _rescheduled(pb) else self._from_pb(r)
+                    for r, pb in zip(responses, pb_requests, strict=True)]
         return [self._from_pb(r) for r in responses]
 
     def _execute_decoupled(self, requests: list[InferRequest]) -> list[Result]:
@@ -307,7 +312,7 @@ class PythonInstance:
         if returned is not None:
             log.warning("decoupled model '%s': execute() returned %s; responses must go through the response "
                         "sender, the returned value is ignored", self.ctx.model_name, type(returned).__name__)
-        return [None] * len(requests)  # type: ignore[list-item]
+        return [RESCHEDULED if self._reschedule and _rescheduled(pb) else None for pb in pb_requests]  # type: ignore[misc]
 
     def _deliverer(self, channel: Any) -> Callable[[Any, bool], None]:
         def deliver(response: Any, final: bool) -> None:
@@ -353,6 +358,11 @@ class PythonInstance:
             if self._loop is not None:
                 self._loop.close()
             forget_package(self._package)
+
+
+def _rescheduled(pb_request: Any) -> bool:
+    """Whether the model released the request with ``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE``."""
+    return bool(pb_request._release_flags & pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
 
 
 def _default_mode_sender(request: Any) -> Any:
