@@ -16,6 +16,7 @@ import gevent
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from .clients import PROTOCOLS, Client
@@ -354,3 +355,17 @@ def test_http_sequence_id_of_a_wrong_json_type(server: ServerProcess) -> None:
         urllib.request.urlopen(req, timeout=30)
     assert e.value.code == 500
     assert json.loads(e.value.read()) == {"error": "Unable to parse 'sequence_id': attempt to access JSON non-string as string"}
+
+
+def test_config_json_prints_the_sequence_batcher_as_triton_does(server: ServerProcess) -> None:
+    """Captured from real Triton 2.51 for the same control_input; no strategy key when none was set."""
+    c = httpclient.InferenceServerClient(server.url)
+    try:
+        sb = c.get_model_config("seq")["sequence_batching"]
+    finally:
+        c.close()
+    assert sb["control_input"][0] == {"name": "START", "control": [{
+        "kind": "CONTROL_SEQUENCE_START", "int32_false_true": [], "fp32_false_true": [0, 1], "bool_false_true": [],
+        "data_type": "TYPE_INVALID"}]}
+    assert sb["iterative_sequence"] is False and "direct" not in sb and "oldest" not in sb
+    assert sb["state"][0]["initial_state"][0]["dims"] == [1]
