@@ -140,6 +140,31 @@ sequence_batching {
 """
 
 
+# the same loop in a plain (not decoupled) model: rescheduled requests are None in execute's answer
+ITER_PLAIN_PY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.steps = {}
+
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            cid = request.correlation_id()
+            self.steps[cid] = self.steps.get(cid, 0) + 1
+            if self.steps[cid] < int(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0]):
+                request.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
+                out.append(None)
+            else:
+                out.append(pb_utils.InferenceResponse([
+                    pb_utils.Tensor("OUT", np.array([self.steps.pop(cid)], np.int32)),
+                    pb_utils.Tensor("CID", np.array([int(cid)], np.uint64))]))
+        return out
+"""
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = tmp_path_factory.mktemp("seqrepo")
@@ -152,6 +177,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         REPORT_PY)
     add_model(repo, "plain", PLAIN_CONFIG, PLAIN_PY)
     add_model(repo, "iter", ITER_CONFIG, ITER_PY)
+    add_model(repo, "iter_plain", ITER_CONFIG.replace('"iter"', '"iter_plain"').replace(
+        "model_transaction_policy { decoupled: true }", ""), ITER_PLAIN_PY)
     srv = ServerProcess(repo).wait_ready()
     yield srv
     srv.stop()
@@ -342,6 +369,13 @@ def test_iterative_sequence_reschedules_one_request(server: ServerProcess) -> No
     finally:
         c.stop_stream()
         c.close()
+
+
+def test_iterative_sequence_in_a_plain_model(client: Client) -> None:
+    """Rescheduled requests return None from execute; the client gets the one final answer."""
+    x = client.input("IN", np.array([4], np.int32), "INT32")
+    result = client.raw.infer("iter_plain", [x])
+    assert int(result.as_numpy("OUT")[0]) == 4 and int(result.as_numpy("CID")[0]) >= 1
 
 
 def test_http_sequence_id_of_a_wrong_json_type(server: ServerProcess) -> None:

@@ -168,3 +168,16 @@ def test_bad_controls_are_refused_at_load(tmp_path, control: str) -> None:
     with pytest.raises(TritonError) as e:
         SequenceTensors.from_config(parse_text(text, "m", "config.pbtxt"), tmp_path)
     assert e.value.code == Code.INVALID_ARG
+
+
+def test_cancel_ends_the_sequence_and_returns_its_queued_requests() -> None:
+    slots = _slots(slots=1)
+    slots.add("a1", 1, SEQUENCE_START, 0, "m")
+    slots.add("b1", 2, SEQUENCE_START, 0, "m")  # backlog
+    slots.take(0, 1)
+    slots.add("a2", 1, 0, 2, "m")
+    slots.add("a3", 1, 0, 3, "m")
+    assert slots.cancel(1) == ["a2", "a3"] and len(slots) == 1
+    assert _items(slots.take(0, 4)[0]) == ["b1"]  # the slot went to the backlog
+    with pytest.raises(TritonError):
+        slots.add("a4", 1, 0, 5, "m")

@@ -32,7 +32,7 @@ import gevent
 import numpy as np
 
 from ..backends.base import RESCHEDULED
-from ..errors import TritonError
+from ..errors import Code, TritonError
 from ..inference import InferInput, InferRequest, InferResponse
 from ..statistics import VersionStats
 from .instance import ModelInstance
@@ -161,9 +161,14 @@ class SequenceSchedulerActor(InlineActor):
         self._maybe_drained()
 
     def _run(self, index: int, batch: list[Slot[Enqueue]]) -> None:
+        if any(s.item is not None and s.item.reply.ready() for s in batch):
+            batch = self._drop_cancelled(batch)
         if not self._pad:
             batch = [s for s in batch if s.item is not None]
-        template = next(s.item.request for s in batch if s.item is not None)
+        if not batch:
+            self._idle.append(index)
+            return
+        template = next(s.item.request for s in batch if s.item is not None)  # a batch ends with a real request
         requests = [self._prepared(s) if s.item is not None else self._null(template) for s in batch]
         dispatch_ns = self._clock()
         tell = self.ref.tell
@@ -175,6 +180,25 @@ class SequenceSchedulerActor(InlineActor):
                 self._answer_stopped(batch, ok, value)
 
         self._instances[index].execute(requests, done)
+
+    def _drop_cancelled(self, batch: list[Slot[Enqueue]]) -> list[Slot[Enqueue]]:
+        """Requests answered before they ran were cancelled by their clients: they do not run, and the rest of
+        their sequence is cancelled with them (Triton: cancelling one request cancels the sequence's pending ones)."""
+        now = self._clock()
+        out: list[Slot[Enqueue]] = []
+        for slot in batch:
+            if slot.item is None or not slot.item.reply.ready():
+                out.append(slot)
+                continue
+            self._stats.record_failure(now - slot.item.start_ns)
+            self._states.pop(slot.corr_id, None)
+            for item in self._slots.cancel(slot.corr_id):
+                self._stats.record_failure(now - item.start_ns)
+                item.reply.fail(TritonError(Code.CANCELLED, f"sequence {slot.corr_id} was cancelled"))
+            out.append(Slot(None, 0))
+        while out and out[-1].item is None:
+            out.pop()  # a direct batch ends at its highest slot in use
+        return out
 
     def _prepared(self, slot: Slot[Enqueue]) -> InferRequest:
         assert slot.item is not None

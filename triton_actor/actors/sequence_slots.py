@@ -143,6 +143,22 @@ class SequenceSlots(Generic[T]):
             return True
         return False
 
+    def cancel(self, corr_id: int | str) -> list[T]:
+        """A dispatched request of ``corr_id`` was cancelled before it ran: the sequence ends, and its
+        queued requests are returned to be cancelled too (Triton cancels the rest of the sequence)."""
+        seq = self._active.get(corr_id)
+        if seq is None:
+            return []
+        out = [entry[0] for entry in seq.queue]
+        self._queued -= len(out)
+        seq.queue.clear()
+        seq.running -= 1
+        if seq.running == 0:
+            self._release(seq)
+        else:
+            seq.ending = True
+        return out
+
     def take(self, instance: int, now_ns: int) -> tuple[list[Slot[T]], int | None]:
         """The batch to run on idle ``instance`` now (empty: nothing), or how long to wait for more."""
         row = self._slots[instance]
