@@ -181,3 +181,10 @@ def test_cancel_ends_the_sequence_and_returns_its_queued_requests() -> None:
     assert _items(slots.take(0, 4)[0]) == ["b1"]  # the slot went to the backlog
     with pytest.raises(TritonError):
         slots.add("a4", 1, 0, 5, "m")
+
+
+def test_numeric_corrid_in_a_narrower_type_wraps(tmp_path) -> None:
+    text = CONFIG.replace("data_type: TYPE_STRING", "data_type: TYPE_INT32")
+    tensors = SequenceTensors.from_config(parse_text(text, "m", "config.pbtxt"), tmp_path)
+    assert tensors.controls_for(2**32 + 7, 0, True)["C"].data.tolist() == [[7]]
+    assert tensors.controls_for("text", 0, True)["C"].data.tolist() == [[0]]

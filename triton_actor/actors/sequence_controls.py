@@ -77,10 +77,11 @@ class SequenceTensors:
         out = {}
         for c in self.controls:
             if c.kind == CORRID:
-                value: Any = str(corr_id).encode() if c.dtype.numpy == np.object_ else corr_id
-                if isinstance(corr_id, str) and c.dtype.numpy != np.object_:
-                    value = 0  # a string id cannot be a number: Triton's batcher sends garbage there
-                array = np.array([value], dtype=c.dtype.numpy).reshape(shape)
+                if c.dtype.numpy == np.object_:
+                    array = np.array([str(corr_id).encode()], dtype=np.object_).reshape(shape)
+                else:  # a string id cannot be a number (Triton sends garbage there: 0 here); wider ids wrap
+                    number = 0 if isinstance(corr_id, str) else corr_id % (1 << 64)
+                    array = np.array([number], dtype=np.uint64).astype(c.dtype.numpy).reshape(shape)
             else:
                 on = {START: flags & SEQUENCE_START, END: flags & SEQUENCE_END, READY: ready}[c.kind]
                 array = np.array([c.values[1] if on else c.values[0]], dtype=c.dtype.numpy).reshape(shape)
