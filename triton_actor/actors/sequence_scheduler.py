@@ -169,7 +169,16 @@ class SequenceSchedulerActor(InlineActor):
             self._idle.append(index)
             return
         template = next(s.item.request for s in batch if s.item is not None)  # a batch ends with a real request
-        requests = [self._prepared(s) if s.item is not None else self._null(template) for s in batch]
+        try:
+            requests = [self._prepared(s) if s.item is not None else self._null(template) for s in batch]
+        except Exception as e:  # a bug of ours or a state that no longer fits: fail this batch, keep serving
+            log.exception("sequence scheduler %s: preparing a batch failed", self.name)
+            self._idle.append(index)
+            now = self._clock()
+            for slot in batch:
+                if slot.item is not None:
+                    self._answer(slot, TritonError.internal(f"sequence batcher of '{self._model}': {e!r}"), now, now, (0, 0, 0))
+            return
         dispatch_ns = self._clock()
         tell = self.ref.tell
 
