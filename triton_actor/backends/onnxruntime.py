@@ -20,7 +20,7 @@ from ..inference import InferRequest, InferResponse
 from ..protocol._generated import model_config_pb2 as mc
 from ..repository.config import ModelConfig
 from ..repository.layout import model_file
-from .base import IMPORT_LOCK, InstanceContext, Result
+from .base import IMPORT_LOCK, InstanceContext, Result, sequence_io
 
 # ONNX tensor type strings (as onnxruntime reports them) → Triton config data types
 ORT_TO_TRITON = {
@@ -172,7 +172,7 @@ class OnnxInstance:
             )
         self.batching = cfg.max_batch_size > 0
         self._check_against_model(cfg)
-        added, state_outputs = _sequence_tensors(cfg)
+        added, state_outputs = sequence_io(cfg)
         self.input_types = {**added, **{i.name: i.data_type for i in cfg.input}}
         self.output_names = [o.name for o in cfg.output] + [n for n in state_outputs if n not in {o.name for o in cfg.output}]
 
@@ -202,7 +202,7 @@ class OnnxInstance:
                     )
                 self._check_dims(model, kind, entry, _dims(t.shape), skip)
             if kind == "input":
-                known = {e.name for e in config_tensors} | set(_sequence_tensors(cfg)[0])
+                known = {e.name for e in config_tensors} | set(sequence_io(cfg)[0])
                 missing = [n for n in by_name if n not in known]
                 if missing:
                     raise TritonError.invalid_arg(
@@ -267,20 +267,3 @@ class OnnxInstance:
 
 def _as_str(item: Any) -> str:
     return item.decode("utf-8", "replace") if isinstance(item, bytes | bytearray) else str(item)
-
-
-def _sequence_tensors(cfg: ModelConfig) -> tuple[dict[str, int], list[str]]:
-    """The inputs the sequence batcher adds (control and implicit-state inputs, name → data type) and the
-    state outputs it reads back (actors/sequence_controls.py); none without ``sequence_batching``."""
-    if not cfg.HasField("sequence_batching"):
-        return {}, []
-    sb = cfg.sequence_batching
-    types = {"int32_false_true": mc.TYPE_INT32, "fp32_false_true": mc.TYPE_FP32, "bool_false_true": mc.TYPE_BOOL}
-    added: dict[str, int] = {}
-    for entry in sb.control_input:
-        for c in entry.control:
-            listed = [t for f, t in types.items() if len(getattr(c, f))]
-            added[entry.name] = listed[0] if listed else c.data_type
-    for st in sb.state:
-        added[st.input_name] = st.data_type
-    return added, [st.output_name for st in sb.state]

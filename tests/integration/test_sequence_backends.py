@@ -1,5 +1,5 @@
-"""Implicit state and controls on an ONNX model (one of the backends Triton implements implicit state for):
-each sequence's running sum lives in the server, fed back as the model's ``ACC_IN`` input."""
+"""Implicit state and controls on ONNX and TorchScript models (backends Triton implements implicit state
+for): each sequence's running sum lives in the server, fed back as the model's ``ACC_IN`` input."""
 
 from __future__ import annotations
 
@@ -12,13 +12,17 @@ import tritonclient.grpc as grpcclient
 
 from scripts import modelgen
 
-pytest.importorskip("onnxruntime")
-pytest.importorskip("onnx")
 
-
-@pytest.mark.parametrize("strategy", ["direct { }", "oldest { max_candidate_sequences: 4 }"])
-def test_onnx_running_sums_per_sequence(tmp_path: Path, start_server, strategy: str) -> None:
-    modelgen.onnx_accumulator(tmp_path, "acc", strategy=strategy)
+@pytest.mark.parametrize("kind,strategy", [("onnx", "direct { }"), ("onnx", "oldest { max_candidate_sequences: 4 }"),
+                                           ("torchscript", "direct { }")])
+def test_running_sums_per_sequence(tmp_path: Path, start_server, kind: str, strategy: str) -> None:
+    if kind == "onnx":
+        pytest.importorskip("onnxruntime")
+        pytest.importorskip("onnx")
+        modelgen.onnx_accumulator(tmp_path, "acc", strategy=strategy)
+    else:
+        pytest.importorskip("torch")
+        modelgen.torchscript_accumulator(tmp_path, "acc", strategy=strategy)
     server = start_server(tmp_path)
     client = grpcclient.InferenceServerClient(server.grpc_url)
 
