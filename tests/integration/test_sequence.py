@@ -334,18 +334,20 @@ def _stream(server: ServerProcess) -> tuple[grpcclient.InferenceServerClient, qu
     return c, results
 
 
-def test_sequence_over_a_grpc_stream(server: ServerProcess) -> None:
+@pytest.mark.parametrize("model,seq_id", [("seq", 901), ("seq_str", "stream-s")])
+def test_sequence_over_a_grpc_stream(server: ServerProcess, model: str, seq_id: int | str) -> None:
     c, results = _stream(server)
     try:
         for i, kw in enumerate(({"sequence_start": True}, {}, {"sequence_end": True})):
             x = grpcclient.InferInput("INPUT", [1, 1], "INT32")
             x.set_data_from_numpy(np.array([[i + 1]], np.int32))
-            c.async_stream_infer("seq", [x], sequence_id=901, **kw)
-        sums = [int(results.get(timeout=30).as_numpy("SUM")[0][0]) for _ in range(3)]
-        assert sums == [1, 3, 6]
+            c.async_stream_infer(model, [x], sequence_id=seq_id, **kw)
+        answers = [results.get(timeout=30) for _ in range(3)]
+        assert [int(a.as_numpy("SUM")[0][0]) for a in answers] == [1, 3, 6]
+        assert json.loads(answers[2].as_numpy("OUTPUT")[0][0])["corrid"] == [seq_id]
         x = grpcclient.InferInput("INPUT", [1, 1], "INT32")
         x.set_data_from_numpy(np.array([[1]], np.int32))
-        c.async_stream_infer("seq", [x], sequence_id=901)  # ended: an error on the stream, which goes on
+        c.async_stream_infer(model, [x], sequence_id=seq_id)  # ended: an error on the stream, which goes on
         error = results.get(timeout=30)
         assert isinstance(error, InferenceServerException) and "must specify the START flag" in error.message()
     finally:
