@@ -188,3 +188,16 @@ def test_numeric_corrid_in_a_narrower_type_wraps(tmp_path) -> None:
     tensors = SequenceTensors.from_config(parse_text(text, "m", "config.pbtxt"), tmp_path)
     assert tensors.controls_for(2**32 + 7, 0, True)["C"].data.tolist() == [[7]]
     assert tensors.controls_for("text", 0, True)["C"].data.tolist() == [[0]]
+
+
+def test_a_sequence_active_again_is_not_expired_by_an_earlier_idle_check() -> None:
+    slots = _slots(slots=2, idle_ns=100 * MS)
+    slots.add("a", 1, SEQUENCE_START, 0, "m")
+    slots.add("b", 2, SEQUENCE_START, 0, "m")
+    slots.take(0, 1)
+    slots.completed(1, 10 * MS, release=False)
+    slots.completed(2, 50 * MS, release=False)
+    slots.add("a2", 1, 0, 60 * MS, "m")  # 1 is busy again before its idle time
+    assert slots.expire(110 * MS) == []  # the check due for 1 finds it busy
+    assert slots.next_idle_ns(110 * MS) == 40 * MS  # 2 is next: idle since 50 ms
+    assert slots.expire(150 * MS) == [2]

@@ -36,6 +36,7 @@ T = TypeVar("T")
 
 SEQUENCE_START = 1
 SEQUENCE_END = 2
+_NEVER = 1 << 62
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +96,8 @@ class SequenceSlots(Generic[T]):
         self._backlog: collections.OrderedDict[int | str, _Sequence[T]] = collections.OrderedDict()
         self._slots: list[list[_Sequence[T] | None]] = [[None] * policy.slots for _ in range(policy.instances)]
         self._queued = 0
+        # no sequence can time out before this: expire() costs nothing on the hot path until then
+        self._check_at = _NEVER
 
     def __len__(self) -> int:
         """Requests queued (not dispatched yet)."""
@@ -138,9 +141,11 @@ class SequenceSlots(Generic[T]):
             return True
         seq.running -= 1
         seq.last_ns = now_ns
-        if (release or seq.ending) and seq.running == 0 and not seq.queue:
-            self._release(seq)
-            return True
+        if seq.running == 0 and not seq.queue:
+            if release or seq.ending:
+                self._release(seq)
+                return True
+            self._check_at = min(self._check_at, now_ns + self.policy.idle_ns)  # idle from now on
         return False
 
     def cancel(self, corr_id: int | str) -> list[T]:
@@ -187,16 +192,19 @@ class SequenceSlots(Generic[T]):
 
     def expire(self, now_ns: int) -> list[int | str]:
         """Release the sequences idle for ``idle_ns``; returns their ids (their state is discarded)."""
+        if now_ns < self._check_at:
+            return []
         idle = self.policy.idle_ns
-        gone = [s for s in self._active.values() if not s.queue and not s.running and now_ns - s.last_ns >= idle]
+        waiting = [s for s in self._active.values() if not s.queue and not s.running]
+        gone = [s for s in waiting if now_ns - s.last_ns >= idle]
         for seq in gone:
             self._release(seq)
+        self._check_at = min((s.last_ns + idle for s in waiting if now_ns - s.last_ns < idle), default=_NEVER)
         return [s.corr_id for s in gone]
 
     def next_idle_ns(self, now_ns: int) -> int | None:
-        """Nanoseconds until the next active sequence may time out (None: none can)."""
-        times = [s.last_ns for s in self._active.values() if not s.queue and not s.running]
-        return None if not times else max(min(times) + self.policy.idle_ns - now_ns, 0)
+        """Nanoseconds until an active sequence may time out (None: none can)."""
+        return None if self._check_at == _NEVER else max(self._check_at - now_ns, 0)
 
     def clear(self) -> list[T]:
         """Remove and return every queued request (shutdown)."""
@@ -205,6 +213,7 @@ class SequenceSlots(Generic[T]):
         self._backlog.clear()
         self._slots = [[None] * self.policy.slots for _ in range(self.policy.instances)]
         self._queued = 0
+        self._check_at = _NEVER
         return out
 
     # -- internals ----------------------------------------------------------------------------------
