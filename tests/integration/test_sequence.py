@@ -375,6 +375,27 @@ def test_iterative_sequence_reschedules_one_request(server: ServerProcess) -> No
         c.close()
 
 
+def test_cancelled_iterative_request_stops_and_frees_its_slot(server: ServerProcess) -> None:
+    """The model never checks is_cancelled(): the server stops rescheduling once the stream is cancelled,
+    and the model's one slot (one instance, no batching) serves the next request."""
+    c, results = _stream(server)
+    x = grpcclient.InferInput("IN", [1], "INT32")
+    x.set_data_from_numpy(np.array([10**9], np.int32))
+    c.async_stream_infer("iter", [x])
+    results.get(timeout=30)  # it runs
+    c.stop_stream(cancel_requests=True)
+    c.close()
+    c, results = _stream(server)
+    try:
+        x.set_data_from_numpy(np.array([2], np.int32))
+        c.async_stream_infer("iter", [x])
+        got = [results.get(timeout=30) for _ in range(2)]
+        assert [int(r.as_numpy("OUT")[0]) for r in got] == [1, 0]
+    finally:
+        c.stop_stream()
+        c.close()
+
+
 def test_iterative_sequence_in_a_plain_model(client: Client) -> None:
     """Rescheduled requests return None from execute; the client gets the one final answer."""
     x = client.input("IN", np.array([4], np.int32), "INT32")

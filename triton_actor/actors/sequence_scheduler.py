@@ -249,9 +249,13 @@ class SequenceSchedulerActor(InlineActor):
         item, corr_id, stats = slot.item, slot.corr_id, self._stats
         assert item is not None
         if result is RESCHEDULED:
-            self._slots.requeue(item, corr_id, now)
-            self._slots.completed(corr_id, now, release=False)
-            return
+            channel = item.request.responses
+            if not item.reply.ready() and not (channel is not None and channel.cancelled):
+                self._slots.requeue(item, corr_id, now)
+                self._slots.completed(corr_id, now, release=False)
+                return
+            # its client went away: a model that ignores is_cancelled() must not loop forever
+            result = TritonError(Code.CANCELLED, f"sequence {corr_id} was cancelled")
         if item.reply.ready():  # answered already: its client cancelled it
             stats.record_failure(now - item.start_ns)
         elif isinstance(result, BaseException):
