@@ -132,6 +132,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fast-paths", type=_bool, nargs="?", const=True, default=None, metavar="BOOL",
                    help="every fast path (caches, inline execution, ...) on or off; default: on, or the "
                         "TRITON_ACTOR_FAST_PATHS environment variable")
+    p.add_argument("--http-restricted-api", action="append", default=[], metavar="<API>[,<API>...]:<key>=<value>",
+                   help="restrict API categories to requests carrying the header <key> with <value> (Triton's)")
+    p.add_argument("--grpc-restricted-protocol", action="append", default=[],
+                   metavar="<API>[,<API>...]:<key>=<value>", help="the same for gRPC (metadata key)")
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="worker processes serving the same ports under gunicorn's arbiter (default 1: "
+                        "one process, no arbiter); see conf/gunicorn.conf.py")
     return p
 
 
@@ -147,6 +154,16 @@ def parse(argv: Sequence[str] | None = None, environ: dict[str, str] | None = No
         raise SystemExit("error: --load-model='*' must be the only --load-model if given at all")
     if args.repository_poll_secs < 0:
         raise SystemExit("error: --repository-poll-secs must be >= 0")
+    from .protocol.restricted import Restrictions
+
+    for flag, specs in (("--http-restricted-api", args.http_restricted_api),
+                        ("--grpc-restricted-protocol", args.grpc_restricted_protocol)):
+        try:
+            Restrictions(specs, flag)
+        except ValueError as e:
+            raise SystemExit(f"error: {e}") from None
+    if args.workers < 1:
+        raise SystemExit("error: --workers must be >= 1")
     if args.model_load_thread_count < 1:
         raise SystemExit("error: --model-load-thread-count must be >= 1")
     return Settings(
@@ -181,6 +198,9 @@ def parse(argv: Sequence[str] | None = None, environ: dict[str, str] | None = No
         backend_config=_backend_config(args.backend_config),
         allow_client_shm=args.allow_client_shm,
         fast_paths=fastpath.enabled if args.fast_paths is None else args.fast_paths,
+        workers=args.workers,
+        http_restricted_api=tuple(args.http_restricted_api),
+        grpc_restricted_protocol=tuple(args.grpc_restricted_protocol),
     )
 
 
@@ -192,9 +212,15 @@ def configure_logging(settings: Settings) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    settings = parse(argv)
+    if settings.workers > 1:  # gunicorn's arbiter, unpatched; each worker patches after the fork
+        from .workers import arbiter
+
+        arbiter.run(settings, argv)
+        sys.exit(0)
     from . import bootstrap  # noqa: F401 - patch before the server's modules import gevent-sensitive stuff
 
-    settings = parse(argv)
     fastpath.set_enabled(settings.fast_paths)
     configure_logging(settings)
     from .server import Server

@@ -59,3 +59,6 @@ class Settings:
     backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
     allow_client_shm: bool = False
     fast_paths: bool = True  # triton_actor.fastpath: applied process-wide at start-up
+    http_restricted_api: tuple[str, ...] = ()  # --http-restricted-api specs (protocol/restricted.py)
+    grpc_restricted_protocol: tuple[str, ...] = ()  # --grpc-restricted-protocol specs
+    workers: int = 1  # --workers: processes under gunicorn's arbiter (triton_actor/workers/)

@@ -61,6 +61,7 @@ class LoadSettings:
     gpu_count: int = 0
     backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
     load_timeout_s: float = 600.0
+    workers: int = 1  # worker processes on this host (instance counts are divided among them)
 
 
 @dataclass(frozen=True, slots=True)
@@ -353,7 +354,8 @@ class ModelActor(Actor):
         jobs = {
             v: gevent.spawn(start_version, VersionSource(
                 self.model, v, plan.model_dir, plan.selected[v], plan.config, config_json, plan.backend,
-                backend_config, plan.stamp.part(plan.selected[v].name)), self._settings.load_timeout_s)
+                backend_config, plan.stamp.part(plan.selected[v].name), self._settings.workers),
+                self._settings.load_timeout_s)
             for v in versions
         }
         gevent.joinall(list(jobs.values()))

@@ -17,6 +17,10 @@ requests wait in the queue (backpressure), so N instances keep at most N batches
 enters through one gevent timer (the batcher's delay, request timeouts); with ``preserve_ordering``
 replies are released in the order the requests were dispatched (= arrival order, which that option
 requires to be unambiguous: one priority level, no DELAY policy).
+
+Rescheduling: a backend result :data:`~..backends.base.RESCHEDULE` (a Python model released the
+request with ``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE``) puts the request back in the queue as a new
+arrival instead of answering it; its reply completes when a later execution answers it.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import Any
 import gevent
 
 from .. import fastpath
+from ..backends.base import RESCHEDULE
 from ..errors import TritonError
 from ..inference import InferRequest, InferResponse
 from ..statistics import VersionStats
@@ -97,7 +102,7 @@ class SchedulerActor(InlineActor):
         self._ordered = self._policy.preserve_ordering
         self._next_seq = 0
         self._release_seq = 0
-        self._held: dict[int, tuple[Enqueue, bool, Any]] = {}
+        self._held: dict[int, tuple[Enqueue, bool, Any] | None] = {}
         self._seq: dict[int, int] = {}  # id(Enqueue) → sequence number, while it runs
 
     # -- messages ---------------------------------------------------------------------------------
@@ -140,7 +145,9 @@ class SchedulerActor(InlineActor):
             results, timings = msg.value
             stats.record_execution(sum(i.batch_size for i in msg.items), *timings)
             for item, result in zip(msg.items, results, strict=True):
-                if isinstance(result, BaseException):
+                if result is RESCHEDULE:
+                    self._requeue(item)
+                elif isinstance(result, BaseException):
                     stats.record_failure(now - item.start_ns)
                     self._respond(item, False, result)
                 else:
@@ -153,6 +160,20 @@ class SchedulerActor(InlineActor):
             for item in msg.items:
                 stats.record_failure(now - item.start_ns)
                 self._respond(item, False, error)
+
+    def _requeue(self, item: Enqueue) -> None:
+        """A request its model rescheduled: back into the queue (the dispatch after this batch
+        picks it up), as a new arrival so a queue timeout does not expire it at once."""
+        if self._ordered:  # its place in the order is given up; it gets a new one when it runs again
+            self._held[self._seq.pop(id(item))] = None
+            self._release_held()
+        request = item.request
+        key = _shape_key(request, self._ragged) if self._batching else None
+        try:
+            self._queue.add(item, item.batch_size, key, request.priority, request.timeout_us, self._clock())
+        except TritonError as e:
+            self._stats.record_failure(self._clock() - item.start_ns)
+            item.reply.fail(TritonError(e.code, _prefix(request) + e.message))
 
     def on__Wake(self, msg: _Wake) -> None:
         if msg.timer is self._timer:  # a wake from a timer replaced meanwhile keeps the newer one
@@ -168,7 +189,9 @@ class SchedulerActor(InlineActor):
         for item in self._queue.clear():
             item.reply.fail(error)
         for seq in sorted(self._held):
-            _complete(*self._held.pop(seq))
+            entry = self._held.pop(seq)
+            if entry is not None:
+                _complete(*entry)
         for reply in self._drains:
             reply.set(None)
         self._drains.clear()
@@ -237,9 +260,14 @@ class SchedulerActor(InlineActor):
             _complete(item, ok, value)
             return
         self._held[self._seq.pop(id(item))] = (item, ok, value)
+        self._release_held()
+
+    def _release_held(self) -> None:
         held = self._held
         while self._release_seq in held:
-            _complete(*held.pop(self._release_seq))
+            entry = held.pop(self._release_seq)
+            if entry is not None:  # None: a rescheduled request's old place in the order
+                _complete(*entry)
             self._release_seq += 1
 
     def _arm(self, now: int, wait_ns: int) -> None:
@@ -293,7 +321,9 @@ def _answer(items: list[Enqueue], ok: bool, value: Any) -> None:
     """Complete the replies of a batch without the (stopped) scheduler."""
     results = value[0] if ok else [value if isinstance(value, BaseException) else TritonError.internal(repr(value))] * len(items)
     for item, result in zip(items, results, strict=True):
-        if isinstance(result, BaseException):
+        if result is RESCHEDULE:
+            item.reply.fail(TritonError.unavailable("the model is unloading: a rescheduled request was dropped"))
+        elif isinstance(result, BaseException):
             item.reply.fail(result)
         else:
             item.reply.set(result)

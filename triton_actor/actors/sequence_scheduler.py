@@ -13,7 +13,7 @@ Failure: a backend error fails the requests of that batch; their sequences keep 
 their END or the idle timeout. Stopped: queued requests fail UNAVAILABLE.
 
 ``iterative_sequence`` (Triton 2.51 python backend): a request without a correlation id gets one
-(1, 2, ...) and START; a backend result :data:`~..backends.base.RESCHEDULED` puts the request back at
+(1, 2, ...) and START; a backend result :data:`~..backends.base.RESCHEDULE` puts the request back at
 the head of its sequence with neither START nor END (Triton's ``GenerativeSequencer``); the sequence
 ends when its request is released for good. Unlike Triton 2.51, a client's END on that request does
 not end the sequence before the request is released (2.51 then fails the rescheduled request with
@@ -31,7 +31,7 @@ from typing import Any
 import gevent
 import numpy as np
 
-from ..backends.base import RESCHEDULED
+from ..backends.base import RESCHEDULE
 from ..errors import Code, TritonError
 from ..inference import InferInput, InferRequest, InferResponse
 from ..statistics import VersionStats
@@ -39,7 +39,7 @@ from .instance import ModelInstance
 from .kernel import InlineActor, Reply
 from .scheduler import Drain, Enqueue, GetStats, _Wake
 from .sequence_controls import SequenceTensors
-from .sequence_slots import SEQUENCE_START, SequenceSlots, Slot, SlotPolicy
+from .sequence_slots import SEQUENCE_END, SEQUENCE_START, SequenceSlots, Slot, SlotPolicy
 
 log = logging.getLogger(__name__)
 
@@ -248,10 +248,11 @@ class SequenceSchedulerActor(InlineActor):
     def _answer(self, slot: Slot[Enqueue], result: Any, now: int, dispatch_ns: int, timings: Any) -> None:
         item, corr_id, stats = slot.item, slot.corr_id, self._stats
         assert item is not None
-        if result is RESCHEDULED:
+        if result is RESCHEDULE:
             channel = item.request.responses
             if not item.reply.ready() and not (channel is not None and channel.cancelled):
-                self._slots.requeue(item, corr_id, now)
+                # outside iterative sequences a rescheduled END request still ends its sequence when it runs
+                self._slots.requeue(item, corr_id, now, 0 if self._policy.iterative else slot.flags & SEQUENCE_END)
                 self._slots.completed(corr_id, now, release=False)
                 return
             # its client went away: a model that ignores is_cancelled() must not loop forever
@@ -275,7 +276,7 @@ class SequenceSchedulerActor(InlineActor):
         for slot, result in zip(batch, results, strict=True):
             if slot.item is None or slot.item.reply.ready():
                 continue
-            if result is RESCHEDULED or isinstance(result, BaseException):
+            if result is RESCHEDULE or isinstance(result, BaseException):
                 error = result if isinstance(result, BaseException) else TritonError.unavailable(
                     f"model version '{self.name}' is unloading")
                 slot.item.reply.fail(error)

@@ -126,10 +126,11 @@ class SequenceSlots(Generic[T]):
         self._queued += 1
         self._assign()
 
-    def requeue(self, item: T, corr_id: int | str, now_ns: int) -> None:
-        """Put a rescheduled request back at the head of its (still active) sequence."""
+    def requeue(self, item: T, corr_id: int | str, now_ns: int, flags: int = 0) -> None:
+        """Put a rescheduled request back at the head of its (still active) sequence; in an iterative
+        sequence its ``flags`` are 0, neither START nor END any more (Triton's GenerativeSequencer)."""
         seq = self._active[corr_id]
-        seq.queue.appendleft((item, now_ns, 0))  # neither START nor END any more (Triton's GenerativeSequencer)
+        seq.queue.appendleft((item, now_ns, flags))
         seq.last_ns = now_ns
         self._queued += 1
 

@@ -77,6 +77,7 @@ class VersionSource:
     backend: Backend
     backend_config: dict[str, str]
     files: tuple[FileEntry, ...]
+    workers: int = 1  # worker processes sharing the host: instance_group counts are per host (README)
 
 
 def start_version(src: VersionSource, load_timeout_s: float) -> Version:
@@ -145,13 +146,19 @@ def _contexts(src: VersionSource) -> list[InstanceContext]:
     for group in src.config.instance_group:
         devices = list(group.gpus) if group.kind == 1 else [0]
         for device in devices:
-            for i in range(group.count):
+            for i in range(per_worker(group.count, src.workers)):
                 out.append(InstanceContext(
                     src.model, src.version, src.model_dir, src.version_dir, src.config, src.config_json,
                     _instance_name(group.name, i),
                     _KIND_NAMES.get(group.kind, "CPU"), device, len(out), src.backend_config,
                 ))
     return out
+
+
+def per_worker(count: int, workers: int) -> int:
+    """A group's ``count`` instances are the host's: each of ``workers`` processes runs its share, rounded
+    up and at least one, so no worker is left without an instance of a model it serves."""
+    return max(1, -(-count // max(1, workers)))
 
 
 def _instance_name(group: str, index: int) -> str:

@@ -33,17 +33,18 @@ class InstanceContext:
 Result = InferResponse | TritonError
 
 
-class _Rescheduled:
-    """The result of a request the model released with ``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE``: no
-    answer yet, the scheduler queues it again (python backend ``set_release_flags``)."""
+class _Reschedule:
+    """The result of a request its model released with ``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE``."""
 
     __slots__ = ()
 
     def __repr__(self) -> str:
-        return "RESCHEDULED"
+        return "RESCHEDULE"
 
 
-RESCHEDULED = _Rescheduled()
+# Returned by a backend in place of a request's result: the scheduler queues the request again and the
+# model's ``execute`` gets it in a later batch (Triton's request rescheduling, python backend 23.11+).
+RESCHEDULE = _Reschedule()
 
 # Models load on several native threads at once. The bootstrap gives importlib native locks (with
 # ``_thread`` patched they would be gevent locks, which native threads cannot share: two first imports of

@@ -33,7 +33,7 @@ from ...inference import InferRequest, InferResponse
 from ...repository import config as config_mod
 from ...repository.config import ModelConfig
 from ...repository.layout import model_file
-from ..base import IMPORT_LOCK, RESCHEDULED, InstanceContext, Result
+from ..base import IMPORT_LOCK, RESCHEDULE, InstanceContext, Result
 from . import triton_python_backend_utils as pb_utils
 
 # model.py files do `import triton_python_backend_utils as pb_utils`: serve them our module.
@@ -239,8 +239,6 @@ class PythonInstance:
         ctx = self.ctx
         self.model = module.TritonPythonModel()
         self.decoupled = ctx.config.model_transaction_policy.decoupled
-        # RESCHEDULE is honoured where a scheduler takes requests back: iterative sequences (sequence_scheduler.py)
-        self._reschedule = ctx.config.sequence_batching.iterative_sequence
         self.inline_ok = _may_run_inline(ctx, self.model, self.decoupled)
         self._loop: asyncio.AbstractEventLoop | None = None
         init = getattr(self.model, "initialize", None)
@@ -278,7 +276,7 @@ class PythonInstance:
             err = self._model_error(e)
             return [err] * len(requests)
         if responses is None:  # answered through response senders (Triton's default-mode senders)
-            responses = [None if self._reschedule and _rescheduled(pb) else _sent_response(pb) for pb in pb_requests]
+            responses = [_sent_response(pb) for pb in pb_requests]
         if (type(responses) is not list and not isinstance(responses, list | tuple)) or len(responses) != len(requests):
             got = len(responses) if isinstance(responses, list | tuple) else type(responses).__name__
             err = TritonError.internal(
@@ -286,10 +284,11 @@ class PythonInstance:
                 f"message: execute() must return a list of {len(requests)} InferenceResponse objects, got {got}"
             )
             return [err] * len(requests)
-        if self._reschedule:
-            return [RESCHEDULED if r is None and _rescheduled(pb) else self._from_pb(r)
-                    for r, pb in zip(responses, pb_requests, strict=True)]
-        return [self._from_pb(r) for r in responses]
+        results = [self._from_pb(r) for r in responses]
+        for i, pb in enumerate(pb_requests):
+            if pb._release_flags == _RELEASE_RESCHEDULE:  # its response is None (Triton's rule)
+                results[i] = RESCHEDULE
+        return results
 
     def _execute_decoupled(self, requests: list[InferRequest]) -> list[Result]:
         """Responses travel through each request's sender into its ResponseChannel, from ``execute``
@@ -312,7 +311,10 @@ class PythonInstance:
         if returned is not None:
             log.warning("decoupled model '%s': execute() returned %s; responses must go through the response "
                         "sender, the returned value is ignored", self.ctx.model_name, type(returned).__name__)
-        return [RESCHEDULED if self._reschedule and _rescheduled(pb) else None for pb in pb_requests]  # type: ignore[misc]
+        # None: execute ran, the responses travel through the senders; a request the model released
+        # with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE comes back in a later execute, same sender
+        return [RESCHEDULE if pb._release_flags == _RELEASE_RESCHEDULE else None  # type: ignore[misc]
+                for pb in pb_requests]
 
     def _deliverer(self, channel: Any) -> Callable[[Any, bool], None]:
         def deliver(response: Any, final: bool) -> None:
@@ -360,11 +362,6 @@ class PythonInstance:
             forget_package(self._package)
 
 
-def _rescheduled(pb_request: Any) -> bool:
-    """Whether the model released the request with ``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE``."""
-    return bool(pb_request._release_flags & pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
-
-
 def _default_mode_sender(request: Any) -> Any:
     """A sender for a non-decoupled model's request: it keeps the one response for ``execute``'s caller."""
     box: list[Any] = []
@@ -387,6 +384,7 @@ def _output_array(tensor: Any) -> np.ndarray:
     return value if isinstance(value, np.ndarray) else np.asarray(value)
 
 
+_RELEASE_RESCHEDULE = pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
 _trusted = pb_utils.Tensor._trusted
 _from_server = pb_utils.InferenceRequest._from_server
 _Response = pb_utils.InferenceResponse
