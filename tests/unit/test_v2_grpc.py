@@ -85,10 +85,20 @@ def test_parameters() -> None:
     req = v2.decode_infer_request(msg)
     assert (req.correlation_id, req.flags, req.priority, req.timeout_us) == ("s1", v2.SEQUENCE_START, 3, 100)
     assert req.parameters == {"custom": 0.5}
-    for key, setter in (("sequence_start", "int64_param"), ("priority", "string_param"), ("custom", "uint64_param")):
+    for key, setter in (("sequence_start", "int64_param"), ("priority", "string_param"), ("custom", "uint64_param"),
+                        ("sequence_id", "uint64_param"), ("sequence_id", "bool_param")):
         bad = pb.ModelInferRequest(model_name="m")
         setattr(bad.parameters[key], setter, 1 if setter != "string_param" else "1")
         _raises(Code.INVALID_ARG, bad)
+
+
+def test_sequence_parameters_as_real_triton_reads_them() -> None:
+    """Captured from Triton 2.51: a negative int64 id is the uint64 of its bits; a wrong type has no id prefix."""
+    msg = pb.ModelInferRequest(model_name="m", id="r1")
+    msg.parameters["sequence_id"].int64_param = -5
+    assert v2.decode_infer_request(msg).correlation_id == 2**64 - 5
+    msg.parameters["sequence_end"].string_param = "x"
+    assert _raises(Code.INVALID_ARG, msg).message == "invalid value type for 'sequence_end' parameter, expected bool_param."
 
 
 def test_requested_outputs_and_response_encoding() -> None:

@@ -239,9 +239,22 @@ def test_triton_prefixed_parameter_is_rejected() -> None:
 
 
 @pytest.mark.parametrize("params", [{"priority": -1}, {"timeout": "soon"}, {"binary_data_output": 1},
-                                    {"sequence_id": True}, {"custom": [1, 2]}, {"custom": {"a": 1}}])
+                                    {"custom": [1, 2]}, {"custom": {"a": 1}}])
 def test_bad_parameter_values(params: dict[str, Any]) -> None:
     _raises(Code.INVALID_ARG, _json({"inputs": [_fp32_input("I", [1], data=[1])], "parameters": params}))
+
+
+@pytest.mark.parametrize("params,text", [
+    ({"sequence_id": True}, "Unable to parse 'sequence_id': attempt to access JSON non-string as string"),
+    ({"sequence_id": -3}, "Unable to parse 'sequence_id': attempt to access JSON non-string as string"),
+    ({"sequence_id": 1.5}, "Unable to parse 'sequence_id': attempt to access JSON non-string as string"),
+    ({"sequence_start": 1}, "Unable to parse 'sequence_start': attempt to access JSON non-boolean as boolean"),
+    ({"sequence_end": "yes"}, "Unable to parse 'sequence_end': attempt to access JSON non-boolean as boolean"),
+])
+def test_bad_sequence_parameters_are_triton_parse_errors(params: dict[str, Any], text: str) -> None:
+    """Real Triton 2.51's answers (HTTP 500, its JSON parser's words) for these sequence parameters."""
+    err = _raises(Code.INTERNAL, _json({"inputs": [_fp32_input("I", [1], data=[1])], "parameters": params}))
+    assert err.message == text
 
 
 def test_requested_outputs() -> None:

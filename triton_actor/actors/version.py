@@ -26,6 +26,9 @@ from .handles import LOADING, READY, UNAVAILABLE, UNKNOWN, ReadyState, VersionHa
 from .instance import ModelInstance
 from .kernel import Reply
 from .scheduler import Drain, SchedulerActor
+from .sequence_controls import SequenceTensors
+from .sequence_scheduler import SequenceSchedulerActor
+from .sequence_slots import SlotPolicy
 from .warmup import warm_up
 
 log = logging.getLogger(__name__)
@@ -41,7 +44,7 @@ class Version:
     version: int
     state: ReadyState
     reason: str = ""
-    scheduler: SchedulerActor | None = None
+    scheduler: SchedulerActor | SequenceSchedulerActor | None = None
     instances: list[ModelInstance] = field(default_factory=list)
     validator: RequestValidator | None = None
     labels: dict[str, list[str]] = field(default_factory=dict)
@@ -101,9 +104,7 @@ def start_version(src: VersionSource, load_timeout_s: float,
         stats.load_secs = time.monotonic() - start
         if any(latency_metrics):  # --metrics-config summary_latencies / histogram_latencies
             stats.latency_recorder = LatencyRecorder(*latency_metrics)
-        scheduler = SchedulerActor(f"scheduler:{src.model}:{src.version}", instances, stats,
-                                   BatchPolicy.from_config(src.config),
-                                   trace=TRACER.version(src.model, src.version))
+        scheduler = _scheduler(src, instances, stats)
         scheduler.start()
     except Exception as e:  # noqa: BLE001 - any load failure becomes the version's reason
         for inst in instances:
@@ -116,6 +117,19 @@ def start_version(src: VersionSource, load_timeout_s: float,
     rec.scheduler, rec.instances, rec.validator, rec.labels = scheduler, instances, RequestValidator(src.config), labels
     rec.to(READY)
     return rec
+
+
+def _scheduler(src: VersionSource, instances: list[ModelInstance],
+               stats: VersionStats) -> SchedulerActor | SequenceSchedulerActor:
+    """The version's scheduler: the sequence batcher with ``sequence_batching``, else default / dynamic."""
+    name = f"scheduler:{src.model}:{src.version}"
+    cfg = src.config
+    if cfg.HasField("sequence_batching"):
+        return SequenceSchedulerActor(name, src.model, instances, stats, SlotPolicy.from_config(cfg, len(instances)),
+                                      SequenceTensors.from_config(cfg, src.model_dir),
+                                      decoupled=cfg.model_transaction_policy.decoupled)
+    return SchedulerActor(name, instances, stats, BatchPolicy.from_config(cfg),
+                          trace=TRACER.version(src.model, src.version))
 
 
 def stop_version(rec: Version, model: str) -> None:

@@ -79,3 +79,21 @@ class Backend(Protocol):
         ...
 
     def create(self, ctx: InstanceContext) -> BackendInstance: ...
+
+
+def sequence_io(cfg: ModelConfig) -> tuple[dict[str, int], list[str]]:
+    """The inputs the sequence batcher adds to a model's requests (control and implicit-state inputs,
+    name → data type enum) and the state outputs it reads back (actors/sequence_controls.py); a backend
+    that binds tensors by the config's names adds these. None without ``sequence_batching``."""
+    if not cfg.HasField("sequence_batching"):
+        return {}, []
+    sb = cfg.sequence_batching
+    types = {"int32_false_true": 8, "fp32_false_true": 11, "bool_false_true": 1}  # TYPE_INT32, _FP32, _BOOL
+    added: dict[str, int] = {}
+    for entry in sb.control_input:
+        for c in entry.control:
+            listed = [t for f, t in types.items() if len(getattr(c, f))]
+            added[entry.name] = listed[0] if listed else int(c.data_type)
+    for st in sb.state:
+        added[st.input_name] = int(st.data_type)
+    return added, [st.output_name for st in sb.state]

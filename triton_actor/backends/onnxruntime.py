@@ -20,7 +20,7 @@ from ..inference import InferRequest, InferResponse
 from ..protocol._generated import model_config_pb2 as mc
 from ..repository.config import ModelConfig
 from ..repository.layout import model_file
-from .base import IMPORT_LOCK, InstanceContext, Result
+from .base import IMPORT_LOCK, InstanceContext, Result, sequence_io
 
 # ONNX tensor type strings (as onnxruntime reports them) → Triton config data types
 ORT_TO_TRITON = {
@@ -172,8 +172,9 @@ class OnnxInstance:
             )
         self.batching = cfg.max_batch_size > 0
         self._check_against_model(cfg)
-        self.input_types = {i.name: i.data_type for i in cfg.input}
-        self.output_names = [o.name for o in cfg.output]
+        added, state_outputs = sequence_io(cfg)
+        self.input_types = {**added, **{i.name: i.data_type for i in cfg.input}}
+        self.output_names = [o.name for o in cfg.output] + [n for n in state_outputs if n not in {o.name for o in cfg.output}]
 
     def _check_against_model(self, cfg: ModelConfig) -> None:
         """Refuse a config that disagrees with the model file, naming both sides."""
@@ -201,7 +202,8 @@ class OnnxInstance:
                     )
                 self._check_dims(model, kind, entry, _dims(t.shape), skip)
             if kind == "input":
-                missing = [n for n in by_name if n not in {e.name for e in config_tensors}]
+                known = {e.name for e in config_tensors} | set(sequence_io(cfg)[0])
+                missing = [n for n in by_name if n not in known]
                 if missing:
                     raise TritonError.invalid_arg(
                         f"unable to load model '{model}': the model has input(s) {missing} that the configuration "

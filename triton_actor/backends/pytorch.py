@@ -23,7 +23,7 @@ from ..inference import InferRequest, InferResponse
 from ..protocol._generated import model_config_pb2 as mc
 from ..repository.config import ModelConfig
 from ..repository.layout import model_file
-from .base import IMPORT_LOCK, InstanceContext, Result
+from .base import IMPORT_LOCK, InstanceContext, Result, sequence_io
 
 _INDEXED = re.compile(r"^(.*)__(\d+)$")
 _threads_configured = False
@@ -129,9 +129,10 @@ class TorchScriptInstance:
             raise TritonError.invalid_arg(f"failed to load TorchScript model {path}: {e}") from None
         self.module.eval()
         self.batching = cfg.max_batch_size > 0
-        self.input_names = [i.name for i in cfg.input]
+        added, state_outputs = sequence_io(cfg)  # the sequence batcher's control and state tensors
+        self.input_names = [i.name for i in cfg.input] + [n for n in added if n not in {i.name for i in cfg.input}]
         self.input_order = self._bind_inputs(cfg)
-        self.output_names = [o.name for o in cfg.output]
+        self.output_names = [o.name for o in cfg.output] + [n for n in state_outputs if n not in {o.name for o in cfg.output}]
         self.output_index = _indices(self.output_names) or list(range(len(self.output_names)))
 
     def _bind_inputs(self, cfg: ModelConfig) -> list[str]:

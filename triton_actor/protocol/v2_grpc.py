@@ -169,14 +169,16 @@ def _decode_parameters(params: Any, prefix: str) -> tuple[dict[str, Any], dict[s
     for key, p in params.items():
         kind = p.WhichOneof("parameter_choice")
         value = oneof_value(p)
+        # sequence keys: real Triton 2.51's texts, without the request id prefix; it refuses uint64_param
+        # and reads an int64 id as the uint64 of the same bits (-5 → 2**64 - 5)
         if key == "sequence_id":
-            if kind not in ("int64_param", "uint64_param", "string_param"):
-                raise TritonError.invalid_arg(f"{prefix}invalid value type for 'sequence_id' parameter, "
+            if kind not in ("int64_param", "string_param"):
+                raise TritonError.invalid_arg("invalid value type for 'sequence_id' parameter, "
                                               "expected int64_param or string_param.")
-            kwargs["correlation_id"] = value
+            kwargs["correlation_id"] = value % (1 << 64) if kind == "int64_param" else value
         elif key in ("sequence_start", "sequence_end"):
             if kind != "bool_param":
-                raise TritonError.invalid_arg(f"{prefix}invalid value type for '{key}' parameter, expected bool_param.")
+                raise TritonError.invalid_arg(f"invalid value type for '{key}' parameter, expected bool_param.")
             if value:
                 flags |= SEQUENCE_START if key == "sequence_start" else SEQUENCE_END
         elif key in ("priority", "timeout"):

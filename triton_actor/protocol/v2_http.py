@@ -304,13 +304,14 @@ def _decode_parameters(params: Any, prefix: str) -> tuple[dict[str, Any], dict[s
         elif key == "binary_data_output":
             kwargs["binary_output"] = _bool(value, key, prefix)
         elif key == "sequence_id":
-            if not isinstance(value, int | str) or isinstance(value, bool):
-                raise TritonError.invalid_arg(f"{prefix}'sequence_id' must be an unsigned integer or a string")
+            if not isinstance(value, int | str) or isinstance(value, bool) or (isinstance(value, int) and value < 0):
+                # Triton reads a uint64, else a string: its JSON parser's words, as INTERNAL (HTTP 500)
+                raise TritonError.internal("Unable to parse 'sequence_id': attempt to access JSON non-string as string")
             kwargs["correlation_id"] = value
-        elif key == "sequence_start":
-            flags |= SEQUENCE_START if _bool(value, key, prefix) else 0
-        elif key == "sequence_end":
-            flags |= SEQUENCE_END if _bool(value, key, prefix) else 0
+        elif key in ("sequence_start", "sequence_end"):
+            if not isinstance(value, bool):
+                raise TritonError.internal(f"Unable to parse '{key}': attempt to access JSON non-boolean as boolean")
+            flags |= (SEQUENCE_START if key == "sequence_start" else SEQUENCE_END) if value else 0
         else:  # priority, timeout
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise TritonError.invalid_arg(f"{prefix}'{key}' must be an unsigned integer")

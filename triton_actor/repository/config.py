@@ -237,6 +237,7 @@ def _validate_dynamic_batching(cfg: ModelConfig, model: str) -> None:
 
 _INT64_TYPES = frozenset({FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT64,
                           FieldDescriptor.TYPE_FIXED64, FieldDescriptor.TYPE_SFIXED64})
+_FLOAT_TYPES = frozenset({FieldDescriptor.TYPE_FLOAT, FieldDescriptor.TYPE_DOUBLE})
 
 
 def to_json_dict(cfg: ModelConfig) -> dict[str, Any]:
@@ -277,6 +278,12 @@ def _numbers(desc: Any, data: dict[str, Any]) -> None:
                 _numbers(field.message_type, item)
         elif field.type in _INT64_TYPES:
             data[key] = [int(v) for v in value] if isinstance(value, list) else int(value)
+        elif field.type in _FLOAT_TYPES:  # Triton prints a whole float as an integer (fp32_false_true: [0, 1])
+            data[key] = [_whole(v) for v in value] if isinstance(value, list) else _whole(value)
+
+
+def _whole(value: Any) -> Any:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def data_type_name(value: int) -> str:

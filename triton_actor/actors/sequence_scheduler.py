@@ -1,0 +1,308 @@
+"""SequenceSchedulerActor: the sequence batcher of one model version (spec §3.6, §6.3).
+
+An :class:`InlineActor` like :class:`~.scheduler.SchedulerActor`, with the same messages, so a
+version handle queues to either the same way: :class:`Enqueue` (tell, carries its Reply),
+:class:`_SeqBatchDone` (event from an instance's completion), :class:`GetStats` (ask), :class:`Drain`
+(tell), :class:`_Wake` (its timer). State owned: the :class:`SequenceSlots` (which sequence holds which
+slot of which instance, the backlog, the queued requests), the implicit state of each live sequence,
+the idle instances, the version's statistics.
+Policy is in :mod:`.sequence_slots` (slots, backlog, direct / oldest batches, idle timeout) and
+:mod:`.sequence_controls` (control and state tensors); this actor checks each request's sequence
+fields with Triton's errors, adds the tensors, runs batches and answers them.
+Failure: a backend error fails the requests of that batch; their sequences keep their slots until
+their END or the idle timeout. Stopped: queued requests fail UNAVAILABLE.
+
+``iterative_sequence`` (Triton 2.51 python backend): a request without a correlation id gets one
+(1, 2, ...) and START; a backend result :data:`~..backends.base.RESCHEDULE` puts the request back at
+the head of its sequence with neither START nor END (Triton's ``GenerativeSequencer``); the sequence
+ends when its request is released for good. Unlike Triton 2.51, a client's END on that request does
+not end the sequence before the request is released (2.51 then fails the rescheduled request with
+"must specify the START flag").
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import gevent
+import numpy as np
+
+from ..backends.base import RESCHEDULE
+from ..errors import Code, TritonError
+from ..inference import InferInput, InferRequest, InferResponse
+from ..statistics import VersionStats
+from .instance import ModelInstance
+from .kernel import InlineActor, Reply
+from .scheduler import Drain, Enqueue, GetStats, _Wake
+from .sequence_controls import SequenceTensors
+from .sequence_slots import SEQUENCE_END, SEQUENCE_START, SequenceSlots, Slot, SlotPolicy
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class _SeqBatchDone:
+    instance: int
+    batch: list[Slot[Enqueue]]
+    dispatch_ns: int
+    ok: bool
+    value: Any  # (results, timings) or the error
+
+
+class SequenceSchedulerActor(InlineActor):
+    """Sequence batcher of one model version; see the module docstring."""
+
+    def __init__(self, name: str, model: str, instances: list[ModelInstance], stats: VersionStats,
+                 policy: SlotPolicy, tensors: SequenceTensors, decoupled: bool = False,
+                 clock: Callable[[], int] = time.perf_counter_ns) -> None:
+        super().__init__(name)
+        self._model = model
+        self._instances = instances
+        self._idle = list(range(len(instances)))
+        self._policy = policy
+        self._slots: SequenceSlots[Enqueue] = SequenceSlots(policy)
+        self._tensors = tensors
+        self._pad = not decoupled  # null requests for empty slots (a decoupled model has no answer for them)
+        self._stats = stats
+        self._clock = clock
+        self._states: dict[int | str, dict[str, np.ndarray]] = {}
+        self._next_id = 1
+        self._drains: list[Reply[None]] = []
+        self._timer: Any = None
+        self._timer_at = 0
+
+    # -- messages ---------------------------------------------------------------------------------
+    def on_Enqueue(self, msg: Enqueue) -> None:
+        try:
+            msg = self._admit(msg)
+            self._slots.add(msg, msg.request.correlation_id, msg.request.flags, msg.start_ns, self._model)
+        except TritonError as e:
+            self._stats.record_failure(self._clock() - msg.start_ns)
+            msg.reply.fail(e)
+            return
+        self._dispatch()
+
+    def on__SeqBatchDone(self, msg: _SeqBatchDone) -> None:
+        try:
+            self._answer_batch(msg)
+        except Exception as e:
+            log.exception("sequence scheduler %s: answering a batch failed", self.name)
+            error = TritonError.internal(f"sequence batcher of '{self._model}': {e!r}")
+            for slot in msg.batch:
+                if slot.item is not None and not slot.item.reply.ready():
+                    slot.item.reply.fail(error)
+        finally:
+            self._idle.append(msg.instance)
+        self._dispatch()
+
+    def on__Wake(self, msg: _Wake) -> None:
+        if msg.timer is self._timer:
+            self._timer = None
+        self._dispatch()
+
+    def on_GetStats(self, _msg: GetStats) -> dict[str, object]:
+        return self._stats.snapshot()
+
+    def on_Drain(self, msg: Drain) -> None:
+        self._drains.append(msg.reply)
+        self._maybe_drained()
+
+    def on_stop(self) -> None:
+        if self._timer is not None:
+            self._timer.stop()
+            self._timer = None
+        error = TritonError.unavailable(f"model version '{self.name}' is unloading")
+        for item in self._slots.clear():
+            item.reply.fail(error)
+        self._states.clear()
+        for reply in self._drains:
+            reply.set(None)
+        self._drains.clear()
+
+    # -- requests ---------------------------------------------------------------------------------
+    def _admit(self, msg: Enqueue) -> Enqueue:
+        """Triton's checks of a sequence request (core ``Sequencer::SetupSequenceRequest`` and the batcher)."""
+        request = msg.request
+        if request.correlation_id in (0, ""):
+            if not self._policy.iterative:
+                raise TritonError.invalid_arg(
+                    f"inference request to model '{self._model}' must specify a non-zero or non-empty correlation ID")
+            request = request._replace(correlation_id=self._next_id, flags=SEQUENCE_START)
+            self._next_id += 1
+            msg = Enqueue(request, msg.batch_size, msg.reply, msg.start_ns)
+        if self._policy.max_batch_size > 0 and msg.batch_size != 1:
+            raise TritonError.invalid_arg(
+                f"inference request to model '{self._model}' must specify batch-size 1 due to requirements of "
+                "sequence batcher")
+        return msg
+
+    def _dispatch(self) -> None:
+        now = self._clock()
+        for corr_id in self._slots.expire(now):
+            self._states.pop(corr_id, None)
+            log.debug("sequence %s of model '%s' idle: slot released", corr_id, self._model)
+        wait: int | None = None
+        for index in list(self._idle):
+            batch, until = self._slots.take(index, now)
+            if batch:
+                self._idle.remove(index)
+                self._run(index, batch)
+            elif until is not None:
+                wait = until if wait is None else min(wait, until)
+        idle = self._slots.next_idle_ns(now)
+        if idle is not None:
+            wait = idle if wait is None else min(wait, idle)
+        if wait is not None:
+            self._arm(now, wait)
+        self._maybe_drained()
+
+    def _run(self, index: int, batch: list[Slot[Enqueue]]) -> None:
+        if any(s.item is not None and s.item.reply.ready() for s in batch):
+            batch = self._drop_cancelled(batch)
+        if not self._pad:
+            batch = [s for s in batch if s.item is not None]
+        if not batch:
+            self._idle.append(index)
+            return
+        template = next(s.item.request for s in batch if s.item is not None)  # a batch ends with a real request
+        try:
+            requests = [self._prepared(s) if s.item is not None else self._null(template) for s in batch]
+        except Exception as e:  # a bug of ours or a state that no longer fits: fail this batch, keep serving
+            log.exception("sequence scheduler %s: preparing a batch failed", self.name)
+            self._idle.append(index)
+            now = self._clock()
+            for slot in batch:
+                if slot.item is not None:
+                    self._answer(slot, TritonError.internal(f"sequence batcher of '{self._model}': {e!r}"), now, now, (0, 0, 0))
+            return
+        dispatch_ns = self._clock()
+        tell = self.ref.tell
+
+        def done(ok: bool, value: Any) -> None:
+            try:
+                tell(_SeqBatchDone(index, batch, dispatch_ns, ok, value))
+            except TritonError:  # stopped meanwhile: still answer the requests that ran
+                self._answer_stopped(batch, ok, value)
+
+        self._instances[index].execute(requests, done)
+
+    def _drop_cancelled(self, batch: list[Slot[Enqueue]]) -> list[Slot[Enqueue]]:
+        """Requests answered before they ran were cancelled by their clients: they do not run, and the rest of
+        their sequence is cancelled with them (Triton: cancelling one request cancels the sequence's pending ones)."""
+        now = self._clock()
+        out: list[Slot[Enqueue]] = []
+        for slot in batch:
+            if slot.item is None or not slot.item.reply.ready():
+                out.append(slot)
+                continue
+            self._stats.record_failure(now - slot.item.start_ns)
+            self._states.pop(slot.corr_id, None)
+            for item in self._slots.cancel(slot.corr_id):
+                self._stats.record_failure(now - item.start_ns)
+                item.reply.fail(TritonError(Code.CANCELLED, f"sequence {slot.corr_id} was cancelled"))
+            out.append(Slot(None, 0))
+        while out and out[-1].item is None:
+            out.pop()  # a direct batch ends at its highest slot in use
+        return out
+
+    def _prepared(self, slot: Slot[Enqueue]) -> InferRequest:
+        assert slot.item is not None
+        request, tensors = slot.item.request, self._tensors
+        inputs = dict(request.inputs)
+        inputs.update(tensors.controls_for(slot.corr_id, slot.flags, True))
+        if tensors.states:
+            inputs.update(tensors.state_inputs(None if slot.flags & SEQUENCE_START else self._states.get(slot.corr_id)))
+        return request._replace(inputs=inputs, correlation_id=slot.corr_id, flags=slot.flags)
+
+    def _null(self, template: InferRequest) -> InferRequest:
+        """Triton's null request for an empty slot of a ``direct`` batch: zeros shaped like a real request,
+        READY false, no id (what a python model sees in real Triton 2.51, garbage data aside)."""
+        inputs = {n: InferInput(n, t.dtype, t.shape, np.zeros_like(t.data)) for n, t in template.inputs.items()}
+        empty_id: int | str = "" if isinstance(template.correlation_id, str) else 0
+        inputs.update(self._tensors.controls_for(empty_id, 0, False))
+        if self._tensors.states:
+            inputs.update(self._tensors.state_inputs(None))
+        return InferRequest(template.model_name, template.model_version, "", inputs, None, {},
+                            correlation_id=empty_id)
+
+    # -- answers ----------------------------------------------------------------------------------
+    def _answer_batch(self, msg: _SeqBatchDone) -> None:
+        now = self._clock()
+        real = [s for s in msg.batch if s.item is not None]
+        if msg.ok:
+            results, timings = msg.value
+            self._stats.record_execution(len(real), *timings)
+        else:
+            self._stats.record_execution(len(real), 0, 0, 0)
+            error = msg.value if isinstance(msg.value, TritonError) else TritonError.internal(
+                f"instance '{self._instances[msg.instance].name}' failed: {msg.value!r}")
+            results, timings = [error] * len(msg.batch), (0, 0, 0)
+        for slot, result in zip(msg.batch, results, strict=True):
+            if slot.item is not None:
+                self._answer(slot, result, now, msg.dispatch_ns, timings)
+
+    def _answer(self, slot: Slot[Enqueue], result: Any, now: int, dispatch_ns: int, timings: Any) -> None:
+        item, corr_id, stats = slot.item, slot.corr_id, self._stats
+        assert item is not None
+        if result is RESCHEDULE:
+            channel = item.request.responses
+            if not item.reply.ready() and not (channel is not None and channel.cancelled):
+                # outside iterative sequences a rescheduled END request still ends its sequence when it runs
+                self._slots.requeue(item, corr_id, now, 0 if self._policy.iterative else slot.flags & SEQUENCE_END)
+                self._slots.completed(corr_id, now, release=False)
+                return
+            # its client went away: a model that ignores is_cancelled() must not loop forever
+            result = TritonError(Code.CANCELLED, f"sequence {corr_id} was cancelled")
+        if item.reply.ready():  # answered already: its client cancelled it
+            stats.record_failure(now - item.start_ns)
+        elif isinstance(result, BaseException):
+            stats.record_failure(now - item.start_ns)
+            item.reply.fail(result)
+        else:
+            if isinstance(result, InferResponse) and self._tensors.states:
+                result, saved = self._tensors.take_states(result)
+                self._states[corr_id] = saved
+            stats.record_success(item.batch_size, now - item.start_ns, dispatch_ns - item.start_ns, timings)
+            item.reply.set(result)
+        if self._slots.completed(corr_id, now, release=self._policy.iterative):
+            self._states.pop(corr_id, None)
+
+    def _answer_stopped(self, batch: list[Slot[Enqueue]], ok: bool, value: Any) -> None:
+        results = value[0] if ok else [value] * len(batch)
+        for slot, result in zip(batch, results, strict=True):
+            if slot.item is None or slot.item.reply.ready():
+                continue
+            if result is RESCHEDULE or isinstance(result, BaseException):
+                error = result if isinstance(result, BaseException) else TritonError.unavailable(
+                    f"model version '{self.name}' is unloading")
+                slot.item.reply.fail(error)
+            else:
+                slot.item.reply.set(result)
+
+    # -- time -------------------------------------------------------------------------------------
+    def _arm(self, now: int, wait_ns: int) -> None:
+        """Dispatch again in ``wait_ns`` unless a timer already fires by then."""
+        at = now + wait_ns
+        if self._timer is not None:
+            if self._timer_at <= at:
+                return
+            self._timer.stop()
+        self._timer_at = at
+        timer = self._timer = gevent.get_hub().loop.timer(wait_ns / 1e9)
+        timer.start(self._wake, timer)
+
+    def _wake(self, timer: Any) -> None:
+        try:
+            self.ref.tell(_Wake(timer))
+        except TritonError:  # stopped meanwhile
+            pass
+
+    def _maybe_drained(self) -> None:
+        if self._drains and not len(self._slots) and len(self._idle) == len(self._instances):
+            for reply in self._drains:
+                reply.set(None)
+            self._drains.clear()
