@@ -118,6 +118,10 @@ def test_unknown_and_unavailable_composing_models() -> None:
     assert _fails(check_composing, cfg, graph, models) == \
         "ensemble 'ens' depends on 'left' which has no loaded version. Model 'left' loading failed with error: boom"
     models = _models()
+    models["left"] = Composing(None, (), "bad config")
+    assert _fails(check_composing, cfg, graph, models) == \
+        "ensemble 'ens' depends on 'left' which is not valid. Model 'left' failed with error: bad config"
+    models = _models()
     models["right"] = Composing(_model("right"), (2,))
     assert _fails(check_composing, cfg, graph, models) == \
         "ensemble 'ens' depends on 'right' whose required version 1 is not loaded."

@@ -294,7 +294,7 @@ class ModelActor(Actor):
         models = {}
         for name in ensemble_graph.dependencies(cfg):
             handle = routes.get(name)
-            if handle is not None and handle.config is not None:
+            if handle is not None and (handle.config is not None or handle.versions):
                 reasons = [vh.reason for vh in handle.versions.values() if vh.reason]
                 models[name] = ensemble_graph.Composing(handle.config, handle.ready_versions,
                                                         reasons[0] if reasons else "")

@@ -175,9 +175,13 @@ def check_composing(cfg: ModelConfig, graph: Graph, models: Mapping[str, Composi
     every one available with the versions the steps ask for, batch sizes, and each tensor's data type and
     shape agreeing between its producer and its consumers."""
     name = cfg.name
-    missing = [m for m in dependencies(cfg) if models.get(m) is None or models[m].config is None]
+    missing = [m for m in dependencies(cfg) if models.get(m) is None]
     if missing:
         raise _bad(f"ensemble {name} contains models that are not available or ambiguous: {', '.join(missing)}")
+    for m in dependencies(cfg):
+        if models[m].config is None:  # it failed before its config was known
+            raise _bad(f"ensemble '{name}' depends on '{m}' which is not valid. Model '{m}' failed with error: "
+                       f"{models[m].reason}")
     for step in graph.steps:
         info = models[step.model]
         if not info.ready_versions:
