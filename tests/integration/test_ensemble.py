@@ -247,22 +247,31 @@ def test_reloading_a_composing_model_under_load_fails_nothing(tmp_path: Path, st
     assert seen == {1.0, 5.0}
 
 
+# sends N responses Y = 0 .. N-1, writing to <progress>/sent how many it sent (before each send)
 DECOUPLED_GEN_PY = """
+import json, os
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
+    def initialize(self, args):
+        self.sent = os.path.join(json.loads(args["model_config"])["parameters"]["progress"]["string_value"], "sent")
+
     def execute(self, requests):
         for r in requests:
             n = int(pb_utils.get_input_tensor_by_name(r, "N").as_numpy()[0])
             sender = r.get_response_sender()
             for i in range(n):
+                with open(self.sent + ".tmp", "w") as f:
+                    f.write(str(i + 1))
+                os.replace(self.sent + ".tmp", self.sent)
                 sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.array([i], np.float32))]))
             sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
 """
 
-# Y = X * X; OVERLAP = 1 when another instance was busy at the same time (watched for 0.3 s)
+# Y = X * X; OVERLAP = 1 when another instance was busy at the same time (watched for 0.2 s);
+# AHEAD = how many responses the producer had sent beyond this one when it arrived
 SLOW_SQUARE_PY = """
 import json, os, time, uuid
 import numpy as np
@@ -270,13 +279,17 @@ import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
     def initialize(self, args):
-        self.dir = json.loads(args["model_config"])["parameters"]["busy"]["string_value"]
+        params = json.loads(args["model_config"])["parameters"]
+        self.dir = params["busy"]["string_value"]
+        self.sent = os.path.join(params["progress"]["string_value"], "sent")
 
     def execute(self, requests):
+        with open(self.sent) as f:
+            sent = float(f.read())
         mine = os.path.join(self.dir, uuid.uuid4().hex)
         open(mine, "w").close()
         overlap = 0.0
-        deadline = time.time() + 0.3
+        deadline = time.time() + 0.2
         while time.time() < deadline and not overlap:
             overlap = float(len(os.listdir(self.dir)) > 1)
             time.sleep(0.01)
@@ -285,44 +298,50 @@ class TritonPythonModel:
         for r in requests:
             x = pb_utils.get_input_tensor_by_name(r, "X").as_numpy()
             out.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x * x),
-                                                   pb_utils.Tensor("OVERLAP", np.array([overlap], np.float32))]))
+                                                   pb_utils.Tensor("OVERLAP", np.array([overlap], np.float32)),
+                                                   pb_utils.Tensor("AHEAD", sent - x - 1)]))
         return out
 """
 
 
 def _decoupled_repo(repo: Path, max_inflight: int) -> None:
-    busy = repo.parent / "busy"
+    busy, progress = repo.parent / "busy", repo.parent / "progress"
     busy.mkdir(exist_ok=True)
-    add_model(repo, "gen", """
+    progress.mkdir(exist_ok=True)
+    add_model(repo, "gen", f"""
 backend: "python"
 max_batch_size: 0
-model_transaction_policy { decoupled: true }
-input [ { name: "N", data_type: TYPE_INT32, dims: [ 1 ] } ]
-output [ { name: "Y", data_type: TYPE_FP32, dims: [ 1 ] } ]
+model_transaction_policy {{ decoupled: true }}
+input [ {{ name: "N", data_type: TYPE_INT32, dims: [ 1 ] }} ]
+output [ {{ name: "Y", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+parameters [ {{ key: "progress" value: {{ string_value: "{progress}" }} }} ]
 """, DECOUPLED_GEN_PY)
     add_model(repo, "square", f"""
 backend: "python"
 max_batch_size: 0
 input [ {{ name: "X", data_type: TYPE_FP32, dims: [ 1 ] }} ]
-output [ {{ name: "Y", data_type: TYPE_FP32, dims: [ 1 ] }}, {{ name: "OVERLAP", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+output [ {{ name: "Y", data_type: TYPE_FP32, dims: [ 1 ] }}, {{ name: "OVERLAP", data_type: TYPE_FP32, dims: [ 1 ] }},
+         {{ name: "AHEAD", data_type: TYPE_FP32, dims: [ 1 ] }} ]
 instance_group [ {{ count: 2, kind: KIND_CPU }} ]
-parameters [ {{ key: "busy" value: {{ string_value: "{busy}" }} }} ]
+parameters [ {{ key: "busy" value: {{ string_value: "{busy}" }} }},
+             {{ key: "progress" value: {{ string_value: "{progress}" }} }} ]
 """, SLOW_SQUARE_PY)
     add_ensemble(repo, "stream", f"""
 platform: "ensemble"
 max_batch_size: 0
 model_transaction_policy {{ decoupled: true }}
 input [ {{ name: "N", data_type: TYPE_INT32, dims: [ 1 ] }} ]
-output [ {{ name: "OUT", data_type: TYPE_FP32, dims: [ 1 ] }}, {{ name: "OVERLAP", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+output [ {{ name: "OUT", data_type: TYPE_FP32, dims: [ 1 ] }}, {{ name: "OVERLAP", data_type: TYPE_FP32, dims: [ 1 ] }},
+         {{ name: "AHEAD", data_type: TYPE_FP32, dims: [ 1 ] }} ]
 ensemble_scheduling {{
   max_inflight_requests: {max_inflight}
   step [ {_step("gen", {"N": "N"}, {"Y": "mid"})},
-         {_step("square", {"X": "mid"}, {"Y": "OUT", "OVERLAP": "OVERLAP"})} ] }}
+         {_step("square", {"X": "mid"}, {"Y": "OUT", "OVERLAP": "OVERLAP", "AHEAD": "AHEAD"})} ] }}
 """)
 
 
-def _stream(server, n: int) -> list[tuple[float, float]]:
-    """One request on a gRPC stream; (OUT, OVERLAP) of every response, sorted."""
+def _stream(server, n: int) -> list[tuple[float, float, float]]:
+    """One request on a gRPC stream; (OUT, OVERLAP, AHEAD) of every response, sorted."""
     got: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(server.grpc_url)
     client.start_stream(callback=lambda result, error: got.put((result, error)))
@@ -337,7 +356,8 @@ def _stream(server, n: int) -> list[tuple[float, float]]:
             if result.get_response().parameters["triton_final_response"].bool_param and \
                     result.as_numpy("OUT") is None:
                 break
-            out.append((float(result.as_numpy("OUT")[0]), float(result.as_numpy("OVERLAP")[0])))
+            out.append((float(result.as_numpy("OUT")[0]), float(result.as_numpy("OVERLAP")[0]),
+                        float(result.as_numpy("AHEAD")[0])))
     client.stop_stream()
     client.close()
     return sorted(out)
@@ -346,9 +366,10 @@ def _stream(server, n: int) -> list[tuple[float, float]]:
 def test_a_decoupled_ensemble_streams_over_grpc_and_generate_stream(tmp_path: Path, start_server) -> None:
     _decoupled_repo(tmp_path / "repo", max_inflight=0)
     server = start_server(tmp_path / "repo")
-    results = _stream(server, 4)
-    assert [r[0] for r in results] == [0.0, 1.0, 4.0, 9.0]
+    results = _stream(server, 10)
+    assert [r[0] for r in results] == [float(i * i) for i in range(10)]
     assert any(r[1] for r in results)  # without max_inflight_requests the two instances overlap
+    assert max(r[2] for r in results) >= 5  # and the producer runs ahead of the slow step
     body = json.dumps({"N": 3}).encode()
     req = urllib.request.Request(f"http://{server.url}/v2/models/stream/generate_stream", data=body, method="POST")
     with urllib.request.urlopen(req, timeout=60) as r:
@@ -368,7 +389,10 @@ def _n_input(n: int) -> httpclient.InferInput:
 def test_max_inflight_requests_holds_back_a_fast_producer(tmp_path: Path, start_server) -> None:
     _decoupled_repo(tmp_path / "repo", max_inflight=1)
     server = start_server(tmp_path / "repo")
-    results = _stream(server, 4)
-    assert [r[0] for r in results] == [0.0, 1.0, 4.0, 9.0]
+    results = _stream(server, 10)
+    assert [r[0] for r in results] == [float(i * i) for i in range(10)]
     assert not any(r[1] for r in results)  # one step request in flight at a time: never two instances busy
+    # the producer waits too: one response in the slow step, one taken by the ensemble, one queued, one
+    # being sent
+    assert max(r[2] for r in results) <= 3, results
 

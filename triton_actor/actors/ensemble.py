@@ -16,7 +16,9 @@ request with the step's message and drops the request's tensors; other requests 
 decoupled composing model's responses each fork the request's tensor table and drive the steps
 downstream once per response; every table that completes the ensemble outputs is one response of a
 decoupled ensemble. ``max_inflight_requests`` bounds the forks of one decoupled step in flight per
-request: its reader greenlet stops reading the composing model's responses until forks finish.
+request: its reader greenlet stops reading the composing model's responses until forks finish, and the
+step's :class:`~.bridge.BoundedResponseChannel` then makes the producing model's thread wait, so a slow
+step cannot make memory grow without bound (server PR #8458).
 Failure: a request whose step cannot be routed or fails is answered with that error; stopping the
 actor fails what is in flight with UNAVAILABLE.
 """
@@ -36,7 +38,7 @@ from ..inference import InferInput, InferRequest, InferResponse, RequestedOutput
 from ..protocol.dtypes import from_numpy
 from ..repository.ensemble_graph import Graph, Step
 from ..statistics import VersionStats
-from .bridge import ResponseChannel
+from .bridge import BoundedResponseChannel, ResponseChannel
 from .kernel import InlineActor, Reply
 from .scheduler import Drain, Enqueue, GetStats
 
@@ -202,7 +204,7 @@ class EnsembleScheduler(InlineActor):
                 raise TritonError.not_found(f"Request for unknown model: '{step.model}' is not found")
             version = handle.resolve(step.version)
             if handle.config.model_transaction_policy.decoupled:
-                channel = ResponseChannel()
+                channel = BoundedResponseChannel(self._max_inflight) if self._max_inflight else ResponseChannel()
                 request = request._replace(responses=channel)
             reply = version.infer(request)
         except TritonError as e:
