@@ -396,3 +396,17 @@ def test_max_inflight_requests_holds_back_a_fast_producer(tmp_path: Path, start_
     # being sent
     assert max(r[2] for r in results) <= 3, results
 
+
+
+def test_ensemble_traffic_goes_through_the_composing_models_dynamic_batcher(tmp_path: Path, start_server) -> None:
+    # the batcher holds requests until four are queued (or 30 s pass): four ensemble requests make one batch
+    batching = "dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 30000000 }"
+    add_model(tmp_path, "inc", _arith_config({"add": "1"}, extra=batching), ARITH_PY)
+    add_ensemble(tmp_path, "one", _ensemble_config(["A"], [_step("inc", {"X": "IN"}, {"Y": "A"})]))
+    server = start_server(tmp_path)
+    calls = [gevent.spawn(_infer, server.url, "one", float(i)) for i in range(4)]
+    gevent.joinall(calls, timeout=60, raise_error=True)
+    assert sorted(c.value.as_numpy("A")[0, 0] for c in calls) == [1.0, 2.0, 3.0, 4.0]
+    stats = httpclient.InferenceServerClient(server.url).get_inference_statistics("inc")["model_stats"][0]
+    assert [b["batch_size"] for b in stats["batch_stats"]] == [4]
+    assert stats["execution_count"] == 1

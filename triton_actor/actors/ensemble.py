@@ -70,6 +70,7 @@ class _Run:
     answered: int = 0
     failed: bool = False
     readers: list[gevent.Greenlet] = field(default_factory=list)
+    tables: list[_Table] = field(default_factory=list)  # every table, so a failure frees all tensors at once
     gates: dict[int, gevent.lock.Semaphore] = field(default_factory=dict)
 
 
@@ -108,6 +109,7 @@ class EnsembleScheduler(InlineActor):
         run = _Run(msg, msg.request.responses)
         self._runs.add(run)
         table = _Table(dict(msg.request.inputs), set())
+        run.tables.append(table)
         run.open_tables = 1
         self._advance(run, table)
 
@@ -148,6 +150,7 @@ class EnsembleScheduler(InlineActor):
                           release=msg.gate.release if msg.gate is not None else None)
             fork.tensors.update(outputs)
             table.children.append(fork)
+            run.tables.append(fork)
             run.open_tables += 1
             self._advance(run, fork)
         if msg.final:
@@ -230,8 +233,11 @@ class EnsembleScheduler(InlineActor):
         if self._max_inflight > 0:
             gate = run.gates.setdefault(step.index, gevent.lock.Semaphore(self._max_inflight))
         try:
+            top = run.decoupled
             while True:
                 item, final = channel.receive()
+                if top is not None and top.is_cancelled():
+                    channel.cancelled = True  # the ensemble's client went away: so did this step's
                 if gate is not None and isinstance(item, InferResponse):
                     gate.acquire()
                 _quiet(self.ref.tell, _StepStreamed(run, table, step, item, final, gate))
@@ -307,6 +313,9 @@ class EnsembleScheduler(InlineActor):
         for reader in run.readers:
             reader.kill(block=False)
         run.readers.clear()
+        for table in run.tables:
+            table.tensors = {}
+        run.tables.clear()
         self._maybe_drained()
 
     def _maybe_drained(self) -> None:
