@@ -135,6 +135,13 @@ def test_ensemble_answers_and_counts_statistics(tmp_path: Path, start_server, pr
     assert stats["ens"]["inference_count"] == 3
     assert stats["inc"]["inference_stats"]["success"]["count"] == 3
     assert stats["dbl"]["inference_stats"]["success"]["count"] == 6
+    # and the ensemble's queue and compute times are the sums of its steps' (Triton's secondary aggregator)
+    for kind in ("queue", "compute_input", "compute_infer", "compute_output"):
+        ens = stats["ens"]["inference_stats"][kind]
+        assert ens["count"] == 3
+        assert ens["ns"] == sum(stats[m]["inference_stats"][kind]["ns"] for m in ("inc", "dbl"))
+    assert stats["ens"]["inference_stats"]["compute_infer"]["ns"] > 0
+    assert stats["ens"]["execution_count"] == 0 and stats["ens"]["batch_stats"] == []  # it executes nothing itself
 
 
 def test_independent_branches_run_at_the_same_time(tmp_path: Path, start_server) -> None:

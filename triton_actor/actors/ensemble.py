@@ -68,6 +68,7 @@ class _Run:
     decoupled: Any  # the request's ResponseChannel when the ensemble streams, else None
     open_tables: int = 0
     answered: int = 0
+    timings: list[int] = field(default_factory=lambda: [0, 0, 0, 0])  # its steps' queue and compute ns, summed
     failed: bool = False
     readers: list[gevent.Greenlet] = field(default_factory=list)
     tables: list[_Table] = field(default_factory=list)  # every table, so a failure frees all tensors at once
@@ -122,11 +123,14 @@ class EnsembleScheduler(InlineActor):
         if error is not None:
             self._fail(run, error)
             return
+        response = msg.reply.value()
         try:
-            outputs = _mapped(msg.step, msg.reply.value())
+            outputs = _mapped(msg.step, response)
         except TritonError as e:
             self._fail(run, e)
             return
+        if response.timings is not None:
+            run.timings = [a + b for a, b in zip(run.timings, response.timings, strict=True)]
         self._publish(run, table, outputs)
 
     def on__StepStreamed(self, msg: _StepStreamed) -> None:
@@ -290,7 +294,9 @@ class EnsembleScheduler(InlineActor):
                 run.decoupled.send(error, True)
             msg.reply.fail(error)
         else:
-            self._stats.record_success(msg.batch_size, now - msg.start_ns, 0, (0, 0, 0))
+            # Triton: the ensemble's queue and compute times are its steps' (core's secondary stats aggregator)
+            queue_ns, ci, inf, co = run.timings
+            self._stats.record_success(msg.batch_size, now - msg.start_ns, queue_ns, (ci, inf, co))
             self._stats.last_inference = time.time_ns() // 1_000_000
             if run.decoupled is not None:
                 run.decoupled.send(None, True)
