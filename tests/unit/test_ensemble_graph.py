@@ -163,6 +163,7 @@ def test_dependencies_load_order_and_unload_dependents() -> None:
     graph = Dependencies()
     on_disk = {"ens": ("pre", "inner"), "inner": ("left",), "pre": (), "left": (), "other": ("left",)}
     assert graph.closure("ens", on_disk.get) == ["pre", "left", "inner", "ens"]
+    assert graph.closure("nope", on_disk.get) == ["nope"]  # listed: its load reports it missing
     graph.closure("other", on_disk.get)
     graph.implicit.update({"pre", "left", "inner"})
     # "other" (loaded) still needs "left"

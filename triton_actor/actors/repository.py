@@ -18,6 +18,12 @@ one that reloads what was serving, while the old routing snapshot keeps serving,
 gives up: every version of that model UNAVAILABLE with the reason in the index and unloaded (a later
 load API call or POLL change loads it afresh).
 
+Ensembles (spec §5.1): every batch of loads (startup, POLL changes, the load API) starts an ensemble's
+load only once the loads of its composing models in the same batch finished (:meth:`_load_in_order`,
+helper greenlets of :mod:`.load_order`); ensembles that contain each other fail at once with Triton's
+text. In EXPLICIT mode loading an ensemble loads what it needs first, and ``unload_dependents`` unloads
+what was loaded only for it (:class:`~..repository.dependencies.Dependencies`, owned here).
+
 POLL is reconciliation (spec §5.1, design "Lifecycle"): each rescan (every ``--repository-poll-secs``,
 sooner when :mod:`.watcher` nudges) feeds the stamps on disk to the reconciler and carries out the
 loads and unloads it answers; a change is loaded once the folder was quiet for ``SETTLE_S``.
@@ -45,7 +51,8 @@ from ..repository.ensemble_graph import dependencies
 from ..repository.reconcile import Reconciler
 from .handles import READY, UNAVAILABLE, ModelHandle, VersionHandle
 from .kernel import Actor, ActorRef, Reply
-from .model import LoadSettings, ModelActor, ModelRef, Restart
+from .load_order import Start, loader, start_after, unload_after
+from .model import LoadSettings, ModelActor, Restart
 from .supervisor import RestartBudget
 from .watcher import Watcher
 
@@ -212,7 +219,7 @@ class RepositoryActor(Actor):
             if self.control_mode == POLL:
                 self._poll.loaded(name, snapshot.take(model_dir))
             self._graph.set(name, read_deps(name, model_dir, self._settings.config_name))
-            starts[name] = _loader(model_dir)
+            starts[name] = loader(model_dir)
         pending = self._load_in_order(starts)
         gevent.spawn(self._await_loads, pending, failures, msg.reply)
 
@@ -252,12 +259,15 @@ class RepositoryActor(Actor):
         order = self._graph.closure(msg.name, lookup)
         self._graph.implicit.discard(msg.name)
         starts: dict[str, Start] = {}
+        found = layout.list_models(self.repositories)
         for name in order[:-1]:  # the composing models it needs (an ensemble's), loaded first (spec §5.1)
+            if len(found.get(name, ())) != 1:
+                continue  # not in the repository: the ensemble's own check says so
             handle = self.routes.get(name)
             if handle is None or not handle.ready_versions:
                 self._graph.implicit.add(name)  # Triton: "not explicitly loaded"
-            starts[name] = _loader(self._model_dir(name, layout.list_models(self.repositories)))
-        starts[msg.name] = _loader(model_dir, override, owned)
+            starts[name] = loader(found[name][0])
+        starts[msg.name] = loader(model_dir, override, owned)
         done = self._load_in_order(starts)
         done[msg.name].link(lambda r: msg.reply.fail(r.exception()) if r.exception() else msg.reply.set(None))
 
@@ -288,7 +298,7 @@ class RepositoryActor(Actor):
                 loaded = [n for n, h in self.routes.items() if h.ready_versions]
                 deps = [(n, self._models[n].ref) for n in self._graph.to_unload(msg.name, loaded) if n in self._models]
                 self._graph.implicit.difference_update(n for n, _ in deps)
-                gevent.spawn(_unload_after, done, deps)
+                gevent.spawn(unload_after, done, deps)
         msg.reply.set(None)
 
     def _model_dir(self, name: str, found: dict[str, list[Path]]) -> Path:
@@ -327,7 +337,7 @@ class RepositoryActor(Actor):
         for name in actions.load:
             log.info("poll: loading '%s' (files changed)", name)
             self._graph.set(name, read_deps(name, unique[name], self._settings.config_name))
-            starts[name] = _loader(unique[name])
+            starts[name] = loader(unique[name])
         for name, done in self._load_in_order(starts).items():  # a failure is logged, and in the index
             done.link(lambda r, name=name: r.exception() and log.error("loading '%s' failed: %s", name, r.exception()))
         for name in actions.unload:
@@ -438,7 +448,7 @@ class RepositoryActor(Actor):
             waits = [done[d] for d in self._graph.of(name) if d in done]
             ref = self._actor_for(name).ref
             if waits:
-                gevent.spawn(_start_after, waits, start, ref, done[name])
+                gevent.spawn(start_after, waits, start, ref, done[name])
             else:
                 start(ref, done[name])
         return done
@@ -496,43 +506,6 @@ class RepositoryActor(Actor):
                 if vh.state != READY and vh.reason != "unloaded":
                     return False
         return True
-
-
-Start = Callable[[ModelRef, Reply[None]], None]  # starts one model's load, completing the reply
-
-
-def _loader(model_dir: Path, config: ModelConfig | None = None, owned: bool = False) -> Start:
-    def start(ref: ModelRef, reply: Reply[None]) -> None:
-        ref.load(model_dir, config, owned, reply=reply)
-
-    return start
-
-
-def _start_after(waits: list[Reply[None]], start: Start, ref: ModelRef, reply: Reply[None]) -> None:
-    """Helper greenlet: wait for the loads of the composing models (failed or not: the ensemble's own
-    check then says why), then start the ensemble's."""
-    for r in waits:
-        try:
-            r.get()
-        except TritonError:
-            pass
-    try:
-        start(ref, reply)
-    except TritonError as e:  # the model actor stopped meanwhile (shutdown)
-        reply.fail(e)
-
-
-def _unload_after(done: Reply[None], deps: list[tuple[str, ModelRef]]) -> None:
-    """Helper greenlet: once the ensemble is gone, unload what it alone needed (``unload_dependents``)."""
-    try:
-        done.get()
-    except TritonError:
-        pass
-    for name, ref in deps:
-        try:
-            ref.unload()
-        except TritonError as e:
-            log.error("unloading '%s' failed: %s", name, e)
 
 
 def _poll_failed(name: str) -> str:

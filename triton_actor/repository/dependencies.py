@@ -49,7 +49,8 @@ class Dependencies:
 
     def closure(self, name: str, lookup: Callable[[str], tuple[str, ...] | None]) -> list[str]:
         """``name`` and everything it needs, dependencies first. ``lookup(n)`` reads ``n``'s
-        dependencies (None: ``n`` is not in any repository) and is recorded here."""
+        dependencies (None: ``n`` is not in any repository; it is listed, its load reports that) and is
+        recorded here."""
         order: list[str] = []
         seen: set[str] = set()
 
@@ -59,6 +60,7 @@ class Dependencies:
             seen.add(n)
             deps = lookup(n)
             if deps is None:
+                order.append(n)
                 return
             self.set(n, deps)
             for d in deps:
