@@ -417,3 +417,20 @@ def test_ensemble_traffic_goes_through_the_composing_models_dynamic_batcher(tmp_
     stats = httpclient.InferenceServerClient(server.url).get_inference_statistics("inc")["model_stats"][0]
     assert [b["batch_size"] for b in stats["batch_stats"]] == [4]
     assert stats["execution_count"] == 1
+
+
+def test_poll_loads_an_ensemble_after_the_models_it_needs(tmp_path: Path, start_server) -> None:
+    repo, staging = tmp_path / "repo", tmp_path / "staging"
+    repo.mkdir()
+    pipeline(staging)
+    server = start_server(repo, flags=("--model-control-mode=poll", "--repository-poll-secs=1"))
+    for name in ("ens", "dbl", "inc"):  # the ensemble appears first; all three settle in one rescan
+        (staging / name).rename(repo / name)
+
+    def answers() -> bool:
+        try:
+            return _infer(server.url, "ens", 0.0).as_numpy("C").tolist() == [[2, 2]]
+        except InferenceServerException:
+            return False
+
+    wait_for(answers, 30, "the ensemble to serve")
