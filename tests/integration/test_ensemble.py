@@ -274,6 +274,7 @@ class TritonPythonModel:
                 os.replace(self.sent + ".tmp", self.sent)
                 sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.array([i], np.float32))]))
             sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            open(self.sent + ".done", "w").close()
         return None
 """
 
@@ -434,3 +435,88 @@ def test_poll_loads_an_ensemble_after_the_models_it_needs(tmp_path: Path, start_
             return False
 
     wait_for(answers, 30, "the ensemble to serve")
+
+
+JOIN_PY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "A").as_numpy()
+                                                           + pb_utils.get_input_tensor_by_name(r, "B").as_numpy())])
+                for r in requests]
+"""
+
+# B = X * 10 once the producer has sent all its responses and its final flag, so the stream is over and
+# its forks exist before B does
+LATE_PY = """
+import json, os, time
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.sent = os.path.join(json.loads(args["model_config"])["parameters"]["progress"]["string_value"], "sent")
+
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "X").as_numpy()
+            deadline = time.time() + 20
+            while time.time() < deadline:
+                if os.path.exists(self.sent + ".done"):
+                    break
+                time.sleep(0.005)
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("B", x * 10)]))
+        return out
+"""
+
+
+def test_forks_of_a_stream_get_what_a_step_started_before_them_produces(tmp_path: Path, start_server) -> None:
+    """gen streams Y = 0..N-1 and ends while late (started before any response) still runs: every fork
+    must get late's B when it comes, and join OUT = Y + B once per response."""
+    repo = tmp_path / "repo"
+    _decoupled_repo(repo, max_inflight=0)
+    progress = tmp_path / "progress"
+    add_model(repo, "late", f"""
+backend: "python"
+max_batch_size: 0
+input [ {{ name: "X", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+output [ {{ name: "B", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+parameters [ {{ key: "progress" value: {{ string_value: "{progress}" }} }} ]
+""", LATE_PY)
+    add_model(repo, "join", """
+backend: "python"
+max_batch_size: 0
+input [ { name: "A", data_type: TYPE_FP32, dims: [ 1 ] }, { name: "B", data_type: TYPE_FP32, dims: [ 1 ] } ]
+output [ { name: "OUT", data_type: TYPE_FP32, dims: [ 1 ] } ]
+""", JOIN_PY)
+    add_ensemble(repo, "joined", f"""
+platform: "ensemble"
+max_batch_size: 0
+model_transaction_policy {{ decoupled: true }}
+input [ {{ name: "N", data_type: TYPE_INT32, dims: [ 1 ] }}, {{ name: "NF", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+output [ {{ name: "OUT", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+ensemble_scheduling {{ step [
+  {_step("gen", {"N": "N"}, {"Y": "y"})},
+  {_step("late", {"X": "NF"}, {"B": "b"})},
+  {_step("join", {"A": "y", "B": "b"}, {"OUT": "OUT"})} ] }}
+""")
+    server = start_server(repo)
+    got: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    n = grpcclient.InferInput("N", [1], "INT32")
+    n.set_data_from_numpy(np.array([3], np.int32))
+    nf = grpcclient.InferInput("NF", [1], "FP32")
+    nf.set_data_from_numpy(np.array([3], np.float32))
+    client.async_stream_infer("joined", [n, nf], enable_empty_final_response=True)
+    outs = []
+    while True:
+        result, error = got.get(timeout=60)
+        assert error is None, error.message()
+        if result.as_numpy("OUT") is None:
+            break
+        outs.append(float(result.as_numpy("OUT")[0]))
+    client.stop_stream()
+    assert sorted(outs) == [30.0, 31.0, 32.0]

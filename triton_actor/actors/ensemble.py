@@ -187,12 +187,14 @@ class EnsembleScheduler(InlineActor):
         self._settle(run, table)
 
     def _publish(self, run: _Run, table: _Table, outputs: dict[str, InferInput]) -> None:
-        """A plain step's outputs go to its table and to the forks made from it meanwhile."""
+        """A plain step's outputs go to its table and to the forks made from it meanwhile; the forks
+        first, so none of them settles (when the table does) before it has them."""
         table.tensors.update(outputs)
-        self._advance(run, table)
         for child in list(table.children):
             if not child.settled and not run.failed:
                 self._publish(run, child, outputs)
+        if not run.failed:
+            self._advance(run, table)
 
     def _start(self, run: _Run, table: _Table, step: Step) -> None:
         table.started.add(step.index)
