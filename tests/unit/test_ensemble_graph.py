@@ -171,3 +171,22 @@ def test_dependencies_load_order_and_unload_dependents() -> None:
     assert graph.to_unload("ens", ["ens", "pre", "left", "inner"]) == ["pre", "inner", "left"]
     graph.implicit.discard("pre")  # loaded explicitly later: stays
     assert graph.to_unload("ens", ["ens", "pre", "left", "inner"]) == ["inner", "left"]
+
+
+def test_a_step_fed_by_two_different_decoupled_models() -> None:
+    cfg = _ensemble()
+    graph = check_scheduling(cfg)
+    streaming = {n: _model(n) for n in ("left", "right")}
+    for c in streaming.values():
+        c.model_transaction_policy.decoupled = True
+    check_composing(cfg, graph, _models(**streaming))  # two streams side by side: fine
+    joined = STEPS + """ step [ { model_name: "join" model_version: -1 input_map { key: "X" value: "L" } input_map { key: "Z" value: "R" }
+                                 output_map { key: "Y" value: "J" } } ]"""
+    cfg = _ensemble(joined)
+    cfg.output.add(name="J", data_type=cfg.output[0].data_type, dims=[2])
+    cfg.output.remove(cfg.output[0])
+    cfg.output.remove(cfg.output[0])
+    join = _model("join")
+    join.input.add(name="Z", data_type=join.input[0].data_type, dims=[2])
+    assert _fails(check_composing, cfg, check_scheduling(cfg), _models(**streaming, join=join)) == (
+        "in ensemble ens, step of model 'join' receives inputs originated from different decoupled models: left, right")

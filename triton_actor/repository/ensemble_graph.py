@@ -201,6 +201,28 @@ def check_composing(cfg: ModelConfig, graph: Graph, models: Mapping[str, Composi
             raise _bad(f"ensemble {name} allows maximum batch size {cfg.max_batch_size}, but it contains model "
                        f"{step.model} which only allows maximum batch size to be {composing.max_batch_size}")
         _check_mapping(name, step, composing, tensors)
+    _check_decoupled_origins(cfg, graph, models)
+
+
+def _check_decoupled_origins(cfg: ModelConfig, graph: Graph, models: Mapping[str, Composing]) -> None:
+    """Triton refuses a step whose inputs come from two different decoupled models: their responses
+    cannot be paired (each response of one drives the steps after it on its own)."""
+    origins: dict[str, frozenset[str]] = {t: frozenset() for t in graph.inputs}
+    pending = list(graph.steps)
+    while pending:
+        ready = [s for s in pending if all(t in origins for _, t in s.inputs)]
+        if not ready:
+            return  # not reachable for a graph check_scheduling accepted
+        for step in ready:
+            pending.remove(step)
+            sources = frozenset().union(*(origins[t] for _, t in step.inputs))
+            if len(sources) > 1:
+                raise _bad(f"in ensemble {cfg.name}, step of model '{step.model}' receives inputs originated from "
+                           f"different decoupled models: {', '.join(sorted(sources))}")
+            composing = models[step.model].config
+            decoupled = composing is not None and composing.model_transaction_policy.decoupled
+            for _, t in step.outputs:
+                origins[t] = frozenset({step.model}) if decoupled else sources
 
 
 @dataclass(frozen=True, slots=True)
