@@ -29,7 +29,7 @@ def start_ours(repo: Path, http: int, grpc: int, variant: str) -> subprocess.Pop
     """The server as shipped (``variant`` names it in the table)."""
     args = [sys.executable, "-m", "triton_actor", "--model-repository", str(repo), "--http-port", str(http),
             "--http-address", "127.0.0.1", "--grpc-port", str(grpc), "--grpc-address", "127.0.0.1",
-            "--log-info=false"]
+            "--log-info=false", "--allow-metrics=false"]
     return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 

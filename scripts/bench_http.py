@@ -10,6 +10,10 @@ ratio ours/Triton. Resident memory is read from /proc (Triton: server + its pyth
     .venv/bin/python scripts/bench_http.py --rounds 3
 
 Writes ``bench_out/http.json`` and ``bench_out/http.md``.
+
+``--metrics-compare`` measures what metrics cost instead (no Triton): triton_actor with ``--allow-metrics=false``
+against triton_actor with metrics on and ``/metrics`` scraped every ``--scrape-interval-ms`` (as Prometheus
+would) during the run; the ratio column is metrics on / metrics off (issue 12's goal: >= 0.95 at c=4).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -75,7 +80,8 @@ def rss_kb(pid: int, with_children: bool) -> int:
 def start_ours(repo: Path, port: int, *extra: str, log: Path | None = None) -> subprocess.Popen:
     """Our server on ``repo`` (extra flags appended); its output goes to ``log`` if given, else nowhere."""
     args = [sys.executable, "-m", "triton_actor", "--model-repository", str(repo), "--http-port", str(port),
-            "--http-address", "127.0.0.1", "--log-info=false", "--allow-grpc=false", *extra]
+            "--http-address", "127.0.0.1", "--log-info=false", "--allow-grpc=false",
+            "--allow-metrics=false", *extra]  # metrics off unless extra turns them on (the last flag wins)
     out = log.open("wb") if log else subprocess.DEVNULL
     try:
         return subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
@@ -89,6 +95,37 @@ def copy_add_sub(repo: Path) -> None:
     config.pbtxt and model.py, no parameter of ours), served unchanged by both servers."""
     shutil.copytree(ROOT / "scripts" / "triton_reference" / "add_sub", repo / "add_sub",
                     ignore=shutil.ignore_patterns("__pycache__"))
+
+
+def start_metrics_off(repo: Path, port: int) -> subprocess.Popen:
+    return start_ours(repo, port)
+
+
+class MetricsScraper:
+    """``--metrics-compare``: our server with /metrics on a free port, scraped every ``interval_s`` from a thread."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.port = free_port()
+        self.interval_s = interval_s
+        self.scrapes = 0
+        self._stop = threading.Event()
+
+    def start_server(self, repo: Path, port: int) -> subprocess.Popen:
+        proc = start_ours(repo, port, "--allow-metrics=true", "--metrics-port", str(self.port), "--metrics-address", "127.0.0.1")
+        threading.Thread(target=self._run, daemon=True).start()
+        return proc
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
+                    r.read()
+                self.scrapes += 1
+            except OSError:
+                pass  # not listening yet, or stopping
+
+    def stop(self) -> None:
+        self._stop.set()
 
 
 def start_triton(repo: Path, port: int) -> subprocess.Popen:
@@ -137,7 +174,16 @@ def main() -> int:
     ap.add_argument("--window-ms", type=int, default=3000)
     ap.add_argument("--no-triton", action="store_true", help="measure triton_actor only")
     ap.add_argument("--out", type=Path, default=ROOT / "bench_out")
+    ap.add_argument("--metrics-compare", action="store_true",
+                    help="triton_actor with metrics off vs on (scraped during the run); no Triton")
+    ap.add_argument("--stability", type=int, default=20,
+                    help="perf_analyzer's stability percentage (raise it on a busy machine)")
+    ap.add_argument("--scrape-interval-ms", type=int, default=1000, help="--metrics-compare: scrape period")
     args = ap.parse_args()
+    scraper = MetricsScraper(args.scrape_interval_ms / 1000) if args.metrics_compare else None
+    starters = ((("metrics_off", start_metrics_off), ("metrics_on", scraper.start_server)) if scraper else
+                (("triton_actor", start_metrics_off), ("triton", start_triton)))
+    base = "metrics_off" if scraper else "triton"
     if not (TOOLS / "perf_analyzer").exists():
         raise SystemExit(f"{TOOLS}/perf_analyzer missing: run scripts/install_bench_tools.sh")
     conc = [int(c) for c in args.concurrency.split(",")]
@@ -145,7 +191,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="bench_http_"))
     servers: dict[str, tuple[subprocess.Popen, int]] = {}
     try:
-        for name, starter in (("triton_actor", start_ours), ("triton", start_triton)):
+        for name, starter in starters:
             if name == "triton" and args.no_triton:
                 continue
             repo = work / name
@@ -164,30 +210,34 @@ def main() -> int:
             for c in conc:
                 for name, (_, port) in servers.items():
                     step += 1
-                    res = perf(port, c, args.window_ms, work / "pa.csv")
+                    res = perf(port, c, args.window_ms, work / "pa.csv", stability=args.stability)
                     results[name][c].append(res)
                     print(f"[bench {step}/{steps}] round {r + 1} c={c} {name:12s} {res['rps']:8.0f} infer/s "
                           f"p50 {res['p50_us']:5.0f} us p99 {res['p99_us']:5.0f} us", flush=True)
         memory_after = {n: rss_kb(p.pid, n == "triton") / 1024 for n, (p, _) in servers.items()}
     finally:
+        if scraper is not None:
+            scraper.stop()
+            print(f"[bench] /metrics scraped {scraper.scrapes} times during the run", flush=True)
         stop_servers([proc for proc, _ in servers.values()], work)
     med = {n: {c: {k: statistics.median(x[k] for x in runs) for k in runs[0]} for c, runs in per.items()}
            for n, per in results.items()}
-    lines = ["| concurrency | server | infer/s (median) | p50 µs | p99 µs | ratio vs Triton (infer/s) |",
+    lines = [f"| concurrency | server | infer/s (median) | p50 µs | p99 µs | ratio vs {base} (infer/s) |",
              "|---|---|---|---|---|---|"]
     for c in conc:
         for name in servers:
             m = med[name][c]
-            ratio = f"{m['rps'] / med['triton'][c]['rps']:.2f}x" if "triton" in med else "-"
+            ratio = f"{m['rps'] / med[base][c]['rps']:.2f}x" if base in med else "-"
             lines.append(f"| {c} | {name} | {m['rps']:.0f} | {m['p50_us']:.0f} | {m['p99_us']:.0f} | "
-                         f"{ratio if name != 'triton' else '1.00x'} |")
+                         f"{ratio if name != base else '1.00x'} |")
     lines.append("")
     lines.append("Resident memory, add_sub loaded (Triton: server + its python stub): " + ", ".join(
         f"{n} {memory[n]:.0f} MB at start, {memory_after[n]:.0f} MB after the run" for n in servers))
     table = "\n".join(lines)
     print(table)
-    (args.out / "http.md").write_text(table + "\n")
-    (args.out / "http.json").write_text(json.dumps({"results": results, "median": med, "memory_mb": memory,
+    stem = "http_metrics" if scraper else "http"
+    (args.out / f"{stem}.md").write_text(table + "\n")
+    (args.out / f"{stem}.json").write_text(json.dumps({"results": results, "median": med, "memory_mb": memory,
                                                     "memory_after_mb": memory_after, "load": os.getloadavg()},
                                                    indent=1))
     return 0

@@ -11,9 +11,15 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 # grpcio's own threads, which the patching turned into greenlets; grpcio's documented gevent
 # integration makes them cooperative. (The server never calls this: it serves gRPC on its own HTTP/2
 # in hub greenlets, triton_actor/frontends/grpc_h2.py; it always runs in a subprocess here.)
+# grpcio's gevent integration needs ``threading`` patched too, which the server's bootstrap leaves
+# native (its docstring says why): the test process patches it before the bootstrap, whose own patching
+# then sees the work done. In-process model loads still import under backends.base.IMPORT_LOCK.
+from gevent import monkey
 from grpc.experimental import gevent as grpc_gevent
 
-import triton_actor.bootstrap  # noqa: F401
+monkey.patch_all(subprocess=False, os=False, signal=False)
+
+import triton_actor.bootstrap  # noqa: E402, F401
 
 grpc_gevent.init_gevent()
 

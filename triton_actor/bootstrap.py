@@ -1,23 +1,30 @@
 """Process bootstrap: gevent monkey-patching, done once, before anything else imports.
 
-The CLI, the gunicorn config and the tests import this module first. ``subprocess``, ``os`` and
-``signal`` stay as the standard library has them: gevent's subprocess only works on the hub's
-(default) loop, but model code runs on instance threads and does spawn processes (``import torch``
-runs ``ldconfig`` through ``ctypes.util.find_library``; a ``model.py`` may call ``subprocess.run``),
-and with ``os`` patched (gevent's fork/waitpid) the stdlib subprocess hangs on its second
-``capture_output`` call; gevent patches ``signal`` only together with ``os``. The hub never spawns
-processes; SIGINT/SIGTERM go through ``gevent.signal_handler``.
+The CLI, the gunicorn worker and the tests import this module first. It uses public gevent API only and
+touches no interpreter internals (supported: CPython 3.10-3.13).
 
-``queue`` IS patched: with ``threading`` patched, ``concurrent.futures`` (used by model code) runs
-its workers as greenlets, and an unpatched queue would block the hub. (feasibility's watchdog note
-asks for ``queue=False``; POLL mode runs watchdog's inotify emitter, without its Observer, on a
-native thread of its own instead: ``actors/watcher.py``.) The thread bridge uses the C ``_queue`` module directly.
+What is patched: ``socket``, ``ssl``, ``select``, ``time`` and the rest of ``patch_all``'s defaults, so
+the hub's I/O cooperates. What is **not**:
+
+* ``thread`` / ``threading`` / ``queue`` stay native (a native thread waiting on a gevent queue that
+  another thread fills never wakes: ``concurrent.futures`` in model code needs both native). Model instances run on native threads (thread-per-instance, the
+  thread bridge in ``actors/bridge.py``), model code starts threads of its own (a ``ThreadPoolExecutor``
+  in ``initialize``), POLL's inotify emitter runs on one, and importlib's per-module import locks come from
+  ``_thread``: with ``_thread`` patched those locks are gevent locks that native threads loading models in
+  parallel cannot share (first imports of one module on two load threads failed or hung). Native
+  ``threading`` keeps all of these correct without reaching into importlib (which an earlier version
+  did, and which broke on 3.12). The hub's own code never blocks on a ``threading`` primitive: actors use
+  gevent queues and events, and native threads meet the hub only through the bridge.
+* ``subprocess``, ``os`` and ``signal``: gevent's subprocess only works on the hub's (default) loop, but
+  model code runs on instance threads and does spawn processes (``import torch`` runs ``ldconfig``; a
+  ``model.py`` may call ``subprocess.run``), and with ``os`` patched (gevent's fork/waitpid) the stdlib
+  subprocess hangs on its second ``capture_output`` call; gevent patches ``signal`` only together with
+  ``os``. The hub never spawns processes; SIGINT/SIGTERM go through ``gevent.signal_handler``.
 """
 
 from __future__ import annotations
 
 import os
-import types
 
 from gevent import monkey
 
@@ -27,25 +34,6 @@ from gevent import monkey
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 if not monkey.is_module_patched("socket"):
-    # importlib's per-module import locks come from ``_thread``, which the patching turns into gevent
-    # locks: native threads (model instances loading in parallel) cannot share those, and two first
-    # imports of one module on two load threads failed or hung. importlib keeps the native primitives,
-    # bound before patching so that imports already in progress (this one) stay consistent. Greenlets
-    # of one thread then share an import-lock owner, as in an unpatched interpreter; an import that
-    # yields to another greenlet half-way is the (rare) case this trades away.
-    import _frozen_importlib
-    import _thread
-
-    _native_ident = _thread.get_ident
-    _frozen_importlib._thread = types.SimpleNamespace(allocate_lock=_thread.allocate_lock, get_ident=_native_ident)
-
-    monkey.patch_all(subprocess=False, os=False, signal=False)
-
-    # gevent re-owned the import locks held right now (this import's) by its greenlet ids; give them back
-    import gc
-
-    for _lock in gc.get_objects():
-        if isinstance(_lock, _frozen_importlib._ModuleLock) and _lock.owner is not None:
-            _lock.owner = _native_ident()
+    monkey.patch_all(thread=False, threading=False, queue=False, subprocess=False, os=False, signal=False)
 
 PATCHED = True

@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from . import __version__, fastpath
+from . import __version__, fastpath, runtime_settings
+from .metrics.config import parse_metrics_config
 from .settings import Settings, default_grpc_max_connections
 
 _TRUE = {"true", "1", "yes", "on"}
@@ -89,6 +90,35 @@ def _grpc_tls(args: argparse.Namespace) -> dict[str, object]:
                 grpc_idle_timeout_secs=args.grpc_idle_timeout_secs)
 
 
+def _metrics_flags(p: argparse.ArgumentParser) -> None:
+    """Prometheus /metrics (Triton's flags) and the StatsD push."""
+    _flag(p, "--allow-metrics", True, "serve Prometheus metrics at /metrics on the metrics port")
+    p.add_argument("--metrics-port", type=int, default=8002, help="0 picks a free port (logged at start)")
+    p.add_argument("--metrics-address", default="0.0.0.0")
+    p.add_argument("--metrics-interval-ms", type=int, default=2000, help="CPU/GPU gauge sampling period")
+    p.add_argument("--metrics-config", action="append", default=[], metavar="SETTING=VALUE",
+                   help="counter_latencies, summary_latencies, histogram_latencies, summary_quantiles (repeatable)")
+    p.add_argument("--statsd-host", default="", help="push metrics to this StatsD daemon (default: no push)")
+    p.add_argument("--statsd-port", type=int, default=8125)
+    p.add_argument("--statsd-prefix", default="triton", help="prefix of every StatsD metric name")
+    p.add_argument("--statsd-interval-ms", type=int, default=1000, help="StatsD push period")
+    _flag(p, "--statsd-tags", False, "send model, version and reason as Graphite tags (name;model=...)")
+
+
+def _metrics_settings(args: argparse.Namespace) -> dict[str, object]:
+    try:
+        config = parse_metrics_config(args.metrics_config)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+    if args.metrics_interval_ms < 1 or args.statsd_interval_ms < 1:
+        raise SystemExit("error: --metrics-interval-ms and --statsd-interval-ms must be >= 1")
+    return dict(metrics_port=args.metrics_port, allow_metrics=args.allow_metrics,
+                metrics_address=args.metrics_address, metrics_interval_ms=args.metrics_interval_ms,
+                metrics_config=config, statsd_host=args.statsd_host, statsd_port=args.statsd_port,
+                statsd_prefix=args.statsd_prefix, statsd_interval_ms=args.statsd_interval_ms,
+                statsd_tags=args.statsd_tags)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="triton-actor", description="A Triton-compatible inference server in Python.")
     p.add_argument("--version", action="version", version=f"triton-actor {__version__}")
@@ -106,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grpc-infer-allocation-pool-size", type=int, default=8, help="accepted for compatibility; unused")
     for flag, (_arg, default) in GRPC_KEEPALIVE.items():
         p.add_argument(flag, type=_int_or_bool, default=default, help=f"gRPC keepalive (default {default})")
-    p.add_argument("--metrics-port", type=int, default=8002, help="reserved: metrics arrive in a later version")
+    _metrics_flags(p)
     p.add_argument("--http-max-input-size", type=int, default=64 * 1024 * 1024, help="bytes, also after decompression")
     p.add_argument("--http-max-connections", type=int, default=1024,
                    help="open HTTP connections (lowered to leave a quarter of the descriptor limit free)")
@@ -132,7 +162,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fast-paths", type=_bool, nargs="?", const=True, default=None, metavar="BOOL",
                    help="every fast path (caches, inline execution, ...) on or off; default: on, or the "
                         "TRITON_ACTOR_FAST_PATHS environment variable")
+    p.add_argument("--http-restricted-api", action="append", default=[], metavar="<API>[,<API>...]:<key>=<value>",
+                   help="restrict API categories to requests carrying the header <key> with <value> (Triton's)")
+    p.add_argument("--grpc-restricted-protocol", action="append", default=[],
+                   metavar="<API>[,<API>...]:<key>=<value>", help="the same for gRPC (metadata key)")
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="worker processes serving the same ports under gunicorn's arbiter (default 1: "
+                        "one process, no arbiter); see conf/gunicorn.conf.py")
+    _trace_flags(p)
     return p
+
+
+def _trace_flags(p: argparse.ArgumentParser) -> None:
+    """Triton's ``--trace-config`` and its deprecated single flags (tracing.py records the traces)."""
+    p.add_argument("--trace-config", action="append", default=[], metavar="[MODE,]KEY=VALUE",
+                   help="trace settings: level=TIMESTAMPS|TENSORS|OFF, rate=N, count=N, triton,file=PATH, "
+                        "triton,log-frequency=N")
+    for flag, dest in (("--trace-file", "trace_file"), ("--trace-level", "trace_level"),
+                       ("--trace-rate", "trace_rate"), ("--trace-count", "trace_count"),
+                       ("--trace-log-frequency", "log_frequency")):
+        p.add_argument(flag, action="append", default=[], dest=f"deprecated_{dest}", help="deprecated: --trace-config")
+
+
+def _trace_settings(args: argparse.Namespace) -> dict[str, list[str]]:
+    old = {k[len("deprecated_"):]: v for k, v in vars(args).items() if k.startswith("deprecated_trace") or
+           k == "deprecated_log_frequency"}
+    try:
+        return runtime_settings.trace_config(args.trace_config, old)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
 
 
 def parse(argv: Sequence[str] | None = None, environ: dict[str, str] | None = None) -> Settings:
@@ -147,6 +205,16 @@ def parse(argv: Sequence[str] | None = None, environ: dict[str, str] | None = No
         raise SystemExit("error: --load-model='*' must be the only --load-model if given at all")
     if args.repository_poll_secs < 0:
         raise SystemExit("error: --repository-poll-secs must be >= 0")
+    from .protocol.restricted import Restrictions
+
+    for flag, specs in (("--http-restricted-api", args.http_restricted_api),
+                        ("--grpc-restricted-protocol", args.grpc_restricted_protocol)):
+        try:
+            Restrictions(specs, flag)
+        except ValueError as e:
+            raise SystemExit(f"error: {e}") from None
+    if args.workers < 1:
+        raise SystemExit("error: --workers must be >= 1")
     if args.model_load_thread_count < 1:
         raise SystemExit("error: --model-load-thread-count must be >= 1")
     return Settings(
@@ -161,7 +229,7 @@ def parse(argv: Sequence[str] | None = None, environ: dict[str, str] | None = No
         grpc_options=(("grpc.so_reuseport", int(args.reuse_grpc_port)),
                       *((arg, int(getattr(args, flag[2:].replace("-", "_")))) for flag, (arg, _) in GRPC_KEEPALIVE.items())),
         **_grpc_tls(args),
-        metrics_port=args.metrics_port,
+        **_metrics_settings(args),
         http_max_input_size=args.http_max_input_size,
         http_max_connections=args.http_max_connections,
         http_header_timeout_secs=args.http_header_timeout_secs,
@@ -181,6 +249,10 @@ def parse(argv: Sequence[str] | None = None, environ: dict[str, str] | None = No
         backend_config=_backend_config(args.backend_config),
         allow_client_shm=args.allow_client_shm,
         fast_paths=fastpath.enabled if args.fast_paths is None else args.fast_paths,
+        workers=args.workers,
+        http_restricted_api=tuple(args.http_restricted_api),
+        grpc_restricted_protocol=tuple(args.grpc_restricted_protocol),
+        trace_config=_trace_settings(args),
     )
 
 
@@ -192,9 +264,15 @@ def configure_logging(settings: Settings) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    settings = parse(argv)
+    if settings.workers > 1:  # gunicorn's arbiter, unpatched; each worker patches after the fork
+        from .workers import arbiter
+
+        arbiter.run(settings, argv)
+        sys.exit(0)
     from . import bootstrap  # noqa: F401 - patch before the server's modules import gevent-sensitive stuff
 
-    settings = parse(argv)
     fastpath.set_enabled(settings.fast_paths)
     configure_logging(settings)
     from .server import Server

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from . import hostwide
 from .actors.bridge import ResponseChannel
 from .actors.handles import READY, ModelHandle, VersionHandle
 from .actors.kernel import Reply
@@ -142,31 +143,32 @@ class DataPlane:
         if self.is_decoupled(name):
             raise TritonError.unsupported("HTTP end point doesn't support models with decoupled transaction policy")
 
-    def _route(self, request: InferRequest) -> tuple[ModelHandle, VersionHandle]:
+    def _route(self, request: InferRequest, internal: bool = False) -> tuple[ModelHandle, VersionHandle]:
         """The version that serves ``request``, with Triton's errors. The caller enqueues right after,
-        without yielding, so a reload's swap cannot slip in between."""
-        if not self.accepting:
+        without yielding, so a reload's swap cannot slip in between. ``internal``: a request made by a
+        model (BLS), served while the server drains at shutdown too, as Triton core allows."""
+        if not self.accepting and not internal:
             raise TritonError.unavailable("Server not ready")
         handle = self.repository.routes.get(request.model_name)
         if handle is None:
             raise TritonError.not_found(f"Request for unknown model: '{request.model_name}' is not found")
         return handle, handle.resolve(request.model_version)
 
-    def infer(self, request: InferRequest) -> Served:
+    def infer(self, request: InferRequest, internal: bool = False) -> Served:
         """Route, validate, queue, wait (this greenlet only)."""
-        pending = self.infer_start(request)
+        pending = self.infer_start(request, internal)
         return Served(pending.reply.get(), pending.version, pending.labels, pending.batching)
 
-    def infer_start(self, request: InferRequest) -> Pending:
+    def infer_start(self, request: InferRequest, internal: bool = False) -> Pending:
         """Route, validate and queue without waiting: for a caller that answers later, or at once
         when a quick model already answered (``pending.reply.ready()``)."""
-        handle, vh = self._route(request)
+        handle, vh = self._route(request, internal)
         return Pending(vh.infer(request), vh.version, vh.labels, handle.config.max_batch_size > 0)
 
-    def infer_stream(self, request: InferRequest) -> Streamed:
+    def infer_stream(self, request: InferRequest, internal: bool = False) -> Streamed:
         """Route, validate and queue a request whose answers are streamed: any number of responses
         from a decoupled model, exactly one from any other. Errors before queueing raise here."""
-        handle, vh = self._route(request)
+        handle, vh = self._route(request, internal)
         batching = handle.config.max_batch_size > 0
         if not handle.config.model_transaction_policy.decoupled:
             return Streamed(vh.version, vh.labels, batching, _one_response(vh.infer(request)))
@@ -199,7 +201,6 @@ class DataPlane:
 
     # -- statistics and repository ----------------------------------------------------------------
     def statistics(self, name: str, version: int) -> dict[str, Any]:
-        stats = []
         if name:
             handle = self.repository.routes.get(name)
             if handle is None or not handle.ready_versions:
@@ -208,13 +209,9 @@ class DataPlane:
                 vh = handle.versions.get(version)
                 if vh is None or vh.state != READY:
                     raise TritonError.invalid_arg(f"requested model version is not available for model '{name}'")
-                targets = [vh]
-            else:
-                targets = [handle.versions[v] for v in handle.ready_versions]
-        else:
-            targets = [h.versions[v] for _, h in sorted(self.repository.routes.items()) for v in h.ready_versions]
-        for vh in targets:
-            stats.append(payloads.model_statistics(vh.statistics()))
+        # every worker's counters, added up (one process: just this one's)
+        per_worker = self.host.gather("statistics", {"name": name, "version": version})
+        stats = [payloads.model_statistics(snap) for snap in hostwide.sum_statistics(per_worker)]
         return {"model_stats": stats}
 
     def repository_index(self, ready_only: bool) -> list[dict[str, Any]]:
@@ -231,8 +228,8 @@ class DataPlane:
         for key, value in files.items():
             if not isinstance(value, bytes):
                 raise TritonError.invalid_arg(f"failed to load '{name}': file override '{key}' must be bytes")
-        self.repository.ref.load(name, config, files).get()
+        self.host.broadcast("model.load", {"name": name, "config": config, "files": files})
 
     def unload_model(self, name: str, unload_dependents: bool) -> None:
         """Repository extension ``unload`` (HTTP and gRPC): returns before the model is gone."""
-        self.repository.ref.unload(name, unload_dependents).get(timeout=60)
+        self.host.broadcast("model.unload", {"name": name, "unload_dependents": unload_dependents})

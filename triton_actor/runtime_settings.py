@@ -1,16 +1,19 @@
 """The settings clients may change at run time: logging and trace (spec §1.12, §1.13).
 
 One owner for both front ends. Every method runs in a hub greenlet and completes without switching,
-so updates are atomic. Log settings act on Python's logging levels; trace settings are stored and
-reported as Triton reports them (this server records no traces yet).
+so updates are atomic. Log settings act on Python's logging levels; every trace settings change is
+pushed into the process's :class:`~.tracing.Tracer`, which records the traces (``tracing.py``).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import TritonError
+
+if TYPE_CHECKING:
+    from .tracing import Tracer
 
 _LOG_BOOLS = ("log_info", "log_warning", "log_error")
 _TRACE_DEFAULTS: dict[str, list[str]] = {"trace_level": ["OFF"], "trace_rate": ["1000"], "trace_count": ["-1"],
@@ -20,11 +23,20 @@ _TRACE_DEFAULTS: dict[str, list[str]] = {"trace_level": ["OFF"], "trace_rate": [
 class RuntimeSettings:
     """Current log settings and global / per-model trace settings."""
 
-    def __init__(self, log_info: bool = True, log_verbose: int = 0) -> None:
+    def __init__(self, log_info: bool = True, log_verbose: int = 0, trace: dict[str, list[str]] | None = None,
+                 tracer: Tracer | None = None) -> None:
         self.log: dict[str, Any] = {"log_file": "", "log_info": log_info, "log_warning": True, "log_error": True,
                                     "log_verbose_level": log_verbose, "log_format": "default"}
         self.trace: dict[str, list[str]] = {k: list(v) for k, v in _TRACE_DEFAULTS.items()}
         self.model_trace: dict[str, dict[str, list[str]]] = {}
+        if tracer is None:
+            from .tracing import TRACER  # here, not at import: the CLI imports this module before gevent is patched
+
+            tracer = TRACER
+        self.tracer = tracer
+        if trace:  # --trace-config at start-up (trace_file may be set here, and only here)
+            self.trace.update({k: list(v) for k, v in trace.items() if k in _TRACE_DEFAULTS})
+        tracer.configure(self.trace, self.model_trace)
 
     # -- logging ----------------------------------------------------------------------------------
     def update_log(self, changes: dict[str, Any]) -> dict[str, Any]:
@@ -62,7 +74,9 @@ class RuntimeSettings:
 
     # -- trace ------------------------------------------------------------------------------------
     def trace_settings(self, model: str = "") -> dict[str, list[str]]:
-        return {**self.trace, **self.model_trace.get(model, {})} if model else dict(self.trace)
+        """The settings in force; ``trace_count`` is what is left of it, as Triton reports it."""
+        current = {**self.trace, **self.model_trace.get(model, {})} if model else dict(self.trace)
+        return {**current, "trace_count": [str(self.tracer.remaining(model))]}
 
     def update_trace(self, changes: dict[str, list[str]], model: str = "") -> dict[str, list[str]]:
         """An empty value list clears the setting (a model falls back to the global value)."""
@@ -81,4 +95,36 @@ class RuntimeSettings:
                 target.pop(key, None)
             else:
                 target[key] = list(_TRACE_DEFAULTS[key])
+        self.tracer.configure(self.trace, self.model_trace)
         return self.trace_settings(model)
+
+
+_CONFIG_KEYS = {"level": "trace_level", "rate": "trace_rate", "count": "trace_count", "mode": "trace_mode",
+                "file": "trace_file", "log-frequency": "log_frequency"}
+
+
+def trace_config(values: list[str], deprecated: dict[str, list[str]] | None = None) -> dict[str, list[str]]:
+    """``--trace-config [mode,]key=value`` flags (and the deprecated ``--trace-level`` etc., given as
+    setting name → values) → start-up trace settings. ``level`` may repeat; OpenTelemetry settings are
+    accepted and ignored (no exporter: see README). Raises ValueError with the flag's problem."""
+    out: dict[str, list[str]] = {k: list(v) for k, v in (deprecated or {}).items() if v}
+    for value in values:
+        mode, _, setting = value.rpartition(",")
+        key, sep, val = setting.partition("=")
+        if not sep or mode not in ("", "triton", "opentelemetry"):
+            raise ValueError(f"invalid --trace-config '{value}': expected [mode,]key=value")
+        if mode == "opentelemetry":
+            continue
+        name = _CONFIG_KEYS.get(key)
+        if name is None:
+            raise ValueError(f"invalid --trace-config '{value}': unknown setting '{key}'")
+        if name == "trace_level":
+            if val not in ("OFF", "TIMESTAMPS", "TENSORS"):
+                raise ValueError(f"invalid --trace-config '{value}': level must be OFF, TIMESTAMPS or TENSORS")
+            levels = [v for v in out.get(name, []) if v != "OFF"]
+            out[name] = [*levels, val] if val != "OFF" else ["OFF"]
+        else:
+            if name in ("trace_rate", "trace_count", "log_frequency") and not val.lstrip("-").isdigit():
+                raise ValueError(f"invalid --trace-config '{value}': '{val}' is not an integer")
+            out[name] = [val]
+    return out

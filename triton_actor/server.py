@@ -15,6 +15,7 @@ from typing import Any
 import gevent
 import gevent.event
 
+from . import hostwide, live_status
 from .actors.model import LoadSettings
 from .actors.repository import RepositoryActor
 from .backends.base import Backend
@@ -28,9 +29,14 @@ from .frontends.grpc_h2 import GrpcH2Server
 from .frontends.http import HttpFrontend
 from .frontends.http_routes import create_app
 from .frontends.http_server import HttpServer
+from .frontends.metrics_server import MetricsServer
 from .host import Host, LocalHost
+from .metrics.snapshot import MetricsSource
+from .metrics.statsd_push import StatsdPusher
 from .protocol import http1
+from .protocol.restricted import Restrictions
 from .runtime_settings import RuntimeSettings
+from .server_calls import ServerCalls
 from .settings import Settings
 from .shared_memory import SharedMemoryRegistry
 
@@ -62,14 +68,27 @@ class Server:
             auto_complete=settings.auto_complete,
             config_name=settings.model_config_name,
             backend_config=settings.backend_config,
+            latency_metrics=(settings.metrics_config.summary_latencies, settings.metrics_config.histogram_latencies),
+            workers=settings.workers,
         )
         backends = backends or default_backends(settings.backend_config)
         self.repository = RepositoryActor(list(settings.model_repositories), backends, load,
                                           settings.model_control_mode, settings.load_models,
                                           settings.repository_poll_secs, settings.model_load_thread_count)
+        shm = SharedMemoryRegistry(settings.allow_client_shm, load.gpu_count)
+        runtime = RuntimeSettings(settings.log_info, settings.log_verbose, settings.trace_config)
+        runtime.tracer.for_worker(self.host.worker_id)  # trace ids and files apart per worker (tracing.py)
+        hostwide.register_handlers(self.host, self.repository, shm, runtime)
         self.plane = DataPlane(self.repository, settings.server_id, settings.strict_readiness,
-                               SharedMemoryRegistry(settings.allow_client_shm, load.gpu_count),
-                               RuntimeSettings(settings.log_info, settings.log_verbose), self.host)
+                               hostwide.HostSharedMemory(shm, self.host),  # type: ignore[arg-type]
+                               hostwide.HostRuntimeSettings(runtime, self.host),  # type: ignore[arg-type]
+                               self.host)
+        self.server_calls = ServerCalls(self.plane)  # BLS and model control from Python models
+        self.host.register("status", lambda args: live_status.local_status(self.plane, args))  # the status page
+        self.metrics_source = MetricsSource(self.repository)  # this process's share of /metrics
+        self.host.register("metrics", self.metrics_source)
+        self.metrics: MetricsServer | None = None
+        self.statsd: StatsdPusher | None = None
         self.http: HttpServer | None = None
         self.frontend: HttpFrontend | None = None
         self.grpc: GrpcH2Server | None = None
@@ -83,52 +102,103 @@ class Server:
 
     def start(self) -> None:
         """Listen (live, not ready), load every model, then accept inference."""
-        s = self.settings
+        self.start_actors()
+        self.serve()
+        self.load_models()
+        self.plane.accepting = True
+
+    def start_actors(self) -> None:
+        """The repository actor (nothing loaded yet), with the hooks models call the server through."""
+        self.server_calls.install()
         self.repository.start()
+
+    def serve(self, listeners: dict[str, Any] | None = None) -> None:
+        """Start the front ends; ``listeners`` (``"http"``, ``"grpc"``, ``"metrics"``): sockets bound already
+        (a worker's)."""
+        s = self.settings
+        listeners = listeners or {}
         if s.allow_grpc:
             self.grpc = GrpcH2Server.from_settings(GrpcServicer(self.plane), s)
-            log.info("Started GRPCInferenceService at %s:%d", s.grpc_address, self.grpc.start())
+            log.info("Started GRPCInferenceService at %s:%d", s.grpc_address, self.grpc.start(listeners.get("grpc")))
         if s.allow_http:
-            self.frontend = HttpFrontend(create_app(self.plane), s.http_max_input_size)
+            self.frontend = HttpFrontend(create_app(self.plane), s.http_max_input_size,
+                                         Restrictions(s.http_restricted_api, "--http-restricted-api"))
             limits = http1.Limits(max_body=s.http_max_input_size, header_timeout=s.http_header_timeout_secs,
                                   body_timeout=s.http_body_timeout_secs, keepalive_timeout=s.http_keepalive_timeout_secs)
-            self.http = HttpServer(s.http_address, s.http_port, self.frontend, limits, s.http_max_connections)
+            self.http = HttpServer(s.http_address, s.http_port, self.frontend, limits, s.http_max_connections,
+                                   listeners.get("http"))
             self.http.start()
             log.info("Started HTTPService at %s:%d", s.http_address, self.http.server_port)
+        self._start_metrics(listeners.get("metrics"))
         self.plane.live = True
+
+    def load_models(self) -> None:
+        """Load the models the control mode starts with; raises StartupError under --exit-on-error."""
         failures = self.repository.ref.load_all().get()
         for name, reason in sorted(failures.items()):
             log.error("model '%s' failed to load: %s", name, reason)
-        if failures and s.exit_on_error:
+        if failures and self.settings.exit_on_error:
             raise StartupError(f"{len(failures)} model(s) failed to load: {', '.join(sorted(failures))}")
-        self.plane.accepting = True
         log.info("server is ready: %d model(s) loaded, %d failed",
                  len(self.repository.routes) - len(failures), len(failures))
 
-    def stop(self) -> None:
-        """Stop accepting, drain in-flight requests, finalize the models (idempotent)."""
+    def _start_metrics(self, listener: Any = None) -> None:
+        """``/metrics`` (on ``listener``, a bound listening socket, or on the flags' address and port) and
+        the StatsD push (every worker pushes its own changes, which StatsD adds up: statsd_push.py)."""
+        s = self.settings
+        if s.allow_metrics:
+            self.metrics = MetricsServer(self.host, s.metrics_config, listener or (s.metrics_address, s.metrics_port),
+                                         s.metrics_interval_ms / 1000)
+            log.info("Started Metrics Service at %s:%d", s.metrics_address, self.metrics.start())
+        if s.statsd_host:
+            system = (lambda: self.metrics.sampler.values) if self.metrics is not None else None
+            self.statsd = StatsdPusher(lambda: self.metrics_source({}), s.statsd_host, s.statsd_port,
+                                       s.statsd_prefix, s.statsd_interval_ms / 1000, system, s.statsd_tags)
+            self.statsd.start()
+            log.info("Pushing metrics to StatsD at %s:%d every %d ms", s.statsd_host, s.statsd_port,
+                     s.statsd_interval_ms)
+
+    def stop(self, handover: bool = False) -> None:
+        """Stop accepting, drain in-flight requests, finalize the models (idempotent).
+
+        ``handover`` (a worker leaving while others serve): requests that still arrive on open
+        connections are served, not refused -- HTTP answers them with ``Connection: close`` and gRPC
+        refuses only new streams after its GOAWAY (clients retry those elsewhere) -- so a rolling restart
+        fails none. A lone server refuses them ("Server not ready"), as Triton does at shutdown."""
         if self._stopping:
             self._stopped.wait()
             return
         self._stopping = True
         log.info("shutting down: waiting up to %.0f s for in-flight requests", self.settings.exit_timeout_secs)
-        self.plane.accepting = False
+        if not handover:
+            self.plane.accepting = False
         grpc_stop = gevent.spawn(self.grpc.stop, self.settings.exit_timeout_secs) if self.grpc is not None else None
         if self.http is not None:
             self.http.close()  # no new connections; requests already being handled run to completion
             if not self.frontend.wait_idle(self.settings.exit_timeout_secs):
                 log.warning("%d request(s) still running after %.0f s", self.frontend.in_flight,
                             self.settings.exit_timeout_secs)
+            # a keep-alive client that sends its next request now is answered (with Connection: close)
+            # rather than cut off mid-send: busy clients leave by themselves within a request's time
+            self.http.wait_closed(min(2.0, self.settings.exit_timeout_secs))
             self.http.stop(timeout=1)
         if grpc_stop is not None:
             grpc_stop.join()  # gRPC refuses new RPCs and waits for running ones, alongside HTTP's drain
+        self.plane.accepting = False
+        if self.statsd is not None:
+            self.statsd.stop()  # one last push: the requests that just finished
+        if self.metrics is not None:
+            self.metrics.stop()
         try:
             self.repository.ref.unload_all().get(self.settings.exit_timeout_secs)
         except Exception as e:  # noqa: BLE001
             log.error("unloading models at shutdown: %s", e)
         self.plane.live = False
+        if not self.plane.runtime.tracer.flush(timeout=10):
+            log.warning("traces still being written at shutdown")
         self.plane.shm.close()
         self.repository.stop(timeout=5)
+        self.server_calls.uninstall()
         self._stopped.set()
         log.info("server stopped")
 

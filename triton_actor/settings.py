@@ -6,6 +6,8 @@ import resource
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .metrics.config import MetricsConfig
+
 
 def default_grpc_max_connections() -> int:
     """min(1000, half the soft RLIMIT_NOFILE): each connection is a descriptor, and models, files and
@@ -38,6 +40,15 @@ class Settings:
     grpc_header_timeout_secs: float = 60.0  # TLS handshake, preface, SETTINGS or a header block (nginx's)
     grpc_idle_timeout_secs: float = 180.0  # a connection without open streams is closed (GOAWAY); 0 = never
     metrics_port: int = 8002
+    allow_metrics: bool = True  # GET /metrics on metrics_address:metrics_port (triton_actor.metrics)
+    metrics_address: str = "0.0.0.0"
+    metrics_interval_ms: int = 2000  # CPU/GPU gauges are sampled this often
+    metrics_config: MetricsConfig = field(default_factory=MetricsConfig)
+    statsd_host: str = ""  # empty: no StatsD push
+    statsd_port: int = 8125
+    statsd_prefix: str = "triton"
+    statsd_interval_ms: int = 1000
+    statsd_tags: bool = False  # model/version/reason as Graphite tags instead of path components
     http_max_input_size: int = 64 * 1024 * 1024
     # HTTP connection bounds, nginx's defaults (worker_connections is 512-1024; client_header_timeout,
     # client_body_timeout, keepalive_timeout)
@@ -58,4 +69,8 @@ class Settings:
     model_config_name: str = ""
     backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
     allow_client_shm: bool = False
+    trace_config: dict[str, list[str]] = field(default_factory=dict)  # --trace-config (runtime_settings.py)
     fast_paths: bool = True  # triton_actor.fastpath: applied process-wide at start-up
+    http_restricted_api: tuple[str, ...] = ()  # --http-restricted-api specs (protocol/restricted.py)
+    grpc_restricted_protocol: tuple[str, ...] = ()  # --grpc-restricted-protocol specs
+    workers: int = 1  # --workers: processes under gunicorn's arbiter (triton_actor/workers/)

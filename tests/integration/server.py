@@ -17,6 +17,7 @@ from gevent import subprocess  # cooperative pipes: the harness reads server log
 ROOT = Path(__file__).resolve().parents[2]
 _PORT = re.compile(r"Started HTTPService at [^ ]+:(\d+)")
 _GRPC_PORT = re.compile(r"Started GRPCInferenceService at [^ ]+:(\d+)")
+_METRICS_PORT = re.compile(r"Started Metrics Service at [^ ]+:(\d+)")
 
 
 class ServerProcess:
@@ -27,13 +28,14 @@ class ServerProcess:
         for repo in repos:
             args += ["--model-repository", str(repo)]
         args += ["--http-port", "0", "--http-address", "127.0.0.1", "--grpc-port", "0", "--grpc-address", "127.0.0.1",
-                 *flags]
+                 "--metrics-port", "0", "--metrics-address", "127.0.0.1", *flags]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(args, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
                                      env=env)
         self.lines: list[str] = []
         self.port: int | None = None
         self.grpc_port: int | None = None
+        self.metrics_port: int | None = None
         self._port_seen = gevent.event.Event()
         self._ready_seen = gevent.event.Event()
         self._reader = gevent.spawn(self._read)
@@ -42,6 +44,9 @@ class ServerProcess:
         assert self.proc.stderr is not None
         for line in self.proc.stderr:
             self.lines.append(line.rstrip("\n"))
+            mp = _METRICS_PORT.search(line)
+            if mp:
+                self.metrics_port = int(mp.group(1))
             g = _GRPC_PORT.search(line)
             if g:
                 self.grpc_port = int(g.group(1))
@@ -61,6 +66,10 @@ class ServerProcess:
     @property
     def grpc_url(self) -> str:
         return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def wait_ready(self, timeout: float = 60) -> ServerProcess:
         """Wait until the server logged that startup finished; raise with its log if it exited."""

@@ -142,6 +142,42 @@ def test_ensemble_answers_and_counts_statistics(tmp_path: Path, start_server, pr
         assert ens["ns"] == sum(stats[m]["inference_stats"][kind]["ns"] for m in ("inc", "dbl"))
     assert stats["ens"]["inference_stats"]["compute_infer"]["ns"] > 0
     assert stats["ens"]["execution_count"] == 0 and stats["ens"]["batch_stats"] == []  # it executes nothing itself
+    with urllib.request.urlopen(f"http://{server.url}/status.json", timeout=30) as answer:  # the status page
+        status = {v["name"]: v for v in json.loads(answer.read())["versions"]}
+    assert status["ens"]["state"] == "READY" and status["ens"]["instances"] == []
+
+
+# a python model that hands its input to the ensemble "ens" through BLS and returns C
+BLS_PY = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "X").as_numpy()
+            answer = pb_utils.InferenceRequest(model_name="ens", requested_output_names=["C"],
+                                               inputs=[pb_utils.Tensor("IN", x)]).exec()
+            if answer.has_error():
+                raise pb_utils.TritonModelException(answer.error().message())
+            c = pb_utils.get_output_tensor_by_name(answer, "C").as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", c)]))
+        return out
+"""
+
+
+def test_a_python_model_calls_an_ensemble_through_bls(tmp_path: Path, start_server) -> None:
+    pipeline(tmp_path)
+    add_model(tmp_path, "caller", _arith_config({}), BLS_PY)
+    server = start_server(tmp_path)
+    client = httpclient.InferenceServerClient(server.url)
+    x = httpclient.InferInput("X", [1, 2], "FP32")
+    x.set_data_from_numpy(np.array([[1, 2]], np.float32))
+    assert client.infer("caller", [x]).as_numpy("Y").tolist() == [[4, 6]]
+    x.set_data_from_numpy(np.array([[-1, 2]], np.float32))
+    with pytest.raises(InferenceServerException) as info:  # the step's error travels back through BLS
+        client.infer("caller", [x])
+    assert "refuses negative input" in info.value.message()
 
 
 def test_independent_branches_run_at_the_same_time(tmp_path: Path, start_server) -> None:

@@ -73,3 +73,41 @@ def test_a_cancelled_queued_call_is_never_run(tmp_path: Path, start_server) -> N
     finally:
         gate.write_text("open")
         client.close()
+
+
+def test_an_http_client_that_disconnects_cancels_its_queued_request(tmp_path: Path, start_server) -> None:
+    """The HTTP side of the same rule: a client that closes its connection while its /infer waits in the
+    queue cancels it, whether the server read the request before or after the close."""
+    import socket
+
+    import orjson
+    import tritonclient.http as httpclient
+
+    log, gate = tmp_path / "executions.log", tmp_path / "gate"
+    repo = tmp_path / "repo"
+    add_model(repo, "gated", CONFIG, MODEL.format(log=str(log), gate=str(gate)))
+    server = start_server(repo)
+    client = httpclient.InferenceServerClient(server.url, concurrency=2)
+    x = httpclient.InferInput("INPUT0", [1], "FP32")
+    x.set_data_from_numpy(np.array([1.0], dtype=np.float32))
+    try:
+        first = client.async_infer("gated", [x])
+        wait_for(lambda: log.exists() and log.read_text() == "1.0\n", what="the first request to run")
+        body = orjson.dumps({"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "FP32", "data": [2.0]}]})
+        host, port = server.url.split(":")
+        with socket.create_connection((host, int(port))) as raw:
+            raw.sendall(b"POST /v2/models/gated/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            for _ in range(5):  # round trips through the server's hub: it has read and queued the request
+                assert client.is_server_live()
+        # closed while queued: the answer could not be delivered any more
+        for _ in range(5):
+            assert client.is_server_live()
+        gate.write_text("open")
+        assert first.get_result().as_numpy("OUTPUT0").tolist() == [1.0]
+        x.set_data_from_numpy(np.array([3.0], dtype=np.float32))
+        assert client.infer("gated", [x]).as_numpy("OUTPUT0").tolist() == [3.0]
+        assert log.read_text() == "1.0\n3.0\n", "the request of the client that left ran"
+    finally:
+        gate.write_text("open")
+        client.close()

@@ -277,3 +277,47 @@ def test_threads_a_job_starts_keep_running_while_the_worker_is_idle(workers) -> 
     assert [channel.receive(timeout=WAIT) for _ in range(3)] == [(0, False), (1, False), (2, True)]
     assert w.submit(lambda s: s + "!").get(timeout=WAIT) == "state!"  # and it still takes jobs
     channel.close()
+
+
+def _blocking_call(calls: object, fn: object, *args: object) -> object:
+    """Native thread: what a model's BLS call does (wait_on_hub), its answer or error returned."""
+    from triton_actor.actors.bridge import wait_on_hub
+
+    try:
+        return ("ok", wait_on_hub(calls, fn, *args))  # type: ignore[arg-type]
+    except Exception as e:
+        return ("error", e)
+
+
+def _on_hub(value: int) -> tuple[int, bool]:
+    gevent.sleep(0.01)  # a greenlet on the hub may yield while the native thread waits
+    return value * 2, gevent.getcurrent() is not gevent.get_hub()
+
+
+def _fails() -> None:
+    raise TritonError.invalid_arg("refused")
+
+
+@pytest.mark.timeout(30)
+def test_a_native_thread_waits_for_a_call_on_the_hub(workers) -> None:
+    from triton_actor.actors.bridge import HubCalls, current_worker
+
+    calls = HubCalls()
+    try:
+        w = _worker(workers, "caller")
+        assert w.submit(lambda _s: current_worker() is w).get(WAIT)  # the thread knows its worker
+        assert current_worker() is None  # the hub is no worker's thread
+        assert w.submit(lambda _s: _blocking_call(calls, _on_hub, 21)).get(WAIT) == ("ok", (42, True))
+        status, error = w.submit(lambda _s: _blocking_call(calls, _fails)).get(WAIT)
+        assert status == "error" and isinstance(error, TritonError) and error.code == Code.INVALID_ARG
+
+        def in_own_hub(_s: object) -> object:
+            gevent.sleep(0)  # this thread now has a gevent hub of its own: the wait is cooperative
+            side = gevent.spawn(lambda: "side greenlet ran")
+            answer = _blocking_call(calls, _on_hub, 1)
+            return answer, side.get(timeout=WAIT)
+
+        assert w.submit(in_own_hub).get(WAIT) == (("ok", (2, True)), "side greenlet ran")
+        assert w.used_hub
+    finally:
+        calls.close()

@@ -30,6 +30,7 @@ S = TypeVar("S")
 _start_native = monkey.get_original("_thread", "start_new_thread")
 _get_ident = monkey.get_original("_thread", "get_ident")
 _allocate_native_lock = monkey.get_original("_thread", "allocate_lock")
+_workers: dict[int, NativeWorker[Any]] = {}  # native thread id → its worker (written by that thread)
 
 
 class NativeWorker(Generic[S]):
@@ -63,11 +64,18 @@ class NativeWorker(Generic[S]):
         self._idle_wake: Any = None
         self._idle_event: Any = None
         self._hub_waiting = False
+        # True once code on this thread called into the server (BLS, model control): such a call
+        # waits for the hub, so the model must never be promoted to run on the hub itself (see
+        # actors/instance.py). Written by the native thread, read by the hub; never goes back.
+        self.calls_server = False
+        self.busy = False  # the native thread is running a submitted call (read by the BLS wait graph)
+        self.tag: Any = None  # what the owner says this worker serves, e.g. (model, version)
         _start_native(self._run, (setup, teardown))
 
     # -- native thread ----------------------------------------------------------------------------
     def _run(self, setup: Callable[[], S], teardown: Callable[[S], None] | None) -> None:
         self.thread_id = _get_ident()
+        _workers[self.thread_id] = self
         state: Any = None
         try:
             state = setup()
@@ -76,21 +84,26 @@ class NativeWorker(Generic[S]):
             self._post(self.ready, False, e)
             self._post(self.stopped, True, True)
             self._drain_unread(e)
+            _workers.pop(self.thread_id, None)
             return
         self.used_hub = get_hub_if_exists() is not None
         self._post(self.ready, True, True)
         try:
             while (item := self._next()) is not None:
                 fn, args, reply = item
+                self.busy = True
                 try:
                     value = fn(state, *args)
                 except BaseException as e:  # noqa: BLE001
+                    self.busy = False
                     self._note_hub()
                     self._post(reply, False, e)
                 else:
+                    self.busy = False
                     self._note_hub()
                     self._post(reply, True, value)
         finally:
+            _workers.pop(self.thread_id, None)
             if teardown is not None:
                 try:
                     teardown(state)
@@ -327,3 +340,130 @@ def start_native_thread(fn: Callable[..., None], *args: Any) -> None:
     """Run ``fn(*args)`` on a new native OS thread (not a greenlet, whatever the patching). It must
     not touch the hub's gevent objects; a :class:`HubSignal` is how it reaches the hub."""
     _start_native(fn, args)
+
+
+def workers_tagged(tag: Any) -> list[NativeWorker[Any]]:
+    """Every running worker whose owner tagged it ``tag`` (any thread; a snapshot)."""
+    return [w for w in list(_workers.values()) if w.tag == tag]
+
+
+def this_thread_hub() -> Any:
+    """The gevent hub of the calling thread, or None if it has none (never creates one)."""
+    return get_hub_if_exists()
+
+
+def current_worker() -> NativeWorker[Any] | None:
+    """The :class:`NativeWorker` whose native thread is calling (None on the hub or another thread)."""
+    return _workers.get(_get_ident())
+
+
+class RunOnThread(BaseException):
+    """Raised into model code that called the server while running on the hub (an inline execution):
+    the call would have to wait for the hub it is blocking. A BaseException so that a model's
+    ``except Exception`` does not swallow it; :class:`~.instance.ModelInstance` catches it, runs the
+    batch again on the instance's own thread and never promotes that instance again."""
+
+
+class ThreadInbox:
+    """Items from the hub to one consumer on a native thread other than the hub's.
+
+    Create it on the consumer's thread. ``put`` may be called from any thread (the hub, usually);
+    ``get`` blocks the consumer: on a C queue while that thread has no gevent hub, or cooperatively
+    in its own hub when it has one (its greenlets, e.g. a decoupled model's response "threads", keep
+    running while it waits). ``close`` (consumer side) releases the watcher.
+    """
+
+    __slots__ = ("_queue", "_items", "_event", "_watcher")
+
+    def __init__(self) -> None:
+        hub = get_hub_if_exists()
+        self._queue: _queue.SimpleQueue | None = None
+        self._watcher: Any = None
+        if hub is None:
+            self._queue = _queue.SimpleQueue()
+        else:
+            self._items: collections.deque[Any] = collections.deque()
+            self._event = gevent.event.Event()
+            self._watcher = hub.loop.async_()
+            self._watcher.start(self._event.set)
+
+    def put(self, item: Any) -> None:
+        """Any thread: hand ``item`` to the consumer (dropped once the consumer closed it)."""
+        if self._queue is not None:
+            self._queue.put(item)
+            return
+        self._items.append(item)
+        watcher = self._watcher
+        if watcher is not None:
+            try:
+                watcher.send()
+            except Exception:  # noqa: BLE001 - closed meanwhile by the consumer: nobody reads any more
+                pass
+
+    def get(self) -> Any:
+        """Consumer thread: the next item (blocks until there is one)."""
+        if self._queue is not None:
+            return self._queue.get()
+        items, event = self._items, self._event
+        while not items:
+            event.clear()
+            if items:
+                break
+            event.wait()
+        return items.popleft()
+
+    def close(self) -> None:
+        if self._watcher is not None:
+            self._watcher.close()
+            self._watcher = None
+
+
+class HubCalls:
+    """Runs functions on the hub for native threads: ``submit(fn, args, done)`` from any thread runs
+    ``fn(*args)`` in a new greenlet on the hub, then ``done(ok, value)`` there (it must be thread-safe
+    towards the caller: put into a :class:`ThreadInbox`, ``loop.call_soon_threadsafe``...).
+
+    Owner: the server, created and closed in the hub thread. Requests coalesce into one wake-up of
+    the hub's watcher. Failure: whatever ``fn`` raises goes to ``done`` as ``(False, error)``.
+    """
+
+    def __init__(self) -> None:
+        self._calls: collections.deque[tuple[Callable[..., Any], tuple[Any, ...], Callable[[bool, Any], None]]] = (
+            collections.deque())
+        self._signal = HubSignal(self._drain)
+
+    def submit(self, fn: Callable[..., Any], args: tuple[Any, ...], done: Callable[[bool, Any], None]) -> None:
+        """Any thread."""
+        self._calls.append((fn, args, done))
+        self._signal.send()
+
+    def _drain(self) -> None:
+        calls = self._calls
+        while calls:
+            gevent.spawn(_run_call, *calls.popleft())
+
+    def close(self) -> None:
+        self._signal.close()
+
+
+def _run_call(fn: Callable[..., Any], args: tuple[Any, ...], done: Callable[[bool, Any], None]) -> None:
+    """Hub greenlet: one call submitted through :class:`HubCalls`."""
+    try:
+        value = fn(*args)
+    except BaseException as e:  # noqa: BLE001 - delivered to the calling thread
+        done(False, e)
+        return
+    done(True, value)
+
+
+def wait_on_hub(calls: HubCalls, fn: Callable[..., S], *args: Any) -> S:
+    """Native thread (not the hub's): run ``fn(*args)`` on the hub and wait for its value or error."""
+    inbox = ThreadInbox()
+    try:
+        calls.submit(fn, args, lambda ok, value: inbox.put((ok, value)))
+        ok, value = inbox.get()
+    finally:
+        inbox.close()
+    if not ok:
+        raise value
+    return value

@@ -4,7 +4,7 @@ An :class:`InlineActor` in the place a version's SchedulerActor takes for other 
 table's :class:`~.handles.VersionHandle` tells it :class:`~.scheduler.Enqueue` the same way). Messages:
 ``Enqueue`` (a request), :class:`_StepAnswered` (a composing model answered a step, from the hub),
 :class:`_StepStreamed` (one response of a decoupled composing model, from the step's reader greenlet),
-``GetStats`` (ask), ``Drain`` (completed once no request is in flight).
+``GetStats`` and ``GetStatus`` (asks), ``Drain`` (completed once no request is in flight).
 State owned: the requests in flight (:class:`_Run`, each with its tensor tables) and the ensemble's
 :class:`~..statistics.VersionStats`. Composing models are not owned: each step is routed through the
 repository's routing table when it starts (``routes()``), so it goes through that model's own scheduler
@@ -40,7 +40,7 @@ from ..repository.ensemble_graph import Graph, Step
 from ..statistics import VersionStats
 from .bridge import BoundedResponseChannel, ResponseChannel
 from .kernel import InlineActor, Reply
-from .scheduler import Drain, Enqueue, GetStats
+from .scheduler import Drain, Enqueue, GetStats, GetStatus
 
 Routes = Callable[[], Mapping[str, Any]]  # name → ModelHandle (the repository's routing table, read live)
 
@@ -162,6 +162,11 @@ class EnsembleScheduler(InlineActor):
 
     def on_GetStats(self, _msg: GetStats) -> dict[str, object]:
         return self._stats.snapshot()
+
+    def on_GetStatus(self, _msg: GetStatus) -> dict[str, object]:
+        """The status page's view: requests in flight; an ensemble has no queue or instances of its own."""
+        return {"stats": self._stats.snapshot(), "queued": 0, "running": len(self._runs), "busy_instances": 0,
+                "instances": []}
 
     def on_Drain(self, msg: Drain) -> None:
         self._drains.append(msg.reply)

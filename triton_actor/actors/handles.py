@@ -15,7 +15,7 @@ from ..inference import InferRequest, InferResponse
 from ..repository.config import ModelConfig
 from ..validation import RequestValidator
 from .kernel import Reply
-from .scheduler import Enqueue, GetStats, SchedulerActor
+from .scheduler import Enqueue, GetStats, GetStatus, SchedulerActor
 
 
 class ReadyState(str, enum.Enum):
@@ -89,6 +89,11 @@ class VersionHandle:
     def statistics(self) -> dict[str, object]:
         assert self.scheduler is not None
         return self.scheduler.ref.ask(GetStats(), timeout=30)
+
+    def live_status(self) -> dict[str, object]:
+        """Statistics plus queue depth, running requests and instances (the status page)."""
+        assert self.scheduler is not None
+        return self.scheduler.ref.ask(GetStatus(), timeout=30)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,12 @@ time), or one far over it, demote it back to its thread, and the streak it needs
 (until ``FORGIVE_AFTER`` good inline runs reset it). So the hub is never blocked for long,
 GIL-releasing or slow models keep their thread (and run in parallel), and tiny models skip the
 crossings. A fast path: with :mod:`triton_actor.fastpath` off, every batch goes to the thread.
+
+A model that calls the server from ``execute`` (BLS, model control) waits for the hub, so it must
+not run on the hub: once it did so on its thread it is never promoted (``NativeWorker.calls_server``),
+and a promoted model whose first such call happens inline gets :class:`~.bridge.RunOnThread` raised
+into it; the batch then runs again on its thread (the part of ``execute`` before the call runs twice,
+once in the model's life) and the model stays there.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from .. import fastpath
 from ..backends.base import Backend, BackendInstance, InstanceContext, Result
 from ..errors import Code, TritonError
 from ..inference import InferRequest
-from .bridge import NativeWorker
+from .bridge import NativeWorker, RunOnThread
 
 log = logging.getLogger(__name__)
 Timings = tuple[int, int, int]  # compute_input, compute_infer, compute_output (ns)
@@ -95,6 +101,7 @@ class ModelInstance:
         self._worker: NativeWorker[BackendInstance] = NativeWorker(
             ctx.instance_name, setup=self._create_in_thread(backend), teardown=_finalize
         )
+        self._worker.tag = (ctx.model_name, ctx.version)  # the BLS wait graph counts instances by it
 
     def _create_in_thread(self, backend: Backend) -> Callable[[], BackendInstance]:
         def create() -> BackendInstance:
@@ -135,6 +142,13 @@ class ModelInstance:
             value = _run_batch(self._backend_instance, requests)
         except Exception:  # noqa: BLE001 - retried on the thread, whose answer counts
             self._retry_on_thread(requests, done)
+            return
+        except RunOnThread:
+            # the model called the server (BLS, model control) from the hub, which that call would
+            # have to wait for: run the batch on the thread, and keep the model there for good
+            self._inline, self._needed = False, NEVER
+            log.info("instance %s calls the server from execute(): it keeps its thread", self.name)
+            self._worker.submit_callback(_run_batch, (requests,), done)
             return
         except BaseException:
             # killed while the model yielded (GreenletExit, a Timeout): the batch must still be
@@ -197,7 +211,8 @@ class ModelInstance:
         def observed(ok: bool, value: Any) -> None:
             if ok:
                 value, cpu_ns = value
-                if cpu_ns < PROMOTE_NS and not self._worker.used_hub and fastpath.enabled:
+                worker = self._worker
+                if cpu_ns < PROMOTE_NS and not worker.used_hub and not worker.calls_server and fastpath.enabled:
                     self._streak += 1
                     if self._streak >= self._needed:
                         self._inline = True

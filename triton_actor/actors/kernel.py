@@ -83,6 +83,12 @@ class Reply(Generic[T]):
         except gevent.Timeout:
             raise TritonError.unavailable(f"no answer within {timeout} s") from None
 
+    def wait_or(self, event: gevent.event.Event) -> bool:
+        """Wait until answered or ``event`` is set (this greenlet); True when answered."""
+        if not self._result.ready():
+            gevent.wait([self._result, event], count=1)
+        return self._result.ready()
+
     def link(self, callback: Callable[[Reply[T]], None]) -> None:
         """Call ``callback(self)`` in the hub once the answer is there."""
         self._result.rawlink(lambda _ar: callback(self))

@@ -62,6 +62,8 @@ class LoadSettings:
     gpu_count: int = 0
     backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
     load_timeout_s: float = 600.0
+    latency_metrics: tuple[bool, bool] = (False, False)  # (summary_latencies, histogram_latencies)
+    workers: int = 1  # worker processes on this host (instance counts are divided among them)
 
 
 @dataclass(frozen=True, slots=True)
@@ -380,8 +382,9 @@ class ModelActor(Actor):
         jobs = {
             v: gevent.spawn(start_version, VersionSource(
                 self.model, v, plan.model_dir, plan.selected[v], plan.config, config_json, plan.backend,
-                backend_config, plan.stamp.part(plan.selected[v].name), plan.graph, self._routes),
-                self._settings.load_timeout_s)
+                backend_config, plan.stamp.part(plan.selected[v].name), self._settings.workers, plan.graph,
+                self._routes),
+                self._settings.load_timeout_s, self._settings.latency_metrics)
             for v in versions
         }
         gevent.joinall(list(jobs.values()))

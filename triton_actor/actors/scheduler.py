@@ -3,7 +3,7 @@
 An :class:`InlineActor`: its handlers never block, so while fast paths are on a message is handled on
 the sender's stack when the actor is idle (no loop greenlet, no switch); with them off it is a plain
 actor with its loop greenlet. Messages: :class:`Enqueue` (tell, carries its Reply), :class:`BatchDone`
-(event from an instance's completion, in the hub or the caller), :class:`GetStats` (ask),
+(event from an instance's completion, in the hub or the caller), :class:`GetStats` and :class:`GetStatus` (ask),
 :class:`Drain` (tell, carries its Reply: completed once nothing is queued or running).
 State owned: the request queue, the idle instances (:class:`ModelInstance`, single-owner hub
 objects: only this actor calls them once it started), the version's :class:`VersionStats`.
@@ -17,6 +17,10 @@ requests wait in the queue (backpressure), so N instances keep at most N batches
 enters through one gevent timer (the batcher's delay, request timeouts); with ``preserve_ordering``
 replies are released in the order the requests were dispatched (= arrival order, which that option
 requires to be unambiguous: one priority level, no DELAY policy).
+
+Rescheduling: a backend result :data:`~..backends.base.RESCHEDULE` (a Python model released the
+request with ``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE``) puts the request back in the queue as a new
+arrival instead of answering it; its reply completes when a later execution answers it.
 """
 
 from __future__ import annotations
@@ -30,9 +34,11 @@ from typing import Any
 import gevent
 
 from .. import fastpath
+from ..backends.base import RESCHEDULE
 from ..errors import TritonError
 from ..inference import InferRequest, InferResponse
 from ..statistics import VersionStats
+from ..tracing import VersionTrace
 from .batch_queue import BatchPolicy, BatchQueue, timeout_error
 from .instance import ModelInstance
 from .kernel import InlineActor, Reply
@@ -63,6 +69,11 @@ class GetStats:
 
 
 @dataclass(frozen=True, slots=True)
+class GetStatus:
+    """The status page's view: the statistics snapshot plus the live queue and instances."""
+
+
+@dataclass(frozen=True, slots=True)
 class _Wake:
     """The timer fired: the batcher's delay or a request's timeout is due."""
 
@@ -78,12 +89,16 @@ class SchedulerActor(InlineActor):
     """Default and dynamic-batching scheduler of one model version."""
 
     def __init__(self, name: str, instances: list[ModelInstance], stats: VersionStats,
-                 policy: BatchPolicy | None = None, clock: Callable[[], int] = time.perf_counter_ns) -> None:
+                 policy: BatchPolicy | None = None, clock: Callable[[], int] = time.perf_counter_ns,
+                 trace: VersionTrace | None = None) -> None:
         super().__init__(name)
+        self._trace = trace or _NO_TRACE  # tracing.py: ``.on`` is read once per finished batch
         self._policy = policy or BatchPolicy()
         self._queue: BatchQueue[Enqueue] = BatchQueue(self._policy)
         self._idle: list[ModelInstance] = list(reversed(instances))
         self._busy = 0
+        self._running = 0  # requests in the batches being executed
+        self._instance_names = [i.name for i in instances]
         self._stats = stats
         self._clock = clock
         self._drains: list[Reply[None]] = []
@@ -97,7 +112,7 @@ class SchedulerActor(InlineActor):
         self._ordered = self._policy.preserve_ordering
         self._next_seq = 0
         self._release_seq = 0
-        self._held: dict[int, tuple[Enqueue, bool, Any]] = {}
+        self._held: dict[int, tuple[Enqueue, bool, Any] | None] = {}
         self._seq: dict[int, int] = {}  # id(Enqueue) → sequence number, while it runs
 
     # -- messages ---------------------------------------------------------------------------------
@@ -110,7 +125,7 @@ class SchedulerActor(InlineActor):
         try:
             self._queue.add(msg, msg.batch_size, key, request.priority, request.timeout_us, msg.start_ns)
         except TritonError as e:
-            self._stats.record_failure(self._clock() - msg.start_ns)
+            self._stats.record_failure(self._clock() - msg.start_ns, "REJECTED")  # queue full
             msg.reply.fail(TritonError(e.code, _prefix(request) + e.message))
             return
         self._dispatch()
@@ -130,6 +145,7 @@ class SchedulerActor(InlineActor):
                     _complete(item, False, error)
         finally:
             self._busy -= 1
+            self._running -= len(msg.items)
             self._idle.append(msg.instance)
         self._dispatch()
 
@@ -140,8 +156,10 @@ class SchedulerActor(InlineActor):
             results, timings = msg.value
             stats.record_execution(sum(i.batch_size for i in msg.items), *timings)
             for item, result in zip(msg.items, results, strict=True):
-                if isinstance(result, BaseException):
-                    stats.record_failure(now - item.start_ns)
+                if result is RESCHEDULE:
+                    self._requeue(item)
+                elif isinstance(result, BaseException):
+                    stats.record_failure(now - item.start_ns, "BACKEND")
                     self._respond(item, False, result)
                 else:
                     queue_ns = msg.dispatch_ns - item.start_ns
@@ -149,13 +167,31 @@ class SchedulerActor(InlineActor):
                     if type(result) is InferResponse:  # decoupled models answer None here
                         result.timings = (queue_ns, *timings)
                     self._respond(item, True, result)
+            if self._trace.on:
+                self._trace.batch(msg.items, results, msg.dispatch_ns, now, timings)
         else:
             stats.record_execution(sum(i.batch_size for i in msg.items), 0, 0, 0)
             error = msg.value if isinstance(msg.value, TritonError) else TritonError.internal(
                 f"instance '{msg.instance.name}' failed: {msg.value!r}")
             for item in msg.items:
-                stats.record_failure(now - item.start_ns)
+                stats.record_failure(now - item.start_ns, "BACKEND")
                 self._respond(item, False, error)
+            if self._trace.on:
+                self._trace.batch(msg.items, None, msg.dispatch_ns, now, (0, 0, 0))
+
+    def _requeue(self, item: Enqueue) -> None:
+        """A request its model rescheduled: back into the queue (the dispatch after this batch
+        picks it up), as a new arrival so a queue timeout does not expire it at once."""
+        if self._ordered:  # its place in the order is given up; it gets a new one when it runs again
+            self._held[self._seq.pop(id(item))] = None
+            self._release_held()
+        request = item.request
+        key = _shape_key(request, self._ragged) if self._batching else None
+        try:
+            self._queue.add(item, item.batch_size, key, request.priority, request.timeout_us, self._clock())
+        except TritonError as e:
+            self._stats.record_failure(self._clock() - item.start_ns)
+            item.reply.fail(TritonError(e.code, _prefix(request) + e.message))
 
     def on__Wake(self, msg: _Wake) -> None:
         if msg.timer is self._timer:  # a wake from a timer replaced meanwhile keeps the newer one
@@ -171,7 +207,9 @@ class SchedulerActor(InlineActor):
         for item in self._queue.clear():
             item.reply.fail(error)
         for seq in sorted(self._held):
-            _complete(*self._held.pop(seq))
+            entry = self._held.pop(seq)
+            if entry is not None:
+                _complete(*entry)
         for reply in self._drains:
             reply.set(None)
         self._drains.clear()
@@ -182,7 +220,13 @@ class SchedulerActor(InlineActor):
             _answer(message.items, message.ok, message.value)
 
     def on_GetStats(self, _msg: GetStats) -> dict[str, object]:
-        return self._stats.snapshot()
+        snap = self._stats.snapshot()
+        snap["pending"] = len(self._queue)  # queued, not yet executing (nv_inference_pending_request_count)
+        return snap
+
+    def on_GetStatus(self, _msg: GetStatus) -> dict[str, object]:
+        return {"stats": self._stats.snapshot(), "queued": len(self._queue), "running": self._running,
+                "busy_instances": self._busy, "instances": list(self._instance_names)}
 
     def on_Drain(self, msg: Drain) -> None:
         self._drains.append(msg.reply)
@@ -216,7 +260,7 @@ class SchedulerActor(InlineActor):
             now = self._clock()
             for item in items:
                 if item.reply.ready():
-                    self._stats.record_failure(now - item.start_ns)
+                    self._stats.record_failure(now - item.start_ns, "CANCELED")
             items = [i for i in items if not i.reply.ready()]
             if not items:
                 self._idle.append(instance)
@@ -227,11 +271,12 @@ class SchedulerActor(InlineActor):
                 self._next_seq += 1
         dispatch_ns = self._clock()
         self._busy += 1
+        self._running += len(items)
         instance.execute([i.request for i in items], self._completion(instance, items, dispatch_ns))
 
     def _expire(self, items: list[Enqueue], now: int) -> None:
         for item in items:
-            self._stats.record_failure(now - item.start_ns)
+            self._stats.record_failure(now - item.start_ns, "REJECTED")  # timed out in the queue
             item.reply.fail(timeout_error(_prefix(item.request)))
 
     def _respond(self, item: Enqueue, ok: bool, value: Any) -> None:
@@ -240,9 +285,14 @@ class SchedulerActor(InlineActor):
             _complete(item, ok, value)
             return
         self._held[self._seq.pop(id(item))] = (item, ok, value)
+        self._release_held()
+
+    def _release_held(self) -> None:
         held = self._held
         while self._release_seq in held:
-            _complete(*held.pop(self._release_seq))
+            entry = held.pop(self._release_seq)
+            if entry is not None:  # None: a rescheduled request's old place in the order
+                _complete(*entry)
             self._release_seq += 1
 
     def _arm(self, now: int, wait_ns: int) -> None:
@@ -281,6 +331,13 @@ class SchedulerActor(InlineActor):
             self._drains.clear()
 
 
+class _NoTrace:
+    on = False
+
+
+_NO_TRACE: Any = _NoTrace()
+
+
 def _complete(item: Enqueue, ok: bool, value: Any) -> None:
     if ok:
         item.reply.set(value)
@@ -296,7 +353,9 @@ def _answer(items: list[Enqueue], ok: bool, value: Any) -> None:
     """Complete the replies of a batch without the (stopped) scheduler."""
     results = value[0] if ok else [value if isinstance(value, BaseException) else TritonError.internal(repr(value))] * len(items)
     for item, result in zip(items, results, strict=True):
-        if isinstance(result, BaseException):
+        if result is RESCHEDULE:
+            item.reply.fail(TritonError.unavailable("the model is unloading: a rescheduled request was dropped"))
+        elif isinstance(result, BaseException):
             item.reply.fail(result)
         else:
             item.reply.set(result)

@@ -14,11 +14,13 @@ from pathlib import Path
 
 from ..backends.base import Backend, InstanceContext
 from ..errors import TritonError
+from ..metrics.latency import LatencyRecorder
 from ..repository import layout
 from ..repository.config import ModelConfig
 from ..repository.ensemble_graph import Graph
 from ..repository.snapshot import FileEntry
 from ..statistics import VersionStats
+from ..tracing import TRACER
 from ..validation import RequestValidator
 from .batch_queue import BatchPolicy
 from .ensemble import EnsembleScheduler, Routes
@@ -76,11 +78,13 @@ class VersionSource:
     backend: Backend | None  # None for an ensemble
     backend_config: dict[str, str]
     files: tuple[FileEntry, ...]
+    workers: int = 1  # worker processes sharing the host: instance_group counts are per host (README)
     graph: Graph | None = None  # an ensemble's checked graph
     routes: Routes | None = None  # the routing table an ensemble's steps are routed through
 
 
-def start_version(src: VersionSource, load_timeout_s: float) -> Version:
+def start_version(src: VersionSource, load_timeout_s: float,
+                  latency_metrics: tuple[bool, bool] = (False, False)) -> Version:
     """Create the instances (each on its own native thread), warm them up, start the scheduler."""
     start = time.monotonic()
     rec = Version(src.version, LOADING, files=src.files)
@@ -100,8 +104,12 @@ def start_version(src: VersionSource, load_timeout_s: float) -> Version:
             raise failures[0]
         warm_up(src.config, src.model_dir, src.model, src.version, instances)
         stats = VersionStats(src.model, src.version)
+        stats.load_secs = time.monotonic() - start
+        if any(latency_metrics):  # --metrics-config summary_latencies / histogram_latencies
+            stats.latency_recorder = LatencyRecorder(*latency_metrics)
         scheduler = SchedulerActor(f"scheduler:{src.model}:{src.version}", instances, stats,
-                                   BatchPolicy.from_config(src.config))
+                                   BatchPolicy.from_config(src.config),
+                                   trace=TRACER.version(src.model, src.version))
         scheduler.start()
     except Exception as e:  # noqa: BLE001 - any load failure becomes the version's reason
         for inst in instances:
@@ -150,13 +158,19 @@ def _contexts(src: VersionSource) -> list[InstanceContext]:
     for group in src.config.instance_group:
         devices = list(group.gpus) if group.kind == 1 else [0]
         for device in devices:
-            for i in range(group.count):
+            for i in range(per_worker(group.count, src.workers)):
                 out.append(InstanceContext(
                     src.model, src.version, src.model_dir, src.version_dir, src.config, src.config_json,
                     _instance_name(group.name, i),
                     _KIND_NAMES.get(group.kind, "CPU"), device, len(out), src.backend_config,
                 ))
     return out
+
+
+def per_worker(count: int, workers: int) -> int:
+    """A group's ``count`` instances are the host's: each of ``workers`` processes runs its share, rounded
+    up and at least one, so no worker is left without an instance of a model it serves."""
+    return max(1, -(-count // max(1, workers)))
 
 
 def _instance_name(group: str, index: int) -> str:

@@ -32,6 +32,20 @@ class InstanceContext:
 
 Result = InferResponse | TritonError
 
+
+class _Reschedule:
+    """The result of a request its model released with ``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE``."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "RESCHEDULE"
+
+
+# Returned by a backend in place of a request's result: the scheduler queues the request again and the
+# model's ``execute`` gets it in a later batch (Triton's request rescheduling, python backend 23.11+).
+RESCHEDULE = _Reschedule()
+
 # Models load on several native threads at once. The bootstrap gives importlib native locks (with
 # ``_thread`` patched they would be gevent locks, which native threads cannot share: two first imports of
 # one module on two load threads failed or hung). On top of that, backends import runtimes and a Python

@@ -31,10 +31,12 @@ import gevent.pool
 from gevent.server import StreamServer
 
 from ..protocol import h2_connection as h2c
+from ..protocol import restricted
+from ..protocol.restricted import Restrictions
 from ..settings import Settings, default_grpc_max_connections
 from . import tls
 from .grpc import GrpcServicer
-from .grpc_calls import UNIMPLEMENTED, Call, method_table, route
+from .grpc_calls import UNAVAILABLE, UNIMPLEMENTED, Call, method_table, route
 from .socket_io import plain_recv, plain_send_all, recv_when_readable, send_all
 
 log = logging.getLogger(__name__)
@@ -52,8 +54,9 @@ class GrpcH2Server:
 
     def __init__(self, servicer: GrpcServicer, address: str, port: int, options: dict[str, Any] | None = None,
                  limits: h2c.Limits | None = None, max_connections: int = 0,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None, restrictions: Restrictions | None = None) -> None:
         opts = dict(options or {})
+        self.restrictions = restrictions or None  # --grpc-restricted-protocol; None: no check at all
         self.servicer = servicer
         self.address = address
         self.port = port
@@ -85,11 +88,20 @@ class GrpcH2Server:
                             header_timeout=s.grpc_header_timeout_secs, idle_timeout=s.grpc_idle_timeout_secs)
         context = tls.server_context(s.grpc_server_cert, s.grpc_server_key, s.grpc_root_cert,
                                      s.grpc_use_ssl_mutual) if s.grpc_use_ssl else None
+        restrictions = Restrictions(s.grpc_restricted_protocol, "--grpc-restricted-protocol")
         return cls(servicer, s.grpc_address, s.grpc_port, dict(s.grpc_options), limits, s.grpc_max_connections,
-                   context)
+                   context, restrictions)
 
-    def start(self) -> int:
-        """Bind and start serving; returns the bound port (``port`` 0 picks a free one)."""
+    def start(self, listener: socket.socket | None = None) -> int:
+        """Bind and start serving; returns the bound port (``port`` 0 picks a free one). ``listener``: a
+        socket bound and listening already (gunicorn's arbiter hands its listeners down to workers)."""
+        sock = listener if listener is not None else self._bind()
+        self._server = StreamServer(sock, self._handle, spawn=gevent.pool.Pool(self.max_connections))
+        self._server.start()
+        self.server_port = sock.getsockname()[1]
+        return self.server_port
+
+    def _bind(self) -> socket.socket:
         family = socket.AF_INET6 if ":" in self.address else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
@@ -101,10 +113,7 @@ class GrpcH2Server:
         except OSError as e:
             sock.close()
             raise OSError(f"failed to bind gRPC to {self.address}:{self.port}: {e.strerror or e}") from None
-        self._server = StreamServer(sock, self._handle, spawn=gevent.pool.Pool(self.max_connections))
-        self._server.start()
-        self.server_port = sock.getsockname()[1]
-        return self.server_port
+        return sock
 
     def stop(self, grace: float) -> None:
         """Refuse new calls (GOAWAY), give running ones ``grace`` seconds, then cancel them."""
@@ -112,7 +121,12 @@ class GrpcH2Server:
             self._server.close()
         for conn in list(self.connections):
             gevent.spawn(conn.go_away)  # a client that stopped reading must not hold the shutdown
+        deadline = time.monotonic() + grace
         self.idle.wait(grace)
+        # then each connection lingers (Connection._linger) and closes; whatever is left is closed here
+        end = min(deadline, time.monotonic() + _GOAWAY_LINGER + 0.5)
+        while self.connections and time.monotonic() < end:
+            gevent.sleep(0.05)
         for conn in list(self.connections):
             conn.close()
 
@@ -131,10 +145,22 @@ class GrpcH2Server:
         if self.calls == 1:
             self.idle.clear()
 
+    def _refusal(self, headers: Any) -> str | None:
+        """--grpc-restricted-protocol: the refusal for this call's category, or None."""
+        restrictions = self.server.restrictions
+        assert restrictions is not None
+        category = restricted.grpc_category(headers.get(b":path", b"").rsplit(b"/", 1)[-1].decode("latin-1"))
+        header = restrictions.header_for(category)
+        value = headers.get(header.encode("latin-1")) if header else None
+        return restrictions.refusal(category, value.decode("latin-1") if value is not None else None)
+
     def call_finished(self) -> None:
         self.calls -= 1
         if not self.calls:
             self.idle.set()
+
+
+_GOAWAY_LINGER = 1.0  # seconds a connection is still read after GOAWAY, once its calls are done
 
 
 class Connection:
@@ -219,7 +245,7 @@ class Connection:
         self._timer = gevent.spawn(self._tick)
         recv, on_event = self._recv, self._on_event
         try:
-            while self.flush() and not conn.closed and not (conn.going_away and not self.calls and not conn.streams):
+            while self.flush() and not conn.closed:  # going away: read on until _linger closes
                 chunk = recv(sock, _RECV)
                 if not chunk:
                     return
@@ -262,9 +288,24 @@ class Connection:
             call.finished = True  # never counted
             call.send_status(UNIMPLEMENTED, f"Method not found: {path}")
             return
+        if self.server.restrictions is not None:
+            refusal = self._refusal(event.headers)
+            if refusal is not None:
+                call.finished = True
+                call.send_status(UNAVAILABLE, refusal)
+                return
         self.calls += 1
         self.server.call_started()
         call.begin(event.end_stream)
+
+    def _refusal(self, headers: Any) -> str | None:
+        """--grpc-restricted-protocol: the refusal for this call's category, or None."""
+        restrictions = self.server.restrictions
+        assert restrictions is not None
+        category = restricted.grpc_category(headers.get(b":path", b"").rsplit(b"/", 1)[-1].decode("latin-1"))
+        header = restrictions.header_for(category)
+        value = headers.get(header.encode("latin-1")) if header else None
+        return restrictions.refusal(category, value.decode("latin-1") if value is not None else None)
 
     def call_finished(self) -> None:
         self.calls -= 1
@@ -297,11 +338,19 @@ class Connection:
             pass
 
     def go_away(self) -> None:
-        """Shutdown: no new calls on this connection; running ones go on."""
+        """Shutdown: no new calls on this connection; running ones go on. The connection stays open
+        (and read) until its calls finished and then ``_GOAWAY_LINGER`` seconds, or until the client
+        closes it: closing at once would reset the socket under the GOAWAY while the client still sends,
+        and it could not tell which of its new calls were never run (grpc-go drains likewise)."""
         self.h2.go_away()
         self.flush()
-        if not self.calls:
-            self._lose()
+        gevent.spawn(self._linger)
+
+    def _linger(self) -> None:
+        while self.calls and not self.lost:
+            gevent.sleep(0.05)
+        gevent.sleep(_GOAWAY_LINGER)
+        self._lose()
 
     def _cancel_all(self) -> None:
         for stream in list(self.h2.streams.values()):

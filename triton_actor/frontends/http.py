@@ -23,6 +23,8 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from .. import fastpath
 from ..errors import TritonError
+from ..protocol import restricted
+from ..protocol.restricted import Restrictions
 from .status import HTTP_STATUS, status_line
 
 log = logging.getLogger(__name__)
@@ -50,6 +52,8 @@ class HttpRequest:
     headers: dict[str, str]
     body: bytes
     max_size: int  # --http-max-input-size, also after decompression
+    # the driver's "client went away" event, started on demand by a view that waits (None: not watched)
+    peer_gone: Callable[[], gevent.event.Event] | None = None
 
     def payload(self) -> bytes:
         """The body with ``Content-Encoding: gzip|deflate`` undone, never over ``max_size`` bytes."""
@@ -99,22 +103,29 @@ class HttpFrontend:
     """The router over the url map of ``app`` (:func:`.http_routes.create_app`), and the count of
     requests in flight that shutdown drains. Runs in the connection's greenlet."""
 
-    def __init__(self, app: Flask, max_input_size: int = 64 * 1024 * 1024) -> None:
+    def __init__(self, app: Flask, max_input_size: int = 64 * 1024 * 1024,
+                 restrictions: Restrictions | None = None) -> None:
         self.max_input_size = max_input_size
+        self.restrictions = restrictions or None  # --http-restricted-api; None: no check at all
         self.app = app
         self._adapter = self.app.url_map.bind("triton")
         self._views: dict[str, View] = self.app.view_functions
         self.in_flight = 0
         self._idle: gevent.event.Event | None = None  # created by wait_idle (shutdown) only
 
-    def __call__(self, method: str, path: str, query: str, headers: dict[str, str], body: bytes) -> Reply:
+    def __call__(self, method: str, path: str, query: str, headers: dict[str, str], body: bytes,
+                 peer_gone: Callable[[], gevent.event.Event] | None = None) -> Reply:
         """Route and answer one request; ``path`` is percent-decoded."""
         try:
             route = _ROUTES.get((method, path))
             if route is None:
                 route = self.match(method, path)
             endpoint, args = route
-            req = HttpRequest(method, path, query, headers, body, self.max_input_size)
+            if self.restrictions is not None:
+                refusal = self._refusal(endpoint, headers)
+                if refusal is not None:
+                    return status_line(403), JSON_HEADERS, orjson.dumps({"error": refusal})
+            req = HttpRequest(method, path, query, headers, body, self.max_input_size, peer_gone)
             return self._views[endpoint](req, **args)
         except TritonError as e:
             return error_response(e)
@@ -123,6 +134,12 @@ class HttpFrontend:
         except Exception as e:
             log.exception("unexpected error on %s %s", method, path)
             return error_response(TritonError.internal(f"internal error: {e!r}"))
+
+    def _refusal(self, endpoint: str, headers: dict[str, str]) -> str | None:
+        assert self.restrictions is not None
+        category = restricted.http_category(endpoint)
+        header = self.restrictions.header_for(category)
+        return self.restrictions.refusal(category, headers.get(header) if header else None)
 
     def match(self, method: str, path: str) -> tuple[str, dict[str, Any]]:
         """(endpoint, url arguments) from the url map; raises NotFound or MethodNotAllowed."""

@@ -16,11 +16,13 @@ from typing import Any
 import orjson
 from flask import Flask
 
+from ..actors.kernel import Reply as Reply_
 from ..dataplane import DataPlane, Streamed
-from ..errors import TritonError
-from ..inference import InferRequest
+from ..errors import Code, TritonError
+from ..inference import InferRequest, InferResponse
 from ..protocol import generate, payloads, repository_http, v2_http
 from .http import JSON_HEADERS, TEXT_HEADERS, HttpRequest, Reply, View, json_reply
+from .status_page import status_routes
 
 _OK_EMPTY: Reply = ("200 OK", TEXT_HEADERS, b"")
 _OK_EMPTY_JSON: Reply = ("200 OK", JSON_HEADERS, b"")  # Triton: load/unload answer 200, empty body
@@ -35,7 +37,7 @@ def create_app(plane: DataPlane) -> Flask:
     app.url_map.strict_slashes = False
     app.url_map.merge_slashes = False  # '//' is a 404, not a redirect
     for group in (_health_routes, _model_routes, _infer_routes, _generate_routes, _shm_routes,
-                  _repository_routes, _settings_routes):
+                  _repository_routes, _settings_routes, status_routes):
         group(app, plane)
     return app
 
@@ -93,10 +95,21 @@ def _infer_routes(app: Flask, plane: DataPlane) -> None:
     @versioned(app, "/infer", "POST")
     def infer(req: HttpRequest, model: str, version: int = -1) -> Reply:
         request = _decode_infer(plane, req, model, version)
-        served = plane.infer(request)
+        pending = plane.infer_start(request)
+        response = _answer(pending.reply, req)
         chunks, json_length = v2_http.encode_infer_response(
-            request, served.response, served.version, served.labels, served.batching, plane.shm)
+            request, response, pending.version, pending.labels, pending.batching, plane.shm)
         return _infer_reply(chunks, json_length, req.headers.get("accept-encoding"))
+
+
+def _answer(reply: Reply_[InferResponse], req: HttpRequest) -> InferResponse:
+    """Wait for the model's answer; a client that closes its connection meanwhile cancels the
+    request (still queued: never run, as Triton does; counted as a failure), like gRPC's RST_STREAM."""
+    if reply.ready() or req.peer_gone is None:
+        return reply.get()
+    if not reply.wait_or(req.peer_gone()):
+        reply.fail(TritonError(Code.CANCELLED, "request cancelled by the client"))
+    return reply.get()
 
 
 def _decode_infer(plane: DataPlane, req: HttpRequest, model: str, version: int) -> InferRequest:

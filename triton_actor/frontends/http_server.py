@@ -27,8 +27,10 @@ from typing import Any
 from urllib.parse import unquote
 
 import gevent
+import gevent.event
 import orjson
 from gevent.server import StreamServer
+from gevent.socket import wait_read
 
 from ..protocol import http1
 from .http import JSON_HEADERS, HttpFrontend, Reply, error_response, too_large
@@ -51,22 +53,47 @@ def descriptor_cap(wanted: int) -> int:
 
 
 class _Connection:
-    __slots__ = ("sock", "http")
+    __slots__ = ("sock", "http", "watcher", "gone")
 
     def __init__(self, sock: socket.socket, http: http1.ServerConnection) -> None:
         self.sock = sock
         self.http = http
+        self.watcher: gevent.Greenlet | None = None
+        self.gone: gevent.event.Event | None = None
+
+    def peer_gone(self) -> gevent.event.Event:
+        """An event set if the client closes the connection while its request waits (an answer that
+        cannot be delivered any more: the request is cancelled). Started only by a request that waits,
+        so quick answers pay nothing; a client that sends more (pipelining) ends the watch."""
+        if self.gone is None:
+            self.gone = gevent.event.Event()
+            self.watcher = gevent.spawn(self._watch, self.gone)
+        return self.gone
+
+    def _watch(self, gone: gevent.event.Event) -> None:
+        try:
+            wait_read(self.sock.fileno())
+            if not self.sock.recv(1, socket.MSG_PEEK):
+                gone.set()
+        except OSError:
+            gone.set()
+
+    def end_watch(self) -> None:
+        if self.watcher is not None:
+            self.watcher.kill(block=False)
+            self.watcher = self.gone = None
 
 
 class HttpServer:
     """Serves one :class:`HttpFrontend` on ``(address, port)``; port 0 picks a free one."""
 
     def __init__(self, address: str, port: int, frontend: HttpFrontend, limits: http1.Limits = http1.DEFAULT_LIMITS,
-                 max_connections: int = 1024) -> None:
+                 max_connections: int = 1024, listener: socket.socket | None = None) -> None:
         self.frontend = frontend
         self.limits = limits
         self.max_connections = descriptor_cap(max_connections)
-        self._server = StreamServer((address, port), self._handle)
+        # ``listener``: a socket bound by someone else (gunicorn's arbiter hands its listeners down)
+        self._server = StreamServer(listener if listener is not None else (address, port), self._handle)
         self._connections: dict[_Connection, None] = {}  # insertion-ordered set
         self._reaper: gevent.Greenlet | None = None
         self._closing = False
@@ -84,6 +111,12 @@ class HttpServer:
         """Stop accepting; connections finish the request they are in and then close."""
         self._closing = True
         self._server.close()
+
+    def wait_closed(self, timeout: float) -> None:
+        """After :meth:`close`: wait until the clients closed or were answered, at most ``timeout`` s."""
+        deadline = monotonic() + timeout
+        while self._connections and monotonic() < deadline:
+            gevent.sleep(0.01)
 
     def stop(self, timeout: float | None = 1.0) -> None:
         self._closing = True
@@ -148,7 +181,7 @@ class HttpServer:
 
     def _serve(self, conn: _Connection) -> None:
         sock, http, frontend = conn.sock, conn.http, self.frontend
-        while not self._closing:
+        while True:  # closing: the answer says Connection: close, and the loop ends after it is sent
             head = http.next_event() if http.buf else http1.NEED_DATA  # empty: it needs data
             if head is http1.NEED_DATA:
                 head = self._read_event(sock, http)
@@ -165,7 +198,9 @@ class HttpServer:
                     event = self._read_event(sock, http)
                 (body,) = event
                 path, _, query = target.partition("?")
-                reply = frontend(method, unquote(path, "latin-1"), query, headers, body)
+                reply = frontend(method, unquote(path, "latin-1"), query, headers, body, conn.peer_gone)
+                if conn.watcher is not None:
+                    conn.end_watch()
                 keep_alive = keep_alive and not self._closing
                 if not self._send(sock, method, reply, keep_alive):
                     return

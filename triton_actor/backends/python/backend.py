@@ -33,7 +33,7 @@ from ...inference import InferRequest, InferResponse
 from ...repository import config as config_mod
 from ...repository.config import ModelConfig
 from ...repository.layout import model_file
-from ..base import IMPORT_LOCK, InstanceContext, Result
+from ..base import IMPORT_LOCK, RESCHEDULE, InstanceContext, Result
 from . import triton_python_backend_utils as pb_utils
 
 # model.py files do `import triton_python_backend_utils as pb_utils`: serve them our module.
@@ -284,7 +284,11 @@ class PythonInstance:
                 f"message: execute() must return a list of {len(requests)} InferenceResponse objects, got {got}"
             )
             return [err] * len(requests)
-        return [self._from_pb(r) for r in responses]
+        results = [self._from_pb(r) for r in responses]
+        for i, pb in enumerate(pb_requests):
+            if pb._release_flags == _RELEASE_RESCHEDULE:  # its response is None (Triton's rule)
+                results[i] = RESCHEDULE
+        return results
 
     def _execute_decoupled(self, requests: list[InferRequest]) -> list[Result]:
         """Responses travel through each request's sender into its ResponseChannel, from ``execute``
@@ -307,7 +311,10 @@ class PythonInstance:
         if returned is not None:
             log.warning("decoupled model '%s': execute() returned %s; responses must go through the response "
                         "sender, the returned value is ignored", self.ctx.model_name, type(returned).__name__)
-        return [None] * len(requests)  # type: ignore[list-item]
+        # None: execute ran, the responses travel through the senders; a request the model released
+        # with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE comes back in a later execute, same sender
+        return [RESCHEDULE if pb._release_flags == _RELEASE_RESCHEDULE else None  # type: ignore[misc]
+                for pb in pb_requests]
 
     def _deliverer(self, channel: Any) -> Callable[[Any, bool], None]:
         def deliver(response: Any, final: bool) -> None:
@@ -377,6 +384,7 @@ def _output_array(tensor: Any) -> np.ndarray:
     return value if isinstance(value, np.ndarray) else np.asarray(value)
 
 
+_RELEASE_RESCHEDULE = pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
 _trusted = pb_utils.Tensor._trusted
 _from_server = pb_utils.InferenceRequest._from_server
 _Response = pb_utils.InferenceResponse

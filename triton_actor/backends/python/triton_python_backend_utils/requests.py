@@ -5,9 +5,10 @@ Owner: the server builds one request per client request on the instance's native
 (``InferenceRequest._from_server``, hot path: no copying, no JSON) and hands it to ``execute``; after
 that the model owns it, and may use it from threads it started (``get_response_sender``,
 ``is_cancelled``). The server sets ``_response_sender`` / ``_cancelled`` (decoupled models) or a
-``_sender_factory`` (others). Failure: bad constructor arguments raise ``TypeError``/``ValueError``
-that are also ``TritonModelException``; ``exec`` / ``async_exec`` go through ``server_calls`` and
-raise ``TritonModelException`` while the server has not wired BLS.
+``_sender_factory`` (others), and reads ``_release_flags`` after ``execute`` (rescheduling).
+Failure: bad constructor arguments raise ``TypeError``/``ValueError`` that are also
+``TritonModelException``; ``exec`` / ``async_exec`` go through ``server_calls`` and raise
+``TritonModelException`` while no server wired BLS (a model used outside the server).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """What a model asks of the server: BLS (``InferenceRequest.exec`` / ``async_exec``) and model control
 (``load_model``, ``unload_model``, ``is_model_ready``).
 
-Owner: this module owns three hooks that the server assigns once, before models run (the pipelines
-work wires them; nothing assigns them yet):
+Owner: this module owns three hooks that the server assigns once, before models run
+(``triton_actor/server_calls.py``, installed by the server at start, removed at stop):
 
 * ``bls_executor(request, decoupled)`` -- runs ``InferenceRequest.exec``; returns an
   ``InferenceResponse`` (or an iterator of them when ``decoupled`` is true).
@@ -13,7 +13,8 @@ work wires them; nothing assigns them yet):
   ``unload_model(name, unload_dependents)`` and ``is_model_ready(name, version)``.
 
 Thread: the calls run on the calling model's instance thread (or a thread the model started); the
-hooks are read on every call, never cached. Failure: while a hook is unset the call raises
+hooks are read on every call, never cached. The server's ``bls_async_executor`` returns a future of
+the running loop that the hub completes (the loop is not blocked while the call runs). Failure: while a hook is unset the call raises
 ``TritonModelException`` ("... is not supported by this server yet"); what a hook raises reaches the
 model unchanged (through the future for ``async_exec``).
 """

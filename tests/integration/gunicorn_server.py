@@ -1,0 +1,140 @@
+"""A real gunicorn arbiter with our worker class (``gunicorn -c conf/gunicorn.conf.py``) on free ports."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import sys
+from pathlib import Path
+
+import gevent
+import gevent.event
+import numpy as np
+import tritonclient.http as httpclient
+from gevent import subprocess
+
+ROOT = Path(__file__).resolve().parents[2]
+_LISTENING = re.compile(r"Listening at: http://[^:]+:(\d+),http://[^:]+:(\d+)(?:,http://[^:]+:(\d+))?")
+_BOOTED = re.compile(r"Booting worker with pid: (\d+)")
+_SERVING = re.compile(r"worker \d+ \(pid (\d+)\) is serving")
+
+# OUTPUT0 = the serving worker's pid: which process answered is visible to the client
+PID_PY = """
+import os
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", np.array([os.getpid()], np.int64))])
+                for _ in requests]
+"""
+PID_CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ 1 ] } ]
+output [ { name: "OUTPUT0", data_type: TYPE_INT64, dims: [ 1 ] } ]
+"""
+
+
+class Gunicorn:
+    """gunicorn with ``workers`` TritonWorkers; ``flags`` are the triton-actor flags of every worker."""
+
+    def __init__(self, *flags: str, workers: int = 2) -> None:
+        args = ["--http-port", "0", "--http-address", "127.0.0.1", "--grpc-port", "0", "--grpc-address", "127.0.0.1",
+                "--exit-timeout-secs", "20", "--metrics-port", "0", "--metrics-address", "127.0.0.1", *flags]
+        env = dict(os.environ, PYTHONUNBUFFERED="1", TRITON_ACTOR_ARGS=shlex.join(args),
+                   TRITON_ACTOR_WORKERS=str(workers))
+        self.proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", "conf/gunicorn.conf.py"], cwd=ROOT,
+                                     env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+        self.lines: list[str] = []
+        self.port = self.grpc_port = self.metrics_port = 0
+        self.serving: list[int] = []  # worker pids, in the order they started serving
+        self._changed = gevent.event.Event()
+        self._reader = gevent.spawn(self._read)
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line.rstrip("\n"))
+            m = _LISTENING.search(line)
+            if m:
+                self.port, self.grpc_port = int(m.group(1)), int(m.group(2))
+                self.metrics_port = int(m.group(3) or 0)
+            m = _SERVING.search(line)
+            if m:
+                self.serving.append(int(m.group(1)))
+            self._changed.set()
+        self._changed.set()
+
+    @property
+    def url(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def log(self) -> str:
+        return "\n".join(self.lines[-200:])
+
+    def wait_serving(self, count: int, timeout: float = 90) -> list[int]:
+        """Wait until ``count`` workers (in all, since start) logged that they serve; their pids."""
+        with gevent.Timeout(timeout, AssertionError(f"{count} workers never served:\n{self.log()}")):
+            while len(self.serving) < count:
+                assert self.proc.poll() is None, "gunicorn exited:\n" + self.log()
+                self._changed.clear()
+                self._changed.wait(1)
+        return self.serving[:count]
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def stop(self, timeout: float = 60) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            self._reader.join(timeout)
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+
+def pid_infer(url: str, model: str = "pid") -> int:
+    """One inference on a fresh connection (so the kernel may give it to any worker): the worker's pid."""
+    client = httpclient.InferenceServerClient(url, concurrency=1)
+    try:
+        inp = httpclient.InferInput("INPUT0", [1], "FP32")
+        inp.set_data_from_numpy(np.zeros(1, np.float32))
+        return int(client.infer(model, [inp]).as_numpy("OUTPUT0")[0])
+    finally:
+        client.close()
+
+
+def pids_seen(url: str, want: set[int], model: str = "pid", tries: int = 200) -> set[int]:
+    """Infer on fresh connections until every pid in ``want`` answered (or ``tries`` ran out)."""
+    seen: set[int] = set()
+    for _ in range(tries):
+        seen.add(pid_infer(url, model))
+        if want <= seen:
+            break
+    return seen
+
+
+def wait_gone(pids: set[int], timeout: float = 60) -> None:
+    """Wait until the processes ``pids`` (old workers, reaped by the arbiter) no longer exist."""
+    with gevent.Timeout(timeout, AssertionError(f"workers {pids} never exited")):
+        while True:
+            alive = set()
+            for pid in pids:
+                try:
+                    os.kill(pid, 0)
+                    alive.add(pid)
+                except ProcessLookupError:
+                    pass
+            if not alive:
+                return
+            gevent.sleep(0.05)  # another process's exit: nothing here to wait on but its pid

@@ -1,0 +1,150 @@
+"""Traces in Triton's trace-file format (tracing.py): known traffic, then the file read back.
+
+The server writes traces off the hot path; a test either stops the server (which writes everything
+left) or waits until the file holds what it expects, then checks counts, stage order and settings.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import gevent
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from triton_actor.protocol.trace_json import STAGES
+
+from .server import IDENTITY_PY, ServerProcess, add_model
+
+pytestmark = pytest.mark.timeout(90)
+
+CONFIG = """
+name: "{name}"
+backend: "python"
+max_batch_size: 0
+input [ {{ name: "INPUT0", data_type: TYPE_FP32, dims: [ 3 ] }} ]
+output [ {{ name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 3 ] }} ]
+instance_group [ {{ count: 1, kind: KIND_CPU }} ]
+"""
+
+
+def _repo(tmp_path: Path, *names: str) -> Path:
+    repo = tmp_path / "models"
+    for name in names:
+        add_model(repo, name, CONFIG.format(name=name), IDENTITY_PY)
+    return repo
+
+
+def _infer(client: httpclient.InferenceServerClient | grpcclient.InferenceServerClient, model: str,
+           request_id: str = "") -> None:
+    mod = grpcclient if isinstance(client, grpcclient.InferenceServerClient) else httpclient
+    inp = mod.InferInput("INPUT0", [3], "FP32")
+    inp.set_data_from_numpy(np.arange(3, dtype=np.float32))
+    result = client.infer(model, [inp], request_id=request_id)
+    assert result.as_numpy("OUTPUT0").tolist() == [0.0, 1.0, 2.0]
+
+
+def _traces(path: Path) -> dict[int, dict]:
+    """id → {"model_name", "model_version", "request_id"?, "stamps": [(name, ns)], "tensors": [...]}."""
+    traces: dict[int, dict] = {}
+    for entry in json.loads(path.read_text()):
+        t = traces.setdefault(entry["id"], {"stamps": [], "tensors": []})
+        if "timestamps" in entry:
+            t["stamps"] += [(s["name"], s["ns"]) for s in entry["timestamps"]]
+        elif "activity" in entry:
+            t["tensors"].append((entry["activity"], entry["tensor"]))
+        else:
+            t.update({k: v for k, v in entry.items() if k != "id"})
+    return traces
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float = 20) -> None:
+    with gevent.Timeout(timeout, AssertionError("condition not met in time")):
+        while not condition():
+            gevent.sleep(0.02)
+
+
+def _by_model(traces: dict[int, dict]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for t in traces.values():
+        counts[t["model_name"]] = counts.get(t["model_name"], 0) + 1
+    return counts
+
+
+def test_every_request_traced_with_ordered_stages(tmp_path: Path, start_server: Callable[..., ServerProcess]) -> None:
+    trace_file = tmp_path / "trace.json"
+    server = start_server(_repo(tmp_path, "ident"), flags=(
+        "--trace-config", "level=TIMESTAMPS", "--trace-config", "rate=1", "--trace-config", f"triton,file={trace_file}"))
+    http = httpclient.InferenceServerClient(server.url)
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    for i in range(5):
+        _infer(http, "ident", f"h{i}")
+    for i in range(3):
+        _infer(grpc, "ident", f"g{i}")
+    assert server.stop() == 0  # shutdown writes what is left
+    traces = _traces(trace_file)
+    assert len(traces) == 8
+    assert sorted(t["request_id"] for t in traces.values()) == ["g0", "g1", "g2", "h0", "h1", "h2", "h3", "h4"]
+    for t in traces.values():
+        assert (t["model_name"], t["model_version"]) == ("ident", 1)
+        names = [name for name, _ in t["stamps"]]
+        assert names == list(STAGES)
+        ns = [n for _, n in t["stamps"]]
+        assert ns == sorted(ns) and ns[-1] > ns[0] > 0
+
+
+def test_rate_count_and_per_model_settings(tmp_path: Path, start_server: Callable[..., ServerProcess]) -> None:
+    trace_file = tmp_path / "trace.json"
+    server = start_server(_repo(tmp_path, "a", "b", "c"), flags=(
+        "--trace-config", "level=TIMESTAMPS", "--trace-config", "rate=1", "--trace-config", f"triton,file={trace_file}"))
+    http = httpclient.InferenceServerClient(server.url)
+    http.update_trace_settings("a", {"trace_count": "2"})
+    http.update_trace_settings("b", {"trace_rate": "3"})
+    http.update_trace_settings("c", {"trace_level": ["OFF"]})
+    for _ in range(7):
+        for model in ("a", "b", "c"):
+            _infer(http, model)
+    assert http.get_trace_settings("a")["trace_count"] == "0"  # what is left, as Triton reports it
+    assert http.get_trace_settings()["trace_count"] == "-1"
+    _wait_for(lambda: trace_file.exists() and _by_model(_traces(trace_file)) == {"a": 2, "b": 2})  # b: requests 3 and 6
+    # a setting changed again starts counting afresh; the global setting traces a model without override
+    http.update_trace_settings("a", {"trace_count": None})
+    _infer(http, "a")
+    assert server.stop() == 0
+    assert _by_model(_traces(trace_file)) == {"a": 3, "b": 2}
+
+
+def test_log_frequency_writes_indexed_files_and_tensors(tmp_path: Path,
+                                                        start_server: Callable[..., ServerProcess]) -> None:
+    trace_file = tmp_path / "trace.json"
+    server = start_server(_repo(tmp_path, "ident"), flags=(
+        "--trace-level", "TIMESTAMPS", "--trace-level", "TENSORS", "--trace-rate", "1", "--trace-file", str(trace_file),
+        "--trace-log-frequency", "2"))
+    http = httpclient.InferenceServerClient(server.url)
+    for _ in range(5):
+        _infer(http, "ident")
+    first, second, last = (Path(f"{trace_file}.{i}") for i in range(3))
+    _wait_for(lambda: second.exists())
+    assert len(_traces(first)) == 2 and len(_traces(second)) == 2 and not last.exists()
+    assert server.stop() == 0
+    assert len(_traces(last)) == 1 and not trace_file.exists()
+    (trace,) = _traces(last).values()
+    assert [a for a, _ in trace["tensors"]] == ["TENSOR_QUEUE_INPUT", "TENSOR_BACKEND_OUTPUT"]
+    assert trace["tensors"][0][1] == {"name": "INPUT0", "data": "0.0,1.0,2.0", "shape": "3", "dtype": "FP32"}
+
+
+def test_no_traces_while_off(tmp_path: Path, start_server: Callable[..., ServerProcess]) -> None:
+    trace_file = tmp_path / "trace.json"
+    server = start_server(_repo(tmp_path, "ident"), flags=("--trace-config", f"triton,file={trace_file}",
+                                                           "--trace-config", "rate=1"))
+    http = httpclient.InferenceServerClient(server.url)
+    for _ in range(3):
+        _infer(http, "ident")
+    http.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"]})
+    _infer(http, "ident")
+    assert server.stop() == 0
+    assert len(_traces(trace_file)) == 1

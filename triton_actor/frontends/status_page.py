@@ -1,0 +1,116 @@
+"""The live status page on the HTTP port: ``/status`` (and ``/``) serve one self-contained HTML page whose
+script polls ``/status.json`` every second; no build step, nothing fetched from elsewhere.
+
+``/status.json`` is :func:`~..live_status.merge` over ``host.gather("status")``: host-wide with several
+workers. The request rate is computed by the page from two answers (the server's clock in each), so the
+server keeps no rate state. Views run in the request's greenlet.
+"""
+
+from __future__ import annotations
+
+from flask import Flask
+
+from .. import live_status
+from ..dataplane import DataPlane
+from .http import HttpRequest, Reply, json_reply
+
+_HTML_HEADERS = [("Content-Type", "text/html; charset=utf-8"), ("Cache-Control", "no-store")]
+
+
+def status_routes(app: Flask, plane: DataPlane) -> None:
+    @app.get("/status")
+    @app.get("/")
+    def status_page(req: HttpRequest) -> Reply:
+        return "200 OK", _HTML_HEADERS, PAGE
+
+    @app.get("/status.json")
+    def status_json(req: HttpRequest) -> Reply:
+        return json_reply(live_status.merge(plane.host.gather("status")))
+
+
+PAGE = b"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>triton_actor status</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<style>
+body{font:14px system-ui,sans-serif;margin:1.2em;color:#1d232a;background:#f6f7f9}
+h1{font-size:20px;margin:0 0 .3em}
+#summary{margin-bottom:1em;color:#444}
+.pill{display:inline-block;padding:1px 8px;border-radius:9px;font-weight:600;font-size:12px}
+.READY{background:#d3f4dc;color:#11652b}.UNAVAILABLE{background:#fbd9d9;color:#8c1d1d}
+.LOADING,.UNLOADING,.UNKNOWN{background:#fdf0c9;color:#7a5900}
+table{border-collapse:collapse;background:#fff;box-shadow:0 1px 2px #0002;width:100%}
+th,td{padding:6px 9px;border-bottom:1px solid #e4e7eb;text-align:right;vertical-align:top}
+th{background:#eef1f4;font-size:12px;text-transform:uppercase;letter-spacing:.03em}
+td.l,th.l{text-align:left}
+.reason{color:#8c1d1d;font-size:12px;max-width:30em;text-align:left}
+.hist{display:flex;align-items:flex-end;gap:2px;height:34px}
+.hist div{background:#4a7fd6;width:12px;min-height:1px;position:relative}
+.hist span{position:absolute;bottom:-14px;left:0;font-size:9px;color:#555}
+small{color:#666}
+</style></head>
+<body data-updates="0">
+<h1>triton_actor <small id="server"></small></h1>
+<div id="summary">waiting for the first update&hellip;</div>
+<table><thead><tr><th class="l">model</th><th>version</th><th class="l">state</th><th>instances</th>
+<th>queued</th><th>in flight</th><th>req/s</th><th>success</th><th>fail</th><th>p50 ms</th><th>p90 ms</th>
+<th>p99 ms</th><th class="l">batch sizes</th></tr></thead><tbody id="rows"></tbody></table>
+<p><small>Polls <a href="status.json">status.json</a> every second; latency is end to end in the server,
+percentiles are bucket upper bounds (buckets at most 25% wide).</small></p>
+<script>
+"use strict";
+let history = [];
+const fmt = (x, d) => (x === undefined || x === null) ? "" : Number(x).toFixed(d);
+function esc(s) { return String(s).replace(/[&<>"]/g, c => ({"&":"&amp;","<":"&lt;",">":"&gt;",'"':"&quot;"})[c]); }
+function hist(b) {
+  const sizes = Object.keys(b || {}); if (!sizes.length) return "";
+  const max = Math.max(...sizes.map(s => b[s]));
+  return '<div class="hist">' + sizes.map(s =>
+    `<div title="batch ${s}: ${b[s]} executions" style="height:${Math.max(1, 32 * b[s] / max)}px"><span>${s}</span></div>`
+  ).join("") + "</div>";
+}
+function render(st) {
+  // request rate: success counts against the newest earlier answer at least half a second older by the
+  // server's clock (or the oldest one kept), so it is right however often the page happens to poll
+  const now = st.time_ns;
+  const counts = Object.fromEntries(st.versions.map(v => [v.name + "/" + v.version, v.success]));
+  history = history.filter(h => now - h.time < 3e10);
+  const older = history.filter(h => now - h.time >= 5e8);
+  const base = older.length ? older[older.length - 1] : history[0];
+  const rates = {};
+  if (base && now > base.time)
+    for (const k in counts) if (k in base.counts) rates[k] = (counts[k] - base.counts[k]) * 1e9 / (now - base.time);
+  history.push({time: now, counts: counts});
+  document.getElementById("server").textContent = (st.ready ? "ready" : st.live ? "live, not ready" : "down") +
+    ` \\u00b7 ${st.workers} worker(s)`;
+  document.getElementById("summary").textContent =
+    `${st.versions.length} model version(s) \\u00b7 ${st.success} requests served, ${st.fail} failed \\u00b7 updated ` +
+    new Date(now / 1e6).toLocaleTimeString();
+  document.getElementById("rows").innerHTML = st.versions.map(v => {
+    const key = v.name + "/" + v.version, l = v.latency_ms || {};
+    const live = v.workers > 0;
+    return `<tr data-model="${esc(v.name)}" data-version="${v.version}">` +
+      `<td class="l">${esc(v.name)}</td><td>${v.version < 0 ? "" : v.version}</td>` +
+      `<td class="l"><span class="pill ${esc(v.state)}">${esc(v.state)}</span>` +
+      (v.reason ? `<div class="reason" title="${esc(v.reason)}">${esc(v.reason.split("\\n")[0])}</div>` : "") + "</td>" +
+      `<td title="${esc((v.instances || []).join(", "))}">${live ? v.busy_instances + "/" + v.instances.length + " busy" : ""}</td>` +
+      `<td class="queued">${live ? v.queued : ""}</td><td class="inflight">${live ? v.queued + v.running : ""}</td>` +
+      `<td class="rate">${!live ? "" : rates[key] === undefined ? "\\u2013" : fmt(rates[key], 1)}</td>` +
+      `<td class="success">${live ? v.success : ""}</td><td>${live ? v.fail : ""}</td>` +
+      `<td class="p50">${live && v.success ? fmt(l.p50, 3) : ""}</td><td>${live && v.success ? fmt(l.p90, 3) : ""}</td>` +
+      `<td class="p99">${live && v.success ? fmt(l.p99, 3) : ""}</td><td class="l">${hist(v.batches)}</td></tr>`;
+  }).join("");
+  document.body.dataset.updates = String(Number(document.body.dataset.updates) + 1);
+}
+async function poll() {
+  try {
+    const r = await fetch("status.json", {cache: "no-store"});
+    if (r.ok) render(await r.json());
+    else document.getElementById("summary").textContent = "status.json answered " + r.status;
+  } catch (e) {
+    document.getElementById("summary").textContent = "server unreachable: " + e;
+  }
+  setTimeout(poll, 1000);
+}
+poll();
+</script></body></html>
+"""

@@ -1,0 +1,153 @@
+"""This process's side of what is host-wide: the handlers a :class:`~.host.Host` runs here, and the
+proxies that send changes through the host.
+
+* :func:`register_handlers` -- statistics (this process's raw per-version counters), model control, model
+  readiness, shared-memory registration and the log / trace settings, each as a host handler.
+* :class:`HostSharedMemory` and :class:`HostRuntimeSettings` stand where the front ends use the registry and
+  the settings (``plane.shm``, ``plane.runtime``): reads are local, changes go to ``host.broadcast`` so every
+  worker makes them (in one process, ``LocalHost`` calls the local handler: the same code path).
+* :func:`sum_statistics` adds per-version snapshots of several workers, as one server would have counted.
+
+Thread: host handlers run in greenlets on the hub (a control connection's, or the caller's in one process).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .actors.handles import READY
+from .host import Host
+from .runtime_settings import RuntimeSettings
+from .shared_memory import SharedMemoryRegistry
+
+if TYPE_CHECKING:
+    from .actors.repository import RepositoryActor
+
+
+def register_handlers(host: Host, repository: RepositoryActor, shm: SharedMemoryRegistry,
+                      runtime: RuntimeSettings) -> None:
+    def statistics(args: dict[str, Any]) -> list[dict[str, Any]]:
+        snaps = []
+        for name, handle in sorted(repository.routes.items()):
+            if args.get("name") and name != args["name"]:
+                continue
+            for v in handle.ready_versions:
+                if args.get("version", -1) in (-1, v):
+                    snaps.append(handle.versions[v].statistics())
+        return snaps
+
+    def model_ready(args: dict[str, Any]) -> bool:
+        handle = repository.routes.get(args["name"])
+        return handle is not None and any(vh.state == READY for vh in handle.versions.values())
+
+    def shm_register(args: dict[str, Any]) -> None:
+        if args["kind"] == "system":
+            shm.register_system(args["name"], args["key"], args["offset"], args["byte_size"])
+        else:
+            shm.register_cuda(args["name"], args["raw_handle"], args["device_id"], args["byte_size"])
+
+    def shm_unregister(args: dict[str, Any]) -> None:
+        (shm.unregister_system if args["kind"] == "system" else shm.unregister_cuda)(args["name"])
+
+    host.register("statistics", statistics)
+    host.register("model.load", lambda a: repository.ref.load(a["name"], a.get("config"), a.get("files")).get())
+    host.register("model.unload", lambda a: repository.ref.unload(a["name"], a["unload_dependents"]).get(timeout=60))
+    host.register("model.ready", model_ready)
+    host.register("shm.register", shm_register)
+    host.register("shm.unregister", shm_unregister)
+    host.register("runtime.log", lambda a: runtime.update_log(a["changes"]))
+    host.register("runtime.trace", lambda a: runtime.update_trace(a["changes"], a.get("model", "")))
+
+
+def replay(host: Host, changes: list[tuple[str, str, dict[str, Any]]]) -> list[str]:
+    """Apply journaled changes to this process only (a worker that starts); returns the errors."""
+    errors = []
+    for _key, kind, args in changes:
+        try:
+            host.local(kind, args)  # type: ignore[attr-defined]
+        except Exception as e:  # noqa: BLE001 - one change failing must not stop the others
+            errors.append(f"{kind} {args.get('name', '')}: {e}")
+    return errors
+
+
+class HostSharedMemory:
+    """``plane.shm`` with registrations made host-wide; reads and data access stay local."""
+
+    def __init__(self, registry: SharedMemoryRegistry, host: Host) -> None:
+        self.registry = registry
+        self.host = host
+        self.read, self.write = registry.read, registry.write  # the request path: no __getattr__ detour
+
+    def __getattr__(self, name: str) -> Any:  # status, read, write, close: this process's registry
+        return getattr(self.registry, name)
+
+    def register_system(self, name: str, key: Any, offset: Any, byte_size: Any) -> None:
+        self.host.broadcast("shm.register", {"kind": "system", "name": name, "key": key, "offset": offset,
+                                             "byte_size": byte_size})
+
+    def register_cuda(self, name: str, raw_handle: Any, device_id: Any, byte_size: Any) -> None:
+        self.host.broadcast("shm.register", {"kind": "cuda", "name": name, "raw_handle": raw_handle,
+                                             "device_id": device_id, "byte_size": byte_size})
+
+    def unregister_system(self, name: str = "") -> None:
+        self.host.broadcast("shm.unregister", {"kind": "system", "name": name})
+
+    def unregister_cuda(self, name: str = "") -> None:
+        self.host.broadcast("shm.unregister", {"kind": "cuda", "name": name})
+
+
+class HostRuntimeSettings:
+    """``plane.runtime`` with log and trace changes made host-wide; reads stay local."""
+
+    def __init__(self, settings: RuntimeSettings, host: Host) -> None:
+        self.settings = settings
+        self.host = host
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.settings, name)
+
+    def update_log(self, changes: dict[str, Any]) -> dict[str, Any]:
+        return self.host.broadcast("runtime.log", {"changes": changes})[0]
+
+    def update_trace(self, changes: dict[str, list[str]], model: str = "") -> dict[str, list[str]]:
+        return self.host.broadcast("runtime.trace", {"changes": changes, "model": model})[0]
+
+
+def _add(a: Any, b: Any) -> Any:
+    """Counters of two workers added: numbers summed, dicts by key, sequences element by element."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a + b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return {**a, **{k: _add(a[k], v) if k in a else v for k, v in b.items()}}
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
+        return tuple(_add(x, y) for x, y in zip(a, b, strict=True))
+    return a
+
+
+def _normal(snap: dict[str, Any]) -> dict[str, Any]:
+    """A snapshot as it is after a trip through JSON: batch sizes as ints, pairs as tuples."""
+    return {**snap, "durations": {k: tuple(v) for k, v in snap["durations"].items()},
+            "batches": {int(k): tuple(v) for k, v in snap["batches"].items()}}
+
+
+def sum_statistics(per_worker: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per-version snapshots of every worker, added up as one server would have counted them: every
+    number summed (fields added later are summed too), the latest ``last_inference``; the order is the
+    first worker's, versions only other workers have come after."""
+    total: dict[tuple[str, int], dict[str, Any]] = {}
+    for snaps in per_worker:
+        for snap in map(_normal, snaps):
+            key = (snap["name"], int(snap["version"]))
+            into = total.get(key)
+            if into is None:
+                total[key] = snap
+                continue
+            last = max(into["last_inference"], snap["last_inference"])
+            merged = _add({k: v for k, v in into.items() if k not in ("name", "version")},
+                          {k: v for k, v in snap.items() if k not in ("name", "version")})
+            total[key] = {**into, **merged, "last_inference": last}
+    for snap in total.values():
+        snap["batches"] = dict(sorted(snap["batches"].items()))
+    return list(total.values())

@@ -1,0 +1,81 @@
+"""The control protocol between worker processes (sans-I/O): length-prefixed JSON frames.
+
+A frame is a 4-byte big-endian length and that many bytes of UTF-8 JSON. A call is
+``{"id": n, "kind": str, "args": {...}}``; its answer ``{"id": n, "ok": data}`` or
+``{"id": n, "error": [code, message]}``. Bytes values (file overrides of a model load) travel as
+``{"__b64__": "..."}``. Frames are bounded (``MAX_FRAME``): a load with file overrides is the largest.
+
+Only workers of one arbiter speak it, over Unix sockets in a 0700 run directory; it is still parsed as
+untrusted input (bounded, JSON only, no pickle).
+"""
+
+from __future__ import annotations
+
+import base64
+import struct
+from typing import Any
+
+import orjson
+
+MAX_FRAME = 1 << 30  # a model load may carry file overrides of several hundred MB (HTTP allows 64 MiB * n)
+_HEADER = struct.Struct(">I")
+
+
+class ProtocolError(Exception):
+    """A peer sent something that is not a frame of this protocol."""
+
+
+def _encode_value(value: Any) -> Any:
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return {"__b64__": base64.b64encode(bytes(value)).decode("ascii")}
+    if isinstance(value, dict):
+        return {str(k): _encode_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_encode_value(v) for v in value]
+    return value
+
+
+def _decode_value(value: Any) -> Any:
+    if isinstance(value, dict):
+        if len(value) == 1 and "__b64__" in value:
+            return base64.b64decode(value["__b64__"])
+        return {k: _decode_value(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_decode_value(v) for v in value]
+    return value
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    """One frame holding ``message``."""
+    body = orjson.dumps(_encode_value(message))
+    if len(body) > MAX_FRAME:
+        raise ProtocolError(f"control message of {len(body)} bytes exceeds {MAX_FRAME}")
+    return _HEADER.pack(len(body)) + body
+
+
+class FrameReader:
+    """Bytes in, messages out: ``feed(data)`` returns every message completed by ``data``."""
+
+    def __init__(self, max_frame: int = MAX_FRAME) -> None:
+        self.max_frame = max_frame
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[dict[str, Any]]:
+        self._buffer += data
+        messages = []
+        while len(self._buffer) >= _HEADER.size:
+            (size,) = _HEADER.unpack_from(self._buffer)
+            if size > self.max_frame:
+                raise ProtocolError(f"control frame of {size} bytes exceeds {self.max_frame}")
+            if len(self._buffer) < _HEADER.size + size:
+                break
+            body = bytes(self._buffer[_HEADER.size:_HEADER.size + size])
+            del self._buffer[:_HEADER.size + size]
+            try:
+                message = orjson.loads(body)
+            except orjson.JSONDecodeError as e:
+                raise ProtocolError(f"control frame is not JSON: {e}") from e
+            if not isinstance(message, dict):
+                raise ProtocolError("control frame is not a JSON object")
+            messages.append(_decode_value(message))
+        return messages

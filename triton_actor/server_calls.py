@@ -1,0 +1,292 @@
+"""What Python models ask of the server (Triton's BLS and model control), served through the data plane.
+
+``pb_utils.InferenceRequest.exec()`` / ``async_exec()`` and ``pb_utils.load_model`` / ``unload_model`` /
+``is_model_ready`` reach the hooks of ``triton_python_backend_utils.server_calls``; :class:`ServerCalls`
+fills them. A BLS request goes through :class:`~.dataplane.DataPlane` like a client's (routing table,
+validation, the target's own scheduler and batching), so any model that plane serves can be called.
+
+Threads: the hooks are called on the calling model's instance thread (or a thread or greenlet it
+started, or the instance's asyncio loop for ``async_exec``); the work runs in a greenlet on the hub
+(:class:`~.actors.bridge.HubCalls`) and the answer comes back through a
+:class:`~.actors.bridge.ThreadInbox` (or the asyncio loop's ``call_soon_threadsafe``). Called on the
+hub itself (a model promoted to run inline) a hook raises :class:`~.actors.bridge.RunOnThread`: the
+instance re-runs the batch on its thread and keeps it (actors/instance.py), so the hub never waits
+for itself. Owner: the server creates one, installs the hooks at start and removes them at stop.
+Failure: an inference error becomes ``response.has_error()`` with Triton's text; a BLS call that
+would wait for itself forever (see :mod:`.bls_waits`) gets an UNAVAILABLE error instead of hanging;
+model-control errors raise ``TritonModelException``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+from .actors.bridge import (
+    HubCalls,
+    NativeWorker,
+    RunOnThread,
+    ThreadInbox,
+    current_worker,
+    this_thread_hub,
+    wait_on_hub,
+)
+from .backends.python import triton_python_backend_utils as pb_utils
+from .backends.python.triton_python_backend_utils import server_calls as hooks
+from .bls_waits import WaitGraph
+from .dataplane import DataPlane
+from .errors import TritonError
+from .inference import InferInput, InferRequest, InferResponse, RequestedOutput
+from .protocol.dtypes import BY_ENUM_VALUE, from_numpy
+
+_END = object()  # the end of a decoupled BLS stream in its inbox
+
+
+class ServerCalls:
+    """The hooks a Python model calls: BLS and model control, on the hub of this process."""
+
+    def __init__(self, plane: DataPlane) -> None:
+        self.plane = plane
+        self._calls: HubCalls | None = None  # its watcher exists while the hooks are installed
+        self._hub = this_thread_hub()
+        self._waits = WaitGraph()
+
+    def install(self) -> None:
+        """Hub thread: fill the hooks of ``pb_utils.server_calls``."""
+        self._calls = HubCalls()
+        hooks.bls_executor = self.exec
+        hooks.bls_async_executor = self.async_exec
+        hooks.model_control = self
+
+    def uninstall(self) -> None:
+        if hooks.bls_executor == self.exec:
+            hooks.bls_executor = hooks.bls_async_executor = hooks.model_control = None
+        if self._calls is not None:
+            self._calls.close()
+            self._calls = None
+
+    # -- any thread but the hub's -----------------------------------------------------------------
+    def _off_hub(self) -> NativeWorker[Any] | None:
+        """The calling instance's worker (None for other threads); refuse the hub itself."""
+        if this_thread_hub() is self._hub:
+            raise RunOnThread()
+        if self._calls is None:
+            raise pb_utils.TritonModelException("the server is not running: it cannot serve this call")
+        worker = current_worker()
+        if worker is not None:
+            worker.calls_server = True
+        return worker
+
+    def exec(self, request: Any, decoupled: bool) -> Any:
+        """``InferenceRequest.exec``: one ``InferenceResponse``, or an iterator of them (decoupled)."""
+        worker = self._off_hub()
+        infer_request = _to_infer_request(request)
+        names = infer_request.requested_output_names
+        if decoupled:
+            return _stream(self._calls, self._stream_on_hub, infer_request, worker, names)
+        result = wait_on_hub(self._calls, self._infer_on_hub, infer_request, worker)
+        return _to_pb_response(result, names)
+
+    def async_exec(self, request: Any, decoupled: bool) -> Any:
+        """``InferenceRequest.async_exec``: a future of the running asyncio loop. A decoupled call
+        collects every response first and the future gives an iterator over them."""
+        worker = self._off_hub()
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        infer_request = _to_infer_request(request)
+        names = infer_request.requested_output_names
+        fn = self._collect_on_hub if decoupled else self._infer_on_hub
+
+        def done(ok: bool, value: Any) -> None:  # hub thread: hand over to the loop's thread
+            loop.call_soon_threadsafe(_settle, future, ok, value, names, decoupled)
+
+        self._calls.submit(fn, (infer_request, worker), done)
+        return future
+
+    def load_model(self, model_name: str, config: str = "", files: dict[str, bytes] | None = None) -> None:
+        parameters: dict[str, Any] = dict(files or {})
+        if config:
+            parameters["config"] = config
+        self._control(self.plane.load_model, model_name, parameters)
+
+    def unload_model(self, model_name: str, unload_dependents: bool = False) -> None:
+        self._control(self.plane.unload_model, model_name, bool(unload_dependents))
+
+    def is_model_ready(self, model_name: str, model_version: str = "") -> bool:
+        version = int(model_version) if str(model_version).strip() else -1
+        try:
+            return bool(self._control(self.plane.model_ready, model_name, version))
+        except pb_utils.TritonModelException:
+            return False
+
+    def _control(self, fn: Any, *args: Any) -> Any:
+        self._off_hub()
+        try:
+            return wait_on_hub(self._calls, fn, *args)
+        except TritonError as e:
+            raise pb_utils.TritonModelException(e.message) from None
+
+    # -- hub greenlets ----------------------------------------------------------------------------
+    def _enter(self, request: InferRequest, worker: NativeWorker[Any] | None) -> tuple[str, int] | None:
+        """Check that the target is ready and record that ``worker`` waits for it; refuse a wait that
+        never ends. Triton's python backend asks ``ModelIsReady`` first and answers its own text."""
+        handle = self.plane.repository.routes.get(request.model_name)
+        try:
+            if handle is None:
+                raise TritonError.not_found(request.model_name)
+            version = handle.resolve(request.model_version)
+        except TritonError:
+            raise TritonError.internal(
+                f"Failed for execute the inference request. Model '{request.model_name}' is not ready.") from None
+        if worker is None:
+            return None
+        target = (request.model_name, version.version)
+        if not self._waits.enter(worker, target):
+            raise TritonError.unavailable(
+                f"BLS request to model '{target[0]}' version {target[1]} would wait forever: every instance of it "
+                "is busy waiting, directly or through other models, for this request's caller (a BLS cycle); "
+                "give the model more instances or break the cycle")
+        return target
+
+    def _infer_on_hub(self, request: InferRequest, worker: NativeWorker[Any] | None) -> InferResponse | TritonError:
+        try:
+            target = self._enter(request, worker)
+        except TritonError as e:
+            return e
+        try:
+            return self.plane.infer(request, internal=True).response
+        except TritonError as e:
+            return e
+        finally:
+            if target is not None:
+                self._waits.leave(worker, target)
+
+    def _stream_on_hub(self, request: InferRequest, worker: NativeWorker[Any] | None, inbox: ThreadInbox,
+                       reader: ResponseIterator) -> None:
+        """Pump a streamed inference into ``inbox``: ``(item, final)`` pairs, then ``_END``. Once the
+        model cancelled its iterator, the next response closes the stream (the target then sees
+        ``is_cancelled()``)."""
+        target = None
+        try:
+            target = self._enter(request, worker)
+            responses = self.plane.infer_stream(request, internal=True).responses
+            for item, final in responses:
+                if reader.cancelled:
+                    responses.close()  # type: ignore[attr-defined]
+                    break
+                inbox.put((item, final))
+        except TritonError as e:
+            inbox.put((e, True))
+        except Exception as e:  # noqa: BLE001 - a bug of ours must still end the model's stream
+            inbox.put((TritonError.internal(f"BLS stream failed: {e!r}"), True))
+        finally:
+            if target is not None:
+                self._waits.leave(worker, target)
+            inbox.put(_END)
+
+    def _collect_on_hub(self, request: InferRequest, worker: NativeWorker[Any] | None) -> list[Any]:
+        """Every response of a streamed inference (``async_exec(decoupled=True)``)."""
+        target = None
+        try:
+            target = self._enter(request, worker)
+            return [item for item, _final in self.plane.infer_stream(request, internal=True).responses]
+        except TritonError as e:
+            return [e]
+        finally:
+            if target is not None:
+                self._waits.leave(worker, target)
+
+
+def _settle(future: asyncio.Future[Any], ok: bool, value: Any, names: tuple[str, ...] | None,
+            decoupled: bool) -> None:
+    """The asyncio loop's thread: complete an ``async_exec`` future."""
+    if future.cancelled():
+        return
+    if not ok:
+        future.set_exception(value)
+    elif decoupled:
+        future.set_result(iter([_to_pb_response(v, names) for v in value]))
+    else:
+        future.set_result(_to_pb_response(value, names))
+
+
+class ResponseIterator:
+    """What ``exec(decoupled=True)`` returns: the target's responses as they come (the last one may
+    have no outputs: a final flag without a response). ``cancel()`` stops reading; the target sees
+    ``is_cancelled()`` once the stream is closed."""
+
+    def __init__(self, inbox: ThreadInbox, names: tuple[str, ...] | None) -> None:
+        self._inbox = inbox
+        self._names = names
+        self._done = False
+        self.cancelled = False  # read by the pump on the hub
+
+    def __iter__(self) -> ResponseIterator:
+        return self
+
+    def __next__(self) -> Any:
+        if self._done:
+            raise StopIteration
+        item = self._inbox.get()
+        if item is _END:  # always after the final response: the pump on the hub is finished
+            self._done = True
+            self._inbox.close()
+            raise StopIteration
+        value, _final = item
+        return _to_pb_response(value, self._names)
+
+    def cancel(self) -> None:
+        """Stop yielding; the stream is closed at the target's next response, which then sees
+        ``is_cancelled()`` (responses produced meanwhile are dropped)."""
+        if not self._done:
+            self._inbox.close()
+        self._done = self.cancelled = True
+
+
+def _ignore(_ok: bool, _value: Any) -> None:
+    """The pump reports through the inbox itself (it always ends with ``_END``)."""
+
+
+def _stream(calls: HubCalls, fn: Any, request: InferRequest, worker: NativeWorker[Any] | None,
+            names: tuple[str, ...] | None) -> Iterator[Any]:
+    inbox = ThreadInbox()
+    reader = ResponseIterator(inbox, names)
+    calls.submit(fn, (request, worker, inbox, reader), _ignore)
+    return reader
+
+
+def _to_infer_request(pb: Any) -> InferRequest:
+    """A model's ``pb_utils.InferenceRequest`` as the data plane takes it (no copies of the arrays)."""
+    inputs = {}
+    for tensor in pb.inputs():
+        array = tensor._array
+        inputs[tensor._name] = InferInput(tensor._name, BY_ENUM_VALUE[tensor._triton_dtype], array.shape, array)
+    names = pb.requested_output_names()
+    outputs = tuple(RequestedOutput(_text(n)) for n in names) if names else None
+    version = pb.model_version()
+    # names taken from a BYTES tensor arrive as bytes (Triton's example does that: its bindings take them)
+    return InferRequest(_text(pb.model_name()), -1 if version in (None, "") else int(version), pb.request_id() or "",
+                        inputs, outputs, pb._parameters_dict(), False, 0, int(pb.timeout() or 0),
+                        pb.correlation_id(), int(pb.flags() or 0))
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _to_pb_response(result: Any, names: tuple[str, ...] | None) -> Any:
+    """What the server answered, as a ``pb_utils.InferenceResponse`` (requested outputs only)."""
+    if result is None:  # a final flag without a response
+        return pb_utils.InferenceResponse()
+    if isinstance(result, TritonError):
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(result.message, int(result.code)))
+    if isinstance(result, BaseException):
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(result)))
+    tensors = []
+    for name, array in result.outputs:
+        if names is not None and name not in names:
+            continue
+        dtype = from_numpy(array.dtype)
+        tensors.append(pb_utils.Tensor._trusted(name, array, dtype.enum_value if dtype else pb_utils.TYPE_STRING))
+    return pb_utils.InferenceResponse(tensors, parameters=result.parameters or None)

@@ -1,0 +1,101 @@
+"""Each worker's control socket: a Unix stream server that runs host handlers for the other workers.
+
+One connection per call (the caller connects, sends one frame, reads one answer): calls are rare
+(statistics reads, model control), and a slow call never holds up another.
+
+Thread: everything runs in greenlets on the worker's hub. Failure: a handler's ``TritonError`` goes back as
+``[code, message]``; any other exception as INTERNAL; a peer that cannot be reached raises UNAVAILABLE in
+the caller.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import gevent
+from gevent.server import StreamServer
+
+from ..errors import Code, TritonError
+from ..protocol import control
+
+log = logging.getLogger("triton_actor.workers")
+
+Dispatch = Callable[[str, dict[str, Any]], Any]
+
+
+def _read_one(sock: socket.socket, reader: control.FrameReader) -> dict[str, Any] | None:
+    while True:
+        data = sock.recv(65536)
+        if not data:
+            return None
+        messages = reader.feed(data)
+        if messages:
+            return messages[0]
+
+
+class ControlServer:
+    """Serves ``dispatch(kind, args)`` on the Unix socket ``path``."""
+
+    def __init__(self, path: str, dispatch: Dispatch) -> None:
+        self.path = path
+        self.dispatch = dispatch
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        if os.path.exists(path):
+            os.unlink(path)
+        listener.bind(path)
+        os.chmod(path, 0o600)
+        listener.listen(64)
+        self._server = StreamServer(listener, self._handle)
+
+    def start(self) -> None:
+        self._server.start()
+
+    def stop(self) -> None:
+        self._server.stop(timeout=1)
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+    def _handle(self, sock: socket.socket, _address: Any) -> None:
+        try:
+            call = _read_one(sock, control.FrameReader())
+            if call is None:
+                return
+            try:
+                answer = {"id": call.get("id"), "ok": self.dispatch(str(call["kind"]), call.get("args") or {})}
+            except TritonError as e:
+                answer = {"id": call.get("id"), "error": [int(e.code), e.message]}
+            except Exception as e:
+                log.exception("control call %r failed", call.get("kind"))
+                answer = {"id": call.get("id"), "error": [int(Code.INTERNAL), f"{type(e).__name__}: {e}"]}
+            sock.sendall(control.encode(answer))
+        except (OSError, control.ProtocolError) as e:
+            log.warning("control connection dropped: %s", e)
+        finally:
+            sock.close()
+
+
+def call(path: str, kind: str, args: dict[str, Any], timeout: float) -> Any:
+    """Run ``kind`` on the worker listening at ``path`` and return its answer (this greenlet waits)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        with gevent.Timeout(timeout, TritonError.unavailable(f"worker at {path} did not answer {kind!r} "
+                                                             f"within {timeout:.0f} s")):
+            sock.connect(path)
+            sock.sendall(control.encode({"id": 1, "kind": kind, "args": args}))
+            answer = _read_one(sock, control.FrameReader())
+    except OSError as e:
+        raise TritonError.unavailable(f"worker at {path} cannot be reached: {e}") from e
+    finally:
+        sock.close()
+    if answer is None:
+        raise TritonError.unavailable(f"worker at {path} closed the control connection during {kind!r}")
+    if "error" in answer:
+        code, message = answer["error"]
+        raise TritonError(Code(code), message)
+    return answer.get("ok")
