@@ -162,7 +162,10 @@ class SchedulerActor(InlineActor):
                     stats.record_failure(now - item.start_ns, "BACKEND")
                     self._respond(item, False, result)
                 else:
-                    stats.record_success(item.batch_size, now - item.start_ns, msg.dispatch_ns - item.start_ns, timings)
+                    queue_ns = msg.dispatch_ns - item.start_ns
+                    stats.record_success(item.batch_size, now - item.start_ns, queue_ns, timings)
+                    if type(result) is InferResponse:  # decoupled models answer None here
+                        result.timings = (queue_ns, *timings)
                     self._respond(item, True, result)
             if self._trace.on:
                 self._trace.batch(msg.items, results, msg.dispatch_ns, now, timings)
