@@ -65,3 +65,6 @@ class InferResponse:
 
     outputs: list[tuple[str, np.ndarray]]
     parameters: dict[str, Any] = field(default_factory=dict)
+    # (queue, compute_input, compute_infer, compute_output) ns as the serving scheduler measured them,
+    # set on the way out for a caller that adds them up (an ensemble's statistics, as Triton's do)
+    timings: tuple[int, int, int, int] | None = None

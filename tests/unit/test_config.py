@@ -420,13 +420,12 @@ def test_validate_duplicate_input_name() -> None:
     _invalid(info, "INPUT0")
 
 
-def test_validate_ensemble_is_unsupported() -> None:
+def test_validate_accepts_an_ensemble() -> None:
+    """An ensemble's own checks live in ensemble_graph.py (tests/unit/test_ensemble_graph.py)."""
     cfg = _valid_config()
     cfg.backend = ""
     cfg.platform = "ensemble"
-    with pytest.raises(TritonError) as info:
-        cm.validate(cfg, "add_sub", gpu_count=0)
-    assert info.value.code == Code.UNSUPPORTED
+    cm.validate(cfg, "add_sub", gpu_count=0)
 
 
 # -- JSON as /config prints it ---------------------------------------------------------------------

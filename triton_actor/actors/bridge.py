@@ -275,6 +275,39 @@ class ResponseChannel:
             self._wake.close()
 
 
+class BoundedResponseChannel(ResponseChannel):
+    """A :class:`ResponseChannel` that holds at most ``capacity`` responses not yet received: a sender on
+    a native thread waits (off the hub) until the consumer took one, so a producer faster than its
+    consumer cannot fill memory (the ensemble's ``max_inflight_requests``, server PR #8458). A sender
+    on the hub thread never waits (it would stop the hub); nor does anyone once the channel is closed
+    or cancelled, or for the final response."""
+
+    __slots__ = ("_capacity", "_room", "_hub_thread")
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self._capacity = max(1, capacity)
+        self._room = _allocate_native_lock()  # released by the consumer after it took a response
+        self._room.acquire()
+        self._hub_thread = _get_ident()
+
+    def send(self, item: Any, final: bool) -> None:
+        super().send(item, final)
+        if final or _get_ident() == self._hub_thread:
+            return
+        while len(self._items) >= self._capacity and not (self._closed or self.cancelled):
+            self._room.acquire(True, 0.05)  # woken by receive(); the timeout re-checks closed / cancelled
+
+    def receive(self, timeout: float | None = None) -> tuple[Any, bool]:
+        item = super().receive(timeout)
+        if self._room.locked():
+            try:
+                self._room.release()
+            except RuntimeError:  # released by a racing receive meanwhile
+                pass
+        return item
+
+
 class HubSignal:
     """A thread-safe wake-up: ``send()`` from any thread makes ``callback()`` run in the hub (sends that
     arrive before the hub gets to it coalesce into one call). Create and close it in the hub thread."""

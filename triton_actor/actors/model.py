@@ -41,9 +41,10 @@ import gevent.lock
 from ..backends.base import Backend
 from ..errors import TritonError
 from ..repository import config as config_mod
-from ..repository import layout, snapshot
+from ..repository import ensemble_graph, layout, snapshot
 from ..repository.config import ModelConfig
 from .bridge import call_in_thread
+from .ensemble import Routes
 from .handles import LOADING, READY, UNAVAILABLE, UNLOADING, ModelHandle
 from .kernel import Actor, ActorRef, Reply
 from .version import Version, VersionSource, start_version, stop_version
@@ -126,8 +127,9 @@ class _Plan:
     model_dir: Path
     stamp: snapshot.Stamp
     config: ModelConfig
-    backend: Backend
+    backend: Backend | None  # None for an ensemble
     selected: dict[int, Path]
+    graph: ensemble_graph.Graph | None = None
 
 
 class ModelActor(Actor):
@@ -137,9 +139,11 @@ class ModelActor(Actor):
     ref: ModelRef
 
     def __init__(self, name: str, backends: dict[str, Backend], settings: LoadSettings, publish: Publish,
-                 gate: gevent.lock.Semaphore | None = None, parent: Actor | None = None) -> None:
+                 gate: gevent.lock.Semaphore | None = None, parent: Actor | None = None,
+                 routes: Routes | None = None) -> None:
         super().__init__(f"model:{name}", parent)
         self.model = name
+        self._routes: Routes = routes or (lambda: {})  # the routing table (ensembles check and route through it)
         self._backends = backends
         self._settings = settings
         self._publish = publish
@@ -265,6 +269,8 @@ class ModelActor(Actor):
         available = layout.list_versions(model_dir)
         first = available[min(available, key=str)] if available else None
         config_mod.fill_backend_fields(cfg, self.model, first)
+        if ensemble_graph.is_ensemble(cfg) or cfg.HasField("ensemble_scheduling"):
+            return self._prepare_ensemble(model_dir, cfg, stamp, available)
         backend = self._backends.get(cfg.backend)
         if backend is None:
             raise TritonError.invalid_arg(
@@ -275,6 +281,27 @@ class ModelActor(Actor):
             call_in_thread(backend.auto_complete, cfg, model_dir, first, explicit)
         config_mod.normalize(cfg, self.model, s.gpu_count)
         config_mod.validate(cfg, self.model, s.gpu_count)
+        return _Plan(model_dir, stamp, cfg, backend, self._select(cfg, available))
+
+    def _prepare_ensemble(self, model_dir: Path, cfg: ModelConfig, stamp: snapshot.Stamp,
+                          available: dict[int, Path]) -> _Plan:
+        """An ensemble: no backend; its graph is checked, then against the composing models as the
+        routing table shows them now (the repository loads them first, spec §5.1)."""
+        config_mod.normalize(cfg, self.model, self._settings.gpu_count)
+        config_mod.validate(cfg, self.model, self._settings.gpu_count)
+        graph = ensemble_graph.check_scheduling(cfg)
+        routes = self._routes()
+        models = {}
+        for name in ensemble_graph.dependencies(cfg):
+            handle = routes.get(name)
+            if handle is not None and (handle.config is not None or handle.versions):
+                reasons = [vh.reason for vh in handle.versions.values() if vh.reason]
+                models[name] = ensemble_graph.Composing(handle.config, handle.ready_versions,
+                                                        reasons[0] if reasons else "")
+        ensemble_graph.check_composing(cfg, graph, models)
+        return _Plan(model_dir, stamp, cfg, None, self._select(cfg, available), graph)
+
+    def _select(self, cfg: ModelConfig, available: dict[int, Path]) -> dict[int, Path]:
         policy = cfg.version_policy.WhichOneof("policy_choice")
         arg: object = 0
         if policy == "latest":
@@ -286,7 +313,7 @@ class ModelActor(Actor):
             raise TritonError.invalid_arg(
                 f"at least one version must be available under the version policy of model '{self.model}'"
             )
-        return _Plan(model_dir, stamp, cfg, backend, {v: available[v] for v in selected})
+        return {v: available[v] for v in selected}
 
     def _first_load(self, plan: _Plan, msg: Load) -> None:
         """Nothing serves yet: each version becomes READY or UNAVAILABLE on its own."""
@@ -353,7 +380,8 @@ class ModelActor(Actor):
         jobs = {
             v: gevent.spawn(start_version, VersionSource(
                 self.model, v, plan.model_dir, plan.selected[v], plan.config, config_json, plan.backend,
-                backend_config, plan.stamp.part(plan.selected[v].name)), self._settings.load_timeout_s)
+                backend_config, plan.stamp.part(plan.selected[v].name), plan.graph, self._routes),
+                self._settings.load_timeout_s)
             for v in versions
         }
         gevent.joinall(list(jobs.values()))

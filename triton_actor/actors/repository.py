@@ -18,6 +18,12 @@ one that reloads what was serving, while the old routing snapshot keeps serving,
 gives up: every version of that model UNAVAILABLE with the reason in the index and unloaded (a later
 load API call or POLL change loads it afresh).
 
+Ensembles (spec §5.1): every batch of loads (startup, POLL changes, the load API) starts an ensemble's
+load only once the loads of its composing models in the same batch finished (:meth:`_load_in_order`,
+helper greenlets of :mod:`.load_order`); ensembles that contain each other fail at once with Triton's
+text. In EXPLICIT mode loading an ensemble loads what it needs first, and ``unload_dependents`` unloads
+what was loaded only for it (:class:`~..repository.dependencies.Dependencies`, owned here).
+
 POLL is reconciliation (spec §5.1, design "Lifecycle"): each rescan (every ``--repository-poll-secs``,
 sooner when :mod:`.watcher` nudges) feeds the stamps on disk to the reconciler and carries out the
 loads and unloads it answers; a change is loaded once the folder was quiet for ``SETTLE_S``.
@@ -27,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -39,9 +46,12 @@ from ..backends.base import Backend
 from ..errors import TritonError
 from ..repository import layout, overrides, snapshot
 from ..repository.config import ModelConfig
+from ..repository.dependencies import Dependencies, read_deps
+from ..repository.ensemble_graph import dependencies
 from ..repository.reconcile import Reconciler
-from .handles import READY, UNAVAILABLE, ModelHandle
+from .handles import READY, UNAVAILABLE, ModelHandle, VersionHandle
 from .kernel import Actor, ActorRef, Reply
+from .load_order import Start, loader, start_after, unload_after
 from .model import LoadSettings, ModelActor, Restart
 from .supervisor import RestartBudget
 from .watcher import Watcher
@@ -168,6 +178,7 @@ class RepositoryActor(Actor):
         self._gate = gevent.lock.Semaphore(max(1, load_threads))
         self._models: dict[str, ModelActor] = {}
         self._poll = Reconciler(SETTLE_S)  # POLL: what was loaded from which files, what is settling
+        self._graph = Dependencies()  # which ensemble needs which model; what was loaded only as a dependency
         self._rescan_due: gevent.Greenlet | None = None
         self._timer: gevent.Greenlet | None = None
         self._watcher: Watcher | None = None
@@ -194,7 +205,11 @@ class RepositoryActor(Actor):
         failures: dict[str, str] = {}
         if self.control_mode == EXPLICIT:
             names = names if self._startup_models == ("*",) else list(self._startup_models)
-        pending: dict[str, Reply[None]] = {}
+        if self.control_mode == EXPLICIT:  # --load-model of an ensemble loads its composing models too
+            wanted = set(names)
+            names = list(dict.fromkeys(n for name in names for n in self._graph.closure(name, self._disk_deps(found))))
+            self._graph.implicit.update(n for n in names if n not in wanted)
+        starts: dict[str, Start] = {}
         for name in names:
             try:
                 model_dir = self._model_dir(name, found)
@@ -203,7 +218,9 @@ class RepositoryActor(Actor):
                 continue
             if self.control_mode == POLL:
                 self._poll.loaded(name, snapshot.take(model_dir))
-            pending[name] = self._actor_for(name).ref.load(model_dir)
+            self._graph.set(name, read_deps(name, model_dir, self._settings.config_name))
+            starts[name] = loader(model_dir)
+        pending = self._load_in_order(starts)
         gevent.spawn(self._await_loads, pending, failures, msg.reply)
 
     def _await_loads(self, pending: dict[str, Reply[None]], failures: dict[str, str], reply: Reply[dict[str, str]]) -> None:
@@ -232,7 +249,27 @@ class RepositoryActor(Actor):
         except TritonError as e:
             reason = "" if e.message == _poll_failed(msg.name) else f": {e.message}"
             raise TritonError.internal(_poll_failed(msg.name) + reason) from None
-        self._actor_for(msg.name).ref.load(model_dir, override, owned, reply=msg.reply)
+        disk = self._disk_deps(layout.list_models(self.repositories))
+
+        def lookup(name: str) -> tuple[str, ...] | None:
+            if name != msg.name:
+                return disk(name)
+            return dependencies(override) if override is not None else read_deps(name, model_dir, self._settings.config_name)
+
+        order = self._graph.closure(msg.name, lookup)
+        self._graph.implicit.discard(msg.name)
+        starts: dict[str, Start] = {}
+        found = layout.list_models(self.repositories)
+        for name in order[:-1]:  # the composing models it needs (an ensemble's), loaded first (spec §5.1)
+            if len(found.get(name, ())) != 1:
+                continue  # not in the repository: the ensemble's own check says so
+            handle = self.routes.get(name)
+            if handle is None or not handle.ready_versions:
+                self._graph.implicit.add(name)  # Triton: "not explicitly loaded"
+            starts[name] = loader(found[name][0])
+        starts[msg.name] = loader(model_dir, override, owned)
+        done = self._load_in_order(starts)
+        done[msg.name].link(lambda r: msg.reply.fail(r.exception()) if r.exception() else msg.reply.set(None))
 
     def _load_request(self, msg: LoadModel) -> tuple[Path, ModelConfig | None, bool]:
         """Where the model actor loads from: the model's folder, or a private copy with the overrides."""
@@ -248,13 +285,20 @@ class RepositoryActor(Actor):
 
     def on_UnloadModel(self, msg: UnloadModel) -> None:
         """Returns before the model is gone (Triton: unload is asynchronous, spec surprise #9); an
-        unknown model (or a name that cannot be one) is not an error. No ensembles yet, so
-        ``unload_dependents`` has nothing to add."""
+        unknown model (or a name that cannot be one) is not an error. ``unload_dependents``: the models
+        loaded only because this ensemble needed them, and needed by no other loaded model, are
+        unloaded once it is gone."""
         if self.control_mode != EXPLICIT:
             raise TritonError.unavailable(_REFUSED)
         actor = self._models.get(msg.name)
         if actor is not None:
-            self._unload(msg.name, actor)
+            done = actor.ref.unload()
+            done.link(lambda r: r.exception() and log.error("unloading '%s' failed: %s", msg.name, r.exception()))
+            if msg.unload_dependents:
+                loaded = [n for n, h in self.routes.items() if h.ready_versions]
+                deps = [(n, self._models[n].ref) for n in self._graph.to_unload(msg.name, loaded) if n in self._models]
+                self._graph.implicit.difference_update(n for n, _ in deps)
+                gevent.spawn(unload_after, done, deps)
         msg.reply.set(None)
 
     def _model_dir(self, name: str, found: dict[str, list[Path]]) -> Path:
@@ -289,9 +333,13 @@ class RepositoryActor(Actor):
         found = layout.list_models(self.repositories)
         unique = {name: dirs[0] for name, dirs in found.items() if len(dirs) == 1}
         actions = self._poll.step({name: snapshot.take(d) for name, d in unique.items()}, time.monotonic())
+        starts: dict[str, Start] = {}
         for name in actions.load:
             log.info("poll: loading '%s' (files changed)", name)
-            self._actor_for(name).ref.load_in_background(unique[name])  # a failure is logged, and in the index
+            self._graph.set(name, read_deps(name, unique[name], self._settings.config_name))
+            starts[name] = loader(unique[name])
+        for name, done in self._load_in_order(starts).items():  # a failure is logged, and in the index
+            done.link(lambda r, name=name: r.exception() and log.error("loading '%s' failed: %s", name, r.exception()))
         for name in actions.unload:
             log.info("poll: unloading '%s' (its folder is gone)", name)
             self._models[name].ref.unload().link(lambda _r, name=name: self._tell(_ModelGone(name)))
@@ -385,11 +433,39 @@ class RepositoryActor(Actor):
         del self._models[name]
         self._actor_for(name).ref.tell(Restart(handover, text, give_up))
 
+    # -- load order (ensembles after their composing models) ---------------------------------------
+    def _load_in_order(self, starts: dict[str, Start]) -> dict[str, Reply[None]]:
+        """Start every load of ``starts``; one whose model needs others of ``starts`` (an ensemble) starts
+        once theirs finished, in a helper greenlet. An ensemble that contains itself fails at once.
+        Returns name → reply of its load."""
+        done: dict[str, Reply[None]] = {name: Reply() for name in starts}
+        for name, start in starts.items():
+            cycle = self._graph.cycle(name)
+            if cycle is not None:
+                self._set_route(ModelHandle(name, None, {-1: VersionHandle(-1, UNAVAILABLE, cycle)}, ()))
+                done[name].fail(TritonError.invalid_arg(cycle))
+                continue
+            waits = [done[d] for d in self._graph.of(name) if d in done]
+            ref = self._actor_for(name).ref
+            if waits:
+                gevent.spawn(start_after, waits, start, ref, done[name])
+            else:
+                start(ref, done[name])
+        return done
+
+    def _disk_deps(self, found: dict[str, list[Path]]) -> Callable[[str], tuple[str, ...] | None]:
+        def lookup(name: str) -> tuple[str, ...] | None:
+            dirs = found.get(name) if layout.is_valid_model_name(name) else None
+            return read_deps(name, dirs[0], self._settings.config_name) if dirs and len(dirs) == 1 else None
+
+        return lookup
+
     # -- helpers ----------------------------------------------------------------------------------
     def _actor_for(self, name: str) -> ModelActor:
         actor = self._models.get(name)
         if actor is None:
-            actor = ModelActor(name, self._backends, self._settings, self._publisher(), self._gate, parent=self)
+            actor = ModelActor(name, self._backends, self._settings, self._publisher(), self._gate, parent=self,
+                               routes=lambda: self.routes)
             actor.start()
             self._models[name] = actor
         return actor

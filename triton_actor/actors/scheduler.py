@@ -144,7 +144,10 @@ class SchedulerActor(InlineActor):
                     stats.record_failure(now - item.start_ns)
                     self._respond(item, False, result)
                 else:
-                    stats.record_success(item.batch_size, now - item.start_ns, msg.dispatch_ns - item.start_ns, timings)
+                    queue_ns = msg.dispatch_ns - item.start_ns
+                    stats.record_success(item.batch_size, now - item.start_ns, queue_ns, timings)
+                    if type(result) is InferResponse:  # decoupled models answer None here
+                        result.timings = (queue_ns, *timings)
                     self._respond(item, True, result)
         else:
             stats.record_execution(sum(i.batch_size for i in msg.items), 0, 0, 0)

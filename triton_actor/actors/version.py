@@ -16,10 +16,12 @@ from ..backends.base import Backend, InstanceContext
 from ..errors import TritonError
 from ..repository import layout
 from ..repository.config import ModelConfig
+from ..repository.ensemble_graph import Graph
 from ..repository.snapshot import FileEntry
 from ..statistics import VersionStats
 from ..validation import RequestValidator
 from .batch_queue import BatchPolicy
+from .ensemble import EnsembleScheduler, Routes
 from .handles import LOADING, READY, UNAVAILABLE, UNKNOWN, ReadyState, VersionHandle, check_transition
 from .instance import ModelInstance
 from .kernel import Reply
@@ -71,15 +73,19 @@ class VersionSource:
     version_dir: Path
     config: ModelConfig
     config_json: str
-    backend: Backend
+    backend: Backend | None  # None for an ensemble
     backend_config: dict[str, str]
     files: tuple[FileEntry, ...]
+    graph: Graph | None = None  # an ensemble's checked graph
+    routes: Routes | None = None  # the routing table an ensemble's steps are routed through
 
 
 def start_version(src: VersionSource, load_timeout_s: float) -> Version:
     """Create the instances (each on its own native thread), warm them up, start the scheduler."""
     start = time.monotonic()
     rec = Version(src.version, LOADING, files=src.files)
+    if src.graph is not None:
+        return _start_ensemble(src, rec)
     instances: list[ModelInstance] = []
     try:
         labels = _read_labels(src.config, src.model_dir, src.model)
@@ -106,6 +112,19 @@ def start_version(src: VersionSource, load_timeout_s: float) -> Version:
         return rec
     log.info("successfully loaded '%s' version %d (%.2f s)", src.model, src.version, time.monotonic() - start)
     rec.scheduler, rec.instances, rec.validator, rec.labels = scheduler, instances, RequestValidator(src.config), labels
+    rec.to(READY)
+    return rec
+
+
+def _start_ensemble(src: VersionSource, rec: Version) -> Version:
+    """An ensemble version has no instances: its scheduler routes each step to the composing models."""
+    assert src.graph is not None and src.routes is not None
+    stats = VersionStats(src.model, src.version)
+    max_inflight = src.config.ensemble_scheduling.max_inflight_requests
+    scheduler = EnsembleScheduler(f"ensemble:{src.model}:{src.version}", src.graph, src.routes, stats, max_inflight)
+    scheduler.start()
+    log.info("successfully loaded '%s' version %d", src.model, src.version)
+    rec.scheduler, rec.validator = scheduler, RequestValidator(src.config)  # type: ignore[assignment]
     rec.to(READY)
     return rec
 

@@ -168,7 +168,7 @@ def normalize(cfg: ModelConfig, model: str, gpu_count: int,
 
 def validate(cfg: ModelConfig, model: str, gpu_count: int,
              gpu_support: Callable[[str], str | None] = runtime_gpu_support) -> None:
-    """The invalid combinations of spec §3.9 that apply to a non-ensemble model; raise on the first.
+    """The invalid combinations of spec §3.9 that apply to any model; raise on the first.
     An explicit KIND_GPU needs a GPU on the host and a runtime that can use it (``gpu_support``)."""
     if cfg.name != model:
         raise _err(model, f"configuration name '{cfg.name}' does not match the model directory name '{model}'")
@@ -211,8 +211,7 @@ def validate(cfg: ModelConfig, model: str, gpu_count: int,
             for g in group.gpus:
                 if g < 0 or g >= gpu_count:
                     raise _err(model, f"instance group {group.name} of kind KIND_GPU specifies invalid or unsupported gpu id {g}")
-    if cfg.platform == "ensemble" or cfg.HasField("ensemble_scheduling"):
-        raise TritonError.unsupported(f"model '{model}': ensembles are not supported yet")
+    # an ensemble's own checks (its graph, its composing models) are in ensemble_graph.py
 
 
 def _validate_dynamic_batching(cfg: ModelConfig, model: str) -> None:

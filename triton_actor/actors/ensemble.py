@@ -1,0 +1,353 @@
+"""EnsembleScheduler: runs the requests of one ensemble version through its graph (spec §6.4).
+
+An :class:`InlineActor` in the place a version's SchedulerActor takes for other models (the routing
+table's :class:`~.handles.VersionHandle` tells it :class:`~.scheduler.Enqueue` the same way). Messages:
+``Enqueue`` (a request), :class:`_StepAnswered` (a composing model answered a step, from the hub),
+:class:`_StepStreamed` (one response of a decoupled composing model, from the step's reader greenlet),
+``GetStats`` (ask), ``Drain`` (completed once no request is in flight).
+State owned: the requests in flight (:class:`_Run`, each with its tensor tables) and the ensemble's
+:class:`~..statistics.VersionStats`. Composing models are not owned: each step is routed through the
+repository's routing table when it starts (``routes()``), so it goes through that model's own scheduler
+(its dynamic batcher sees ensemble traffic) and a reloaded composing model is picked up by the next step.
+
+Data flow: a step starts as soon as every tensor it reads exists, so independent branches run at the
+same time; tensors pass between steps as the same numpy arrays (no copies). A step that fails fails its
+request with the step's message and drops the request's tensors; other requests are untouched. A
+decoupled composing model's responses each fork the request's tensor table and drive the steps
+downstream once per response; every table that completes the ensemble outputs is one response of a
+decoupled ensemble. ``max_inflight_requests`` bounds the forks of one decoupled step in flight per
+request: its reader greenlet stops reading the composing model's responses until forks finish, and the
+step's :class:`~.bridge.BoundedResponseChannel` then makes the producing model's thread wait, so a slow
+step cannot make memory grow without bound (server PR #8458).
+Failure: a request whose step cannot be routed or fails is answered with that error; stopping the
+actor fails what is in flight with UNAVAILABLE.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import gevent
+import gevent.lock
+
+from ..errors import Code, TritonError
+from ..inference import InferInput, InferRequest, InferResponse, RequestedOutput
+from ..protocol.dtypes import from_numpy
+from ..repository.ensemble_graph import Graph, Step
+from ..statistics import VersionStats
+from .bridge import BoundedResponseChannel, ResponseChannel
+from .kernel import InlineActor, Reply
+from .scheduler import Drain, Enqueue, GetStats
+
+Routes = Callable[[], Mapping[str, Any]]  # name → ModelHandle (the repository's routing table, read live)
+
+
+@dataclass(eq=False, slots=True)
+class _Table:
+    """One set of ensemble tensors moving through the graph: the request's own, or a fork made by one
+    response of a decoupled step (``parent`` then shares the outputs of its plain steps still running)."""
+
+    tensors: dict[str, InferInput]
+    started: set[int]
+    parent: _Table | None = None
+    children: list[_Table] = field(default_factory=list)
+    plain: int = 0  # steps in flight that answer once
+    streams: int = 0  # decoupled steps in flight
+    settled: bool = False
+    release: Callable[[], Any] | None = None  # frees the max_inflight slot this fork holds
+
+
+@dataclass(eq=False, slots=True)
+class _Run:
+    """One ensemble request in flight."""
+
+    msg: Enqueue
+    decoupled: Any  # the request's ResponseChannel when the ensemble streams, else None
+    open_tables: int = 0
+    answered: int = 0
+    timings: list[int] = field(default_factory=lambda: [0, 0, 0, 0])  # its steps' queue and compute ns, summed
+    failed: bool = False
+    readers: list[gevent.Greenlet] = field(default_factory=list)
+    tables: list[_Table] = field(default_factory=list)  # every table, so a failure frees all tensors at once
+    gates: dict[int, gevent.lock.Semaphore] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class _StepAnswered:
+    run: _Run
+    table: _Table
+    step: Step
+    reply: Reply[InferResponse]
+
+
+@dataclass(frozen=True, slots=True)
+class _StepStreamed:
+    run: _Run
+    table: _Table
+    step: Step
+    item: Any  # InferResponse, an error, or None (a flags-only final)
+    final: bool
+    gate: gevent.lock.Semaphore | None
+
+
+class EnsembleScheduler(InlineActor):
+    """The scheduler of one ensemble version."""
+
+    def __init__(self, name: str, graph: Graph, routes: Routes, stats: VersionStats, max_inflight: int = 0) -> None:
+        super().__init__(name)
+        self._graph = graph
+        self._routes = routes
+        self._stats = stats
+        self._max_inflight = max_inflight
+        self._runs: set[_Run] = set()
+        self._drains: list[Reply[None]] = []
+
+    # -- messages ---------------------------------------------------------------------------------
+    def on_Enqueue(self, msg: Enqueue) -> None:
+        run = _Run(msg, msg.request.responses)
+        self._runs.add(run)
+        table = _Table(dict(msg.request.inputs), set())
+        run.tables.append(table)
+        run.open_tables = 1
+        self._advance(run, table)
+
+    def on__StepAnswered(self, msg: _StepAnswered) -> None:
+        run, table = msg.run, msg.table
+        table.plain -= 1
+        if run.failed:
+            return
+        error = msg.reply.exception()
+        if error is not None:
+            self._fail(run, error)
+            return
+        response = msg.reply.value()
+        try:
+            outputs = _mapped(msg.step, response)
+        except TritonError as e:
+            self._fail(run, e)
+            return
+        if response.timings is not None:
+            run.timings = [a + b for a, b in zip(run.timings, response.timings, strict=True)]
+        self._publish(run, table, outputs)
+
+    def on__StepStreamed(self, msg: _StepStreamed) -> None:
+        run, table, item = msg.run, msg.table, msg.item
+        if msg.final:
+            table.streams -= 1
+        if run.failed:
+            if msg.gate is not None and isinstance(item, InferResponse):
+                msg.gate.release()
+            return
+        if isinstance(item, BaseException):
+            self._fail(run, item)
+            return
+        if isinstance(item, InferResponse):
+            try:
+                outputs = _mapped(msg.step, item)
+            except TritonError as e:
+                self._fail(run, e)
+                return
+            fork = _Table(dict(table.tensors), set(table.started), parent=table,
+                          release=msg.gate.release if msg.gate is not None else None)
+            fork.tensors.update(outputs)
+            table.children.append(fork)
+            run.tables.append(fork)
+            run.open_tables += 1
+            self._advance(run, fork)
+        if msg.final:
+            self._settle(run, table)
+
+    def on_GetStats(self, _msg: GetStats) -> dict[str, object]:
+        return self._stats.snapshot()
+
+    def on_Drain(self, msg: Drain) -> None:
+        self._drains.append(msg.reply)
+        self._maybe_drained()
+
+    def on_stop(self) -> None:
+        error = TritonError.unavailable(f"model version '{self.name}' is unloading")
+        for run in list(self._runs):
+            self._fail(run, error)
+        for reply in self._drains:
+            reply.set(None)
+        self._drains.clear()
+
+    # -- the data flow ----------------------------------------------------------------------------
+    def _advance(self, run: _Run, table: _Table) -> None:
+        """Start every step of ``table`` whose inputs all exist; settle the table when nothing is left."""
+        graph = self._graph
+        for step in graph.steps:
+            if run.failed:
+                return
+            if step.index not in table.started and all(t in table.tensors for _, t in step.inputs):
+                self._start(run, table, step)
+        self._settle(run, table)
+
+    def _publish(self, run: _Run, table: _Table, outputs: dict[str, InferInput]) -> None:
+        """A plain step's outputs go to its table and to the forks made from it meanwhile."""
+        table.tensors.update(outputs)
+        self._advance(run, table)
+        for child in list(table.children):
+            if not child.settled and not run.failed:
+                self._publish(run, child, outputs)
+
+    def _start(self, run: _Run, table: _Table, step: Step) -> None:
+        table.started.add(step.index)
+        top = run.msg.request
+        if run.decoupled is not None and run.decoupled.is_cancelled():
+            self._fail(run, TritonError(Code.CANCELLED, "[request id: " + (top.id or "<id_unknown>") + "] cancelled"))
+            return
+        inputs = {name: table.tensors[tensor]._replace(name=name) for name, tensor in step.inputs}
+        request = InferRequest(step.model, step.version, top.id, inputs,
+                               tuple(RequestedOutput(name) for name, _ in step.outputs), top.parameters, False,
+                               top.priority, top.timeout_us, top.correlation_id, top.flags)
+        channel = None
+        try:
+            handle = self._routes().get(step.model)
+            if handle is None:
+                raise TritonError.not_found(f"Request for unknown model: '{step.model}' is not found")
+            version = handle.resolve(step.version)
+            if handle.config.model_transaction_policy.decoupled:
+                channel = BoundedResponseChannel(self._max_inflight) if self._max_inflight else ResponseChannel()
+                request = request._replace(responses=channel)
+            reply = version.infer(request)
+        except TritonError as e:
+            if channel is not None:
+                channel.close()
+            self._fail(run, e)
+            return
+        if channel is None:
+            table.plain += 1
+            tell = self.ref.tell
+            reply.link(lambda r: _quiet(tell, _StepAnswered(run, table, step, r)))
+        else:
+            table.streams += 1
+            run.readers.append(gevent.spawn(self._read_stream, run, table, step, channel, reply))
+
+    def _read_stream(self, run: _Run, table: _Table, step: Step, channel: ResponseChannel,
+                     reply: Reply[InferResponse]) -> None:
+        """Reader greenlet of one decoupled step: forwards its responses as messages; with
+        ``max_inflight_requests`` it waits for a free slot before taking the next response, so a fast
+        producer waits for the slow steps after it instead of filling memory."""
+        reply.link(lambda r: channel.send(r.exception(), True) if r.exception() is not None else None)
+        gate = None
+        if self._max_inflight > 0:
+            gate = run.gates.setdefault(step.index, gevent.lock.Semaphore(self._max_inflight))
+        try:
+            top = run.decoupled
+            while True:
+                item, final = channel.receive()
+                if top is not None and top.is_cancelled():
+                    channel.cancelled = True  # the ensemble's client went away: so did this step's
+                if gate is not None and isinstance(item, InferResponse):
+                    gate.acquire()
+                _quiet(self.ref.tell, _StepStreamed(run, table, step, item, final, gate))
+                if final:
+                    return
+        finally:
+            if not channel.finished:
+                channel.cancelled = True  # the run failed or the server stops: the model sees is_cancelled()
+            channel.close()
+
+    def _settle(self, run: _Run, table: _Table) -> None:
+        """A table with nothing in flight (and no running plain step of its parent it could still
+        inherit from) is done: it answers if it holds every ensemble output."""
+        if table.settled or table.plain or table.streams or run.failed:
+            return
+        parent = table.parent
+        while parent is not None:
+            if parent.plain:
+                return
+            parent = parent.parent
+        table.settled = True
+        if all(o in table.tensors for o in self._graph.outputs):
+            self._answer(run, table)
+        table.tensors = {}
+        for child in table.children:
+            self._settle(run, child)
+        if table.release is not None:
+            table.release()
+        run.open_tables -= 1
+        if run.open_tables == 0:
+            self._close_run(run)
+
+    def _answer(self, run: _Run, table: _Table) -> None:
+        wanted = run.msg.request.requested_output_names
+        outputs = [(name, table.tensors[name].data) for name in self._graph.outputs if wanted is None or name in wanted]
+        run.answered += 1
+        if run.decoupled is not None:
+            run.decoupled.send(InferResponse(outputs), False)
+        elif run.answered == 1:
+            run.msg.reply.set(InferResponse(outputs))
+
+    def _close_run(self, run: _Run) -> None:
+        self._runs.discard(run)
+        msg = run.msg
+        now = time.perf_counter_ns()
+        if run.answered == 0:
+            self._stats.record_failure(now - msg.start_ns)
+            error = TritonError.internal(f"ensemble '{self._graph.name}' finished without producing its outputs")
+            if run.decoupled is not None:
+                run.decoupled.send(error, True)
+            msg.reply.fail(error)
+        else:
+            # Triton: the ensemble's queue and compute times are its steps' (core's secondary stats aggregator)
+            queue_ns, ci, inf, co = run.timings
+            self._stats.record_success(msg.batch_size, now - msg.start_ns, queue_ns, (ci, inf, co))
+            self._stats.last_inference = time.time_ns() // 1_000_000
+            if run.decoupled is not None:
+                run.decoupled.send(None, True)
+            msg.reply.set(None)  # type: ignore[arg-type]  # ignored when answered above (decoupled: unused)
+        self._maybe_drained()
+
+    def _fail(self, run: _Run, error: BaseException) -> None:
+        """The request fails with the step's error; its tensors go, its other steps' answers are ignored."""
+        if run.failed:
+            return
+        run.failed = True
+        self._runs.discard(run)
+        msg = run.msg
+        self._stats.record_failure(time.perf_counter_ns() - msg.start_ns)
+        if not isinstance(error, TritonError):
+            error = TritonError.internal(repr(error))
+        if run.decoupled is not None:
+            run.decoupled.send(error, True)
+        msg.reply.fail(error)
+        for reader in run.readers:
+            reader.kill(block=False)
+        run.readers.clear()
+        for table in run.tables:
+            table.tensors = {}
+        run.tables.clear()
+        self._maybe_drained()
+
+    def _maybe_drained(self) -> None:
+        if self._drains and not self._runs:
+            for reply in self._drains:
+                reply.set(None)
+            self._drains.clear()
+
+
+def _mapped(step: Step, response: InferResponse) -> dict[str, InferInput]:
+    """The step's outputs under their ensemble names, as tensors the next steps take as they are."""
+    by_name = dict(step.outputs)
+    out: dict[str, InferInput] = {}
+    for name, data in response.outputs:
+        tensor = by_name.get(name)
+        if tensor is None:
+            continue
+        dtype = from_numpy(data.dtype)
+        if dtype is None:
+            raise TritonError.internal(f"output '{name}' of model '{step.model}' has an unsupported type {data.dtype}")
+        out[tensor] = InferInput(tensor, dtype, tuple(data.shape), data)
+    return out
+
+
+def _quiet(tell: Callable[[object], None], message: object) -> None:
+    try:
+        tell(message)
+    except TritonError:
+        pass  # the scheduler stopped: on_stop already failed the request
