@@ -3,24 +3,27 @@
 One repository and one server per module (the export and the reference take seconds): each model on its own
 (tokenize, both encoders, pool), the three chained by the client, then the ``minilm_ensemble`` and ``minilm_bls``
 models end to end. Every embedding is checked against sentence-transformers run in this process on the same
-packaged weights. The server runs with ``--exit-on-error=false``: where the ensemble scheduler or BLS is missing,
+packaged weights (in a process of its own). The server runs with ``--exit-on-error=false``: where the ensemble scheduler or BLS is missing,
 their tests fail and the others still run.
 """
 
 from __future__ import annotations
 
+import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import gevent
 import numpy as np
 import pytest
+from gevent import subprocess  # cooperative: the reference runs while the export does
 from tokenizers import Tokenizer
 
 from scripts import minilm
 
 from .clients import PROTOCOLS, Client
-from .server import ServerProcess
+from .server import ROOT, ServerProcess
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -35,16 +38,39 @@ SENTENCES = [
 TOLERANCE = 1e-5  # measured: 1.6e-07 at most for both encoders (float32, the same math in another order)
 
 
+_REFERENCE = """import json, sys
+import numpy as np
+from scripts import minilm
+np.save(sys.argv[1], minilm.reference(json.loads(sys.argv[2])))
+"""
+
+
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def _reference_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[subprocess.Popen, Path]]:
+    """sentence-transformers in a plain interpreter of its own, started first so it runs beside the export:
+    imported into this gevent-patched process, it left threads that held the test process at exit for minutes."""
+    out = tmp_path_factory.mktemp("minilm_reference") / "reference.npy"
+    job = subprocess.Popen([sys.executable, "-c", _REFERENCE, str(out), json.dumps(SENTENCES)], cwd=ROOT,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    yield job, out
+    if job.poll() is None:
+        job.kill()
+        job.wait()
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory, _reference_job: tuple[subprocess.Popen, Path]) -> Path:
     root = tmp_path_factory.mktemp("minilm")
     minilm.write_pipeline(root)
     return root
 
 
 @pytest.fixture(scope="module")
-def reference() -> np.ndarray:
-    return minilm.reference(SENTENCES)
+def reference(_reference_job: tuple[subprocess.Popen, Path]) -> np.ndarray:
+    job, out = _reference_job
+    _, err = job.communicate(timeout=150)
+    assert job.returncode == 0, err
+    return np.load(out)
 
 
 @pytest.fixture(scope="module")
@@ -119,25 +145,28 @@ def test_encoder(client: Client, repo: Path, reference: np.ndarray, encoder: str
 
 
 def test_encoder_batches_concurrent_requests(server: ServerProcess, repo: Path, reference: np.ndarray) -> None:
-    """Concurrent one-sentence requests of one padded length are joined by the dynamic batcher; each answer is
-    still its own sentence's."""
-    client = Client("grpc", server)
+    """Concurrent one-sentence requests of one padded length go through the dynamic batcher; each answer is
+    still its own sentence's. (HTTP: a tritonclient.grpc client used from greenlets hung the test process's
+    exit in grpc's channel close.)"""
+    client = Client("http", server)
     picks = [0, 1, 2, 3] * 6
-    before = client.get_inference_statistics("minilm_encoder_onnx")["model_stats"][0]
+    try:
+        before = client.get_inference_statistics("minilm_encoder_onnx")["model_stats"][0]
 
-    def one(i: int) -> np.ndarray:
-        ids, mask = _tokens(repo, [SENTENCES[i]])
-        (hidden,) = _infer(client, "minilm_encoder_onnx", {"input_ids": (ids, "INT64"),
-                                                           "attention_mask": (mask, "INT64")}, ["last_hidden_state"])
-        return _pool(hidden, mask)[0]
+        def one(i: int) -> np.ndarray:
+            ids, mask = _tokens(repo, [SENTENCES[i]])
+            (hidden,) = _infer(client, "minilm_encoder_onnx", {"input_ids": (ids, "INT64"),
+                                                               "attention_mask": (mask, "INT64")}, ["last_hidden_state"])
+            return _pool(hidden, mask)[0]
 
-    jobs = [gevent.spawn(one, i) for i in picks]
-    gevent.joinall(jobs, timeout=120, raise_error=True)
-    for i, job in zip(picks, jobs, strict=True):
-        np.testing.assert_allclose(job.value, reference[i], atol=TOLERANCE)
-    after = client.get_inference_statistics("minilm_encoder_onnx")["model_stats"][0]
-    assert int(after["inference_count"]) - int(before["inference_count"]) == len(picks)
-    client.close()
+        jobs = [gevent.spawn(one, i) for i in picks]
+        gevent.joinall(jobs, timeout=120, raise_error=True)
+        for i, job in zip(picks, jobs, strict=True):
+            np.testing.assert_allclose(job.value, reference[i], atol=TOLERANCE)
+        after = client.get_inference_statistics("minilm_encoder_onnx")["model_stats"][0]
+        assert int(after["inference_count"]) - int(before["inference_count"]) == len(picks)
+    finally:
+        client.close()
 
 
 def test_pool(client: Client) -> None:
