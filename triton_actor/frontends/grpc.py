@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import gevent
 
@@ -21,6 +21,16 @@ from ..protocol._generated import grpc_service_pb2 as pb
 from ..protocol._generated import health_pb2
 
 log = logging.getLogger(__name__)
+
+
+class StreamError(NamedTuple):
+    """An error answer on ``ModelStreamInfer``: the ``error_message`` response the stream carries by
+    default, and the code that ends the stream with a gRPC status when the client asked for that
+    (the ``triton_grpc_error: true`` header, Triton 24.08+)."""
+
+    response: pb.ModelStreamInferResponse
+    code: Code
+    message: str
 
 
 class GrpcServicer:
@@ -82,7 +92,7 @@ class GrpcServicer:
         return v2_grpc.encode_infer_response(request, response, pending.version, pending.labels,
                                              pending.batching, self.plane.shm)
 
-    def stream_infer(self, req: pb.ModelInferRequest) -> Iterator[pb.ModelStreamInferResponse]:
+    def stream_infer(self, req: pb.ModelInferRequest) -> Iterator[pb.ModelStreamInferResponse | StreamError]:
         """The responses to one request on ``ModelStreamInfer`` (any number from a decoupled model,
         one from any other), each with ``triton_final_response``; an error becomes ``error_message``
         (spec §2.4) and the stream goes on. A flags-only final is sent only when the request asked
@@ -93,24 +103,24 @@ class GrpcServicer:
             request = v2_grpc.decode_infer_request(req, self.plane.shm)
             streamed = self.plane.infer_stream(request)
         except TritonError as e:
-            yield v2_grpc.stream_error(req, e.message)
+            yield StreamError(v2_grpc.stream_error(req, e.message), e.code, e.message)
             return
         except Exception as e:
             log.exception("unexpected error on ModelStreamInfer for '%s'", req.model_name)
-            yield v2_grpc.stream_error(req, f"internal error: {e!r}")
+            yield StreamError(v2_grpc.stream_error(req, f"internal error: {e!r}"), Code.INTERNAL, f"internal error: {e!r}")
             return
         empty_final = v2_grpc.wants_empty_final(req)
         responses = streamed.responses
         try:
             for item, final in responses:
                 if isinstance(item, TritonError):
-                    yield v2_grpc.stream_error(req, item.message)
+                    yield StreamError(v2_grpc.stream_error(req, item.message), item.code, item.message)
                 elif item is not None:
                     try:
                         msg = v2_grpc.encode_infer_response(request, item, streamed.version, streamed.labels,
                                                             streamed.batching, self.plane.shm)
                     except TritonError as e:
-                        yield v2_grpc.stream_error(req, e.message)
+                        yield StreamError(v2_grpc.stream_error(req, e.message), e.code, e.message)
                         continue
                     yield v2_grpc.stream_response(msg, final)
                 elif empty_final:

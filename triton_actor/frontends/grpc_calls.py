@@ -30,7 +30,7 @@ from ..protocol import http2 as h2
 from ..protocol._generated import grpc_service_pb2 as pb
 from ..protocol._generated import health_pb2
 from ..protocol.h2_connection import H2Stream, StreamClosedError
-from .grpc import GrpcServicer
+from .grpc import GrpcServicer, StreamError
 
 if TYPE_CHECKING:
     from .grpc_h2 import Connection
@@ -97,7 +97,7 @@ class Call:
     """One gRPC call on one stream; its life is its handler's (``started`` … :meth:`finish`)."""
 
     __slots__ = ("conn", "stream", "sid", "method", "encoding", "buf", "inbox", "send_lock", "greenlet",
-                 "input_done", "done", "finished", "started", "requests")
+                 "input_done", "done", "finished", "started", "requests", "errors_end_stream")
 
     STREAM_REQUESTS = 128  # ModelStreamInfer requests running at once on one stream; more wait in the inbox
 
@@ -116,6 +116,8 @@ class Call:
         self.finished = False  # counted out of the running calls
         self.started = False  # its handler runs (or ran)
         self.requests: gevent.pool.Pool | None = None  # a ModelStreamInfer call's running requests
+        # ``triton_grpc_error: true`` on a stream: an error ends the stream with its gRPC status (Triton 24.08+)
+        self.errors_end_stream = False
 
     # -- events from the reader ---------------------------------------------------------------
     def begin(self, end_stream: bool) -> None:
@@ -345,6 +347,11 @@ class Call:
         responses = self.method.call(request)
         try:
             for response in responses:
+                if type(response) is StreamError:
+                    if self.errors_end_stream:  # the stream ends with this status; the others are cancelled
+                        self.inbox.put(Refused(GRPC_STATUS.get(response.code, INTERNAL), response.message))
+                        break
+                    response = response.response
                 if not self._stream_send(response):
                     break
         finally:

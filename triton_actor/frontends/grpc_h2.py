@@ -296,6 +296,8 @@ class Connection:
                 return
         self.calls += 1
         self.server.call_started()
+        if method.streaming:
+            call.errors_end_stream = event.headers.get(b"triton_grpc_error", b"").lower() == b"true"
         call.begin(event.end_stream)
 
     def _refusal(self, headers: Any) -> str | None:
