@@ -145,15 +145,6 @@ class GrpcH2Server:
         if self.calls == 1:
             self.idle.clear()
 
-    def _refusal(self, headers: Any) -> str | None:
-        """--grpc-restricted-protocol: the refusal for this call's category, or None."""
-        restrictions = self.server.restrictions
-        assert restrictions is not None
-        category = restricted.grpc_category(headers.get(b":path", b"").rsplit(b"/", 1)[-1].decode("latin-1"))
-        header = restrictions.header_for(category)
-        value = headers.get(header.encode("latin-1")) if header else None
-        return restrictions.refusal(category, value.decode("latin-1") if value is not None else None)
-
     def call_finished(self) -> None:
         self.calls -= 1
         if not self.calls:
