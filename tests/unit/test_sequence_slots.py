@@ -31,6 +31,20 @@ def test_first_request_needs_start() -> None:
                                "first request of the sequence")
 
 
+def test_queued_requests_are_bounded_across_sequences(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client opening sequences faster than they run fills the backlog only up to the bound."""
+    from triton_actor.actors import sequence_slots
+
+    monkeypatch.setattr(sequence_slots, "MAX_QUEUED", 3)
+    slots = _slots()
+    for corr_id in (1, 2, 3):
+        slots.add(f"s{corr_id}", corr_id, SEQUENCE_START, 0, "m")
+    with pytest.raises(TritonError) as e:
+        slots.add("s4", 4, SEQUENCE_START, 0, "m")
+    assert e.value.code == Code.UNAVAILABLE and e.value.message == "Exceeds maximum queue size"
+    assert len(slots) == 3 and slots.backlog + slots.active == 3
+
+
 def test_direct_binds_a_sequence_to_a_slot_and_pads_gaps_with_none() -> None:
     slots = _slots(slots=3, max_batch_size=3)
     for i, corr in enumerate((1, 2, 3)):

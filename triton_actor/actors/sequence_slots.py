@@ -37,6 +37,9 @@ T = TypeVar("T")
 SEQUENCE_START = 1
 SEQUENCE_END = 2
 _NEVER = 1 << 62
+# Requests queued for one version across all its sequences (backlog included): past this, a client that
+# keeps opening sequences (or sending into one) is refused instead of growing the server's memory.
+MAX_QUEUED = 1 << 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +116,8 @@ class SequenceSlots(Generic[T]):
 
     def add(self, item: T, corr_id: int | str, flags: int, now_ns: int, model: str) -> None:
         """Queue ``item`` for its sequence; raises INVALID_ARG for a sequence that never started."""
+        if self._queued >= MAX_QUEUED:  # Triton's answer to a full queue (UNAVAILABLE)
+            raise TritonError.unavailable("Exceeds maximum queue size")
         seq = self._active.get(corr_id) or self._backlog.get(corr_id)
         if not flags & SEQUENCE_START and (seq is None or seq.ending):
             raise TritonError.invalid_arg(
