@@ -53,6 +53,9 @@ class InferRequest(NamedTuple):
     correlation_id: int | str = 0
     flags: int = 0
     responses: Any = None  # a ResponseChannel (actors/bridge.py) when the model is decoupled
+    # () -> bool, True once the client cancelled the request (it went away, or reset its call); set by
+    # the scheduler, when it hands the request to a backend that looks (``observes_cancellation``)
+    is_cancelled: Any = None
 
     @property
     def requested_output_names(self) -> tuple[str, ...] | None:

@@ -111,3 +111,70 @@ def test_an_http_client_that_disconnects_cancels_its_queued_request(tmp_path: Pa
     finally:
         gate.write_text("open")
         client.close()
+
+
+WATCHER = """
+import time
+import triton_python_backend_utils as pb_utils
+
+LOG = {log!r}
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            with open(LOG, "a") as f:
+                f.write("running\\n")
+            deadline = time.monotonic() + 30  # bounded: a request never cancelled ends the wait
+            while not r.is_cancelled() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            with open(LOG, "a") as f:
+                f.write("cancelled\\n" if r.is_cancelled() else "not cancelled\\n")
+            x = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)]))
+        return out
+"""
+
+
+def test_a_grpc_call_cancelled_while_it_runs_is_cancelled_for_the_model(tmp_path: Path, start_server) -> None:
+    """Issue 14 §2: a gRPC call the client cancels while the model runs makes ``request.is_cancelled()``
+    true (the model stops early), and the client sees CANCELLED."""
+    import tritonclient.utils
+
+    log = tmp_path / "executions.log"
+    repo = tmp_path / "repo"
+    add_model(repo, "watcher", CONFIG.replace('"gated"', '"watcher"'), WATCHER.format(log=str(log)))
+    server = start_server(repo)
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    answers: queue.Queue = queue.Queue()
+    try:
+        call = client.async_infer("watcher", _input(1.0), callback=lambda result, error: answers.put((result, error)))
+        wait_for(lambda: log.exists() and log.read_text() == "running\n", what="the request to run")
+        call.cancel()
+        result, error = answers.get(timeout=10)
+        assert result is None and isinstance(error, tritonclient.utils.InferenceServerException)
+        assert error.status() == "StatusCode.CANCELLED", error
+        wait_for(lambda: log.read_text().count("\n") == 2, what="the model to finish", timeout=40)
+        assert log.read_text() == "running\ncancelled\n", "the model never saw is_cancelled()"
+    finally:
+        client.close()
+
+
+def test_an_http_client_that_leaves_while_its_request_runs_cancels_it(tmp_path: Path, start_server) -> None:
+    """The HTTP side: closing the connection while the model runs makes ``request.is_cancelled()`` true."""
+    import socket
+
+    import orjson
+
+    log = tmp_path / "executions.log"
+    repo = tmp_path / "repo"
+    add_model(repo, "watcher", CONFIG.replace('"gated"', '"watcher"'), WATCHER.format(log=str(log)))
+    server = start_server(repo)
+    body = orjson.dumps({"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "FP32", "data": [2.0]}]})
+    host, port = server.url.split(":")
+    with socket.create_connection((host, int(port))) as raw:
+        raw.sendall(b"POST /v2/models/watcher/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        wait_for(lambda: log.exists() and log.read_text() == "running\n", what="the request to run")
+    wait_for(lambda: log.read_text().count("\n") == 2, what="the model to finish", timeout=40)
+    assert log.read_text() == "running\ncancelled\n", "the model never saw is_cancelled()"

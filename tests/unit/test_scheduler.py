@@ -31,6 +31,8 @@ TIMINGS = (0, 10, 0)
 class FakeInstance:
     """Anything with ``.name`` and ``.execute(requests, done)``: records calls, completes when told."""
 
+    observes_cancellation = False
+
     def __init__(self, name: str) -> None:
         self.name = name
         self.calls: list[tuple[list[InferRequest], Callable[[bool, Any], None]]] = []

@@ -116,6 +116,11 @@ class ModelInstance:
         return self.ctx.instance_name
 
     @property
+    def observes_cancellation(self) -> bool:
+        """Whether the backend instance reads ``InferRequest.is_cancelled`` while it runs."""
+        return getattr(self._backend_instance, "observes_cancellation", False)
+
+    @property
     def inline(self) -> bool:
         return self._inline
 

@@ -272,7 +272,7 @@ class SchedulerActor(InlineActor):
         dispatch_ns = self._clock()
         self._busy += 1
         self._running += len(items)
-        instance.execute([i.request for i in items], self._completion(instance, items, dispatch_ns))
+        instance.execute(with_cancellation(instance, items), self._completion(instance, items, dispatch_ns))
 
     def _expire(self, items: list[Enqueue], now: int) -> None:
         for item in items:
@@ -329,6 +329,16 @@ class SchedulerActor(InlineActor):
             for reply in self._drains:
                 reply.set(None)
             self._drains.clear()
+
+
+def with_cancellation(instance: ModelInstance, items: list[Enqueue]) -> list[InferRequest]:
+    """The batch's requests; for a backend that looks (``observes_cancellation``: a Python model's
+    ``request.is_cancelled()``), each carries a probe that turns true when its client cancels it while it
+    runs. A reply completes only when the batch is answered, so one completed earlier was cancelled (the
+    client reset its call or went away: the front end failed it with CANCELLED)."""
+    if not instance.observes_cancellation:
+        return [i.request for i in items]
+    return [i.request._replace(is_cancelled=i.reply.ready) for i in items]
 
 
 class _NoTrace:

@@ -216,7 +216,8 @@ class SequenceSchedulerActor(InlineActor):
         inputs.update(tensors.controls_for(slot.corr_id, slot.flags, True))
         if tensors.states:
             inputs.update(tensors.state_inputs(None if slot.flags & SEQUENCE_START else self._states.get(slot.corr_id)))
-        return request._replace(inputs=inputs, correlation_id=slot.corr_id, flags=slot.flags)
+        return request._replace(inputs=inputs, correlation_id=slot.corr_id, flags=slot.flags,
+                                is_cancelled=slot.item.reply.ready)  # answered before it ran: cancelled
 
     def _null(self, template: InferRequest) -> InferRequest:
         """Triton's null request for an empty slot of a ``direct`` batch: zeros shaped like a real request,

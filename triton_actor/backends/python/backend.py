@@ -240,6 +240,7 @@ class PythonInstance:
         self.model = module.TritonPythonModel()
         self.decoupled = ctx.config.model_transaction_policy.decoupled
         self.inline_ok = _may_run_inline(ctx, self.model, self.decoupled)
+        self.observes_cancellation = not self.decoupled  # decoupled requests read their ResponseChannel
         self._loop: asyncio.AbstractEventLoop | None = None
         init = getattr(self.model, "initialize", None)
         if init is not None:
@@ -393,7 +394,7 @@ _Tensor = pb_utils.Tensor
 
 def _to_pb(request: InferRequest, sender_factory: Callable[[Any], Any] | None = None) -> Any:
     outputs = request.outputs
-    return _from_server(
+    pb = _from_server(
         request.id,
         request.correlation_id,
         {name: _trusted(name, t.data, t.dtype.enum_value) for name, t in request.inputs.items()},
@@ -405,3 +406,6 @@ def _to_pb(request: InferRequest, sender_factory: Callable[[Any], Any] | None = 
         request.parameters,
         sender_factory,
     )
+    if request.is_cancelled is not None:
+        pb._cancelled = request.is_cancelled
+    return pb
