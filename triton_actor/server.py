@@ -25,6 +25,7 @@ from .backends.pytorch import PyTorchBackend
 from .dataplane import DataPlane
 from .devices import gpu_count
 from .errors import TritonError
+from .frontends.budget import ByteBudget
 from .frontends.grpc import GrpcServicer
 from .frontends.grpc_h2 import GrpcH2Server
 from .frontends.http import HttpFrontend
@@ -125,8 +126,9 @@ class Server:
         (a worker's)."""
         s = self.settings
         listeners = listeners or {}
+        budget = ByteBudget(s.request_memory_budget)  # one for both front ends
         if s.allow_grpc:
-            self.grpc = GrpcH2Server.from_settings(GrpcServicer(self.plane), s)
+            self.grpc = GrpcH2Server.from_settings(GrpcServicer(self.plane), s, budget)
             log.info("Started GRPCInferenceService at %s:%d", s.grpc_address, self.grpc.start(listeners.get("grpc")))
         if s.allow_http:
             self.frontend = HttpFrontend(create_app(self.plane), s.http_max_input_size,
@@ -134,7 +136,7 @@ class Server:
             limits = http1.Limits(max_body=s.http_max_input_size, header_timeout=s.http_header_timeout_secs,
                                   body_timeout=s.http_body_timeout_secs, keepalive_timeout=s.http_keepalive_timeout_secs)
             self.http = HttpServer(s.http_address, s.http_port, self.frontend, limits, s.http_max_connections,
-                                   listeners.get("http"))
+                                   listeners.get("http"), budget)
             self.http.start()
             log.info("Started HTTPService at %s:%d", s.http_address, self.http.server_port)
         self._start_metrics(listeners.get("metrics"))

@@ -488,3 +488,36 @@ def test_json_data_nested_deeper_than_any_tensor_is_a_clear_error() -> None:
     assert info.value.code == Code.INVALID_ARG and "nested deeper" in info.value.message
     shallow = b'{"inputs":[{"name":"A","datatype":"FP32","shape":[2,1,2],"data":[[[1,2]],[[3,[4]]]]}]}'
     assert v2.decode_infer_request(shallow, None, "m", 1).inputs["A"].data.ravel().tolist() == [1, 2, 3, 4]
+
+
+_FLAT_CASES = [
+    ("FP32", [4], [1, 2.5, -3, 1e30]),
+    ("INT8", [3], [1, 2, 300]),  # out of range
+    ("UINT8", [2], [-1, 2]),
+    ("INT64", [2], [2**62, -(2**62)]),
+    ("FP64", [3], [1, True, 3]),  # a boolean among numbers
+    ("INT32", [2], [1, "2"]),
+    ("FP32", [2], [1, None]),
+    ("FP32", [3], [1, 2]),  # too few
+    ("FP32", [2, 2], [[1, 2], [3, 4]]),  # nested
+    ("FP32", [0], []),
+    ("INT16", [70000], list(range(-35000, 35000))),  # several slices, then an overflow
+    ("FP32", [300000], [0.5] * 300000),
+]
+
+
+@pytest.mark.parametrize(("wire", "shape", "data"), _FLAT_CASES)
+def test_flat_number_lists_decode_alike_with_and_without_the_fast_path(wire: str, shape: list[int], data: list[Any],
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fast path (C loops over a flat list of JSON numbers, issue 14 §3) answers as the general one."""
+    monkeypatch.setattr(v2, "_SLICE", 1 << 15)  # several slices in the long cases
+    body = orjson.dumps({"inputs": [{"name": "x", "shape": shape, "datatype": wire, "data": data}]})
+    answers = []
+    for enabled in (True, False):
+        monkeypatch.setattr(fastpath, "enabled", enabled)
+        try:
+            array = v2.decode_infer_request(body, None, "m", -1).inputs["x"].data
+            answers.append(("ok", array.dtype.str, array.shape, array.tobytes()))
+        except TritonError as e:
+            answers.append(("error", e.code, e.message))
+    assert answers[0] == answers[1]

@@ -97,7 +97,7 @@ class Call:
     """One gRPC call on one stream; its life is its handler's (``started`` … :meth:`finish`)."""
 
     __slots__ = ("conn", "stream", "sid", "method", "encoding", "buf", "inbox", "send_lock", "greenlet",
-                 "input_done", "done", "finished", "started", "requests", "errors_end_stream")
+                 "input_done", "done", "finished", "started", "requests", "errors_end_stream", "held")
 
     STREAM_REQUESTS = 128  # ModelStreamInfer requests running at once on one stream; more wait in the inbox
 
@@ -118,6 +118,7 @@ class Call:
         self.requests: gevent.pool.Pool | None = None  # a ModelStreamInfer call's running requests
         # ``triton_grpc_error: true`` on a stream: an error ends the stream with its gRPC status (Triton 24.08+)
         self.errors_end_stream = False
+        self.held = 0  # bytes of the request memory budget this call holds (budget.py)
 
     # -- events from the reader ---------------------------------------------------------------
     def begin(self, end_stream: bool) -> None:
@@ -140,6 +141,8 @@ class Call:
             refused = Refused(RESOURCE_EXHAUSTED, f"Received message larger than max ({announced} vs. {limit})")
         elif self.inbox is None and len(buf) > announced + 5 >= 5:
             refused = Refused(INTERNAL, "a unary call takes one request message, got more")
+        elif len(buf) > self.held:
+            refused = self._hold(max(len(buf), announced + 5))  # the whole message at once, when announced
         if refused is not None:
             self.input_done = True  # what else comes on this stream is dropped
             self.buf = bytearray()
@@ -153,8 +156,23 @@ class Call:
         if self.inbox is not None:
             for message in h2.split_messages(buf):
                 self.inbox.put(message)
+            self._hold(len(buf))  # a stream's decoded requests hold no budget: only what is buffered
         if end_stream:
             self.end_input()
+
+    def _hold(self, n: int) -> Refused | None:
+        """Hold ``n`` bytes of the request memory budget (more or fewer than now); a refusal when the
+        budget is spent (a stream cannot wait for it without stalling its connection's other streams)."""
+        budget = self.conn.server.budget
+        if n <= self.held:
+            budget.release(self.held - n)
+            self.held = n
+            return None
+        if not budget.try_reserve(n - self.held, barge=True):
+            return Refused(RESOURCE_EXHAUSTED, f"the server is busy: {budget.used} bytes of requests are held "
+                                               f"(request memory budget {budget.limit}); retry later")
+        self.held = n
+        return None
 
     def end_input(self) -> None:
         if self.input_done:
@@ -232,6 +250,9 @@ class Call:
         """The call's handler is done (or never ran): it no longer counts as running."""
         if not self.finished:
             self.finished = True
+            if self.held:
+                self.conn.server.budget.release(self.held)
+                self.held = 0
             self.conn.call_finished()
 
     # -- unary calls --------------------------------------------------------------------------

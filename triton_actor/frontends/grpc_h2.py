@@ -35,6 +35,7 @@ from ..protocol import restricted
 from ..protocol.restricted import Restrictions
 from ..settings import Settings, default_grpc_max_connections
 from . import tls
+from .budget import ByteBudget
 from .grpc import GrpcServicer
 from .grpc_calls import UNAVAILABLE, UNIMPLEMENTED, Call, method_table, route
 from .socket_io import plain_recv, plain_send_all, recv_when_readable, send_all
@@ -54,8 +55,10 @@ class GrpcH2Server:
 
     def __init__(self, servicer: GrpcServicer, address: str, port: int, options: dict[str, Any] | None = None,
                  limits: h2c.Limits | None = None, max_connections: int = 0,
-                 ssl_context: ssl.SSLContext | None = None, restrictions: Restrictions | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None, restrictions: Restrictions | None = None,
+                 budget: ByteBudget | None = None) -> None:
         opts = dict(options or {})
+        self.budget = budget or ByteBudget(0)  # request bytes held by all calls (budget.py)
         self.restrictions = restrictions or None  # --grpc-restricted-protocol; None: no check at all
         self.servicer = servicer
         self.address = address
@@ -83,14 +86,14 @@ class GrpcH2Server:
         self.server_port = 0
 
     @classmethod
-    def from_settings(cls, servicer: GrpcServicer, s: Settings) -> GrpcH2Server:
+    def from_settings(cls, servicer: GrpcServicer, s: Settings, budget: ByteBudget | None = None) -> GrpcH2Server:
         limits = h2c.Limits(max_concurrent_streams=s.grpc_max_concurrent_streams,
                             header_timeout=s.grpc_header_timeout_secs, idle_timeout=s.grpc_idle_timeout_secs)
         context = tls.server_context(s.grpc_server_cert, s.grpc_server_key, s.grpc_root_cert,
                                      s.grpc_use_ssl_mutual) if s.grpc_use_ssl else None
         restrictions = Restrictions(s.grpc_restricted_protocol, "--grpc-restricted-protocol")
         return cls(servicer, s.grpc_address, s.grpc_port, dict(s.grpc_options), limits, s.grpc_max_connections,
-                   context, restrictions)
+                   context, restrictions, budget)
 
     def start(self, listener: socket.socket | None = None) -> int:
         """Bind and start serving; returns the bound port (``port`` 0 picks a free one). ``listener``: a

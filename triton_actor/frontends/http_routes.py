@@ -13,9 +13,11 @@ import zlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import gevent.lock
 import orjson
 from flask import Flask
 
+from ..actors.bridge import call_in_thread
 from ..actors.kernel import Reply as Reply_
 from ..dataplane import DataPlane, Streamed
 from ..errors import Code, TritonError
@@ -92,9 +94,11 @@ def _model_routes(app: Flask, plane: DataPlane) -> None:
 
 
 def _infer_routes(app: Flask, plane: DataPlane) -> None:
+    big_json = gevent.lock.Semaphore()  # the one JSON request part over JSON_ON_HUB being decoded
+
     @versioned(app, "/infer", "POST")
     def infer(req: HttpRequest, model: str, version: int = -1) -> Reply:
-        request = _decode_infer(plane, req, model, version)
+        request = _decode_infer(plane, req, model, version, big_json)
         pending = plane.infer_start(request)
         response = _answer(pending.reply, req)
         chunks, json_length = v2_http.encode_infer_response(
@@ -112,12 +116,22 @@ def _answer(reply: Reply_[InferResponse], req: HttpRequest) -> InferResponse:
     return reply.get()
 
 
-def _decode_infer(plane: DataPlane, req: HttpRequest, model: str, version: int) -> InferRequest:
+JSON_ON_HUB = 1 << 20  # JSON request parts up to this size are decoded on the hub (no thread hop)
+
+
+def _decode_infer(plane: DataPlane, req: HttpRequest, model: str, version: int,
+                  big_json: gevent.lock.Semaphore) -> InferRequest:
     plane.reject_decoupled(model)
     body = req.payload()
     hl = v2_http.parse_header_length(req.headers.get("inference-header-content-length"))
     if hl == 0 or (hl is None and not body):
         return v2_http.decode_raw_request(body, plane.raw_input_spec(model, version), model, version)
+    if (len(body) if hl is None else hl) > JSON_ON_HUB:
+        # turning megabytes of JSON into tensors takes ~20 ms a MiB and 4-5 times the text's size in
+        # Python objects: one such decode at a time, on a native thread, so the hub serves the other
+        # clients between its steps (the JSON parse itself is one step: ~10 ms a MiB)
+        with big_json:
+            return call_in_thread(v2_http.decode_infer_request, body, hl, model, version, plane.shm)
     return v2_http.decode_infer_request(body, hl, model, version, plane.shm)
 
 

@@ -33,6 +33,7 @@ from gevent.server import StreamServer
 from gevent.socket import wait_read
 
 from ..protocol import http1
+from .budget import ByteBudget
 from .http import JSON_HEADERS, HttpFrontend, Reply, error_response, too_large
 from .socket_io import recv_when_readable, send_all
 from .status import status_line
@@ -88,9 +89,11 @@ class HttpServer:
     """Serves one :class:`HttpFrontend` on ``(address, port)``; port 0 picks a free one."""
 
     def __init__(self, address: str, port: int, frontend: HttpFrontend, limits: http1.Limits = http1.DEFAULT_LIMITS,
-                 max_connections: int = 1024, listener: socket.socket | None = None) -> None:
+                 max_connections: int = 1024, listener: socket.socket | None = None,
+                 budget: ByteBudget | None = None) -> None:
         self.frontend = frontend
         self.limits = limits
+        self.budget = budget or ByteBudget(0)  # request bytes held by all connections (budget.py)
         self.max_connections = descriptor_cap(max_connections)
         # ``listener``: a socket bound by someone else (gunicorn's arbiter hands its listeners down)
         self._server = StreamServer(listener if listener is not None else (address, port), self._handle)
@@ -188,7 +191,8 @@ class HttpServer:
             if head is http1.CLOSED:
                 return
             # unpacked, not read by name: a NamedTuple's field getters are CPython 3.11's slow path
-            method, target, _version, headers, keep_alive, expect_continue, _length = head
+            method, target, _version, headers, keep_alive, expect_continue, length = head
+            held = self._reserve(conn, length)
             frontend.begin()
             try:
                 if expect_continue:
@@ -206,7 +210,24 @@ class HttpServer:
                     return
             finally:
                 frontend.end()
+                self.budget.release(held)
             http.start_next_cycle(monotonic())
+
+    def _reserve(self, conn: _Connection, length: int) -> int:
+        """Reserve the body's bytes before reading it (a chunked one: the most it may be); while the
+        budget is spent the body stays in the client's socket. Raises ``Busy`` (503) when the wait
+        outlasts the body timeout. Returns the bytes to release once the request is answered."""
+        n = self.limits.max_body if length == http1.CHUNKED else length
+        if n <= 0 or self.budget.try_reserve(n):
+            return max(n, 0)
+        deadline, conn.http.deadline = conn.http.deadline, float("inf")  # our wait has its own timeout
+        try:
+            if not self.budget.reserve(n, self.limits.body_timeout):
+                raise http1.ProtocolError(503, f"the server is busy: {self.budget.used} bytes of requests are "
+                                               f"held (request memory budget {self.budget.limit}); retry later")
+        finally:
+            conn.http.deadline = deadline
+        return n
 
     @staticmethod
     def _read_event(sock: socket.socket, http: http1.ServerConnection) -> Any:

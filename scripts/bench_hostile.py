@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""Big JSON requests next to small clients: what one request can take from the others (issue 14 §3).
+
+Starts triton_actor on a throw-away repository with one Python model (``total``: FP32 [-1] in, its sum
+out), then, at once, ``--big`` clients each POST one JSON ``/infer`` whose ``data`` is a float array of
+``--mib`` MiB of JSON text, while ``--small`` clients send tiny ``/infer`` requests back to back. Reports,
+for the small clients: requests, failures (an answer slower than ``--small-timeout`` s counts as failed, as
+a client with that deadline sees it), median / p99 / max latency; for the big ones their latency; and the
+server's peak resident memory (VmHWM) above its idle size.
+
+    .venv/bin/python scripts/bench_hostile.py --big 4 --mib 57
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = """name: "total"
+backend: "python"
+input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]
+output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 1 ] } ]
+instance_group [ { count: 2, kind: KIND_CPU } ]
+"""
+MODEL = """import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", np.array(
+            [pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy().sum()], dtype=np.float32))])
+            for r in requests]
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _status_kb(pid: int, key: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def _body(n: int) -> bytes:
+    data = ",".join(["0.123456789"] * n)
+    head = '{"inputs":[{"name":"INPUT0","shape":[' + str(n) + '],"datatype":"FP32","data":['
+    return (head + data + "]}]}").encode()
+
+
+def _post(port: int, body: bytes, timeout: float) -> tuple[bool, float]:
+    t0 = time.perf_counter()
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+        conn.request("POST", "/v2/models/total/infer", body, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        resp.read()
+        conn.close()
+        ok = resp.status == 200
+    except OSError:
+        ok = False
+    return ok, time.perf_counter() - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--big", type=int, default=4, help="clients sending one big JSON request each")
+    ap.add_argument("--mib", type=float, default=57.0, help="MiB of JSON text per big request")
+    ap.add_argument("--small", type=int, default=10, help="clients sending small requests meanwhile")
+    ap.add_argument("--small-timeout", type=float, default=1.0, help="a small answer slower than this failed")
+    ap.add_argument("--flags", default="", help="extra server flags")
+    args = ap.parse_args()
+
+    n = int(args.mib * 2**20 / len("0.123456789,"))
+    big = _body(n)
+    small = _body(4)
+    print(f"big request: {len(big) / 2**20:.1f} MiB of JSON, {n} floats", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        version = Path(tmp, "total", "1")
+        version.mkdir(parents=True)
+        (version.parent / "config.pbtxt").write_text(CONFIG)
+        (version / "model.py").write_text(MODEL)
+        port = _free_port()
+        cmd = [sys.executable, "-m", "triton_actor", "--model-repository", tmp, "--http-port", str(port),
+               "--grpc-port", "0", "--allow-metrics", "false", "--http-max-input-size", str(len(big) + 1024),
+               *args.flags.split()]
+        server = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.time() + 60
+            while not _post(port, small, 1)[0]:
+                if time.time() > deadline or server.poll() is not None:
+                    raise SystemExit("server did not come up")
+                time.sleep(0.2)
+            idle_kb = _status_kb(server.pid, "VmRSS")
+            stop = threading.Event()
+            small_results: list[tuple[bool, float]] = []
+            big_results: list[tuple[bool, float]] = []
+
+            def small_client() -> None:
+                while not stop.is_set():
+                    ok, took = _post(port, small, 30)
+                    small_results.append((ok and took <= args.small_timeout, took))
+
+            def big_client() -> None:
+                big_results.append(_post(port, big, 600))
+
+            smalls = [threading.Thread(target=small_client) for _ in range(args.small)]
+            bigs = [threading.Thread(target=big_client) for _ in range(args.big)]
+            for t in smalls:
+                t.start()
+            time.sleep(1.0)
+            t0 = time.perf_counter()
+            for t in bigs:
+                t.start()
+            for t in bigs:
+                t.join()
+            took = time.perf_counter() - t0
+            stop.set()
+            for t in smalls:
+                t.join()
+            peak_kb = _status_kb(server.pid, "VmHWM")
+        finally:
+            server.terminate()
+            server.wait(30)
+    lat = sorted(t for _, t in small_results)
+    failed = sum(1 for ok, _ in small_results if not ok)
+    summary = {
+        "big_requests": args.big, "big_mib": round(len(big) / 2**20, 1), "big_ok": sum(ok for ok, _ in big_results),
+        "big_seconds": [round(t, 2) for _, t in big_results], "window_s": round(took, 2),
+        "small_requests": len(lat), "small_failed": failed,
+        "small_median_ms": round(statistics.median(lat) * 1000, 1) if lat else None,
+        "small_p99_ms": round(lat[int(len(lat) * 0.99) - 1] * 1000, 1) if lat else None,
+        "small_max_ms": round(lat[-1] * 1000, 1) if lat else None,
+        "peak_rss_over_idle_mb": round((peak_kb - idle_kb) / 1024),
+    }
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    raise SystemExit(main())

@@ -1,0 +1,132 @@
+"""One request memory budget for all connections (issue 14 §3: a thousand connections each within its
+own bounds still add up). The model holds the first request (value 1) until a gate file appears and logs
+what it runs; two instances, so without the budget a second request would run beside the first."""
+
+from __future__ import annotations
+
+import http.client
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from .model_control import wait_for
+from .server import add_model
+
+CONFIG = """
+name: "held"
+backend: "python"
+input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]
+output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 1 ] } ]
+instance_group [ { count: 2, kind: KIND_CPU } ]
+"""
+
+MODEL = """
+import os
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+LOG, GATE = {log!r}, {gate!r}
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+            with open(LOG, "a") as f:
+                f.write(f"{{x[0]}}\\n")
+            deadline = time.monotonic() + 60
+            while x[0] == 1.0 and not os.path.exists(GATE) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", np.array([x.sum()], np.float32))]))
+        return out
+"""
+
+N = 100_000  # 400 KB of FP32 per request; the budget below holds one such request, not two
+BUDGET = ("--request-memory-budget", str(600_000))
+
+
+def _server(tmp_path: Path, start_server, *flags: str):
+    log, gate = tmp_path / "executions.log", tmp_path / "gate"
+    add_model(tmp_path / "repo", "held", CONFIG, MODEL.format(log=str(log), gate=str(gate)))
+    return start_server(tmp_path / "repo", flags=flags), log, gate
+
+
+def _binary_body(value: float) -> tuple[bytes, dict[str, str]]:
+    header = orjson.dumps({"inputs": [{"name": "INPUT0", "shape": [N], "datatype": "FP32",
+                                       "parameters": {"binary_data_size": 4 * N}}]})
+    data = np.full(N, value, dtype=np.float32).tobytes()
+    return header + data, {"Inference-Header-Content-Length": str(len(header)),
+                           "Content-Type": "application/octet-stream"}
+
+
+def _start_post(url: str, value: float) -> http.client.HTTPConnection:
+    host, port = url.split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    body, headers = _binary_body(value)
+    conn.request("POST", "/v2/models/held/infer", body, headers)
+    return conn
+
+
+def test_an_http_body_waits_while_the_budget_is_spent(tmp_path: Path, start_server) -> None:
+    server, log, gate = _server(tmp_path, start_server, *BUDGET)
+    try:
+        first = _start_post(server.url, 1.0)
+        wait_for(lambda: log.exists() and log.read_text() == "1.0\n", what="the first request to run")
+        second = _start_post(server.url, 2.0)  # sent whole; the server leaves it in the socket
+        probe = grpcclient.InferenceServerClient(server.grpc_url)
+        for _ in range(20):  # round trips through the server's hub: it has seen the second request's head
+            assert probe.is_server_live()
+        probe.close()
+        assert log.read_text() == "1.0\n", "the second request ran while the first held the budget"
+        gate.write_text("open")
+        answers = [conn.getresponse() for conn in (first, second)]
+        assert [a.status for a in answers] == [200, 200]
+        assert [orjson.loads(a.read())["outputs"][0]["data"] for a in answers] == [[N * 1.0], [N * 2.0]]
+        assert log.read_text() == "1.0\n2.0\n"
+    finally:
+        gate.write_text("open")
+
+
+def test_an_http_body_that_waits_past_the_body_timeout_is_503(tmp_path: Path, start_server) -> None:
+    server, log, gate = _server(tmp_path, start_server, *BUDGET, "--http-body-timeout-secs", "1")
+    try:
+        first = _start_post(server.url, 1.0)
+        wait_for(lambda: log.exists() and log.read_text() == "1.0\n", what="the first request to run")
+        second = _start_post(server.url, 2.0).getresponse()
+        assert second.status == 503
+        assert "request memory budget 600000" in orjson.loads(second.read())["error"]
+        gate.write_text("open")
+        assert first.getresponse().status == 200
+    finally:
+        gate.write_text("open")
+
+
+def test_a_grpc_message_past_the_spent_budget_is_resource_exhausted(tmp_path: Path, start_server) -> None:
+    server, log, gate = _server(tmp_path, start_server, *BUDGET)
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+
+    def inputs(value: float) -> list[grpcclient.InferInput]:
+        x = grpcclient.InferInput("INPUT0", [N], "FP32")
+        x.set_data_from_numpy(np.full(N, value, dtype=np.float32))
+        return [x]
+
+    try:
+        first = _start_post(server.url, 1.0)  # HTTP and gRPC draw on one budget
+        wait_for(lambda: log.exists() and log.read_text() == "1.0\n", what="the first request to run")
+        with pytest.raises(InferenceServerException) as refused:
+            client.infer("held", inputs(2.0))
+        assert refused.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+        assert "request memory budget 600000" in refused.value.message()
+        gate.write_text("open")
+        assert first.getresponse().status == 200
+        result = client.infer("held", inputs(3.0))  # the budget is free again
+        assert result.as_numpy("OUTPUT0").tolist() == [N * 3.0]
+        assert log.read_text() == "1.0\n3.0\n"
+    finally:
+        gate.write_text("open")
+        client.close()
