@@ -136,3 +136,40 @@ max_batch_size: 0
 input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]
 output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]
 """
+
+
+GATED_CONFIG = """
+name: "{name}"
+backend: "python"
+input [ {{ name: "INPUT0", data_type: TYPE_FP32, dims: [ {dims} ] }} ]
+output [ {{ name: "OUTPUT0", data_type: TYPE_FP32, dims: [ {dims} ] }} ]
+instance_group [ {{ count: {count}, kind: KIND_CPU }} ]
+"""
+
+GATED_PY = """
+import os
+import time
+import triton_python_backend_utils as pb_utils
+
+LOG, GATE = {log!r}, {gate!r}
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+            with open(LOG, "a") as f:
+                f.write(f"{{x[0]}}\\n")
+            deadline = time.monotonic() + 60  # bounded: a test that fails never opens the gate
+            while x[0] == 1.0 and not os.path.exists(GATE) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)]))
+        return out
+"""
+
+
+def add_gated_model(repo: Path, name: str, log: Path, gate: Path, dims: str = "1", count: int = 1) -> Path:
+    """An identity model that logs the first value of each request it runs and holds a request whose
+    first value is 1 until the file ``gate`` exists: tests see what ran, and when."""
+    return add_model(repo, name, GATED_CONFIG.format(name=name, dims=dims, count=count),
+                     GATED_PY.format(log=str(log), gate=str(gate)))

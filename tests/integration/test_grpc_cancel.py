@@ -11,35 +11,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 from .model_control import wait_for
-from .server import add_model
-
-CONFIG = """
-name: "gated"
-backend: "python"
-input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ 1 ] } ]
-output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 1 ] } ]
-instance_group [ { count: 1, kind: KIND_CPU } ]
-"""
-
-MODEL = """
-import os
-import time
-import triton_python_backend_utils as pb_utils
-
-LOG, GATE = {log!r}, {gate!r}
-
-class TritonPythonModel:
-    def execute(self, requests):
-        out = []
-        for r in requests:
-            x = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
-            with open(LOG, "a") as f:
-                f.write(f"{{x[0]}}\\n")
-            while x[0] == 1.0 and not os.path.exists(GATE):
-                time.sleep(0.01)
-            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)]))
-        return out
-"""
+from .server import add_gated_model, add_model
 
 
 def _input(value: float) -> list[grpcclient.InferInput]:
@@ -51,7 +23,7 @@ def _input(value: float) -> list[grpcclient.InferInput]:
 def test_a_cancelled_queued_call_is_never_run(tmp_path: Path, start_server) -> None:
     log, gate = tmp_path / "executions.log", tmp_path / "gate"
     repo = tmp_path / "repo"
-    add_model(repo, "gated", CONFIG, MODEL.format(log=str(log), gate=str(gate)))
+    add_gated_model(repo, "gated", log, gate)
     server = start_server(repo)
     client = grpcclient.InferenceServerClient(server.grpc_url)
     answers: queue.Queue = queue.Queue()
@@ -85,7 +57,7 @@ def test_an_http_client_that_disconnects_cancels_its_queued_request(tmp_path: Pa
 
     log, gate = tmp_path / "executions.log", tmp_path / "gate"
     repo = tmp_path / "repo"
-    add_model(repo, "gated", CONFIG, MODEL.format(log=str(log), gate=str(gate)))
+    add_gated_model(repo, "gated", log, gate)
     server = start_server(repo)
     client = httpclient.InferenceServerClient(server.url, concurrency=2)
     x = httpclient.InferInput("INPUT0", [1], "FP32")
@@ -112,6 +84,14 @@ def test_an_http_client_that_disconnects_cancels_its_queued_request(tmp_path: Pa
         gate.write_text("open")
         client.close()
 
+
+WATCHER_CONFIG = """
+name: "watcher"
+backend: "python"
+input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ 1 ] } ]
+output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 1 ] } ]
+instance_group [ { count: 1, kind: KIND_CPU } ]
+"""
 
 WATCHER = """
 import time
@@ -143,7 +123,7 @@ def test_a_grpc_call_cancelled_while_it_runs_is_cancelled_for_the_model(tmp_path
 
     log = tmp_path / "executions.log"
     repo = tmp_path / "repo"
-    add_model(repo, "watcher", CONFIG.replace('"gated"', '"watcher"'), WATCHER.format(log=str(log)))
+    add_model(repo, "watcher", WATCHER_CONFIG, WATCHER.format(log=str(log)))
     server = start_server(repo)
     client = grpcclient.InferenceServerClient(server.grpc_url)
     answers: queue.Queue = queue.Queue()
@@ -168,7 +148,7 @@ def test_an_http_client_that_leaves_while_its_request_runs_cancels_it(tmp_path: 
 
     log = tmp_path / "executions.log"
     repo = tmp_path / "repo"
-    add_model(repo, "watcher", CONFIG.replace('"gated"', '"watcher"'), WATCHER.format(log=str(log)))
+    add_model(repo, "watcher", WATCHER_CONFIG, WATCHER.format(log=str(log)))
     server = start_server(repo)
     body = orjson.dumps({"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "FP32", "data": [2.0]}]})
     host, port = server.url.split(":")
