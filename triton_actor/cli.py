@@ -145,6 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--http-header-timeout-secs", type=float, default=60.0, help="time to send a request head")
     p.add_argument("--http-body-timeout-secs", type=float, default=60.0, help="time between two reads of a body")
     p.add_argument("--http-keepalive-timeout-secs", type=float, default=75.0, help="idle time between requests")
+    p.add_argument("--http-send-timeout-secs", type=float, default=60.0,
+                   help="time between two writes of an answer to a client that stopped reading")
     p.add_argument("--request-memory-budget", type=int, default=1024 * 1024 * 1024,
                    help="bytes of requests (HTTP bodies, gRPC messages) held at once over all connections: past it "
                         "HTTP bodies wait and gRPC calls get RESOURCE_EXHAUSTED; one larger request runs alone; 0 = no bound")
@@ -243,6 +245,7 @@ def parse(argv: Sequence[str] | None = None, environ: dict[str, str] | None = No
         http_body_timeout_secs=args.http_body_timeout_secs,
         request_memory_budget=args.request_memory_budget,
         http_keepalive_timeout_secs=args.http_keepalive_timeout_secs,
+        http_send_timeout_secs=args.http_send_timeout_secs,
         log_verbose=args.log_verbose,
         log_info=args.log_info,
         strict_readiness=args.strict_readiness,

@@ -134,7 +134,8 @@ class Server:
             self.frontend = HttpFrontend(create_app(self.plane), s.http_max_input_size,
                                          Restrictions(s.http_restricted_api, "--http-restricted-api"))
             limits = http1.Limits(max_body=s.http_max_input_size, header_timeout=s.http_header_timeout_secs,
-                                  body_timeout=s.http_body_timeout_secs, keepalive_timeout=s.http_keepalive_timeout_secs)
+                                  body_timeout=s.http_body_timeout_secs, keepalive_timeout=s.http_keepalive_timeout_secs,
+                                  send_timeout=s.http_send_timeout_secs)
             self.http = HttpServer(s.http_address, s.http_port, self.frontend, limits, s.http_max_connections,
                                    listeners.get("http"), budget)
             self.http.start()

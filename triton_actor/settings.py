@@ -60,6 +60,7 @@ class Settings:
     http_header_timeout_secs: float = 60.0
     http_body_timeout_secs: float = 60.0
     http_keepalive_timeout_secs: float = 75.0
+    http_send_timeout_secs: float = 60.0
     # bytes of request bodies / gRPC messages all connections may hold at once (frontends/budget.py); 0 = no bound
     request_memory_budget: int = 1024 * 1024 * 1024
     log_verbose: int = 0

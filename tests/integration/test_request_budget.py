@@ -100,3 +100,34 @@ def test_a_grpc_message_past_the_spent_budget_is_resource_exhausted(tmp_path: Pa
     finally:
         gate.write_text("open")
         client.close()
+
+
+def test_a_client_that_never_reads_its_answer_is_dropped_and_frees_what_it_held(tmp_path: Path, start_server) -> None:
+    """Issue 14 §3: a client that never reads held its answer (and, now, its request's budget) for ever;
+    a write that makes no progress for --http-send-timeout-secs drops the connection, as nginx does."""
+    import socket
+
+    big = 4 * 1024 * 1024  # 16 MB of FP32 each way: more than the socket buffers hold
+    server, log, gate = _server(tmp_path, start_server, "--request-memory-budget", str(20_000_000),
+                                "--http-send-timeout-secs", "1", "--http-body-timeout-secs", "30",
+                                "--http-max-input-size", str(32_000_000))
+    header = orjson.dumps({"inputs": [{"name": "INPUT0", "shape": [big], "datatype": "FP32",
+                                       "parameters": {"binary_data_size": 4 * big}}],
+                           "parameters": {"binary_data_output": True}})
+    host, port = server.url.split(":")
+    gate.write_text("open")
+    with socket.socket() as stuck:
+        stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stuck.connect((host, int(port)))
+        stuck.sendall(b"POST /v2/models/held/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
+                      b"Inference-Header-Content-Length: " + str(len(header)).encode() + b"\r\n"
+                      b"Content-Length: " + str(len(header) + 4 * big).encode() + b"\r\n\r\n" + header
+                      + np.full(big, 2.0, dtype=np.float32).tobytes())  # and never reads
+        wait_for(lambda: log.exists() and log.read_text() == "2.0\n", what="the stuck client's request to run")
+        conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        conn.request("POST", "/v2/models/held/infer", header + np.full(big, 3.0, dtype=np.float32).tobytes(),
+                     {"Inference-Header-Content-Length": str(len(header)), "Content-Type": "application/octet-stream"})
+        answer = conn.getresponse()  # waits for the budget the stuck client held until it was dropped
+        assert answer.status == 200, answer.read()[:300]
+        answer.read()
+        assert log.read_text() == "2.0\n3.0\n"

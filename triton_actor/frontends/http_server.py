@@ -35,7 +35,7 @@ from gevent.socket import wait_read
 from ..protocol import http1
 from .budget import ByteBudget
 from .http import JSON_HEADERS, HttpFrontend, Reply, error_response, too_large
-from .socket_io import recv_when_readable, send_all
+from .socket_io import recv_when_readable, send_all, send_now
 from .status import status_line
 
 log = logging.getLogger(__name__)
@@ -134,7 +134,8 @@ class HttpServer:
         """Close connections past their deadline (hub greenlet; a tick of a quarter of the shortest
         timeout, at most 1 s, as coarse as nginx's timers)."""
         lim = self.limits
-        tick = min(1.0, max(0.01, min(lim.header_timeout, lim.body_timeout, lim.keepalive_timeout) / 4))
+        tick = min(1.0, max(0.01, min(lim.header_timeout, lim.body_timeout, lim.keepalive_timeout,
+                                      lim.send_timeout) / 4))
         while True:
             gevent.sleep(tick)
             now = monotonic()
@@ -175,7 +176,7 @@ class HttpServer:
         try:
             self._serve(conn)
         except http1.ProtocolError as e:
-            self._refuse(sock, e)
+            self._refuse(conn, e)
         except OSError:
             pass  # the client went away, or a deadline closed the socket
         finally:
@@ -206,7 +207,7 @@ class HttpServer:
                 if conn.watcher is not None:
                     conn.end_watch()
                 keep_alive = keep_alive and not self._closing
-                if not self._send(sock, method, reply, keep_alive):
+                if not self._send(conn, method, reply, keep_alive):
                     return
             finally:
                 frontend.end()
@@ -243,36 +244,52 @@ class HttpServer:
                 return event
 
     # -- answers ----------------------------------------------------------------------------------
-    def _refuse(self, sock: socket.socket, error: http1.ProtocolError) -> None:
+    def _refuse(self, conn: _Connection, error: http1.ProtocolError) -> None:
         """Answer a request the state machine refused, then the connection closes."""
         if isinstance(error, http1.BodyTooLarge):
             reply = error_response(too_large(error.size, error.limit))  # Triton's text and status
         else:
             reply = (status_line(error.status), JSON_HEADERS, orjson.dumps({"error": error.message}))
         try:
-            self._send(sock, "POST", reply, keep_alive=False)
+            self._send(conn, "POST", reply, keep_alive=False)
         except OSError:
             pass
-    def _send(self, sock: socket.socket, method: str, reply: Reply, keep_alive: bool) -> bool:
+    def _send(self, conn: _Connection, method: str, reply: Reply, keep_alive: bool) -> bool:
         """Send one answer; False when the connection must close afterwards."""
         status, headers, body = reply
         if not isinstance(body, bytes):
-            return self._send_stream(sock, status, headers, body, keep_alive)
+            return self._send_stream(conn, status, headers, body, keep_alive)
         head = http1.response_head(status, headers, len(body), keep_alive)
-        send_all(sock, head if method == "HEAD" else head + body)
+        self._send_all(conn, head if method == "HEAD" else head + body)
         return keep_alive
 
-    @staticmethod
-    def _send_stream(sock: socket.socket, status: str, headers: list[tuple[str, str]], chunks: Iterable[bytes],
+    def _send_all(self, conn: _Connection, data: bytes) -> None:
+        """``send_all``, and when the kernel does not take it all at once, the rest with a deadline
+        of ``send_timeout`` per write (nginx's send_timeout): a client that stops reading is dropped
+        by the reaper, and its answer and request freed, instead of holding them for ever."""
+        sock = conn.sock
+        sent = send_now(sock, data)  # the usual case: the kernel takes it all
+        if sent == len(data):
+            return
+        view, http, timeout = memoryview(data)[sent:], conn.http, self.limits.send_timeout
+        try:
+            while view:
+                http.deadline = monotonic() + timeout
+                view = view[sock.send(view):]
+        finally:
+            http.deadline = float("inf")
+
+    def _send_stream(self, conn: _Connection, status: str, headers: list[tuple[str, str]], chunks: Iterable[bytes],
                      keep_alive: bool) -> bool:
         """Send ``chunks`` with chunked transfer coding; a client that goes away closes the iterator
         (which cancels the request behind it) and the connection."""
         try:
-            sock.sendall(http1.response_head(status, [*headers, ("Cache-Control", "no-cache")], None, keep_alive))
+            self._send_all(conn, http1.response_head(status, [*headers, ("Cache-Control", "no-cache")], None,
+                                                     keep_alive))
             for data in chunks:
                 if data:
-                    sock.sendall(http1.chunk(data))
-            sock.sendall(http1.LAST_CHUNK)
+                    self._send_all(conn, http1.chunk(data))
+            self._send_all(conn, http1.LAST_CHUNK)
         except OSError:
             return False
         except Exception:  # the stream's producer failed mid-way: the body is cut, so is the connection

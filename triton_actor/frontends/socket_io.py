@@ -30,6 +30,17 @@ def send_all(sock: Any, data: bytes) -> None:
         sock.sendall(memoryview(data)[sent:])
 
 
+def send_now(sock: Any, data: bytes) -> int:
+    """What the kernel takes of ``data`` at once without waiting (a direct ``send``; 0 with fast paths
+    off, the caller then sends it all its own way)."""
+    if not fastpath.enabled:
+        return 0
+    try:
+        return sock._sock.send(data)
+    except BlockingIOError:
+        return 0
+
+
 def recv_when_readable(sock: Any, size: int) -> bytes:
     """``sock.recv(size)`` for a socket expected to have nothing yet: wait first, then read."""
     if fastpath.enabled:

@@ -50,6 +50,7 @@ class Limits:
     header_timeout: float = 60.0  # the whole head, from its first byte (client_header_timeout)
     body_timeout: float = 60.0  # between two reads of the body (client_body_timeout)
     keepalive_timeout: float = 75.0  # idle between requests (keepalive_timeout)
+    send_timeout: float = 60.0  # between two writes of an answer to a client that stopped reading (send_timeout)
 
 
 DEFAULT_LIMITS = Limits()
