@@ -133,11 +133,8 @@ class Server:
         if s.allow_http:
             self.frontend = HttpFrontend(create_app(self.plane), s.http_max_input_size,
                                          Restrictions(s.http_restricted_api, "--http-restricted-api"))
-            limits = http1.Limits(max_body=s.http_max_input_size, header_timeout=s.http_header_timeout_secs,
-                                  body_timeout=s.http_body_timeout_secs, keepalive_timeout=s.http_keepalive_timeout_secs,
-                                  send_timeout=s.http_send_timeout_secs)
-            self.http = HttpServer(s.http_address, s.http_port, self.frontend, limits, s.http_max_connections,
-                                   listeners.get("http"), budget)
+            self.http = HttpServer(s.http_address, s.http_port, self.frontend, self._http_limits(),
+                                   s.http_max_connections, listeners.get("http"), budget)
             self.http.start()
             log.info("Started HTTPService at %s:%d", s.http_address, self.http.server_port)
         self._start_metrics(listeners.get("metrics"))
@@ -161,13 +158,20 @@ class Server:
         log.info("server is ready: %d model(s) loaded, %d failed",
                  len(self.repository.routes) - len(failures), len(failures))
 
+    def _http_limits(self) -> http1.Limits:
+        """The HTTP port's bounds (the metrics port has them too)."""
+        s = self.settings
+        return http1.Limits(max_body=s.http_max_input_size, header_timeout=s.http_header_timeout_secs,
+                            body_timeout=s.http_body_timeout_secs, keepalive_timeout=s.http_keepalive_timeout_secs,
+                            send_timeout=s.http_send_timeout_secs)
+
     def _start_metrics(self, listener: Any = None) -> None:
         """``/metrics`` (on ``listener``, a bound listening socket, or on the flags' address and port) and
         the StatsD push (every worker pushes its own changes, which StatsD adds up: statsd_push.py)."""
         s = self.settings
         if s.allow_metrics:
             self.metrics = MetricsServer(self.host, s.metrics_config, listener or (s.metrics_address, s.metrics_port),
-                                         s.metrics_interval_ms / 1000)
+                                         s.metrics_interval_ms / 1000, self._http_limits(), s.http_max_connections)
             log.info("Started Metrics Service at %s:%d", s.metrics_address, self.metrics.start())
         if s.statsd_host:
             system = (lambda: self.metrics.sampler.values) if self.metrics is not None else None

@@ -55,7 +55,7 @@ class Settings:
     statsd_tags: bool = False  # model/version/reason as Graphite tags instead of path components
     http_max_input_size: int = 64 * 1024 * 1024
     # HTTP connection bounds, nginx's defaults (worker_connections is 512-1024; client_header_timeout,
-    # client_body_timeout, keepalive_timeout)
+    # client_body_timeout, keepalive_timeout); the metrics port has them too, each port its own cap
     http_max_connections: int = 1024
     http_header_timeout_secs: float = 60.0
     http_body_timeout_secs: float = 60.0

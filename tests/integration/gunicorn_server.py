@@ -10,10 +10,11 @@ import sys
 from pathlib import Path
 
 import gevent
-import gevent.event
 import numpy as np
 import tritonclient.http as httpclient
 from gevent import subprocess
+
+from .server_log import ServerLog
 
 ROOT = Path(__file__).resolve().parents[2]
 _LISTENING = re.compile(r"Listening at: http://[^:]+:(\d+),http://[^:]+:(\d+)(?:,http://[^:]+:(\d+))?")
@@ -49,25 +50,18 @@ class Gunicorn:
                    TRITON_ACTOR_WORKERS=str(workers))
         self.proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", "conf/gunicorn.conf.py"], cwd=ROOT,
                                      env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-        self.lines: list[str] = []
         self.port = self.grpc_port = self.metrics_port = 0
         self.serving: list[int] = []  # worker pids, in the order they started serving
-        self._changed = gevent.event.Event()
-        self._reader = gevent.spawn(self._read)
+        self.stderr = ServerLog(self.proc, self._on_line)
 
-    def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.lines.append(line.rstrip("\n"))
-            m = _LISTENING.search(line)
-            if m:
-                self.port, self.grpc_port = int(m.group(1)), int(m.group(2))
-                self.metrics_port = int(m.group(3) or 0)
-            m = _SERVING.search(line)
-            if m:
-                self.serving.append(int(m.group(1)))
-            self._changed.set()
-        self._changed.set()
+    def _on_line(self, line: str) -> None:
+        m = _LISTENING.search(line)
+        if m:
+            self.port, self.grpc_port = int(m.group(1)), int(m.group(2))
+            self.metrics_port = int(m.group(3) or 0)
+        m = _SERVING.search(line)
+        if m:
+            self.serving.append(int(m.group(1)))
 
     @property
     def url(self) -> str:
@@ -78,15 +72,14 @@ class Gunicorn:
         return f"127.0.0.1:{self.grpc_port}"
 
     def log(self) -> str:
-        return "\n".join(self.lines[-200:])
+        return self.stderr.text(last=200)
 
     def wait_serving(self, count: int, timeout: float = 90) -> list[int]:
         """Wait until ``count`` workers (in all, since start) logged that they serve; their pids."""
-        with gevent.Timeout(timeout, AssertionError(f"{count} workers never served:\n{self.log()}")):
-            while len(self.serving) < count:
-                assert self.proc.poll() is None, "gunicorn exited:\n" + self.log()
-                self._changed.clear()
-                self._changed.wait(1)
+        if not self.stderr.wait(lambda: len(self.serving) >= count, timeout):
+            gone = self.stderr.ended or self.proc.poll() is not None
+            exited = "gunicorn exited" if gone else f"{count} workers never served"
+            raise AssertionError(f"{exited}:\n{self.log()}")
         return self.serving[:count]
 
     def signal(self, sig: int) -> None:
@@ -96,7 +89,7 @@ class Gunicorn:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
-            self._reader.join(timeout)
+            self.stderr.join(timeout)
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()

@@ -10,14 +10,14 @@ import sys
 import textwrap
 from pathlib import Path
 
-import gevent
-import gevent.event
 from gevent import subprocess  # cooperative pipes: the harness reads server logs in a greenlet
 
+from .server_log import ServerLog
+
 ROOT = Path(__file__).resolve().parents[2]
-_PORT = re.compile(r"Started HTTPService at [^ ]+:(\d+)")
-_GRPC_PORT = re.compile(r"Started GRPCInferenceService at [^ ]+:(\d+)")
-_METRICS_PORT = re.compile(r"Started Metrics Service at [^ ]+:(\d+)")
+_PORTS = {"port": re.compile(r"Started HTTPService at [^ ]+:(\d+)"),
+          "grpc_port": re.compile(r"Started GRPCInferenceService at [^ ]+:(\d+)"),
+          "metrics_port": re.compile(r"Started Metrics Service at [^ ]+:(\d+)")}
 
 
 class ServerProcess:
@@ -32,32 +32,19 @@ class ServerProcess:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(args, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
                                      env=env)
-        self.lines: list[str] = []
         self.port: int | None = None
         self.grpc_port: int | None = None
         self.metrics_port: int | None = None
-        self._port_seen = gevent.event.Event()
-        self._ready_seen = gevent.event.Event()
-        self._reader = gevent.spawn(self._read)
+        self.ready = False
+        self.stderr = ServerLog(self.proc, self._on_line)
 
-    def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.lines.append(line.rstrip("\n"))
-            mp = _METRICS_PORT.search(line)
-            if mp:
-                self.metrics_port = int(mp.group(1))
-            g = _GRPC_PORT.search(line)
-            if g:
-                self.grpc_port = int(g.group(1))
-            m = _PORT.search(line)
+    def _on_line(self, line: str) -> None:
+        for attr, pattern in _PORTS.items():
+            m = pattern.search(line)
             if m:
-                self.port = int(m.group(1))
-                self._port_seen.set()
-            if "server is ready" in line:
-                self._ready_seen.set()
-        self._port_seen.set()
-        self._ready_seen.set()
+                setattr(self, attr, int(m.group(1)))
+        if "server is ready" in line:
+            self.ready = True
 
     @property
     def url(self) -> str:
@@ -73,16 +60,16 @@ class ServerProcess:
 
     def wait_ready(self, timeout: float = 60) -> ServerProcess:
         """Wait until the server logged that startup finished; raise with its log if it exited."""
-        if not self._ready_seen.wait(timeout) or self.proc.poll() is not None or self.port is None:
+        if not self.stderr.wait(lambda: self.ready, timeout) or self.proc.poll() is not None or self.port is None:
             raise RuntimeError("server did not start:\n" + self.log())
         return self
 
     def wait_exit(self, timeout: float = 60) -> int:
-        self._reader.join(timeout)
+        self.stderr.join(timeout)
         return self.proc.wait(timeout)
 
     def log(self) -> str:
-        return "\n".join(self.lines)
+        return self.stderr.text()
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
         if self.proc.poll() is None:

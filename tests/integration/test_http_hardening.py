@@ -30,17 +30,18 @@ def _descriptors() -> Iterator[None]:
     resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
-def _connect(server: ServerProcess) -> socket.socket:
-    return socket.create_connection(("127.0.0.1", server.port), timeout=30)
+def _connect(server: ServerProcess, port: int | None = None) -> socket.socket:
+    """A connection to the HTTP port (or to ``port``: the metrics port)."""
+    return socket.create_connection(("127.0.0.1", port or server.port), timeout=30)
 
 
 @contextlib.contextmanager
-def _half_sent(server: ServerProcess, n: int, data: bytes) -> Iterator[list[socket.socket]]:
-    """``n`` connections that each sent ``data`` and wait; closed at the end."""
+def _half_sent(server: ServerProcess, n: int, data: bytes, port: int | None = None) -> Iterator[list[socket.socket]]:
+    """``n`` connections (to the HTTP port, or to ``port``) that each sent ``data`` and wait; closed at the end."""
     socks: list[socket.socket] = []
     try:
         for _ in range(n):
-            socks.append(_connect(server))
+            socks.append(_connect(server, port))
             socks[-1].sendall(data)
         yield socks
     finally:

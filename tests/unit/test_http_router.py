@@ -14,7 +14,7 @@ from triton_actor import fastpath
 from triton_actor.errors import TritonError
 from triton_actor.frontends import http
 from triton_actor.frontends.http import HttpFrontend
-from triton_actor.frontends.http_routes import create_app
+from triton_actor.frontends.http_routes import create_app, empty_app
 
 
 @pytest.fixture(params=[True, False], ids=["fast", "slow"])
@@ -55,6 +55,19 @@ def test_unknown_paths_and_wrong_methods(router: tuple[HttpFrontend, MagicMock],
     assert got_status == status and ("Content-Type", "text/plain") in headers
     assert dict(headers).get("Allow") == allow
     assert body == (b'{"error":"Method Not Allowed"}' if allow else b'{"error":"Not Found"}')
+
+
+def test_each_kind_of_router_has_its_own_route_cache(router: tuple[HttpFrontend, MagicMock]) -> None:
+    """The metrics port's router never answers with the HTTP port's endpoints, nor the other way round."""
+    route, _plane = router
+    app = empty_app()
+    app.add_url_rule("/metrics", "metrics", lambda req: ("200 OK", http.TEXT_HEADERS, b"m"), methods=["GET"])
+    metrics = HttpFrontend(app, name="metrics")
+    for _ in range(2):  # the second time from the route caches, when fast paths are on
+        assert route("GET", "/v2/health/live", "", {}, b"")[0] == "200 OK"
+        assert metrics("GET", "/v2/health/live", "", {}, b"")[0] == "404 Not Found"
+        assert metrics("GET", "/metrics", "", {}, b"")[2] == b"m"
+        assert route("GET", "/metrics", "", {}, b"")[0] == "404 Not Found"
 
 
 def test_errors_in_views(router: tuple[HttpFrontend, MagicMock]) -> None:

@@ -14,7 +14,8 @@ that finishes afterwards still answers its requests (``_answer``).
 Policy: the version's :class:`~.batch_queue.BatchQueue` (spec §6.1-6.2) decides what runs next
 whenever an instance is idle; without a scheduling block each request runs alone. No idle instance:
 requests wait in the queue (backpressure), so N instances keep at most N batches in flight. Time
-enters through one gevent timer (the batcher's delay, request timeouts); with ``preserve_ordering``
+enters through one :class:`~.wake_timer.WakeTimer` (the batcher's delay, request timeouts), which tells
+the actor :class:`~.wake_timer.Wake`; with ``preserve_ordering``
 replies are released in the order the requests were dispatched (= arrival order, which that option
 requires to be unambiguous: one priority level, no DELAY policy).
 
@@ -31,8 +32,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import gevent
-
 from .. import fastpath
 from ..backends.base import RESCHEDULE
 from ..errors import TritonError
@@ -42,6 +41,7 @@ from ..tracing import VersionTrace
 from .batch_queue import BatchPolicy, BatchQueue, timeout_error
 from .instance import ModelInstance
 from .kernel import InlineActor, Reply
+from .wake_timer import Wake, WakeTimer
 
 log = logging.getLogger(__name__)
 
@@ -74,13 +74,6 @@ class GetStatus:
 
 
 @dataclass(frozen=True, slots=True)
-class _Wake:
-    """The timer fired: the batcher's delay or a request's timeout is due."""
-
-    timer: Any
-
-
-@dataclass(frozen=True, slots=True)
 class Drain:
     reply: Reply[None]
 
@@ -102,8 +95,7 @@ class SchedulerActor(InlineActor):
         self._stats = stats
         self._clock = clock
         self._drains: list[Reply[None]] = []
-        self._timer: Any = None
-        self._timer_at = 0
+        self._timer = WakeTimer(self.ref.tell)  # the batcher's delay, the requests' queue timeouts
         self._batching = self._policy.max_batch_size > 0
         # no batching and no queue timeouts: a request that finds an idle instance and nobody waiting runs at once
         self._direct = fastpath.enabled and not self._batching and not self._queue.timed
@@ -193,16 +185,13 @@ class SchedulerActor(InlineActor):
             self._stats.record_failure(self._clock() - item.start_ns)
             item.reply.fail(TritonError(e.code, _prefix(request) + e.message))
 
-    def on__Wake(self, msg: _Wake) -> None:
-        if msg.timer is self._timer:  # a wake from a timer replaced meanwhile keeps the newer one
-            self._timer = None
+    def on_Wake(self, msg: Wake) -> None:
+        self._timer.woke(msg)
         self._dispatch()
 
     def on_stop(self) -> None:
         """Nobody waits forever: queued requests fail, held replies are released, drains are answered."""
-        if self._timer is not None:
-            self._timer.stop()
-            self._timer = None
+        self._timer.stop()
         error = TritonError.unavailable(f"model version '{self.name}' is unloading")
         for item in self._queue.clear():
             item.reply.fail(error)
@@ -235,7 +224,7 @@ class SchedulerActor(InlineActor):
     # -- policy -----------------------------------------------------------------------------------
     def _dispatch(self) -> None:
         queue, idle = self._queue, self._idle
-        if not len(queue) and self._timer is None:
+        if not len(queue) and not self._timer.armed:
             self._maybe_drained()
             return
         now = self._clock()
@@ -252,7 +241,7 @@ class SchedulerActor(InlineActor):
                 break
             self._run(idle.pop(), decision.batch)
         if wait is not None:
-            self._arm(now, wait)
+            self._timer.arm(now, wait)
         self._maybe_drained()
 
     def _run(self, instance: ModelInstance, items: list[Enqueue]) -> None:
@@ -294,23 +283,6 @@ class SchedulerActor(InlineActor):
             if entry is not None:  # None: a rescheduled request's old place in the order
                 _complete(*entry)
             self._release_seq += 1
-
-    def _arm(self, now: int, wait_ns: int) -> None:
-        """Poll again in ``wait_ns`` unless a timer already fires by then."""
-        at = now + wait_ns
-        if self._timer is not None:
-            if self._timer_at <= at:
-                return
-            self._timer.stop()
-        self._timer_at = at
-        timer = self._timer = gevent.get_hub().loop.timer(wait_ns / 1e9)
-        timer.start(self._wake, timer)
-
-    def _wake(self, timer: Any) -> None:
-        try:
-            self.ref.tell(_Wake(timer))
-        except TritonError:  # stopped meanwhile
-            pass
 
     def _completion(self, instance: ModelInstance, items: list[Enqueue], dispatch_ns: int) -> Callable[[bool, Any], None]:
         """The hub-side callback of one batch: turn it into a BatchDone message for this actor."""

@@ -3,7 +3,7 @@
 An :class:`InlineActor` like :class:`~.scheduler.SchedulerActor`, with the same messages, so a
 version handle queues to either the same way: :class:`Enqueue` (tell, carries its Reply),
 :class:`_SeqBatchDone` (event from an instance's completion), :class:`GetStats` (ask), :class:`Drain`
-(tell), :class:`_Wake` (its timer). State owned: the :class:`SequenceSlots` (which sequence holds which
+(tell), :class:`~.wake_timer.Wake` (its timer). State owned: the :class:`SequenceSlots` (which sequence holds which
 slot of which instance, the backlog, the queued requests), the implicit state of each live sequence,
 the idle instances, the version's statistics.
 Policy is in :mod:`.sequence_slots` (slots, backlog, direct / oldest batches, idle timeout) and
@@ -28,7 +28,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import gevent
 import numpy as np
 
 from ..backends.base import RESCHEDULE
@@ -37,9 +36,10 @@ from ..inference import InferInput, InferRequest, InferResponse
 from ..statistics import VersionStats
 from .instance import ModelInstance
 from .kernel import InlineActor, Reply
-from .scheduler import Drain, Enqueue, GetStats, _Wake
+from .scheduler import Drain, Enqueue, GetStats
 from .sequence_controls import SequenceTensors
 from .sequence_slots import SEQUENCE_END, SEQUENCE_START, SequenceSlots, Slot, SlotPolicy
+from .wake_timer import Wake, WakeTimer
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +72,7 @@ class SequenceSchedulerActor(InlineActor):
         self._states: dict[int | str, dict[str, np.ndarray]] = {}
         self._next_id = 1
         self._drains: list[Reply[None]] = []
-        self._timer: Any = None
-        self._timer_at = 0
+        self._timer = WakeTimer(self.ref.tell)  # batch delays, idle sequences
 
     # -- messages ---------------------------------------------------------------------------------
     def on_Enqueue(self, msg: Enqueue) -> None:
@@ -99,9 +98,8 @@ class SequenceSchedulerActor(InlineActor):
             self._idle.append(msg.instance)
         self._dispatch()
 
-    def on__Wake(self, msg: _Wake) -> None:
-        if msg.timer is self._timer:
-            self._timer = None
+    def on_Wake(self, msg: Wake) -> None:
+        self._timer.woke(msg)
         self._dispatch()
 
     def on_GetStats(self, _msg: GetStats) -> dict[str, object]:
@@ -112,9 +110,7 @@ class SequenceSchedulerActor(InlineActor):
         self._maybe_drained()
 
     def on_stop(self) -> None:
-        if self._timer is not None:
-            self._timer.stop()
-            self._timer = None
+        self._timer.stop()
         error = TritonError.unavailable(f"model version '{self.name}' is unloading")
         for item in self._slots.clear():
             item.reply.fail(error)
@@ -157,7 +153,7 @@ class SequenceSchedulerActor(InlineActor):
         if idle is not None:
             wait = idle if wait is None else min(wait, idle)
         if wait is not None:
-            self._arm(now, wait)
+            self._timer.arm(now, wait)
         self._maybe_drained()
 
     def _run(self, index: int, batch: list[Slot[Enqueue]]) -> None:
@@ -283,24 +279,6 @@ class SequenceSchedulerActor(InlineActor):
                 slot.item.reply.fail(error)
             else:
                 slot.item.reply.set(result)
-
-    # -- time -------------------------------------------------------------------------------------
-    def _arm(self, now: int, wait_ns: int) -> None:
-        """Dispatch again in ``wait_ns`` unless a timer already fires by then."""
-        at = now + wait_ns
-        if self._timer is not None:
-            if self._timer_at <= at:
-                return
-            self._timer.stop()
-        self._timer_at = at
-        timer = self._timer = gevent.get_hub().loop.timer(wait_ns / 1e9)
-        timer.start(self._wake, timer)
-
-    def _wake(self, timer: Any) -> None:
-        try:
-            self.ref.tell(_Wake(timer))
-        except TritonError:  # stopped meanwhile
-            pass
 
     def _maybe_drained(self) -> None:
         if self._drains and not len(self._slots) and len(self._idle) == len(self._instances):

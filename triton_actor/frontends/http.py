@@ -35,10 +35,11 @@ View = Callable[..., Reply]
 JSON_HEADERS = [("Content-Type", "application/json")]
 TEXT_HEADERS = [("Content-Type", "text/plain")]
 
-# (method, path) → (endpoint, url arguments): the url map's own answers (every router has the same
-# routes), kept for the paths a client repeats: werkzeug's matcher costs ~7 µs of Python, a hit
-# ~0.1. Fast path; the url map is the slow path.
-_ROUTES = fastpath.cache("http.routes", 512)
+# (method, path) → (endpoint, url arguments): the url map's own answers, kept for the paths a client
+# repeats: werkzeug's matcher costs ~7 µs of Python, a hit ~0.1. Fast path; the url map is the slow
+# path. One cache per kind of router (``"http"``: every :func:`.http_routes.create_app` has the same
+# routes; ``"metrics"``: the metrics port's), so one router never answers with another's endpoints.
+_ROUTE_CACHE_SIZE = 512
 _ROUTE_CACHED_MAX = 512
 
 
@@ -104,7 +105,8 @@ class HttpFrontend:
     requests in flight that shutdown drains. Runs in the connection's greenlet."""
 
     def __init__(self, app: Flask, max_input_size: int = 64 * 1024 * 1024,
-                 restrictions: Restrictions | None = None) -> None:
+                 restrictions: Restrictions | None = None, name: str = "http") -> None:
+        self._routes = fastpath.cache(f"{name}.routes", _ROUTE_CACHE_SIZE)  # keyed by the routes' kind
         self.max_input_size = max_input_size
         self.restrictions = restrictions or None  # --http-restricted-api; None: no check at all
         self.app = app
@@ -117,7 +119,7 @@ class HttpFrontend:
                  peer_gone: Callable[[], gevent.event.Event] | None = None) -> Reply:
         """Route and answer one request; ``path`` is percent-decoded."""
         try:
-            route = _ROUTES.get((method, path))
+            route = self._routes.get((method, path))
             if route is None:
                 route = self.match(method, path)
             endpoint, args = route
@@ -145,7 +147,7 @@ class HttpFrontend:
         """(endpoint, url arguments) from the url map; raises NotFound or MethodNotAllowed."""
         route = self._adapter.match(path, method)
         if len(path) <= _ROUTE_CACHED_MAX:
-            _ROUTES.put((method, path), route)
+            self._routes.put((method, path), route)
         return route
 
     # -- request accounting (shutdown drains these) ------------------------------------------------

@@ -34,13 +34,19 @@ _BINARY = "application/octet-stream"
 
 def create_app(plane: DataPlane) -> Flask:
     """The Flask app holding every route (the url map is all the router uses of it)."""
+    app = empty_app()
+    for group in (_health_routes, _model_routes, _infer_routes, _generate_routes, _shm_routes,
+                  _repository_routes, _settings_routes, status_routes):
+        group(app, plane)
+    return app
+
+
+def empty_app() -> Flask:
+    """A Flask app with no routes yet, matching paths as Triton's router does."""
     app = Flask("triton_actor")
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False  # no implicit OPTIONS answers: 405 as Triton
     app.url_map.strict_slashes = False
     app.url_map.merge_slashes = False  # '//' is a 404, not a redirect
-    for group in (_health_routes, _model_routes, _infer_routes, _generate_routes, _shm_routes,
-                  _repository_routes, _settings_routes, status_routes):
-        group(app, plane)
     return app
 
 

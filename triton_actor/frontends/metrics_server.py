@@ -1,65 +1,74 @@
 """The metrics endpoint: ``GET /metrics`` on its own port (``--metrics-port``, Triton's 8002).
 
-A gevent WSGI server (``gevent.pywsgi``), startable on ``(address, port)`` or on a listening socket handed
-down (gunicorn gives its workers sockets). Each scrape runs in its own request greenlet: it gathers every
-worker's snapshot through the host (``host.gather("metrics")``) and renders them; nothing here touches
-the inference hot path. Owner: the server of the process that serves metrics; it also owns the
-:class:`~triton_actor.metrics.system.SystemSampler`. Failure: a scrape that fails answers 500 with the
-error and the next scrape starts afresh.
+Served by our HTTP/1.1 driver (:class:`.http_server.HttpServer`) and router (:class:`.http.HttpFrontend`)
+over a url map of its own, so the metrics port has the bounds of the HTTP port: ``--http-max-connections``
+and the header, body and keep-alive timeouts (a client half-sending request heads cannot hold its
+connections open for ever, as it could under ``gevent.pywsgi``). No route here takes a body, so bodies
+are refused past :data:`MAX_BODY`. Startable on ``(address, port)`` or on a listening socket handed
+down (gunicorn gives its workers sockets).
+
+Each scrape runs in its connection's greenlet: it gathers every worker's snapshot through the host
+(``host.gather("metrics")``) and renders them; nothing here touches the inference hot path. Owner: the
+server of the process that serves metrics; it also owns the :class:`~triton_actor.metrics.system.SystemSampler`.
+Failure: a scrape that fails answers 500 with the error and the next scrape starts afresh.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
-from collections.abc import Callable, Iterable
-from typing import Any
-
-from gevent.pywsgi import WSGIServer
 
 from ..host import Host
 from ..metrics.config import MetricsConfig
 from ..metrics.exposition import CONTENT_TYPE, render
 from ..metrics.families import TritonCollector
 from ..metrics.system import SystemSampler
+from ..protocol import http1
+from .http import TEXT_HEADERS, HttpFrontend, HttpRequest, Reply
+from .http_routes import empty_app
+from .http_server import HttpServer
 
 log = logging.getLogger(__name__)
 
+MAX_BODY = 64 * 1024  # a scrape is a GET: nothing on this port needs a body, so none is buffered whole
+_HEADERS = [("Content-Type", CONTENT_TYPE)]
+
 
 class MetricsServer:
-    """``/metrics`` for the host's totals."""
+    """``/metrics`` for the host's totals; ``limits`` and ``max_connections`` are the HTTP port's
+    (the body limit is lowered to :data:`MAX_BODY`)."""
 
     def __init__(self, host: Host, config: MetricsConfig, listener: socket.socket | tuple[str, int],
-                 interval_s: float = 2.0) -> None:
+                 interval_s: float = 2.0, limits: http1.Limits = http1.DEFAULT_LIMITS,
+                 max_connections: int = 1024) -> None:
         self.sampler = SystemSampler(interval_s)
         self.collector = TritonCollector(lambda: host.gather("metrics"), config, lambda: self.sampler.values)
-        self._wsgi = WSGIServer(listener, self._app, log=None, error_log=None)
+        app = empty_app()
+        app.add_url_rule("/metrics", "metrics", self._scrape, methods=["GET"])  # HEAD comes with GET
+        limits = dataclasses.replace(limits, max_body=min(limits.max_body, MAX_BODY))
+        address, port = listener if isinstance(listener, tuple) else ("", 0)
+        handed_down = None if isinstance(listener, tuple) else listener
+        self._http = HttpServer(address, port, HttpFrontend(app, MAX_BODY, name="metrics"), limits,
+                                max_connections, handed_down)
 
     @property
     def server_port(self) -> int:
-        return self._wsgi.server_port
+        return self._http.server_port
 
     def start(self) -> int:
         self.sampler.start()
-        self._wsgi.start()
+        self._http.start()
         return self.server_port
 
     def stop(self) -> None:
         self.sampler.stop()
-        self._wsgi.stop(timeout=1)
+        self._http.stop(timeout=1)
 
-    def _app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        if environ.get("PATH_INFO") != "/metrics":
-            start_response("404 Not Found", [("Content-Type", "text/plain")])
-            return [b"not found: metrics are served at /metrics\n"]
-        if environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
-            start_response("405 Method Not Allowed", [("Content-Type", "text/plain"), ("Allow", "GET")])
-            return [b"method not allowed\n"]
+    def _scrape(self, req: HttpRequest) -> Reply:
         try:
             body = render(self.collector)
         except Exception as e:  # a failed scrape is this scrape's 500, not the server's end
             log.exception("metrics scrape failed")
-            start_response("500 Internal Server Error", [("Content-Type", "text/plain")])
-            return [f"metrics scrape failed: {e!r}\n".encode()]
-        start_response("200 OK", [("Content-Type", CONTENT_TYPE), ("Content-Length", str(len(body)))])
-        return [body]
+            return "500 Internal Server Error", TEXT_HEADERS, f"metrics scrape failed: {e!r}\n".encode()
+        return "200 OK", _HEADERS, body
