@@ -20,9 +20,9 @@ from tritonclient.utils import InferenceServerException
 
 from .graphite import Graphite
 from .model_control import wait_for
-from .server import add_model
+from .server import add_gated_model, add_model
 from .test_batching import GATED_PY, _call, _config, _hold_one
-from .test_grpc_cancel import CONFIG, MODEL, _input
+from .test_grpc_cancel import _input
 
 _SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$')
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
@@ -364,7 +364,7 @@ def test_one_scrape_returns_the_host_totals_under_several_workers(tmp_path: Path
 
 def test_a_call_cancelled_in_the_queue_counts_as_canceled(tmp_path: Path, start_server) -> None:
     log, gate = tmp_path / "executions.log", tmp_path / "gate"
-    add_model(tmp_path / "repo", "gated", CONFIG, MODEL.format(log=str(log), gate=str(gate)))
+    add_gated_model(tmp_path / "repo", "gated", log, gate)
     server = start_server(tmp_path / "repo")
     client = grpcclient.InferenceServerClient(server.grpc_url)
     answers: queue.Queue = queue.Queue()
