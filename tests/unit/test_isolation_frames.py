@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 
-from triton_actor.protocol.isolation_frames import FrameDecoder, encode
+from triton_actor.backends.python.isolation_wire import pack, unpack
+from triton_actor.protocol.isolation_frames import OUT_OF_BAND_MIN, FrameDecoder, encode
 
 
 def _message() -> tuple[object, ...]:
@@ -31,9 +34,11 @@ def _assert_same(got: object, want: object) -> None:
         assert got == want
 
 
-def test_numeric_arrays_travel_out_of_band() -> None:
-    parts = encode(("x", np.ones(1000, np.float64)))
-    assert len(parts) == 3 and memoryview(parts[2]).nbytes == 8000  # head, pickle, the array's own bytes
+def test_large_buffers_travel_out_of_band_small_ones_in_the_pickle() -> None:
+    big = np.ones(OUT_OF_BAND_MIN // 8, np.float64)
+    parts = encode(("x", pickle.PickleBuffer(big)))
+    assert len(parts) == 3 and memoryview(parts[2]).nbytes == big.nbytes  # head, pickle, the array's own bytes
+    assert len(encode(("x", pickle.PickleBuffer(big[:-1])))) == 2
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 64, 1 << 20])
@@ -49,11 +54,21 @@ def test_any_chunking_gives_the_messages_back_in_order(chunk: int) -> None:
     assert got[1:] == [("reply", ("ok", None)), ("log", {"a": 1})]
 
 
-def test_arrays_received_are_writable_views_of_their_own_buffer() -> None:
-    (message,) = FrameDecoder().feed(_frame_bytes(("x", np.arange(4, dtype=np.int32))))
-    array = message[1]
-    array[0] = 9  # the model may write into its inputs, as in-process
-    assert array.tolist() == [9, 1, 2, 3]
+@pytest.mark.parametrize("array", [
+    np.arange(6, dtype=np.float32).reshape(2, 3), np.arange(OUT_OF_BAND_MIN, dtype=np.int32),
+    np.arange(12, dtype=np.int64).reshape(3, 4)[:, ::2], np.zeros((0, 4), np.float16), np.array(True),
+    np.array([b"a", "\u00e9", b""], dtype=object), np.zeros(3, np.dtype("V2")),
+])
+def test_tensors_cross_as_raw_bytes_dtype_and_shape(array: np.ndarray) -> None:
+    (message,) = FrameDecoder().feed(_frame_bytes(("x", pack(array))))
+    _assert_same(unpack(message[1]), array)
+
+
+def test_large_tensors_received_are_writable() -> None:
+    (message,) = FrameDecoder().feed(_frame_bytes(("x", pack(np.arange(OUT_OF_BAND_MIN, dtype=np.int32)))))
+    array = unpack(message[1])
+    array[0] = 9  # the model may write into its inputs
+    assert array[:3].tolist() == [9, 1, 2]
 
 
 def test_a_malformed_frame_raises() -> None:

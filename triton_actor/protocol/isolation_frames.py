@@ -1,14 +1,12 @@
 """Frames between the server and an isolated Python model's process (sans-I/O: bytes in, messages out).
 
-One frame carries one message, a tuple of plain values and numpy arrays::
+One frame carries one message, a tuple of plain values and ``pickle.PickleBuffer`` objects::
 
     <I meta length> <H buffer count> <Q length> * count   meta (pickle, protocol 5)   buffers
 
-Contiguous numeric arrays travel out of band (``pickle.PickleBuffer``): their raw bytes follow the
-pickle unchanged, so the sender copies nothing and the receiver gets each array as one bytearray that
-numpy views (dtype and shape are in the pickle). Object arrays (BYTES tensors) pickle in band:
-measured against encoding them with :mod:`.bytes_codec` (README, "Process isolation"), pickle was
-as fast and keeps ``str`` elements ``str``, as the model made them.
+Large buffers (a tensor's raw bytes, see ``backends/python/isolation_wire.py``) travel out of band:
+their bytes follow the pickle unchanged, so the sender copies nothing and the receiver gets each as
+one bytearray of its own that numpy can view.
 
 Both ends are this project's code, started by the server: pickle is not a trust boundary here.
 Owner: each :class:`FrameDecoder` belongs to one reader; :func:`encode` is a pure function.
@@ -24,12 +22,21 @@ from typing import Any
 _HEAD = struct.Struct("<IH")
 _LEN = struct.Struct("<Q")
 MAX_BUFFERS = 65535
+OUT_OF_BAND_MIN = 16384
 
 
 def encode(message: Any) -> list[bytes | memoryview]:
-    """The parts of one frame, in order (hand them to ``os.writev``)."""
+    """The parts of one frame, in order (hand them to ``os.writev``). ``pickle.PickleBuffer`` objects in
+    the message of at least :data:`OUT_OF_BAND_MIN` bytes travel out of band, smaller ones in the pickle."""
     buffers: list[pickle.PickleBuffer] = []
-    meta = pickle.dumps(message, protocol=5, buffer_callback=buffers.append)
+
+    def out_of_band(buffer: pickle.PickleBuffer) -> bool:
+        if buffer.raw().nbytes < OUT_OF_BAND_MIN:
+            return True  # in band: one part fewer, and no bytearray of its own at the receiver
+        buffers.append(buffer)
+        return False
+
+    meta = pickle.dumps(message, protocol=5, buffer_callback=out_of_band)
     raws = [b.raw() for b in buffers]
     if len(raws) > MAX_BUFFERS:
         raise ValueError(f"a frame holds at most {MAX_BUFFERS} arrays, got {len(raws)}")

@@ -12,8 +12,11 @@ other way round: ``pb_utils.InferenceRequest`` from the model, ``pb_utils.Infere
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 from ...errors import Code, TritonError
 from ...inference import InferInput, InferRequest, InferResponse, RequestedOutput
@@ -24,10 +27,30 @@ from . import triton_python_backend_utils as pb_utils
 _RESCHEDULE_WIRE = ("reschedule",)
 
 
+# -- tensors ----------------------------------------------------------------------------------------
+def pack(array: np.ndarray) -> tuple[str, tuple[int, ...], Any]:
+    """A tensor as its dtype, shape and raw bytes (a ``PickleBuffer`` of a contiguous array: no copy; large
+    ones travel out of band). Pickling the ndarray itself costs ten times more (measured: 10 µs vs 0.8
+    µs for a 4-element FP32 tensor). BYTES tensors are object arrays: pickled as they are (measured
+    faster than the BYTES codec, README "Process isolation")."""
+    if array.dtype.hasobject:
+        return ("O", array.shape, array)
+    if not array.flags.c_contiguous:
+        array = np.ascontiguousarray(array)
+    return (array.dtype.str, array.shape, pickle.PickleBuffer(array))
+
+
+def unpack(packed: tuple[str, tuple[int, ...], Any]) -> np.ndarray:
+    dtype, shape, data = packed
+    if dtype == "O":
+        return data
+    return np.frombuffer(data, dtype).reshape(shape)  # writable when the buffer came out of band
+
+
 # -- requests of execute() --------------------------------------------------------------------------
 def request_to_wire(request: InferRequest, key: int | None) -> tuple[Any, ...]:
     """Server: one request of a batch; ``key`` names its response channel (decoupled), else None."""
-    inputs = [(t.name, t.dtype.enum_value, t.shape, t.data) for t in request.inputs.values()]
+    inputs = [(t.name, t.dtype.enum_value, pack(t.data)) for t in request.inputs.values()]
     outputs = None if request.outputs is None else [o.name for o in request.outputs]
     return (request.model_name, request.model_version, request.id, inputs, outputs, request.parameters,
             request.timeout_us, request.correlation_id, request.flags, key)
@@ -37,7 +60,10 @@ def request_from_wire(wire: tuple[Any, ...], channel_for: Callable[[int], Any]) 
     """Model process: the request as ``PythonInstance.execute`` takes it (``channel_for(key)``
     gives the stand-in response channel of a decoupled request)."""
     model_name, version, request_id, inputs, outputs, parameters, timeout_us, correlation_id, flags, key = wire
-    tensors = {name: InferInput(name, BY_ENUM_VALUE[dtype], tuple(shape), data) for name, dtype, shape, data in inputs}
+    tensors = {}
+    for name, dtype, packed in inputs:
+        data = unpack(packed)
+        tensors[name] = InferInput(name, BY_ENUM_VALUE[dtype], data.shape, data)
     requested = None if outputs is None else tuple(RequestedOutput(n) for n in outputs)
     return InferRequest(model_name, version, request_id, tensors, requested, parameters, False, 0, timeout_us,
                         correlation_id, flags, None if key is None else channel_for(key))
@@ -56,7 +82,7 @@ def result_to_wire(result: Result | Any) -> tuple[Any, ...] | None:
         return _RESCHEDULE_WIRE
     if isinstance(result, TritonError):
         return error_to_wire(result)
-    return ("response", result.outputs, result.parameters)
+    return ("response", [(name, pack(array)) for name, array in result.outputs], result.parameters)
 
 
 def result_from_wire(wire: tuple[Any, ...] | None) -> Any:
@@ -65,7 +91,7 @@ def result_from_wire(wire: tuple[Any, ...] | None) -> Any:
         return None
     kind = wire[0]
     if kind == "response":
-        return InferResponse(wire[1], wire[2])
+        return InferResponse([(name, unpack(packed)) for name, packed in wire[1]], wire[2])
     if kind == "error":
         return TritonError(Code(wire[1]), wire[2])
     if kind == "reschedule":
@@ -75,11 +101,11 @@ def result_from_wire(wire: tuple[Any, ...] | None) -> Any:
 
 # -- BLS --------------------------------------------------------------------------------------------
 def _tensors_to_wire(tensors: list[Any]) -> list[tuple[str, int, Any]]:
-    return [(t._name, t._triton_dtype, t._array) for t in tensors]
+    return [(t._name, t._triton_dtype, pack(t._array)) for t in tensors]
 
 
 def _tensors_from_wire(wire: list[tuple[str, int, Any]]) -> list[Any]:
-    return [pb_utils.Tensor._trusted(name, array, dtype) for name, dtype, array in wire]
+    return [pb_utils.Tensor._trusted(name, unpack(packed), dtype) for name, dtype, packed in wire]
 
 
 def pb_request_to_wire(request: Any) -> tuple[Any, ...]:
