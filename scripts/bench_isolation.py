@@ -136,12 +136,16 @@ def main() -> int:
     lines.append("")
     lines.append("Resident memory with add_sub loaded (server + model processes): " +
                  ", ".join(f"{n} {mb:.0f} MB" for n, mb in memory.items()))
+    _report(args.out, lines, {"results": results, "median": med, "memory_mb": memory})
+    return 0
+
+
+def _report(out: Path, lines: list[str], data: dict[str, object]) -> None:
+    """Print the table; keep it (``isolation.md``) and the raw runs (``isolation.json``, with the load)."""
     table = "\n".join(lines)
     print(table)
-    (args.out / "isolation.md").write_text(table + "\n")
-    (args.out / "isolation.json").write_text(json.dumps({"results": results, "median": med, "memory_mb": memory,
-                                                         "load": os.getloadavg()}, indent=1))
-    return 0
+    (out / "isolation.md").write_text(table + "\n")
+    (out / "isolation.json").write_text(json.dumps({**data, "load": os.getloadavg()}, indent=1))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ Real servers, the official tritonclient; models written per test."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -78,6 +79,27 @@ class TritonPythonModel:
     def execute(self, requests):
         open(MARK, "w").close()
         ctypes.string_at(0)
+"""
+
+# decoupled: responses every 5 ms until the request is cancelled (at most 2000), then a line in LOG
+UNTIL_CANCELLED_PY = """
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+LOG = {log!r}
+
+class TritonPythonModel:
+    def execute(self, requests):
+        sender = requests[0].get_response_sender()
+        for i in range(2000):
+            if sender.is_cancelled():
+                break
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([i], np.int32))]))
+            time.sleep(0.005)
+        with open(LOG, "w") as f:
+            f.write("cancelled" if requests[0].is_cancelled() else "never cancelled")
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 """
 
 # one scenario per INPUT0[0]; OUTPUT0 (BYTES) = the args of initialize as JSON
@@ -262,19 +284,40 @@ def _stream(client: grpcclient.InferenceServerClient, out: gevent.queue.Queue, n
             return got
 
 
-def test_decoupled_streams_through_the_process(tmp_path: Path, start_server: Any) -> None:
-    add_model(tmp_path, "square", SQUARE_CONFIG + ISOLATED, SQUARE_PY)
-    server = start_server(tmp_path)
+@contextlib.contextmanager
+def _open_stream(server: ServerProcess, cancel: bool = False) -> Iterator[tuple[Any, gevent.queue.Queue]]:
+    """A gRPC stream whose (result, error) pairs land in the queue; ``cancel``: its requests are
+    cancelled when it closes."""
     client = grpcclient.InferenceServerClient(server.grpc_url)
     out: gevent.queue.Queue = gevent.queue.Queue()
     client.start_stream(callback=partial(_collect, out))
     try:
+        yield client, out
+    finally:
+        client.stop_stream(cancel_requests=cancel)
+        client.close()
+
+
+def test_decoupled_streams_through_the_process(tmp_path: Path, start_server: Any) -> None:
+    add_model(tmp_path, "square", SQUARE_CONFIG + ISOLATED, SQUARE_PY)
+    with _open_stream(start_server(tmp_path)) as (client, out):
         assert _stream(client, out, 5) == [0, 1, 2, 3, 4]
         assert _stream(client, out, 0) == []
         assert _stream(client, out, 3) == [0, 1, 2]
-    finally:
-        client.stop_stream()
-        client.close()
+
+
+def test_a_decoupled_model_sees_the_client_cancel(tmp_path: Path, start_server: Any) -> None:
+    """Forwarded when the server gets the model's next response after the client went away."""
+    log = tmp_path / "model.log"
+    add_model(tmp_path / "repo", "square", SQUARE_CONFIG + ISOLATED, UNTIL_CANCELLED_PY.format(log=str(log)))
+    with _open_stream(start_server(tmp_path / "repo"), cancel=True) as (client, out):
+        i = grpcclient.InferInput("IN", [1], "INT32")
+        i.set_data_from_numpy(np.array([1], np.int32))
+        client.async_stream_infer("square", [i])
+        for _ in range(3):
+            assert out.get(timeout=30)[1] is None
+    wait_for(lambda: log.exists() and log.read_text() != "", what="the model to finish")
+    assert log.read_text() == "cancelled"
 
 
 def test_bls_from_a_thread_of_an_isolated_decoupled_model(bls_servers: tuple[ServerProcess, ServerProcess]) -> None:

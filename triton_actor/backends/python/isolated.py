@@ -6,11 +6,12 @@ Opt-in (in-process stays the fast default): the model's config parameter ``TRITO
 (Triton's spelling for python backend settings; Triton itself isolates every Python model this way).
 
 :class:`IsolatedInstance` is the server side of one instance: a :class:`~.base.BackendInstance` whose
-methods run on the instance's native thread, as every backend's do. It sends the batch and waits for
-the answer; meanwhile it serves the BLS and model-control calls the model makes from ``execute`` on
-this same thread (so the BLS wait graph sees the instance waiting, as in-process). Calls made while
-no command runs (a decoupled model's own threads) are served on a short-lived native thread each.
-Decoupled responses go from the process's reader thread straight into the requests' channels.
+methods run on the instance's native thread, as every backend's do. It sends the batch and reads the
+answer itself (:mod:`.child_process`); meanwhile it serves the BLS and model-control calls the model
+makes, on this same thread (so the BLS wait graph sees the instance waiting, as in-process). Calls
+made while no command runs (a decoupled model's own threads) are served on a short-lived native
+thread each. Decoupled responses go from the process's reader thread straight into the requests'
+channels; a reply is handled only after what the model sent before it.
 
 Crash handling (the Triton python backend's stub restart, bounded): when the process dies, the batch
 in flight fails INTERNAL ("... the model's process exited with signal 11 (SIGSEGV)"), and so does
@@ -23,7 +24,6 @@ UNAVAILABLE with that reason), as any load error does.
 
 from __future__ import annotations
 
-import _queue
 import itertools
 import logging
 import threading
@@ -65,13 +65,11 @@ class _Exited(Exception):
 
 
 class _Session:
-    """One model process and what is in flight with it. The instance's thread sends commands and waits
-    on ``inbox``; the reader thread (``on_message``, ``on_exit``) fills it and feeds the channels."""
+    """One model process and what is in flight with it. The instance's thread sends commands and reads
+    their replies (serving the model's calls meanwhile); the reader thread (``on_message``,
+    ``on_exit``) feeds the decoupled requests' channels and the log."""
 
     def __init__(self, name: str) -> None:
-        self.inbox: _queue.SimpleQueue = _queue.SimpleQueue()
-        self.busy = False  # a command is out: calls from the model go to the instance's thread
-        self.exit_text: str | None = None
         self._lock = threading.Lock()  # channels: registered by the instance's thread, used by the reader's
         self._channels: dict[int, Any] = {}
         self._keys: dict[Any, int] = {}
@@ -82,29 +80,34 @@ class _Session:
         except OSError as e:
             raise TritonError.internal(f"could not start the model's process for '{name}': {e}") from None
 
+    @property
+    def alive(self) -> bool:
+        return self.child.exit_text is None
+
     # -- the instance's thread --------------------------------------------------------------------
     def ask(self, message: tuple[Any, ...], timeout: float | None = None) -> Any:
         """Send a command, serve the model's calls until its reply comes; the reply's value.
         Raises the model's TritonError, or :class:`_Exited` when the process died meanwhile."""
-        self.busy = True
+        child = self.child
         try:
-            self.child.pipe.send(message)
+            child.commands.send(message)
         except OSError:
-            pass  # it is gone: its exit is on the way to the inbox
+            pass  # it is gone: its replies pipe has ended too
         while True:
             try:
-                item = self.inbox.get(timeout=timeout)
-            except _queue.Empty:
+                item = child.replies.next_message(timeout)
+            except TimeoutError:
                 raise _Exited(f"the model's process did not answer '{message[0]}' within {timeout:.0f} s") from None
-            if item[0] == "reply":
-                reply = item[1]
-                if reply[0] == "error":
-                    raise wire.result_from_wire(reply)
-                return reply[1]
-            if item[0] == "call":
-                serve_call(self.child.pipe, *item[1:])
-            else:  # "exit"
-                raise _Exited(item[1])
+            if item is None:
+                raise _Exited(child.wait_exit_text())
+            if item[0] == "call":  # made while this command runs: served here, on the instance's thread
+                serve_call(child.to_child, *item[1:])
+                continue
+            _reply, answer, sent_before = item
+            child.wait_delivered(sent_before)  # what the model sent before answering is handled first
+            if answer[0] == "error":
+                raise wire.result_from_wire(answer)
+            return answer[1]
 
     def key_for(self, channel: Any) -> int:
         with self._lock:
@@ -127,14 +130,8 @@ class _Session:
             self._deliver(*message[1:])
         elif kind == "log":
             _log_record(message[1])
-        elif kind == "reply":
-            self.busy = False  # before the instance's thread can see it and send the next command
-            self.inbox.put(message)
-        elif kind == "call":
-            if self.busy:
-                self.inbox.put(message)
-            else:
-                start_native_thread(serve_call, self.child.pipe, *message[1:])
+        elif kind == "call":  # made while no command runs (a decoupled model's own thread)
+            start_native_thread(serve_call, self.child.to_child, *message[1:])
         else:
             log.error("model process %s: unexpected frame %r", self.child.name, kind)
 
@@ -149,19 +146,17 @@ class _Session:
         elif channel.is_cancelled() and key not in self._cancel_told:
             self._cancel_told.add(key)
             try:
-                self.child.pipe.send(("cancel", key))
+                self.child.to_child.send(("cancel", key))
             except OSError:
                 pass
 
     def on_exit(self, text: str) -> None:
-        self.exit_text = text
         with self._lock:
             open_channels = list(self._channels.values())
             self._channels.clear()
             self._keys.clear()
         for channel in open_channels:
             channel.send(TritonError.internal(f"{text} before the request was finished"), True)
-        self.inbox.put(("exit", text))
 
 
 def _log_record(fields: dict[str, Any]) -> None:
@@ -248,10 +243,12 @@ class IsolatedInstance:
     def _live_session(self) -> _Session | TritonError:
         """The running process, restarted if it died (bounded, with backoff)."""
         session = self._session
-        if session is not None and session.exit_text is None:
+        if session is not None and session.alive:
             return session
         if self._gave_up is not None:
             return self._gave_up
+        if session is not None:
+            session.child.stop(STOP_GRACE_S)  # reaped already: this closes what is left of it
         self._session = None
         while True:
             if self._failed_starts:
@@ -298,7 +295,7 @@ class IsolatedInstance:
         if session is None:
             return
         try:
-            if session.exit_text is None:
+            if session.alive:
                 session.ask(("finalize",), timeout=FINALIZE_GRACE_S)
         except (_Exited, TritonError) as e:
             log.error("instance %s: finalize failed: %s", self.ctx.instance_name, e)

@@ -1,21 +1,26 @@
 """The process an isolated Python model runs in: ``python -m triton_actor.backends.python.isolated_child
-READ_FD WRITE_FD LOG_LEVEL``, started by :mod:`.child_process`.
+COMMANDS_FD INBOX_FD REPLIES_FD OUTBOX_FD LOG_LEVEL``, started by :mod:`.child_process`.
 
 It is a plain Python process (no gevent, no server): it imports ``model.py`` with the rules of the
 in-process backend and runs the very same :class:`~.backend.PythonInstance`, so the ``args`` of
 ``initialize``, the requests ``execute`` sees and the texts of the errors are those of a model run
-in-process. Frames in (:mod:`.isolation_wire`): ``("init", ctx)``, ``("execute", requests)``,
-``("finalize",)``, ``("auto_complete", config, version_dir, filename)``, each answered by one
-``("reply", ("ok", value) | ("error", code, message))``; ``("cancel", key)``; and the answers to the
-calls this process makes. Frames out, besides the replies: ``("response", key, result, final)`` for
-a decoupled request, ``("log", record)`` for the stdlib logging (``pb_utils.Logger`` included), and
-``("call", id, op, args)`` for BLS and model control, answered by ``("call_reply", id, answer)`` (a
-streamed BLS by ``("call_item", id, response)`` ... ``("call_end", id)``).
+in-process. Frames (:mod:`.isolation_wire` for the values):
 
-Threads: the main thread runs the commands one at a time; a reader thread routes what arrives (call
-answers to their waiters, cancellations to their channels, commands to the main thread). Failure:
-what the model raises becomes an error reply; at end of input (the server stopped it, or died) the
-process exits, at once if the main thread is idle, else after ``EOF_GRACE_S``.
+* commands, read by the main thread itself: ``("init", ctx)``, ``("execute", requests)``,
+  ``("finalize",)``, ``("auto_complete", config, version_dir, filename)``;
+* replies, one per command: ``("reply", ("ok", value) | ("error", code, message), sent_before)``, where
+  ``sent_before`` counts the outbox frames written before it (the server handles those first); calls
+  made while a command runs go here too, so that the thread waiting for the reply serves them;
+* outbox: ``("response", key, result, final)`` for a decoupled request, ``("log", record)`` for the
+  stdlib logging (``pb_utils.Logger`` included), and ``("call", id, op, args)`` made while no command
+  runs, BLS and model control;
+* inbox, read by a reader thread: the answers to calls, ``("call_reply", id, answer)`` (a streamed BLS:
+  ``("call_item", id, response)`` ... ``("call_end", id)``), and ``("cancel", key)``.
+
+Threads: the main thread runs the commands one at a time; the reader thread routes call answers to
+their waiters and cancellations to their channels. Failure: what the model raises becomes an error
+reply; at end of the commands (the server stopped it) the main thread returns; at end of the inbox
+(the server stopped, or died) the process leaves within ``EOF_GRACE_S`` whatever the model is doing.
 """
 
 from __future__ import annotations
@@ -37,12 +42,11 @@ from ...repository.config import ModelConfig
 from ..base import InstanceContext
 from . import isolation_wire as wire
 from .backend import PythonBackend, PythonInstance, python_error_text
-from .frame_pipe import FramePipe
+from .frame_pipe import FrameReader, FrameWriter
 from .triton_python_backend_utils import TritonModelException
 from .triton_python_backend_utils import server_calls as hooks
 
 EOF_GRACE_S = 10.0
-_EOF = ("eof",)
 
 
 class ChildChannel:
@@ -67,48 +71,52 @@ class ChildChannel:
 class ModelProcess:
     """The main loop of the model's process and the calls it makes to the server."""
 
-    def __init__(self, pipe: FramePipe) -> None:
-        self.pipe = pipe
-        self.commands: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    def __init__(self, commands: FrameReader, inbox: FrameReader, replies: FrameWriter, outbox: FrameWriter) -> None:
+        self.commands = commands
+        self.inbox = inbox
+        self.replies = replies
+        self.outbox = outbox
         self.waiters: dict[int, queue.SimpleQueue[Any]] = {}
         self.channels: dict[int, ChildChannel] = {}
         self.instance: PythonInstance | None = None
         self._ids = itertools.count(1)
-        self._idle = True
+        self._phase = threading.Lock()  # a command starts or ends: calls switch between replies and outbox
+        self._in_command = False
 
     def send(self, message: Any) -> None:
-        self.pipe.send(message)
+        self.outbox.send(message)
+
+    def send_call(self, message: Any) -> None:
+        with self._phase:
+            (self.replies if self._in_command else self.outbox).send(message)
 
     # -- reader thread ----------------------------------------------------------------------------
     def read(self) -> None:
         try:
-            while (messages := self.pipe.read_available()) is not None:
+            while (messages := self.inbox.read_available()) is not None:
                 for message in messages:
                     self._route(message)
         except Exception:  # noqa: BLE001 - a broken pipe or frame: nothing more will come
             traceback.print_exc()
-        self.commands.put(_EOF)
-        if not self._idle:
-            time.sleep(EOF_GRACE_S)  # the model is still running: give it a moment, then leave anyway
-        os._exit(0)
+        time.sleep(EOF_GRACE_S)  # the main thread normally ends the process first (end of its commands)
+        os._exit(1)
 
     def _route(self, message: Any) -> None:
         kind = message[0]
-        if kind in ("call_reply", "call_item", "call_end"):
-            waiter = self.waiters.get(message[1])
-            if waiter is not None:
-                waiter.put(message)
-        elif kind == "cancel":
+        if kind == "cancel":
             channel = self.channels.get(message[1])
             if channel is not None:
                 channel.cancelled = True
-        else:
-            self.commands.put(message)
+            return
+        waiter = self.waiters.get(message[1])  # call_reply, call_item, call_end
+        if waiter is not None:
+            waiter.put(message)
 
     # -- main thread ------------------------------------------------------------------------------
     def serve(self) -> None:
-        while (message := self.commands.get()) is not _EOF:
-            self._idle = False
+        while (message := self.commands.next_message()) is not None:
+            with self._phase:
+                self._in_command = True
             kind = message[0]
             try:
                 value = getattr(self, f"_on_{kind}")(*message[1:])
@@ -117,14 +125,20 @@ class ModelProcess:
                 reply = wire.error_to_wire(e)
             except Exception as e:  # noqa: BLE001 - a failure of ours, told to the server
                 reply = wire.error_to_wire(TritonError.internal(f"{kind} failed: {python_error_text(e)}"))
-            try:
-                self.send(("reply", reply))
-            except Exception as e:  # noqa: BLE001 - e.g. an output that cannot be pickled
-                self.send(("reply", wire.error_to_wire(TritonError.internal(
-                    f"model '{self._name()}': its answer could not be sent to the server: {e!r}"))))
-            self._idle = True
+            self._reply(reply)
             if kind == "finalize":
                 return
+
+    def _reply(self, reply: tuple[Any, ...]) -> None:
+        with self._phase:
+            try:
+                self.replies.send(("reply", reply, self.outbox.sent))
+            except OSError:
+                raise  # the server is gone
+            except Exception as e:  # noqa: BLE001 - e.g. an output holding objects that cannot be pickled
+                self.replies.send(("reply", wire.error_to_wire(TritonError.internal(
+                    f"model '{self._name()}': its answer could not be sent to the server: {e!r}")), self.outbox.sent))
+            self._in_command = False
 
     def _name(self) -> str:
         return "" if self.instance is None else self.instance.ctx.model_name
@@ -171,7 +185,7 @@ class ModelProcess:
         call_id = next(self._ids)
         waiter: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.waiters[call_id] = waiter
-        self.send(("call", call_id, op, args))
+        self.send_call(("call", call_id, op, args))
         return call_id, waiter
 
     def bls(self, request: Any, decoupled: bool) -> Any:
@@ -258,10 +272,10 @@ class _ForwardLogs(logging.Handler):
 
 def main(argv: list[str]) -> int:
     faulthandler.enable()  # a segfault's traceback goes to stderr, which the server logs
-    pipe = FramePipe(int(argv[1]), int(argv[2]))
-    process = ModelProcess(pipe)
+    commands, inbox, replies, outbox = (int(fd) for fd in argv[1:5])
+    process = ModelProcess(FrameReader(commands), FrameReader(inbox), FrameWriter(replies), FrameWriter(outbox))
     root = logging.getLogger()
-    root.setLevel(int(argv[3]) if len(argv) > 3 else logging.INFO)
+    root.setLevel(int(argv[5]) if len(argv) > 5 else logging.INFO)
     root.addHandler(_ForwardLogs(process))
     hooks.bls_executor = process.bls
     hooks.model_control = _ModelControl(process)
