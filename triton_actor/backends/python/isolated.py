@@ -219,10 +219,6 @@ class IsolatedInstance:
         self._session: _Session | None = None
         self._session = self._start()  # a failure here fails the load
 
-    @property
-    def pid(self) -> int | None:
-        return None if self._session is None else self._session.child.pid
-
     def _start(self) -> _Session:
         ctx = self.ctx
         session = _Session(ctx.instance_name)
