@@ -50,7 +50,7 @@ log = logging.getLogger("triton_actor.server")
 def default_backends(backend_config: dict[str, dict[str, str]] | None = None) -> dict[str, Backend]:
     """Every backend we ship; heavy runtimes (onnxruntime, torch) are imported only when a model loads."""
     return {
-        "python": PythonBackend(),
+        "python": PythonBackend(backend_config),
         "onnxruntime": OnnxRuntimeBackend(backend_config),
         "pytorch": PyTorchBackend(backend_config),
     }

@@ -33,7 +33,7 @@ from ...inference import InferRequest, InferResponse
 from ...repository import config as config_mod
 from ...repository.config import ModelConfig
 from ...repository.layout import model_file
-from ..base import IMPORT_LOCK, RESCHEDULE, InstanceContext, Result
+from ..base import IMPORT_LOCK, RESCHEDULE, BackendInstance, InstanceContext, Result
 from . import triton_python_backend_utils as pb_utils
 
 # model.py files do `import triton_python_backend_utils as pb_utils`: serve them our module.
@@ -168,12 +168,21 @@ class PythonBackend:
 
     name = "python"
 
+    def __init__(self, backend_config: dict[str, dict[str, str]] | None = None) -> None:
+        self._own = (backend_config or {}).get("python", {})  # --backend-config=python,<key>=<value>
+
     def auto_complete(self, config: ModelConfig, model_dir: Path, version_dir: Path | None,
                       explicit: frozenset[str] = frozenset()) -> None:
-        """Call ``TritonPythonModel.auto_complete_config`` when the model defines it (native thread)."""
+        """Call ``TritonPythonModel.auto_complete_config`` when the model defines it (native thread);
+        an isolated model's ``model.py`` is imported in a process of its own for that too."""
         if version_dir is None:
             return
         filename = config.default_model_filename or "model.py"
+        from . import isolated  # lazy: the isolated model's process imports this module without it
+
+        if isolated.isolation_mode(config.parameters, self._own) == "process":
+            isolated.auto_complete(config, version_dir, filename)
+            return
         with IMPORT_LOCK:
             self._auto_complete(config, version_dir, filename)
 
@@ -198,7 +207,11 @@ class PythonBackend:
         except json_format.ParseError as e:
             raise TritonError.invalid_arg(f"model '{config.name}': auto_complete_config returned an invalid config: {e}") from None
 
-    def create(self, ctx: InstanceContext) -> PythonInstance:
+    def create(self, ctx: InstanceContext) -> BackendInstance:
+        from . import isolated
+
+        if isolated.isolation_mode(ctx.config.parameters, ctx.backend_config) == "process":
+            return isolated.IsolatedInstance(ctx)
         return PythonInstance(ctx)
 
 

@@ -1,0 +1,299 @@
+"""Process isolation for Python models: ``model.py`` runs in a child process of its own, so a segfault or
+an ``os._exit`` in the model fails that model's requests and restarts it while the server serves on.
+
+Opt-in (in-process stays the fast default): the model's config parameter ``TRITON_ACTOR_ISOLATION``
+(``"process"`` or ``"thread"``) wins over the server's default, ``--backend-config=python,isolation=process``
+(Triton's spelling for python backend settings; Triton itself isolates every Python model this way).
+
+:class:`IsolatedInstance` is the server side of one instance: a :class:`~.base.BackendInstance` whose
+methods run on the instance's native thread, as every backend's do. It sends the batch and reads the
+answer itself (:mod:`.child_process`); meanwhile it serves the BLS and model-control calls the model
+makes, on this same thread (so the BLS wait graph sees the instance waiting, as in-process). Calls
+made while no command runs (a decoupled model's own threads) are served on a short-lived native
+thread each. Decoupled responses go from the process's reader thread straight into the requests'
+channels; a reply is handled only after what the model sent before it.
+
+Crash handling (the Triton python backend's stub restart, bounded): when the process dies, the batch
+in flight fails INTERNAL ("... the model's process exited with signal 11 (SIGSEGV)"), and so does
+every decoupled request still open; the next batch starts a fresh process and runs ``initialize``
+again. After :data:`MAX_RESTARTS` failed starts in a row (waiting :data:`RESTART_BACKOFF_S`, doubled
+each time, between them) the instance stops trying and fails every batch UNAVAILABLE until the model
+is loaded again. A process that dies in its first ``initialize`` fails the load (the version is
+UNAVAILABLE with that reason), as any load error does.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+from ...actors.bridge import start_native_thread
+from ...errors import TritonError
+from ...inference import InferRequest
+from ...repository.config import ModelConfig
+from ..base import InstanceContext, Result
+from . import isolation_wire as wire
+from .child_process import ChildProcess, native_sleep
+from .triton_python_backend_utils import server_calls as hooks
+
+log = logging.getLogger(__name__)
+PARAMETER = "TRITON_ACTOR_ISOLATION"
+BACKEND_CONFIG_KEY = "isolation"
+MODES = ("thread", "process")
+MAX_RESTARTS = 3
+RESTART_BACKOFF_S = 0.5
+FINALIZE_GRACE_S = 30.0
+STOP_GRACE_S = 5.0
+
+
+def isolation_mode(parameters: Any, backend_config: dict[str, str]) -> str:
+    """``"process"`` or ``"thread"``: the model's parameter, else the server's default, else thread."""
+    param = parameters.get(PARAMETER)
+    value = param.string_value if param is not None else backend_config.get(BACKEND_CONFIG_KEY, "thread")
+    mode = value.strip().lower()
+    if mode not in MODES:
+        where = f"parameter {PARAMETER}" if param is not None else f"--backend-config=python,{BACKEND_CONFIG_KEY}"
+        raise TritonError.invalid_arg(f"{where}: expected 'thread' or 'process', got '{value}'")
+    return mode
+
+
+class _Exited(Exception):
+    """The model's process died while a command ran; ``str()`` says how."""
+
+
+class _Session:
+    """One model process and what is in flight with it. The instance's thread sends commands and reads
+    their replies (serving the model's calls meanwhile); the reader thread (``on_message``,
+    ``on_exit``) feeds the decoupled requests' channels and the log."""
+
+    def __init__(self, name: str) -> None:
+        self._lock = threading.Lock()  # channels: registered by the instance's thread, used by the reader's
+        self._channels: dict[int, Any] = {}
+        self._keys: dict[Any, int] = {}
+        self._cancel_told: set[int] = set()
+        self._next_key = itertools.count(1)
+        try:
+            self.child = ChildProcess(name, self.on_message, self.on_exit)
+        except OSError as e:
+            raise TritonError.internal(f"could not start the model's process for '{name}': {e}") from None
+
+    @property
+    def alive(self) -> bool:
+        return self.child.exit_text is None
+
+    # -- the instance's thread --------------------------------------------------------------------
+    def ask(self, message: tuple[Any, ...], timeout: float | None = None) -> Any:
+        """Send a command, serve the model's calls until its reply comes; the reply's value.
+        Raises the model's TritonError, or :class:`_Exited` when the process died meanwhile."""
+        child = self.child
+        try:
+            child.commands.send(message)
+        except OSError:
+            pass  # it is gone: its replies pipe has ended too
+        while True:
+            try:
+                item = child.replies.next_message(timeout)
+            except TimeoutError:
+                raise _Exited(f"the model's process did not answer '{message[0]}' within {timeout:.0f} s") from None
+            if item is None:
+                raise _Exited(child.wait_exit_text())
+            if item[0] == "call":  # made while this command runs: served here, on the instance's thread
+                serve_call(child.to_child, *item[1:])
+                continue
+            _reply, answer, sent_before = item
+            child.wait_delivered(sent_before)  # what the model sent before answering is handled first
+            if answer[0] == "error":
+                raise wire.result_from_wire(answer)
+            return answer[1]
+
+    def key_for(self, channel: Any) -> int:
+        with self._lock:
+            key = self._keys.get(channel)
+            if key is None:
+                key = next(self._next_key)
+                self._keys[channel], self._channels[key] = key, channel
+            return key
+
+    def forget(self, key: int) -> None:
+        with self._lock:
+            channel = self._channels.pop(key, None)
+            self._keys.pop(channel, None)
+            self._cancel_told.discard(key)
+
+    # -- reader thread ----------------------------------------------------------------------------
+    def on_message(self, message: tuple[Any, ...]) -> None:
+        kind = message[0]
+        if kind == "response":
+            self._deliver(*message[1:])
+        elif kind == "log":
+            _log_record(message[1])
+        elif kind == "call":  # made while no command runs (a decoupled model's own thread)
+            start_native_thread(serve_call, self.child.to_child, *message[1:])
+        else:
+            log.error("model process %s: unexpected frame %r", self.child.name, kind)
+
+    def _deliver(self, key: int, item: Any, final: bool) -> None:
+        with self._lock:
+            channel = self._channels.get(key)
+        if channel is None:
+            return
+        channel.send(wire.result_from_wire(item), final)
+        if final:
+            self.forget(key)
+        elif channel.is_cancelled() and key not in self._cancel_told:
+            self._cancel_told.add(key)
+            try:
+                self.child.to_child.send(("cancel", key))
+            except OSError:
+                pass
+
+    def on_exit(self, text: str) -> None:
+        with self._lock:
+            open_channels = list(self._channels.values())
+            self._channels.clear()
+            self._keys.clear()
+        for channel in open_channels:
+            channel.send(TritonError.internal(f"{text} before the request was finished"), True)
+
+
+def _log_record(fields: dict[str, Any]) -> None:
+    """Reader thread: a record the model's process logged, through the server's handlers."""
+    logger = logging.getLogger(fields["name"])
+    if logger.isEnabledFor(fields["levelno"]):
+        logger.handle(logging.makeLogRecord(fields))
+
+
+def serve_call(pipe: Any, call_id: int, op: str, args: tuple[Any, ...]) -> None:
+    """A call the model made (BLS, model control), run with the server's own hooks on this native
+    thread; the answer goes back as ``call_reply`` (or ``call_item``s and ``call_end``)."""
+    try:
+        if op == "bls":
+            request, decoupled = args
+            result = hooks.bls_exec(wire.pb_request_from_wire(request), decoupled)
+            if decoupled:
+                for response in result:
+                    pipe.send(("call_item", call_id, wire.pb_response_to_wire(response)))
+                pipe.send(("call_end", call_id))
+                return
+            answer: tuple[Any, ...] = ("ok", wire.pb_response_to_wire(result))
+        elif op in ("load_model", "unload_model", "is_model_ready"):
+            answer = ("ok", getattr(hooks, op)(*args))
+        else:
+            answer = ("raise", f"unknown call '{op}'")
+    except OSError:
+        return  # the model's process is gone
+    except Exception as e:  # noqa: BLE001 - the model sees it raised, as in-process
+        answer = ("raise", str(e))
+    try:
+        pipe.send(("call_reply", call_id, answer))
+    except OSError:
+        pass
+
+
+def auto_complete(config: ModelConfig, version_dir: Path, filename: str) -> None:
+    """``auto_complete_config`` of an isolated model, in a process of its own (a native helper
+    thread waits); the completed config replaces ``config``'s contents."""
+    session = _Session(f"{config.name}:auto_complete")
+    try:
+        completed = session.ask(("auto_complete", config.SerializeToString(), str(version_dir), filename))
+    except _Exited as e:
+        raise TritonError.internal(f"model '{config.name}': auto_complete_config: {e}") from None
+    finally:
+        session.child.stop(STOP_GRACE_S)
+    config.ParseFromString(completed)
+
+
+class IsolatedInstance:
+    """One model instance whose ``model.py`` runs in a process of its own (instance's native thread)."""
+
+    inline_ok = False  # every batch crosses to another process: never run it on the hub
+
+    def __init__(self, ctx: InstanceContext) -> None:
+        self.ctx = ctx
+        self.decoupled = ctx.config.model_transaction_policy.decoupled
+        self._failed_starts = 0
+        self._gave_up: TritonError | None = None
+        self._session: _Session | None = None
+        self._session = self._start()  # a failure here fails the load
+
+    def _start(self) -> _Session:
+        ctx = self.ctx
+        session = _Session(ctx.instance_name)
+        init = (ctx.model_name, ctx.version, str(ctx.model_dir), str(ctx.version_dir),
+                ctx.config.SerializeToString(), ctx.config_json, ctx.instance_name, ctx.kind, ctx.device_id,
+                ctx.index, dict(ctx.backend_config))
+        try:
+            session.ask(("init", init))
+        except _Exited as e:
+            session.child.stop(STOP_GRACE_S)
+            raise TritonError.internal(f"failed to load model '{ctx.model_name}': {e} during initialize") from None
+        except BaseException:
+            session.child.stop(STOP_GRACE_S)
+            raise
+        log.info("instance %s runs in its own process (pid %d)", ctx.instance_name, session.child.pid)
+        return session
+
+    def _live_session(self) -> _Session | TritonError:
+        """The running process, restarted if it died (bounded, with backoff)."""
+        session = self._session
+        if session is not None and session.alive:
+            return session
+        if self._gave_up is not None:
+            return self._gave_up
+        if session is not None:
+            session.child.stop(STOP_GRACE_S)  # reaped already: this closes what is left of it
+        self._session = None
+        while True:
+            if self._failed_starts:
+                native_sleep(RESTART_BACKOFF_S * 2 ** (self._failed_starts - 1))
+            try:
+                self._session = self._start()
+                self._failed_starts = 0
+                return self._session
+            except TritonError as e:
+                self._failed_starts += 1
+                log.error("instance %s: restarting its process failed (%d of %d): %s", self.ctx.instance_name,
+                          self._failed_starts, MAX_RESTARTS, e.message)
+                if self._failed_starts >= MAX_RESTARTS:
+                    self._gave_up = TritonError.unavailable(
+                        f"model '{self.ctx.model_name}' instance '{self.ctx.instance_name}': its process could not "
+                        f"be restarted ({MAX_RESTARTS} attempts, the last: {e.message}); load the model again")
+                    return self._gave_up
+
+    def execute(self, requests: list[InferRequest]) -> list[Result]:
+        session = self._live_session()
+        if isinstance(session, TritonError):
+            return [session] * len(requests)
+        if self.decoupled and any(r.responses is None for r in requests):
+            return [TritonError.unsupported(
+                f"model '{self.ctx.model_name}' is decoupled: it answers only streaming requests")] * len(requests)
+        keys = [session.key_for(r.responses) if self.decoupled else None for r in requests]
+        try:
+            answers = session.ask(("execute", [wire.request_to_wire(r, k) for r, k in zip(requests, keys, strict=True)]))
+        except _Exited as e:
+            return [TritonError.internal(
+                f"Failed to process the request(s) for model '{self.ctx.instance_name}', message: {e} while "
+                "it ran them; the next requests start a new one")] * len(requests)
+        if len(answers) != len(requests):  # PythonInstance always answers each: a bug of ours
+            raise TritonError.internal(f"the model's process returned {len(answers)} results for {len(requests)} requests")
+        results = [wire.result_from_wire(a) for a in answers]
+        for key, result in zip(keys, results, strict=True):
+            if key is not None and isinstance(result, TritonError):
+                session.forget(key)  # the scheduler ends the request with this error
+        return results
+
+    def finalize(self) -> None:
+        """Run ``finalize()`` in the process, then stop it (SIGTERM, SIGKILL after a grace period)."""
+        session, self._session = self._session, None
+        if session is None:
+            return
+        try:
+            if session.alive:
+                session.ask(("finalize",), timeout=FINALIZE_GRACE_S)
+        except (_Exited, TritonError) as e:
+            log.error("instance %s: finalize failed: %s", self.ctx.instance_name, e)
+        finally:
+            session.child.stop(STOP_GRACE_S)

@@ -1,0 +1,288 @@
+"""The process an isolated Python model runs in: ``python -m triton_actor.backends.python.isolated_child
+COMMANDS_FD INBOX_FD REPLIES_FD OUTBOX_FD LOG_LEVEL``, started by :mod:`.child_process`.
+
+It is a plain Python process (no gevent, no server): it imports ``model.py`` with the rules of the
+in-process backend and runs the very same :class:`~.backend.PythonInstance`, so the ``args`` of
+``initialize``, the requests ``execute`` sees and the texts of the errors are those of a model run
+in-process. Frames (:mod:`.isolation_wire` for the values):
+
+* commands, read by the main thread itself: ``("init", ctx)``, ``("execute", requests)``,
+  ``("finalize",)``, ``("auto_complete", config, version_dir, filename)``;
+* replies, one per command: ``("reply", ("ok", value) | ("error", code, message), sent_before)``, where
+  ``sent_before`` counts the outbox frames written before it (the server handles those first); calls
+  made while a command runs go here too, so that the thread waiting for the reply serves them;
+* outbox: ``("response", key, result, final)`` for a decoupled request, ``("log", record)`` for the
+  stdlib logging (``pb_utils.Logger`` included), and ``("call", id, op, args)`` made while no command
+  runs, BLS and model control;
+* inbox, read by a reader thread: the answers to calls, ``("call_reply", id, answer)`` (a streamed BLS:
+  ``("call_item", id, response)`` ... ``("call_end", id)``), and ``("cancel", key)``.
+
+Threads: the main thread runs the commands one at a time; the reader thread routes call answers to
+their waiters and cancellations to their channels. Failure: what the model raises becomes an error
+reply; at end of the commands (the server stopped it) the main thread returns; at end of the inbox
+(the server stopped, or died) the process leaves within ``EOF_GRACE_S`` whatever the model is doing.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import itertools
+import logging
+import os
+import queue
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from ...errors import TritonError
+from ...repository.config import ModelConfig
+from ..base import InstanceContext
+from . import isolation_wire as wire
+from .backend import PythonBackend, PythonInstance, python_error_text
+from .frame_pipe import FrameReader, FrameWriter
+from .triton_python_backend_utils import TritonModelException
+from .triton_python_backend_utils import server_calls as hooks
+
+EOF_GRACE_S = 10.0
+
+
+class ChildChannel:
+    """Stands in for a decoupled request's response channel: what the model sends goes to the server."""
+
+    __slots__ = ("_process", "key", "cancelled")
+
+    def __init__(self, process: ModelProcess, key: int) -> None:
+        self._process = process
+        self.key = key
+        self.cancelled = False  # set by the reader thread when the server says the client went away
+
+    def send(self, item: Any, final: bool) -> None:
+        if final:
+            self._process.channels.pop(self.key, None)
+        self._process.send(("response", self.key, wire.result_to_wire(item), final))
+
+    def is_cancelled(self) -> bool:
+        return self.cancelled
+
+
+class ModelProcess:
+    """The main loop of the model's process and the calls it makes to the server."""
+
+    def __init__(self, commands: FrameReader, inbox: FrameReader, replies: FrameWriter, outbox: FrameWriter) -> None:
+        self.commands = commands
+        self.inbox = inbox
+        self.replies = replies
+        self.outbox = outbox
+        self.waiters: dict[int, queue.SimpleQueue[Any]] = {}
+        self.channels: dict[int, ChildChannel] = {}
+        self.instance: PythonInstance | None = None
+        self._ids = itertools.count(1)
+        self._phase = threading.Lock()  # a command starts or ends: calls switch between replies and outbox
+        self._in_command = False
+
+    def send(self, message: Any) -> None:
+        self.outbox.send(message)
+
+    def send_call(self, message: Any) -> None:
+        with self._phase:
+            (self.replies if self._in_command else self.outbox).send(message)
+
+    # -- reader thread ----------------------------------------------------------------------------
+    def read(self) -> None:
+        try:
+            while (messages := self.inbox.read_available()) is not None:
+                for message in messages:
+                    self._route(message)
+        except Exception:  # noqa: BLE001 - a broken pipe or frame: nothing more will come
+            traceback.print_exc()
+        time.sleep(EOF_GRACE_S)  # the main thread normally ends the process first (end of its commands)
+        os._exit(1)
+
+    def _route(self, message: Any) -> None:
+        kind = message[0]
+        if kind == "cancel":
+            channel = self.channels.get(message[1])
+            if channel is not None:
+                channel.cancelled = True
+            return
+        waiter = self.waiters.get(message[1])  # call_reply, call_item, call_end
+        if waiter is not None:
+            waiter.put(message)
+
+    # -- main thread ------------------------------------------------------------------------------
+    def serve(self) -> None:
+        while (message := self.commands.next_message()) is not None:
+            with self._phase:
+                self._in_command = True
+            kind = message[0]
+            try:
+                value = getattr(self, f"_on_{kind}")(*message[1:])
+                reply: tuple[Any, ...] = ("ok", value)
+            except TritonError as e:
+                reply = wire.error_to_wire(e)
+            except Exception as e:  # noqa: BLE001 - a failure of ours, told to the server
+                reply = wire.error_to_wire(TritonError.internal(f"{kind} failed: {python_error_text(e)}"))
+            self._reply(reply)
+            if kind == "finalize":
+                return
+
+    def _reply(self, reply: tuple[Any, ...]) -> None:
+        with self._phase:
+            try:
+                self.replies.send(("reply", reply, self.outbox.sent))
+            except OSError:
+                raise  # the server is gone
+            except Exception as e:  # noqa: BLE001 - e.g. an output holding objects that cannot be pickled
+                self.replies.send(("reply", wire.error_to_wire(TritonError.internal(
+                    f"model '{self._name()}': its answer could not be sent to the server: {e!r}")), self.outbox.sent))
+            self._in_command = False
+
+    def _name(self) -> str:
+        return "" if self.instance is None else self.instance.ctx.model_name
+
+    def _on_init(self, ctx: tuple[Any, ...]) -> bool:
+        name, version, model_dir, version_dir, config, config_json, instance, kind, device, index, backend_config = ctx
+        parsed = ModelConfig()
+        parsed.ParseFromString(config)
+        self.instance = PythonInstance(InstanceContext(
+            name, version, Path(model_dir), Path(version_dir), parsed, config_json, instance, kind, device, index,
+            backend_config))
+        return self.instance.decoupled
+
+    def _on_execute(self, requests: list[tuple[Any, ...]]) -> list[Any]:
+        assert self.instance is not None
+        batch = [wire.request_from_wire(r, self._channel) for r in requests]
+        return [wire.result_to_wire(r) for r in self.instance.execute(batch)]
+
+    def _channel(self, key: int) -> ChildChannel:
+        channel = self.channels.get(key)
+        if channel is None:
+            channel = self.channels[key] = ChildChannel(self, key)
+        return channel
+
+    def _on_finalize(self) -> None:
+        if self.instance is not None:
+            self.instance.finalize()
+
+    def _on_auto_complete(self, config: bytes, version_dir: str, filename: str) -> bytes:
+        parsed = ModelConfig()
+        parsed.ParseFromString(config)
+        PythonBackend()._auto_complete(parsed, Path(version_dir), filename)
+        return parsed.SerializeToString()
+
+    # -- calls to the server (any thread of the model) --------------------------------------------
+    def call(self, op: str, *args: Any) -> Any:
+        call_id, waiter = self._open_call(op, args)
+        try:
+            return _answer(waiter.get())
+        finally:
+            self.waiters.pop(call_id, None)
+
+    def _open_call(self, op: str, args: tuple[Any, ...]) -> tuple[int, queue.SimpleQueue[Any]]:
+        call_id = next(self._ids)
+        waiter: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.waiters[call_id] = waiter
+        self.send_call(("call", call_id, op, args))
+        return call_id, waiter
+
+    def bls(self, request: Any, decoupled: bool) -> Any:
+        """``pb_utils.server_calls.bls_executor`` in this process."""
+        if not decoupled:
+            return wire.pb_response_from_wire(self.call("bls", wire.pb_request_to_wire(request), False))
+        call_id, waiter = self._open_call("bls", (wire.pb_request_to_wire(request), True))
+        return StreamedResponses(self, call_id, waiter)
+
+
+def _answer(message: Any) -> Any:
+    """The value of a ``call_reply``; a refusal is raised as the model would see it in-process."""
+    answer = message[2]
+    if answer[0] == "raise":
+        raise TritonModelException(answer[1])
+    return answer[1]
+
+
+class StreamedResponses:
+    """What ``exec(decoupled=True)`` returns here: the target's responses as the server forwards them.
+    ``cancel()`` stops yielding (the target is not told: a limit of isolation)."""
+
+    def __init__(self, process: ModelProcess, call_id: int, waiter: queue.SimpleQueue[Any]) -> None:
+        self._process = process
+        self._id = call_id
+        self._waiter = waiter
+        self._done = False
+
+    def __iter__(self) -> StreamedResponses:
+        return self
+
+    def __next__(self) -> Any:
+        if self._done:
+            raise StopIteration
+        message = self._waiter.get()
+        if message[0] == "call_item":
+            return wire.pb_response_from_wire(message[2])
+        self.cancel()
+        if message[0] == "call_reply":
+            _answer(message)
+        raise StopIteration
+
+    def cancel(self) -> None:
+        self._done = True
+        self._process.waiters.pop(self._id, None)
+
+
+class _ModelControl:
+    """``pb_utils.load_model`` & co. in this process: asked of the server."""
+
+    def __init__(self, process: ModelProcess) -> None:
+        self._process = process
+
+    def load_model(self, name: str, config: str = "", files: dict[str, bytes] | None = None) -> None:
+        self._process.call("load_model", name, config, files)
+
+    def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+        self._process.call("unload_model", name, unload_dependents)
+
+    def is_model_ready(self, name: str, version: str = "") -> bool:
+        return bool(self._process.call("is_model_ready", name, version))
+
+
+class _ForwardLogs(logging.Handler):
+    """Every log record of this process, as a frame: the server logs it through its own handlers."""
+
+    def __init__(self, process: ModelProcess) -> None:
+        super().__init__()
+        self._process = process
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            fields = {k: getattr(record, k) for k in ("name", "levelno", "levelname", "pathname", "filename",
+                                                       "module", "lineno", "funcName", "created", "msecs",
+                                                       "process", "processName", "threadName")}
+            fields["msg"] = record.getMessage()
+            if record.exc_info and not record.exc_text:
+                record.exc_text = logging.Formatter().formatException(record.exc_info)
+            fields["exc_text"] = record.exc_text
+            self._process.send(("log", fields))
+        except Exception:  # noqa: BLE001 - logging never raises into the model
+            self.handleError(record)
+
+
+def main(argv: list[str]) -> int:
+    faulthandler.enable()  # a segfault's traceback goes to stderr, which the server logs
+    commands, inbox, replies, outbox = (int(fd) for fd in argv[1:5])
+    process = ModelProcess(FrameReader(commands), FrameReader(inbox), FrameWriter(replies), FrameWriter(outbox))
+    root = logging.getLogger()
+    root.setLevel(int(argv[5]) if len(argv) > 5 else logging.INFO)
+    root.addHandler(_ForwardLogs(process))
+    hooks.bls_executor = process.bls
+    hooks.model_control = _ModelControl(process)
+    threading.Thread(target=process.read, name="isolation-reader", daemon=True).start()
+    process.serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
