@@ -149,6 +149,7 @@ def _finite(array: np.ndarray) -> bool:
     return array.dtype.kind != "f" or bool(np.isfinite(array).all())
 
 
+@settings(max_examples=100)
 @given(tensor_lists(tuple(w for w in JSON_WIRES if w != "BOOL" and w != "BYTES"), finite=True, utf8=True,
                     max_size=3), st.booleans(), text)
 def test_tritonclient_request_decodes(inputs: list[Tensor], binary: bool, rid: str) -> None:
@@ -193,6 +194,7 @@ def decode_response(chunks: list[bytes], length: int | None) -> tuple[dict[str, 
     return header, result
 
 
+@settings(max_examples=100)
 @pytest.mark.usefixtures("fast_paths")
 @given(tensor_lists(WIRES), st.data())
 def test_response_round_trip(produced: list[Tensor], data: st.DataObject) -> None:
@@ -292,6 +294,7 @@ def test_any_bytes_are_refused_cleanly(body: bytes, length: int | None) -> None:
     _decodes_or_refuses(body, length)
 
 
+@settings(max_examples=100)
 @given(tensor_lists(WIRES, max_size=3), st.data())
 def test_mutated_requests_are_refused_cleanly(inputs: list[Tensor], data: st.DataObject) -> None:
     body, length = encode_request([(t, True, False) for t in inputs], "", {}, None)
@@ -326,7 +329,7 @@ def json_headers(draw: st.DrawFn) -> dict[str, Any]:
     return header
 
 
-@settings(max_examples=100)
+@settings(max_examples=80)
 @given(json_headers(), st.binary(max_size=32))
 def test_json_headers_are_refused_cleanly(header: dict[str, Any], blob: bytes) -> None:
     head = orjson.dumps(header)
