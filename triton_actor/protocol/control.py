@@ -4,7 +4,8 @@ A frame is a 4-byte big-endian length and that many bytes of UTF-8 JSON. A call 
 ``{"id": n, "kind": str, "args": {...}}``; its answer ``{"id": n, "ok": data}`` or
 ``{"id": n, "error": [code, message]}``. Bytes values (file overrides of a model load) travel as
 ``{"__b64__": "..."}``; a dict whose one key is ``__b64__`` or ``__dict__`` travels as
-``{"__dict__": {...}}``, so no dict reads back as bytes. Frames are bounded (``MAX_FRAME``): a load with file overrides is the largest.
+``{"__dict__": {...}}``, so no dict reads back as bytes. Frames are bounded (``MAX_FRAME``): a load
+with file overrides is the largest.
 
 Only workers of one arbiter speak it, over Unix sockets in a 0700 run directory; it is still parsed as
 untrusted input (bounded, JSON only, no pickle).
