@@ -88,6 +88,17 @@ def test_a_peer_that_stops_reading_is_dropped(serve) -> None:
     assert handler.dead and not server.connections and server.idle.is_set()
 
 
+def test_a_call_and_a_connection_error_in_one_read(serve) -> None:
+    """Found by scripts/fuzz.py (h2): a call and a connection error (DATA on stream 0) in one read —
+    the call was started after the GOAWAY was queued and its answer went out behind it."""
+    server, sock, handler = serve(Limits())
+    sock.sendall(_PREFACE + _frame(4, 0, 0) + _call(1) + _frame(0, 0, 0, b"x"))
+    frames = _read_frames(sock, until=-1)  # every frame, until the server closes
+    assert frames[-1][0] == 7 and struct.unpack(">I", frames[-1][3][4:8])[0] == h2.PROTOCOL_ERROR, frames
+    handler.join(timeout=10)
+    assert handler.dead and handler.exception is None and server.idle.is_set()
+
+
 def test_model_stream_infer_runs_a_bounded_number_of_requests_per_stream(serve, monkeypatch) -> None:
     monkeypatch.setattr(Call, "STREAM_REQUESTS", 4)
     server, sock, _ = serve(Limits())

@@ -4,27 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator
 
 import pytest
 
-from triton_actor import fastpath
 from triton_actor.protocol import http1
 from triton_actor.protocol.http1 import CLOSED, NEED_DATA, Body, BodyTooLarge, Head, Limits, ProtocolError
 
 SMALL = Limits(max_body=100, header_timeout=10, body_timeout=5, keepalive_timeout=75)
 
 
-@pytest.fixture(params=[True, False], ids=["fast", "slow"])
-def fast_paths(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Every test here runs with the parsed-head cache and without it."""
-    before = fastpath.enabled
-    fastpath.set_enabled(request.param)
-    yield
-    fastpath.set_enabled(before)
-
-
-pytestmark = pytest.mark.usefixtures("fast_paths")
+pytestmark = pytest.mark.usefixtures("fast_paths")  # every test with the parsed-head cache and without it
 
 
 def events(data: bytes, limits: Limits = SMALL, step: int = 0) -> list[object]:

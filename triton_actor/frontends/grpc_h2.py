@@ -252,6 +252,8 @@ class Connection:
 
     def _on_event(self, event: h2c.Event) -> None:
         kind = type(event)
+        if self.h2.closed and kind is not h2c.StreamReset and kind is not h2c.ConnectionTerminated:
+            return  # a connection error later in the same read: no new work, no answer behind the GOAWAY
         if kind is h2c.DataReceived:
             call = event.stream.call
             if call is not None and not call.input_done:

@@ -3,7 +3,9 @@
 A frame is a 4-byte big-endian length and that many bytes of UTF-8 JSON. A call is
 ``{"id": n, "kind": str, "args": {...}}``; its answer ``{"id": n, "ok": data}`` or
 ``{"id": n, "error": [code, message]}``. Bytes values (file overrides of a model load) travel as
-``{"__b64__": "..."}``. Frames are bounded (``MAX_FRAME``): a load with file overrides is the largest.
+``{"__b64__": "..."}``; a dict whose one key is ``__b64__`` or ``__dict__`` travels as
+``{"__dict__": {...}}``, so no dict reads back as bytes. Frames are bounded (``MAX_FRAME``): a load
+with file overrides is the largest.
 
 Only workers of one arbiter speak it, over Unix sockets in a 0700 run directory; it is still parsed as
 untrusted input (bounded, JSON only, no pickle).
@@ -25,23 +27,40 @@ class ProtocolError(Exception):
     """A peer sent something that is not a frame of this protocol."""
 
 
+_MARKERS = ("__b64__", "__dict__")  # one-key objects that mean bytes, or an escaped dict
+
+
 def _encode_value(value: Any) -> Any:
     if isinstance(value, (bytes, bytearray, memoryview)):
         return {"__b64__": base64.b64encode(bytes(value)).decode("ascii")}
     if isinstance(value, dict):
-        return {str(k): _encode_value(v) for k, v in value.items()}
+        encoded = {str(k): _encode_value(v) for k, v in value.items()}
+        # a dict that would read as a marker (a client's parameters may hold any key) is escaped
+        return {"__dict__": encoded} if len(encoded) == 1 and next(iter(encoded)) in _MARKERS else encoded
     if isinstance(value, (list, tuple)):
         return [_encode_value(v) for v in value]
     return value
 
 
-def _decode_value(value: Any) -> Any:
+# orjson writes at most 254 levels of nesting, so no frame of ours nests deeper; orjson reads up to
+# 1024, deeper than Python's recursion limit lets _decode_value go.
+MAX_DEPTH = 256
+
+
+def _decode_value(value: Any, depth: int = 0) -> Any:
+    if depth > MAX_DEPTH:
+        raise ProtocolError(f"control message nested deeper than {MAX_DEPTH} levels")
     if isinstance(value, dict):
         if len(value) == 1 and "__b64__" in value:
-            return base64.b64decode(value["__b64__"])
-        return {k: _decode_value(v) for k, v in value.items()}
+            try:
+                return base64.b64decode(value["__b64__"], validate=True)
+            except (TypeError, ValueError) as e:  # binascii.Error is a ValueError
+                raise ProtocolError(f"control message holds invalid base64: {e}") from None
+        if len(value) == 1 and isinstance(value.get("__dict__"), dict):  # an escaped dict: its keys are plain
+            value = value["__dict__"]
+        return {k: _decode_value(v, depth + 1) for k, v in value.items()}
     if isinstance(value, list):
-        return [_decode_value(v) for v in value]
+        return [_decode_value(v, depth + 1) for v in value]
     return value
 
 

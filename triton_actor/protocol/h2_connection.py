@@ -525,8 +525,11 @@ class H2Connection:
 
     # -- sending --------------------------------------------------------------------------------
     def _open(self, sid: int) -> H2Stream:
+        """The stream to send on. After a connection error (``closed``) every stream is over: a
+        send would queue frames behind our GOAWAY. (A request and a bad frame in one read: the
+        driver saw RequestReceived after the GOAWAY was queued, and its answer followed it.)"""
         stream = self.streams.get(sid)
-        if stream is None or stream.local_closed:
+        if stream is None or stream.local_closed or self.closed:
             raise StreamClosedError(sid)
         return stream
 
@@ -613,7 +616,8 @@ class H2Connection:
         if stream is not None:
             stream.local_closed = stream.remote_closed = True
             self._forget(stream)
-            self._out.append(h2.rst_stream(sid, error_code))
+            if not self.closed:  # nothing follows our GOAWAY
+                self._out.append(h2.rst_stream(sid, error_code))
 
     def _reset(self, stream: H2Stream, code: int, events: list[Event]) -> None:
         """A stream error of the peer's: RST_STREAM with ``code``; the driver cancels its call. It

@@ -22,7 +22,7 @@ from . import bytes_codec
 from ._generated import grpc_service_pb2 as pb
 from .classification import selected_outputs
 from .dtypes import BY_WIRE, BYTES, DType, from_numpy
-from .v2_http import tensor_from_bytes
+from .v2_http import element_count, tensor_from_bytes
 
 if TYPE_CHECKING:
     from ..shared_memory import SharedMemoryRegistry
@@ -45,13 +45,22 @@ _CONTENTS_FIELD = {
     "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
     "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents",
 }
+# The numpy type of each field's elements: a field is wider than its narrower datatypes (int_contents
+# is int32 for INT8 and INT16), and Triton keeps the low bytes of each element (little-endian), so
+# values are read at the field's width and then narrowed, wrapping as Triton's copy does.
+_FIELD_NUMPY = {
+    "bool_contents": np.bool_, "int_contents": np.int32, "int64_contents": np.int64, "uint_contents": np.uint32,
+    "uint64_contents": np.uint64, "fp32_contents": np.float32, "fp64_contents": np.float64,
+}
 
 
 def parse_version(text: str) -> int:
     """``model_version``: empty means the highest ready version (-1)."""
     if not text:
         return -1
-    if not text.isdigit():
+    # ASCII digits only, as std::stol reads them: str.isdigit() also passes '²' (int() refuses it)
+    # and the other scripts' decimal digits (int() reads them)
+    if not (text.isascii() and text.isdigit()):
         raise TritonError.invalid_arg(f"failed to get model version from specified version string '{text}' "
                                       "(details: stol), version should be an integral value > 0")
     return int(text)
@@ -77,11 +86,9 @@ def decode_infer_request(msg: pb.ModelInferRequest, shm: SharedMemoryRegistry | 
         if dtype is None:
             raise TritonError.invalid_arg(f"{prefix}invalid datatype '{tensor.datatype}' for input '{name}'")
         shape = tuple(tensor.shape[:])
-        count = 1
-        for d in shape:
-            if d < 0:
-                raise TritonError.invalid_arg(f"{prefix}invalid shape {list(shape)} for input '{name}'")
-            count *= d
+        count = element_count(shape)
+        if count is None:
+            raise TritonError.invalid_arg(f"{prefix}invalid shape {list(shape)} for input '{name}'")
         params = tensor.parameters
         region = _shm_window(params, f"input '{name}'", shm) if params else None
         if region is not None:
@@ -149,7 +156,7 @@ def _from_contents(contents: pb.InferTensorContents, dtype: DType, shape: tuple[
         arr = np.empty(count, dtype=np.object_)
         arr[:] = list(values)
     else:
-        arr = np.array(values, dtype=dtype.numpy)
+        arr = np.array(values, dtype=_FIELD_NUMPY[field]).astype(dtype.numpy, copy=False)
     return arr.reshape(shape)
 
 

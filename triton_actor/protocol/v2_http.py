@@ -169,15 +169,8 @@ def _decode_input(item: Any, body: bytes, offset: int, model_name: str, prefix: 
     dtype = BY_WIRE.get(wire) if isinstance(wire, str) else None
     if dtype is None:
         raise TritonError.invalid_arg(f"{prefix}invalid datatype '{wire}' for input '{name}'")
-    count = 1
-    try:
-        for d in shape:
-            if d.__class__ is not int or d < 0:
-                raise TypeError
-            count *= d
-    except TypeError:
-        raise TritonError.invalid_arg(f"{prefix}invalid shape {shape!r} for input '{name}'") from None
-    if shape.__class__ is not list:
+    count = element_count(shape) if shape.__class__ is list else None
+    if count is None:
         raise TritonError.invalid_arg(f"{prefix}invalid shape {shape!r} for input '{name}'")
     shape_t = tuple(shape)
     params = item.get("parameters") or {}
@@ -210,6 +203,25 @@ def _decode_input(item: Any, body: bytes, offset: int, model_name: str, prefix: 
         )
     data = _from_json(item["data"], dtype, shape_t, count, name, prefix)
     return InferInput(name, dtype, shape_t, data), offset
+
+
+# numpy holds at most 2**63 - 1 bytes and its widest elements (FP64, INT64, object) take 8: a shape
+# whose non-zero dimensions multiply past this is no array even when a 0 dimension leaves it empty
+# (numpy: "array is too big"), and no real tensor has that many elements.
+_MAX_ELEMENTS = (2**63 - 1) // 8
+
+
+def element_count(shape: Any) -> int | None:
+    """The element count of a request's shape (JSON list or protobuf dims); None when a dimension is
+    not a non-negative integer or the shape is too large for any array (zero dimensions included)."""
+    count = span = 1
+    for d in shape:
+        if d.__class__ is not int or d < 0:
+            return None
+        count *= d
+        if d:
+            span *= d
+    return count if span <= _MAX_ELEMENTS else None
 
 
 def tensor_from_bytes(
