@@ -198,7 +198,7 @@ def test_parse_header_length() -> None:
     assert v2.parse_header_length(None) is None
     assert v2.parse_header_length("0") == 0
     assert v2.parse_header_length("123") == 123
-    for bad in ("abc", "-1", "1.5", ""):
+    for bad in ("abc", "-1", "1.5", "", "+5", "1_0", "\u0661\u0662", "9" * 20):
         with pytest.raises(TritonError) as info:
             v2.parse_header_length(bad)
         assert info.value.code == Code.INVALID_ARG

@@ -39,13 +39,11 @@ def parse_header_length(value: str | None) -> int | None:
     """``Inference-Header-Content-Length``: None when absent."""
     if value is None:
         return None
-    try:
-        n = int(value)
-    except ValueError:
-        raise TritonError.invalid_arg("Unable to parse Inference-Header-Content-Length") from None
-    if n < 0:
+    value = value.strip(" \t")
+    # ASCII digits only, as Content-Length (RFC 9112): int() would also take "+5", "1_0" and other scripts' digits
+    if not (value.isascii() and value.isdigit()) or len(value) > 19:
         raise TritonError.invalid_arg("Unable to parse Inference-Header-Content-Length")
-    return n
+    return int(value)
 
 
 class _Plan(NamedTuple):
