@@ -357,14 +357,16 @@ def test_sigterm_under_load(tmp_path: Path, start_server) -> None:
     good.wait_answers(50)
     before = good.ok
     server.proc.send_signal(signal.SIGTERM)
-    wait_for(lambda: "shutting down" in server.log(), 60, "the server to take the signal")
-    for protocol in PROTOCOLS:  # a new client is refused
-        fresh, close = identity_call(protocol, server, "good")
-        with pytest.raises(Exception) as refused:
-            fresh(1.0)
-        close()
-        assert any(s in str(refused.value) for s in CLEAN_REFUSALS), repr(refused.value)
-    gate.open()
+    try:
+        wait_for(lambda: "shutting down" in server.log(), 60, "the server to take the signal")
+        for protocol in PROTOCOLS:  # a new client is refused
+            fresh, close = identity_call(protocol, server, "good")
+            with pytest.raises(Exception) as refused:
+                fresh(1.0)
+            close()
+            assert any(s in str(refused.value) for s in CLEAN_REFUSALS), repr(refused.value)
+    finally:
+        gate.open()
     gevent.joinall(held, timeout=60)
     assert [g.value for g in held] == [1.0, 1.0], [g.exception for g in held]  # the held requests completed
     assert server.wait_exit(60) == 0
