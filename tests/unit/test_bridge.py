@@ -321,3 +321,68 @@ def test_a_native_thread_waits_for_a_call_on_the_hub(workers) -> None:
         assert w.used_hub
     finally:
         calls.close()
+
+
+def _greenlet_exits_later(state: str) -> str:
+    """Worker thread: leave a greenlet on this thread's hub that calls sys.exit() once the job returned
+    (gevent re-raises its SystemExit in the thread's main greenlet: the worker, waiting for work)."""
+    import sys
+
+    gevent.spawn(sys.exit, "the job's greenlet exits")
+    return state
+
+
+@pytest.mark.timeout(30)
+def test_a_system_exit_thrown_into_the_idle_worker_does_not_end_it(workers) -> None:
+    w = _worker(workers, "w")
+    for _ in range(3):
+        assert w.submit(_greenlet_exits_later).get(WAIT) == "state"
+        assert w.submit(lambda s: s + "!").get(WAIT) == "state!"  # before the fix: never answered
+    assert w.died is None and not w.stopped.ready()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("error", [SystemExit("bye"), KeyboardInterrupt("stop")])
+def test_a_base_exception_of_a_call_reaches_the_hub_as_internal(workers, error: BaseException) -> None:
+    """Raised in a hub greenlet, SystemExit / KeyboardInterrupt would end the process (gevent re-raises
+    them in the main greenlet): the reply fails with INTERNAL naming them instead."""
+    w = _worker(workers, "w")
+
+    def bad(state: str) -> None:
+        raise error
+
+    with pytest.raises(TritonError) as info:
+        w.submit(bad).get(WAIT)
+    assert info.value.code == Code.INTERNAL and repr(error) in info.value.message
+    assert w.submit(lambda s: s).get(WAIT) == "state"
+
+
+class _LoopFails(NativeWorker):
+    """A worker whose loop breaks (a bug of ours) at its second wait for work."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.waits = 0
+        super().__init__(*args, **kwargs)
+
+    def _next_item(self):
+        self.waits += 1
+        if self.waits == 2:
+            raise RuntimeError("the loop broke")
+        return super()._next_item()
+
+
+@pytest.mark.timeout(30)
+def test_a_worker_whose_loop_fails_answers_everything_and_reports_why(workers) -> None:
+    gate = gevent.event.Event()
+    w = _LoopFails("w", setup=lambda: "state")
+    workers.append(w)
+    first = w.submit(lambda s: s)
+    assert first.get(WAIT) == "state"
+    assert w.stopped.get(WAIT) is True
+    assert isinstance(w.died, RuntimeError) and "the loop broke" in str(w.died)
+    with pytest.raises(TritonError) as info:
+        w.submit(lambda s: s).get(WAIT)  # after it died: at once, not never
+    assert info.value.code == Code.UNAVAILABLE
+    answers: list = []
+    w.submit_callback(lambda s: s, (), lambda ok, value: (answers.append((ok, value)), gate.set()))
+    assert gate.wait(WAIT) and answers[0][0] is False

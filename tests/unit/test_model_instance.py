@@ -129,3 +129,53 @@ def test_one_run_far_over_the_limit_demotes_at_once() -> None:
     _run(inst)
     assert not inst.inline
     inst.close(10)
+
+
+class _Counting(YieldingBackend):
+    def __init__(self) -> None:
+        super().__init__()
+        self.created = 0
+
+    def create(self, ctx: InstanceContext) -> YieldingInstance:
+        self.created += 1
+        return super().create(ctx)
+
+
+def test_an_instance_whose_thread_dies_is_started_again(monkeypatch) -> None:
+    """The worker's loop failing (not a model error) answers its work and a new thread with a fresh
+    backend instance takes over; past the restart budget the instance stays down, answering UNAVAILABLE."""
+    from triton_actor.actors import bridge
+
+    backend = _Counting()
+    ctx = InstanceContext("m", 1, Path("."), Path("."), ModelConfig(name="m"), "{}", "m_0", "CPU", 0, 0)
+    inst = ModelInstance(ctx, backend)  # type: ignore[arg-type]
+    inst.wait_ready(10)
+    original = bridge.NativeWorker._next_item
+    broken = {"on": False}
+
+    def next_item(worker: Any) -> Any:
+        if broken["on"]:
+            raise RuntimeError("the loop broke")
+        return original(worker)
+
+    monkeypatch.setattr(bridge.NativeWorker, "_next_item", next_item)
+    for restarts in range(1, 5):
+        worker = inst._worker
+        broken["on"] = True
+        _run(inst)  # wakes the loop, which breaks at its next wait
+        assert worker.stopped.get(10) is True
+        broken["on"] = False
+        for _ in range(100):  # the restart runs in a link of ``stopped``, after this greenlet woke
+            if inst._worker is not worker:
+                break
+            gevent.sleep(0.01)
+        if restarts <= 3:  # the budget of actors/supervisor.py: 3 restarts a minute
+            assert inst._worker is not worker
+            inst.wait_ready(10)
+            assert backend.created == restarts + 1
+        else:
+            assert inst._worker is worker and backend.created == 4
+    answers: list[tuple[bool, Any]] = []
+    inst.execute([_request()], lambda ok, value: answers.append((ok, value)))
+    assert answers and answers[0][0] is False and answers[0][1].code == Code.UNAVAILABLE
+    inst.close(10)

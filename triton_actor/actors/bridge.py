@@ -15,7 +15,7 @@ import _queue
 import collections
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
 import gevent
@@ -31,6 +31,18 @@ _start_native = monkey.get_original("_thread", "start_new_thread")
 _get_ident = monkey.get_original("_thread", "get_ident")
 _allocate_native_lock = monkey.get_original("_thread", "allocate_lock")
 _workers: dict[int, NativeWorker[Any]] = {}  # native thread id → its worker (written by that thread)
+MAX_INTERRUPTIONS = 100  # system errors thrown into an idle worker in a row before it counts as dead
+
+
+def _contained(error: BaseException, what: str) -> BaseException:
+    """An error from model code on a native thread, safe to raise in a hub greenlet: an Exception as
+    it is; any other BaseException (SystemExit, KeyboardInterrupt, one of the model's own) wrapped in
+    INTERNAL, since gevent's hub would re-raise it in the main greenlet and end the server."""
+    if isinstance(error, Exception):
+        return error
+    from ..errors import TritonError
+
+    return TritonError.internal(f"{what}: {error!r}")
 
 
 class NativeWorker(Generic[S]):
@@ -70,6 +82,11 @@ class NativeWorker(Generic[S]):
         self.calls_server = False
         self.busy = False  # the native thread is running a submitted call (read by the BLS wait graph)
         self.tag: Any = None  # what the owner says this worker serves, e.g. (model, version)
+        # why the thread's loop ended unexpectedly (None: it did not); written by the native thread
+        # before ``stopped`` is posted, read in the hub after
+        self.died: BaseException | None = None
+        self._current: Any = None  # the work item the native thread is running
+        self.stopped.link(self._fail_unread)
         _start_native(self._run, (setup, teardown))
 
     # -- native thread ----------------------------------------------------------------------------
@@ -81,27 +98,25 @@ class NativeWorker(Generic[S]):
             state = setup()
         except BaseException as e:  # noqa: BLE001 - reported to the hub, not raised in a thread
             self._closed = True  # nothing will ever read the inbox: submits fail from now on
-            self._post(self.ready, False, e)
+            self._post(self.ready, False, _contained(e, f"instance '{self.name}' failed to load"))
+            self._drain_unread(f"instance '{self.name}' failed to load: {e}")
             self._post(self.stopped, True, True)
-            self._drain_unread(e)
             _workers.pop(self.thread_id, None)
             return
         self.used_hub = get_hub_if_exists() is not None
         self._post(self.ready, True, True)
         try:
-            while (item := self._next()) is not None:
-                fn, args, reply = item
-                self.busy = True
-                try:
-                    value = fn(state, *args)
-                except BaseException as e:  # noqa: BLE001
-                    self.busy = False
-                    self._note_hub()
-                    self._post(reply, False, e)
-                else:
-                    self.busy = False
-                    self._note_hub()
-                    self._post(reply, True, value)
+            self._serve(state)
+        except BaseException as e:  # noqa: BLE001 - the loop itself failed: the instance is dead
+            self.died = e
+            self._closed = True
+            log.error("native worker %s stopped unexpectedly: %r", self.name, e)
+            text = f"instance '{self.name}' stopped unexpectedly: {e!r}"
+            if self._current is not None:  # the call it was running when it failed is answered too
+                from ..errors import TritonError
+
+                self._post(self._current[2], False, TritonError.unavailable(text))
+            self._drain_unread(text)
         finally:
             _workers.pop(self.thread_id, None)
             if teardown is not None:
@@ -110,6 +125,37 @@ class NativeWorker(Generic[S]):
                 except BaseException as e:  # noqa: BLE001
                     print(f"[{self.name}] teardown failed: {e!r}", file=sys.stderr)
             self._post(self.stopped, True, True)
+
+    def _serve(self, state: Any) -> None:
+        """Native thread: run submitted calls until the ``None`` that :meth:`close` queues."""
+        while (item := self._next_item()) is not None:
+            fn, args, reply = item
+            self._current = item  # answered by the death handler in _run if this loop fails mid-call
+            self.busy = True
+            try:
+                value = fn(state, *args)
+            except BaseException as e:  # noqa: BLE001
+                self.busy = False
+                self._note_hub()
+                self._post(reply, False, _contained(e, f"instance '{self.name}' failed"))
+            else:
+                self.busy = False
+                self._note_hub()
+                self._post(reply, True, value)
+            self._current = None
+
+    def _next_item(self) -> Any:
+        """Native thread: :meth:`_next`, surviving what gevent throws into this thread's main greenlet
+        while it waits: a SystemExit or KeyboardInterrupt raised by a greenlet the model left on this
+        thread's hub is re-raised here (gevent's rule for system errors). That greenlet is over, the
+        instance is not: it goes on serving (before, the thread ended and requests waited forever).
+        ``MAX_INTERRUPTIONS`` in a row without work in between means something else is broken."""
+        for _ in range(MAX_INTERRUPTIONS):
+            try:
+                return self._next()
+            except BaseException as e:  # noqa: BLE001
+                log.error("instance %s: a greenlet of the model ended with %r; the instance keeps serving", self.name, e)
+        raise RuntimeError(f"{MAX_INTERRUPTIONS} interruptions in a row while waiting for work")
 
     def _note_hub(self) -> None:
         if not self.used_hub and get_hub_if_exists() is not None:
@@ -153,18 +199,24 @@ class NativeWorker(Generic[S]):
         if self._hub_waiting:
             self._idle_wake.send()
 
-    def _drain_unread(self, error: BaseException) -> None:
-        """Native thread, after a failed setup: fail whatever was queued before ``_closed`` was seen."""
+    def _drain_unread(self, text: str) -> None:
+        """Native thread, once the inbox is abandoned (``_closed`` set): fail whatever was queued before
+        ``_closed`` was seen; :meth:`_fail_unread` does it again in the hub for what raced with it."""
         from ..errors import TritonError
 
-        err = TritonError.unavailable(f"instance '{self.name}' failed to load: {error}")
+        err = TritonError.unavailable(text)
+        for target in self._take_unread():
+            self._post(target, False, err)
+
+    def _take_unread(self) -> Iterator[Reply[Any] | Callable[[bool, Any], None]]:
+        """Any thread: the replies of the work still in the inbox, taken out of it."""
         while True:
             try:
                 item = self._inbox.get_nowait()
             except _queue.Empty:
                 return
             if item is not None:
-                self._post(item[2], False, err)
+                yield item[2]
 
     def _post(self, reply: Reply[Any] | Callable[[bool, Any], None], ok: bool, value: Any) -> None:
         self._done.append((reply, ok, value))
@@ -220,6 +272,18 @@ class NativeWorker(Generic[S]):
             return False
         self._close_watcher()
         return True
+
+    def _fail_unread(self, _stopped: Reply[bool]) -> None:
+        """Hub, once the thread stopped: work submitted while it was stopping (before the hub saw
+        ``_closed``) is answered too; nothing is ever left in the inbox unanswered."""
+        from ..errors import TritonError
+
+        err = TritonError.unavailable(f"instance '{self.name}' is stopped")
+        for target in self._take_unread():
+            if type(target) is Reply:
+                target.fail(err)
+            else:
+                target(False, err)
 
     def _close_watcher(self) -> None:
         self._drain()

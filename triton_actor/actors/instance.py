@@ -6,7 +6,9 @@ and after that) calls ``execute`` and ``close`` from the hub thread, and the que
 :class:`~.bridge.NativeWorker` plays the mailbox: ``execute`` queues a batch there and the completion
 callback runs in the hub. State it owns: the backend instance, its placement, and its execution mode.
 Failure: a load error fails :meth:`wait_ready`; an error raised by the backend while executing fails
-that batch only; the instance keeps serving.
+that batch only; the instance keeps serving. A thread whose loop fails (a bug, not a model error:
+see :meth:`NativeWorker._next_item` for what a model can throw at it) answers its work UNAVAILABLE and
+is replaced by a new one with a fresh backend instance, within a restart budget.
 
 Execution mode (a deliberate refinement of thread-per-instance, measured in ``scripts/bench_http.py``):
 handing a batch to a native thread and back costs two thread wake-ups (15-20 µs each on our 2-core
@@ -44,6 +46,7 @@ from ..backends.base import Backend, BackendInstance, InstanceContext, Result
 from ..errors import Code, TritonError
 from ..inference import InferRequest
 from .bridge import NativeWorker, RunOnThread
+from .supervisor import RestartBudget
 
 log = logging.getLogger(__name__)
 Timings = tuple[int, int, int]  # compute_input, compute_infer, compute_output (ns)
@@ -88,20 +91,43 @@ class ModelInstance:
     """One backend instance on its native worker: ``execute(batch, done)`` and ``close()``; a
     single-owner hub object, not an actor (hub thread only, never blocks the caller)."""
 
-    __slots__ = ("ctx", "_worker", "_backend_instance", "_inline", "_streak", "_needed", "_hub", "_slow")
+    __slots__ = ("ctx", "_worker", "_backend", "_backend_instance", "_inline", "_streak", "_needed", "_hub", "_slow",
+                 "_closing", "_restarts")
 
     def __init__(self, ctx: InstanceContext, backend: Backend) -> None:
         self.ctx = ctx
+        self._backend = backend
         self._backend_instance: BackendInstance | None = None
         self._inline = False
         self._streak = 0
         self._needed = PROMOTE_STREAK
         self._slow = 0  # slow inline runs in a row
         self._hub = gevent.get_hub()
-        self._worker: NativeWorker[BackendInstance] = NativeWorker(
-            ctx.instance_name, setup=self._create_in_thread(backend), teardown=_finalize
-        )
-        self._worker.tag = (ctx.model_name, ctx.version)  # the BLS wait graph counts instances by it
+        self._closing = False
+        self._restarts = RestartBudget()
+        self._worker: NativeWorker[BackendInstance] = self._start_worker()
+
+    def _start_worker(self) -> NativeWorker[BackendInstance]:
+        worker: NativeWorker[BackendInstance] = NativeWorker(
+            self.ctx.instance_name, setup=self._create_in_thread(self._backend), teardown=_finalize)
+        worker.tag = (self.ctx.model_name, self.ctx.version)  # the BLS wait graph counts instances by it
+        worker.stopped.link(self._on_stopped)
+        return worker
+
+    def _on_stopped(self, stopped: Any) -> None:
+        """Hub: the worker's thread ended. Closed by us, or a failed load: nothing to do. Its loop
+        failed (``NativeWorker.died``; the work it held was answered UNAVAILABLE): a new thread with a
+        fresh backend instance takes over, as Triton restarts a Python stub that died, within the
+        restart budget of :mod:`.supervisor`; past it the instance stays down and answers UNAVAILABLE."""
+        died = self._worker.died
+        if self._closing or died is None or stopped is not self._worker.stopped:
+            return
+        if not self._restarts.allow(self.name):
+            log.error("instance %s stopped again (%r): past its restart budget, it stays down", self.name, died)
+            return
+        log.warning("instance %s stopped unexpectedly (%r): starting it again", self.name, died)
+        self._inline, self._streak, self._backend_instance = False, 0, None
+        self._worker = self._start_worker()
 
     def _create_in_thread(self, backend: Backend) -> Callable[[], BackendInstance]:
         def create() -> BackendInstance:
@@ -155,12 +181,17 @@ class ModelInstance:
             log.info("instance %s calls the server from execute(): it keeps its thread", self.name)
             self._worker.submit_callback(_run_batch, (requests,), done)
             return
-        except BaseException:
-            # killed while the model yielded (GreenletExit, a Timeout): the batch must still be
-            # answered, or the instance would stay busy and its replies never complete
+        except (gevent.GreenletExit, gevent.Timeout):
+            # killed while the model yielded: the batch must still be answered, or the instance
+            # would stay busy and its replies never complete
             self._inline = False
             done(False, TritonError(Code.CANCELLED, f"instance '{self.name}': execution was interrupted"))
             raise
+        except BaseException:  # noqa: BLE001 - the model's own (a BaseException subclass of its own)
+            # raised on, it would end this greenlet without an answer (or, as SystemExit, the server):
+            # the thread's run gives the batch its answer, as for any exception
+            self._retry_on_thread(requests, done)
+            return
         if any(isinstance(r, BaseException) for r in value[0]):
             self._retry_on_thread(requests, done)
             return
@@ -233,5 +264,6 @@ class ModelInstance:
 
     def close(self, timeout: float | None = 30.0) -> bool:
         """Finish queued batches, ``finalize()`` the backend on its thread, join the thread."""
+        self._closing = True
         self._inline = False
         return self._worker.close(timeout)

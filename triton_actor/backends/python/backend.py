@@ -43,6 +43,12 @@ log = logging.getLogger(__name__)
 _ROOT_PACKAGE = "triton_actor_models"
 _OWN_DIR = str(Path(__file__).resolve().parents[2])  # the triton_actor package
 _sequence = 0
+# What model code raises that is the model's own error: any Exception, and the two BaseExceptions a
+# model raises on purpose, sys.exit() and an interrupt (Triton's stub reports them like any other
+# Python error). Left to propagate, they would reach gevent's hub, which re-raises them in the main
+# greenlet and ends the server (issue 14 fault suite). GreenletExit, gevent.Timeout and RunOnThread
+# are not the model's: they pass through.
+MODEL_ERRORS = (Exception, SystemExit, KeyboardInterrupt)
 
 
 # What each imported model package holds, so unloading gives it back: its sys.path entries (shared
@@ -135,7 +141,7 @@ def import_model(model: str, version_dir: Path, filename: str, tag: str) -> type
         try:
             spec.loader.exec_module(module)
             error = None
-        except Exception as e:
+        except MODEL_ERRORS as e:
             error = e
         finally:
             for entry in (str(version_dir), folder):  # by value: model code may have changed sys.path too
@@ -195,7 +201,7 @@ class PythonBackend:
             helper = pb_utils.ModelConfig(config_mod.to_json_dict(config))
             try:
                 result = hook(helper)
-            except Exception as e:
+            except MODEL_ERRORS as e:
                 raise TritonError.internal(
                     f"model '{config.name}': auto_complete_config failed: {python_error_text(e)}") from None
         finally:
@@ -268,7 +274,7 @@ class PythonInstance:
             }
             try:
                 self._await(init(args))
-            except Exception as e:
+            except MODEL_ERRORS as e:
                 raise TritonError.internal(python_error_text(e)) from None
 
     def _await(self, value: Any) -> Any:
@@ -286,7 +292,7 @@ class PythonInstance:
             responses = self.model.execute(pb_requests)
             if type(responses) is not list:  # a list is never awaitable: skip the awaitable test
                 responses = self._await(responses)
-        except Exception as e:
+        except MODEL_ERRORS as e:
             err = self._model_error(e)
             return [err] * len(requests)
         if responses is None:  # answered through response senders (Triton's default-mode senders)
@@ -320,7 +326,7 @@ class PythonInstance:
             pb_requests.append(pb)
         try:
             returned = self._await(self.model.execute(pb_requests))
-        except Exception as e:
+        except MODEL_ERRORS as e:
             return [self._model_error(e)] * len(requests)
         if returned is not None:
             log.warning("decoupled model '%s': execute() returned %s; responses must go through the response "
@@ -336,7 +342,7 @@ class PythonInstance:
 
         return deliver
 
-    def _model_error(self, e: Exception) -> TritonError:
+    def _model_error(self, e: BaseException) -> TritonError:
         log.error("model '%s' execute raised:\n%s", self.ctx.model_name, "".join(traceback.format_exception(e)))
         return TritonError.internal(
             f"Failed to process the request(s) for model '{self.ctx.instance_name}', message: {python_error_text(e)}"
