@@ -521,3 +521,12 @@ def test_flat_number_lists_decode_alike_with_and_without_the_fast_path(wire: str
         except TritonError as e:
             answers.append(("error", e.code, e.message))
     assert answers[0] == answers[1]
+
+
+def test_a_boolean_binary_data_size_is_no_size() -> None:
+    """JSON ``true`` passed the integer check (bool is an int subclass) and read one byte (fuzz review)."""
+    header = orjson.dumps({"inputs": [{"name": "x", "shape": [1], "datatype": "UINT8",
+                                       "parameters": {"binary_data_size": True}}]})
+    with pytest.raises(TritonError) as info:
+        v2.decode_infer_request(header + b"\x07", len(header), "m", -1)
+    assert info.value.code == Code.INVALID_ARG and "unexpected size for input 'x'" in info.value.message

@@ -182,7 +182,7 @@ def _decode_input(item: Any, body: bytes, offset: int, model_name: str, prefix: 
     if size is not None:
         if "data" in item:
             raise TritonError.invalid_arg(f"{prefix}input '{name}' has both 'data' and 'binary_data_size'")
-        if not isinstance(size, int) or size < 0 or offset + size > len(body):
+        if type(size) is not int or size < 0 or offset + size > len(body):  # JSON true is no size
             raise TritonError.invalid_arg(
                 f"unexpected size for input '{name}', expecting {len(body) - offset} additional bytes "
                 f"for model '{model_name}'"
