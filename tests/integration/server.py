@@ -146,17 +146,21 @@ class TritonPythonModel:
         for r in requests:
             x = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
             with open(LOG, "a") as f:
-                f.write(f"{{x[0]}}\\n")
-            deadline = time.monotonic() + 60  # bounded: a test that fails never opens the gate
-            while x[0] == 1.0 and not os.path.exists(GATE) and time.monotonic() < deadline:
+                f.write(f"{{x.flat[0]}}\\n")
+            deadline = time.monotonic() + {hold_s}  # bounded: a test that fails never opens the gate
+            while x.flat[0] == 1.0 and not os.path.exists(GATE) and time.monotonic() < deadline:
                 time.sleep(0.01)
             out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)]))
         return out
 """
 
 
+def gated_model_py(log: Path, gate: Path, hold_s: float = 60) -> str:
+    """An identity ``model.py`` that logs the first value of each request it runs and holds a request
+    whose first value is 1 until the file ``gate`` exists (at most ``hold_s``): tests see what ran, and when."""
+    return GATED_PY.format(log=str(log), gate=str(gate), hold_s=hold_s)
+
+
 def add_gated_model(repo: Path, name: str, log: Path, gate: Path, dims: str = "1", count: int = 1) -> Path:
-    """An identity model that logs the first value of each request it runs and holds a request whose
-    first value is 1 until the file ``gate`` exists: tests see what ran, and when."""
-    return add_model(repo, name, GATED_CONFIG.format(name=name, dims=dims, count=count),
-                     GATED_PY.format(log=str(log), gate=str(gate)))
+    """:func:`gated_model_py` with a config of FP32 ``dims`` in and out and ``count`` instances."""
+    return add_model(repo, name, GATED_CONFIG.format(name=name, dims=dims, count=count), gated_model_py(log, gate))

@@ -23,7 +23,7 @@ from tritonclient.utils import InferenceServerException
 
 from .clients import PROTOCOLS, Client
 from .model_control import ask, index, tagged, wait_for
-from .server import IDENTITY_CONFIG, IDENTITY_PY, ServerProcess, add_model
+from .server import IDENTITY_CONFIG, IDENTITY_PY, ServerProcess, add_model, gated_model_py
 from .traffic import Traffic, ask_once, identity_call
 
 # An identity model that fails on chosen inputs: -1 raises an Exception, -2 SystemExit (sys.exit()),
@@ -55,29 +55,6 @@ class TritonPythonModel:
         return out
 """
 
-# Holds each request whose input is 1 in execute until the gate file exists; logs every execution.
-GATED_PY = """
-import os
-import time
-import triton_python_backend_utils as pb_utils
-
-LOG, GATE = {log!r}, {gate!r}
-
-class TritonPythonModel:
-    def execute(self, requests):
-        out = []
-        for r in requests:
-            x = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
-            with open(LOG, "a") as f:
-                f.write(f"{{x.flat[0]:g}}\\n")
-            for _ in range(60000):  # bounded: 10 minutes at most
-                if x.flat[0] != 1.0 or os.path.exists(GATE):
-                    break
-                time.sleep(0.01)
-            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)]))
-        return out
-"""
-
 GATED_CONFIG = """
 backend: "python"
 max_batch_size: 0
@@ -99,16 +76,17 @@ def _fails(client: Client, model: str, value: float, **kw: object) -> InferenceS
 
 
 class Gate:
-    """A gated model's execution log and gate file (see ``GATED_PY``)."""
+    """A gated model's execution log and gate file (see ``server.gated_model_py``)."""
 
     def __init__(self, tmp_path: Path) -> None:
         self.log, self.path = tmp_path / "executions.log", tmp_path / "gate"
 
     def model_py(self) -> str:
-        return GATED_PY.format(log=str(self.log), gate=str(self.path))
+        return gated_model_py(self.log, self.path, hold_s=600)
 
     def executed(self) -> list[str]:
-        return self.log.read_text().split() if self.log.exists() else []
+        """The first values of the requests that ran, in order ("1", "2", ...)."""
+        return [f"{float(v):g}" for v in self.log.read_text().split()] if self.log.exists() else []
 
     def wait_executing(self, n: int, server: ServerProcess) -> None:
         wait_for(lambda: self.executed().count("1") >= n, 60, f"{n} requests held in execute:\n{server.log()}")
