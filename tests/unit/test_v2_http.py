@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+import warnings
 from typing import Any
 
 import numpy as np
@@ -530,3 +531,15 @@ def test_a_boolean_binary_data_size_is_no_size() -> None:
     with pytest.raises(TritonError) as info:
         v2.decode_infer_request(header + b"\x07", len(header), "m", -1)
     assert info.value.code == Code.INVALID_ARG and "unexpected size for input 'x'" in info.value.message
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_json_numbers_beyond_fp32_become_infinities_as_in_triton(enabled: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Triton stores a JSON double into an FP32 tensor with a C++ conversion: beyond FP32's range that
+    gives +-inf. We answer alike, without numpy's overflow warning (an error under ``-W error``)."""
+    monkeypatch.setattr(fastpath, "enabled", enabled)
+    body = orjson.dumps({"inputs": [{"name": "x", "shape": [3], "datatype": "FP32", "data": [1e300, -1e300, 2.5]}]})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        array = v2.decode_infer_request(body, None, "m", -1).inputs["x"].data
+    assert array.dtype == np.float32 and array.tolist() == [float("inf"), float("-inf"), 2.5]

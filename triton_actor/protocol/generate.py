@@ -64,7 +64,8 @@ def _tensor(name: str, value: Any, dtype: DType, dims: tuple[int, ...], max_batc
         elif dtype.numpy is None:
             raise TritonError.invalid_arg(f"generate input '{name}': {dtype.wire} cannot be sent as JSON")
         else:
-            array = np.asarray(values, dtype=dtype.numpy)
+            with np.errstate(over="ignore"):  # beyond FP32's range: +-inf, as Triton's double-to-float store
+                array = np.asarray(values, dtype=dtype.numpy)
     except (TypeError, ValueError, OverflowError) as e:
         raise TritonError.invalid_arg(f"generate input '{name}' is not {dtype.wire}: {e}") from None
     known = 1

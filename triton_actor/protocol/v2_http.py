@@ -284,13 +284,17 @@ def _from_json(data: Any, dtype: DType, shape: tuple[int, ...], count: int, name
         else:
             if not set(map(type, flat)) <= _NUMBERS:  # JSON gives exact types: no subclasses to miss
                 raise TypeError("expected JSON numbers")
-            arr = np.array(flat, dtype=dtype.numpy)
+            with np.errstate(over="ignore"):  # see _NUMBERS
+                arr = np.array(flat, dtype=dtype.numpy)
     except (TypeError, ValueError, OverflowError) as e:
         raise TritonError.internal(f"Unable to parse 'data': input '{name}' of type {dtype.wire}: {e}") from None
     return arr.reshape(shape)
 
 
 _NUMBERS = frozenset({int, float})
+# A JSON number beyond FP32's range becomes +-inf, as Triton's double-to-float store gives; numpy's
+# overflow warning (once per process, without the request) is not an error here. (A fresh errstate
+# each time: one instance entered by two threads at once restores the wrong state.)
 _SLICE = 1 << 18  # elements converted per C call: a decode on a native thread lets the hub in between
 
 
@@ -307,8 +311,9 @@ def _flat_numbers(data: list[Any], dtype: DType, shape: tuple[int, ...], count: 
         raise _shape_mismatch(name, shape, count, n)
     out = np.empty(n, dtype=dtype.numpy)
     try:
-        for i in range(0, n, _SLICE):
-            out[i:i + _SLICE] = data[i:i + _SLICE]
+        with np.errstate(over="ignore"):  # see _NUMBERS
+            for i in range(0, n, _SLICE):
+                out[i:i + _SLICE] = data[i:i + _SLICE]
     except (TypeError, ValueError, OverflowError) as e:
         raise TritonError.internal(f"Unable to parse 'data': input '{name}' of type {dtype.wire}: {e}") from None
     return out
