@@ -26,6 +26,7 @@ from .dataplane import DataPlane
 from .devices import gpu_count
 from .errors import TritonError
 from .frontends.budget import ByteBudget
+from .frontends.descriptors import ConnectionSlots
 from .frontends.grpc import GrpcServicer
 from .frontends.grpc_h2 import GrpcH2Server
 from .frontends.http import HttpFrontend
@@ -97,6 +98,7 @@ class Server:
         self.metrics_source = MetricsSource(self.repository)  # this process's share of /metrics
         self.host.register("metrics", self.metrics_source)
         self.metrics: MetricsServer | None = None
+        self._slots: ConnectionSlots | None = None  # made by serve(), for every port
         self.statsd: StatsdPusher | None = None
         self.http: HttpServer | None = None
         self.frontend: HttpFrontend | None = None
@@ -127,14 +129,15 @@ class Server:
         s = self.settings
         listeners = listeners or {}
         budget = ByteBudget(s.request_memory_budget)  # one for both front ends
+        slots = self._slots = ConnectionSlots()  # one descriptor count for every port
         if s.allow_grpc:
-            self.grpc = GrpcH2Server.from_settings(GrpcServicer(self.plane), s, budget)
+            self.grpc = GrpcH2Server.from_settings(GrpcServicer(self.plane), s, budget, slots)
             log.info("Started GRPCInferenceService at %s:%d", s.grpc_address, self.grpc.start(listeners.get("grpc")))
         if s.allow_http:
             self.frontend = HttpFrontend(create_app(self.plane), s.http_max_input_size,
                                          Restrictions(s.http_restricted_api, "--http-restricted-api"))
             self.http = HttpServer(s.http_address, s.http_port, self.frontend, self._http_limits(),
-                                   s.http_max_connections, listeners.get("http"), budget)
+                                   s.http_max_connections, listeners.get("http"), budget, slots)
             self.http.start()
             log.info("Started HTTPService at %s:%d", s.http_address, self.http.server_port)
         self._start_metrics(listeners.get("metrics"))
@@ -171,7 +174,7 @@ class Server:
         s = self.settings
         if s.allow_metrics:
             self.metrics = MetricsServer(self.host, s.metrics_config, listener or (s.metrics_address, s.metrics_port),
-                                         s.metrics_interval_ms / 1000, self._http_limits(), s.http_max_connections)
+                                         s.metrics_interval_ms / 1000, self._http_limits(), self._slots)
             log.info("Started Metrics Service at %s:%d", s.metrics_address, self.metrics.start())
         if s.statsd_host:
             system = (lambda: self.metrics.sampler.values) if self.metrics is not None else None

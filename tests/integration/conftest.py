@@ -45,8 +45,8 @@ def grpc_client(example_server: ServerProcess) -> Iterator[Client]:
 def start_server() -> Iterator[Callable[..., ServerProcess]]:
     started: list[ServerProcess] = []
 
-    def start(*repos: Path, flags: tuple[str, ...] = (), wait: bool = True) -> ServerProcess:
-        server = ServerProcess(*repos, flags=flags)
+    def start(*repos: Path, flags: tuple[str, ...] = (), wait: bool = True, open_files: int | None = None) -> ServerProcess:
+        server = ServerProcess(*repos, flags=flags, open_files=open_files)
         started.append(server)
         return server.wait_ready() if wait else server
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import select
 import signal
 import sys
@@ -23,15 +24,17 @@ _PORTS = {"port": re.compile(r"Started HTTPService at [^ ]+:(\d+)"),
 class ServerProcess:
     """``python -m triton_actor`` with the given repositories and flags; its stderr is collected."""
 
-    def __init__(self, *repos: Path, flags: tuple[str, ...] = ()) -> None:
+    def __init__(self, *repos: Path, flags: tuple[str, ...] = (), open_files: int | None = None) -> None:
         args = [sys.executable, "-m", "triton_actor"]
         for repo in repos:
             args += ["--model-repository", str(repo)]
         args += ["--http-port", "0", "--http-address", "127.0.0.1", "--grpc-port", "0", "--grpc-address", "127.0.0.1",
                  "--metrics-port", "0", "--metrics-address", "127.0.0.1", *flags]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
+        # ``open_files``: the server's RLIMIT_NOFILE (soft and hard), to reach its descriptor limit cheaply
+        limit = None if open_files is None else (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (open_files,) * 2))
         self.proc = subprocess.Popen(args, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-                                     env=env)
+                                     env=env, preexec_fn=limit)
         self.port: int | None = None
         self.grpc_port: int | None = None
         self.metrics_port: int | None = None

@@ -45,3 +45,12 @@ def test_a_gevent_socket_has_the_internals_socket_io_uses() -> None:
     finally:
         a.close()
         b.close()
+
+
+def test_stream_server_accept_hooks_exist() -> None:
+    """frontends/descriptors.Listener overrides ``do_read`` (one accept) and sets ``max_accept``."""
+    from gevent.baseserver import BaseServer
+    from gevent.server import StreamServer
+
+    assert callable(StreamServer.do_read) and isinstance(BaseServer.max_accept, int)
+    assert all(callable(getattr(BaseServer, name)) for name in ("start_accepting", "stop_accepting"))

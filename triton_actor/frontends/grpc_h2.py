@@ -21,14 +21,15 @@ import logging
 import socket
 import ssl
 import time
+from collections.abc import Iterable
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import gevent
 import gevent.event
 import gevent.lock
 import gevent.pool
-from gevent.server import StreamServer
 
 from ..protocol import h2_connection as h2c
 from ..protocol import restricted
@@ -36,6 +37,7 @@ from ..protocol.restricted import Restrictions
 from ..settings import Settings, default_grpc_max_connections
 from . import tls
 from .budget import ByteBudget
+from .descriptors import ConnectionSlots, Listener, Reusable, descriptor_cap
 from .grpc import GrpcServicer
 from .grpc_calls import UNAVAILABLE, UNIMPLEMENTED, Call, method_table, route
 from .socket_io import plain_recv, plain_send_all, recv_when_readable, send_all
@@ -56,9 +58,10 @@ class GrpcH2Server:
     def __init__(self, servicer: GrpcServicer, address: str, port: int, options: dict[str, Any] | None = None,
                  limits: h2c.Limits | None = None, max_connections: int = 0,
                  ssl_context: ssl.SSLContext | None = None, restrictions: Restrictions | None = None,
-                 budget: ByteBudget | None = None) -> None:
+                 budget: ByteBudget | None = None, slots: ConnectionSlots | None = None) -> None:
         opts = dict(options or {})
         self.budget = budget or ByteBudget(0)  # request bytes held by all calls (budget.py)
+        self.slots = slots or ConnectionSlots()  # descriptors of all ports (descriptors.py)
         self.restrictions = restrictions or None  # --grpc-restricted-protocol; None: no check at all
         self.servicer = servicer
         self.address = address
@@ -75,32 +78,34 @@ class GrpcH2Server:
             max_ping_strikes=int(opts.get("grpc.http2.max_ping_strikes", 2)))
         # one message of the largest size must fit what a connection may hold unconsumed
         self.limits = replace(self.limits, max_unconsumed=max(self.limits.max_unconsumed, self.max_receive + 5))
-        self.max_connections = max_connections or default_grpc_max_connections()
+        self.max_connections = descriptor_cap(max_connections or default_grpc_max_connections())
         self.ssl_context = ssl_context
         self.methods = method_table(servicer)
-        self.connections: set[Connection] = set()
+        self.connections: set[Connection] = set()  # each holds a slot
         self.calls = 0  # calls running on all connections
         self.idle = gevent.event.Event()  # set while no call runs
         self.idle.set()
-        self._server: StreamServer | None = None
+        self._server: Listener | None = None
         self.server_port = 0
 
     @classmethod
-    def from_settings(cls, servicer: GrpcServicer, s: Settings, budget: ByteBudget | None = None) -> GrpcH2Server:
+    def from_settings(cls, servicer: GrpcServicer, s: Settings, budget: ByteBudget | None = None,
+                      slots: ConnectionSlots | None = None) -> GrpcH2Server:
         limits = h2c.Limits(max_concurrent_streams=s.grpc_max_concurrent_streams,
                             header_timeout=s.grpc_header_timeout_secs, idle_timeout=s.grpc_idle_timeout_secs)
         context = tls.server_context(s.grpc_server_cert, s.grpc_server_key, s.grpc_root_cert,
                                      s.grpc_use_ssl_mutual) if s.grpc_use_ssl else None
         restrictions = Restrictions(s.grpc_restricted_protocol, "--grpc-restricted-protocol")
         return cls(servicer, s.grpc_address, s.grpc_port, dict(s.grpc_options), limits, s.grpc_max_connections,
-                   context, restrictions, budget)
+                   context, restrictions, budget, slots)
 
     def start(self, listener: socket.socket | None = None) -> int:
         """Bind and start serving; returns the bound port (``port`` 0 picks a free one). ``listener``: a
         socket bound and listening already (gunicorn's arbiter hands its listeners down to workers)."""
         sock = listener if listener is not None else self._bind()
-        self._server = StreamServer(sock, self._handle, spawn=gevent.pool.Pool(self.max_connections))
+        self._server = Listener(sock, self._handle, spawn=gevent.pool.Pool(self.max_connections))
         self._server.start()
+        self.slots.register(self._reusable)
         self.server_port = sock.getsockname()[1]
         return self.server_port
 
@@ -122,6 +127,7 @@ class GrpcH2Server:
         """Refuse new calls (GOAWAY), give running ones ``grace`` seconds, then cancel them."""
         if self._server is not None:
             self._server.close()
+        self.slots.unregister(self._reusable)
         for conn in list(self.connections):
             gevent.spawn(conn.go_away)  # a client that stopped reading must not hold the shutdown
         deadline = time.monotonic() + grace
@@ -134,14 +140,31 @@ class GrpcH2Server:
             conn.close()
 
     def _handle(self, sock: socket.socket, address: Any) -> None:
+        if not self.slots.take("gRPC"):
+            sock.close()
+            return
         conn = Connection(self, sock)
         self.connections.add(conn)
         try:
             if self.ssl_context is None or conn.handshake(self.ssl_context):
                 conn.serve()
         finally:
-            self.connections.discard(conn)
+            self._forget(conn)
             conn.close()
+
+    def _reusable(self) -> Iterable[Reusable]:
+        """Connections with no stream open (or no preface yet), for the process's slots to drain."""
+        return [(since, partial(self._evict, conn)) for conn in self.connections
+                if (since := conn.h2.idle_since) is not None and not conn.calls]
+
+    def _evict(self, conn: Connection) -> None:
+        self._forget(conn)
+        conn.close()
+
+    def _forget(self, conn: Connection) -> None:
+        if conn in self.connections:
+            self.connections.discard(conn)
+            self.slots.give()
 
     def call_started(self) -> None:
         self.calls += 1

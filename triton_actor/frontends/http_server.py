@@ -6,10 +6,10 @@ per-request machinery (environ building, header objects, several sends) was most
 A request here is a few ``recv`` calls and one ``sendall`` per answer (so Nagle never stalls it;
 TCP_NODELAY is set anyway).
 
-Connections are bounded as nginx bounds them: at most ``max_connections`` (lowered to leave a
-quarter of the descriptor limit free); when they run out, the ones waiting longest for a request
-head are closed (nginx drains its "reusable" connections the same way), and if none is waiting the
-new connection is closed. One reaper greenlet closes connections past the deadline their state
+Connections are bounded as nginx bounds them: at most ``max_connections``, and a slot of the
+process's :class:`~.descriptors.ConnectionSlots` each (every port draws on the one descriptor table);
+when either runs out, the ones waiting longest for a request head are closed (nginx drains its
+"reusable" connections the same way), and if none is waiting the new connection is closed. One reaper greenlet closes connections past the deadline their state
 machine gives (header, body between reads, keep-alive idle): a timer per read would cost ~3 µs a
 request, a deadline is two attribute writes. Closing a socket wakes its greenlet with an error at
 its ``recv``; a connection has a deadline only while it waits for bytes, never while it is answered.
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import heapq
 import logging
-import resource
 import socket
 from collections.abc import Iterable
 from time import monotonic
@@ -29,11 +28,11 @@ from urllib.parse import unquote
 import gevent
 import gevent.event
 import orjson
-from gevent.server import StreamServer
 from gevent.socket import wait_read
 
 from ..protocol import http1
 from .budget import ByteBudget
+from .descriptors import ConnectionSlots, Listener, Reusable, descriptor_cap
 from .http import JSON_HEADERS, HttpFrontend, Reply, error_response, too_large
 from .socket_io import recv_when_readable, send_all, send_now
 from .status import status_line
@@ -42,15 +41,7 @@ log = logging.getLogger(__name__)
 
 _RECV = 256 * 1024
 _EVICT_BATCH = 32  # nginx drains up to 32 reusable connections at a time when it runs out
-
-
-def descriptor_cap(wanted: int) -> int:
-    """``wanted`` connections, lowered to leave a quarter of the process's descriptor limit (at least
-    64) to everything else: at the limit, ``accept`` fails for every client."""
-    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return wanted
-    return max(1, min(wanted, soft - max(64, soft // 4)))
+_ABSENT = object()
 
 
 class _Connection:
@@ -90,14 +81,16 @@ class HttpServer:
 
     def __init__(self, address: str, port: int, frontend: HttpFrontend, limits: http1.Limits = http1.DEFAULT_LIMITS,
                  max_connections: int = 1024, listener: socket.socket | None = None,
-                 budget: ByteBudget | None = None) -> None:
+                 budget: ByteBudget | None = None, slots: ConnectionSlots | None = None, name: str = "HTTP") -> None:
         self.frontend = frontend
         self.limits = limits
+        self.name = name
         self.budget = budget or ByteBudget(0)  # request bytes held by all connections (budget.py)
+        self.slots = slots or ConnectionSlots()  # descriptors of all ports (descriptors.py)
         self.max_connections = descriptor_cap(max_connections)
         # ``listener``: a socket bound by someone else (gunicorn's arbiter hands its listeners down)
-        self._server = StreamServer(listener if listener is not None else (address, port), self._handle)
-        self._connections: dict[_Connection, None] = {}  # insertion-ordered set
+        self._server = Listener(listener if listener is not None else (address, port), self._handle)
+        self._connections: dict[_Connection, None] = {}  # insertion-ordered set; each holds a slot
         self._reaper: gevent.Greenlet | None = None
         self._closing = False
         self._warned_at = -1e9
@@ -108,6 +101,7 @@ class HttpServer:
 
     def start(self) -> None:
         self._server.start()
+        self.slots.register(self._reusable)
         self._reaper = gevent.spawn(self._reap)
 
     def close(self) -> None:
@@ -123,6 +117,7 @@ class HttpServer:
 
     def stop(self, timeout: float | None = 1.0) -> None:
         self._closing = True
+        self.slots.unregister(self._reusable)
         self._server.stop(timeout=timeout)
         if self._reaper is not None:
             self._reaper.kill(block=False)
@@ -150,21 +145,30 @@ class HttpServer:
         now = monotonic()
         if now - self._warned_at > 60:
             self._warned_at = now
-            log.warning("%d HTTP connections (--http-max-connections): closed %d waiting for a request",
-                        self.max_connections, min(len(waiting), _EVICT_BATCH))
+            log.warning("%d %s connections (--http-max-connections): closed %d waiting for a request",
+                        self.max_connections, self.name, min(len(waiting), _EVICT_BATCH))
         return bool(waiting)
+
+    def _reusable(self) -> Iterable[Reusable]:
+        """The connections waiting for a request head, for the process's slots to drain."""
+        return [(c.http.since, lambda c=c: self._drop(c)) for c in self._connections if c.http.waiting]
 
     def _drop(self, conn: _Connection) -> None:
         """Close ``conn`` from outside its greenlet, which wakes at its ``recv`` with an error."""
-        self._connections.pop(conn, None)
+        self._forget(conn)
         try:
             conn.sock.close()
         except OSError:
             pass
 
+    def _forget(self, conn: _Connection) -> None:
+        """``conn`` is closed, or about to be: its slot is free."""
+        if self._connections.pop(conn, _ABSENT) is not _ABSENT:
+            self.slots.give()
+
     # -- one connection ---------------------------------------------------------------------------
     def _handle(self, sock: socket.socket, address: Any) -> None:
-        if len(self._connections) >= self.max_connections and not self._make_room():
+        if (len(self._connections) >= self.max_connections and not self._make_room()) or not self.slots.take(self.name):
             sock.close()
             return
         try:
@@ -180,7 +184,7 @@ class HttpServer:
         except OSError:
             pass  # the client went away, or a deadline closed the socket
         finally:
-            self._connections.pop(conn, None)
+            self._forget(conn)
             sock.close()
 
     def _serve(self, conn: _Connection) -> None:

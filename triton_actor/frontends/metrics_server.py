@@ -25,6 +25,7 @@ from ..metrics.exposition import CONTENT_TYPE, render
 from ..metrics.families import TritonCollector
 from ..metrics.system import SystemSampler
 from ..protocol import http1
+from .descriptors import ConnectionSlots
 from .http import TEXT_HEADERS, HttpFrontend, HttpRequest, Reply
 from .http_routes import empty_app
 from .http_server import HttpServer
@@ -32,16 +33,19 @@ from .http_server import HttpServer
 log = logging.getLogger(__name__)
 
 MAX_BODY = 64 * 1024  # a scrape is a GET: nothing on this port needs a body, so none is buffered whole
+# Scrapers hold a connection or two each: a small cap keeps this port from taking the descriptors that
+# the HTTP and gRPC ports share with it (descriptors.py)
+MAX_CONNECTIONS = 64
 _HEADERS = [("Content-Type", CONTENT_TYPE)]
 
 
 class MetricsServer:
-    """``/metrics`` for the host's totals; ``limits`` and ``max_connections`` are the HTTP port's
-    (the body limit is lowered to :data:`MAX_BODY`)."""
+    """``/metrics`` for the host's totals; ``limits`` are the HTTP port's (the body limit lowered to
+    :data:`MAX_BODY`); at most :data:`MAX_CONNECTIONS`, each a slot of ``slots`` (the process's)."""
 
     def __init__(self, host: Host, config: MetricsConfig, listener: socket.socket | tuple[str, int],
                  interval_s: float = 2.0, limits: http1.Limits = http1.DEFAULT_LIMITS,
-                 max_connections: int = 1024) -> None:
+                 slots: ConnectionSlots | None = None) -> None:
         self.sampler = SystemSampler(interval_s)
         self.collector = TritonCollector(lambda: host.gather("metrics"), config, lambda: self.sampler.values)
         app = empty_app()
@@ -50,7 +54,7 @@ class MetricsServer:
         address, port = listener if isinstance(listener, tuple) else ("", 0)
         handed_down = None if isinstance(listener, tuple) else listener
         self._http = HttpServer(address, port, HttpFrontend(app, MAX_BODY, name="metrics"), limits,
-                                max_connections, handed_down)
+                                MAX_CONNECTIONS, handed_down, slots=slots, name="metrics")
 
     @property
     def server_port(self) -> int:

@@ -649,6 +649,12 @@ class H2Connection:
         if error_code:
             self.closed = True
 
+    @property
+    def idle_since(self) -> float | None:
+        """Since when no stream has been open (a preface not yet read counts), as ``tick`` samples it;
+        None while a stream is open."""
+        return None if self.streams else self._idle_since
+
     # -- time -----------------------------------------------------------------------------------
     def tick(self, now: float) -> float:
         """Timeouts and keepalive at ``now``: may queue a PING or a GOAWAY, or set ``closed``.
