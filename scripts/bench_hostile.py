@@ -8,7 +8,11 @@ for the small clients: requests, failures (an answer slower than ``--small-timeo
 a client with that deadline sees it), median / p99 / max latency; for the big ones their latency; and the
 server's peak resident memory (VmHWM) above its idle size.
 
+``--many-inputs``: the big requests carry one-element inputs the model does not have (about 62 bytes of
+JSON each: 24 MiB is 400,000 inputs); the server must refuse them (400) without holding the others up.
+
     .venv/bin/python scripts/bench_hostile.py --big 4 --mib 57
+    .venv/bin/python scripts/bench_hostile.py --big 1 --mib 24 --many-inputs
 """
 
 from __future__ import annotations
@@ -63,7 +67,13 @@ def _body(n: int) -> bytes:
     return (head + data + "]}]}").encode()
 
 
-def _post(port: int, body: bytes, timeout: float) -> tuple[bool, float]:
+def _many_inputs(mib: float) -> bytes:
+    one = '{"name":"x%07d","shape":[1],"datatype":"FP32","data":[1.0]}'
+    n = int(mib * 2**20 / len(one % 0))
+    return ('{"inputs":[' + ",".join(one % i for i in range(n)) + "]}").encode()
+
+
+def _post(port: int, body: bytes, timeout: float, expect: int = 200) -> tuple[bool, float]:
     t0 = time.perf_counter()
     try:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
@@ -71,7 +81,7 @@ def _post(port: int, body: bytes, timeout: float) -> tuple[bool, float]:
         resp = conn.getresponse()
         resp.read()
         conn.close()
-        ok = resp.status == 200
+        ok = resp.status == expect
     except OSError:
         ok = False
     return ok, time.perf_counter() - t0
@@ -83,13 +93,16 @@ def main() -> int:
     ap.add_argument("--mib", type=float, default=57.0, help="MiB of JSON text per big request")
     ap.add_argument("--small", type=int, default=10, help="clients sending small requests meanwhile")
     ap.add_argument("--small-timeout", type=float, default=1.0, help="a small answer slower than this failed")
+    ap.add_argument("--many-inputs", action="store_true", help="big requests of many unknown inputs (refused)")
     ap.add_argument("--flags", default="", help="extra server flags")
     args = ap.parse_args()
 
     n = int(args.mib * 2**20 / len("0.123456789,"))
-    big = _body(n)
+    big = _many_inputs(args.mib) if args.many_inputs else _body(n)
     small = _body(4)
-    print(f"big request: {len(big) / 2**20:.1f} MiB of JSON, {n} floats", flush=True)
+    what = "one-element inputs" if args.many_inputs else "floats"
+    print(f"big request: {len(big) / 2**20:.1f} MiB of JSON, {big.count(b'name') if args.many_inputs else n} {what}",
+          flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         version = Path(tmp, "total", "1")
         version.mkdir(parents=True)
@@ -117,7 +130,7 @@ def main() -> int:
                     small_results.append((ok and took <= args.small_timeout, took))
 
             def big_client() -> None:
-                big_results.append(_post(port, big, 600))
+                big_results.append(_post(port, big, 600, 400 if args.many_inputs else 200))
 
             smalls = [threading.Thread(target=small_client) for _ in range(args.small)]
             bigs = [threading.Thread(target=big_client) for _ in range(args.big)]

@@ -7,7 +7,7 @@ lifecycle calls and the index go through the typed :class:`~.actors.repository.R
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -186,6 +186,16 @@ class DataPlane:
         handle, _ = self._version(name, version)
         cfg = handle.config
         return [(i.name, BY_ENUM_VALUE[i.data_type], tuple(i.dims)) for i in cfg.input], cfg.max_batch_size
+
+    def input_names(self, name: str, version: int) -> Container[str] | None:
+        """The inputs the version that would serve a request takes (its validator's), so a decoder can
+        refuse a request naming more inputs than the model has before converting them; None when
+        there is no such version (yet): the request then gets its answer where it is routed."""
+        try:
+            _, vh = self._version(name, version)
+        except TritonError:
+            return None
+        return vh.validator.inputs if vh.validator is not None else None
 
     def raw_input_spec(self, name: str, version: int) -> tuple[str, DType, tuple[int, ...], int]:
         """The single input a raw binary request feeds (spec §1.6)."""

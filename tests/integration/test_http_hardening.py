@@ -211,3 +211,51 @@ def test_header_timeout_counts_the_whole_head(impatient_server: ServerProcess) -
                 break
         assert closed or _closed_within(sock, 10)
         assert time.monotonic() - started < 5
+
+
+def test_more_inputs_than_the_model_has_are_refused_before_conversion(example_server: ServerProcess) -> None:
+    """Issue 14 §3 (hub time): add_sub has two inputs; a request naming 20 more is refused at its first
+    unknown name, on HTTP and gRPC alike, before any tensor is converted: INPUT0's bad data, which the
+    conversion would have reported first, is never looked at."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    inputs = [{"name": "INPUT0", "shape": [4], "datatype": "FP32", "data": [1.0, 2.0, "x", 4.0]}]
+    inputs += [{"name": f"x{i}", "shape": [1], "datatype": "FP32", "data": [1.0]} for i in range(20)]
+    body = orjson.dumps({"inputs": inputs})
+    head = f"POST /v2/models/add_sub/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+    answer = _exchange(example_server, head.encode() + body)
+    assert _status(answer) == 400 and b"unexpected inference input 'x0' for model 'add_sub'" in answer, answer
+    client = grpcclient.InferenceServerClient(example_server.grpc_url)
+    try:
+        tensors = [grpcclient.InferInput("INPUT0", [4], "FP32")]
+        tensors[0].set_data_from_numpy(np.zeros(4, dtype=np.float32))
+        tensors[0]._raw_content = b"abc"  # 3 bytes for 4 FP32 elements: a conversion error
+        for i in range(20):
+            tensors.append(grpcclient.InferInput(f"x{i}", [1], "FP32"))
+            tensors[-1].set_data_from_numpy(np.ones(1, dtype=np.float32))
+        with pytest.raises(InferenceServerException) as info:
+            client.infer("add_sub", tensors)
+        assert "unexpected inference input 'x0' for model 'add_sub'" in info.value.message()
+    finally:
+        client.close()
+
+
+def test_a_big_json_request_refused_logs_no_traceback(start_server: Callable[..., ServerProcess],
+                                                      tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A JSON body over 1 MiB is decoded on gevent's thread pool, which logged every exception there
+    with its traceback: each bad big request wrote a traceback to the log (a client could fill it)."""
+    import shutil
+
+    repo = tmp_path_factory.mktemp("repo")
+    shutil.copytree(ROOT / "model_repository" / "add_sub", repo / "add_sub")
+    server = start_server(repo)
+    data = list(range(300_000))  # 2 MiB of JSON for a [4] input: a shape mismatch
+    body = orjson.dumps({"inputs": [{"name": "INPUT0", "shape": [4], "datatype": "FP32", "data": data},
+                                    {"name": "INPUT1", "shape": [4], "datatype": "FP32", "data": [1, 2, 3, 4]}]})
+    head = f"POST /v2/models/add_sub/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+    for _ in range(3):
+        answer = _exchange(server, head.encode() + body)
+        assert _status(answer) in (400, 500) and b"Shape does not match" in answer, answer[:300]
+    _infer_ok(server)
+    assert "Traceback" not in server.log()

@@ -84,3 +84,22 @@ def test_payload_limits_decompressed_size() -> None:
     assert dataclasses.replace(req, body=gzip.compress(b"x" * 100)).payload() == b"x" * 100
     with pytest.raises(TritonError, match="unsupported Content-Encoding 'br'"):
         dataclasses.replace(req, headers={"content-encoding": "br"}).payload()
+
+
+def test_a_big_json_decode_pauses_the_collector_and_restores_it() -> None:
+    """http_routes._without_collections: the collector is off during the decode only, and one that
+    was off already stays off."""
+    import gc
+
+    from triton_actor.frontends import http_routes
+
+    seen = []
+    assert gc.isenabled()
+    assert http_routes._without_collections(lambda x: seen.append(gc.isenabled()) or x, 7) == 7
+    assert seen == [False] and gc.isenabled()
+    gc.disable()
+    try:
+        http_routes._without_collections(lambda: seen.append(gc.isenabled()))
+        assert seen == [False, False] and not gc.isenabled()
+    finally:
+        gc.enable()

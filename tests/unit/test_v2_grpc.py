@@ -132,3 +132,20 @@ def test_repository_parameters() -> None:
     msg.parameters["config"].bool_param = True
     with pytest.raises(TritonError):
         v2.repository_parameters(msg.parameters)
+
+
+def test_a_request_with_more_inputs_than_the_model_is_refused_before_any_conversion() -> None:
+    """As on HTTP (test_v2_http): the first unknown name is refused before any tensor is converted."""
+    msg = pb.ModelInferRequest(model_name="m", id="r1")
+    bad = msg.inputs.add(name="INPUT0", datatype="FP32", shape=[2])
+    bad.contents.fp32_contents.extend([1.0])  # one value for two elements: a conversion error
+    for i in range(20):
+        x = msg.inputs.add(name=f"x{i}", datatype="FP32", shape=[1])
+        x.contents.fp32_contents.append(1.0)
+    with pytest.raises(TritonError) as info:
+        v2.decode_infer_request(msg, None, lambda: {"INPUT0", "INPUT1"})
+    assert info.value.code == Code.INVALID_ARG
+    assert info.value.message == "[request id: r1] unexpected inference input 'x0' for model 'm'"
+    with pytest.raises(TritonError) as info:
+        v2.decode_infer_request(msg)
+    assert "x0" not in info.value.message  # converted first: INPUT0's count is what fails

@@ -543,3 +543,34 @@ def test_json_numbers_beyond_fp32_become_infinities_as_in_triton(enabled: bool, 
         warnings.simplefilter("error")
         array = v2.decode_infer_request(body, None, "m", -1).inputs["x"].data
     assert array.dtype == np.float32 and array.tolist() == [float("inf"), float("-inf"), 2.5]
+
+
+def _many_inputs_with_a_bad_first(n: int) -> list[dict[str, Any]]:
+    """INPUT0 with data that cannot be converted, then ``n`` inputs the model does not have."""
+    bad = {"name": "INPUT0", "shape": [2], "datatype": "FP32", "data": [1.0, "x"]}
+    return [bad] + [{"name": f"x{i}", "shape": [1], "datatype": "FP32", "data": [1.0]} for i in range(n)]
+
+
+def test_a_request_with_more_inputs_than_the_model_is_refused_before_any_conversion() -> None:
+    """Issue 14 §3: 400,000 one-element inputs cost 4.4 s of conversion before validation refused them.
+    A request naming more inputs than the model has is refused at its first unknown name, before any
+    tensor is converted (the bad data of INPUT0 is never looked at), with the validator's answer."""
+    body = orjson.dumps({"id": "r1", "inputs": _many_inputs_with_a_bad_first(20)})
+    with pytest.raises(TritonError) as info:
+        v2.decode_infer_request(body, None, "m", -1, None, lambda: {"INPUT0": None, "INPUT1": None})
+    assert info.value.code == Code.INVALID_ARG
+    assert info.value.message == "[request id: r1] unexpected inference input 'x0' for model 'm'"
+    with pytest.raises(TritonError) as info:  # without the names: converted first, INPUT0's data fails
+        v2.decode_infer_request(body, None, "m", -1)
+    assert "Unable to parse 'data'" in info.value.message
+
+
+def test_few_inputs_are_not_looked_up() -> None:
+    body = orjson.dumps({"inputs": _many_inputs_with_a_bad_first(v2.MANY_INPUTS - 1)})
+
+    def never() -> set[str]:
+        raise AssertionError("looked up")
+
+    with pytest.raises(TritonError) as info:
+        v2.decode_infer_request(body, None, "m", -1, None, never)
+    assert "Unable to parse 'data'" in info.value.message

@@ -292,8 +292,21 @@ class NativeWorker(Generic[S]):
 
 def call_in_thread(fn: Callable[..., S], *args: Any) -> S:
     """Run a one-off blocking call (e.g. a model's ``auto_complete_config``) on gevent's native
-    thread pool, blocking only the calling greenlet."""
-    return gevent.get_hub().threadpool.apply(fn, args)
+    thread pool, blocking only the calling greenlet; what it raises is raised here. (gevent's pool
+    would also log each exception with its traceback, as an error of the pool: a request refused by a
+    decode there is the caller's answer, not the server's error, and a client sending such requests
+    must not fill the log.)"""
+    ok, value = gevent.get_hub().threadpool.apply(_outcome, (fn, args))
+    if ok:
+        return value
+    raise value
+
+
+def _outcome(fn: Callable[..., S], args: tuple[Any, ...]) -> tuple[bool, Any]:
+    try:
+        return True, fn(*args)
+    except Exception as e:  # noqa: BLE001 - handed to the caller, who raises it
+        return False, e
 
 
 class ResponseChannel:

@@ -8,7 +8,8 @@ call → encode; errors are raised as ``TritonError`` and mapped to gRPC status 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
+from functools import partial
 from typing import Any, NamedTuple
 
 import gevent
@@ -78,8 +79,16 @@ class GrpcServicer:
         if self.plane.is_decoupled(req.model_name):
             # Triton: gRPC ModelInfer refuses decoupled models (UNIMPLEMENTED), only the stream serves them
             raise TritonError.unsupported("ModelInfer RPC doesn't support models with decoupled transaction policy")
-        request = v2_grpc.decode_infer_request(req, self.plane.shm)
+        request = v2_grpc.decode_infer_request(req, self.plane.shm, partial(self._input_names, req))
         return request, self.plane.infer_start(request)
+
+    def _input_names(self, req: pb.ModelInferRequest) -> Container[str] | None:
+        """The inputs of the model ``req`` names (asked only of requests with many inputs)."""
+        try:
+            version = v2_grpc.parse_version(req.model_version) if req.model_version else -1
+        except TritonError:
+            return None  # the decode says so
+        return self.plane.input_names(req.model_name, version)
 
     def finish_infer(self, request: InferRequest, pending: Pending) -> pb.ModelInferResponse:
         try:
@@ -100,7 +109,7 @@ class GrpcServicer:
         away) cancels the request."""
         request = None
         try:
-            request = v2_grpc.decode_infer_request(req, self.plane.shm)
+            request = v2_grpc.decode_infer_request(req, self.plane.shm, partial(self._input_names, req))
             streamed = self.plane.infer_stream(request)
         except TritonError as e:
             yield StreamError(v2_grpc.stream_error(req, e.message), e.code, e.message)

@@ -8,9 +8,11 @@ with. A view takes an :class:`.http.HttpRequest` and the url arguments and retur
 
 from __future__ import annotations
 
+import gc
 import gzip
 import zlib
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 import gevent.lock
@@ -137,8 +139,32 @@ def _decode_infer(plane: DataPlane, req: HttpRequest, model: str, version: int,
         # Python objects: one such decode at a time, on a native thread, so the hub serves the other
         # clients between its steps (the JSON parse itself is one step: ~10 ms a MiB)
         with big_json:
-            return call_in_thread(v2_http.decode_infer_request, body, hl, model, version, plane.shm)
-    return v2_http.decode_infer_request(body, hl, model, version, plane.shm)
+            names = plane.input_names(model, version)  # looked up here: the thread must not touch the plane
+            return call_in_thread(_without_collections, v2_http.decode_infer_request, body, hl, model, version,
+                                  plane.shm, lambda: names)
+    return v2_http.decode_infer_request(body, hl, model, version, plane.shm, partial(plane.input_names, model, version))
+
+
+def _without_collections(decode: Callable[..., InferRequest], *args: Any) -> InferRequest:
+    """``decode(*args)`` with the cyclic garbage collector paused. A JSON body of many small objects
+    (24 MB of one-element inputs: 2.4 million dicts and lists) triggers collection after collection
+    while orjson builds it, each a pass over the whole heap that no other thread can interrupt: the
+    parse took 1.0 s with them, 0.23 s without. The objects it builds hold no cycles, and the decodes
+    that come here run one at a time; a collector someone else turned off stays off.
+
+    A refusal leaves without its traceback: the decoder's frames hold the parsed body, which would
+    otherwise live on with the error into the hub, where a collection then walks all of it (2 s
+    held up the other clients in ``scripts/bench_hostile.py --many-inputs``); here it is freed before
+    the collector is back."""
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        return decode(*args)
+    except TritonError as e:
+        raise e.with_traceback(None) from None
+    finally:
+        if paused:
+            gc.enable()
 
 
 def _infer_reply(chunks: list[bytes], json_length: int | None, accept_encoding: str | None) -> Reply:

@@ -9,6 +9,7 @@ in, and always as ``raw_output_contents`` out, as Triton answers (spec §2.3).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Container
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -22,7 +23,7 @@ from . import bytes_codec
 from ._generated import grpc_service_pb2 as pb
 from .classification import selected_outputs
 from .dtypes import BY_WIRE, BYTES, DType, from_numpy
-from .v2_http import element_count, tensor_from_bytes
+from .v2_http import MANY_INPUTS, element_count, refuse_unknown_inputs, tensor_from_bytes
 
 if TYPE_CHECKING:
     from ..shared_memory import SharedMemoryRegistry
@@ -67,9 +68,12 @@ def parse_version(text: str) -> int:
 
 
 # -- ModelInfer request ---------------------------------------------------------------------------
-def decode_infer_request(msg: pb.ModelInferRequest, shm: SharedMemoryRegistry | None = None) -> InferRequest:
+def decode_infer_request(msg: pb.ModelInferRequest, shm: SharedMemoryRegistry | None = None,
+                         known_inputs: Callable[[], Container[str] | None] | None = None) -> InferRequest:
     """Decode a ``ModelInferRequest``; raw contents become zero-copy numpy views. Inputs naming a
-    shared-memory region are read from ``shm``; they take no ``raw_input_contents`` entry."""
+    shared-memory region are read from ``shm``; they take no ``raw_input_contents`` entry.
+    ``known_inputs``: the model's input names, asked only of a request with many inputs
+    (:func:`.v2_http.refuse_unknown_inputs`)."""
     # Per-request hot path. Repeated protobuf fields are read with one slice each: upb answers a slice
     # about twice as fast as iterating or indexing its container element by element.
     model = msg.model_name
@@ -78,7 +82,10 @@ def decode_infer_request(msg: pb.ModelInferRequest, shm: SharedMemoryRegistry | 
     raw = msg.raw_input_contents[:]
     next_raw = 0
     inputs: dict[str, InferInput] = {}
-    for tensor in msg.inputs[:]:
+    tensors = msg.inputs[:]
+    if len(tensors) > MANY_INPUTS and known_inputs is not None:
+        refuse_unknown_inputs([t.name for t in tensors], known_inputs(), model, prefix)
+    for tensor in tensors:
         name = tensor.name
         if name in inputs:
             raise TritonError.invalid_arg(f"{prefix}input '{name}' already exists in request")
