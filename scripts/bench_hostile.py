@@ -13,6 +13,11 @@ JSON each: 24 MiB is 400,000 inputs); the server must refuse them (400) without 
 
     .venv/bin/python scripts/bench_hostile.py --big 4 --mib 57
     .venv/bin/python scripts/bench_hostile.py --big 1 --mib 24 --many-inputs
+
+``--grpc-typed``: the big requests go over gRPC, as typed ``contents`` (``fp32_contents``) of ``--mib``
+MiB on the wire (4 bytes a value), the way non-tritonclient gRPC clients often send tensors.
+
+    .venv/bin/python scripts/bench_hostile.py --big 1 --mib 53 --grpc-typed
 """
 
 from __future__ import annotations
@@ -87,6 +92,34 @@ def _post(port: int, body: bytes, timeout: float, expect: int = 200) -> tuple[bo
     return ok, time.perf_counter() - t0
 
 
+def _typed_request(n: int) -> bytes:
+    """A serialized ModelInferRequest of ``n`` FP32 values as typed contents (built before the clock starts:
+    the small clients are threads of this process, and building it holds our own interpreter)."""
+    import numpy as np
+
+    from triton_actor.protocol._generated import grpc_service_pb2 as pb
+
+    req = pb.ModelInferRequest(model_name="total")
+    req.inputs.add(name="INPUT0", datatype="FP32", shape=[n]).contents.fp32_contents.extend(
+        np.full(n, 0.5, dtype=np.float32))
+    return req.SerializeToString()
+
+
+def _grpc_call(port: int, body: bytes) -> tuple[bool, float]:
+    """One ModelInfer of a serialized request; (answered, seconds)."""
+    import grpc
+
+    with grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.max_send_message_length", -1)]) as channel:
+        call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")  # bytes in, bytes out
+        t0 = time.perf_counter()
+        try:
+            call(body, timeout=600)
+            ok = True
+        except grpc.RpcError:
+            ok = False
+        return ok, time.perf_counter() - t0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--big", type=int, default=4, help="clients sending one big JSON request each")
@@ -94,23 +127,29 @@ def main() -> int:
     ap.add_argument("--small", type=int, default=10, help="clients sending small requests meanwhile")
     ap.add_argument("--small-timeout", type=float, default=1.0, help="a small answer slower than this failed")
     ap.add_argument("--many-inputs", action="store_true", help="big requests of many unknown inputs (refused)")
+    ap.add_argument("--grpc-typed", action="store_true", help="big requests over gRPC as typed contents")
     ap.add_argument("--flags", default="", help="extra server flags")
     args = ap.parse_args()
 
     n = int(args.mib * 2**20 / len("0.123456789,"))
-    big = _many_inputs(args.mib) if args.many_inputs else _body(n)
+    if args.grpc_typed:
+        n = int(args.mib * 2**20 / 4)
+        big = _typed_request(n)
+        print(f"big request: {len(big) / 2**20:.1f} MiB of protobuf, {n} FP32 typed values", flush=True)
+    else:
+        big = _many_inputs(args.mib) if args.many_inputs else _body(n)
+        what = "one-element inputs" if args.many_inputs else "floats"
+        print(f"big request: {len(big) / 2**20:.1f} MiB of JSON, {big.count(b'name') if args.many_inputs else n} {what}",
+              flush=True)
     small = _body(4)
-    what = "one-element inputs" if args.many_inputs else "floats"
-    print(f"big request: {len(big) / 2**20:.1f} MiB of JSON, {big.count(b'name') if args.many_inputs else n} {what}",
-          flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         version = Path(tmp, "total", "1")
         version.mkdir(parents=True)
         (version.parent / "config.pbtxt").write_text(CONFIG)
         (version / "model.py").write_text(MODEL)
-        port = _free_port()
+        port, grpc_port = _free_port(), _free_port()
         cmd = [sys.executable, "-m", "triton_actor", "--model-repository", tmp, "--http-port", str(port),
-               "--grpc-port", "0", "--allow-metrics", "false", "--http-max-input-size", str(len(big) + 1024),
+               "--grpc-port", str(grpc_port), "--allow-metrics", "false", "--http-max-input-size", str(len(big) + 1024),
                *args.flags.split()]
         server = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
@@ -130,7 +169,10 @@ def main() -> int:
                     small_results.append((ok and took <= args.small_timeout, took))
 
             def big_client() -> None:
-                big_results.append(_post(port, big, 600, 400 if args.many_inputs else 200))
+                if args.grpc_typed:
+                    big_results.append(_grpc_call(grpc_port, big))
+                else:
+                    big_results.append(_post(port, big, 600, 400 if args.many_inputs else 200))
 
             smalls = [threading.Thread(target=small_client) for _ in range(args.small)]
             bigs = [threading.Thread(target=big_client) for _ in range(args.big)]

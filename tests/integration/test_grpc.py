@@ -235,3 +235,19 @@ def test_grpc_port_in_use_exits_with_an_error(tmp_path: Path, start_server) -> N
         assert server.wait_exit(60) == 1
     assert f"failed to start: failed to bind gRPC to 127.0.0.1:{port}" in server.log()
     assert "Traceback" not in server.log()
+
+
+@pytest.mark.parametrize("n", [300_000, 1_000_003])
+def test_typed_contents_of_many_elements_are_decoded_off_the_hub(stub: pb_grpc.GRPCInferenceServiceStub, n: int) -> None:
+    """More than 2^18 typed elements are converted on a native thread in slices (frontends/grpc.py):
+    the answer is the same as the raw one, and a bad one is refused with the same message."""
+    values = np.random.default_rng(1).random(n, dtype=np.float32)
+    req = pb.ModelInferRequest(model_name="identity_batch")
+    req.inputs.add(name="INPUT0", datatype="FP32", shape=[1, n]).contents.fp32_contents.extend(values)
+    resp = stub.ModelInfer(req, timeout=120)
+    np.testing.assert_array_equal(np.frombuffer(resp.raw_output_contents[0], dtype=np.float32), values)
+    del req.inputs[0].contents.fp32_contents[-1]
+    error = _error(stub.ModelInfer, req)
+    assert (error.code(), error.details()) == (
+        grpc.StatusCode.INVALID_ARGUMENT, f"[request id: <id_unknown>] input byte size mismatch for input 'INPUT0' "
+                                          f"for model 'identity_batch'. Expected {4 * n}, got {4 * n - 4}")

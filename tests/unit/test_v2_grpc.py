@@ -149,3 +149,20 @@ def test_a_request_with_more_inputs_than_the_model_is_refused_before_any_convers
     with pytest.raises(TritonError) as info:
         v2.decode_infer_request(msg)
     assert "x0" not in info.value.message  # converted first: INPUT0's count is what fails
+
+
+@pytest.mark.parametrize("wire", ["FP32", "INT8", "UINT64", "FP64", "BOOL"])
+def test_typed_contents_in_slices_decode_as_in_one_call(wire: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past SLICE elements, typed contents are converted a slice at a time: the same array."""
+    field = {"FP32": "fp32_contents", "INT8": "int_contents", "UINT64": "uint64_contents",
+             "FP64": "fp64_contents", "BOOL": "bool_contents"}[wire]
+    values = [bool(i % 3) for i in range(1001)] if wire == "BOOL" else [i % 100 for i in range(1001)]
+    msg = pb.ModelInferRequest(model_name="m")
+    getattr(msg.inputs.add(name="x", datatype=wire, shape=[1001]).contents, field).extend(values)
+    whole = v2.decode_infer_request(msg).inputs["x"].data
+    monkeypatch.setattr(v2, "SLICE", 64)
+    sliced = v2.decode_infer_request(msg).inputs["x"].data
+    assert sliced.dtype == whole.dtype and sliced.tobytes() == whole.tobytes()
+    assert v2.typed_elements(msg) == 1001
+    msg.raw_input_contents.append(b"")
+    assert v2.typed_elements(msg) == 0

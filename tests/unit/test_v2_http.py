@@ -511,7 +511,7 @@ _FLAT_CASES = [
 def test_flat_number_lists_decode_alike_with_and_without_the_fast_path(wire: str, shape: list[int], data: list[Any],
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """The fast path (C loops over a flat list of JSON numbers, issue 14 §3) answers as the general one."""
-    monkeypatch.setattr(v2, "_SLICE", 1 << 15)  # several slices in the long cases
+    monkeypatch.setattr(v2, "SLICE", 1 << 15)  # several slices in the long cases
     body = orjson.dumps({"inputs": [{"name": "x", "shape": shape, "datatype": wire, "data": data}]})
     answers = []
     for enabled in (True, False):

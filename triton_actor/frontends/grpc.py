@@ -13,7 +13,9 @@ from functools import partial
 from typing import Any, NamedTuple
 
 import gevent
+import gevent.lock
 
+from ..actors.bridge import call_in_thread
 from ..dataplane import DataPlane, Pending
 from ..errors import Code, TritonError
 from ..inference import InferRequest
@@ -34,12 +36,16 @@ class StreamError(NamedTuple):
     message: str
 
 
+TYPED_ON_HUB = 1 << 18  # typed-contents elements converted on the hub (a few ms); more go to a thread
+
+
 class GrpcServicer:
     """The RPCs, each ``method(request message) -> response message`` in a hub greenlet."""
 
     def __init__(self, plane: DataPlane) -> None:
         self.plane = plane
         self.settings = plane.runtime
+        self._big_decode = gevent.lock.Semaphore()  # the one request of many typed elements being decoded
 
     # -- health and metadata ----------------------------------------------------------------------
     def ServerLive(self, req: pb.ServerLiveRequest) -> pb.ServerLiveResponse:
@@ -79,8 +85,18 @@ class GrpcServicer:
         if self.plane.is_decoupled(req.model_name):
             # Triton: gRPC ModelInfer refuses decoupled models (UNIMPLEMENTED), only the stream serves them
             raise TritonError.unsupported("ModelInfer RPC doesn't support models with decoupled transaction policy")
-        request = v2_grpc.decode_infer_request(req, self.plane.shm, partial(self._input_names, req))
+        request = self._decode(req)
         return request, self.plane.infer_start(request)
+
+    def _decode(self, req: pb.ModelInferRequest) -> InferRequest:
+        """Decode ``req``; one whose typed ``contents`` hold more than :data:`TYPED_ON_HUB` elements on
+        a native thread, one at a time (14 M FP32 values took 1.2 s to convert: the hub serves the
+        other clients between the slices of the conversion, as for a big JSON body on HTTP)."""
+        if v2_grpc.typed_elements(req) <= TYPED_ON_HUB:
+            return v2_grpc.decode_infer_request(req, self.plane.shm, partial(self._input_names, req))
+        with self._big_decode:
+            names = self._input_names(req)  # looked up here: the thread must not touch the plane
+            return call_in_thread(v2_grpc.decode_infer_request, req, self.plane.shm, lambda: names)
 
     def _input_names(self, req: pb.ModelInferRequest) -> Container[str] | None:
         """The inputs of the model ``req`` names (asked only of requests with many inputs)."""
@@ -109,7 +125,7 @@ class GrpcServicer:
         away) cancels the request."""
         request = None
         try:
-            request = v2_grpc.decode_infer_request(req, self.plane.shm, partial(self._input_names, req))
+            request = self._decode(req)
             streamed = self.plane.infer_stream(request)
         except TritonError as e:
             yield StreamError(v2_grpc.stream_error(req, e.message), e.code, e.message)

@@ -318,25 +318,25 @@ _NUMBERS = frozenset({int, float})
 # A JSON number beyond FP32's range becomes +-inf, as Triton's double-to-float store gives; numpy's
 # overflow warning (once per process, without the request) is not an error here. (A fresh errstate
 # each time: one instance entered by two threads at once restores the wrong state.)
-_SLICE = 1 << 18  # elements converted per C call: a decode on a native thread lets the hub in between
+SLICE = 1 << 18  # elements converted per C call: a decode on a native thread lets the hub in between
 
 
 def _flat_numbers(data: list[Any], dtype: DType, shape: tuple[int, ...], count: int, name: str) -> np.ndarray | None:
     """A flat list of JSON numbers converted by C loops (type checks, then numpy) in slices of
-    ``_SLICE`` elements, so no single call holds the interpreter long; None when ``data`` is nested
+    ``SLICE`` elements, so no single call holds the interpreter long; None when ``data`` is nested
     or holds anything but numbers (the general path then says what is wrong). A fast path: the
     general path gives the same answers."""
     n = len(data)
-    for i in range(0, n, _SLICE):
-        if not set(map(type, data[i:i + _SLICE])) <= _NUMBERS:
+    for i in range(0, n, SLICE):
+        if not set(map(type, data[i:i + SLICE])) <= _NUMBERS:
             return None
     if n != count:
         raise _shape_mismatch(name, shape, count, n)
     out = np.empty(n, dtype=dtype.numpy)
     try:
         with np.errstate(over="ignore"):  # see _NUMBERS
-            for i in range(0, n, _SLICE):
-                out[i:i + _SLICE] = data[i:i + _SLICE]
+            for i in range(0, n, SLICE):
+                out[i:i + SLICE] = data[i:i + SLICE]
     except (TypeError, ValueError, OverflowError) as e:
         raise TritonError.internal(f"Unable to parse 'data': input '{name}' of type {dtype.wire}: {e}") from None
     return out
