@@ -102,15 +102,20 @@ def _model_routes(app: Flask, plane: DataPlane) -> None:
 
 
 def _infer_routes(app: Flask, plane: DataPlane) -> None:
-    big_json = gevent.lock.Semaphore()  # the one JSON request part over JSON_ON_HUB being decoded
+    big_json = gevent.lock.Semaphore()  # the one big JSON request part (or response) being converted
 
     @versioned(app, "/infer", "POST")
     def infer(req: HttpRequest, model: str, version: int = -1) -> Reply:
         request = _decode_infer(plane, req, model, version, big_json)
         pending = plane.infer_start(request)
         response = _answer(pending.reply, req)
-        chunks, json_length = v2_http.encode_infer_response(
-            request, response, pending.version, pending.labels, pending.batching, plane.shm)
+        args = (request, response, pending.version, pending.labels, pending.batching, plane.shm)
+        if (sum(a.size for _, a in response.outputs) <= v2_http.SLICE or v2_http.json_output_elements(
+                request, response, pending.labels, pending.batching) <= v2_http.SLICE):
+            chunks, json_length = v2_http.encode_infer_response(*args)
+        else:  # written as JSON, a big output is seconds of text: on a native thread, one at a time
+            with big_json:
+                chunks, json_length = call_in_thread(v2_http.encode_infer_response, *args)
         return _infer_reply(chunks, json_length, req.headers.get("accept-encoding"))
 
 

@@ -516,6 +516,20 @@ def _encode_binary(request: InferRequest, response: InferResponse, model_version
     return chunks, len(head)
 
 
+def json_output_elements(request: InferRequest, response: InferResponse, labels: dict[str, list[str]],
+                         batching: bool) -> int:
+    """Elements the response will write as JSON text (what encoding it costs); 0 when an output goes to
+    shared memory (written by the hub, which owns the regions)."""
+    total = 0
+    default = request.binary_output
+    for _name, array, spec in selected_outputs(request, response, labels, batching):
+        if spec is not None and spec.shm is not None:
+            return 0
+        if not (default if spec is None or spec.binary is None else spec.binary):
+            total += array.size
+    return total
+
+
 def _encode_output(name: str, array: np.ndarray, binary: bool, blobs: list[bytes]) -> dict[str, Any]:
     dtype = _wire_dtype(array)
     entry: dict[str, Any] = {"name": name, "datatype": dtype.wire, "shape": list(array.shape)}
@@ -529,9 +543,19 @@ def _encode_output(name: str, array: np.ndarray, binary: bool, blobs: list[bytes
         raise TritonError.invalid_arg(
             f"sending {dtype.wire} data via JSON is not supported. Please use the binary data format for output '{name}'"
         )
+    elif fastpath.enabled and array.size > SLICE:
+        entry["data"] = _json_numbers_in_slices(array.reshape(-1))
     else:
         entry["data"] = array.reshape(-1).tolist()
     return entry
+
+
+def _json_numbers_in_slices(flat: np.ndarray) -> orjson.Fragment:
+    """A big numeric output as JSON text, converted and written ``SLICE`` elements at a time, so an
+    encode on a native thread lets the hub in between (``tolist`` then one ``dumps`` of 14 M floats were
+    two C calls of 0.3 and 0.7 s). The same text as the general path, which it is checked against."""
+    parts = [orjson.dumps(flat[i:i + SLICE].tolist())[1:-1] for i in range(0, flat.size, SLICE)]
+    return orjson.Fragment(b"[" + b",".join(parts) + b"]")
 
 
 def _wire_dtype(array: np.ndarray) -> DType:
