@@ -413,6 +413,30 @@ class HubSignal:
         self._watcher.close()
 
 
+class CancelWatch:
+    """``InferRequest.is_cancelled`` for a backend that must be told rather than look (a Python model
+    in a process of its own): called, it answers as the plain probe does (True once the request's
+    reply completed while it ran, i.e. its client cancelled it); :attr:`callback`, set and cleared by
+    the backend's native thread around the run, is called in the hub when that happens. It must not
+    block the hub (start a native thread to do the telling). Created in the hub (the scheduler), one
+    per request of a batch; nothing runs while nobody cancels but the reply's completion callback."""
+
+    __slots__ = ("_reply", "callback")
+
+    def __init__(self, reply: Reply[Any]) -> None:
+        self._reply = reply
+        self.callback: Callable[[], None] | None = None
+        reply.link(self._completed)
+
+    def __call__(self) -> bool:
+        return self._reply.ready()
+
+    def _completed(self, _reply: Reply[Any]) -> None:
+        callback = self.callback  # None once the run ended: the usual answer, not a cancellation
+        if callback is not None:
+            callback()
+
+
 def start_native_thread(fn: Callable[..., None], *args: Any) -> None:
     """Run ``fn(*args)`` on a new native OS thread (not a greenlet, whatever the patching). It must
     not touch the hub's gevent objects; a :class:`HubSignal` is how it reaches the hub."""
