@@ -1,7 +1,7 @@
 """What an isolated Python model (``isolation=process``) does through ``pb_utils`` reaches the server as an
 in-process model's does: custom metrics on ``/metrics`` with the same values, ``pb_utils.Logger`` lines in
-the server log at the levels the server logs (runtime log settings included). Each test runs on both;
-the cancellation tests are in test_grpc_cancel.py. Real servers, the official tritonclient."""
+the server log at the levels the server logs (runtime log settings included), a silent decoupled model
+seeing its client leave. Each test runs on both; the other cancellation tests are in test_grpc_cancel.py. Real servers, the official tritonclient."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+from .bls_models import SQUARE_CONFIG
 from .model_control import wait_for
 from .server import add_model
 from .test_metrics import scrape, value
@@ -132,3 +134,47 @@ def test_logger_lines_reach_the_server_log(tmp_path: Path, start_server: Any, fl
         _infer(client, "logging", 3)
         wait_for(lambda: "parity leveled 3" in server.log(), what="the model's log lines")
         assert "parity info 3" not in server.log() and "parity verbose 3" not in server.log()
+
+
+# decoupled, silent: waits (bounded) until its client goes away, without sending anything meanwhile
+SILENT_PY = """
+import time
+import triton_python_backend_utils as pb_utils
+
+LOG = {log!r}
+
+class TritonPythonModel:
+    def execute(self, requests):
+        request = requests[0]
+        with open(LOG, "a") as f:
+            f.write("running\\n")
+        deadline = time.monotonic() + 30
+        while not request.is_cancelled() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with open(LOG, "a") as f:
+            f.write("cancelled\\n" if request.is_cancelled() else "not cancelled\\n")
+        request.get_response_sender().send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+"""
+
+
+@ISOLATION
+def test_a_silent_decoupled_model_sees_its_client_leave(tmp_path: Path, start_server: Any,
+                                                        flags: tuple[str, ...]) -> None:
+    """In-process, a decoupled request's ``is_cancelled()`` turns true when its stream is cancelled, whether or
+    not the model sends anything; an isolated model's too (the server tells its process at once)."""
+    log = tmp_path / "model.log"
+    repo = tmp_path / "repo"
+    add_model(repo, "square", SQUARE_CONFIG, SILENT_PY.format(log=str(log)))
+    server = start_server(repo, flags=flags)
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: None)
+    try:
+        i = grpcclient.InferInput("IN", [1], "INT32")
+        i.set_data_from_numpy(np.array([1], np.int32))
+        client.async_stream_infer("square", [i])
+        wait_for(lambda: log.exists() and log.read_text() == "running\n", what="the request to run")
+    finally:
+        client.stop_stream(cancel_requests=True)
+        client.close()
+    wait_for(lambda: log.read_text().count("\n") == 2, what="the model to finish", timeout=40)
+    assert log.read_text() == "running\ncancelled\n", "the model never saw is_cancelled()"

@@ -315,10 +315,12 @@ class ResponseChannel:
     ``send(item, final)`` may be called from any thread (a model's native thread, a thread the model
     started, or the hub); the consumer greenlet iterates with :meth:`receive`. Items after the final
     one are dropped. Create it in the hub thread; :meth:`close` (consumer side) releases the watcher.
-    ``cancelled`` is set by the consumer when its client went away; producers read it.
+    ``cancelled`` is set by the consumer when its client went away; producers read it, and one that must
+    be told (a model in a process of its own) sets :attr:`on_cancel`, called where ``cancelled`` turns
+    true (the hub: it must not block).
     """
 
-    __slots__ = ("_items", "_wake", "_event", "_final_sent", "cancelled", "_closed", "_send_lock")
+    __slots__ = ("_items", "_wake", "_event", "_final_sent", "_cancelled", "_closed", "_send_lock", "on_cancel")
 
     def __init__(self) -> None:
         self._items: collections.deque[tuple[Any, bool]] = collections.deque()
@@ -327,7 +329,8 @@ class ResponseChannel:
         self._wake.start(self._event.set)
         self._final_sent = False
         self._closed = False
-        self.cancelled = False
+        self._cancelled = False
+        self.on_cancel: Callable[[], None] | None = None
         self._send_lock = _allocate_native_lock()  # senders may race on several threads
 
     def send(self, item: Any, final: bool) -> None:
@@ -346,7 +349,19 @@ class ResponseChannel:
         return self._final_sent
 
     def is_cancelled(self) -> bool:
-        return self.cancelled
+        return self._cancelled
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    @cancelled.setter
+    def cancelled(self, value: bool) -> None:
+        self._cancelled = value
+        on_cancel = self.on_cancel
+        if value and on_cancel is not None:
+            self.on_cancel = None  # told once
+            on_cancel()
 
     def receive(self, timeout: float | None = None) -> tuple[Any, bool]:
         """Consumer greenlet: the next ``(item, final)``; raises ``gevent.Timeout`` after ``timeout`` s."""

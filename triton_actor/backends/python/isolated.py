@@ -126,18 +126,31 @@ class _Session:
         return next(self._next_key)
 
     def key_for(self, channel: Any) -> int:
+        """The key of a decoupled request's channel; its client's going away is told to the child at once."""
         with self._lock:
             key = self._keys.get(channel)
             if key is None:
                 key = next(self._next_key)
                 self._keys[channel], self._channels[key] = key, channel
-            return key
+                channel.on_cancel = partial(start_native_thread, self._cancel_once, key)
+        if channel.is_cancelled():  # gone before it was armed
+            self._cancel_once(key)
+        return key
+
+    def _cancel_once(self, key: int) -> None:
+        with self._lock:
+            if key in self._cancel_told or key not in self._channels:
+                return
+            self._cancel_told.add(key)
+        self.tell_cancel(key)
 
     def forget(self, key: int) -> None:
         with self._lock:
             channel = self._channels.pop(key, None)
             self._keys.pop(channel, None)
             self._cancel_told.discard(key)
+        if channel is not None:
+            channel.on_cancel = None
 
     # -- reader thread ----------------------------------------------------------------------------
     def on_message(self, message: tuple[Any, ...]) -> None:
@@ -164,9 +177,8 @@ class _Session:
         channel.send(wire.result_from_wire(item), final)
         if final:
             self.forget(key)
-        elif channel.is_cancelled() and key not in self._cancel_told:
-            self._cancel_told.add(key)
-            self.tell_cancel(key)
+        elif channel.is_cancelled():  # (told already by on_cancel, normally)
+            self._cancel_once(key)
 
     def tell_cancel(self, key: int) -> None:
         """Any native thread: the request ``key`` names was cancelled (its ``is_cancelled()`` turns true)."""

@@ -208,6 +208,8 @@ class ModelProcess:
             channel = self.channels.get(key)
             if channel is None:
                 channel = self.channels[key] = ChildChannel(self, key)
+                channel.cancelled = key in self._early
+                self._early.discard(key)
         return channel, None
 
     def _cancel_flag(self, key: int) -> tuple[None, Any]:
