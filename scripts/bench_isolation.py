@@ -6,7 +6,8 @@ band vs encoded with the BYTES codec (protocol/bytes_codec.py), encode + decode 
 
     scripts/install_bench_tools.sh          # once: perf_analyzer
     .venv/bin/python scripts/bench_isolation.py --rounds 3 [--concurrency 1,4]
-    .venv/bin/python scripts/bench_isolation.py --direct
+    .venv/bin/python scripts/bench_isolation.py --direct   # + 3 custom metrics per request
+    .venv/bin/python scripts/bench_isolation.py --scrape   # /metrics scrape time
     .venv/bin/python scripts/bench_isolation.py --frames
 
 Writes ``bench_out/isolation.json`` and ``bench_out/isolation.md``.
@@ -15,6 +16,7 @@ Writes ``bench_out/isolation.json`` and ``bench_out/isolation.md``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -64,20 +66,83 @@ def frames() -> int:
     return 0
 
 
+# add_sub that also updates three custom metrics per request (the cost of forwarding them)
+METERED_PY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.count = pb_utils.MetricFamily("bench_requests", "d", pb_utils.MetricFamily.COUNTER).Metric()
+        self.last = pb_utils.MetricFamily("bench_last", "d", pb_utils.MetricFamily.GAUGE).Metric()
+        self.sizes = pb_utils.MetricFamily("bench_sizes", "d", pb_utils.MetricFamily.HISTOGRAM).Metric(
+            buckets=[1.0, 10.0, 100.0])
+
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            a = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+            b = pb_utils.get_input_tensor_by_name(r, "INPUT1").as_numpy()
+            self.count.increment(1)
+            self.last.set(float(a[0]))
+            self.sizes.observe(float(a.size))
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", a + b), pb_utils.Tensor("OUTPUT1", a - b)]))
+        return out
+"""
+
+
 def direct(number: int, repeat: int) -> int:
     from bench_python_backend import make_instance, make_request  # (it patches gevent first, as the server)
 
+    from triton_actor.backends.python import backend as py_backend
     from triton_actor.backends.python import isolated
 
     request = make_request()
     in_process = make_instance()
-    isolated_instance = isolated.IsolatedInstance(in_process.ctx)
+    metered_dir = Path(tempfile.mkdtemp(prefix="bench_isolation_")) / "add_sub"
+    (metered_dir / "1").mkdir(parents=True)
+    (metered_dir / "1" / "model.py").write_text(METERED_PY)
+    metered = dataclasses.replace(in_process.ctx, model_dir=metered_dir, version_dir=metered_dir / "1")
     print("| add_sub execute([request]) | µs per call (best of repeats) |\n|---|---|")
-    for name, instance in (("in-process", in_process), ("isolated", isolated_instance)):
+    for name, make in (("in-process", lambda: in_process), ("isolated", lambda: isolated.IsolatedInstance(in_process.ctx)),
+                       ("in-process, 3 custom metrics per request", lambda: py_backend.PythonInstance(metered)),
+                       ("isolated, 3 custom metrics per request", lambda: isolated.IsolatedInstance(metered))):
+        instance = make()
         instance.execute([request])
         best = min(timeit.repeat(lambda i=instance: i.execute([request]), number=number, repeat=repeat)) / number
         print(f"| {name} | {best * 1e6:.1f} |")
         instance.finalize()
+    return 0
+
+
+def scrape(count: int) -> int:
+    """``/metrics`` scrape time with add_sub in-process vs isolated (each scrape of the isolated server asks
+    the model's process for its unsent custom-metric changes first: one round trip)."""
+    import urllib.request
+
+    work = Path(tempfile.mkdtemp(prefix="bench_isolation_"))
+    servers = {}
+    try:
+        for name, flags in VARIANTS.items():
+            copy_add_sub(work / name)
+            port, metrics_port = free_port(), free_port()
+            proc = start_ours(work / name, port, *flags, "--allow-metrics=true", "--metrics-port", str(metrics_port),
+                              "--metrics-address", "127.0.0.1")
+            wait_ready(port, proc)
+            servers[name] = (proc, metrics_port)
+        print("| add_sub | /metrics scrape, median µs | p90 µs |\n|---|---|---|")
+        for name, (_, metrics_port) in servers.items():
+            url = f"http://127.0.0.1:{metrics_port}/metrics"
+            times = []
+            for _ in range(count):
+                start = timeit.default_timer()
+                with urllib.request.urlopen(url, timeout=30) as r:
+                    r.read()
+                times.append((timeit.default_timer() - start) * 1e6)
+            times.sort()
+            print(f"| {name} | {statistics.median(times):.0f} | {times[int(len(times) * 0.9)]:.0f} |")
+    finally:
+        stop_servers([p for p, _ in servers.values()], work)
     return 0
 
 
@@ -90,6 +155,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "bench_out")
     ap.add_argument("--frames", action="store_true", help="only the BYTES-tensor framing micro-benchmark")
     ap.add_argument("--direct", action="store_true", help="only execute() in a loop, no server")
+    ap.add_argument("--scrape", action="store_true", help="only /metrics scrape times, in-process vs isolated")
     ap.add_argument("--with-triton", action="store_true",
                     help="real Triton too (it isolates every Python model in a stub process)")
     ap.add_argument("--number", type=int, default=2000, help="--direct: calls per repeat")
@@ -99,6 +165,8 @@ def main() -> int:
         return frames()
     if args.direct:
         return direct(args.number, args.repeat)
+    if args.scrape:
+        return scrape(200)
     if not (TOOLS / "perf_analyzer").exists():
         raise SystemExit(f"{TOOLS}/perf_analyzer missing: run scripts/install_bench_tools.sh")
     conc = [int(c) for c in args.concurrency.split(",")]

@@ -1,6 +1,8 @@
 """A gRPC ModelInfer the client cancels while it waits in the queue is never run (issue 14: a reset must
 stop the work it cancels). The model runs one request at a time and holds the first until a gate file
-appears; every execution is logged to a file the test reads. No sleeps: the test waits on the log."""
+appears; every execution is logged to a file the test reads. No sleeps: the test waits on the log.
+Every test runs twice: the Python model in-process, and in a process of its own (``isolation=process``:
+Triton runs every Python model in a stub process, and cancellation reaches it there too)."""
 
 from __future__ import annotations
 
@@ -8,10 +10,15 @@ import queue
 from pathlib import Path
 
 import numpy as np
+import pytest
 import tritonclient.grpc as grpcclient
 
 from .model_control import wait_for
 from .server import add_gated_model, add_model
+
+# the server's flags: the Python models in-process, or each in a process of its own
+ISOLATION = pytest.mark.parametrize("flags", [(), ("--backend-config=python,isolation=process",)],
+                                    ids=["in_process", "isolated"])
 
 
 def _input(value: float) -> list[grpcclient.InferInput]:
@@ -20,11 +27,12 @@ def _input(value: float) -> list[grpcclient.InferInput]:
     return [x]
 
 
-def test_a_cancelled_queued_call_is_never_run(tmp_path: Path, start_server) -> None:
+@ISOLATION
+def test_a_cancelled_queued_call_is_never_run(tmp_path: Path, start_server, flags: tuple[str, ...]) -> None:
     log, gate = tmp_path / "executions.log", tmp_path / "gate"
     repo = tmp_path / "repo"
     add_gated_model(repo, "gated", log, gate)
-    server = start_server(repo)
+    server = start_server(repo, flags=flags)
     client = grpcclient.InferenceServerClient(server.grpc_url)
     answers: queue.Queue = queue.Queue()
     try:
@@ -47,7 +55,8 @@ def test_a_cancelled_queued_call_is_never_run(tmp_path: Path, start_server) -> N
         client.close()
 
 
-def test_an_http_client_that_disconnects_cancels_its_queued_request(tmp_path: Path, start_server) -> None:
+@ISOLATION
+def test_an_http_client_that_disconnects_cancels_its_queued_request(tmp_path: Path, start_server, flags: tuple[str, ...]) -> None:
     """The HTTP side of the same rule: a client that closes its connection while its /infer waits in the
     queue cancels it, whether the server read the request before or after the close."""
     import socket
@@ -58,7 +67,7 @@ def test_an_http_client_that_disconnects_cancels_its_queued_request(tmp_path: Pa
     log, gate = tmp_path / "executions.log", tmp_path / "gate"
     repo = tmp_path / "repo"
     add_gated_model(repo, "gated", log, gate)
-    server = start_server(repo)
+    server = start_server(repo, flags=flags)
     client = httpclient.InferenceServerClient(server.url, concurrency=2)
     x = httpclient.InferInput("INPUT0", [1], "FP32")
     x.set_data_from_numpy(np.array([1.0], dtype=np.float32))
@@ -116,7 +125,8 @@ class TritonPythonModel:
 """
 
 
-def test_a_grpc_call_cancelled_while_it_runs_is_cancelled_for_the_model(tmp_path: Path, start_server) -> None:
+@ISOLATION
+def test_a_grpc_call_cancelled_while_it_runs_is_cancelled_for_the_model(tmp_path: Path, start_server, flags: tuple[str, ...]) -> None:
     """Issue 14 §2: a gRPC call the client cancels while the model runs makes ``request.is_cancelled()``
     true (the model stops early), and the client sees CANCELLED."""
     import tritonclient.utils
@@ -124,7 +134,7 @@ def test_a_grpc_call_cancelled_while_it_runs_is_cancelled_for_the_model(tmp_path
     log = tmp_path / "executions.log"
     repo = tmp_path / "repo"
     add_model(repo, "watcher", WATCHER_CONFIG, WATCHER.format(log=str(log)))
-    server = start_server(repo)
+    server = start_server(repo, flags=flags)
     client = grpcclient.InferenceServerClient(server.grpc_url)
     answers: queue.Queue = queue.Queue()
     try:
@@ -140,7 +150,8 @@ def test_a_grpc_call_cancelled_while_it_runs_is_cancelled_for_the_model(tmp_path
         client.close()
 
 
-def test_an_http_client_that_leaves_while_its_request_runs_cancels_it(tmp_path: Path, start_server) -> None:
+@ISOLATION
+def test_an_http_client_that_leaves_while_its_request_runs_cancels_it(tmp_path: Path, start_server, flags: tuple[str, ...]) -> None:
     """The HTTP side: closing the connection while the model runs makes ``request.is_cancelled()`` true."""
     import socket
 
@@ -149,7 +160,7 @@ def test_an_http_client_that_leaves_while_its_request_runs_cancels_it(tmp_path: 
     log = tmp_path / "executions.log"
     repo = tmp_path / "repo"
     add_model(repo, "watcher", WATCHER_CONFIG, WATCHER.format(log=str(log)))
-    server = start_server(repo)
+    server = start_server(repo, flags=flags)
     body = orjson.dumps({"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "FP32", "data": [2.0]}]})
     host, port = server.url.split(":")
     with socket.create_connection((host, int(port))) as raw:

@@ -365,7 +365,8 @@ def test_same_args_and_error_texts_as_in_process(parity_servers: tuple[ServerPro
         assert expected["model_name"] == "parity" and expected["model_instance_name"] == "parity_0"
     else:
         assert expected[0] in ("400", "500")
-    assert f"parity model runs mode {mode}" in isolated.log()  # pb_utils logging, forwarded
+    # pb_utils logging, forwarded: written before the reply, read by this process's log reader a moment later
+    assert isolated.stderr.wait(lambda: f"parity model runs mode {mode}" in isolated.log(), 30)
 
 
 def test_initialize_error_text_as_in_process(parity_servers: tuple[ServerProcess, ServerProcess]) -> None:

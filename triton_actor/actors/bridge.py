@@ -315,10 +315,12 @@ class ResponseChannel:
     ``send(item, final)`` may be called from any thread (a model's native thread, a thread the model
     started, or the hub); the consumer greenlet iterates with :meth:`receive`. Items after the final
     one are dropped. Create it in the hub thread; :meth:`close` (consumer side) releases the watcher.
-    ``cancelled`` is set by the consumer when its client went away; producers read it.
+    ``cancelled`` is set by the consumer when its client went away; producers read it, and one that must
+    be told (a model in a process of its own) sets :attr:`on_cancel`, called where ``cancelled`` turns
+    true (the hub: it must not block).
     """
 
-    __slots__ = ("_items", "_wake", "_event", "_final_sent", "cancelled", "_closed", "_send_lock")
+    __slots__ = ("_items", "_wake", "_event", "_final_sent", "_cancelled", "_closed", "_send_lock", "on_cancel")
 
     def __init__(self) -> None:
         self._items: collections.deque[tuple[Any, bool]] = collections.deque()
@@ -327,7 +329,8 @@ class ResponseChannel:
         self._wake.start(self._event.set)
         self._final_sent = False
         self._closed = False
-        self.cancelled = False
+        self._cancelled = False
+        self.on_cancel: Callable[[], None] | None = None
         self._send_lock = _allocate_native_lock()  # senders may race on several threads
 
     def send(self, item: Any, final: bool) -> None:
@@ -346,7 +349,19 @@ class ResponseChannel:
         return self._final_sent
 
     def is_cancelled(self) -> bool:
-        return self.cancelled
+        return self._cancelled
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    @cancelled.setter
+    def cancelled(self, value: bool) -> None:
+        self._cancelled = value
+        on_cancel = self.on_cancel
+        if value and on_cancel is not None:
+            self.on_cancel = None  # told once
+            on_cancel()
 
     def receive(self, timeout: float | None = None) -> tuple[Any, bool]:
         """Consumer greenlet: the next ``(item, final)``; raises ``gevent.Timeout`` after ``timeout`` s."""
@@ -411,6 +426,30 @@ class HubSignal:
 
     def close(self) -> None:
         self._watcher.close()
+
+
+class CancelWatch:
+    """``InferRequest.is_cancelled`` for a backend that must be told rather than look (a Python model
+    in a process of its own): called, it answers as the plain probe does (True once the request's
+    reply completed while it ran, i.e. its client cancelled it); :attr:`callback`, set and cleared by
+    the backend's native thread around the run, is called in the hub when that happens. It must not
+    block the hub (start a native thread to do the telling). Created in the hub (the scheduler), one
+    per request of a batch; nothing runs while nobody cancels but the reply's completion callback."""
+
+    __slots__ = ("_reply", "callback")
+
+    def __init__(self, reply: Reply[Any]) -> None:
+        self._reply = reply
+        self.callback: Callable[[], None] | None = None
+        reply.link(self._completed)
+
+    def __call__(self) -> bool:
+        return self._reply.ready()
+
+    def _completed(self, _reply: Reply[Any]) -> None:
+        callback = self.callback  # None once the run ended: the usual answer, not a cancellation
+        if callback is not None:
+            callback()
 
 
 def start_native_thread(fn: Callable[..., None], *args: Any) -> None:

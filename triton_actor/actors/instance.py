@@ -147,6 +147,11 @@ class ModelInstance:
         return getattr(self._backend_instance, "observes_cancellation", False)
 
     @property
+    def watches_cancellation(self) -> bool:
+        """Whether it must be told of a cancellation (``bridge.CancelWatch``) rather than poll the probe."""
+        return getattr(self._backend_instance, "watches_cancellation", False)
+
+    @property
     def inline(self) -> bool:
         return self._inline
 

@@ -39,6 +39,7 @@ from ..inference import InferRequest, InferResponse
 from ..statistics import VersionStats
 from ..tracing import VersionTrace
 from .batch_queue import BatchPolicy, BatchQueue, timeout_error
+from .bridge import CancelWatch
 from .instance import ModelInstance
 from .kernel import InlineActor, Reply
 from .wake_timer import Wake, WakeTimer
@@ -310,6 +311,8 @@ def with_cancellation(instance: ModelInstance, items: list[Enqueue]) -> list[Inf
     client reset its call or went away: the front end failed it with CANCELLED)."""
     if not instance.observes_cancellation:
         return [i.request for i in items]
+    if instance.watches_cancellation:  # a model in a process of its own: told (isolated.py), not polled
+        return [i.request._replace(is_cancelled=CancelWatch(i.reply)) for i in items]
     return [i.request._replace(is_cancelled=i.reply.ready) for i in items]
 
 

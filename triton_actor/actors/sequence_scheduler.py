@@ -34,6 +34,7 @@ from ..backends.base import RESCHEDULE
 from ..errors import Code, TritonError
 from ..inference import InferInput, InferRequest, InferResponse
 from ..statistics import VersionStats
+from .bridge import CancelWatch
 from .instance import ModelInstance
 from .kernel import InlineActor, Reply
 from .scheduler import Drain, Enqueue, GetStats
@@ -166,7 +167,8 @@ class SequenceSchedulerActor(InlineActor):
             return
         template = next(s.item.request for s in batch if s.item is not None)  # a batch ends with a real request
         try:
-            requests = [self._prepared(s) if s.item is not None else self._null(template) for s in batch]
+            watch = self._instances[index].watches_cancellation
+            requests = [self._prepared(s, watch) if s.item is not None else self._null(template) for s in batch]
         except Exception as e:  # a bug of ours or a state that no longer fits: fail this batch, keep serving
             log.exception("sequence scheduler %s: preparing a batch failed", self.name)
             self._idle.append(index)
@@ -205,15 +207,16 @@ class SequenceSchedulerActor(InlineActor):
             out.pop()  # a direct batch ends at its highest slot in use
         return out
 
-    def _prepared(self, slot: Slot[Enqueue]) -> InferRequest:
+    def _prepared(self, slot: Slot[Enqueue], watch: bool = False) -> InferRequest:
         assert slot.item is not None
         request, tensors = slot.item.request, self._tensors
         inputs = dict(request.inputs)
         inputs.update(tensors.controls_for(slot.corr_id, slot.flags, True))
         if tensors.states:
             inputs.update(tensors.state_inputs(None if slot.flags & SEQUENCE_START else self._states.get(slot.corr_id)))
+        reply = slot.item.reply  # answered before it ran: cancelled; a model in its own process is told
         return request._replace(inputs=inputs, correlation_id=slot.corr_id, flags=slot.flags,
-                                is_cancelled=slot.item.reply.ready)  # answered before it ran: cancelled
+                                is_cancelled=CancelWatch(reply) if watch else reply.ready)
 
     def _null(self, template: InferRequest) -> InferRequest:
         """Triton's null request for an empty slot of a ``direct`` batch: zeros shaped like a real request,

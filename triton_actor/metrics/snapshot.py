@@ -14,6 +14,7 @@ import logging
 from typing import Any
 
 from ..actors.handles import READY
+from ..backends.python.metrics_mirror import flush_isolated
 from ..backends.python.triton_python_backend_utils import metrics as custom
 from ..errors import TritonError
 
@@ -80,4 +81,5 @@ class MetricsSource:
                     models.append(version_entry(vh.statistics()))
                 except TritonError as e:  # unloaded between the table read and the ask
                     log.debug("metrics: %s version %d left out: %s", handle.name, v, e)
+        flush_isolated()  # isolated Python models' custom metrics, current (nothing to do without one)
         return {"models": models, "custom": custom_families()}

@@ -11,7 +11,9 @@ answer itself (:mod:`.child_process`); meanwhile it serves the BLS and model-con
 makes, on this same thread (so the BLS wait graph sees the instance waiting, as in-process). Calls
 made while no command runs (a decoupled model's own threads) are served on a short-lived native
 thread each. Decoupled responses go from the process's reader thread straight into the requests'
-channels; a reply is handled only after what the model sent before it.
+channels; a reply is handled only after what the model sent before it. A request's cancellation
+(``request.is_cancelled()``) reaches the process as a frame (``bridge.CancelWatch``: nothing polls);
+its custom metrics come back with each reply and when a scrape asks (``metrics_mirror.py``).
 
 Crash handling (the Triton python backend's stub restart, bounded): when the process dies, the batch
 in flight fails INTERNAL ("... the model's process exited with signal 11 (SIGSEGV)"), and so does
@@ -27,19 +29,24 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from ...actors.bridge import start_native_thread
+from ...actors.bridge import CancelWatch, start_native_thread
 from ...errors import TritonError
 from ...inference import InferRequest
 from ...repository.config import ModelConfig
 from ..base import InstanceContext, Result
 from . import isolation_wire as wire
+from . import metrics_mirror
 from .child_process import ChildProcess, native_sleep
+from .metrics_mirror import MetricsMirror
 from .triton_python_backend_utils import server_calls as hooks
 
 log = logging.getLogger(__name__)
+_root = logging.getLogger()
 PARAMETER = "TRITON_ACTOR_ISOLATION"
 BACKEND_CONFIG_KEY = "isolation"
 MODES = ("thread", "process")
@@ -75,10 +82,14 @@ class _Session:
         self._keys: dict[Any, int] = {}
         self._cancel_told: set[int] = set()
         self._next_key = itertools.count(1)
+        self.metrics = MetricsMirror()
+        self._flushes: dict[int, Callable[[], None]] = {}  # token → a scrape's done(), until the answer came
+        self._flush_ids = itertools.count(1)
         try:
             self.child = ChildProcess(name, self.on_message, self.on_exit)
         except OSError as e:
             raise TritonError.internal(f"could not start the model's process for '{name}': {e}") from None
+        metrics_mirror.register(self)
 
     @property
     def alive(self) -> bool:
@@ -101,27 +112,45 @@ class _Session:
             if item is None:
                 raise _Exited(child.wait_exit_text())
             if item[0] == "call":  # made while this command runs: served here, on the instance's thread
-                serve_call(child.to_child, *item[1:])
+                serve_call(child.to_child, self.metrics, *item[1:])
                 continue
-            _reply, answer, sent_before = item
+            _reply, answer, sent_before, metric_updates = item
+            if metric_updates:  # the model's custom metrics as they were when it answered
+                self.metrics.apply(metric_updates)
             child.wait_delivered(sent_before)  # what the model sent before answering is handled first
             if answer[0] == "error":
                 raise wire.result_from_wire(answer)
             return answer[1]
 
+    def new_key(self) -> int:
+        return next(self._next_key)
+
     def key_for(self, channel: Any) -> int:
+        """The key of a decoupled request's channel; its client's going away is told to the child at once."""
         with self._lock:
             key = self._keys.get(channel)
             if key is None:
                 key = next(self._next_key)
                 self._keys[channel], self._channels[key] = key, channel
-            return key
+                channel.on_cancel = partial(start_native_thread, self._cancel_once, key)
+        if channel.is_cancelled():  # gone before it was armed
+            self._cancel_once(key)
+        return key
+
+    def _cancel_once(self, key: int) -> None:
+        with self._lock:
+            if key in self._cancel_told or key not in self._channels:
+                return
+            self._cancel_told.add(key)
+        self.tell_cancel(key)
 
     def forget(self, key: int) -> None:
         with self._lock:
             channel = self._channels.pop(key, None)
             self._keys.pop(channel, None)
             self._cancel_told.discard(key)
+        if channel is not None:
+            channel.on_cancel = None
 
     # -- reader thread ----------------------------------------------------------------------------
     def on_message(self, message: tuple[Any, ...]) -> None:
@@ -131,7 +160,12 @@ class _Session:
         elif kind == "log":
             _log_record(message[1])
         elif kind == "call":  # made while no command runs (a decoupled model's own thread)
-            start_native_thread(serve_call, self.child.to_child, *message[1:])
+            start_native_thread(serve_call, self.child.to_child, self.metrics, *message[1:])
+        elif kind == "metrics":  # the answer to a flush_metrics
+            _kind, token, updates = message
+            if updates:
+                self.metrics.apply(updates)
+            self._flush_done(token)
         else:
             log.error("model process %s: unexpected frame %r", self.child.name, kind)
 
@@ -143,14 +177,41 @@ class _Session:
         channel.send(wire.result_from_wire(item), final)
         if final:
             self.forget(key)
-        elif channel.is_cancelled() and key not in self._cancel_told:
-            self._cancel_told.add(key)
-            try:
-                self.child.to_child.send(("cancel", key))
-            except OSError:
-                pass
+        elif channel.is_cancelled():  # (told already by on_cancel, normally)
+            self._cancel_once(key)
+
+    def tell_cancel(self, key: int) -> None:
+        """Any native thread: the request ``key`` names was cancelled (its ``is_cancelled()`` turns true)."""
+        try:
+            self.child.to_child.send(("cancel", key))
+        except OSError:
+            pass  # gone: nothing runs there any more
+
+    def request_flush(self, done: Callable[[], None]) -> None:
+        """Any native thread (a scrape's helper): ask for the model's unsent metric updates; ``done()``
+        once they are applied, or the process is gone."""
+        token = next(self._flush_ids)
+        with self._lock:
+            self._flushes[token] = done
+        try:
+            self.child.to_child.send(("flush_metrics", token))
+        except OSError:
+            self._flush_done(token)
+
+    def _flush_done(self, token: int | None) -> None:
+        with self._lock:
+            dones = list(self._flushes.values()) if token is None else [self._flushes.get(token)]
+            if token is None:
+                self._flushes.clear()
+            else:
+                self._flushes.pop(token, None)
+        for done in dones:
+            if done is not None:
+                done()
 
     def on_exit(self, text: str) -> None:
+        metrics_mirror.unregister(self)
+        self._flush_done(None)  # every flush it owed: it has nothing more to say
         with self._lock:
             open_channels = list(self._channels.values())
             self._channels.clear()
@@ -166,9 +227,9 @@ def _log_record(fields: dict[str, Any]) -> None:
         logger.handle(logging.makeLogRecord(fields))
 
 
-def serve_call(pipe: Any, call_id: int, op: str, args: tuple[Any, ...]) -> None:
-    """A call the model made (BLS, model control), run with the server's own hooks on this native
-    thread; the answer goes back as ``call_reply`` (or ``call_item``s and ``call_end``)."""
+def serve_call(pipe: Any, metrics: MetricsMirror, call_id: int, op: str, args: tuple[Any, ...]) -> None:
+    """A call the model made (BLS, model control, a new custom metric), run with the server's own hooks
+    on this native thread; the answer goes back as ``call_reply`` (or ``call_item``s and ``call_end``)."""
     try:
         if op == "bls":
             request, decoupled = args
@@ -181,6 +242,10 @@ def serve_call(pipe: Any, call_id: int, op: str, args: tuple[Any, ...]) -> None:
             answer: tuple[Any, ...] = ("ok", wire.pb_response_to_wire(result))
         elif op in ("load_model", "unload_model", "is_model_ready"):
             answer = ("ok", getattr(hooks, op)(*args))
+        elif op == "metric_family":
+            answer = ("ok", metrics.family(*args))
+        elif op == "metric_series":
+            answer = ("ok", metrics.series(*args))
         else:
             answer = ("raise", f"unknown call '{op}'")
     except OSError:
@@ -214,6 +279,9 @@ class IsolatedInstance:
     def __init__(self, ctx: InstanceContext) -> None:
         self.ctx = ctx
         self.decoupled = ctx.config.model_transaction_policy.decoupled
+        # request.is_cancelled() in the child: a decoupled request's channel says it (see _deliver); any
+        # other request's cancellation is told by the hub (scheduler.with_cancellation gives a CancelWatch)
+        self.observes_cancellation = self.watches_cancellation = not self.decoupled
         self._failed_starts = 0
         self._gave_up: TritonError | None = None
         self._session: _Session | None = None
@@ -270,13 +338,21 @@ class IsolatedInstance:
         if self.decoupled and any(r.responses is None for r in requests):
             return [TritonError.unsupported(
                 f"model '{self.ctx.model_name}' is decoupled: it answers only streaming requests")] * len(requests)
-        keys = [session.key_for(r.responses) if self.decoupled else None for r in requests]
+        if self.decoupled:
+            keys: list[int | None] = [session.key_for(r.responses) for r in requests]
+            watches: list[CancelWatch] = []
+        else:
+            keys, watches = self._watch_cancellation(session, requests)
         try:
-            answers = session.ask(("execute", [wire.request_to_wire(r, k) for r, k in zip(requests, keys, strict=True)]))
+            answers = session.ask(("execute", [wire.request_to_wire(r, k) for r, k in zip(requests, keys, strict=True)],
+                                   _root.level))  # the log settings may have changed: the child's follow
         except _Exited as e:
             return [TritonError.internal(
                 f"Failed to process the request(s) for model '{self.ctx.instance_name}', message: {e} while "
                 "it ran them; the next requests start a new one")] * len(requests)
+        finally:
+            for watch in watches:
+                watch.callback = None
         if len(answers) != len(requests):  # PythonInstance always answers each: a bug of ours
             raise TritonError.internal(f"the model's process returned {len(answers)} results for {len(requests)} requests")
         results = [wire.result_from_wire(a) for a in answers]
@@ -284,6 +360,26 @@ class IsolatedInstance:
             if key is not None and isinstance(result, TritonError):
                 session.forget(key)  # the scheduler ends the request with this error
         return results
+
+    @staticmethod
+    def _watch_cancellation(session: _Session, requests: list[InferRequest]) -> tuple[list[int | None], list[CancelWatch]]:
+        """Keys for the requests whose cancellation the child must hear of (``("cancel", key)``, sent from a
+        native thread the hub starts when the client cancels; one already cancelled is told at once: the
+        child keeps a cancel that overtakes its request). Nothing is polled."""
+        keys: list[int | None] = []
+        watches = []
+        for request in requests:
+            watch = request.is_cancelled
+            if not isinstance(watch, CancelWatch):
+                keys.append(None)
+                continue
+            key = session.new_key()
+            watch.callback = partial(start_native_thread, session.tell_cancel, key)
+            if watch():
+                session.tell_cancel(key)
+            keys.append(key)
+            watches.append(watch)
+        return keys, watches
 
     def finalize(self) -> None:
         """Run ``finalize()`` in the process, then stop it (SIGTERM, SIGKILL after a grace period)."""

@@ -6,19 +6,25 @@ in-process backend and runs the very same :class:`~.backend.PythonInstance`, so 
 ``initialize``, the requests ``execute`` sees and the texts of the errors are those of a model run
 in-process. Frames (:mod:`.isolation_wire` for the values):
 
-* commands, read by the main thread itself: ``("init", ctx)``, ``("execute", requests)``,
+* commands, read by the main thread itself: ``("init", ctx)``, ``("execute", requests, log_level)`` (the
+  server's level now: a change of its log settings reaches the model's logging),
   ``("finalize",)``, ``("auto_complete", config, version_dir, filename)``;
-* replies, one per command: ``("reply", ("ok", value) | ("error", code, message), sent_before)``, where
-  ``sent_before`` counts the outbox frames written before it (the server handles those first); calls
-  made while a command runs go here too, so that the thread waiting for the reply serves them;
+* replies, one per command: ``("reply", ("ok", value) | ("error", code, message), sent_before,
+  metric_updates)``, where ``sent_before`` counts the outbox frames written before it (the server
+  handles those first) and ``metric_updates`` are the custom metrics' changes since the last flush
+  (None if none; ``metrics_forwarding.py``); calls made while a command runs go here too, so that the
+  thread waiting for the reply serves them;
 * outbox: ``("response", key, result, final)`` for a decoupled request, ``("log", record)`` for the
-  stdlib logging (``pb_utils.Logger`` included), and ``("call", id, op, args)`` made while no command
-  runs, BLS and model control;
+  stdlib logging (``pb_utils.Logger`` included), ``("call", id, op, args)`` made while no command
+  runs (BLS, model control, a new custom metric), and ``("metrics", token, updates)``;
 * inbox, read by a reader thread: the answers to calls, ``("call_reply", id, answer)`` (a streamed BLS:
-  ``("call_item", id, response)`` ... ``("call_end", id)``), and ``("cancel", key)``.
+  ``("call_item", id, response)`` ... ``("call_end", id)``), ``("cancel", key)`` (a decoupled request's
+  client went away, or any other request's client cancelled it while it runs: its ``is_cancelled()``
+  turns true) and ``("flush_metrics", token)`` (a scrape: answered with ``("metrics", ...)``).
 
 Threads: the main thread runs the commands one at a time; the reader thread routes call answers to
-their waiters and cancellations to their channels. Failure: what the model raises becomes an error
+their waiters, cancellations to their requests (one that overtakes its request, which came on the
+other pipe, is kept for it) and answers flushes. Failure: what the model raises becomes an error
 reply; at end of the commands (the server stopped it) the main thread returns; at end of the inbox
 (the server stopped, or died) the process leaves within ``EOF_GRACE_S`` whatever the model is doing.
 """
@@ -43,10 +49,13 @@ from ..base import InstanceContext
 from . import isolation_wire as wire
 from .backend import PythonBackend, PythonInstance, python_error_text
 from .frame_pipe import FrameReader, FrameWriter
+from .metrics_forwarding import MetricsForwarder
 from .triton_python_backend_utils import TritonModelException
+from .triton_python_backend_utils import metrics as custom_metrics
 from .triton_python_backend_utils import server_calls as hooks
 
 EOF_GRACE_S = 10.0
+_root = logging.getLogger()
 
 
 class ChildChannel:
@@ -68,6 +77,18 @@ class ChildChannel:
         return self.cancelled
 
 
+class CancelFlag:
+    """A non-decoupled request's ``is_cancelled()`` here: set by the reader thread on ``("cancel", key)``."""
+
+    __slots__ = ("cancelled",)
+
+    def __init__(self, cancelled: bool) -> None:
+        self.cancelled = cancelled
+
+    def is_cancelled(self) -> bool:
+        return self.cancelled
+
+
 class ModelProcess:
     """The main loop of the model's process and the calls it makes to the server."""
 
@@ -77,9 +98,13 @@ class ModelProcess:
         self.replies = replies
         self.outbox = outbox
         self.waiters: dict[int, queue.SimpleQueue[Any]] = {}
-        self.channels: dict[int, ChildChannel] = {}
+        self.channels: dict[int, ChildChannel | CancelFlag] = {}  # by key: what a ("cancel", key) sets
+        self._keys = threading.Lock()  # channels, _early and _last_key: the main thread's and the reader's
+        self._early: set[int] = set()  # cancels that overtook their request (another pipe): kept for it
+        self._last_key = 0
         self.instance: PythonInstance | None = None
         self._ids = itertools.count(1)
+        self.metrics = MetricsForwarder(self.call)
         self._phase = threading.Lock()  # a command starts or ends: calls switch between replies and outbox
         self._in_command = False
 
@@ -104,9 +129,16 @@ class ModelProcess:
     def _route(self, message: Any) -> None:
         kind = message[0]
         if kind == "cancel":
-            channel = self.channels.get(message[1])
-            if channel is not None:
-                channel.cancelled = True
+            key = message[1]
+            with self._keys:
+                target = self.channels.get(key)
+                if target is None and key > self._last_key:
+                    self._early.add(key)
+            if target is not None:
+                target.cancelled = True
+            return
+        if kind == "flush_metrics":  # a scrape: what the model changed since it was last sent
+            self.send(("metrics", message[1], self.metrics.collect()))
             return
         waiter = self.waiters.get(message[1])  # call_reply, call_item, call_end
         if waiter is not None:
@@ -131,13 +163,15 @@ class ModelProcess:
 
     def _reply(self, reply: tuple[Any, ...]) -> None:
         with self._phase:
+            updates = self.metrics.collect()  # the custom metrics as they are now: current when the client hears
             try:
-                self.replies.send(("reply", reply, self.outbox.sent))
+                self.replies.send(("reply", reply, self.outbox.sent, updates))
             except OSError:
                 raise  # the server is gone
             except Exception as e:  # noqa: BLE001 - e.g. an output holding objects that cannot be pickled
                 self.replies.send(("reply", wire.error_to_wire(TritonError.internal(
-                    f"model '{self._name()}': its answer could not be sent to the server: {e!r}")), self.outbox.sent))
+                    f"model '{self._name()}': its answer could not be sent to the server: {e!r}")), self.outbox.sent,
+                    updates))
             self._in_command = False
 
     def _name(self) -> str:
@@ -152,16 +186,38 @@ class ModelProcess:
             backend_config))
         return self.instance.decoupled
 
-    def _on_execute(self, requests: list[tuple[Any, ...]]) -> list[Any]:
-        assert self.instance is not None
-        batch = [wire.request_from_wire(r, self._channel) for r in requests]
-        return [wire.result_to_wire(r) for r in self.instance.execute(batch)]
+    def _on_execute(self, requests: list[tuple[Any, ...]], log_level: int) -> list[Any]:
+        instance = self.instance
+        assert instance is not None
+        if log_level != _root.level:  # changed at run time (/v2/logging): what the model logs follows
+            _root.setLevel(log_level)
+        if instance.decoupled:
+            batch = [wire.request_from_wire(r, self._channel) for r in requests]
+            return [wire.result_to_wire(r) for r in instance.execute(batch)]
+        batch = [wire.request_from_wire(r, self._cancel_flag) for r in requests]
+        try:
+            return [wire.result_to_wire(r) for r in instance.execute(batch)]
+        finally:
+            with self._keys:
+                for r in requests:
+                    self.channels.pop(r[-1], None)  # its key (None: nobody can cancel it)
 
-    def _channel(self, key: int) -> ChildChannel:
-        channel = self.channels.get(key)
-        if channel is None:
-            channel = self.channels[key] = ChildChannel(self, key)
-        return channel
+    def _channel(self, key: int) -> tuple[ChildChannel, None]:
+        with self._keys:
+            self._last_key = max(self._last_key, key)
+            channel = self.channels.get(key)
+            if channel is None:
+                channel = self.channels[key] = ChildChannel(self, key)
+                channel.cancelled = key in self._early
+                self._early.discard(key)
+        return channel, None
+
+    def _cancel_flag(self, key: int) -> tuple[None, Any]:
+        with self._keys:
+            self._last_key = max(self._last_key, key)
+            flag = self.channels[key] = CancelFlag(key in self._early)
+            self._early.discard(key)
+        return None, flag.is_cancelled
 
     def _on_finalize(self) -> None:
         if self.instance is not None:
@@ -278,6 +334,7 @@ def main(argv: list[str]) -> int:
     root.setLevel(int(argv[5]) if len(argv) > 5 else logging.INFO)
     root.addHandler(_ForwardLogs(process))
     hooks.bls_executor = process.bls
+    custom_metrics._forward = process.metrics
     hooks.model_control = _ModelControl(process)
     threading.Thread(target=process.read, name="isolation-reader", daemon=True).start()
     process.serve()

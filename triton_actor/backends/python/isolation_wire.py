@@ -49,24 +49,27 @@ def unpack(packed: tuple[str, tuple[int, ...], Any]) -> np.ndarray:
 
 # -- requests of execute() --------------------------------------------------------------------------
 def request_to_wire(request: InferRequest, key: int | None) -> tuple[Any, ...]:
-    """Server: one request of a batch; ``key`` names its response channel (decoupled), else None."""
+    """Server: one request of a batch; ``key`` names its response channel (decoupled) or its cancellation
+    (``("cancel", key)`` frames), else None."""
     inputs = [(t.name, t.dtype.enum_value, pack(t.data)) for t in request.inputs.values()]
     outputs = None if request.outputs is None else [o.name for o in request.outputs]
     return (request.model_name, request.model_version, request.id, inputs, outputs, request.parameters,
             request.timeout_us, request.correlation_id, request.flags, key)
 
 
-def request_from_wire(wire: tuple[Any, ...], channel_for: Callable[[int], Any]) -> InferRequest:
-    """Model process: the request as ``PythonInstance.execute`` takes it (``channel_for(key)``
-    gives the stand-in response channel of a decoupled request)."""
+def request_from_wire(wire: tuple[Any, ...], attach: Callable[[int], tuple[Any, Any]]) -> InferRequest:
+    """Model process: the request as ``PythonInstance.execute`` takes it; ``attach(key)`` gives the
+    ``(responses, is_cancelled)`` of a request with a key: the stand-in response channel of a decoupled
+    request, or the cancellation flag of another one."""
     model_name, version, request_id, inputs, outputs, parameters, timeout_us, correlation_id, flags, key = wire
     tensors = {}
     for name, dtype, packed in inputs:
         data = unpack(packed)
         tensors[name] = InferInput(name, BY_ENUM_VALUE[dtype], data.shape, data)
     requested = None if outputs is None else tuple(RequestedOutput(n) for n in outputs)
+    responses, is_cancelled = (None, None) if key is None else attach(key)
     return InferRequest(model_name, version, request_id, tensors, requested, parameters, False, 0, timeout_us,
-                        correlation_id, flags, None if key is None else channel_for(key))
+                        correlation_id, flags, responses, is_cancelled)
 
 
 # -- results ----------------------------------------------------------------------------------------

@@ -5,6 +5,10 @@ Owner: the values are kept in memory in this module; ``_metric_families`` lists 
 updated by the model that holds it, on its instance thread. Failure: bad names, labels, buckets or
 values raise ``TypeError``/``ValueError`` that are also ``TritonModelException``; an operation its
 kind does not support (``set`` on a counter) raises ``TritonModelException``.
+
+In an isolated model's process (``isolated_child``) :data:`_forward` is set: each new family and series
+is registered with the server first (its refusal raises here, as in-process), and each update is noted
+for the next flush to the server (``metrics_forwarding.py``); in the server it stays None.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from .errors import TritonModelException, _ArgTypeError, _ArgValueError
 _METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _KIND_NAMES = {0: "counter", 1: "gauge", 2: "histogram"}
+_forward: Any = None  # an isolated model's process: its MetricsForwarder
 
 
 def _number(value: Any, what: str) -> float:
@@ -48,6 +53,7 @@ class Metric:
         self._bucket_counts = [0] * (len(buckets) + 1) if buckets is not None else None
         self._sum = 0.0
         self._count = 0
+        self._forward_id = 0  # the server's id of this series (an isolated model's process)
 
     def _kind(self) -> int:
         return self._family._kind
@@ -61,6 +67,8 @@ class Metric:
         if kind == MetricFamily.COUNTER and amount < 0:
             raise _ArgValueError("a counter can only be incremented by a non-negative value")
         self._value += amount
+        if _forward is not None:
+            _forward.changed(self)
 
     def set(self, value: float) -> None:
         """Set a gauge to ``value``."""
@@ -70,6 +78,8 @@ class Metric:
                 f"set() is not supported for {_KIND_NAMES[self._kind()]} metrics"
             )
         self._value = amount
+        if _forward is not None:
+            _forward.was_set(self)
 
     def observe(self, value: float) -> None:
         """Record one observation in a histogram."""
@@ -82,6 +92,8 @@ class Metric:
         self._bucket_counts[bisect.bisect_left(self._buckets, amount)] += 1
         self._sum += amount
         self._count += 1
+        if _forward is not None:
+            _forward.changed(self)
 
     def value(self) -> float:
         """Return the current value of a counter or gauge."""
@@ -118,6 +130,8 @@ class MetricFamily:
             raise _ArgValueError(f"invalid metric family name '{name}'")
         if isinstance(kind, bool) or kind not in _KIND_NAMES:
             raise _ArgValueError(f"unknown metric kind {kind!r}")
+        if _forward is not None:  # the server's registry decides first (another model's family counts)
+            _forward.family(name, description, int(kind))
         self._name = name
         self._description = description
         self._kind = int(kind)
@@ -165,6 +179,8 @@ class MetricFamily:
                 )
             return existing
         metric = Metric(self, labels, bounds)
+        if _forward is not None:
+            _forward.series(metric)
         self._metrics[key] = metric
         return metric
 
