@@ -153,6 +153,23 @@ def test_config_and_file_overrides(tmp_path: Path, start_server) -> None:
     assert sorted(p.name for p in model_dir.rglob("*")) == before  # the repository is untouched
     client.load_model("m")  # without overrides: back to the repository's files
     assert ask(client, "m") == 101
+    # past 64 KiB, the config is parsed and the files written on a native thread (actors/repository.py)
+    big = json.loads(config)
+    big["parameters"].update({f"p{i}": {"string_value": "x" * 64} for i in range(2000)})
+    padding = b"#" + b"x" * 100_000 + b"\n"
+    client.load_model("m", config=json.dumps(big), files={"file:5/model.py": padding + tagged(11).encode()})
+    assert ask(client, "m") == 511 and client.get_model_config("m")["parameters"]["p1999"]["string_value"] == "x" * 64
+    big["input"][0]["dims"] = "bad"
+    with pytest.raises(InferenceServerException) as e:
+        client.load_model("m", config=json.dumps(big))
+    big_error = (e.value.status(), e.value.message())
+    small = json.loads(config)
+    small["input"][0]["dims"] = "bad"
+    with pytest.raises(InferenceServerException) as e:
+        client.load_model("m", config=json.dumps(small))
+    assert big_error == (e.value.status(), e.value.message())  # the same answer as on the hub
+    assert "invalid config override JSON" in big_error[1] and ask(client, "m") == 511
+    assert "Traceback" not in server.log()
 
 
 POLL_FAILED = "failed to load '{}', failed to poll from model repository: "

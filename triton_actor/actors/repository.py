@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 import gevent
 import gevent.lock
@@ -49,6 +49,7 @@ from ..repository.config import ModelConfig
 from ..repository.dependencies import Dependencies, read_deps
 from ..repository.ensemble_graph import dependencies
 from ..repository.reconcile import Reconciler
+from .bridge import call_in_thread
 from .handles import READY, UNAVAILABLE, ModelHandle, VersionHandle
 from .kernel import Actor, ActorRef, Reply
 from .load_order import Start, loader, start_after, unload_after
@@ -61,6 +62,17 @@ NONE, POLL, EXPLICIT = "none", "poll", "explicit"
 SETTLE_S = 1.0  # a changed model directory must stay unchanged this long before POLL loads it
 _REFUSED = "explicit model load / unload is not allowed if polling is enabled"  # same text in NONE mode (spec #3)
 _INVALID_NAME = "a model name is one folder name inside a model repository (no '/', no '..', not hidden)"
+
+
+T = TypeVar("T")
+_ON_HUB = 64 * 1024  # a load request's config or files up to this size are handled on the hub
+
+
+def _off_hub_if_big(size: int, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` on a native thread when it handles more than :data:`_ON_HUB` bytes: protobuf's
+    JSON parser reads a config at ~5 MB/s (a 64 MiB override would hold the hub 12 s), and writing
+    file overrides is blocking file I/O. This actor's greenlet waits; the hub serves the others."""
+    return call_in_thread(fn, *args) if size > _ON_HUB else fn(*args)
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,11 +319,13 @@ class RepositoryActor(Actor):
         if not layout.is_valid_model_name(msg.name):
             raise TritonError.invalid_arg(_INVALID_NAME)
         model_dir = self._model_dir(msg.name, layout.list_models(self.repositories))
-        override = None if msg.config is None else overrides.parse_config(msg.name, msg.config)
+        override = None if msg.config is None else _off_hub_if_big(
+            len(msg.config), overrides.parse_config, msg.name, msg.config)
         if msg.files and override is None:
             raise TritonError.invalid_arg("file overrides need a 'config' parameter as well")
         if msg.files:
-            return overrides.materialize(msg.name, msg.files), override, True
+            size = sum(len(f) for f in msg.files.values())
+            return _off_hub_if_big(size, overrides.materialize, msg.name, msg.files), override, True
         return model_dir, override, False
 
     def on_UnloadModel(self, msg: UnloadModel) -> None:
