@@ -251,3 +251,15 @@ def test_typed_contents_of_many_elements_are_decoded_off_the_hub(stub: pb_grpc.G
     assert (error.code(), error.details()) == (
         grpc.StatusCode.INVALID_ARGUMENT, f"[request id: <id_unknown>] input byte size mismatch for input 'INPUT0' "
                                           f"for model 'identity_batch'. Expected {4 * n}, got {4 * n - 4}")
+
+
+def test_a_request_of_many_parameters_is_decoded_off_the_hub(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
+    """10,000 request parameters are more decode work than the hub takes (v2_grpc.decode_work): decoded
+    on a native thread, with the same answer; a bad one among them is refused alike."""
+    req = _request()
+    for i in range(10_000):
+        req.parameters[f"k{i}"].string_param = "v"
+    np.testing.assert_array_equal(_outputs(stub.ModelInfer(req, timeout=60))["OUTPUT0"], [0, 2, 4, 6])
+    req.parameters["priority"].string_param = "high"  # must be an unsigned integer
+    error = _error(stub.ModelInfer, req)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "priority" in error.details()

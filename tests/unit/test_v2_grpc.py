@@ -163,6 +163,7 @@ def test_typed_contents_in_slices_decode_as_in_one_call(wire: str, monkeypatch: 
     monkeypatch.setattr(v2, "SLICE", 64)
     sliced = v2.decode_infer_request(msg).inputs["x"].data
     assert sliced.dtype == whole.dtype and sliced.tobytes() == whole.tobytes()
-    assert v2.typed_elements(msg) == 1001
+    assert v2.decode_work(msg) == 1001 + v2.ENTRY_WORK
     msg.raw_input_contents.append(b"")
-    assert v2.typed_elements(msg) == 0
+    msg.parameters["k"].string_param = "v"
+    assert v2.decode_work(msg) == 2 * v2.ENTRY_WORK

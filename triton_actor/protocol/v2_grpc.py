@@ -174,16 +174,21 @@ def _from_contents(contents: pb.InferTensorContents, dtype: DType, shape: tuple[
     return arr.reshape(shape)
 
 
-def typed_elements(msg: pb.ModelInferRequest) -> int:
-    """Elements the request's inputs declare when they come as typed ``contents`` (0 with
-    ``raw_input_contents``, which hold bytes ready for a zero-copy view): what converting it costs."""
+def decode_work(msg: pb.ModelInferRequest) -> int:
+    """About how many elements' worth of Python work decoding ``msg`` is: each typed ``contents``
+    element one, each input, requested output and request parameter :data:`ENTRY_WORK` (raw contents
+    are zero-copy views: nothing). Counted without reading the values."""
+    entries = len(msg.inputs) + len(msg.outputs) + len(msg.parameters)
     if msg.raw_input_contents:
-        return 0
-    total = 0
+        return ENTRY_WORK * entries
+    total = ENTRY_WORK * entries
     for tensor in msg.inputs:
         if tensor.HasField("contents"):
             total += element_count(tensor.shape[:]) or 0
     return total
+
+
+ENTRY_WORK = 32  # an input, output or parameter costs about as much to decode as 32 typed elements
 
 
 def oneof_value(p: Any) -> Any:
