@@ -15,7 +15,7 @@ from typing import Any
 import gevent
 import gevent.event
 
-from . import hostwide, live_status
+from . import hostwide, hub_errors, live_status
 from .actors.model import LoadSettings
 from .actors.repository import RepositoryActor
 from .backends.base import Backend
@@ -67,6 +67,7 @@ class Server:
     def __init__(self, settings: Settings, backends: dict[str, Backend] | None = None,
                  host: Host | None = None) -> None:
         self.settings = settings
+        hub_errors.install()  # a greenlet's SystemExit is model code's, not a way to end the server
         self.host: Host = host or LocalHost()  # what is host-wide with several workers (host.py)
         load = LoadSettings(
             gpu_count=gpu_count(),

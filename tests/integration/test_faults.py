@@ -222,6 +222,42 @@ def test_a_greenlet_exiting_on_the_instance_thread_does_not_end_it(tmp_path: Pat
     assert "a greenlet of the model called sys.exit" in server.log()
 
 
+LATE_STRAY_PY = """
+import sys
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+            if x[0] == -5:  # gevent imported only now: until here the model never touched gevent
+                import gevent
+                gevent.spawn(sys.exit, "a greenlet of the promoted model called sys.exit")
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)]))
+        return out
+"""
+
+
+def test_a_greenlet_exiting_from_a_model_promoted_to_the_hub_does_not_end_the_server(
+        tmp_path: Path, start_server, connect) -> None:
+    """A fast model is promoted to run on the hub (fast paths on; actors/instance.py); a greenlet it
+    spawns there then runs on the server's own loop, whose SystemExit ended the process (hub_errors.py)."""
+    add_model(tmp_path, "late", IDENTITY_CONFIG, LATE_STRAY_PY)
+    server = start_server(tmp_path)
+    client = connect("http", server)
+    for i in range(100):  # past the promotion streak (32)
+        assert _ask(client, "late", float(i)) == float(i)
+    for _ in range(3):
+        assert _ask(client, "late", -5) == -5.0
+    for i in range(20):
+        assert _ask(client, "late", float(i)) == float(i)
+    assert server.proc.poll() is None
+    log = server.log()
+    assert "a greenlet of the promoted model called sys.exit" in log, log[-2000:]
+
+
 # -- execute hangs past the request's timeout ------------------------------------------------------
 HANG_CONFIG = """
 backend: "python"

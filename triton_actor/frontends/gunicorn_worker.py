@@ -56,9 +56,13 @@ class TritonWorker(Worker):
         self.wsgi = unused_app
 
     def handle_quit(self, sig: int, frame: Any) -> None:
+        """SIGQUIT / SIGINT: the serving loop ends (``alive``) and the worker drains and exits. gunicorn's
+        own quit would ``sys.exit`` from a greenlet, which the server's hub does not let end the
+        process (hub_errors.py); the arbiter still kills a worker slower than its graceful timeout."""
         import gevent
 
-        gevent.spawn(super().handle_quit, sig, frame)  # blocking calls out of the signal handler
+        self.alive = False
+        gevent.spawn(self.cfg.worker_int, self)  # the hook, out of the signal handler
 
     def run(self) -> None:
         import gevent
