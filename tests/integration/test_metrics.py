@@ -240,6 +240,7 @@ def test_metrics_off_and_unknown_paths(tmp_path: Path, start_server) -> None:
     assert off.metrics_port is None and "Metrics Service" not in off.log()
 
 
+@pytest.mark.host_tools
 def test_statsd_push_reaches_graphite(tmp_path: Path, start_server) -> None:
     graphite = Graphite(tmp_path / "graphite")
     try:
@@ -268,6 +269,7 @@ def test_statsd_push_reaches_graphite(tmp_path: Path, start_server) -> None:
         graphite.stop()
 
 
+@pytest.mark.host_tools
 def test_statsd_push_with_graphite_tags(tmp_path: Path, start_server) -> None:
     graphite = Graphite(tmp_path / "graphite")
     try:

@@ -99,6 +99,7 @@ def test_status_json_counts(busy_server: ServerProcess) -> None:
     assert 0 < quick["latency_ms"]["p50"] < slow["latency_ms"]["p50"]
 
 
+@pytest.mark.host_tools
 def test_page_updates_live_in_chromium(busy_server: ServerProcess, tmp_path: Path) -> None:
     url = f"http://{busy_server.url}/status"
     dom = _chromium("--virtual-time-budget=6000", "--dump-dom", url)
