@@ -73,3 +73,14 @@ def test_accept_out_of_descriptors_pauses_and_resumes_without_a_traceback(monkey
     assert not failures and not errors  # three failed accepts, none reported as an error
     assert [r.getMessage() for r in caplog.records].count(
         f"accept on 127.0.0.1:{port} failed (Too many open files): pausing new connections for 0.01 s") == 1
+
+
+def test_a_drain_that_found_nothing_is_not_repeated_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    slots = ConnectionSlots(total=1)
+    listed = []
+    slots.register(lambda: listed.append(1) or [])
+    assert slots.take("HTTP") and not slots.take("HTTP") and not slots.take("HTTP")
+    assert listed == [1]  # the second refusal did not walk the connections again
+    now = descriptors.time.monotonic()
+    monkeypatch.setattr(descriptors.time, "monotonic", lambda: now + 1)
+    assert not slots.take("HTTP") and listed == [1, 1]

@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 _HEADROOM_MIN = 64
 _DRAIN_BATCH = 32  # nginx drains up to 32 reusable connections at a time when it runs out
+_BARREN_S = 0.1
 _OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 # (waiting since, close it): a connection that may be closed to make room, as a port lists them
@@ -57,13 +58,14 @@ class ConnectionSlots:
     """``take`` a slot per accepted connection, ``give`` it back once its socket is closed; ports
     ``register`` the lister of their reusable connections, drained when the slots run out."""
 
-    __slots__ = ("total", "used", "_listers", "_warned_at")
+    __slots__ = ("total", "used", "_listers", "_warned_at", "_barren_until")
 
     def __init__(self, total: int | None = None) -> None:
         self.total = descriptor_total() if total is None else total
         self.used = 0
         self._listers: list[Callable[[], Iterable[Reusable]]] = []
         self._warned_at = -1e9
+        self._barren_until = -1e9  # a drain that found nothing to close is not tried again before this
 
     def register(self, lister: Callable[[], Iterable[Reusable]]) -> None:
         self._listers.append(lister)
@@ -86,11 +88,17 @@ class ConnectionSlots:
         self.used -= 1
 
     def _drain(self, port: str) -> None:
-        """Close the connections waiting longest, on any port; their closers give their slots back."""
+        """Close the connections waiting longest, on any port; their closers give their slots back.
+        Listing them walks every connection: after a drain that found none, a flood of new connections
+        is refused for :data:`_BARREN_S` without walking them again."""
+        now = time.monotonic()
+        if now < self._barren_until:
+            return
         reusable = [r for lister in self._listers for r in lister()]
         for _since, close in heapq.nsmallest(_DRAIN_BATCH, reusable, key=lambda r: r[0]):
             close()
-        now = time.monotonic()
+        if not reusable:
+            self._barren_until = now + _BARREN_S
         if now - self._warned_at > 60:
             self._warned_at = now
             log.warning("%d client connections open on all ports (the most this process's open-file limit "
