@@ -24,8 +24,10 @@ def test_total_leaves_a_quarter_of_the_limit(monkeypatch: pytest.MonkeyPatch, so
     assert descriptors.descriptor_cap(100_000) == total and descriptors.descriptor_cap(10) == 10
 
 
-def test_slots_run_out_then_the_longest_waiting_on_any_port_are_closed() -> None:
+def test_slots_run_out_then_the_longest_waiting_on_any_port_are_closed(monkeypatch: pytest.MonkeyPatch) -> None:
     slots = ConnectionSlots(total=40)
+    clock = [1000.0]
+    monkeypatch.setattr(descriptors.time, "monotonic", lambda: clock[0])
     closed: list[tuple[str, int]] = []
 
     def port(name: str, waiting_since: list[int]):  # a port's lister: its reusable connections
@@ -38,6 +40,7 @@ def test_slots_run_out_then_the_longest_waiting_on_any_port_are_closed() -> None
 
     assert all(slots.take("HTTP") for _ in range(40))
     assert not slots.take("HTTP")  # nobody waits: the new connection is refused
+    clock[0] += 1  # past the pause after a drain that found nothing
     slots.register(port("gRPC", [5, 1, 9] + [100] * 30))
     slots.register(port("HTTP", [3, 7]))
     assert slots.take("HTTP") and slots.used == 40 - 32 + 1
