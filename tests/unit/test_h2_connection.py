@@ -19,6 +19,7 @@ from triton_actor.protocol.h2_connection import (
     StreamClosedError,
     StreamEnded,
     StreamReset,
+    StreamTooSlow,
     WindowUpdated,
 )
 
@@ -581,3 +582,49 @@ def test_a_busy_grpc_cpp_client_never_runs_out_of_tokens() -> None:
         conn.receive_data(wu(sid, 5) + wu(0, 5) + (frame(h2.PING, 0, 0, b"p" * 8) if i % 50 == 0 else b""))
         conn.data_to_send()
     assert not conn.closed
+
+
+def test_a_request_body_under_the_minimum_rate_is_reported_once() -> None:
+    """mod_reqtimeout's MinRate per stream: the clock starts at the first DATA, each byte buys
+    1/min_rate s past the grace; tick() reports the stream (nothing sent: the driver answers)."""
+    conn = connected(Limits(min_rate=100.0, body_grace=5.0, stream_timeout=0))
+    enc = hpack.Encoder()
+    request(conn, 1, encoder=enc)  # HEADERS at 0: no clock yet
+    request(conn, 3, encoder=enc)
+    conn.receive_data(frame(h2.DATA, 0, 1, b"x" * 100), now=2.0)  # clock at 2: deadline 2 + 5 + 1
+    conn.receive_data(frame(h2.DATA, 0, 3, b"x" * 100), now=2.0)
+    conn.receive_data(frame(h2.DATA, 0, 3, b"x" * 300), now=6.0)  # 400 bytes: deadline 11
+    assert conn.tick(7.5) == 8.0 and not conn.expired  # woken for the first deadline
+    assert conn.tick(8.0) <= 11.0
+    (slow,) = conn.expired
+    assert slow.stream_id == 1 and isinstance(slow, StreamTooSlow)
+    assert slow.message == "request body too slow: 100 bytes in 6.0 s, under the minimum of 100 bytes/s after 5 s"
+    assert conn.data_to_send() == b"" and 1 in conn.streams  # the driver's to answer
+    conn.expired.clear()
+    conn.receive_data(frame(h2.DATA, 0, 1, b"x"), now=9.0)  # the clock stays off for a reported stream
+    conn.receive_data(frame(h2.DATA, h2.END_STREAM, 3, b"x"), now=10.0)  # complete: no clock
+    conn.tick(60.0)
+    assert not conn.expired
+
+
+def test_body_idle_stops_the_clock_until_the_next_data() -> None:
+    """A bidirectional call between two messages holds nothing: it may idle (the driver says so)."""
+    conn = connected(Limits(min_rate=100.0, body_grace=5.0, stream_timeout=0))
+    request(conn, 1)
+    conn.receive_data(frame(h2.DATA, 0, 1, b"x" * 10), now=1.0)
+    conn.body_idle(conn.streams[1])
+    conn.tick(100.0)
+    assert not conn.expired
+    conn.receive_data(frame(h2.DATA, 0, 1, b"x" * 10), now=100.0)  # a new message: a new clock
+    conn.tick(105.0)
+    assert not conn.expired
+    conn.tick(105.1)
+    assert [e.stream_id for e in conn.expired] == [1]
+
+
+def test_no_minimum_rate_when_it_is_zero() -> None:
+    conn = connected(Limits(min_rate=0, stream_timeout=0))
+    request(conn, 1)
+    conn.receive_data(frame(h2.DATA, 0, 1, b"x"), now=1.0)
+    conn.tick(1000.0)
+    assert not conn.expired

@@ -191,3 +191,84 @@ def test_answers() -> None:
     assert http1.response_head("200 OK", [], None, True) == b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
     assert http1.chunk(b"x" * 26) == b"1a\r\n" + b"x" * 26 + b"\r\n"
     assert http1.CONTINUE == b"HTTP/1.1 100 Continue\r\n\r\n" and http1.LAST_CHUNK == b"0\r\n\r\n"
+
+
+RATED = Limits(max_body=10_000, header_timeout=10, body_timeout=30, keepalive_timeout=75, min_rate=100, body_grace=5)
+HEAD_1000 = b"POST / HTTP/1.1\r\nContent-Length: 1000\r\n\r\n"
+
+
+def _reading(limits: Limits = RATED, head: bytes = HEAD_1000, body: bytes = b"", now: float = 100.0) -> http1.ServerConnection:
+    conn = http1.ServerConnection(limits, now=now)
+    conn.receive_data(head + body, now)
+    assert isinstance(conn.next_event(), Head) and conn.next_event() is NEED_DATA and conn.reading_body
+    return conn
+
+
+def test_the_minimum_rate_deadline_is_start_plus_grace_plus_bytes_over_rate() -> None:
+    """mod_reqtimeout's MinRate: each byte buys 1/min_rate s beyond the grace; body_timeout still
+    bounds the time between two reads."""
+    conn = _reading(body=b"x" * 100)  # 100 bytes with the head, at 100
+    assert conn.deadline == 100 + 5 + 100 / 100
+    conn.receive_data(b"x" * 400, 103.0)
+    assert conn.deadline == 100 + 5 + 500 / 100  # 110: the rate's, before 103 + 30
+    conn.receive_data(b"x" * 400, 109.0)
+    assert conn.deadline == 100 + 5 + 900 / 100  # 114
+    conn.receive_data(b"x" * 100, 113.0)
+    assert conn.next_event() == Body(b"x" * 1000) and conn.deadline == math.inf
+
+
+def test_body_timeout_bounds_the_rate_deadline_of_a_fast_start() -> None:
+    conn = _reading(body=b"x" * 999)  # nearly all of it at once: the rate allows 105 + 9.99 s ...
+    assert conn.deadline == 100 + 5 + 999 / 100
+    fast = _reading(dataclasses.replace(RATED, body_timeout=3), body=b"x" * 999)
+    assert fast.deadline == 103.0  # ... but not more than body_timeout without a byte
+
+
+def test_a_read_past_the_deadline_is_408_too_slow() -> None:
+    conn = _reading(body=b"x")
+    conn.receive_data(b"x", 104.0)  # in time: 2 bytes, deadline 105.02
+    with pytest.raises(http1.BodyTimeout) as e:
+        conn.receive_data(b"x", 105.5)  # the byte that would have bought more came too late
+    assert (e.value.status, e.value.received, e.value.seconds, e.value.too_slow) == (408, 2, 5.5, True)
+    assert e.value.message == "request body too slow: 2 bytes in 5.5 s, under the minimum of 100 bytes/s after 5 s"
+    assert not conn.reading_body  # the connection is over
+
+
+def test_the_end_of_file_the_driver_causes_at_the_deadline_is_408() -> None:
+    """The reaper shuts the read side of a connection past its deadline; the end of file it reads
+    then is the 408, not the 400 of a client that closed inside its request."""
+    conn = _reading(body=b"x")
+    with pytest.raises(http1.BodyTimeout):
+        conn.receive_data(b"", 106.0)
+    early = _reading(body=b"x")
+    with pytest.raises(ProtocolError) as e:
+        early.receive_data(b"", 101.0)  # the client closed before its deadline
+    assert e.value.status == 400
+
+
+def test_without_a_minimum_rate_only_the_body_timeout_applies() -> None:
+    conn = _reading(dataclasses.replace(RATED, min_rate=0), body=b"x")
+    assert conn.deadline == 130.0
+    with pytest.raises(http1.BodyTimeout) as e:
+        conn.receive_data(b"x", 130.0)
+    assert (e.value.too_slow, e.value.message) == (False, "no request body data for 30 s")
+
+
+def test_begin_body_restarts_the_clocks_after_a_wait_for_the_budget() -> None:
+    """The driver kept the body in the client's socket while it waited for the request memory
+    budget: that time is not the client's."""
+    conn = _reading(body=b"x" * 50)
+    conn.deadline = math.inf  # the driver's wait
+    conn.begin_body(160.0)
+    assert conn.deadline == 160 + 5 + 50 / 100  # the bytes that came with the head count
+    conn.receive_data(b"x" * 950, 164.0)
+    assert conn.next_event() == Body(b"x" * 1000)
+
+
+def test_a_chunked_body_has_the_same_minimum_rate() -> None:
+    conn = _reading(head=b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", body=b"a\r\n0123456789\r\n")
+    assert conn.deadline == 100 + 5 + 15 / 100  # framing counts: it is what the client sent
+    conn.receive_data(b"0\r\n\r\n", 105.0)
+    assert conn.next_event() == Body(b"0123456789")
+    with pytest.raises(http1.BodyTimeout):
+        _reading(head=b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n").receive_data(b"1\r\n", 105.0)

@@ -28,6 +28,11 @@ code each violation calls for, and every limit a hostile client meets (:class:`L
   without streams for ``idle_timeout``, are closed by :meth:`tick`; a stream whose request makes no
   progress (HEADERS or DATA) for ``stream_timeout`` is reset (CANCEL) there, its :class:`StreamReset`
   left in ``expired`` for the driver (unless the driver marked it ``long_lived``);
+* a request body that arrives under ``min_rate`` on average (its clock starts at its first DATA, and
+  it must have ``min_rate`` x (elapsed - ``body_grace``) bytes at any time, Apache mod_reqtimeout's
+  MinRate) gets a :class:`StreamTooSlow` in ``expired`` from :meth:`tick`; the driver answers it (a
+  gRPC status) and closes the stream. A driver whose stream holds no partial request (a bidirectional
+  call between messages) stops the clock with :meth:`H2Connection.body_idle`;
 * ping strikes (grpc's policy: pings without data closer than ``min_ping_interval``);
 * a peer that stops reading: the driver marks its writes (``writing_since``) and :meth:`tick` closes
   the connection when one takes ``write_timeout``; DATA waits (:meth:`local_flow_control_window`
@@ -49,9 +54,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import http2 as h2
+from .http1 import slow_body_message
 from .http2 import ProtocolError
 
 _MASK = 0x7FFF_FFFF
+_NEVER = float("inf")
 
 
 _TOKENS_PER_DATA = 4  # control frames a client may send in answer to one DATA frame of ours
@@ -73,6 +80,8 @@ class Limits:
     header_timeout: float = 60.0  # nginx's client_header_timeout: preface, SETTINGS, a header block
     idle_timeout: float = 180.0  # nginx's http2_idle_timeout: no stream open; 0 = never
     stream_timeout: float = 60.0  # nginx's client_body_timeout: a request's HEADERS/DATA apart; 0 = never
+    min_rate: float = 1024 * 1024  # bytes/s a request body must average after body_grace; 0 = no minimum
+    body_grace: float = 10.0
     window_timeout: float = 60.0  # a stream waits this long for the peer to open its send window
     write_timeout: float = 60.0  # nginx's send_timeout: one write to a peer that stopped reading
     max_send_buffer: int = 4 * 1024 * 1024  # bytes queued and not written yet, past which DATA waits
@@ -135,6 +144,16 @@ class StreamReset(Event):
         self.stream_id, self.stream, self.error_code, self.remote = stream.id, stream, error_code, remote
 
 
+class StreamTooSlow(Event):
+    """:meth:`H2Connection.tick` found the stream's request body under ``min_rate`` (``message`` says how).
+    Nothing is sent yet: the driver answers (a status) and closes the stream."""
+
+    __slots__ = ("stream_id", "stream", "message")
+
+    def __init__(self, stream: H2Stream, message: str) -> None:
+        self.stream_id, self.stream, self.message = stream.id, stream, message
+
+
 class WindowUpdated(Event):
     """Send windows opened (WINDOW_UPDATE or SETTINGS); at most one per :meth:`receive_data`."""
 
@@ -160,7 +179,7 @@ class H2Stream:
     """One open stream: its windows and half-close states; ``call`` belongs to the driver."""
 
     __slots__ = ("id", "send_window", "recv_window", "remote_closed", "local_closed", "headers_sent", "answered",
-                 "progress_at", "long_lived", "unconsumed", "call")
+                 "progress_at", "long_lived", "unconsumed", "rate_since", "rate_bytes", "too_slow", "call")
 
     def __init__(self, stream_id: int, send_window: int, recv_window: int, now: float = 0.0) -> None:
         self.id = stream_id
@@ -173,6 +192,9 @@ class H2Stream:
         self.progress_at = now  # the peer's last HEADERS or DATA on it
         self.long_lived = False  # the driver's: no stream_timeout (a bidirectional call may idle)
         self.unconsumed = 0  # DATA bytes delivered and not yet consumed (H2Connection.consumed)
+        self.rate_since: float | None = None  # the body's rate clock started then (None: not running)
+        self.rate_bytes = 0  # DATA bytes since rate_since
+        self.too_slow = False  # StreamTooSlow was reported: the clock stays off
         self.call: Any = None
 
 
@@ -340,6 +362,9 @@ class H2Connection:
                 self._reset(stream, h2.ENHANCE_YOUR_CALM, events)
                 return
         stream.progress_at = now
+        if stream.rate_since is None and not stream.too_slow:
+            stream.rate_since, stream.rate_bytes = now, 0
+        stream.rate_bytes += n
         if end:
             stream.remote_closed = True
         else:
@@ -627,6 +652,11 @@ class H2Connection:
         self._spend()
         self._add_reset_debt()
 
+    def body_idle(self, stream: H2Stream) -> None:
+        """The driver holds nothing of ``stream``'s request (a bidirectional call between messages): the
+        minimum-rate clock stops, and starts again with the next DATA."""
+        stream.rate_since = None
+
     def consumed(self, stream: H2Stream, n: int | None = None) -> None:
         """The driver took ``n`` (None: all) of the bytes ``stream`` delivered off its buffers."""
         n = stream.unconsumed if n is None else min(n, stream.unconsumed)
@@ -666,6 +696,8 @@ class H2Connection:
             self._idle_since = None
             if lim.stream_timeout:
                 self._expire_streams(now)
+            if lim.min_rate:
+                self._expire_slow(now)
         elif self._idle_since is None:
             self._idle_since = now
         if self.writing_since is not None and now - self.writing_since >= lim.write_timeout:
@@ -695,9 +727,26 @@ class H2Connection:
                 self.reset_stream(stream.id, h2.CANCEL)
                 self.expired.append(StreamReset(stream, h2.CANCEL, False))
 
+    def _rate_deadline(self, stream: H2Stream) -> float:
+        """When ``stream``'s body falls under ``min_rate``: start + grace + bytes / rate (mod_reqtimeout)."""
+        if stream.rate_since is None or stream.remote_closed:
+            return _NEVER
+        lim = self.limits
+        return stream.rate_since + lim.body_grace + stream.rate_bytes / lim.min_rate
+
+    def _expire_slow(self, now: float) -> None:
+        """Streams whose request body came too slowly: a :class:`StreamTooSlow` each in ``expired``."""
+        for stream in [s for s in self.streams.values() if self._rate_deadline(s) <= now]:
+            lim = self.limits
+            message = slow_body_message(stream.rate_bytes, now - stream.rate_since, lim.min_rate, lim.body_grace)
+            self.expired.append(StreamTooSlow(stream, message))
+            stream.rate_since, stream.too_slow = None, True
+
     def _next_deadline(self, now: float) -> float:
         lim = self.limits
         times = [now + self._tick_step]
+        if lim.min_rate:
+            times += [self._rate_deadline(s) for s in self.streams.values()]
         if lim.stream_timeout:
             times += [s.progress_at + lim.stream_timeout for s in self.streams.values()
                       if not s.remote_closed and not s.long_lived]
@@ -716,7 +765,8 @@ class H2Connection:
 
 def _tick_step_of(limits: Limits) -> float:
     """How often :meth:`H2Connection.tick` must run to honour the timeouts within a quarter of them."""
-    times = (limits.header_timeout, limits.idle_timeout or 20.0, limits.stream_timeout, limits.write_timeout, 20.0)
+    times = (limits.header_timeout, limits.idle_timeout or 20.0, limits.stream_timeout, limits.write_timeout, 20.0,
+             limits.body_grace if limits.min_rate else 0.0)
     return min(t / 4 for t in times if t > 0)
 
 

@@ -52,6 +52,10 @@ class Limits:
     body_timeout: float = 60.0  # between two reads of the body (client_body_timeout)
     keepalive_timeout: float = 75.0  # idle between requests (keepalive_timeout)
     send_timeout: float = 60.0  # between two writes of an answer to a client that stopped reading (send_timeout)
+    # a body must arrive at this average rate once it is being read, after ``body_grace`` seconds: its deadline is
+    # start + body_grace + bytes received / min_rate (Apache mod_reqtimeout's MinRate); 0 = no minimum
+    min_rate: float = 1024 * 1024  # --request-body-min-rate
+    body_grace: float = 10.0  # --request-body-grace-secs
 
 
 DEFAULT_LIMITS = Limits()
@@ -73,6 +77,22 @@ class BodyTooLarge(ProtocolError):
         super().__init__(400, f"request body of {size} bytes exceeds the limit of {limit}")
         self.size = size
         self.limit = limit
+
+
+class BodyTimeout(ProtocolError):
+    """The body stopped (``body_timeout`` without a byte) or came too slowly (under ``min_rate``): 408."""
+
+    def __init__(self, message: str, received: int, seconds: float, too_slow: bool) -> None:
+        super().__init__(408, message)
+        self.received = received
+        self.seconds = seconds
+        self.too_slow = too_slow
+
+
+def slow_body_message(received: int, seconds: float, min_rate: float, grace: float) -> str:
+    """What a client whose body fell under the minimum rate is told (HTTP/1 and HTTP/2 alike)."""
+    return (f"request body too slow: {received} bytes in {seconds:.1f} s, under the minimum of {min_rate:g} "
+            f"bytes/s after {grace:g} s")
 
 
 class Head(NamedTuple):
@@ -186,7 +206,7 @@ class ServerConnection:
     read by the driver's reaper (same hub thread)."""
 
     __slots__ = ("limits", "state", "buf", "deadline", "since", "want", "_last", "_length", "_parts", "_total",
-                 "_trailer")
+                 "_trailer", "_body_at", "_body_bytes")
 
     def __init__(self, limits: Limits = DEFAULT_LIMITS, now: float = 0.0) -> None:
         self.limits = limits
@@ -200,26 +220,61 @@ class ServerConnection:
         self._parts: list[bytes] = []
         self._total = 0
         self._trailer = 0
+        self._body_at = now  # when the body's rate clock started (begin_body)
+        self._body_bytes = 0  # bytes received since then
 
     @property
     def waiting(self) -> bool:
         """Waiting for (the rest of) a request head: may be dropped when connections run out."""
         return self.state == HEAD
 
+    @property
+    def reading_body(self) -> bool:
+        """Between a head and the end of its body: past ``deadline`` the request is answered 408."""
+        return BODY <= self.state <= TRAILERS
+
+    def begin_body(self, now: float) -> None:
+        """(Re)start the body's clocks at ``now``: the driver calls it when it starts reading a body it made
+        wait (for the request memory budget): time the server kept the bytes in the client's socket is not
+        the client's. The bytes already buffered count as received."""
+        self._body_at = self._last = now
+        self._body_bytes = len(self.buf)
+        self.deadline = self._body_deadline(now)
+
+    def _body_deadline(self, now: float) -> float:
+        """The earlier of ``body_timeout`` after the last read and the minimum rate's deadline."""
+        lim = self.limits
+        deadline = now + lim.body_timeout
+        if lim.min_rate:
+            deadline = min(deadline, self._body_at + lim.body_grace + self._body_bytes / lim.min_rate)
+        return deadline
+
+    def _timed_out(self, now: float) -> BodyTimeout:
+        self.state = ERROR
+        seconds = now - self._body_at
+        if now - self._last >= self.limits.body_timeout:
+            return BodyTimeout(f"no request body data for {self.limits.body_timeout:g} s", self._body_bytes, seconds,
+                               False)
+        return BodyTimeout(slow_body_message(self._body_bytes, seconds, self.limits.min_rate, self.limits.body_grace),
+                           self._body_bytes, seconds, True)
+
     def receive_data(self, data: bytes, now: float) -> None:
         """Feed what the socket gave; ``b""`` = the peer closed its side."""
+        if BODY <= self.state <= TRAILERS and now >= self.deadline:
+            raise self._timed_out(now)  # checked on each read; the driver's reaper wakes a read that waits on
         if not data:
             if self.state == HEAD and not self.buf.strip(b"\r\n"):
                 self.state = EOF
                 return
             self.state = ERROR
             raise ProtocolError(400, "connection closed inside the request")
+        self._last = now
         if self.state == HEAD:
             if not self.buf:  # the head starts: it gets header_timeout in all
                 self.deadline = now + self.limits.header_timeout
         else:
-            self.deadline = now + self.limits.body_timeout
-        self._last = now
+            self._body_bytes += len(data)
+            self.deadline = self._body_deadline(now)
         self.buf += data
 
     def next_event(self) -> Head | Body | _Sentinel:
@@ -285,7 +340,8 @@ class ServerConnection:
         else:
             self.state = BODY
             self._length = length
-        self.deadline = self._last + self.limits.body_timeout
+        self._body_at, self._body_bytes = self._last, len(buf)
+        self.deadline = self._body_deadline(self._last)
         return info
 
     def _skip_empty_lines(self) -> None:
