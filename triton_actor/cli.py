@@ -151,6 +151,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--request-memory-budget", type=int, default=1024 * 1024 * 1024,
                    help="bytes of requests (HTTP bodies, gRPC messages) held at once over all connections: past it "
                         "HTTP bodies wait and gRPC calls get RESOURCE_EXHAUSTED; one larger request runs alone; 0 = no bound")
+    p.add_argument("--request-body-min-rate", type=float, default=1024 * 1024,
+                   help="bytes/s a request body (HTTP, gRPC) must average once the grace is over, or it is answered "
+                        "408 / DEADLINE_EXCEEDED and its share of the budget freed; 0 = no minimum")
+    p.add_argument("--request-body-grace-secs", type=float, default=10.0,
+                   help="seconds a request body may take before --request-body-min-rate applies")
     p.add_argument("--log-verbose", type=int, default=0)
     _flag(p, "--log-info", True, "log informational messages")
     _flag(p, "--strict-readiness", True, "ready only when every model is ready")
@@ -223,6 +228,8 @@ def parse(argv: Sequence[str] | None = None, environ: dict[str, str] | None = No
             raise SystemExit(f"error: {e}") from None
     if args.workers < 1:
         raise SystemExit("error: --workers must be >= 1")
+    if args.request_body_min_rate < 0 or args.request_body_grace_secs < 0:
+        raise SystemExit("error: --request-body-min-rate and --request-body-grace-secs must be >= 0")
     if args.model_load_thread_count < 1:
         raise SystemExit("error: --model-load-thread-count must be >= 1")
     return Settings(
@@ -245,6 +252,8 @@ def parse(argv: Sequence[str] | None = None, environ: dict[str, str] | None = No
         http_header_timeout_secs=args.http_header_timeout_secs,
         http_body_timeout_secs=args.http_body_timeout_secs,
         request_memory_budget=args.request_memory_budget,
+        request_body_min_rate=args.request_body_min_rate,
+        request_body_grace_secs=args.request_body_grace_secs,
         http_keepalive_timeout_secs=args.http_keepalive_timeout_secs,
         http_send_timeout_secs=args.http_send_timeout_secs,
         log_verbose=args.log_verbose,

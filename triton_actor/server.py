@@ -167,7 +167,8 @@ class Server:
         s = self.settings
         return http1.Limits(max_body=s.http_max_input_size, header_timeout=s.http_header_timeout_secs,
                             body_timeout=s.http_body_timeout_secs, keepalive_timeout=s.http_keepalive_timeout_secs,
-                            send_timeout=s.http_send_timeout_secs)
+                            send_timeout=s.http_send_timeout_secs, min_rate=s.request_body_min_rate,
+                            body_grace=s.request_body_grace_secs)
 
     def _start_metrics(self, listener: Any = None) -> None:
         """``/metrics`` (on ``listener``, a bound listening socket, or on the flags' address and port) and

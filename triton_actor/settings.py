@@ -63,6 +63,10 @@ class Settings:
     http_send_timeout_secs: float = 60.0
     # bytes of request bodies / gRPC messages all connections may hold at once (frontends/budget.py); 0 = no bound
     request_memory_budget: int = 1024 * 1024 * 1024
+    # a request body (HTTP/1, gRPC) must average this many bytes/s after the grace (mod_reqtimeout's MinRate): a
+    # slow client cannot hold what it reserved of the budget for ever (README "Slow request bodies"); 0 = no minimum
+    request_body_min_rate: float = 1024 * 1024
+    request_body_grace_secs: float = 10.0
     log_verbose: int = 0
     log_info: bool = True
     strict_readiness: bool = True

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # grpc status codes (numbers are the wire values)
-OK, CANCELLED, UNKNOWN, INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS = 0, 1, 2, 3, 5, 6
+OK, CANCELLED, UNKNOWN, INVALID_ARGUMENT, DEADLINE_EXCEEDED, NOT_FOUND, ALREADY_EXISTS = 0, 1, 2, 3, 4, 5, 6
 RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL, UNAVAILABLE = 8, 12, 13, 14
 GRPC_STATUS: dict[Code, int] = {
     Code.INTERNAL: INTERNAL, Code.NOT_FOUND: NOT_FOUND, Code.UNAVAILABLE: UNAVAILABLE,
@@ -144,21 +144,29 @@ class Call:
         elif len(buf) > self.held:
             refused = self._hold(max(len(buf), announced + 5))  # the whole message at once, when announced
         if refused is not None:
-            self.input_done = True  # what else comes on this stream is dropped
-            self.buf = bytearray()
-            self.conn.h2.consumed(self.stream)
-            if self.inbox is not None:
-                self.inbox.put(refused)  # its greenlet answers once its senders are done
-            else:
-                self.send_status(refused.status, refused.message)
-                self.finish()
+            self.refuse(refused)
             return
         if self.inbox is not None:
             for message in h2.split_messages(buf):
                 self.inbox.put(message)
             self._hold(len(buf))  # a stream's decoded requests hold no budget: only what is buffered
+            if not buf:  # between messages it holds nothing: no minimum rate (h2_connection.body_idle)
+                self.conn.h2.body_idle(self.stream)
         if end_stream:
             self.end_input()
+
+    def refuse(self, refused: Refused) -> None:
+        """End the call's input with ``refused`` (its status): what else comes on the stream is dropped.
+        The reader calls it for a message over a limit, and for a request body under the minimum rate
+        (``h2_connection.StreamTooSlow``: DEADLINE_EXCEEDED, as HTTP/1 answers 408)."""
+        self.input_done = True
+        self.buf = bytearray()
+        self.conn.h2.consumed(self.stream)
+        if self.inbox is not None:
+            self.inbox.put(refused)  # its greenlet answers once its senders are done
+        else:
+            self.send_status(refused.status, refused.message)
+            self.finish()
 
     def _hold(self, n: int) -> Refused | None:
         """Hold ``n`` bytes of the request memory budget (more or fewer than now); a refusal when the

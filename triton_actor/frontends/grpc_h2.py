@@ -33,13 +33,15 @@ import gevent.pool
 
 from ..protocol import h2_connection as h2c
 from ..protocol import restricted
+from ..protocol.http2 import CANCEL
 from ..protocol.restricted import Restrictions
 from ..settings import Settings, default_grpc_max_connections
 from . import tls
 from .budget import ByteBudget
 from .descriptors import ConnectionSlots, Listener, Reusable, descriptor_cap
 from .grpc import GrpcServicer
-from .grpc_calls import UNAVAILABLE, UNIMPLEMENTED, Call, method_table, route
+from .grpc_calls import DEADLINE_EXCEEDED, UNAVAILABLE, UNIMPLEMENTED, Call, Refused, method_table, route
+from .slow_requests import SlowRequestLog
 from .socket_io import plain_recv, plain_send_all, recv_when_readable, send_all
 
 log = logging.getLogger(__name__)
@@ -81,6 +83,7 @@ class GrpcH2Server:
         self.max_connections = descriptor_cap(max_connections or default_grpc_max_connections())
         self.ssl_context = ssl_context
         self.methods = method_table(servicer)
+        self.slow_log = SlowRequestLog("gRPC")
         self.connections: set[Connection] = set()  # each holds a slot
         self.calls = 0  # calls running on all connections
         self.idle = gevent.event.Event()  # set while no call runs
@@ -92,7 +95,8 @@ class GrpcH2Server:
     def from_settings(cls, servicer: GrpcServicer, s: Settings, budget: ByteBudget | None = None,
                       slots: ConnectionSlots | None = None) -> GrpcH2Server:
         limits = h2c.Limits(max_concurrent_streams=s.grpc_max_concurrent_streams,
-                            header_timeout=s.grpc_header_timeout_secs, idle_timeout=s.grpc_idle_timeout_secs)
+                            header_timeout=s.grpc_header_timeout_secs, idle_timeout=s.grpc_idle_timeout_secs,
+                            min_rate=s.request_body_min_rate, body_grace=s.request_body_grace_secs)
         context = tls.server_context(s.grpc_server_cert, s.grpc_server_key, s.grpc_root_cert,
                                      s.grpc_use_ssl_mutual) if s.grpc_use_ssl else None
         restrictions = Restrictions(s.grpc_restricted_protocol, "--grpc-restricted-protocol")
@@ -143,7 +147,7 @@ class GrpcH2Server:
         if not self.slots.take("gRPC"):
             sock.close()
             return
-        conn = Connection(self, sock)
+        conn = Connection(self, sock, address)
         self.connections.add(conn)
         try:
             if self.ssl_context is None or conn.handshake(self.ssl_context):
@@ -183,9 +187,10 @@ _GOAWAY_LINGER = 1.0  # seconds a connection is still read after GOAWAY, once it
 class Connection:
     """One client connection: the state machine, its socket, the reader (``serve``) and its calls."""
 
-    def __init__(self, server: GrpcH2Server, sock: socket.socket) -> None:
+    def __init__(self, server: GrpcH2Server, sock: socket.socket, peer: Any = None) -> None:
         self.server = server
         self.sock = sock
+        self.peer = peer
         self.h2 = h2c.H2Connection(server.limits, time.monotonic())
         self.calls = 0  # calls whose handler has not finished
         self.writer: gevent.Greenlet | None = None  # the greenlet inside sendall (never killed there)
@@ -292,8 +297,20 @@ class Connection:
                 event.stream.call.end_input()
         elif kind is h2c.WindowUpdated:
             self._windows_moved()
+        elif kind is h2c.StreamTooSlow:
+            self._too_slow(event)
         elif kind is h2c.ConnectionTerminated:
             log.debug("gRPC connection ends: code %d %r", event.error_code, event.additional_data)
+
+    def _too_slow(self, event: h2c.StreamTooSlow) -> None:
+        """A request body under the minimum rate: its call ends with DEADLINE_EXCEEDED and what it held of
+        the request memory budget is freed (a stream without a call is reset)."""
+        self.server.slow_log.report(self.peer, event.message)
+        call = event.stream.call
+        if call is not None and not call.input_done:
+            call.refuse(Refused(DEADLINE_EXCEEDED, event.message))
+        else:
+            self.h2.reset_stream(event.stream_id, CANCEL)
 
     def _on_request(self, event: h2c.RequestReceived) -> None:
         method, encoding, is_grpc = route(self.server.methods, event.headers)

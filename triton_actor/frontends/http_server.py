@@ -13,6 +13,9 @@ when either runs out, the ones waiting longest for a request head are closed (ng
 machine gives (header, body between reads, keep-alive idle): a timer per read would cost ~3 µs a
 request, a deadline is two attribute writes. Closing a socket wakes its greenlet with an error at
 its ``recv``; a connection has a deadline only while it waits for bytes, never while it is answered.
+A body past its deadline (``--http-body-timeout-secs`` between reads, or under ``--request-body-min-rate``)
+is answered 408 as nginx and Apache do: the reaper shuts the socket's read side, which wakes the greenlet
+with an end of file that its state machine, past the deadline, turns into the 408.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from ..protocol import http1
 from .budget import ByteBudget
 from .descriptors import ConnectionSlots, Listener, Reusable, descriptor_cap
 from .http import JSON_HEADERS, HttpFrontend, Reply, error_response, too_large
+from .slow_requests import SlowRequestLog
 from .socket_io import recv_when_readable, send_all, send_now
 from .status import status_line
 
@@ -42,16 +46,19 @@ log = logging.getLogger(__name__)
 _RECV = 256 * 1024
 _EVICT_BATCH = 32  # nginx drains up to 32 reusable connections at a time when it runs out
 _ABSENT = object()
+_INSTALLMENT = 256 * 1024  # a chunked body reserves the request memory budget this much at a time
 
 
 class _Connection:
-    __slots__ = ("sock", "http", "watcher", "gone")
+    __slots__ = ("sock", "http", "watcher", "gone", "held", "woken")
 
     def __init__(self, sock: socket.socket, http: http1.ServerConnection) -> None:
         self.sock = sock
         self.http = http
         self.watcher: gevent.Greenlet | None = None
         self.gone: gevent.event.Event | None = None
+        self.held = 0  # bytes of the request memory budget its request holds (budget.py)
+        self.woken = False  # the reaper shut its read side: a body past its deadline (408)
 
     def peer_gone(self) -> gevent.event.Event:
         """An event set if the client closes the connection while its request waits (an answer that
@@ -94,6 +101,7 @@ class HttpServer:
         self._reaper: gevent.Greenlet | None = None
         self._closing = False
         self._warned_at = -1e9
+        self.slow_log = SlowRequestLog("HTTP")
 
     @property
     def server_port(self) -> int:
@@ -130,12 +138,26 @@ class HttpServer:
         timeout, at most 1 s, as coarse as nginx's timers)."""
         lim = self.limits
         tick = min(1.0, max(0.01, min(lim.header_timeout, lim.body_timeout, lim.keepalive_timeout,
-                                      lim.send_timeout) / 4))
+                                      lim.send_timeout, lim.body_grace if lim.min_rate else 1.0) / 4))
         while True:
             gevent.sleep(tick)
             now = monotonic()
             for conn in [c for c in self._connections if c.http.deadline <= now]:
-                self._drop(conn)
+                if conn.http.reading_body and not conn.woken:
+                    self._wake(conn)  # its greenlet answers 408
+                else:
+                    self._drop(conn)
+
+    @staticmethod
+    def _wake(conn: _Connection) -> None:
+        """End the read side of a connection whose body is past its deadline: its ``recv`` returns, and
+        the state machine answers the end of file with 408 (the reaper drops it if it is still here at
+        the next tick)."""
+        conn.woken = True
+        try:
+            conn.sock.shutdown(socket.SHUT_RD)
+        except OSError:
+            pass
 
     def _make_room(self) -> bool:
         """Close the connections waiting longest for a request head; False when none is waiting."""
@@ -180,6 +202,8 @@ class HttpServer:
         try:
             self._serve(conn)
         except http1.ProtocolError as e:
+            if isinstance(e, http1.BodyTimeout):
+                self.slow_log.report(address, e.message)
             self._refuse(conn, e)
         except OSError:
             pass  # the client went away, or a deadline closed the socket
@@ -197,14 +221,14 @@ class HttpServer:
                 return
             # unpacked, not read by name: a NamedTuple's field getters are CPython 3.11's slow path
             method, target, _version, headers, keep_alive, expect_continue, length = head
-            held = self._reserve(conn, length)
+            conn.held = self._reserve(conn, length)
             frontend.begin()
             try:
                 if expect_continue:
                     send_all(sock, http1.CONTINUE)
                 event = http.next_event()
                 if event is http1.NEED_DATA:
-                    event = self._read_event(sock, http)
+                    event = self._read_event(sock, http) if length != http1.CHUNKED else self._read_chunked(conn)
                 (body,) = event
                 path, _, query = target.partition("?")
                 reply = frontend(method, unquote(path, "latin-1"), query, headers, body, conn.peer_gone)
@@ -215,24 +239,49 @@ class HttpServer:
                     return
             finally:
                 frontend.end()
-                self.budget.release(held)
+                self.budget.release(conn.held)
+                conn.held = 0
             http.start_next_cycle(monotonic())
 
     def _reserve(self, conn: _Connection, length: int) -> int:
-        """Reserve the body's bytes before reading it (a chunked one: the most it may be); while the
-        budget is spent the body stays in the client's socket. Raises ``Busy`` (503) when the wait
-        outlasts the body timeout. Returns the bytes to release once the request is answered."""
-        n = self.limits.max_body if length == http1.CHUNKED else length
+        """Reserve the body's bytes before reading it (a chunked one: its first installment); while the
+        budget is spent the body stays in the client's socket, and the body's clocks start once it is
+        reserved. A 503 when the wait outlasts the body timeout. Returns the bytes reserved (released
+        once the request is answered)."""
+        n = min(self.limits.max_body, _INSTALLMENT) if length == http1.CHUNKED else length
         if n <= 0 or self.budget.try_reserve(n):
             return max(n, 0)
-        deadline, conn.http.deadline = conn.http.deadline, float("inf")  # our wait has its own timeout
-        try:
-            if not self.budget.reserve(n, self.limits.body_timeout):
-                raise http1.ProtocolError(503, f"the server is busy: {self.budget.used} bytes of requests are "
-                                               f"held (request memory budget {self.budget.limit}); retry later")
-        finally:
-            conn.http.deadline = deadline
+        conn.http.deadline = float("inf")  # our wait has its own timeout
+        if not self.budget.reserve(n, self.limits.body_timeout):
+            raise self._busy()
+        conn.http.begin_body(monotonic())
         return n
+
+    def _busy(self) -> http1.ProtocolError:
+        return http1.ProtocolError(503, f"the server is busy: {self.budget.used} bytes of requests are held "
+                                        f"(request memory budget {self.budget.limit}); retry later")
+
+    def _read_chunked(self, conn: _Connection) -> Any:
+        """Read a chunked body, reserving the budget as its bytes arrive, an installment at a time: its
+        size is unknown, and reserving the most it may be (``--http-max-input-size``) let a few slow
+        chunked uploads hold the whole budget. Growing never waits: a request that holds part of the
+        budget and waits for more, beside others doing the same, is a deadlock (each holds what the
+        others wait for) that only timeouts would end. It takes what fits, even past the bodies waiting
+        in line (which hold nothing while they wait, so the line cannot deadlock), or is answered 503."""
+        sock, http, budget = conn.sock, conn.http, self.budget
+        read = len(http.buf)  # what came with the head
+        while True:
+            data = sock.recv(max(_RECV, http.want))
+            read += len(data)
+            if read > conn.held:
+                more = max(read - conn.held, _INSTALLMENT)
+                if not budget.try_reserve(more, barge=True):
+                    raise self._busy()
+                conn.held += more
+            http.receive_data(data, monotonic())
+            event = http.next_event()
+            if event is not http1.NEED_DATA:
+                return event
 
     @staticmethod
     def _read_event(sock: socket.socket, http: http1.ServerConnection) -> Any:
@@ -256,8 +305,22 @@ class HttpServer:
             reply = (status_line(error.status), JSON_HEADERS, orjson.dumps({"error": error.message}))
         try:
             self._send(conn, "POST", reply, keep_alive=False)
+            if isinstance(error, http1.BodyTimeout):
+                self._discard_unread(conn.sock)
         except OSError:
             pass
+
+    @staticmethod
+    def _discard_unread(sock: socket.socket) -> None:
+        """Read what the client sent meanwhile, without waiting: closing a socket with unread bytes sends
+        a reset, which may destroy the answer in the client's buffers before it reads it."""
+        sock.settimeout(0.0)
+        for _ in range(64):
+            try:
+                if not sock.recv(_RECV):
+                    return
+            except OSError:
+                return
     def _send(self, conn: _Connection, method: str, reply: Reply, keep_alive: bool) -> bool:
         """Send one answer; False when the connection must close afterwards."""
         status, headers, body = reply

@@ -16,7 +16,7 @@ HTTP_STATUS: dict[Code, int] = {
 }
 
 REASONS = {200: "OK", 400: "Bad Request", 403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed",
-           413: "Payload Too Large", 414: "URI Too Long", 431: "Request Header Fields Too Large",
+           408: "Request Timeout", 413: "Payload Too Large", 414: "URI Too Long", 431: "Request Header Fields Too Large",
            500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable",
            505: "HTTP Version Not Supported"}
 

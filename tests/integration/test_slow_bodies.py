@@ -1,0 +1,212 @@
+"""Slow request bodies cannot hold the request memory budget (the hostile-client hole of budget.py).
+
+Before ``--request-body-min-rate``, a client that declared a big body and then trickled a byte within
+each body timeout held its reservation for ever: a few of them spent the whole budget, and every other
+HTTP request waited in line and got 503 (gRPC: RESOURCE_EXHAUSTED at once). Now a body must average
+the minimum rate after the grace, or it is answered 408 (gRPC: DEADLINE_EXCEEDED) and what it held is
+freed. Each attacker is a raw socket; a real tritonclient call must then succeed. The tricklers pace
+themselves by waiting on their socket, so they stop the moment the server answers.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import gevent
+import hpack
+import numpy as np
+import orjson
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from .server import ROOT, ServerProcess
+from .test_grpc_transport import _PREFACE, _frame
+
+BUDGET = 2_000_000
+DECLARED = 1_000_000  # two slow clients declaring this much spend the whole budget
+GRACE = "1"
+FLAGS = ("--request-memory-budget", str(BUDGET), "--http-body-timeout-secs", "5", "--request-body-min-rate", "100000",
+         "--request-body-grace-secs", GRACE)
+POST = "POST /v2/models/add_sub/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+
+
+def _inputs(module):  # tritonclient.http or .grpc
+    inputs = []
+    for name in ("INPUT0", "INPUT1"):
+        i = module.InferInput(name, [4], "FP32")
+        i.set_data_from_numpy(np.arange(4, dtype=np.float32))
+        inputs.append(i)
+    return inputs
+
+
+def _http_infer(server: ServerProcess) -> None:
+    client = httpclient.InferenceServerClient(server.url, network_timeout=60)
+    try:
+        result = client.infer("add_sub", _inputs(httpclient))
+        assert result.as_numpy("OUTPUT0").tolist() == [0, 2, 4, 6]
+    finally:
+        client.close()
+
+
+def _grpc_infer(server: ServerProcess) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        result = client.infer("add_sub", _inputs(grpcclient), client_timeout=30)
+        assert result.as_numpy("OUTPUT0").tolist() == [0, 2, 4, 6]
+    finally:
+        client.close()
+
+
+def _settle(server: ServerProcess) -> None:
+    """Round trips through the server's hub (GETs: no body, no budget): it has read what the tricklers
+    sent before."""
+    probe = httpclient.InferenceServerClient(server.url)
+    for _ in range(20):
+        assert probe.is_server_live()
+    probe.close()
+
+
+def _trickle(sock: socket.socket, byte: bytes, every: float = 1.0, most: int = 120) -> bytes:
+    """Send ``byte`` every ``every`` s until the server answers (or closes); returns what it said."""
+    sock.settimeout(every)
+    for _ in range(most):
+        try:
+            answer = sock.recv(65536)
+        except TimeoutError:
+            sock.sendall(byte)
+            continue
+        except OSError:
+            return b""
+        rest = answer
+        while rest:  # the answer, up to the server's close
+            try:
+                rest = sock.recv(65536)
+            except OSError:
+                break
+            answer += rest
+        return answer
+    raise AssertionError("the server never answered the trickling client")
+
+
+@contextmanager
+def _tricklers(server: ServerProcess, first: bytes, byte: bytes, n: int = 2) -> Iterator[list[gevent.Greenlet]]:
+    host, port = server.url.split(":")
+    socks = [socket.create_connection((host, int(port)), timeout=10) for _ in range(n)]
+    try:
+        for sock in socks:
+            sock.sendall(first)
+        _settle(server)
+        yield [gevent.spawn(_trickle, sock, byte) for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def test_slow_content_length_bodies_no_longer_hold_the_budget(start_server: Callable[..., ServerProcess]) -> None:
+    """Two clients declare 1 MB each (the whole budget) and trickle a byte a second, within the body
+    timeout: before, every other request waited its body timeout and got 503; now the tricklers are
+    answered 408 once the grace is over and the request goes through."""
+    server = start_server(ROOT / "model_repository", flags=FLAGS)
+    with _tricklers(server, f"{POST}Content-Length: {DECLARED}\r\n\r\n{{".encode(), b" ") as slow:
+        _http_infer(server)
+        answers = gevent.joinall(slow, timeout=30, raise_error=True)
+    for greenlet in answers:
+        status, _, body = greenlet.value.partition(b"\r\n\r\n")
+        assert status.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), greenlet.value[:300]
+        assert b"Connection: close" in status
+        assert "request body too slow" in orjson.loads(body)["error"]
+    assert "HTTP request from 127.0.0.1" in server.log() and "request body too slow" in server.log()
+    assert "Traceback" not in server.log()
+
+
+def test_slow_chunked_bodies_reserve_what_they_sent(start_server: Callable[..., ServerProcess]) -> None:
+    """A chunked body reserved the most it may be (--http-max-input-size, 64 MiB) before it was read:
+    one slow chunked upload spent the whole budget. Now it reserves as its bytes come (an installment
+    of 256 KiB at a time), so four of them hold 1 MiB of the 2 MB and others are served meanwhile,
+    before any of them is past the minimum rate's grace."""
+    flags = (*FLAGS[:-1], "30")  # a grace the test never reaches
+    server = start_server(ROOT / "model_repository", flags=flags)
+    first = f"{POST}Transfer-Encoding: chunked\r\n\r\n1\r\n{{\r\n".encode()
+    with _tricklers(server, first, b"1\r\n \r\n", n=4) as slow:
+        started = time.monotonic()
+        _http_infer(server)
+        assert time.monotonic() - started < 5, "the request waited for the chunked uploads' budget"
+        assert not any(g.ready() for g in slow), "a chunked upload was cut before its grace"
+
+
+def test_a_slow_but_steady_client_is_served(start_server: Callable[..., ServerProcess]) -> None:
+    """A body sent at 200 KB/s, twice the minimum rate, arrives whole and is answered."""
+    server = start_server(ROOT / "model_repository", flags=FLAGS)
+    body = orjson.dumps({"inputs": [{"name": n, "shape": [4], "datatype": "FP32", "data": [0, 1, 2, 3]}
+                                    for n in ("INPUT0", "INPUT1")]})
+    body += b" " * (600_000 - len(body))  # JSON allows the blanks: 3 s of sending at 200 KB/s
+    host, port = server.url.split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(f"{POST}Content-Length: {len(body)}\r\n\r\n".encode())
+        for i in range(0, len(body), 20_000):
+            sock.sendall(body[i:i + 20_000])
+            time.sleep(0.1)  # the pace under test, not a wait for the server
+        answer = sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), answer[:300]
+    assert orjson.loads(answer.partition(b"\r\n\r\n")[2])["outputs"][0]["data"] == [0, 2, 4, 6]
+
+
+_BLOCK = [(":method", "POST"), (":scheme", "http"), (":authority", "x"),
+          (":path", "/inference.GRPCInferenceService/ModelInfer"), ("content-type", "application/grpc"), ("te", "trailers")]
+
+
+def test_slow_grpc_messages_no_longer_hold_the_budget(start_server: Callable[..., ServerProcess]) -> None:
+    """Two streams announce a message of ~1 MB each (the whole budget, reserved as announced) and send
+    a DATA frame a second: before, they held it for ever and every other call got RESOURCE_EXHAUSTED;
+    now each is answered DEADLINE_EXCEEDED once the grace is over, and the next call succeeds."""
+    server = start_server(ROOT / "model_repository", flags=FLAGS)
+    enc = hpack.Encoder()
+    host, port = server.grpc_url.rsplit(":", 1)
+    announced = DECLARED - 10
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        opening = b"".join(_frame(1, 4, sid, enc.encode(_BLOCK)) + _frame(0, 0, sid, struct.pack(">BI", 0, announced))
+                           for sid in (1, 3))
+        sock.sendall(_PREFACE + _frame(4, 0, 0) + opening)
+        _settle(server)
+        trickler = gevent.spawn(_send_every_second, sock, [_frame(0, 0, sid, b"\0") for sid in (1, 3)])
+        try:
+            frames = _frames_until_ended(sock, {1, 3})
+        finally:
+            trickler.kill()
+        decoder = hpack.Decoder()
+        trailers = {sid: dict(decoder.decode(p)) for t, f, sid, p in frames if t == 1}
+        assert set(trailers) == {1, 3}, frames
+        for fields in trailers.values():
+            assert fields["grpc-status"] == "4", fields  # DEADLINE_EXCEEDED
+            assert "request body too slow" in fields["grpc-message"].replace("%20", " ")
+        _grpc_infer(server)
+    assert "gRPC request from 127.0.0.1" in server.log()
+    assert "Traceback" not in server.log()
+
+
+def _send_every_second(sock: socket.socket, frames: list[bytes]) -> None:
+    for _ in range(120):
+        sock.sendall(b"".join(frames))
+        gevent.sleep(1.0)  # the attack's pace
+
+
+def _frames_until_ended(sock: socket.socket, sids: set[int]) -> list[tuple[int, int, int, bytes]]:
+    """The server's frames until each of ``sids`` got a HEADERS frame with END_STREAM (or it closed)."""
+    sock.settimeout(30)
+    buf, frames, ended = b"", [], set()
+    while ended != sids:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        buf += chunk
+        while len(buf) >= 9 and len(buf) >= 9 + (struct.unpack_from(">I", buf)[0] >> 8):
+            length_type, flags, sid = struct.unpack_from(">IBI", buf)
+            frames.append((length_type & 0xFF, flags, sid, buf[9:9 + (length_type >> 8)]))
+            buf = buf[9 + (length_type >> 8):]
+            if length_type & 0xFF == 1 and flags & 1:
+                ended.add(sid)
+    return frames
