@@ -160,16 +160,16 @@ _BLOCK = [(":method", "POST"), (":scheme", "http"), (":authority", "x"),
 
 
 def test_slow_grpc_messages_no_longer_hold_the_budget(start_server: Callable[..., ServerProcess]) -> None:
-    """Two streams announce a message of ~1 MB each (the whole budget, reserved as announced) and send
-    a DATA frame a second: before, they held it for ever and every other call got RESOURCE_EXHAUSTED;
-    now each is answered DEADLINE_EXCEEDED once the grace is over, and the next call succeeds."""
+    """Two streams send most of a ~1 MB message at once (the whole budget between them) and then a DATA
+    frame a second: before, they held it for ever and every other call got RESOURCE_EXHAUSTED; now
+    each is answered DEADLINE_EXCEEDED once the grace is over, and the next call succeeds."""
     server = start_server(ROOT / "model_repository", flags=FLAGS)
     enc = hpack.Encoder()
     host, port = server.grpc_url.rsplit(":", 1)
     announced = DECLARED - 10
     with socket.create_connection((host, int(port)), timeout=10) as sock:
-        opening = b"".join(_frame(1, 4, sid, enc.encode(_BLOCK)) + _frame(0, 0, sid, struct.pack(">BI", 0, announced))
-                           for sid in (1, 3))
+        most = struct.pack(">BI", 0, announced) + b"\0" * (announced - 200_000)
+        opening = b"".join(_frame(1, 4, sid, enc.encode(_BLOCK)) + _frame(0, 0, sid, most) for sid in (1, 3))
         sock.sendall(_PREFACE + _frame(4, 0, 0) + opening)
         _settle(server)
         trickler = gevent.spawn(_send_every_second, sock, [_frame(0, 0, sid, b"\0") for sid in (1, 3)])
@@ -210,3 +210,16 @@ def _frames_until_ended(sock: socket.socket, sids: set[int]) -> list[tuple[int, 
             if length_type & 0xFF == 1 and flags & 1:
                 ended.add(sid)
     return frames
+
+
+def test_an_announced_grpc_message_reserves_only_what_arrives(start_server: Callable[..., ServerProcess]) -> None:
+    """A message reserved all it announced from its 5-byte prefix: one stream announcing ~2 MB took the
+    whole budget for nothing (and, with the minimum rate, could do it again after each grace). Now it
+    holds what arrived and an installment (256 KiB) ahead, and other calls are served meanwhile."""
+    server = start_server(ROOT / "model_repository", flags=(*FLAGS[:-1], "30"))
+    host, port = server.grpc_url.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        prefix = struct.pack(">BI", 0, BUDGET - 10)
+        sock.sendall(_PREFACE + _frame(4, 0, 0) + _frame(1, 4, 1, hpack.Encoder().encode(_BLOCK)) + _frame(0, 0, 1, prefix))
+        _settle(server)
+        _grpc_infer(server)

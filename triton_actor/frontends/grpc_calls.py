@@ -49,6 +49,7 @@ GRPC_STATUS: dict[Code, int] = {
 RESPONSE_HEAD = h2.encode_headers([(b":status", b"200"), (b"content-type", b"application/grpc"),
                                    (b"grpc-accept-encoding", b"identity,deflate,gzip")])
 OK_TRAILERS = h2.encode_headers([(b"grpc-status", b"0")])
+INSTALLMENT = 256 * 1024  # a message reserves the request memory budget this far ahead of what arrived
 _END = object()  # the client closed its side of a stream
 _GONE = object()  # the stream is over (reset, or the connection closed)
 
@@ -142,7 +143,9 @@ class Call:
         elif self.inbox is None and len(buf) > announced + 5 >= 5:
             refused = Refused(INTERNAL, "a unary call takes one request message, got more")
         elif len(buf) > self.held:
-            refused = self._hold(max(len(buf), announced + 5))  # the whole message at once, when announced
+            # what arrived and an installment ahead, within the message: reserving all it announces let a
+            # 5-byte prefix take the whole budget (for the minimum rate's grace, then again)
+            refused = self._hold(max(len(buf), min(announced + 5, len(buf) + INSTALLMENT)))
         if refused is not None:
             self.refuse(refused)
             return
