@@ -223,3 +223,24 @@ def test_an_announced_grpc_message_reserves_only_what_arrives(start_server: Call
         sock.sendall(_PREFACE + _frame(4, 0, 0) + _frame(1, 4, 1, hpack.Encoder().encode(_BLOCK)) + _frame(0, 0, 1, prefix))
         _settle(server)
         _grpc_infer(server)
+
+
+def test_a_large_grpc_message_must_arrive_within_the_time_of_the_largest_http_body(
+        start_server: Callable[..., ServerProcess]) -> None:
+    """800 kB sent at once bought 1 + 8 s of trickling at 100 kB/s; with --http-max-input-size 100 kB a
+    message gets what the largest HTTP body would (1 + 1 s), so holding its bytes costs as much."""
+    server = start_server(ROOT / "model_repository", flags=(*FLAGS, "--http-max-input-size", "100000"))
+    host, port = server.grpc_url.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        most = struct.pack(">BI", 0, DECLARED) + b"\0" * 800_000
+        sock.sendall(_PREFACE + _frame(4, 0, 0) + _frame(1, 4, 1, hpack.Encoder().encode(_BLOCK)) + _frame(0, 0, 1, most))
+        trickler = gevent.spawn(_send_every_second, sock, [_frame(0, 0, 1, b"\0")])
+        try:
+            frames = _frames_until_ended(sock, {1})
+        finally:
+            trickler.kill()
+    (trailers,) = [dict(hpack.Decoder().decode(p)) for t, _, _, p in frames if t == 1]
+    assert trailers["grpc-status"] == "4", trailers
+    seconds = float(trailers["grpc-message"].replace("%20", " ").split(" bytes in ")[1].split(" s,")[0])
+    assert seconds < 8.0, trailers  # cut by the cap (2 s and a tick), not by the rate (9 s)
+    _grpc_infer(server)

@@ -628,3 +628,13 @@ def test_no_minimum_rate_when_it_is_zero() -> None:
     conn.receive_data(frame(h2.DATA, 0, 1, b"x"), now=1.0)
     conn.tick(1000.0)
     assert not conn.expired
+
+
+def test_body_max_time_caps_what_a_fast_start_buys() -> None:
+    """mod_reqtimeout's maxtimeout: 1000 bytes at once bought 5 + 10 s of trickling; the cap is 8."""
+    conn = connected(Limits(min_rate=100.0, body_grace=5.0, body_max_time=8.0, stream_timeout=0))
+    request(conn, 1)
+    conn.receive_data(frame(h2.DATA, 0, 1, b"x" * 1000), now=1.0)
+    assert conn.tick(2.0) <= 9.0 and not conn.expired
+    conn.tick(9.0)
+    assert [e.stream_id for e in conn.expired] == [1]

@@ -150,10 +150,11 @@ class Call:
             self.refuse(refused)
             return
         if self.inbox is not None:
-            for message in h2.split_messages(buf):
+            messages = h2.split_messages(buf)
+            for message in messages:
                 self.inbox.put(message)
             self._hold(len(buf))  # a stream's decoded requests hold no budget: only what is buffered
-            if not buf:  # between messages it holds nothing: no minimum rate (h2_connection.body_idle)
+            if messages:  # each message of a stream has its own minimum-rate clock (h2_connection.body_idle)
                 self.conn.h2.body_idle(self.stream)
         if end_stream:
             self.end_input()

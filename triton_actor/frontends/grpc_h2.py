@@ -51,6 +51,16 @@ _RECV = 256 * 1024
 _NOT_GRPC = [(b":status", b"415"), (b"content-type", b"text/plain")]
 
 
+def body_max_time(s: Settings) -> float:
+    """The most a gRPC message may take to arrive: what an HTTP body of the largest size may take at the
+    minimum rate (grace + --http-max-input-size / rate, 74 s by default). It binds only messages larger
+    than that (a 2 GiB one must come at 28 MiB/s): holding X bytes of the budget then costs X bytes per
+    74 s, as on HTTP, however large one message may be. 0 (no cap) without a minimum rate."""
+    if not s.request_body_min_rate:
+        return 0.0
+    return s.request_body_grace_secs + s.http_max_input_size / s.request_body_min_rate
+
+
 class GrpcH2Server:
     """``inference.GRPCInferenceService`` and ``grpc.health.v1.Health`` over our HTTP/2; create,
     ``start`` and ``stop`` it from the hub thread. ``options`` are grpc channel arguments (the
@@ -96,7 +106,8 @@ class GrpcH2Server:
                       slots: ConnectionSlots | None = None) -> GrpcH2Server:
         limits = h2c.Limits(max_concurrent_streams=s.grpc_max_concurrent_streams,
                             header_timeout=s.grpc_header_timeout_secs, idle_timeout=s.grpc_idle_timeout_secs,
-                            min_rate=s.request_body_min_rate, body_grace=s.request_body_grace_secs)
+                            min_rate=s.request_body_min_rate, body_grace=s.request_body_grace_secs,
+                            body_max_time=body_max_time(s))
         context = tls.server_context(s.grpc_server_cert, s.grpc_server_key, s.grpc_root_cert,
                                      s.grpc_use_ssl_mutual) if s.grpc_use_ssl else None
         restrictions = Restrictions(s.grpc_restricted_protocol, "--grpc-restricted-protocol")

@@ -30,9 +30,12 @@ code each violation calls for, and every limit a hostile client meets (:class:`L
   left in ``expired`` for the driver (unless the driver marked it ``long_lived``);
 * a request body that arrives under ``min_rate`` on average (its clock starts at its first DATA, and
   it must have ``min_rate`` x (elapsed - ``body_grace``) bytes at any time, Apache mod_reqtimeout's
-  MinRate) gets a :class:`StreamTooSlow` in ``expired`` from :meth:`tick`; the driver answers it (a
-  gRPC status) and closes the stream. A driver whose stream holds no partial request (a bidirectional
-  call between messages) stops the clock with :meth:`H2Connection.body_idle`;
+  MinRate), or that takes more than ``body_max_time`` in all (mod_reqtimeout's maxtimeout: without it,
+  a message of X bytes sent at once bought X / ``min_rate`` seconds of trickling, so one stream held
+  a gigabyte for a megabyte a second), gets a :class:`StreamTooSlow` in ``expired`` from :meth:`tick`;
+  the driver answers it (a gRPC status) and closes the stream. The driver stops the clock with
+  :meth:`H2Connection.body_idle` at the end of each message of a bidirectional call (the next DATA
+  starts it again);
 * ping strikes (grpc's policy: pings without data closer than ``min_ping_interval``);
 * a peer that stops reading: the driver marks its writes (``writing_since``) and :meth:`tick` closes
   the connection when one takes ``write_timeout``; DATA waits (:meth:`local_flow_control_window`
@@ -82,6 +85,7 @@ class Limits:
     stream_timeout: float = 60.0  # nginx's client_body_timeout: a request's HEADERS/DATA apart; 0 = never
     min_rate: float = 1024 * 1024  # bytes/s a request body must average after body_grace; 0 = no minimum
     body_grace: float = 10.0
+    body_max_time: float = 0.0  # with min_rate: the most a body may take in all; 0 = no cap
     window_timeout: float = 60.0  # a stream waits this long for the peer to open its send window
     write_timeout: float = 60.0  # nginx's send_timeout: one write to a peer that stopped reading
     max_send_buffer: int = 4 * 1024 * 1024  # bytes queued and not written yet, past which DATA waits
@@ -653,8 +657,8 @@ class H2Connection:
         self._add_reset_debt()
 
     def body_idle(self, stream: H2Stream) -> None:
-        """The driver holds nothing of ``stream``'s request (a bidirectional call between messages): the
-        minimum-rate clock stops, and starts again with the next DATA."""
+        """A message of ``stream``'s request is complete (a bidirectional call's): the minimum-rate clock
+        stops, and starts again with the next DATA."""
         stream.rate_since = None
 
     def consumed(self, stream: H2Stream, n: int | None = None) -> None:
@@ -728,17 +732,24 @@ class H2Connection:
                 self.expired.append(StreamReset(stream, h2.CANCEL, False))
 
     def _rate_deadline(self, stream: H2Stream) -> float:
-        """When ``stream``'s body falls under ``min_rate``: start + grace + bytes / rate (mod_reqtimeout)."""
+        """When ``stream``'s body falls under ``min_rate``: start + grace + bytes / rate, at most start +
+        ``body_max_time`` (mod_reqtimeout's body=grace-max,MinRate=rate)."""
         if stream.rate_since is None or stream.remote_closed:
             return _NEVER
         lim = self.limits
-        return stream.rate_since + lim.body_grace + stream.rate_bytes / lim.min_rate
+        allowed = lim.body_grace + stream.rate_bytes / lim.min_rate
+        return stream.rate_since + (min(allowed, lim.body_max_time) if lim.body_max_time else allowed)
 
     def _expire_slow(self, now: float) -> None:
         """Streams whose request body came too slowly: a :class:`StreamTooSlow` each in ``expired``."""
         for stream in [s for s in self.streams.values() if self._rate_deadline(s) <= now]:
             lim = self.limits
-            message = slow_body_message(stream.rate_bytes, now - stream.rate_since, lim.min_rate, lim.body_grace)
+            seconds = now - stream.rate_since
+            if lim.body_max_time and seconds >= lim.body_max_time:
+                message = f"request body too slow: {stream.rate_bytes} bytes in {seconds:.1f} s, past the most a " \
+                          f"body may take ({lim.body_max_time:g} s)"
+            else:
+                message = slow_body_message(stream.rate_bytes, seconds, lim.min_rate, lim.body_grace)
             self.expired.append(StreamTooSlow(stream, message))
             stream.rate_since, stream.too_slow = None, True
 
