@@ -125,9 +125,9 @@ def test_slow_content_length_bodies_no_longer_hold_the_budget(start_server: Call
 
 def test_slow_chunked_bodies_reserve_what_they_sent(start_server: Callable[..., ServerProcess]) -> None:
     """A chunked body reserved the most it may be (--http-max-input-size, 64 MiB) before it was read:
-    one slow chunked upload spent the whole budget. Now it reserves as its bytes come (an installment
-    of 256 KiB at a time), so four of them hold 1 MiB of the 2 MB and others are served meanwhile,
-    before any of them is past the minimum rate's grace."""
+    one slow chunked upload spent the whole budget. Now it reserves as its bytes come (16 KiB first),
+    so four of them hold a few KiB of the 2 MB and others are served meanwhile, before any of them is
+    past the minimum rate's grace."""
     flags = (*FLAGS[:-1], "30")  # a grace the test never reaches
     server = start_server(ROOT / "model_repository", flags=flags)
     first = f"{POST}Transfer-Encoding: chunked\r\n\r\n1\r\n{{\r\n".encode()
@@ -215,7 +215,7 @@ def _frames_until_ended(sock: socket.socket, sids: set[int]) -> list[tuple[int, 
 def test_an_announced_grpc_message_reserves_only_what_arrives(start_server: Callable[..., ServerProcess]) -> None:
     """A message reserved all it announced from its 5-byte prefix: one stream announcing ~2 MB took the
     whole budget for nothing (and, with the minimum rate, could do it again after each grace). Now it
-    holds what arrived and an installment (256 KiB) ahead, and other calls are served meanwhile."""
+    holds about what arrived (twice, at most 256 KiB ahead), and other calls are served meanwhile."""
     server = start_server(ROOT / "model_repository", flags=(*FLAGS[:-1], "30"))
     host, port = server.grpc_url.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=10) as sock:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import gevent
 import pytest
 
-from triton_actor.frontends.budget import ByteBudget
+from triton_actor.frontends.budget import ByteBudget, with_room
 
 
 def test_reservations_fit_the_limit_and_wait_in_line() -> None:
@@ -63,3 +63,8 @@ def test_a_killed_wait_holds_nothing_it_was_not_told_it_has(granted: bool) -> No
 def test_zero_is_no_bound() -> None:
     budget = ByteBudget(0)
     assert budget.try_reserve(10**12) and budget.try_reserve(10**12)
+
+
+def test_with_room_reserves_what_arrived_and_as_much_again_up_to_256_kib() -> None:
+    assert [with_room(n) for n in (0, 5, 100_000)] == [0, 10, 200_000]
+    assert with_room(64 * 2**20) == 64 * 2**20 + 256 * 1024

@@ -3,11 +3,15 @@
 Each connection is bounded on its own (HTTP/1: one request at a time, ``--http-max-input-size``;
 HTTP/2: streams per connection, unconsumed bytes), but a thousand connections each inside its bounds
 still add up to more memory than the host has. Both front ends therefore draw on one budget: an HTTP
-request reserves its body before it is read (it waits, first come first served, while the budget is
-spent: TCP holds the client back, as nginx's buffers do), a gRPC message reserves its bytes as they
-arrive (a stream cannot wait without stalling its connection's other streams, so it is refused with
-RESOURCE_EXHAUSTED instead; it may take what fits past the HTTP bodies waiting in line, which then wait
-at most their body timeout). A reservation lasts until the request is answered.
+request reserves its Content-Length before the body is read (it waits, first come first served, while
+the budget is spent: TCP holds the client back, as nginx's buffers do); a chunked body and a gRPC
+message reserve their bytes as they arrive (:func:`with_room`), and are refused (503,
+RESOURCE_EXHAUSTED) when they do not fit: a request that holds part of the budget never waits for more,
+so partial reservations cannot deadlock, and a stream cannot wait without stalling its connection's
+other streams. Those may take what fits past the HTTP bodies waiting in line, which then wait at most
+their body timeout. A reservation lasts until the request is answered; a body that arrives under
+``--request-body-min-rate`` loses it (408 / DEADLINE_EXCEEDED: the protocol state machines keep that
+deadline), so a slow client cannot hold it for ever.
 
 A request larger than the whole budget is let in when nothing else holds any: it runs alone, so the
 bytes held stay under ``max(limit, the largest single request)``. ``limit`` 0 turns the budget off.
@@ -20,6 +24,16 @@ from collections import deque
 
 import gevent
 import gevent.event
+
+FIRST_INSTALLMENT = 16 * 1024  # what a chunked body waits in line for before its first read
+_MOST_AHEAD = 256 * 1024
+
+
+def with_room(received: int) -> int:
+    """What a body reserved as it arrives should hold for ``received`` bytes: them, and as many again
+    ahead, at most 256 KiB (so a 64 MiB body makes a few hundred reservations, not one per read, and
+    a client that announces much and sends little holds about what it sent)."""
+    return received + min(received, _MOST_AHEAD)
 
 
 class ByteBudget:

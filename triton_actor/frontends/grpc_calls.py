@@ -30,6 +30,7 @@ from ..protocol import http2 as h2
 from ..protocol._generated import grpc_service_pb2 as pb
 from ..protocol._generated import health_pb2
 from ..protocol.h2_connection import H2Stream, StreamClosedError
+from .budget import with_room
 from .grpc import GrpcServicer, StreamError
 
 if TYPE_CHECKING:
@@ -49,7 +50,6 @@ GRPC_STATUS: dict[Code, int] = {
 RESPONSE_HEAD = h2.encode_headers([(b":status", b"200"), (b"content-type", b"application/grpc"),
                                    (b"grpc-accept-encoding", b"identity,deflate,gzip")])
 OK_TRAILERS = h2.encode_headers([(b"grpc-status", b"0")])
-INSTALLMENT = 256 * 1024  # a message reserves the request memory budget this far ahead of what arrived
 _END = object()  # the client closed its side of a stream
 _GONE = object()  # the stream is over (reset, or the connection closed)
 
@@ -143,9 +143,9 @@ class Call:
         elif self.inbox is None and len(buf) > announced + 5 >= 5:
             refused = Refused(INTERNAL, "a unary call takes one request message, got more")
         elif len(buf) > self.held:
-            # what arrived and an installment ahead, within the message: reserving all it announces let a
+            # what arrived and some room ahead, within the message: reserving all it announces let a
             # 5-byte prefix take the whole budget (for the minimum rate's grace, then again)
-            refused = self._hold(max(len(buf), min(announced + 5, len(buf) + INSTALLMENT)))
+            refused = self._hold(max(len(buf), min(announced + 5, with_room(len(buf)))))
         if refused is not None:
             self.refuse(refused)
             return

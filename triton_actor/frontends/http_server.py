@@ -34,7 +34,7 @@ import orjson
 from gevent.socket import wait_read
 
 from ..protocol import http1
-from .budget import ByteBudget
+from .budget import FIRST_INSTALLMENT, ByteBudget, with_room
 from .descriptors import ConnectionSlots, Listener, Reusable, descriptor_cap
 from .http import JSON_HEADERS, HttpFrontend, Reply, error_response, too_large
 from .slow_requests import SlowRequestLog
@@ -46,7 +46,6 @@ log = logging.getLogger(__name__)
 _RECV = 256 * 1024
 _EVICT_BATCH = 32  # nginx drains up to 32 reusable connections at a time when it runs out
 _ABSENT = object()
-_INSTALLMENT = 256 * 1024  # a chunked body reserves the request memory budget this much at a time
 
 
 class _Connection:
@@ -248,7 +247,7 @@ class HttpServer:
         budget is spent the body stays in the client's socket, and the body's clocks start once it is
         reserved. A 503 when the wait outlasts the body timeout. Returns the bytes reserved (released
         once the request is answered)."""
-        n = min(self.limits.max_body, _INSTALLMENT) if length == http1.CHUNKED else length
+        n = min(self.limits.max_body, FIRST_INSTALLMENT) if length == http1.CHUNKED else length
         if n <= 0 or self.budget.try_reserve(n):
             return max(n, 0)
         conn.http.deadline = float("inf")  # our wait has its own timeout
@@ -262,7 +261,7 @@ class HttpServer:
                                         f"(request memory budget {self.budget.limit}); retry later")
 
     def _read_chunked(self, conn: _Connection) -> Any:
-        """Read a chunked body, reserving the budget as its bytes arrive, an installment at a time: its
+        """Read a chunked body, reserving the budget as its bytes arrive (``budget.with_room``): its
         size is unknown, and reserving the most it may be (``--http-max-input-size``) let a few slow
         chunked uploads hold the whole budget. Growing never waits: a request that holds part of the
         budget and waits for more, beside others doing the same, is a deadlock (each holds what the
@@ -274,7 +273,7 @@ class HttpServer:
             data = sock.recv(max(_RECV, http.want))
             read += len(data)
             if read > conn.held:
-                more = max(read - conn.held, _INSTALLMENT)
+                more = with_room(read) - conn.held
                 if not budget.try_reserve(more, barge=True):
                     raise self._busy()
                 conn.held += more
