@@ -245,8 +245,11 @@ class ServerConnection:
         """The earlier of ``body_timeout`` after the last read and the minimum rate's deadline."""
         lim = self.limits
         deadline = now + lim.body_timeout
-        if lim.min_rate:
-            deadline = min(deadline, self._body_at + lim.body_grace + self._body_bytes / lim.min_rate)
+        rate = lim.min_rate
+        if rate:
+            by_rate = self._body_at + lim.body_grace + self._body_bytes / rate
+            if by_rate < deadline:  # (not min(): a builtin call is a quarter of this function's time)
+                return by_rate
         return deadline
 
     def _timed_out(self, now: float) -> BodyTimeout:
@@ -340,6 +343,8 @@ class ServerConnection:
         else:
             self.state = BODY
             self._length = length
+            if len(buf) >= length:  # the whole body came with the head: next_event hands it over at once
+                return info  # (no deadline to compute: ~0.2 us of the hot path)
         self._body_at, self._body_bytes = self._last, len(buf)
         self.deadline = self._body_deadline(self._last)
         return info
