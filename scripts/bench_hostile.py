@@ -18,6 +18,12 @@ JSON each: 24 MiB is 400,000 inputs); the server must refuse them (400) without 
 MiB on the wire (4 bytes a value), the way non-tritonclient gRPC clients often send tensors.
 
     .venv/bin/python scripts/bench_hostile.py --big 1 --mib 53 --grpc-typed
+
+``--slow N``: instead of big requests, N raw-socket clients each declare a ``--slow-mib`` MiB body (16 x
+64 MiB: the whole default request memory budget) and send one byte every ``--slow-every`` s, while the
+small clients run for ``--duration`` s; reports what the slow clients were answered and when.
+
+    .venv/bin/python scripts/bench_hostile.py --slow 16 --duration 30
 """
 
 from __future__ import annotations
@@ -120,6 +126,26 @@ def _grpc_call(port: int, body: bytes) -> tuple[bool, float]:
         return ok, time.perf_counter() - t0
 
 
+def _slow_client(port: int, mib: float, every: float, stop: threading.Event, out: list[tuple[str, float]]) -> None:
+    """Declare ``mib`` MiB, then trickle a byte every ``every`` s until answered (or ``stop``)."""
+    t0 = time.perf_counter()
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(b"POST /v2/models/total/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n{" % int(mib * 2**20))
+        sock.settimeout(every)
+        while not stop.is_set():
+            try:
+                answer = sock.recv(4096)
+            except TimeoutError:
+                sock.sendall(b" ")
+                continue
+            except OSError as e:
+                answer = repr(e).encode()
+            out.append((answer.split(b"\r\n", 1)[0].decode() or "closed", time.perf_counter() - t0))
+            return
+    out.append(("still holding", time.perf_counter() - t0))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--big", type=int, default=4, help="clients sending one big JSON request each")
@@ -129,18 +155,26 @@ def main() -> int:
     ap.add_argument("--many-inputs", action="store_true", help="big requests of many unknown inputs (refused)")
     ap.add_argument("--grpc-typed", action="store_true", help="big requests over gRPC as typed contents")
     ap.add_argument("--flags", default="", help="extra server flags")
+    ap.add_argument("--slow", type=int, default=0, help="slow clients (instead of --big)")
+    ap.add_argument("--slow-mib", type=float, default=64.0, help="MiB each slow client declares")
+    ap.add_argument("--slow-every", type=float, default=1.0, help="seconds between a slow client's bytes")
+    ap.add_argument("--duration", type=float, default=30.0, help="--slow: seconds the small clients run")
     args = ap.parse_args()
+    if args.slow:
+        args.big, args.mib = 0, 0.0
 
     n = int(args.mib * 2**20 / len("0.123456789,"))
     if args.grpc_typed:
         n = int(args.mib * 2**20 / 4)
         big = _typed_request(n)
         print(f"big request: {len(big) / 2**20:.1f} MiB of protobuf, {n} FP32 typed values", flush=True)
-    else:
+    elif args.big:
         big = _many_inputs(args.mib) if args.many_inputs else _body(n)
         what = "one-element inputs" if args.many_inputs else "floats"
         print(f"big request: {len(big) / 2**20:.1f} MiB of JSON, {big.count(b'name') if args.many_inputs else n} {what}",
               flush=True)
+    else:
+        big = b""
     small = _body(4)
     with tempfile.TemporaryDirectory() as tmp:
         version = Path(tmp, "total", "1")
@@ -149,7 +183,8 @@ def main() -> int:
         (version / "model.py").write_text(MODEL)
         port, grpc_port = _free_port(), _free_port()
         cmd = [sys.executable, "-m", "triton_actor", "--model-repository", tmp, "--http-port", str(port),
-               "--grpc-port", str(grpc_port), "--allow-metrics", "false", "--http-max-input-size", str(len(big) + 1024),
+               "--grpc-port", str(grpc_port), "--allow-metrics", "false",
+               "--http-max-input-size", str(max(len(big) + 1024, int(args.slow_mib * 2**20))),
                *args.flags.split()]
         server = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
@@ -176,6 +211,13 @@ def main() -> int:
 
             smalls = [threading.Thread(target=small_client) for _ in range(args.small)]
             bigs = [threading.Thread(target=big_client) for _ in range(args.big)]
+            slow_results: list[tuple[str, float]] = []
+            slows = [threading.Thread(target=_slow_client, args=(port, args.slow_mib, args.slow_every, stop,
+                                                                  slow_results)) for _ in range(args.slow)]
+            for t in slows:
+                t.start()
+            if slows:
+                time.sleep(1.0)  # the slow clients hold the budget before the small ones start
             for t in smalls:
                 t.start()
             time.sleep(1.0)
@@ -184,9 +226,11 @@ def main() -> int:
                 t.start()
             for t in bigs:
                 t.join()
+            if slows:
+                time.sleep(args.duration)
             took = time.perf_counter() - t0
             stop.set()
-            for t in smalls:
+            for t in smalls + slows:
                 t.join()
             peak_kb = _status_kb(server.pid, "VmHWM")
         finally:
@@ -203,6 +247,11 @@ def main() -> int:
         "small_max_ms": round(lat[-1] * 1000, 1) if lat else None,
         "peak_rss_over_idle_mb": round((peak_kb - idle_kb) / 1024),
     }
+    if args.slow:
+        answers: dict[str, list[float]] = {}
+        for answer, seconds in slow_results:
+            answers.setdefault(answer, []).append(seconds)
+        summary["slow_clients"] = {k: f"{len(v)} after {min(v):.1f}-{max(v):.1f} s" for k, v in answers.items()}
     print(json.dumps(summary, indent=1))
     return 0
 
