@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import gevent
+import gevent.pool
 import numpy as np
 import tritonclient.http as httpclient
 from gevent import subprocess
@@ -108,10 +109,12 @@ def pid_infer(url: str, model: str = "pid") -> int:
 
 
 def pids_seen(url: str, want: set[int], model: str = "pid", tries: int = 200) -> set[int]:
-    """Infer on fresh connections until every pid in ``want`` answered (or ``tries`` ran out)."""
+    """Infer on fresh connections until every pid in ``want`` answered (or ``tries`` ran out), eight at
+    a time: one connection after another can all go to the worker that just answered (it is awake
+    first, and on a loaded machine it kept winning 200 times), eight at once also reach the others."""
     seen: set[int] = set()
-    for _ in range(tries):
-        seen.add(pid_infer(url, model))
+    for _ in range(0, tries, 8):
+        seen.update(gevent.pool.Pool(8).map(lambda _: pid_infer(url, model), range(8)))
         if want <= seen:
             break
     return seen
