@@ -10,7 +10,7 @@ import gevent.event
 import numpy as np
 from gevent import monkey
 
-from triton_actor.actors.instance import NEVER, ModelInstance
+from triton_actor.actors.instance import DOWN, NEVER, RESTARTING, UP, ModelInstance
 from triton_actor.backends.base import InstanceContext
 from triton_actor.errors import Code, TritonError
 from triton_actor.inference import InferInput, InferRequest, InferResponse
@@ -150,6 +150,8 @@ def test_an_instance_whose_thread_dies_is_started_again(monkeypatch) -> None:
     ctx = InstanceContext("m", 1, Path("."), Path("."), ModelConfig(name="m"), "{}", "m_0", "CPU", 0, 0)
     inst = ModelInstance(ctx, backend)  # type: ignore[arg-type]
     inst.wait_ready(10)
+    events: list[str] = []
+    inst.watch(lambda _inst, health, _reason: events.append(health))
     original = bridge.NativeWorker._next_item
     broken = {"on": False}
 
@@ -178,4 +180,35 @@ def test_an_instance_whose_thread_dies_is_started_again(monkeypatch) -> None:
     answers: list[tuple[bool, Any]] = []
     inst.execute([_request()], lambda ok, value: answers.append((ok, value)))
     assert answers and answers[0][0] is False and answers[0][1].code == Code.UNAVAILABLE
+    # its owner (the scheduler) was told each time: out of the pool while it restarts, back once
+    # loaded, and out for good past the budget
+    assert events == [RESTARTING, UP] * 3 + [DOWN]
+    assert inst.health == DOWN and "stopped 4 times within 60 s" in inst.reason and "the loop broke" in inst.reason
+    inst.close(10)
+
+
+def test_an_instance_whose_restart_fails_to_load_is_down(monkeypatch) -> None:
+    from triton_actor.actors import bridge
+
+    backend = _Counting()
+    ctx = InstanceContext("m", 1, Path("."), Path("."), ModelConfig(name="m"), "{}", "m_0", "CPU", 0, 0)
+    inst = ModelInstance(ctx, backend)  # type: ignore[arg-type]
+    inst.wait_ready(10)
+    events: list[tuple[str, str]] = []
+    inst.watch(lambda _inst, health, reason: events.append((health, reason)))
+
+    def create(ctx: InstanceContext) -> YieldingInstance:
+        raise RuntimeError("the model cannot load again")
+
+    backend.create = create  # type: ignore[method-assign]
+    monkeypatch.setattr(bridge.NativeWorker, "_next_item", lambda worker: (_ for _ in ()).throw(RuntimeError("broke")))
+    worker = inst._worker
+    _run(inst)
+    assert worker.stopped.get(10) is True
+    for _ in range(500):  # bounded: the restart loads and fails on a new thread
+        if inst.health == DOWN:
+            break
+        gevent.sleep(0.01)
+    assert [h for h, _ in events] == [RESTARTING, DOWN]
+    assert "failed to restart" in events[-1][1] and "the model cannot load again" in events[-1][1]
     inst.close(10)
