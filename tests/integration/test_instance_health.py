@@ -322,3 +322,23 @@ def test_a_dead_instance_takes_no_new_sequences(tmp_path: Path, start_server) ->
         assert http.is_model_ready("sq")
     finally:
         http.close()
+
+
+def test_poll_mode_loads_a_version_without_instances_again_when_its_files_change(tmp_path: Path, start_server) -> None:
+    """POLL: the version stays unavailable while its files are unchanged (as a failed load does) and
+    is loaded again, with fresh instances, once they change."""
+    model_dir = add_model(tmp_path, "one", CONFIG.format(count=1, extra=""), KILLER_PY.format(victim="one_0_0", hub=True))
+    server = start_server(tmp_path, flags=("--model-control-mode=poll", "--repository-poll-secs=1"))
+    _kill_thread_until_down(server, "one", "one_0_0")
+    _assert_not_ready(server, "one", "no instance left: instance 'one_0_0' stopped 4 times within 60 s")
+    http = httpclient.InferenceServerClient(server.url)
+    try:
+        add_model(tmp_path, "other", CONFIG.format(count=1, extra=""), KILLER_PY.format(victim="none", hub=True))
+        wait_for(lambda: http.is_model_ready("other"), 60, "a poll that loads another model")
+        assert not http.is_model_ready("one")
+        (model_dir / "1" / "model.py").write_text(KILLER_PY.format(victim="none", hub=True))
+        wait_for(lambda: http.is_model_ready("one"), 60, f"'one' loaded again:\n{server.log()[-3000:]}")
+        assert http.is_server_ready() and index(http)[("one", "1")]["state"] == "READY"
+    finally:
+        http.close()
+    _all_succeed(server, "one")
