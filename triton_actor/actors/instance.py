@@ -186,9 +186,9 @@ class ModelInstance:
         (RESTARTING: ``revive()`` on the thread starts a new one now, not at the next batch) or gave up (DOWN)."""
 
         def checked(ok: bool, value: Any) -> None:
-            done(ok, value)
             if not ok or any(isinstance(r, BaseException) for r in value[0]):
-                self._look_at_backend()
+                self._look_at_backend()  # first: out of the pool before the batch's answer returns it there
+            done(ok, value)
 
         return checked
 
@@ -212,8 +212,13 @@ class ModelInstance:
             self._set_health(DOWN, f"instance '{self.name}' could not be revived: {_text(value)}")
             return
         health, reason = value
+        if health == "restart" and not self._restarts.allow(self.name):
+            # a process that dies again right after it started, with no batch in between: the restart
+            # budget bounds that loop (crashes on requests do not count: a client sending a poison input
+            # must not take the instance down for everyone)
+            health, reason = "down", f"{reason} (again and again after it started); load the model again"
         self._set_health(UP if health == "up" else DOWN if health == "down" else RESTARTING, reason)
-        if health == "restart":  # died again meanwhile: another round (the backend bounds its restarts)
+        if health == "restart":  # died again meanwhile: another round
             self._look_at_backend()
 
     def _create_in_thread(self, backend: Backend) -> Callable[[], BackendInstance]:
