@@ -59,12 +59,12 @@ log = logging.getLogger(__name__)
 Timings = tuple[int, int, int]  # compute_input, compute_infer, compute_output (ns)
 Done = Callable[[bool, Any], None]
 Watcher = Callable[["ModelInstance", str, str], None]  # (instance, health, reason), called in the hub
+UP, RESTARTING, DOWN = "UP", "RESTARTING", "DOWN"  # ModelInstance.health
 
 PROMOTE_NS = 200_000
 PROMOTE_STREAK = 32
 DEMOTE_NS = 1_000_000
 DEMOTE_WALL_NS = 20_000_000
-UP, RESTARTING, DOWN = "UP", "RESTARTING", "DOWN"  # ModelInstance.health
 DEMOTE_AFTER = 3  # slow inline runs in a row
 DEMOTE_AT_ONCE_NS = 10_000_000  # CPU time of one inline run that demotes by itself
 DEMOTE_AT_ONCE_WALL_NS = 50_000_000
