@@ -49,7 +49,7 @@ def _live(status: dict[str, Any]) -> dict[str, Any]:
     durations = stats["durations"]
     return {
         "instances": status["instances"], "queued": status["queued"], "running": status["running"],
-        "busy_instances": status["busy_instances"],
+        "busy_instances": status["busy_instances"], "down_instances": status.get("down_instances", []),
         "success": durations["success"][0], "fail": durations["fail"][0],
         "success_ns": durations["success"][1], "queue_ns": durations["queue"][1],
         "compute_ns": sum(durations[k][1] for k in ("compute_input", "compute_infer", "compute_output")),
@@ -67,12 +67,14 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
             key = (v["name"], v["version"])
             row = rows.get(key)
             if row is None:
-                rows[key] = row = {**v, "instances": list(v.get("instances", [])), "batches": {},
+                rows[key] = row = {**v, "instances": list(v.get("instances", [])),
+                                   "down_instances": list(v.get("down_instances", [])), "batches": {},
                                    "latency": [0] * LATENCY_BUCKETS, "workers": 0}
                 for k in _SUMMED:
                     row[k] = 0
             else:
                 row["instances"] += v.get("instances", [])
+                row["down_instances"] += v.get("down_instances", [])
             if "latency" not in v:
                 continue
             row["workers"] += 1

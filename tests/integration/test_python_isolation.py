@@ -234,6 +234,8 @@ def test_crash_in_initialize_fails_the_load(tmp_path: Path, start_server: Any) -
 
 
 def test_restarts_are_bounded(tmp_path: Path, start_server: Any) -> None:
+    """The process is restarted at once after the crash, out of the scheduler's pool; three failed starts
+    and the instance is DOWN: its only instance gone, the version is not ready (tests/integration/test_instance_health.py)."""
     add_model(tmp_path, "flaky", IDENTITY_CONFIG + ISOLATED, FLAKY_PY.format(mark=str(tmp_path / "crashed")))
     add_model(tmp_path, "other", IDENTITY_CONFIG, IDENTITY_PY)
     server = start_server(tmp_path)
@@ -242,9 +244,10 @@ def test_restarts_are_bounded(tmp_path: Path, start_server: Any) -> None:
     gave_up = ("model 'flaky' instance 'flaky_0': its process could not be restarted (3 attempts, the last: failed to "
                "load model 'flaky': the model's process exited with signal 11 (SIGSEGV) during initialize); load the "
                "model again")
-    for _ in range(2):  # the first request waits for the three attempts, the next one is answered at once
-        e = _error(_infer, client, "flaky", [1.0])
-        assert (e.status(), e.message()) == ("503", gave_up)
+    wait_for(lambda: not client.is_model_ready("flaky"), what="'flaky' not ready")
+    assert index(client)[("flaky", "1")]["reason"] == f"no instance left: {gave_up}"
+    e = _error(_infer, client, "flaky", [1.0])
+    assert (e.status(), e.message()) == ("404", "Request for unknown model: 'flaky' has no available versions")
     assert server.log().count("restarting its process failed") == 3
     np.testing.assert_array_equal(_infer(client, "other", [3.0]), [3.0])
     client.close()

@@ -10,7 +10,7 @@ import gevent.event
 import numpy as np
 from gevent import monkey
 
-from triton_actor.actors.instance import NEVER, ModelInstance
+from triton_actor.actors.instance import DOWN, NEVER, RESTARTING, UP, ModelInstance
 from triton_actor.backends.base import InstanceContext
 from triton_actor.errors import Code, TritonError
 from triton_actor.inference import InferInput, InferRequest, InferResponse
@@ -150,6 +150,8 @@ def test_an_instance_whose_thread_dies_is_started_again(monkeypatch) -> None:
     ctx = InstanceContext("m", 1, Path("."), Path("."), ModelConfig(name="m"), "{}", "m_0", "CPU", 0, 0)
     inst = ModelInstance(ctx, backend)  # type: ignore[arg-type]
     inst.wait_ready(10)
+    events: list[str] = []
+    inst.watch(lambda _inst, health, _reason: events.append(health))
     original = bridge.NativeWorker._next_item
     broken = {"on": False}
 
@@ -178,4 +180,111 @@ def test_an_instance_whose_thread_dies_is_started_again(monkeypatch) -> None:
     answers: list[tuple[bool, Any]] = []
     inst.execute([_request()], lambda ok, value: answers.append((ok, value)))
     assert answers and answers[0][0] is False and answers[0][1].code == Code.UNAVAILABLE
+    # its owner (the scheduler) was told each time: out of the pool while it restarts, back once
+    # loaded, and out for good past the budget
+    assert events == [RESTARTING, UP] * 3 + [DOWN]
+    assert inst.health == DOWN and "stopped 4 times within 60 s" in inst.reason and "the loop broke" in inst.reason
+    inst.close(10)
+
+
+def test_an_instance_whose_restart_fails_to_load_is_down(monkeypatch) -> None:
+    from triton_actor.actors import bridge
+
+    backend = _Counting()
+    ctx = InstanceContext("m", 1, Path("."), Path("."), ModelConfig(name="m"), "{}", "m_0", "CPU", 0, 0)
+    inst = ModelInstance(ctx, backend)  # type: ignore[arg-type]
+    inst.wait_ready(10)
+    events: list[tuple[str, str]] = []
+    inst.watch(lambda _inst, health, reason: events.append((health, reason)))
+
+    def create(ctx: InstanceContext) -> YieldingInstance:
+        raise RuntimeError("the model cannot load again")
+
+    backend.create = create  # type: ignore[method-assign]
+    monkeypatch.setattr(bridge.NativeWorker, "_next_item", lambda worker: (_ for _ in ()).throw(RuntimeError("broke")))
+    worker = inst._worker
+    _run(inst)
+    assert worker.stopped.get(10) is True
+    for _ in range(500):  # bounded: the restart loads and fails on a new thread
+        if inst.health == DOWN:
+            break
+        gevent.sleep(0.01)
+    assert [h for h, _ in events] == [RESTARTING, DOWN]
+    assert "failed to restart" in events[-1][1] and "the model cannot load again" in events[-1][1]
+    inst.close(10)
+
+
+class _Revivable:
+    """A backend instance that can lose what it runs on (as a process-isolated Python model's process)."""
+
+    inline_ok = False
+
+    def __init__(self) -> None:
+        self.states: list[tuple[str, str]] = []  # health after each revive(), in order; then "up"
+        self.health: tuple[str, str] = ("up", "")
+        self.revives = 0
+
+    def execute(self, requests: list[InferRequest]) -> list[Any]:
+        if self.health[0] == "down":
+            return [TritonError.unavailable("gave up") for _ in requests]
+        if requests[0].id == "crash":
+            self.health = ("restart", "its process died")
+            return [TritonError.internal("the process exited") for _ in requests]
+        return [InferResponse([("OUT", np.array([1]))], {}) for _ in requests]
+
+    def revive(self) -> None:
+        self.revives += 1
+        self.health = self.states.pop(0) if self.states else ("up", "")
+
+    def finalize(self) -> None:
+        pass
+
+
+def _revivable(states: list[tuple[str, str]]) -> tuple[ModelInstance, _Revivable, list[str]]:
+    backend_instance = _Revivable()
+    backend_instance.states = states
+    backend = type("B", (), {"create": lambda self, ctx: backend_instance})()
+    ctx = InstanceContext("m", 1, Path("."), Path("."), ModelConfig(name="m"), "{}", "m_0", "CPU", 0, 0)
+    inst = ModelInstance(ctx, backend)  # type: ignore[arg-type]
+    inst.wait_ready(10)
+    events: list[str] = []
+    inst.watch(lambda _inst, health, _reason: events.append(health))
+    return inst, backend_instance, events
+
+
+def _ask(inst: ModelInstance, rid: str) -> tuple[bool, Any]:
+    answer: gevent.event.AsyncResult = gevent.event.AsyncResult()
+    inst.execute([_request()._replace(id=rid)], lambda ok, value: answer.set((ok, value)))
+    return answer.get(timeout=10)
+
+
+def _wait(condition: Any) -> None:
+    for _ in range(1000):  # bounded: the revive runs on the instance's thread
+        if condition():
+            return
+        gevent.sleep(0.01)
+    raise AssertionError("condition never held")
+
+
+def test_a_backend_instance_that_lost_its_process_is_revived_out_of_the_pool() -> None:
+    """After a failed batch the instance looks at its backend instance: RESTARTING while ``revive()``
+    runs on its thread (not at the next batch), UP once that worked, DOWN when it gave up."""
+    inst, model, events = _revivable([("up", "")])
+    _ask(inst, "crash")
+    _wait(lambda: events == [RESTARTING, UP])
+    assert model.revives == 1 and _ask(inst, "ok")[0]
+    inst.close(10)
+    inst, model, events = _revivable([("down", "could not start it")])
+    _ask(inst, "crash")
+    _wait(lambda: events == [RESTARTING, DOWN])
+    assert inst.reason == "could not start it"
+    inst.close(10)
+
+
+def test_a_process_that_dies_again_right_after_its_restart_is_bounded_by_the_budget() -> None:
+    inst, model, events = _revivable([("restart", "died at once")] * 10)
+    _ask(inst, "crash")
+    _wait(lambda: inst.health == DOWN)
+    assert model.revives == 4 and events == [RESTARTING, RESTARTING, DOWN]  # 3 more restarts a minute
+    assert "again and again after it started" in inst.reason
     inst.close(10)

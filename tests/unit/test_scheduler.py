@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 
 from triton_actor.actors.batch_queue import BatchPolicy, QueuePolicy
+from triton_actor.actors.instance import DOWN, RESTARTING, UP
 from triton_actor.actors.kernel import Reply
-from triton_actor.actors.scheduler import Drain, Enqueue, GetStats, SchedulerActor
+from triton_actor.actors.scheduler import Drain, Enqueue, GetStats, GetStatus, SchedulerActor
 from triton_actor.errors import Code, TritonError
 from triton_actor.inference import InferInput, InferRequest, InferResponse
 from triton_actor.protocol.dtypes import BY_WIRE
@@ -35,6 +36,8 @@ class FakeInstance:
 
     def __init__(self, name: str) -> None:
         self.name = name
+        self.health, self.reason = UP, ""
+        self.watcher: Callable[[Any, str, str], None] | None = None
         self.calls: list[tuple[list[InferRequest], Callable[[bool, Any], None]]] = []
 
     def execute(self, requests: list[InferRequest], done: Callable[[bool, Any], None]) -> None:
@@ -51,17 +54,28 @@ class FakeInstance:
     def fail(self, index: int, error: BaseException) -> None:
         self.calls[index][1](False, error)
 
+    def watch(self, watcher: Callable[[Any, str, str], None] | None) -> None:
+        self.watcher = watcher
+
+    def become(self, health: str, reason: str = "") -> None:
+        """What ModelInstance does when its thread dies, restarts or gives up (actors/instance.py)."""
+        self.health, self.reason = health, reason
+        assert self.watcher is not None
+        self.watcher(self, health, reason)
+
 
 @pytest.fixture
 def make() -> Iterator[Callable[..., tuple[SchedulerActor, list[FakeInstance], VersionStats]]]:
     started: list[SchedulerActor] = []
+    downs = DOWNS
+    downs.clear()
 
     def make(n_instances: int = 1, max_batch_size: int = 0, batching: bool = False, policy: BatchPolicy | None = None):
         instances = [FakeInstance(f"inst{i}") for i in range(n_instances)]
         stats = VersionStats("m", 1)
         if batching:
             policy = BatchPolicy(max_batch_size=max_batch_size, preferred=(max_batch_size,))
-        sched = SchedulerActor("scheduler:m:1", instances, stats, policy)  # type: ignore[arg-type]
+        sched = SchedulerActor("scheduler:m:1", instances, stats, policy, on_down=lambda s, r: downs.append((s, r)))  # type: ignore[arg-type]
         sched.start()
         started.append(sched)
         return sched, instances, stats
@@ -69,6 +83,9 @@ def make() -> Iterator[Callable[..., tuple[SchedulerActor, list[FakeInstance], V
     yield make
     for sched in started:
         sched.stop(timeout=WAIT)
+
+
+DOWNS: list[tuple[SchedulerActor, str]] = []  # on_down calls of the schedulers ``make`` made
 
 
 def _request(rid: str, shape: tuple[int, ...] = (1, 4)) -> InferRequest:
@@ -438,3 +455,72 @@ def test_a_batch_answered_with_the_wrong_number_of_results_fails_alone(make) -> 
     sched.ref.ask(GetStats(), timeout=WAIT)
     inst.complete(1)
     assert second.get(WAIT).parameters == {"rid": "b"}
+
+
+@pytest.mark.timeout(30)
+def test_an_instance_that_is_not_up_leaves_the_pool_and_comes_back(make) -> None:
+    """A dead instance answers at once, so it looked idle and drew the work; out of the pool, the queue
+    waits for the live one. RESTARTING then UP: it takes work again. Nothing is failed meanwhile."""
+    sched, (a, b), _ = make(n_instances=2)
+    b.become(RESTARTING, "its thread died")
+    replies = [_enqueue(sched, f"r{i}") for i in range(3)]
+    _sync(sched)
+    assert [len(i.calls) for i in (a, b)] == [1, 0]
+    a.complete(0)
+    _sync(sched)
+    b.become(UP)
+    _sync(sched)
+    assert [len(i.calls) for i in (a, b)] == [2, 1]
+    a.complete(1)
+    b.complete(0)
+    assert [r.get(timeout=WAIT).parameters["rid"] for r in replies] == ["r0", "r1", "r2"]
+    assert sched.ref.ask(GetStatus(), timeout=WAIT)["down_instances"] == []
+    assert DOWNS == []
+
+
+@pytest.mark.timeout(30)
+def test_an_instance_that_dies_while_running_does_not_come_back_after_its_batch(make) -> None:
+    sched, (a, b), _ = make(n_instances=2)
+    first, second = _enqueue(sched, "r0"), _enqueue(sched, "r1")
+    _sync(sched)
+    b.become(DOWN, "past its restart budget")
+    b.fail(0, TritonError.unavailable("instance 'inst1' stopped unexpectedly"))  # the worker answers its batch
+    with pytest.raises(TritonError):
+        second.get(timeout=WAIT)
+    replies = [_enqueue(sched, f"n{i}") for i in range(2)]
+    _sync(sched)
+    assert [len(i.calls) for i in (a, b)] == [1, 1]  # nothing more for the dead one
+    for i in range(3):
+        a.complete(i)
+        _sync(sched)
+    assert first.get(timeout=WAIT).parameters["rid"] == "r0"
+    assert [r.get(timeout=WAIT).parameters["rid"] for r in replies] == ["n0", "n1"]
+    assert sched.ref.ask(GetStatus(), timeout=WAIT)["down_instances"] == ["inst1 (DOWN)"]
+    assert DOWNS == []
+
+
+@pytest.mark.timeout(30)
+def test_every_instance_down_fails_the_queue_and_tells_the_model_once(make) -> None:
+    sched, (a, b), _stats = make(n_instances=2)
+    b.become(DOWN, "b gave up")
+    running = _enqueue(sched, "r0")
+    queued = _enqueue(sched, "r1")
+    _sync(sched)
+    assert [len(i.calls) for i in (a, b)] == [1, 0] and DOWNS == []
+    a.become(DOWN, "a gave up")
+    _sync(sched)
+    with pytest.raises(TritonError) as info:
+        queued.get(timeout=WAIT)
+    assert info.value.code == Code.UNAVAILABLE and info.value.message == "model 'm' version 1 has no instance left: a gave up"
+    later = _enqueue(sched, "r2")  # before the model actor publishes the version's new state
+    with pytest.raises(TritonError):
+        later.get(timeout=WAIT)
+    a.become(UP)  # DOWN is for good in ModelInstance; a stray UP changes nothing here either
+    _sync(sched)
+    assert DOWNS == [(sched, "a gave up")]
+    a.fail(0, TritonError.unavailable("stopped"))  # the running batch is answered by its worker
+    with pytest.raises(TritonError):
+        running.get(timeout=WAIT)
+    drained: Reply[None] = Reply()
+    sched.ref.tell(Drain(drained))
+    assert drained.get(timeout=WAIT) is None  # unloading it does not wait for instances that are gone

@@ -215,3 +215,27 @@ def test_a_sequence_active_again_is_not_expired_by_an_earlier_idle_check() -> No
     assert slots.expire(110 * MS) == []  # the check due for 1 finds it busy
     assert slots.next_idle_ns(110 * MS) == 40 * MS  # 2 is next: idle since 50 ms
     assert slots.expire(150 * MS) == [2]
+
+
+def test_a_closed_instance_ends_its_sequences_and_takes_no_new_ones() -> None:
+    """An instance out of the pool (its thread or process died): the sequences it held end, their queued
+    requests come back to be failed; new sequences go to the other instance until it is opened again."""
+    slots = _slots(instances=2)
+    slots.add("a1", 1, SEQUENCE_START, 0, "m")  # instance 0 (least loaded, lowest index)
+    slots.add("b1", 2, SEQUENCE_START, 0, "m")  # instance 1
+    assert _items(slots.take(0, 0)[0]) == ["a1"] and _items(slots.take(1, 0)[0]) == ["b1"]
+    slots.add("a2", 1, 0, 0, "m")
+    assert slots.close_instance(0) == ([1], ["a2"])
+    assert len(slots) == 0 and slots.active == 1
+    with pytest.raises(TritonError):  # the sequence is over: its next request needs START again
+        slots.add("a3", 1, 0, 0, "m")
+    slots.add("c1", 3, SEQUENCE_START, 0, "m")  # instance 1 is busy with sequence 2: c waits in the backlog
+    assert slots.backlog == 1 and slots.take(0, 0) == ([], None)
+    slots.add("b2", 2, SEQUENCE_END, 0, "m")
+    slots.completed(2, 0, release=False)
+    assert _items(slots.take(1, 0)[0]) == ["b2"]
+    slots.completed(2, 0, release=False)  # b ended: its slot goes to c, on instance 1
+    assert slots.backlog == 0 and _items(slots.take(1, 0)[0]) == ["c1"]
+    slots.open_instance(0)
+    slots.add("d1", 4, SEQUENCE_START, 0, "m")
+    assert _items(slots.take(0, 0)[0]) == ["d1"]

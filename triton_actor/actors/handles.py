@@ -42,7 +42,8 @@ UNKNOWN, LOADING, READY, UNLOADING, UNAVAILABLE = (ReadyState.UNKNOWN, ReadyStat
 #   LOADING     → READY        every instance loaded and warmed up, the scheduler runs
 #   LOADING     → UNAVAILABLE  the load failed (the reason says why) or was interrupted
 #   READY       → UNLOADING    unload requested: no new request is routed, in-flight ones finish
-#   READY       → UNAVAILABLE  the supervisor gave up on the model (ModelActor failed past its budget)
+#   READY       → UNAVAILABLE  the supervisor gave up on the model (ModelActor failed past its budget), or
+#                              every instance of the version is DOWN (the scheduler's event, VersionDown)
 #   UNLOADING   → UNAVAILABLE  drained and finalized ("unloaded")
 #   UNAVAILABLE → LOADING      loaded again
 # A reload does not move a READY record: the new version gets a record of its own, swapped in when READY.

@@ -10,6 +10,13 @@ that batch only; the instance keeps serving. A thread whose loop fails (a bug, n
 see :meth:`NativeWorker._next_item` for what a model can throw at it) answers its work UNAVAILABLE and
 is replaced by a new one with a fresh backend instance, within a restart budget.
 
+Health (what its owner is told, :meth:`watch`): :data:`UP`, :data:`RESTARTING` (its thread died and a new
+one loads, or its backend instance lost what it runs on and revives it: a process-isolated model whose
+process died) or :data:`DOWN` (past the restart budget, a restart that failed to load, or a backend
+instance that gave up: for good, until the model is loaded again). The scheduler keeps only UP
+instances in its pool and tells the model actor when none is left; the instance never touches the
+version's record (Triton: ``TRITONBACKEND_ModelInstanceReady`` says the same to the model's readiness).
+
 Execution mode (a deliberate refinement of thread-per-instance, measured in ``scripts/bench_http.py``):
 handing a batch to a native thread and back costs two thread wake-ups (15-20 µs each on our 2-core
 machines, and the woken thread runs cold caches), which is more than a small Python model's whole
@@ -51,6 +58,8 @@ from .supervisor import RestartBudget
 log = logging.getLogger(__name__)
 Timings = tuple[int, int, int]  # compute_input, compute_infer, compute_output (ns)
 Done = Callable[[bool, Any], None]
+Watcher = Callable[["ModelInstance", str, str], None]  # (instance, health, reason), called in the hub
+UP, RESTARTING, DOWN = "UP", "RESTARTING", "DOWN"  # ModelInstance.health
 
 PROMOTE_NS = 200_000
 PROMOTE_STREAK = 32
@@ -87,12 +96,22 @@ def _finalize(instance: BackendInstance) -> None:
     instance.finalize()
 
 
+def _revive(instance: Any) -> tuple[str, str]:
+    """Native thread: let a backend instance that lost its process start a new one; its health after."""
+    instance.revive()
+    return instance.health
+
+
+def _text(error: object) -> str:
+    return error.message if isinstance(error, TritonError) else repr(error)
+
+
 class ModelInstance:
     """One backend instance on its native worker: ``execute(batch, done)`` and ``close()``; a
     single-owner hub object, not an actor (hub thread only, never blocks the caller)."""
 
     __slots__ = ("ctx", "_worker", "_backend", "_backend_instance", "_inline", "_streak", "_needed", "_hub", "_slow",
-                 "_closing", "_restarts")
+                 "_closing", "_restarts", "health", "reason", "_watcher", "_reviving")
 
     def __init__(self, ctx: InstanceContext, backend: Backend) -> None:
         self.ctx = ctx
@@ -105,6 +124,9 @@ class ModelInstance:
         self._hub = gevent.get_hub()
         self._closing = False
         self._restarts = RestartBudget()
+        self.health, self.reason = UP, ""  # read by the owner; changed only by _set_health
+        self._watcher: Watcher | None = None
+        self._reviving = False  # a revive() of the backend instance is queued on the thread
         self._worker: NativeWorker[BackendInstance] = self._start_worker()
 
     def _start_worker(self) -> NativeWorker[BackendInstance]:
@@ -115,19 +137,89 @@ class ModelInstance:
         return worker
 
     def _on_stopped(self, stopped: Any) -> None:
-        """Hub: the worker's thread ended. Closed by us, or a failed load: nothing to do. Its loop
-        failed (``NativeWorker.died``; the work it held was answered UNAVAILABLE): a new thread with a
-        fresh backend instance takes over, as Triton restarts a Python stub that died, within the
-        restart budget of :mod:`.supervisor`; past it the instance stays down and answers UNAVAILABLE."""
+        """Hub: the worker's thread ended. Closed by us, or a failed first load: nothing to do. A failed
+        restart: the instance is DOWN. Its loop failed (``NativeWorker.died``; the work it held was
+        answered UNAVAILABLE): a new thread with a fresh backend instance takes over (RESTARTING, then UP
+        once loaded), as Triton restarts a Python stub that died, within the restart budget of
+        :mod:`.supervisor`; past it the instance is DOWN and answers UNAVAILABLE."""
         died = self._worker.died
-        if self._closing or died is None or stopped is not self._worker.stopped:
+        if self._closing or stopped is not self._worker.stopped:
+            return
+        self._inline = False  # its backend instance was finalized with the thread: never run it inline again
+        if died is None:  # a restart whose load failed (a first load that fails is wait_ready's error)
+            if self.health == RESTARTING:
+                error = self._worker.ready.exception()
+                self._set_health(DOWN, f"instance '{self.name}' failed to restart: {_text(error)}; load the model again")
             return
         if not self._restarts.allow(self.name):
             log.error("instance %s stopped again (%r): past its restart budget, it stays down", self.name, died)
+            self._set_health(DOWN, f"instance '{self.name}' stopped {self._restarts.max_restarts + 1} times within "
+                                   f"{self._restarts.window_s:.0f} s (the last: {_text(died)}); load the model again")
             return
         log.warning("instance %s stopped unexpectedly (%r): starting it again", self.name, died)
-        self._inline, self._streak, self._backend_instance = False, 0, None
+        self._streak, self._backend_instance = 0, None
+        self._set_health(RESTARTING, f"instance '{self.name}' stopped unexpectedly: {_text(died)}")
         self._worker = self._start_worker()
+        self._worker.ready.link(self._on_restarted)
+
+    def _on_restarted(self, ready: Any) -> None:
+        """Hub: a restarted thread loaded its backend instance (a failure ends up in :meth:`_on_stopped`)."""
+        if ready.exception() is None and ready is self._worker.ready and not self._closing:
+            log.info("instance %s is serving again", self.name)
+            self._set_health(UP, "")
+
+    def watch(self, watcher: Watcher | None) -> None:
+        """Hub: ``watcher(instance, health, reason)`` is called on every change of :attr:`health` (the
+        owner's, one at a time: the scheduler that holds this instance in its pool)."""
+        self._watcher = watcher
+
+    def _set_health(self, health: str, reason: str) -> None:
+        if self.health == DOWN or (health == self.health and reason == self.reason):
+            return  # DOWN is for good: a later event of a dead thread or backend changes nothing
+        self.health, self.reason = health, reason
+        if self._watcher is not None:
+            self._watcher(self, health, reason)
+
+    def _checked(self, done: Done) -> Done:
+        """Wrap a thread-mode completion of a backend instance that reports its health (``health``,
+        e.g. a process-isolated Python model): after a failed batch, look whether it lost its process
+        (RESTARTING: ``revive()`` on the thread starts a new one now, not at the next batch) or gave up (DOWN)."""
+
+        def checked(ok: bool, value: Any) -> None:
+            if not ok or any(isinstance(r, BaseException) for r in value[0]):
+                self._look_at_backend()  # first: out of the pool before the batch's answer returns it there
+            done(ok, value)
+
+        return checked
+
+    def _look_at_backend(self) -> None:
+        """Hub: read the backend instance's health (a hint: a plain read of state its thread owns;
+        :func:`_revive` looks again on the thread)."""
+        backend_instance = self._backend_instance
+        if backend_instance is None or self._reviving or self._closing or self.health == DOWN:
+            return
+        health, reason = backend_instance.health
+        if health == "restart":
+            self._reviving = True
+            self._set_health(RESTARTING, reason)
+            self._worker.submit_callback(_revive, (), self._revived)
+        elif health == "down":
+            self._set_health(DOWN, reason)
+
+    def _revived(self, ok: bool, value: Any) -> None:
+        self._reviving = False
+        if not ok:
+            self._set_health(DOWN, f"instance '{self.name}' could not be revived: {_text(value)}")
+            return
+        health, reason = value
+        if health == "restart" and not self._restarts.allow(self.name):
+            # a process that dies again right after it started, with no batch in between: the restart
+            # budget bounds that loop (crashes on requests do not count: a client sending a poison input
+            # must not take the instance down for everyone)
+            health, reason = "down", f"{reason} (again and again after it started); load the model again"
+        self._set_health(UP if health == "up" else DOWN if health == "down" else RESTARTING, reason)
+        if health == "restart":  # died again meanwhile: another round
+            self._look_at_backend()
 
     def _create_in_thread(self, backend: Backend) -> Callable[[], BackendInstance]:
         def create() -> BackendInstance:
@@ -162,9 +254,12 @@ class ModelInstance:
     def execute(self, requests: list[InferRequest], done: Done) -> None:
         """Run a batch; ``done(ok, (results, timings) | error)`` is called in the hub or the caller."""
         if not self._inline:
-            if getattr(self._backend_instance, "inline_ok", False):
+            backend_instance = self._backend_instance
+            if getattr(backend_instance, "inline_ok", False):
                 self._worker.submit_callback(_run_batch_cpu, (requests,), self._observe(done))
             else:
+                if hasattr(backend_instance, "health"):
+                    done = self._checked(done)
                 self._worker.submit_callback(_run_batch, (requests,), done)
         elif gevent.getcurrent() is self._hub:
             gevent.spawn(self._run_inline, requests, done)  # user code may yield: never run it on the hub

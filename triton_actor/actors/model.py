@@ -4,7 +4,9 @@ Messages (through :class:`ModelRef`): :class:`Load` (read the config, load what 
 names; its ``reply`` completes when the load finished or failed; POLL tells it without a reply, and a
 load failure is then only logged and shown in the index), :class:`Unload` (drain and finalize every
 version; its reply completes when done), :class:`Restart` (from the supervisor, the first message of
-a replacement actor: adopt the failed actor's versions and reload them, or give up on them).
+a replacement actor: adopt the failed actor's versions and reload them, or give up on them),
+:class:`VersionDown` (event from a version's scheduler: every instance is DOWN; the version turns
+UNAVAILABLE with the reason and is unloaded, until a load or a POLL change loads it again).
 State owned: the version records (state, reason, scheduler, instances), the serving config, where it
 was loaded from (directory and :class:`~..repository.snapshot.Stamp`), and a private override
 directory when the load API supplied files. After every change it publishes an immutable
@@ -101,6 +103,15 @@ class Restart:
     give_up: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class VersionDown:
+    """From a version's scheduler: none of its instances can serve any more (past their restart budget)."""
+
+    version: int
+    scheduler: object  # the scheduler that said it: an event of a version replaced since is stale
+    reason: str
+
+
 class ModelRef(ActorRef):
     """Typed facade of a :class:`ModelActor`."""
 
@@ -187,6 +198,30 @@ class ModelActor(Actor):
         self._drop_owned_dir(None)
         self._publish_now()
         msg.reply.set(None)
+
+    def on_VersionDown(self, msg: VersionDown) -> None:
+        """Every instance of a serving version is DOWN: it is not ready any more (model ready false, the
+        index UNAVAILABLE with the reason, strict server readiness false), as Triton's model readiness
+        turns false when ``TRITONBACKEND_ModelInstanceReady`` fails. Its requests are refused with
+        Triton's answer for a version that is not ready; a load brings it back with fresh instances."""
+        rec = self._versions.get(msg.version)
+        if rec is None or rec.scheduler is not msg.scheduler or rec.state != READY:
+            return  # replaced or unloaded meanwhile
+        reason = f"no instance left: {msg.reason}"
+        log.error("model '%s' version %d is unavailable: %s", self.model, msg.version, reason)
+        rec.to(UNAVAILABLE, reason)
+        self._publish_now(wait=True)  # nothing is routed to it any more
+        stop_version(rec, self.model)
+
+    def _version_down(self, version: int, scheduler: object, reason: str) -> None:
+        """A scheduler's callback (hub, in its handler): the event goes through this actor's mailbox."""
+        gevent.spawn(self._tell_down, VersionDown(version, scheduler, reason))  # never block the scheduler
+
+    def _tell_down(self, msg: VersionDown) -> None:
+        try:
+            self.ref.tell(msg)
+        except TritonError:
+            pass  # this actor stopped (unloaded, or handed over: the replacement reloads the model)
 
     # -- supervision ------------------------------------------------------------------------------
     def hand_over(self) -> Reply[Handover]:
@@ -383,7 +418,7 @@ class ModelActor(Actor):
             v: gevent.spawn(start_version, VersionSource(
                 self.model, v, plan.model_dir, plan.selected[v], plan.config, config_json, plan.backend,
                 backend_config, plan.stamp.part(plan.selected[v].name), self._settings.workers, plan.graph,
-                self._routes),
+                self._routes, self._version_down),
                 self._settings.load_timeout_s, self._settings.latency_metrics)
             for v in versions
         }

@@ -10,7 +10,10 @@ Policy is in :mod:`.sequence_slots` (slots, backlog, direct / oldest batches, id
 :mod:`.sequence_controls` (control and state tensors); this actor checks each request's sequence
 fields with Triton's errors, adds the tensors, runs batches and answers them.
 Failure: a backend error fails the requests of that batch; their sequences keep their slots until
-their END or the idle timeout. Stopped: queued requests fail UNAVAILABLE.
+their END or the idle timeout. Stopped: queued requests fail UNAVAILABLE. An instance that is not UP
+(:class:`~.scheduler.InstanceHealth`) leaves the pool: the sequences it held end, their queued
+requests fail UNAVAILABLE, new sequences go to the others; UP again, it takes sequences again. Every
+instance DOWN: requests fail UNAVAILABLE and ``on_down`` tells the model actor (as the default scheduler).
 
 ``iterative_sequence`` (Triton 2.51 python backend): a request without a correlation id gets one
 (1, 2, ...) and START; a backend result :data:`~..backends.base.RESCHEDULE` puts the request back at
@@ -35,9 +38,9 @@ from ..errors import Code, TritonError
 from ..inference import InferInput, InferRequest, InferResponse
 from ..statistics import VersionStats
 from .bridge import CancelWatch
-from .instance import ModelInstance
+from .instance import DOWN, UP, ModelInstance
 from .kernel import InlineActor, Reply
-from .scheduler import Drain, Enqueue, GetStats
+from .scheduler import Down, Drain, Enqueue, GetStats, InstanceHealth, version_text
 from .sequence_controls import SequenceTensors
 from .sequence_slots import SEQUENCE_END, SEQUENCE_START, SequenceSlots, Slot, SlotPolicy
 from .wake_timer import Wake, WakeTimer
@@ -59,11 +62,15 @@ class SequenceSchedulerActor(InlineActor):
 
     def __init__(self, name: str, model: str, instances: list[ModelInstance], stats: VersionStats,
                  policy: SlotPolicy, tensors: SequenceTensors, decoupled: bool = False,
-                 clock: Callable[[], int] = time.perf_counter_ns) -> None:
+                 clock: Callable[[], int] = time.perf_counter_ns, on_down: Down | None = None) -> None:
         super().__init__(name)
         self._model = model
         self._instances = instances
         self._idle = list(range(len(instances)))
+        self._busy: set[int] = set()  # instances running a batch
+        self._out: dict[int, str] = {}  # instances out of the pool → their health
+        self._on_down = on_down
+        self._gone: TritonError | None = None  # every instance is DOWN
         self._policy = policy
         self._slots: SequenceSlots[Enqueue] = SequenceSlots(policy)
         self._tensors = tensors
@@ -75,8 +82,57 @@ class SequenceSchedulerActor(InlineActor):
         self._drains: list[Reply[None]] = []
         self._timer = WakeTimer(self.ref.tell)  # batch delays, idle sequences
 
+    def on_start(self) -> None:
+        for inst in self._instances:
+            inst.watch(self._watched)
+            if inst.health != UP:
+                self.on_InstanceHealth(InstanceHealth(inst, inst.health, inst.reason))
+
+    def _watched(self, instance: ModelInstance, health: str, reason: str) -> None:
+        """Hub (an instance's watcher): health events become messages, handled in order with the rest."""
+        try:
+            self.ref.tell(InstanceHealth(instance, health, reason))
+        except TritonError:
+            pass  # stopped meanwhile
+
     # -- messages ---------------------------------------------------------------------------------
+    def on_InstanceHealth(self, msg: InstanceHealth) -> None:
+        index = self._instances.index(msg.instance)
+        if msg.health == UP:
+            if self._out.pop(index, None) is not None and self._gone is None:
+                self._slots.open_instance(index)
+                if index not in self._busy:
+                    self._idle.append(index)
+                self._dispatch()
+            return
+        self._out[index] = msg.health
+        if index in self._idle:
+            self._idle.remove(index)
+        log.warning("sequence scheduler %s: instance %s left the pool (%s): %s", self.name, msg.instance.name,
+                    msg.health, msg.reason)
+        error = TritonError.unavailable(f"instance '{msg.instance.name}' holding the sequence stopped: {msg.reason}")
+        ended, queued = self._slots.close_instance(index)
+        for corr_id in ended:
+            self._states.pop(corr_id, None)
+        self._fail(queued, error)
+        if all(self._out.get(i) == DOWN for i in range(len(self._instances))):
+            self._gone = TritonError.unavailable(f"{version_text(self.name)} has no instance left: {msg.reason}")
+            self._fail(self._slots.clear(), self._gone)
+            self._states.clear()
+            if self._on_down is not None:
+                self._on_down(self, msg.reason)
+        self._maybe_drained()
+
+    def _fail(self, items: list[Enqueue], error: TritonError) -> None:
+        now = self._clock()
+        for item in items:
+            self._stats.record_failure(now - item.start_ns)
+            item.reply.fail(error)
+
     def on_Enqueue(self, msg: Enqueue) -> None:
+        if self._gone is not None:
+            self._fail([msg], self._gone)
+            return
         try:
             msg = self._admit(msg)
             self._slots.add(msg, msg.request.correlation_id, msg.request.flags, msg.start_ns, self._model)
@@ -96,7 +152,9 @@ class SequenceSchedulerActor(InlineActor):
                 if slot.item is not None and not slot.item.reply.ready():
                     slot.item.reply.fail(error)
         finally:
-            self._idle.append(msg.instance)
+            self._busy.discard(msg.instance)
+            if msg.instance not in self._out:
+                self._idle.append(msg.instance)
         self._dispatch()
 
     def on_Wake(self, msg: Wake) -> None:
@@ -112,6 +170,8 @@ class SequenceSchedulerActor(InlineActor):
 
     def on_stop(self) -> None:
         self._timer.stop()
+        for inst in self._instances:
+            inst.watch(None)
         error = TritonError.unavailable(f"model version '{self.name}' is unloading")
         for item in self._slots.clear():
             item.reply.fail(error)
@@ -179,6 +239,7 @@ class SequenceSchedulerActor(InlineActor):
             return
         dispatch_ns = self._clock()
         tell = self.ref.tell
+        self._busy.add(index)
 
         def done(ok: bool, value: Any) -> None:
             try:
@@ -284,7 +345,7 @@ class SequenceSchedulerActor(InlineActor):
                 slot.item.reply.set(result)
 
     def _maybe_drained(self) -> None:
-        if self._drains and not len(self._slots) and len(self._idle) == len(self._instances):
+        if self._drains and not len(self._slots) and not self._busy:
             for reply in self._drains:
                 reply.set(None)
             self._drains.clear()

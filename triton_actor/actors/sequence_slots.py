@@ -99,6 +99,7 @@ class SequenceSlots(Generic[T]):
         self._backlog: collections.OrderedDict[int | str, _Sequence[T]] = collections.OrderedDict()
         self._slots: list[list[_Sequence[T] | None]] = [[None] * policy.slots for _ in range(policy.instances)]
         self._queued = 0
+        self._closed: set[int] = set()  # instances out of the pool (not UP): no sequence is given their slots
         # no sequence can time out before this: expire() costs nothing on the hot path until then
         self._check_at = _NEVER
 
@@ -212,6 +213,30 @@ class SequenceSlots(Generic[T]):
         """Nanoseconds until an active sequence may time out (None: none can)."""
         return None if self._check_at == _NEVER else max(self._check_at - now_ns, 0)
 
+    def close_instance(self, instance: int) -> tuple[list[int | str], list[T]]:
+        """``instance`` left the pool: the sequences it holds end (the state the model kept for them is
+        gone with it); returns their ids and their queued requests (to be failed). No new sequence gets
+        its slots until :meth:`open_instance`."""
+        self._closed.add(instance)
+        ended: list[int | str] = []
+        out: list[T] = []
+        for slot, seq in enumerate(self._slots[instance]):
+            if seq is None:
+                continue
+            ended.append(seq.corr_id)
+            out += [entry[0] for entry in seq.queue]
+            self._queued -= len(seq.queue)
+            seq.queue.clear()
+            self._slots[instance][slot] = None
+            self._active.pop(seq.corr_id, None)
+        self._assign()
+        return ended, out
+
+    def open_instance(self, instance: int) -> None:
+        """``instance`` is back in the pool: its slots take sequences again."""
+        self._closed.discard(instance)
+        self._assign()
+
     def clear(self) -> list[T]:
         """Remove and return every queued request (shutdown)."""
         out = [entry[0] for s in (*self._active.values(), *self._backlog.values()) for entry in s.queue]
@@ -240,7 +265,8 @@ class SequenceSlots(Generic[T]):
     def _assign(self) -> None:
         """Give free slots to backlog sequences, oldest first, on the least loaded instance."""
         while self._backlog:
-            free = [(sum(s is not None for s in row), i, row.index(None)) for i, row in enumerate(self._slots) if None in row]
+            free = [(sum(s is not None for s in row), i, row.index(None)) for i, row in enumerate(self._slots)
+                    if None in row and i not in self._closed]
             if not free:
                 return
             _, instance, slot = min(free)

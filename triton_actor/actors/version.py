@@ -7,10 +7,13 @@ state and reason (a raise in a helper greenlet would be a greenlet crash with a 
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..backends.base import Backend, InstanceContext
 from ..errors import TritonError
@@ -84,6 +87,8 @@ class VersionSource:
     workers: int = 1  # worker processes sharing the host: instance_group counts are per host (README)
     graph: Graph | None = None  # an ensemble's checked graph
     routes: Routes | None = None  # the routing table an ensemble's steps are routed through
+    # told when every instance is DOWN: on_down(version, scheduler, reason) (the model actor's event)
+    on_down: Callable[[int, Any, str], None] | None = None
 
 
 def start_version(src: VersionSource, load_timeout_s: float,
@@ -130,12 +135,13 @@ def _scheduler(src: VersionSource, instances: list[ModelInstance],
     """The version's scheduler: the sequence batcher with ``sequence_batching``, else default / dynamic."""
     name = f"scheduler:{src.model}:{src.version}"
     cfg = src.config
+    on_down = functools.partial(src.on_down, src.version) if src.on_down is not None else None
     if cfg.HasField("sequence_batching"):
         return SequenceSchedulerActor(name, src.model, instances, stats, SlotPolicy.from_config(cfg, len(instances)),
                                       SequenceTensors.from_config(cfg, src.model_dir),
-                                      decoupled=cfg.model_transaction_policy.decoupled)
+                                      decoupled=cfg.model_transaction_policy.decoupled, on_down=on_down)
     return SchedulerActor(name, instances, stats, BatchPolicy.from_config(cfg),
-                          trace=TRACER.version(src.model, src.version))
+                          trace=TRACER.version(src.model, src.version), on_down=on_down)
 
 
 def _start_ensemble(src: VersionSource, rec: Version) -> Version:

@@ -92,7 +92,9 @@ function render(st) {
       `<td class="l">${esc(v.name)}</td><td>${v.version < 0 ? "" : v.version}</td>` +
       `<td class="l"><span class="pill ${esc(v.state)}">${esc(v.state)}</span>` +
       (v.reason ? `<div class="reason" title="${esc(v.reason)}">${esc(v.reason.split("\\n")[0])}</div>` : "") + "</td>" +
-      `<td title="${esc((v.instances || []).join(", "))}">${live ? v.busy_instances + "/" + v.instances.length + " busy" : ""}</td>` +
+      `<td title="${esc((v.instances || []).join(", "))}">${live ? v.busy_instances + "/" + v.instances.length + " busy" : ""}` +
+      `${live && (v.down_instances || []).length ? `<div class="reason" title="${esc(v.down_instances.join(", "))}">` +
+        `${v.down_instances.length} down</div>` : ""}</td>` +
       `<td class="queued">${live ? v.queued : ""}</td><td class="inflight">${live ? v.queued + v.running : ""}</td>` +
       `<td class="rate">${!live ? "" : rates[key] === undefined ? "\\u2013" : fmt(rates[key], 1)}</td>` +
       `<td class="success">${live ? v.success : ""}</td><td>${live ? v.fail : ""}</td>` +

@@ -17,10 +17,13 @@ its custom metrics come back with each reply and when a scrape asks (``metrics_m
 
 Crash handling (the Triton python backend's stub restart, bounded): when the process dies, the batch
 in flight fails INTERNAL ("... the model's process exited with signal 11 (SIGSEGV)"), and so does
-every decoupled request still open; the next batch starts a fresh process and runs ``initialize``
-again. After :data:`MAX_RESTARTS` failed starts in a row (waiting :data:`RESTART_BACKOFF_S`, doubled
-each time, between them) the instance stops trying and fails every batch UNAVAILABLE until the model
-is loaded again. A process that dies in its first ``initialize`` fails the load (the version is
+every decoupled request still open; a fresh process starts at once (:meth:`IsolatedInstance.revive`,
+asked by actors/instance.py, which reads :attr:`IsolatedInstance.health` after a failed batch and keeps
+the instance out of its scheduler's pool meanwhile) and runs ``initialize`` again; a process killed
+while idle is restarted by the next batch. After :data:`MAX_RESTARTS` failed starts in a row (waiting
+:data:`RESTART_BACKOFF_S`, doubled each time, between them) the instance stops trying: it is DOWN (out
+of the pool; the version is not ready once no instance is left) and fails any batch UNAVAILABLE until
+the model is loaded again. A process that dies in its first ``initialize`` fails the load (the version is
 UNAVAILABLE with that reason), as any load error does.
 """
 
@@ -330,6 +333,22 @@ class IsolatedInstance:
                         f"model '{self.ctx.model_name}' instance '{self.ctx.instance_name}': its process could not "
                         f"be restarted ({MAX_RESTARTS} attempts, the last: {e.message}); load the model again")
                     return self._gave_up
+
+    @property
+    def health(self) -> tuple[str, str]:
+        """``("up", "")``; ``("restart", why)``: its process died, :meth:`revive` starts a new one;
+        ``("down", why)``: it gave up. Read by the hub after a failed batch (plain reads of this
+        thread's state: a hint, which :meth:`revive` settles on this thread)."""
+        if self._gave_up is not None:
+            return "down", self._gave_up.message
+        session = self._session
+        if session is None or session.alive:
+            return "up", ""
+        return "restart", f"instance '{self.ctx.instance_name}': {session.child.exit_text}"
+
+    def revive(self) -> None:
+        """Instance's thread: start a new process now if it died (bounded, as for a batch)."""
+        self._live_session()
 
     def execute(self, requests: list[InferRequest]) -> list[Result]:
         session = self._live_session()
