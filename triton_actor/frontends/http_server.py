@@ -45,6 +45,16 @@ log = logging.getLogger(__name__)
 
 _RECV = 256 * 1024
 _EVICT_BATCH = 32  # nginx drains up to 32 reusable connections at a time when it runs out
+_LINGER_S = 5.0  # a 408'd client's bytes are read and dropped until it closes, at most this (nginx's lingering_timeout)
+_OUR_SIDE_CLOSING = frozenset({1, 4, 5})  # TCP_ESTABLISHED, FIN_WAIT1, FIN_WAIT2: the peer has not closed yet
+
+
+def _peer_closed(sock: socket.socket) -> bool:
+    """Whether the client closed its side (Linux: the connection's TCP state); True where it cannot be told."""
+    try:
+        return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] not in _OUR_SIDE_CLOSING
+    except (OSError, AttributeError):
+        return True
 _ABSENT = object()
 
 
@@ -305,21 +315,32 @@ class HttpServer:
         try:
             self._send(conn, "POST", reply, keep_alive=False)
             if isinstance(error, http1.BodyTimeout):
-                self._discard_unread(conn.sock)
+                self._linger(conn.sock)
         except OSError:
             pass
 
     @staticmethod
-    def _discard_unread(sock: socket.socket) -> None:
-        """Read what the client sent meanwhile, without waiting: closing a socket with unread bytes sends
-        a reset, which may destroy the answer in the client's buffers before it reads it."""
+    def _linger(sock: socket.socket) -> None:
+        """A client cut while it sends (408) goes on sending until it reads the answer, and closing a
+        socket with unread bytes sends a reset that destroys the answer in the client's buffers before
+        it reads it. So, as nginx's lingering close: end our side (FIN after the answer), then read and
+        drop what the client still sends until it closes its side too, at most :data:`_LINGER_S`."""
+        try:
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            return
         sock.settimeout(0.0)
-        for _ in range(64):
-            try:
-                if not sock.recv(_RECV):
+        deadline = monotonic() + _LINGER_S
+        while True:
+            for _ in range(64):  # what is there now (the read side may be shut: b"" when it is empty)
+                try:
+                    if not sock.recv(_RECV):
+                        break
+                except OSError:
                     return
-            except OSError:
+            if monotonic() >= deadline or _peer_closed(sock):
                 return
+            gevent.sleep(0.05)
     def _send(self, conn: _Connection, method: str, reply: Reply, keep_alive: bool) -> bool:
         """Send one answer; False when the connection must close afterwards."""
         status, headers, body = reply
