@@ -169,3 +169,29 @@ def test_override_directories_live_as_long_as_they_serve(tmp_path: Path, model) 
     assert not broken.exists() and dirs[1].exists()  # a failed override is removed, the serving one kept
     actor.ref.unload().get(10)
     assert not dirs[1].exists()
+
+
+def test_version_down_from_a_replaced_scheduler_is_ignored(tmp_path: Path, model) -> None:
+    """VersionDown (a scheduler: no instance left) turns the version that scheduler serves UNAVAILABLE;
+    the same event from the scheduler of a version replaced since is stale and changes nothing."""
+    import gevent
+
+    from triton_actor.actors.handles import UNAVAILABLE
+    from triton_actor.actors.model import VersionDown
+
+    actor, _backend, published = model
+    _version(tmp_path, 1, 1)
+    actor.ref.load(tmp_path).get(10)
+    old = published[-1].versions[1].scheduler
+    _version(tmp_path, 1, 3)  # the same version, new files: a new record with a new scheduler
+    actor.ref.load(tmp_path).get(10)
+    current = published[-1].versions[1].scheduler
+    assert current is not old and _tag(_infer(published[-1])) == 103
+    count = len(published)
+    actor.ref.tell(VersionDown(1, old, "stale"))
+    actor.ref.tell(VersionDown(1, current, "every instance is down"))  # handled after the stale one
+    with gevent.Timeout(10):
+        while published[-1].versions[1].state != UNAVAILABLE:
+            gevent.sleep(0.01)
+    assert [h.versions[1].reason for h in published[count:]] == ["no instance left: every instance is down"]
+    assert published[-1].ready_versions == ()
