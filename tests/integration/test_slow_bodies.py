@@ -106,6 +106,41 @@ def _tricklers(server: ServerProcess, first: bytes, byte: bytes, n: int = 2) -> 
             sock.close()
 
 
+def test_a_body_that_stops_altogether_is_answered_408(start_server: Callable[..., ServerProcess]) -> None:
+    """A client that sends a head and a few body bytes, then nothing: no read ever returns, so no read
+    can see the deadline. The reaper wakes the read (an end of file on the OS socket), and the client is
+    answered 408 and then closed, not just dropped: gevent's own shutdown cancelled the read with an
+    error, which ended the connection without an answer."""
+    server = start_server(ROOT / "model_repository", flags=FLAGS)
+    host, port = server.url.split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(f"{POST}Content-Length: {DECLARED}\r\n\r\n{{\"in".encode())
+        answer = b""
+        while chunk := sock.recv(65536):  # up to the server's close (the socket's timeout bounds it)
+            answer += chunk
+    status, _, body = answer.partition(b"\r\n\r\n")
+    assert status.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), answer[:300]
+    assert "request body too slow" in orjson.loads(body)["error"]
+    _http_infer(server)
+
+
+def test_a_client_that_sends_on_without_reading_still_gets_its_408(start_server: Callable[..., ServerProcess]) -> None:
+    """The server lingers after a 408 (FIN, then reads and drops what comes until the client closes):
+    closing while the client still sends would answer its next bytes with a reset, which throws the 408
+    away in the client's buffers before it reads it."""
+    server = start_server(ROOT / "model_repository", flags=FLAGS)
+    host, port = server.url.split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(f"{POST}Content-Length: {DECLARED}\r\n\r\n{{".encode())
+        for _ in range(30):  # 3 s of a byte every 0.1 s, blind: well past the 1 s grace and the answer
+            sock.sendall(b" ")
+            gevent.sleep(0.1)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), answer[:300]
+
+
 def test_slow_content_length_bodies_no_longer_hold_the_budget(start_server: Callable[..., ServerProcess]) -> None:
     """Two clients declare 1 MB each (the whole budget) and trickle a byte a second, within the body
     timeout: before, every other request waited its body timeout and got 503; now the tricklers are

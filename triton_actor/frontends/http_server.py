@@ -164,7 +164,9 @@ class HttpServer:
         the next tick)."""
         conn.woken = True
         try:
-            conn.sock.shutdown(socket.SHUT_RD)
+            # the OS socket's, not gevent's: gevent's shutdown cancels the waiting read with an error
+            # (EBADF), which would end the connection without its 408; this one wakes it with an end of file
+            conn.sock._sock.shutdown(socket.SHUT_RD)  # type: ignore[attr-defined]
         except OSError:
             pass
 
@@ -315,6 +317,7 @@ class HttpServer:
         try:
             self._send(conn, "POST", reply, keep_alive=False)
             if isinstance(error, http1.BodyTimeout):
+                conn.http.deadline = monotonic() + _LINGER_S + 1.0  # the reaper leaves it to linger
                 self._linger(conn.sock)
         except OSError:
             pass
@@ -336,6 +339,8 @@ class HttpServer:
                 try:
                     if not sock.recv(_RECV):
                         break
+                except BlockingIOError:
+                    break  # nothing more for now
                 except OSError:
                     return
             if monotonic() >= deadline or _peer_closed(sock):
