@@ -1,7 +1,10 @@
 """Shared-memory regions clients register so tensors need not travel in the request (spec §1.11).
 
-One :class:`SharedMemoryRegistry` per server, owned by the data plane and used only from the hub
-thread (front-end greenlets), so it needs no lock. System regions are POSIX shared-memory objects
+One :class:`SharedMemoryRegistry` per server, owned by the data plane: regions are registered and
+unregistered by the hub thread (front-end greenlets) only, but a big request is decoded on a native thread
+(``call_in_thread``), which reads its inputs' regions there. So a region's descriptor is closed only once
+no read or write uses it (a count under a native lock, held for a few instructions): closed under a read,
+the number could be reused by the next registration and the read would return another client's bytes. System regions are POSIX shared-memory objects
 (``shm_open``) mapped whole; every read and write is checked against the region's registered window
 (``offset`` .. ``offset + byte_size``), so nothing a client sends reaches outside it. Region names share
 one namespace across system and CUDA memory. Regions are read and written with ``pread``/``pwrite`` on
@@ -16,9 +19,12 @@ from __future__ import annotations
 import _posixshmem
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from .actors.bridge import native_lock
 from .errors import TritonError
 
 # A POSIX shared-memory object name: an optional leading "/" and no other "/" (shm_open's rule),
@@ -33,6 +39,8 @@ class _Region:
     offset: int
     byte_size: int
     fd: int
+    users: int = 0  # reads and writes using ``fd`` now (under the registry's lock)
+    gone: bool = False  # unregistered: ``fd`` is closed by its last user
 
 
 def _size(value: Any, what: str) -> int:
@@ -48,6 +56,7 @@ class SharedMemoryRegistry:
         self.allowed = allowed
         self.gpu_count = gpu_count
         self._system: dict[str, _Region] = {}
+        self._fds = native_lock()  # guards each region's users / gone / closing its fd
 
     def _check_allowed(self) -> None:
         if not self.allowed:
@@ -94,7 +103,7 @@ class SharedMemoryRegistry:
         """Forget one region (an unknown name is not an error, as in Triton) or, with no name, all."""
         self._check_allowed()
         for region in [self._system.pop(name)] if name in self._system else ([] if name else self._pop_all()):
-            os.close(region.fd)
+            self._release(region)
 
     def _pop_all(self) -> list[_Region]:
         regions = list(self._system.values())
@@ -135,15 +144,39 @@ class SharedMemoryRegistry:
         start = region.offset + offset
         return region, start, byte_size
 
+    @contextmanager
+    def _using(self, region: _Region, name: str) -> Iterator[int]:
+        """``region``'s descriptor, kept open until the block ends (see the module docstring)."""
+        with self._fds:
+            if region.gone:
+                raise TritonError.not_found(f"Unable to find shared memory region: '{name}'")
+            region.users += 1
+        try:
+            yield region.fd
+        finally:
+            with self._fds:
+                region.users -= 1
+                last = region.gone and not region.users
+            if last:
+                os.close(region.fd)
+
+    def _release(self, region: _Region) -> None:
+        with self._fds:
+            region.gone = True
+            unused = not region.users
+        if unused:
+            os.close(region.fd)
+
     def read(self, name: str, offset: Any, byte_size: Any, what: str) -> memoryview:
-        """A copy of ``byte_size`` bytes at ``offset`` inside region ``name``."""
+        """A copy of ``byte_size`` bytes at ``offset`` inside region ``name`` (any thread)."""
         self._check_allowed()
         region, start, size = self._window(name, offset, byte_size, what)
         buf = bytearray(size)
-        try:
-            got = os.preadv(region.fd, [buf], start) if size else 0
-        except OSError as e:
-            raise TritonError.internal(f"{what}: reading shared memory region '{name}' failed: {e}") from None
+        with self._using(region, name) as fd:
+            try:
+                got = os.preadv(fd, [buf], start) if size else 0
+            except OSError as e:
+                raise TritonError.internal(f"{what}: reading shared memory region '{name}' failed: {e}") from None
         if got != size:
             raise TritonError.invalid_arg(
                 f"{what}: shared memory region '{name}' is smaller than when it was registered")
@@ -157,19 +190,20 @@ class SharedMemoryRegistry:
             raise TritonError.invalid_arg(
                 f"shared memory size specified with the request for {what} ({size} bytes) should be at least "
                 f"{len(data)} bytes to hold the results")
-        try:
-            if os.fstat(region.fd).st_size < start + len(data):  # never grow a client's object
-                raise TritonError.invalid_arg(
-                    f"{what}: shared memory region '{name}' is smaller than when it was registered")
-            written = os.pwrite(region.fd, data, start)
-        except OSError as e:
-            raise TritonError.internal(f"{what}: writing shared memory region '{name}' failed: {e}") from None
+        with self._using(region, name) as fd:
+            try:
+                if os.fstat(fd).st_size < start + len(data):  # never grow a client's object
+                    raise TritonError.invalid_arg(
+                        f"{what}: shared memory region '{name}' is smaller than when it was registered")
+                written = os.pwrite(fd, data, start)
+            except OSError as e:
+                raise TritonError.internal(f"{what}: writing shared memory region '{name}' failed: {e}") from None
         if written != len(data):
             raise TritonError.internal(f"{what}: short write to shared memory region '{name}'")
 
     def close(self) -> None:
         for region in self._pop_all():
-            os.close(region.fd)
+            self._release(region)
 
 
 def write_output(shm: SharedMemoryRegistry | None, window: tuple[str, int, int], data: bytes,

@@ -96,3 +96,28 @@ def test_a_truncated_object_gives_errors_not_a_crash(segment: tuple[str, shared_
     assert _code(reg.write, "r", 16, 16, b"z" * 16, "out") == Code.INVALID_ARG
     assert bytes(reg.read("r", 0, 8, "x")) == bytes(range(8))  # what is still there reads fine
     assert os.stat("/dev/shm/" + key.lstrip("/")).st_size == 8  # and nothing grew it back
+
+
+def test_a_region_unregistered_during_a_read_keeps_its_descriptor_until_the_read_ends(
+        segment: tuple[str, shared_memory.SharedMemory], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Big requests are decoded on a native thread, which reads their regions there; the hub may
+    unregister the region meanwhile. Closing its descriptor under the read would let the next
+    registration reuse the number, and the read return another client's bytes (review finding)."""
+    key, _seg = segment
+    reg = SharedMemoryRegistry(allowed=True)
+    reg.register_system("r", key, 0, 64)
+    fd = reg._system["r"].fd
+    real_preadv = os.preadv
+    seen = []
+
+    def preadv_while_unregistered(fd_: int, buffers: list[bytearray], offset: int) -> int:
+        reg.unregister_system("r")  # as the hub would, while the read runs
+        seen.append(os.fstat(fd_).st_size)  # still this region's descriptor, still open
+        return real_preadv(fd_, buffers, offset)
+
+    monkeypatch.setattr(os, "preadv", preadv_while_unregistered)
+    assert bytes(reg.read("r", 8, 4, "x")) == bytes([8, 9, 10, 11]) and seen == [64]
+    with pytest.raises(OSError):
+        os.fstat(fd)  # closed by the read, its last user
+    monkeypatch.setattr(os, "preadv", real_preadv)
+    assert _code(reg.read, "r", 0, 4, "x") == Code.NOT_FOUND

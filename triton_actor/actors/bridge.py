@@ -30,6 +30,11 @@ S = TypeVar("S")
 _start_native = monkey.get_original("_thread", "start_new_thread")
 _get_ident = monkey.get_original("_thread", "get_ident")
 _allocate_native_lock = monkey.get_original("_thread", "allocate_lock")
+
+
+def native_lock() -> Any:
+    """A lock of the OS thread library, not gevent's: for state shared with native threads (held briefly)."""
+    return _allocate_native_lock()
 _workers: dict[int, NativeWorker[Any]] = {}  # native thread id → its worker (written by that thread)
 MAX_INTERRUPTIONS = 100  # system errors thrown into an idle worker in a row before it counts as dead
 
