@@ -174,6 +174,9 @@ class ChildProcess:
         self.replies.close()
 
 
+MAX_LINE = 64 * 1024  # bytes of one line of the model's output held before it is logged anyway
+
+
 class _LineLogger:
     """The model process's stdout or stderr, line by line into the server log."""
 
@@ -183,14 +186,22 @@ class _LineLogger:
         self.partial = b""
 
     def feed(self, data: bytes) -> None:
-        lines = (self.partial + data).split(b"\n")
-        self.partial = lines.pop()
+        """Emit each complete line (``\n``, or ``\r`` as progress bars end theirs); a line longer than
+        :data:`MAX_LINE` is emitted in pieces of that size: the rest is kept, so what is held (and copied
+        for each read) stays bounded whatever the model writes."""
+        lines = (self.partial + data).replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
+        rest = lines.pop()
+        while len(rest) > MAX_LINE:
+            lines.append(rest[:MAX_LINE])
+            rest = rest[MAX_LINE:]
+        self.partial = rest
         for line in lines:
-            self.emit(line)
+            if line:
+                self.emit(line)
 
     def emit(self, line: bytes) -> None:
         _model_log.log(self.level, "[%s pid %d] %s", self.child.name, self.child.pid,
-                       line.decode("utf-8", "replace").rstrip("\r"))
+                       line.decode("utf-8", "replace"))
 
 
 def _poll_until(proc: subprocess.Popen[bytes], timeout_s: float) -> int | None:
