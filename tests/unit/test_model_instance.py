@@ -288,3 +288,17 @@ def test_a_process_that_dies_again_right_after_its_restart_is_bounded_by_the_bud
     assert model.revives == 4 and events == [RESTARTING, RESTARTING, DOWN]  # 3 more restarts a minute
     assert "again and again after it started" in inst.reason
     inst.close(10)
+
+
+def test_a_revive_answered_by_a_thread_whose_loop_died_leaves_the_restart_to_it() -> None:
+    """A revive queued on a thread whose loop then dies is answered UNAVAILABLE with the rest of its work;
+    that answer must not make the instance DOWN for good: the thread's end restarts it (review finding)."""
+    inst, _model, events = _revivable([("up", "")])
+    worker = inst._worker
+    worker.died = RuntimeError("the loop died")  # as NativeWorker records it, before answering its work
+    try:
+        inst._revived(worker, False, TritonError.unavailable("instance stopped"))
+        assert inst.health != DOWN and DOWN not in events
+    finally:
+        worker.died = None
+    inst.close(10)

@@ -202,12 +202,15 @@ class ModelInstance:
         if health == "restart":
             self._reviving = True
             self._set_health(RESTARTING, reason)
-            self._worker.submit_callback(_revive, (), self._revived)
+            worker = self._worker
+            self._worker.submit_callback(_revive, (), lambda ok, value: self._revived(worker, ok, value))
         elif health == "down":
             self._set_health(DOWN, reason)
 
-    def _revived(self, ok: bool, value: Any) -> None:
+    def _revived(self, worker: Any, ok: bool, value: Any) -> None:
         self._reviving = False
+        if worker is not self._worker or worker.died is not None:
+            return  # its thread's loop died with the revive queued (answered UNAVAILABLE): _on_stopped restarts it
         if not ok:
             self._set_health(DOWN, f"instance '{self.name}' could not be revived: {_text(value)}")
             return
