@@ -98,7 +98,7 @@ class Call:
     """One gRPC call on one stream; its life is its handler's (``started`` … :meth:`finish`)."""
 
     __slots__ = ("conn", "stream", "sid", "method", "encoding", "buf", "inbox", "send_lock", "greenlet",
-                 "input_done", "done", "finished", "started", "requests", "errors_end_stream", "held")
+                 "input_done", "done", "finished", "started", "requests", "errors_end_stream", "held", "queued")
 
     STREAM_REQUESTS = 128  # ModelStreamInfer requests running at once on one stream; more wait in the inbox
 
@@ -120,6 +120,7 @@ class Call:
         # ``triton_grpc_error: true`` on a stream: an error ends the stream with its gRPC status (Triton 24.08+)
         self.errors_end_stream = False
         self.held = 0  # bytes of the request memory budget this call holds (budget.py)
+        self.queued = 0  # of them, the bytes of a stream's messages waiting in its inbox
 
     # -- events from the reader ---------------------------------------------------------------
     def begin(self, end_stream: bool) -> None:
@@ -153,7 +154,10 @@ class Call:
             messages = h2.split_messages(buf)
             for message in messages:
                 self.inbox.put(message)
-            self._hold(len(buf))  # a stream's decoded requests hold no budget: only what is buffered
+                self.queued += len(message[1]) + 5
+            # a message stays held while it waits in the inbox (STREAM_REQUESTS run at once), until
+            # _run_stream takes it: only the connection's flow-control window bounded it before
+            self._hold(len(buf) + self.queued)
             if messages:  # each message of a stream has its own minimum-rate clock (h2_connection.body_idle)
                 self.conn.h2.body_idle(self.stream)
         if end_stream:
@@ -350,7 +354,10 @@ class Call:
             while True:
                 item = self.inbox.get()
                 if type(item) is tuple:
-                    self.conn.h2.consumed(self.stream, len(item[1]) + 5)  # queued ones stay counted
+                    size = len(item[1]) + 5
+                    self.conn.h2.consumed(self.stream, size)  # queued ones stay counted
+                    self.queued -= size
+                    self._hold(max(0, self.held - size))  # the request is decoded from here: not buffered
                 if item is _END:
                     break
                 if item is _GONE or isinstance(item, Refused):
