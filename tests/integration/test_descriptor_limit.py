@@ -23,11 +23,11 @@ FLOOD = 300  # connections tried per port: more than its cap and than the proces
 
 def _flood(port: int, data: bytes, socks: list[socket.socket]) -> int:
     """Up to FLOOD connections to ``port`` that each sent ``data`` and wait; stops at the first that
-    is not accepted within half a second (the listen queue is full). Returns how many connected."""
+    is not accepted within two seconds (the listen queue is full; a loaded machine may be slow to accept). Returns how many connected."""
     n = 0
     for _ in range(FLOOD):
         try:
-            sock = socket.create_connection(("127.0.0.1", port), timeout=0.5)
+            sock = socket.create_connection(("127.0.0.1", port), timeout=2.0)
         except OSError:
             break
         socks.append(sock)
@@ -64,9 +64,9 @@ def test_connections_on_every_port_leave_room_for_a_new_client(flooded: tuple[Se
     server, socks = flooded
     assert len(socks) > OPEN_FILES  # the flood was larger than the process's descriptor table
     _infer_ok(server)
+    assert server.stderr.wait(lambda: "client connections open on all ports" in server.log(), 30)  # the drain said so
     log = server.log()
     assert "Traceback" not in log and "Too many open files" not in log, log[-3000:]
-    assert "client connections open on all ports" in log  # the drain said so, once
 
 
 def test_grpc_serves_again_after_the_flood(flooded: tuple[ServerProcess, list[socket.socket]]) -> None:

@@ -196,7 +196,7 @@ def test_segfault_fails_its_request_and_the_model_restarts(crashy_server: Server
     assert not others.failures, others.failures[:3]
     assert second not in (first, crashy_server.proc.pid)
     assert _gone(first)
-    assert "Fatal Python error: Segmentation fault" in crashy_server.log()  # the child's stderr, in the server log
+    assert crashy_server.stderr.wait(lambda: "Fatal Python error: Segmentation fault" in crashy_server.log(), 30)  # the child's stderr
     client.close()
 
 
@@ -216,7 +216,7 @@ def test_killed_while_idle_restarts_at_the_next_request(crashy_server: ServerPro
     os.kill(first, 9)
     wait_for(lambda: _gone(first), what="the killed process reaped")
     assert _pid_of(client, "crashy") not in (first, 0)
-    assert "the model's process exited with signal 9 (SIGKILL)" in crashy_server.log()
+    assert crashy_server.stderr.wait(lambda: "the model's process exited with signal 9 (SIGKILL)" in crashy_server.log(), 30)
     client.close()
 
 
@@ -248,6 +248,7 @@ def test_restarts_are_bounded(tmp_path: Path, start_server: Any) -> None:
     assert index(client)[("flaky", "1")]["reason"] == f"no instance left: {gave_up}"
     e = _error(_infer, client, "flaky", [1.0])
     assert (e.status(), e.message()) == ("404", "Request for unknown model: 'flaky' has no available versions")
+    assert server.stderr.wait(lambda: server.log().count("restarting its process failed") >= 3, 30)
     assert server.log().count("restarting its process failed") == 3
     np.testing.assert_array_equal(_infer(client, "other", [3.0]), [3.0])
     client.close()
@@ -260,7 +261,7 @@ def test_unload_finalizes_and_stops_the_process(tmp_path: Path, start_server: An
     pid = _pid_of(client, "crashy")
     client.unload_model("crashy")
     wait_for(lambda: _gone(pid), what="the model's process gone")
-    assert f"crashy finalized in pid {pid}" in server.log()  # finalize ran there; its log reached ours
+    assert server.stderr.wait(lambda: f"crashy finalized in pid {pid}" in server.log(), 30)  # finalize ran there
     client.load_model("crashy")
     assert _pid_of(client, "crashy") != pid
     client.close()

@@ -167,9 +167,7 @@ def test_slow_chunked_bodies_reserve_what_they_sent(start_server: Callable[..., 
     server = start_server(ROOT / "model_repository", flags=flags)
     first = f"{POST}Transfer-Encoding: chunked\r\n\r\n1\r\n{{\r\n".encode()
     with _tricklers(server, first, b"1\r\n \r\n", n=4) as slow:
-        started = time.monotonic()
-        _http_infer(server)
-        assert time.monotonic() - started < 5, "the request waited for the chunked uploads' budget"
+        _http_infer(server)  # before: it waited in line for the uploads' budget, then 503 (it raises)
         assert not any(g.ready() for g in slow), "a chunked upload was cut before its grace"
 
 

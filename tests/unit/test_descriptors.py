@@ -79,11 +79,14 @@ def test_accept_out_of_descriptors_pauses_and_resumes_without_a_traceback(monkey
 
 
 def test_a_drain_that_found_nothing_is_not_repeated_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr(descriptors.time, "monotonic", lambda: clock[0])
     slots = ConnectionSlots(total=1)
     listed = []
     slots.register(lambda: listed.append(1) or [])
     assert slots.take("HTTP") and not slots.take("HTTP") and not slots.take("HTTP")
     assert listed == [1]  # the second refusal did not walk the connections again
-    now = descriptors.time.monotonic()
-    monkeypatch.setattr(descriptors.time, "monotonic", lambda: now + 1)
+    clock[0] += 0.09
+    assert not slots.take("HTTP") and listed == [1]  # still within the pause
+    clock[0] += 0.02
     assert not slots.take("HTTP") and listed == [1, 1]
