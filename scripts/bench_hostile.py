@@ -34,6 +34,7 @@ import json
 import os
 import socket
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -84,11 +85,37 @@ def _many_inputs(mib: float) -> bytes:
     return ('{"inputs":[' + ",".join(one % i for i in range(n)) + "]}").encode()
 
 
-def _post(port: int, body: bytes, timeout: float, expect: int = 200) -> tuple[bool, float]:
+ECHO_CONFIG = """name: "echo"
+backend: "python"
+input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]
+output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]
+"""
+ECHO_MODEL = """import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0",
+            pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())]) for r in requests]
+"""
+
+
+def _json_output_request(n: int) -> tuple[bytes, int]:
+    """``n`` FP32 values in binary to the ``echo`` model, asking for the output as JSON: (body, header length)."""
+    header = json.dumps({"inputs": [{"name": "INPUT0", "shape": [n], "datatype": "FP32",
+                                     "parameters": {"binary_data_size": 4 * n}}],
+                         "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": False}}]}).encode()
+    return header + struct.pack(f"<{n}f", *([0.123456789] * n)), len(header)
+
+
+def _post(port: int, body: bytes, timeout: float, expect: int = 200, model: str = "total",
+          header_length: int | None = None) -> tuple[bool, float]:
     t0 = time.perf_counter()
     try:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-        conn.request("POST", "/v2/models/total/infer", body, {"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json"}
+        if header_length is not None:
+            headers["Inference-Header-Content-Length"] = str(header_length)
+        conn.request("POST", f"/v2/models/{model}/infer", body, headers)
         resp = conn.getresponse()
         resp.read()
         conn.close()
@@ -154,6 +181,8 @@ def main() -> int:
     ap.add_argument("--small-timeout", type=float, default=1.0, help="a small answer slower than this failed")
     ap.add_argument("--many-inputs", action="store_true", help="big requests of many unknown inputs (refused)")
     ap.add_argument("--grpc-typed", action="store_true", help="big requests over gRPC as typed contents")
+    ap.add_argument("--json-output", action="store_true",
+                    help="big requests: --mib MiB of FP32 in binary to an echo model, the answer asked as JSON")
     ap.add_argument("--flags", default="", help="extra server flags")
     ap.add_argument("--slow", type=int, default=0, help="slow clients (instead of --big)")
     ap.add_argument("--slow-mib", type=float, default=64.0, help="MiB each slow client declares")
@@ -168,6 +197,10 @@ def main() -> int:
         n = int(args.mib * 2**20 / 4)
         big = _typed_request(n)
         print(f"big request: {len(big) / 2**20:.1f} MiB of protobuf, {n} FP32 typed values", flush=True)
+    elif args.json_output:
+        n = int(args.mib * 2**20 / 4)
+        big, header_length = _json_output_request(n)
+        print(f"big request: {n} FP32 values in binary, answered as JSON (~{n * 10 / 2**20:.0f} MiB)", flush=True)
     elif args.big:
         big = _many_inputs(args.mib) if args.many_inputs else _body(n)
         what = "one-element inputs" if args.many_inputs else "floats"
@@ -181,6 +214,9 @@ def main() -> int:
         version.mkdir(parents=True)
         (version.parent / "config.pbtxt").write_text(CONFIG)
         (version / "model.py").write_text(MODEL)
+        Path(tmp, "echo", "1").mkdir(parents=True)
+        Path(tmp, "echo", "config.pbtxt").write_text(ECHO_CONFIG)
+        Path(tmp, "echo", "1", "model.py").write_text(ECHO_MODEL)
         port, grpc_port = _free_port(), _free_port()
         cmd = [sys.executable, "-m", "triton_actor", "--model-repository", tmp, "--http-port", str(port),
                "--grpc-port", str(grpc_port), "--allow-metrics", "false",
@@ -206,6 +242,8 @@ def main() -> int:
             def big_client() -> None:
                 if args.grpc_typed:
                     big_results.append(_grpc_call(grpc_port, big))
+                elif args.json_output:
+                    big_results.append(_post(port, big, 600, model="echo", header_length=header_length))
                 else:
                     big_results.append(_post(port, big, 600, 400 if args.many_inputs else 200))
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Wheels for running the test suite on a GPU host that reaches no package registry (the lent H100
 # host: CPython 3.12, with torch (CUDA), numpy, grpcio and onnxruntime already installed). Downloads
-# cp312 manylinux wheels of everything else the server and the suite import into .whl/ (about 15 MB;
+# cp312 manylinux wheels of everything else the server and the suite import into .whl/ (about 11 MB;
 # git-ignored). Then, on that host, from the repository root:
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:.
 #   python3 -m pytest -p no:cacheprovider -q -m "not host_tools" tests
