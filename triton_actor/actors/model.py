@@ -80,6 +80,7 @@ class Load:
 @dataclass(frozen=True, slots=True)
 class Unload:
     reply: Reply[None]
+    stopping: Reply[None] | None = None  # set once no new request reaches the model (UNLOADING published)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,10 +129,11 @@ class ModelRef(ActorRef):
         """POLL: load from ``model_dir``, nobody waits; a failure shows in the index."""
         self.tell(Load(model_dir))
 
-    def unload(self) -> Reply[None]:
-        """Drain and finalize every version; the reply completes when they are gone."""
+    def unload(self, stopping: Reply[None] | None = None) -> Reply[None]:
+        """Drain and finalize every version; the reply completes when they are gone (``stopping``, when
+        given, as soon as no new request reaches the model)."""
         done: Reply[None] = Reply()
-        self.tell(Unload(done))
+        self.tell(Unload(done, stopping))
         return done
 
 
@@ -190,6 +192,8 @@ class ModelActor(Actor):
             if rec.state == READY:
                 rec.to(UNLOADING)
         self._publish_now(wait=True)  # no new request reaches a version once it is UNLOADING
+        if msg.stopping is not None:
+            msg.stopping.set(None)
         for rec in live:
             stop_version(rec, self.model)
         for rec in self._versions.values():

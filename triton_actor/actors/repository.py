@@ -337,13 +337,19 @@ class RepositoryActor(Actor):
             raise TritonError.unavailable(_REFUSED)
         actor = self._models.get(msg.name)
         if actor is not None:
-            done = actor.ref.unload()
+            # answered once the model is UNLOADING (not ready, no new request reaches it), as Triton's
+            # unload: asynchronous, but a readiness check right after it says not ready
+            stopping: Reply[None] = Reply()
+            done = actor.ref.unload(stopping)
             done.link(lambda r: r.exception() and log.error("unloading '%s' failed: %s", msg.name, r.exception()))
+            for event in (stopping, done):  # done: an unload that failed before it stopped anything
+                event.link(lambda _r: msg.reply.ready() or msg.reply.set(None))
             if msg.unload_dependents:
                 loaded = [n for n, h in self.routes.items() if h.ready_versions]
                 deps = [(n, self._models[n].ref) for n in self._graph.to_unload(msg.name, loaded) if n in self._models]
                 self._graph.implicit.difference_update(n for n, _ in deps)
                 gevent.spawn(unload_after, done, deps)
+            return
         msg.reply.set(None)
 
     def _model_dir(self, name: str, found: dict[str, list[Path]]) -> Path:
