@@ -24,6 +24,11 @@ MiB on the wire (4 bytes a value), the way non-tritonclient gRPC clients often s
 small clients run for ``--duration`` s; reports what the slow clients were answered and when.
 
     .venv/bin/python scripts/bench_hostile.py --slow 16 --duration 30
+
+``--reopen``: each slow client opens a new connection as soon as one is answered, so more slow clients
+than the budget admits keep a line of silent 64 MiB reservations ahead of every small request.
+
+    .venv/bin/python scripts/bench_hostile.py --slow 90 --reopen --duration 40
 """
 
 from __future__ import annotations
@@ -153,6 +158,15 @@ def _grpc_call(port: int, body: bytes) -> tuple[bool, float]:
         return ok, time.perf_counter() - t0
 
 
+def _slow_clients(port: int, mib: float, every: float, stop: threading.Event, out: list[tuple[str, float]],
+                  reopen: bool) -> None:
+    """One slow client after another (``reopen``: a new one as soon as one is answered) until ``stop``."""
+    while True:
+        _slow_client(port, mib, every, stop, out)
+        if not reopen or stop.is_set():
+            return
+
+
 def _slow_client(port: int, mib: float, every: float, stop: threading.Event, out: list[tuple[str, float]]) -> None:
     """Declare ``mib`` MiB, then trickle a byte every ``every`` s until answered (or ``stop``)."""
     t0 = time.perf_counter()
@@ -187,6 +201,8 @@ def main() -> int:
     ap.add_argument("--slow", type=int, default=0, help="slow clients (instead of --big)")
     ap.add_argument("--slow-mib", type=float, default=64.0, help="MiB each slow client declares")
     ap.add_argument("--slow-every", type=float, default=1.0, help="seconds between a slow client's bytes")
+    ap.add_argument("--reopen", action="store_true",
+                    help="--slow: each slow client opens a new connection as soon as one is answered (a queue flood)")
     ap.add_argument("--duration", type=float, default=30.0, help="--slow: seconds the small clients run")
     args = ap.parse_args()
     if args.slow:
@@ -250,8 +266,9 @@ def main() -> int:
             smalls = [threading.Thread(target=small_client) for _ in range(args.small)]
             bigs = [threading.Thread(target=big_client) for _ in range(args.big)]
             slow_results: list[tuple[str, float]] = []
-            slows = [threading.Thread(target=_slow_client, args=(port, args.slow_mib, args.slow_every, stop,
-                                                                  slow_results)) for _ in range(args.slow)]
+            slows = [threading.Thread(target=_slow_clients, args=(port, args.slow_mib, args.slow_every, stop,
+                                                                   slow_results, args.reopen))
+                     for _ in range(args.slow)]
             for t in slows:
                 t.start()
             if slows:

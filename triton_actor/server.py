@@ -129,7 +129,7 @@ class Server:
         (a worker's)."""
         s = self.settings
         listeners = listeners or {}
-        budget = ByteBudget(s.request_memory_budget)  # one for both front ends
+        budget = ByteBudget(s.request_memory_budget, s.request_body_min_rate)  # one for both front ends
         slots = self._slots = ConnectionSlots()  # one descriptor count for every port
         if s.allow_grpc:
             self.grpc = GrpcH2Server.from_settings(GrpcServicer(self.plane), s, budget, slots)

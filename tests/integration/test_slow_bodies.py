@@ -22,32 +22,35 @@ import numpy as np
 import orjson
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from .server import ROOT, ServerProcess
 from .test_grpc_transport import _PREFACE, _frame
 
-BUDGET = 2_000_000
-DECLARED = 1_000_000  # two slow clients declaring this much spend the whole budget
+BUDGET = 2_000_000  # big requests may hold 1,875,000 of it: the last 1/16 is the small requests' lane
+DECLARED = 900_000  # two slow clients declaring this much spend all but that lane
 GRACE = "1"
 FLAGS = ("--request-memory-budget", str(BUDGET), "--http-body-timeout-secs", "5", "--request-body-min-rate", "100000",
          "--request-body-grace-secs", GRACE)
 POST = "POST /v2/models/add_sub/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+# the real requests: 200 kB, over the lane's 64 KiB (budget.SMALL_REQUEST), so they need what the slow ones hold
+VALUES = np.arange(50_000, dtype=np.float32).reshape(1, -1)
 
 
 def _inputs(module):  # tritonclient.http or .grpc
-    inputs = []
-    for name in ("INPUT0", "INPUT1"):
-        i = module.InferInput(name, [4], "FP32")
-        i.set_data_from_numpy(np.arange(4, dtype=np.float32))
-        inputs.append(i)
-    return inputs
+    i = module.InferInput("INPUT0", list(VALUES.shape), "FP32")
+    i.set_data_from_numpy(VALUES)
+    return [i]
+
+
+def _served(result) -> None:
+    assert np.array_equal(result.as_numpy("OUTPUT0"), VALUES)
 
 
 def _http_infer(server: ServerProcess) -> None:
     client = httpclient.InferenceServerClient(server.url, network_timeout=60)
     try:
-        result = client.infer("add_sub", _inputs(httpclient))
-        assert result.as_numpy("OUTPUT0").tolist() == [0, 2, 4, 6]
+        _served(client.infer("identity_batch", _inputs(httpclient)))
     finally:
         client.close()
 
@@ -55,8 +58,7 @@ def _http_infer(server: ServerProcess) -> None:
 def _grpc_infer(server: ServerProcess) -> None:
     client = grpcclient.InferenceServerClient(server.grpc_url)
     try:
-        result = client.infer("add_sub", _inputs(grpcclient), client_timeout=30)
-        assert result.as_numpy("OUTPUT0").tolist() == [0, 2, 4, 6]
+        _served(client.infer("identity_batch", _inputs(grpcclient), client_timeout=30))
     finally:
         client.close()
 
@@ -158,6 +160,81 @@ def test_slow_content_length_bodies_no_longer_hold_the_budget(start_server: Call
     assert "Traceback" not in server.log()
 
 
+def _pressed_server(start_server: Callable[..., ServerProcess]) -> ServerProcess:
+    """A grace (30 s) and a body timeout (60 s) longer than the client waits (15 s)."""
+    flags = ("--request-memory-budget", str(BUDGET), "--request-body-min-rate", "100000",
+             "--request-body-grace-secs", "30")
+    return start_server(ROOT / "model_repository", flags=flags)
+
+
+def _answered_408(slow: list[gevent.Greenlet]) -> None:
+    for greenlet in gevent.joinall(slow, timeout=30, raise_error=True):
+        status, _, body = greenlet.value.partition(b"\r\n\r\n")
+        assert status.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), greenlet.value[:300]
+        assert "request body too slow" in orjson.loads(body)["error"]
+
+
+def test_a_reservation_nobody_uses_goes_to_the_line_within_a_second(
+        start_server: Callable[..., ServerProcess]) -> None:
+    """Two clients declare 1 MB each (the whole budget) and trickle a byte a second. With the whole
+    grace theirs, a real request waited in line for it (30 s here, 10 s by default, and the ~90 such
+    connections an attacker kept in line ahead of it pushed it past the body timeout: 503). Now bodies
+    that hold what others wait for are pressed (grace 1 s): the tricklers are answered 408 about a
+    second after the request joined the line, and it is served long before its client gives up."""
+    server = _pressed_server(start_server)
+    with _tricklers(server, f"{POST}Content-Length: {DECLARED}\r\n\r\n{{".encode(), b" ") as slow:
+        client = httpclient.InferenceServerClient(server.url, network_timeout=15)
+        try:  # before: the client's timeout, as the tricklers held the budget for their 30 s grace
+            result = client.infer("identity_batch", _inputs(httpclient))
+        finally:
+            client.close()
+        _served(result)
+        _answered_408(slow)
+    assert "after 1 s" in server.log()  # the pressed grace, in the slow-body line
+
+
+def test_a_grpc_call_refused_for_room_presses_the_holders(start_server: Callable[..., ServerProcess]) -> None:
+    """A gRPC message does not wait in line: it is refused RESOURCE_EXHAUSTED when the budget is spent.
+    That refusal presses the HTTP bodies holding the budget as a waiting request does, so the call's
+    retry succeeds within seconds instead of after the holders' whole grace."""
+    server = _pressed_server(start_server)
+    with _tricklers(server, f"{POST}Content-Length: {DECLARED}\r\n\r\n{{".encode(), b" ") as slow:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        try:
+            for attempt in range(16):  # 8 s of retries; before, the budget stayed spent for 30 s
+                try:
+                    result = client.infer("identity_batch", _inputs(grpcclient), client_timeout=10)
+                    break
+                except InferenceServerException as e:
+                    assert e.status() == "StatusCode.RESOURCE_EXHAUSTED", e
+                    assert attempt < 15, "the silent reservations still held the budget after 8 s"
+                    time.sleep(0.5)  # the client's retry pace, not a wait for the server
+        finally:
+            client.close()
+        _served(result)
+        _answered_408(slow)
+
+
+def test_a_small_request_never_waits_behind_big_bodies(start_server: Callable[..., ServerProcess]) -> None:
+    """The last 1/16 of the budget is for requests of at most 64 KiB (1/1024 of a bigger budget): two
+    clients declaring 900 kB hold all the rest and a third waits in line, with no minimum rate (so
+    nothing cuts them); an ordinary small request is served at once. Before, it waited in line behind
+    them until its client gave up."""
+    flags = ("--request-memory-budget", str(BUDGET), "--request-body-min-rate", "0")
+    server = start_server(ROOT / "model_repository", flags=flags)
+    with _tricklers(server, f"{POST}Content-Length: {DECLARED}\r\n\r\n{{".encode(), b" ", n=3) as slow:
+        client = httpclient.InferenceServerClient(server.url, network_timeout=15)
+        try:
+            inputs = []
+            for name in ("INPUT0", "INPUT1"):
+                inputs.append(httpclient.InferInput(name, [4], "FP32"))
+                inputs[-1].set_data_from_numpy(np.arange(4, dtype=np.float32))
+            assert client.infer("add_sub", inputs).as_numpy("OUTPUT0").tolist() == [0, 2, 4, 6]
+        finally:
+            client.close()
+        assert not any(g.ready() for g in slow), "a slow client was answered: nothing should cut them here"
+
+
 def test_slow_chunked_bodies_reserve_what_they_sent(start_server: Callable[..., ServerProcess]) -> None:
     """A chunked body reserved the most it may be (--http-max-input-size, 64 MiB) before it was read:
     one slow chunked upload spent the whole budget. Now it reserves as its bytes come (16 KiB first),
@@ -193,15 +270,16 @@ _BLOCK = [(":method", "POST"), (":scheme", "http"), (":authority", "x"),
 
 
 def test_slow_grpc_messages_no_longer_hold_the_budget(start_server: Callable[..., ServerProcess]) -> None:
-    """Two streams send most of a ~1 MB message at once (the whole budget between them) and then a DATA
-    frame a second: before, they held it for ever and every other call got RESOURCE_EXHAUSTED; now
-    each is answered DEADLINE_EXCEEDED once the grace is over, and the next call succeeds."""
+    """Two streams send most of a ~1 MB message at once (with the room reserved ahead, all the budget
+    but the small lane between them) and then a DATA frame a second: before, they held it for ever and
+    every other big call got RESOURCE_EXHAUSTED; now each is answered DEADLINE_EXCEEDED once the grace
+    is over, and the next call succeeds."""
     server = start_server(ROOT / "model_repository", flags=FLAGS)
     enc = hpack.Encoder()
     host, port = server.grpc_url.rsplit(":", 1)
     announced = DECLARED - 10
     with socket.create_connection((host, int(port)), timeout=10) as sock:
-        most = struct.pack(">BI", 0, announced) + b"\0" * (announced - 200_000)
+        most = struct.pack(">BI", 0, announced) + b"\0" * (announced - 300_000)
         opening = b"".join(_frame(1, 4, sid, enc.encode(_BLOCK)) + _frame(0, 0, sid, most) for sid in (1, 3))
         sock.sendall(_PREFACE + _frame(4, 0, 0) + opening)
         _settle(server)

@@ -265,6 +265,32 @@ def test_begin_body_restarts_the_clocks_after_a_wait_for_the_budget() -> None:
     assert conn.next_event() == Body(b"x" * 1000)
 
 
+def test_a_pressed_body_keeps_one_second_of_grace() -> None:
+    """Others wait for the budget this body holds: its grace shrinks to PRESSED_GRACE (the deadline
+    moves closer, and the 408 says so); a body ahead of the rate is not affected, and the next
+    request gets the whole grace again."""
+    conn = _reading(body=b"x" * 50)
+    conn.press()
+    assert conn.deadline == 100 + http1.PRESSED_GRACE + 50 / 100
+    conn.press()  # idempotent
+    assert conn.deadline == 100 + http1.PRESSED_GRACE + 50 / 100
+    with pytest.raises(http1.BodyTimeout) as e:
+        conn.receive_data(b"x", 102.0)
+    assert e.value.message.endswith("after 1 s")
+    ahead = _reading(body=b"x" * 999)
+    ahead.press()
+    assert ahead.deadline == 100 + http1.PRESSED_GRACE + 999 / 100  # 110.99: still its body's own pace
+    ahead.receive_data(b"x", 101.0)
+    assert ahead.next_event() == Body(b"x" * 1000)
+    ahead.start_next_cycle(101.0)
+    ahead.receive_data(HEAD_1000, 101.0)
+    assert isinstance(ahead.next_event(), Head) and ahead.next_event() is NEED_DATA
+    assert ahead.deadline == 101 + 5  # the whole grace again
+    idle = http1.ServerConnection(RATED, now=100.0)
+    idle.press()  # no body: nothing to press
+    assert idle.deadline == 100 + 75
+
+
 def test_a_chunked_body_has_the_same_minimum_rate() -> None:
     conn = _reading(head=b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", body=b"a\r\n0123456789\r\n")
     assert conn.deadline == 100 + 5 + 15 / 100  # framing counts: it is what the client sent

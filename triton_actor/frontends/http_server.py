@@ -15,7 +15,10 @@ request, a deadline is two attribute writes. Closing a socket wakes its greenlet
 its ``recv``; a connection has a deadline only while it waits for bytes, never while it is answered.
 A body past its deadline (``--http-body-timeout-secs`` between reads, or under ``--request-body-min-rate``)
 is answered 408 as nginx and Apache do: the reaper shuts the socket's read side, which wakes the greenlet
-with an end of file that its state machine, past the deadline, turns into the 408.
+with an end of file that its state machine, past the deadline, turns into the 408. While requests wait
+in line for the request memory budget, the bodies that hold it are pressed (their grace shrinks to
+``http1.PRESSED_GRACE``) and the reaper ticks every 0.1 s: a reservation nobody uses goes to the line
+within about a second.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ log = logging.getLogger(__name__)
 _RECV = 256 * 1024
 _EVICT_BATCH = 32  # nginx drains up to 32 reusable connections at a time when it runs out
 _LINGER_S = 5.0  # a 408'd client's bytes are read and dropped until it closes, at most this (nginx's lingering_timeout)
+_PRESSED_TICK = 0.1  # the reaper's tick while requests wait in line for the budget (pressed bodies' deadlines)
 _OUR_SIDE_CLOSING = frozenset({1, 4, 5})  # TCP_ESTABLISHED, FIN_WAIT1, FIN_WAIT2: the peer has not closed yet
 
 
@@ -148,8 +152,14 @@ class HttpServer:
         lim = self.limits
         tick = min(1.0, max(0.01, min(lim.header_timeout, lim.body_timeout, lim.keepalive_timeout,
                                       lim.send_timeout, lim.body_grace if lim.min_rate else 1.0) / 4))
+        budget = self.budget
         while True:
-            gevent.sleep(tick)
+            if budget.line_formed.wait(min(tick, _PRESSED_TICK) if budget.pressed else tick):
+                budget.line_formed.clear()
+            if budget.pressed:  # bodies that hold what others wait for lose their grace (http1 press)
+                for conn in self._connections:
+                    if conn.held:
+                        conn.http.press()
             now = monotonic()
             for conn in [c for c in self._connections if c.http.deadline <= now]:
                 if conn.http.reading_body and not conn.woken:
@@ -266,6 +276,8 @@ class HttpServer:
         if not self.budget.reserve(n, self.limits.body_timeout):
             raise self._busy()
         conn.http.begin_body(monotonic())
+        if self.budget.pressed:  # granted while others still wait: pressed from the start
+            conn.http.press()
         return n
 
     def _busy(self) -> http1.ProtocolError:

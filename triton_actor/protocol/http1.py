@@ -59,6 +59,9 @@ class Limits:
 
 
 DEFAULT_LIMITS = Limits()
+# a body's grace while other requests wait for the request memory budget it holds (press): enough for a
+# client's first round trips, where the whole grace let a silent reservation hold its bytes for 10 s
+PRESSED_GRACE = 1.0
 
 
 class ProtocolError(Exception):
@@ -206,7 +209,7 @@ class ServerConnection:
     read by the driver's reaper (same hub thread)."""
 
     __slots__ = ("limits", "state", "buf", "deadline", "since", "want", "_last", "_length", "_parts", "_total",
-                 "_trailer", "_body_at", "_body_bytes")
+                 "_trailer", "_body_at", "_body_bytes", "_grace")
 
     def __init__(self, limits: Limits = DEFAULT_LIMITS, now: float = 0.0) -> None:
         self.limits = limits
@@ -222,6 +225,7 @@ class ServerConnection:
         self._trailer = 0
         self._body_at = now  # when the body's rate clock started (begin_body)
         self._body_bytes = 0  # bytes received since then
+        self._grace = limits.body_grace  # the body's grace: shorter once others wait for what it holds (press)
 
     @property
     def waiting(self) -> bool:
@@ -239,7 +243,17 @@ class ServerConnection:
         the client's. The bytes already buffered count as received."""
         self._body_at = self._last = now
         self._body_bytes = len(self.buf)
+        self._grace = self.limits.body_grace
         self.deadline = self._body_deadline(now)
+
+    def press(self) -> None:
+        """Others wait for the budget this body holds: its grace shrinks to :data:`PRESSED_GRACE`, so a
+        reservation not used at the minimum rate goes to the line within a second, not after the whole
+        grace. A client sending at the rate is not affected; the grace is this body's for good (a
+        reservation taken while others wait is pressed from the start)."""
+        if BODY <= self.state <= TRAILERS and self._grace > PRESSED_GRACE:
+            self._grace = PRESSED_GRACE
+            self.deadline = self._body_deadline(self._last)
 
     def _body_deadline(self, now: float) -> float:
         """The earlier of ``body_timeout`` after the last read and the minimum rate's deadline."""
@@ -247,7 +261,7 @@ class ServerConnection:
         deadline = now + lim.body_timeout
         rate = lim.min_rate
         if rate:
-            by_rate = self._body_at + lim.body_grace + self._body_bytes / rate
+            by_rate = self._body_at + self._grace + self._body_bytes / rate
             if by_rate < deadline:  # (not min(): a builtin call is a quarter of this function's time)
                 return by_rate
         return deadline
@@ -258,7 +272,7 @@ class ServerConnection:
         if now - self._last >= self.limits.body_timeout:
             return BodyTimeout(f"no request body data for {self.limits.body_timeout:g} s", self._body_bytes, seconds,
                                False)
-        return BodyTimeout(slow_body_message(self._body_bytes, seconds, self.limits.min_rate, self.limits.body_grace),
+        return BodyTimeout(slow_body_message(self._body_bytes, seconds, self.limits.min_rate, self._grace),
                            self._body_bytes, seconds, True)
 
     def receive_data(self, data: bytes, now: float) -> None:
@@ -345,7 +359,7 @@ class ServerConnection:
             self._length = length
             if len(buf) >= length:  # the whole body came with the head: next_event hands it over at once
                 return info  # (no deadline to compute: ~0.2 us of the hot path)
-        self._body_at, self._body_bytes = self._last, len(buf)
+        self._body_at, self._body_bytes, self._grace = self._last, len(buf), self.limits.body_grace
         self.deadline = self._body_deadline(self._last)
         return info
 
