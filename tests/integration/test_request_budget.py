@@ -5,6 +5,7 @@ what it runs; two instances, so without the budget a second request would run be
 from __future__ import annotations
 
 import http.client
+import queue
 from pathlib import Path
 
 import numpy as np
@@ -96,6 +97,42 @@ def test_a_grpc_message_past_the_spent_budget_is_resource_exhausted(tmp_path: Pa
         assert first.getresponse().status == 200
         result = client.infer("held", inputs(3.0))  # the budget is free again
         assert result.as_numpy("OUTPUT0")[-1] == 3.0
+        assert log.read_text() == "1.0\n3.0\n"
+    finally:
+        gate.write_text("open")
+        client.close()
+
+
+def test_a_stream_request_holds_the_budget_until_it_is_answered(tmp_path: Path, start_server) -> None:
+    """A ModelStreamInfer request gave its bytes back once the stream's greenlet took it from the inbox,
+    while it still waited for the model: a stream sending faster than the model answers took all the
+    memory it wanted (200 requests of 400 KB: +131 MB of RSS with a 2 MB budget). Now a stream's
+    request holds them until answered, as an HTTP or unary one does: the second request does not fit
+    beside the first, and the stream ends RESOURCE_EXHAUSTED; once the first is over, a new stream fits."""
+    server, log, gate = _server(tmp_path, start_server, *BUDGET)
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    results: queue.Queue = queue.Queue()
+
+    def inputs(value: float) -> list[grpcclient.InferInput]:
+        x = grpcclient.InferInput("INPUT0", [N], "FP32")
+        x.set_data_from_numpy(np.full(N, value, dtype=np.float32))
+        return [x]
+
+    try:
+        client.start_stream(lambda result, error: results.put((result, error)))
+        client.async_stream_infer("held", inputs(1.0))
+        wait_for(lambda: log.exists() and log.read_text() == "1.0\n", what="the first request to run")
+        client.async_stream_infer("held", inputs(2.0))  # before: it ran beside the first (two instances)
+        result, error = results.get(timeout=30)
+        assert result is None and error.status() == "StatusCode.RESOURCE_EXHAUSTED", (result, error)
+        assert "request memory budget 600000" in error.message()
+        client.stop_stream()
+        gate.write_text("open")
+        client.start_stream(lambda result, error: results.put((result, error)))
+        client.async_stream_infer("held", inputs(3.0))
+        result, error = results.get(timeout=30)
+        assert error is None and result.as_numpy("OUTPUT0")[-1] == 3.0
+        client.stop_stream()
         assert log.read_text() == "1.0\n3.0\n"
     finally:
         gate.write_text("open")

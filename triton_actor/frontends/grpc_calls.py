@@ -98,7 +98,7 @@ class Call:
     """One gRPC call on one stream; its life is its handler's (``started`` … :meth:`finish`)."""
 
     __slots__ = ("conn", "stream", "sid", "method", "encoding", "buf", "inbox", "send_lock", "greenlet",
-                 "input_done", "done", "finished", "started", "requests", "errors_end_stream", "held", "queued")
+                 "input_done", "done", "finished", "started", "requests", "errors_end_stream", "held", "kept")
 
     STREAM_REQUESTS = 128  # ModelStreamInfer requests running at once on one stream; more wait in the inbox
 
@@ -120,7 +120,7 @@ class Call:
         # ``triton_grpc_error: true`` on a stream: an error ends the stream with its gRPC status (Triton 24.08+)
         self.errors_end_stream = False
         self.held = 0  # bytes of the request memory budget this call holds (budget.py)
-        self.queued = 0  # of them, the bytes of a stream's messages waiting in its inbox
+        self.kept = 0  # of them, the bytes of a stream's messages received whole and not answered yet
 
     # -- events from the reader ---------------------------------------------------------------
     def begin(self, end_stream: bool) -> None:
@@ -143,10 +143,10 @@ class Call:
             refused = Refused(RESOURCE_EXHAUSTED, f"Received message larger than max ({announced} vs. {limit})")
         elif self.inbox is None and len(buf) > announced + 5 >= 5:
             refused = Refused(INTERNAL, "a unary call takes one request message, got more")
-        elif len(buf) > self.held:
+        elif len(buf) + self.kept > self.held:
             # what arrived and some room ahead, within the message: reserving all it announces let a
             # 5-byte prefix take the whole budget (for the minimum rate's grace, then again)
-            refused = self._hold(max(len(buf), min(announced + 5, with_room(len(buf)))))
+            refused = self._hold(self.kept + max(len(buf), min(announced + 5, with_room(len(buf)))))
         if refused is not None:
             self.refuse(refused)
             return
@@ -154,10 +154,11 @@ class Call:
             messages = h2.split_messages(buf)
             for message in messages:
                 self.inbox.put(message)
-                self.queued += len(message[1]) + 5
-            # a message stays held while it waits in the inbox (STREAM_REQUESTS run at once), until
-            # _run_stream takes it: only the connection's flow-control window bounded it before
-            self._hold(len(buf) + self.queued)
+                self.kept += len(message[1]) + 5
+            # a stream's request stays held, as an HTTP or unary one does, while it waits in the inbox
+            # and until it is answered (_answered): a stream that sent requests faster than the model
+            # answered them took all the memory they needed (the window bounds only what waits to be read)
+            self._hold(len(buf) + self.kept)  # what was reserved, less the room ahead
             if messages:  # each message of a stream has its own minimum-rate clock (h2_connection.body_idle)
                 self.conn.h2.body_idle(self.stream)
         if end_stream:
@@ -355,9 +356,7 @@ class Call:
                 item = self.inbox.get()
                 if type(item) is tuple:
                     size = len(item[1]) + 5
-                    self.conn.h2.consumed(self.stream, size)  # queued ones stay counted
-                    self.queued -= size
-                    self._hold(max(0, self.held - size))  # the request is decoded from here: not buffered
+                    self.conn.h2.consumed(self.stream, size)  # its bytes stay held until it is answered
                 if item is _END:
                     break
                 if item is _GONE or isinstance(item, Refused):
@@ -367,9 +366,10 @@ class Call:
                 try:
                     request = self._decode(*item)
                 except Refused as e:
+                    self._answered(size)
                     self._stream_send(pb.ModelStreamInferResponse(error_message=e.message))
                     continue
-                group.spawn(self._stream_one, request)  # waits while STREAM_REQUESTS run
+                group.spawn(self._stream_one, request, size)  # waits while STREAM_REQUESTS run
             group.join()
             if refused is not None:  # its senders are done: the status can go out
                 self.send_status(refused.status, refused.message)
@@ -381,21 +381,31 @@ class Call:
         finally:
             self.finish()
 
-    def _stream_one(self, request: pb.ModelInferRequest) -> None:
+    def _answered(self, size: int) -> None:
+        """A stream's request of ``size`` bytes is over: what it held of the budget goes back."""
+        self.kept -= size
+        if not self.finished:
+            self._hold(max(0, self.held - size))
+
+    def _stream_one(self, request: pb.ModelInferRequest, size: int) -> None:
         """The responses of one request on a stream; once the client has gone, closing the generator
-        cancels the request (a decoupled model sees ``is_cancelled()``)."""
-        responses = self.method.call(request)
+        cancels the request (a decoupled model sees ``is_cancelled()``). Its ``size`` bytes of the budget
+        are held until then."""
         try:
-            for response in responses:
-                if type(response) is StreamError:
-                    if self.errors_end_stream:  # the stream ends with this status; the others are cancelled
-                        self.inbox.put(Refused(GRPC_STATUS.get(response.code, INTERNAL), response.message))
+            responses = self.method.call(request)
+            try:
+                for response in responses:
+                    if type(response) is StreamError:
+                        if self.errors_end_stream:  # the stream ends with this status; the others are cancelled
+                            self.inbox.put(Refused(GRPC_STATUS.get(response.code, INTERNAL), response.message))
+                            break
+                        response = response.response
+                    if not self._stream_send(response):
                         break
-                    response = response.response
-                if not self._stream_send(response):
-                    break
+            finally:
+                responses.close()
         finally:
-            responses.close()
+            self._answered(size)
 
     def _stop_waiting(self, group: gevent.pool.Group) -> None:
         """The stream is over: its request greenlets stop now (GreenletExit closes their generators,
