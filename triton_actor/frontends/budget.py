@@ -88,16 +88,16 @@ class ByteBudget:
         """Within the limit, a big request within all but the small lane; any request when nothing is
         held (one larger than the whole budget runs alone)."""
         limit = self.limit
-        if n > self._small:
-            limit -= self._lane
-        return not self.limit or self.used + n <= limit or not self.used
+        return not limit or self.used + n <= (limit if n <= self._small else limit - self._lane) or not self.used
 
     def try_reserve(self, n: int, barge: bool = False) -> bool:
         """Reserve ``n`` bytes now if they fit and nobody waiting in its line comes before it (``barge``:
         even if someone does — a caller that cannot wait takes what fits now); False otherwise."""
-        line = self._lines[n > self._small]
-        if line and not barge and self._place(n) >= line[0][0]:
-            return False
+        small, big = self._lines
+        if (small or big) and not barge:
+            line = big if n > self._small else small
+            if line and self._place(n) >= line[0][0]:
+                return False
         if not self._fits(n):
             self._refused_at = monotonic()
             self.line_formed.set()
