@@ -49,6 +49,14 @@ def descriptor_total() -> int:
     return max(1, soft - max(_HEADROOM_MIN, soft // 4))
 
 
+def close_longest_waiting(reusable: list[Reusable]) -> int:
+    """Close the :data:`_DRAIN_BATCH` connections of ``reusable`` that have waited longest (nginx's
+    reusable-connection drain); returns how many were closed."""
+    for _since, close in heapq.nsmallest(_DRAIN_BATCH, reusable, key=lambda r: r[0]):
+        close()
+    return min(len(reusable), _DRAIN_BATCH)
+
+
 def descriptor_cap(wanted: int) -> int:
     """``wanted`` connections for one port, lowered to what the process may hold on all of them."""
     return max(1, min(wanted, descriptor_total()))
@@ -95,15 +103,14 @@ class ConnectionSlots:
         if now < self._barren_until:
             return
         reusable = [r for lister in self._listers for r in lister()]
-        for _since, close in heapq.nsmallest(_DRAIN_BATCH, reusable, key=lambda r: r[0]):
-            close()
+        closed = close_longest_waiting(reusable)
         if not reusable:
             self._barren_until = now + _BARREN_S
         if now - self._warned_at > 60:
             self._warned_at = now
             log.warning("%d client connections open on all ports (the most this process's open-file limit "
                         "allows, less headroom): closed %d waiting for a request%s", self.total,
-                        min(len(reusable), _DRAIN_BATCH), "" if reusable else f", and a new one on the {port} port")
+                        closed, "" if reusable else f", and a new one on the {port} port")
 
 
 class Listener(StreamServer):

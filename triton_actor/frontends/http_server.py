@@ -23,7 +23,6 @@ within about a second.
 
 from __future__ import annotations
 
-import heapq
 import logging
 import socket
 from collections.abc import Iterable
@@ -38,7 +37,7 @@ from gevent.socket import wait_read
 
 from ..protocol import http1
 from .budget import FIRST_INSTALLMENT, ByteBudget, with_room
-from .descriptors import ConnectionSlots, Listener, Reusable, descriptor_cap
+from .descriptors import ConnectionSlots, Listener, Reusable, close_longest_waiting, descriptor_cap
 from .http import JSON_HEADERS, HttpFrontend, Reply, error_response, too_large
 from .slow_requests import SlowRequestLog
 from .socket_io import recv_when_readable, send_all, send_now
@@ -47,7 +46,6 @@ from .status import status_line
 log = logging.getLogger(__name__)
 
 _RECV = 256 * 1024
-_EVICT_BATCH = 32  # nginx drains up to 32 reusable connections at a time when it runs out
 _LINGER_S = 5.0  # a 408'd client's bytes are read and dropped until it closes, at most this (nginx's lingering_timeout)
 _PRESSED_TICK = 0.1  # the reaper's tick while requests wait in line for the budget (pressed bodies' deadlines)
 _OUR_SIDE_CLOSING = frozenset({1, 4, 5})  # TCP_ESTABLISHED, FIN_WAIT1, FIN_WAIT2: the peer has not closed yet
@@ -182,17 +180,16 @@ class HttpServer:
 
     def _make_room(self) -> bool:
         """Close the connections waiting longest for a request head; False when none is waiting."""
-        waiting = [c for c in self._connections if c.http.waiting]
-        for conn in heapq.nsmallest(_EVICT_BATCH, waiting, key=lambda c: c.http.since):
-            self._drop(conn)
+        waiting = self._reusable()
+        closed = close_longest_waiting(waiting)
         now = monotonic()
         if now - self._warned_at > 60:
             self._warned_at = now
             log.warning("%d %s connections (--http-max-connections): closed %d waiting for a request",
-                        self.max_connections, self.name, min(len(waiting), _EVICT_BATCH))
+                        self.max_connections, self.name, closed)
         return bool(waiting)
 
-    def _reusable(self) -> Iterable[Reusable]:
+    def _reusable(self) -> list[Reusable]:
         """The connections waiting for a request head, for the process's slots to drain."""
         return [(c.http.since, lambda c=c: self._drop(c)) for c in self._connections if c.http.waiting]
 
