@@ -5,6 +5,7 @@ call that must succeed quickly."""
 
 from __future__ import annotations
 
+import socket
 import struct
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from gevent import subprocess  # the test process is gevent-patched (tests/conftest.py)
+from tritonclient.grpc import service_pb2
 
 from .server import ROOT, ServerProcess
 from .test_grpc_transport import _PREFACE, _connect, _frame, _read_frames
@@ -173,3 +175,49 @@ def test_tls_handshake_has_one_deadline_not_one_per_read(pki: Path, start_server
             except OSError:
                 closed = True
     assert closed and time.monotonic() - started < 4
+
+
+def _identity_message() -> bytes:
+    request = service_pb2.ModelInferRequest(model_name="identity_batch")
+    request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 4])
+    request.raw_input_contents.append(np.ones(4, dtype=np.float32).tobytes())
+    body = request.SerializeToString()
+    return struct.pack(">BI", 0, len(body)) + body
+
+
+def _answered(frames: list[tuple[int, int, int, bytes]], sid: int) -> bool:
+    return any(t == 1 and f & 1 and s == sid for t, f, s, _ in frames)
+
+
+def test_a_call_reset_in_the_read_that_completes_it(start_server) -> None:
+    """HEADERS + DATA(END_STREAM) + RST_STREAM in one read, once the model is warm (it runs inline and
+    answers in the reader): the answer went to a stream the same read had closed, StreamClosedError
+    escaped the connection's reader, the connection died without GOAWAY (a call beside it was never
+    answered), the call was never counted finished (SIGTERM then waited the whole exit timeout), and
+    each such connection logged a traceback. Now the reset call is just over; the connection serves on."""
+    server = start_server(ROOT / "model_repository")
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    x = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+    x.set_data_from_numpy(np.ones((1, 4), dtype=np.float32))
+    for _ in range(300):  # warm: a quick model is promoted to run inline
+        client.infer("identity_batch", [x])
+    client.close()
+    enc = hpack.Encoder()
+    message = _identity_message()
+    call = [*_BLOCK_FIELDS, ("te", "trailers")]
+    with socket.create_connection(tuple(server.grpc_url.rsplit(":", 1)), timeout=10) as sock:  # type: ignore[arg-type]
+        sock.sendall(_PREFACE + _frame(4, 0, 0)
+                     + _frame(1, 4, 1, enc.encode(call)) + _frame(0, 1, 1, message)
+                     + _frame(1, 4, 3, enc.encode(call)) + _frame(0, 1, 3, message) + _frame(3, 0, 3, b"\0\0\0\x08"))
+        frames = _read_frames(sock, until=1, flags=1)
+        assert _answered(frames, 1), [f[:3] for f in frames]
+        sock.sendall(_frame(1, 4, 5, enc.encode(call)) + _frame(0, 1, 5, message))
+        frames = _read_frames(sock, until=1, flags=1)
+        assert _answered(frames, 5), [f[:3] for f in frames]  # before: the connection was closed
+        not_grpc = [(k, "text/plain" if k == "content-type" else v) for k, v in call]
+        sock.sendall(_frame(1, 5, 7, enc.encode(not_grpc)) + _frame(3, 0, 7, b"\0\0\0\x08")  # the same for a
+                     + _frame(1, 4, 9, enc.encode(call)) + _frame(0, 1, 9, message))  # request refused at once
+        frames = _read_frames(sock, until=1, flags=1)
+        assert _answered(frames, 9), [f[:3] for f in frames]
+    _quick_infer(server.grpc_url)
+    assert "Traceback" not in server.log()

@@ -217,8 +217,8 @@ class Call:
                 self.greenlet is not gevent.getcurrent():  # its own (a send timed out): it ends itself
             self.greenlet.kill(block=False)  # GreenletExit where it waits for the model's answer
             self.finish()
-        elif not self.started:
-            self.finish()  # no handler will
+        elif self.greenlet is None:
+            self.finish()  # no handler will (never started, or started inline in the reader, which is here)
 
     # -- sending ------------------------------------------------------------------------------
     def send_message(self, payload: bytes, final: bool) -> bool:
@@ -328,8 +328,13 @@ class Call:
             return
         if not pending.reply.ready():
             self.greenlet = gevent.spawn(self._answer, lambda: servicer.finish_infer(request, pending).SerializeToString())
-        elif len(payload) <= self.conn.server.max_send and \
-                self.conn.h2.send_response(self.sid, RESPONSE_HEAD, h2.grpc_message(payload), OK_TRAILERS):
+            return
+        try:
+            sent = len(payload) <= self.conn.server.max_send and \
+                self.conn.h2.send_response(self.sid, RESPONSE_HEAD, h2.grpc_message(payload), OK_TRAILERS)
+        except StreamClosedError:  # reset in the read that completed it: its StreamReset comes next
+            sent = True
+        if sent:
             self.done = True
             self.finish()
         else:

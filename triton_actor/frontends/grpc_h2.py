@@ -16,6 +16,7 @@ windows. TLS (Triton's ``--grpc-use-ssl*`` flags) wraps accepted sockets with AL
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import socket
@@ -327,7 +328,8 @@ class Connection:
         method, encoding, is_grpc = route(self.server.methods, event.headers)
         sid = event.stream_id
         if not is_grpc:
-            self.h2.send_headers(sid, _NOT_GRPC, end_stream=True)
+            with contextlib.suppress(h2c.StreamClosedError):  # reset in the same read
+                self.h2.send_headers(sid, _NOT_GRPC, end_stream=True)
             return
         call = event.stream.call = Call(self, event.stream, method, encoding)
         if method is None:
