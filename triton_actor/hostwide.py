@@ -6,6 +6,8 @@ proxies that send changes through the host.
 * :class:`HostSharedMemory` and :class:`HostRuntimeSettings` stand where the front ends use the registry and
   the settings (``plane.shm``, ``plane.runtime``): reads are local, changes go to ``host.broadcast`` so every
   worker makes them (in one process, ``LocalHost`` calls the local handler: the same code path).
+* :class:`LostVersions` makes a version that lost every instance in one worker UNAVAILABLE in every
+  worker, with the same reason (a journaled change, so a worker that starts later agrees).
 * :func:`sum_statistics` adds per-version snapshots of several workers, as one server would have counted.
 
 Thread: host handlers run in greenlets on the hub (a control connection's, or the caller's in one process).
@@ -13,15 +15,23 @@ Thread: host handlers run in greenlets on the hub (a control connection's, or th
 
 from __future__ import annotations
 
+import logging
+import uuid
 from typing import TYPE_CHECKING, Any
 
+import gevent
+
 from .actors.handles import READY
+from .actors.model import SUPERSEDED
+from .errors import TritonError
 from .host import Host
 from .runtime_settings import RuntimeSettings
 from .shared_memory import SharedMemoryRegistry
 
 if TYPE_CHECKING:
     from .actors.repository import RepositoryActor
+
+log = logging.getLogger("triton_actor.workers")
 
 
 def register_handlers(host: Host, repository: RepositoryActor, shm: SharedMemoryRegistry,
@@ -68,6 +78,42 @@ def replay(host: Host, changes: list[tuple[str, str, dict[str, Any]]]) -> list[s
         except Exception as e:  # noqa: BLE001 - one change failing must not stop the others
             errors.append(f"{kind} {args.get('name', '')}: {e}")
     return errors
+
+
+class LostVersions:
+    """A version whose instances were all lost (its scheduler's ``VersionDown``) goes down host-wide.
+
+    The model actor marks it UNAVAILABLE here at once, then calls :meth:`announce`, which spawns
+    ``host.broadcast("model.down")``: under the host's control lock this worker first checks that nothing
+    loaded the version again meanwhile (else the broadcast stops there), then every other worker marks it
+    UNAVAILABLE with the same reason, and the journal records it (a worker that starts later replays it;
+    a later ``model.load`` or ``model.unload`` of the model clears it). Two workers that lose the same
+    version at once broadcast one after the other; the last reason wins everywhere. In one process
+    (``LocalHost``) the broadcast is that check alone. ``token`` tells this process's announcements
+    from other workers' (a pid could come back in a later worker).
+
+    Thread: :meth:`announce` runs in the model actor's greenlet and never blocks it; the broadcast runs
+    in a greenlet of its own (it may wait for the lock while another worker loads a model)."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        self.token = uuid.uuid4().hex
+
+    def register(self, repository: RepositoryActor) -> None:
+        self.host.register("model.down", lambda a: repository.ref.mark_down(
+            a["name"], a["version"], a["reason"], a["files"], a["origin"] == self.token).get())
+
+    def announce(self, model: str, version: int, reason: str, files: str) -> None:
+        args = {"name": model, "version": version, "reason": reason, "files": files, "origin": self.token}
+        gevent.spawn(self._broadcast, args)
+
+    def _broadcast(self, args: dict[str, Any]) -> None:
+        try:
+            self.host.broadcast("model.down", args)
+        except TritonError as e:  # superseded (nothing to do), shutting down, a worker that did not answer
+            level = logging.INFO if SUPERSEDED in e.message else logging.WARNING
+            log.log(level, "model '%s' version %d: not made unavailable on every worker: %s", args["name"],
+                    args["version"], e.message)
 
 
 class HostSharedMemory:

@@ -82,10 +82,12 @@ class Server:
         self.mirrors = [RemoteRepository(url, settings.remote_cache_dir) for url in settings.remote_repositories]
         self._mirror_poll: gevent.Greenlet | None = None
         refresh = self._sync_mirrors if self.mirrors and settings.model_control_mode == "explicit" else None
+        lost = hostwide.LostVersions(self.host)  # a version without instances goes down in every worker
         self.repository = RepositoryActor([*settings.model_repositories, *(m.root for m in self.mirrors)],
                                           backends, load, settings.model_control_mode, settings.load_models,
                                           settings.repository_poll_secs, settings.model_load_thread_count,
-                                          refresh=refresh)
+                                          refresh=refresh, announce=lost.announce)
+        lost.register(self.repository)
         shm = SharedMemoryRegistry(settings.allow_client_shm, load.gpu_count)
         runtime = RuntimeSettings(settings.log_info, settings.log_verbose, settings.trace_config)
         runtime.tracer.for_worker(self.host.worker_id)  # trace ids and files apart per worker (tracing.py)

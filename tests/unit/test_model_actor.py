@@ -195,3 +195,75 @@ def test_version_down_from_a_replaced_scheduler_is_ignored(tmp_path: Path, model
             gevent.sleep(0.01)
     assert [h.versions[1].reason for h in published[count:]] == ["no instance left: every instance is down"]
     assert published[-1].ready_versions == ()
+
+
+def test_mark_down_from_another_worker_takes_down_the_same_load_only(tmp_path: Path, model) -> None:
+    """MarkDown (the host: a version lost its instances in another worker) turns the same load UNAVAILABLE
+    with that reason; files that differ (POLL: this worker loaded a change since) leave it serving. In the
+    worker that lost it (``here``) it only checks that nothing loaded the version again: its reply fails
+    then, which stops the host's broadcast."""
+    from triton_actor.actors.handles import UNAVAILABLE
+    from triton_actor.repository import snapshot
+
+    actor, backend, published = model
+    (tmp_path / "config.pbtxt").write_text(CONFIG + "version_policy: { all { } }\n")
+    _version(tmp_path, 1, 1)
+    _version(tmp_path, 2, 2)
+    actor.ref.load(tmp_path).get(10)
+    files = snapshot.take(tmp_path).digest()
+
+    def mark(version: int, reason: str, files: str, here: bool = False) -> bool:
+        done: Reply[bool] = Reply()
+        actor.ref.mark_down(version, reason, files, here, done)
+        return done.get(10)
+
+    assert not mark(1, "no instance left: elsewhere", "other files")
+    assert published[-1].ready_versions == (1, 2)
+    assert mark(1, "no instance left: elsewhere", files)
+    assert published[-1].ready_versions == (2,)  # the other version serves on
+    assert published[-1].versions[1].state == UNAVAILABLE
+    assert published[-1].versions[1].reason == "no instance left: elsewhere"
+    assert mark(1, "no instance left: reported last", "")  # two reports: the last one's reason
+    assert ("finalize", 101.0) in backend.events  # its instances were unloaded here too (before that)
+    assert published[-1].versions[1].reason == "no instance left: reported last"
+    assert not mark(1, "no instance left: reported last", files, here=True)  # still down: the broadcast goes on
+    with pytest.raises(TritonError, match="changed since it lost its instances"):
+        mark(1, "no instance left: my own", files, here=True)  # another report came first
+    actor.ref.load(tmp_path).get(10)  # a load brings it back
+    assert published[-1].ready_versions == (1, 2)
+    with pytest.raises(TritonError, match="changed since it lost its instances"):
+        mark(1, "no instance left: reported last", files, here=True)
+
+
+def test_a_version_that_lost_its_instances_is_announced(tmp_path: Path) -> None:
+    """VersionDown: UNAVAILABLE here first, then announced (model, version, reason, files digest) for the
+    host to tell the other workers."""
+    import gevent
+
+    from triton_actor.actors.model import VersionDown
+    from triton_actor.repository import snapshot
+
+    published: list[ModelHandle] = []
+    announced: list[tuple[str, int, str, str]] = []
+
+    def publish(handle: ModelHandle) -> Reply[None]:
+        published.append(handle)
+        done: Reply[None] = Reply()
+        done.set(None)
+        return done
+
+    actor = ModelActor("m", {"fake": FakeBackend()}, LoadSettings(auto_complete=False), publish,  # type: ignore[dict-item]
+                       announce=lambda *a: announced.append((*a,)))
+    actor.start()
+    try:
+        (tmp_path / "config.pbtxt").write_text(CONFIG)
+        _version(tmp_path, 1, 1)
+        actor.ref.load(tmp_path).get(10)
+        actor.ref.tell(VersionDown(1, published[-1].versions[1].scheduler, "gone"))
+        with gevent.Timeout(10):
+            while not announced:
+                gevent.sleep(0.01)
+        assert announced == [("m", 1, "no instance left: gone", snapshot.take(tmp_path).digest())]
+        assert published[-1].ready_versions == ()
+    finally:
+        actor.stop(timeout=10)

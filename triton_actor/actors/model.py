@@ -6,7 +6,10 @@ load failure is then only logged and shown in the index), :class:`Unload` (drain
 version; its reply completes when done), :class:`Restart` (from the supervisor, the first message of
 a replacement actor: adopt the failed actor's versions and reload them, or give up on them),
 :class:`VersionDown` (event from a version's scheduler: every instance is DOWN; the version turns
-UNAVAILABLE with the reason and is unloaded, until a load or a POLL change loads it again).
+UNAVAILABLE with the reason and is unloaded, until a load or a POLL change loads it again; the actor
+then *announces* it, so that with several worker processes every worker does the same),
+:class:`MarkDown` (from the host: a version lost its instances in another worker process; it turns
+UNAVAILABLE here too, with the same reason, unless this worker loaded it again since).
 State owned: the version records (state, reason, scheduler, instances), the serving config, where it
 was loaded from (directory and :class:`~..repository.snapshot.Stamp`), and a private override
 directory when the load API supplied files. After every change it publishes an immutable
@@ -53,6 +56,11 @@ from .version import Version, VersionSource, start_version, stop_version
 
 log = logging.getLogger(__name__)
 Publish = Callable[[ModelHandle], Reply[None]]  # answered once the routing table holds the handle
+# (model, version, reason, files digest): a version of this worker lost every instance; called in the
+# model actor's greenlet, it must not block (hostwide.LostVersions spawns the host-wide broadcast)
+Announce = Callable[[str, int, str, str], None]
+LOST = "no instance left: "  # the reason of a version whose instances were lost starts with this
+SUPERSEDED = "changed since it lost its instances"  # MarkDown(here=True) found it loaded again or re-reported
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +121,21 @@ class VersionDown:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class MarkDown:
+    """From the host: version ``version`` lost its instances with ``reason`` in a worker process. ``here``:
+    this worker is that one (its reply fails when the version was loaded again since, so the host stops
+    the broadcast); else the version turns UNAVAILABLE here if it is the same load: ``files`` (a
+    :meth:`~..repository.snapshot.Stamp.digest`, "" to skip the check) equal to this worker's. The reply
+    completes with whether it changed anything, once the routing table shows it."""
+
+    version: int
+    reason: str
+    files: str
+    here: bool
+    reply: Reply[bool]
+
+
 class ModelRef(ActorRef):
     """Typed facade of a :class:`ModelActor`."""
 
@@ -136,6 +159,10 @@ class ModelRef(ActorRef):
         self.tell(Unload(done, stopping))
         return done
 
+    def mark_down(self, version: int, reason: str, files: str, here: bool, reply: Reply[bool]) -> None:
+        """See :class:`MarkDown`; ``reply`` completes once the routing table shows it."""
+        self.tell(MarkDown(version, reason, files, here, reply))
+
 
 @dataclass(frozen=True, slots=True)
 class _Plan:
@@ -155,9 +182,10 @@ class ModelActor(Actor):
 
     def __init__(self, name: str, backends: dict[str, Backend], settings: LoadSettings, publish: Publish,
                  gate: gevent.lock.Semaphore | None = None, parent: Actor | None = None,
-                 routes: Routes | None = None) -> None:
+                 routes: Routes | None = None, announce: Announce | None = None) -> None:
         super().__init__(f"model:{name}", parent)
         self.model = name
+        self._announce: Announce = announce or (lambda *_: None)
         self._routes: Routes = routes or (lambda: {})  # the routing table (ensembles check and route through it)
         self._backends = backends
         self._settings = settings
@@ -211,11 +239,39 @@ class ModelActor(Actor):
         rec = self._versions.get(msg.version)
         if rec is None or rec.scheduler is not msg.scheduler or rec.state != READY:
             return  # replaced or unloaded meanwhile
-        reason = f"no instance left: {msg.reason}"
+        reason = f"{LOST}{msg.reason}"
         log.error("model '%s' version %d is unavailable: %s", self.model, msg.version, reason)
         rec.to(UNAVAILABLE, reason)
         self._publish_now(wait=True)  # nothing is routed to it any more
+        self._announce(self.model, msg.version, reason, self._files_digest())
         stop_version(rec, self.model)
+
+    def on_MarkDown(self, msg: MarkDown) -> None:
+        """The host's word that a version lost its instances (Triton: one dead instance makes the model not
+        ready), so that every worker process answers the same. Another worker's healthy instances are
+        unloaded with it: in-flight requests finish, new ones get the answer for a version not ready."""
+        rec = self._versions.get(msg.version)
+        if msg.here:  # under the host's control lock: has anything loaded it again since it went down?
+            if rec is None or rec.state != UNAVAILABLE or rec.reason != msg.reason:
+                raise TritonError.unavailable(f"model '{self.model}' version {msg.version} {SUPERSEDED} (loaded "
+                                              "again, or another worker's report of it came first)")
+            msg.reply.set(False)
+            return
+        same_load = not msg.files or not self._files_digest() or msg.files == self._files_digest()
+        lost = rec is not None and rec.state == UNAVAILABLE and rec.reason.startswith(LOST)
+        if rec is None or not same_load or not (rec.state == READY or lost):
+            msg.reply.set(False)  # not loaded here, or loaded from other files (POLL): not that load
+            return
+        log.error("model '%s' version %d is unavailable: %s (in another worker process)", self.model,
+                  msg.version, msg.reason)
+        rec.to(UNAVAILABLE, msg.reason)  # the same reason everywhere (the last broadcast's, if two raced)
+        self._publish_now(wait=True)
+        msg.reply.set(True)  # the broadcast need not wait for the drain
+        if rec.running:
+            stop_version(rec, self.model)
+
+    def _files_digest(self) -> str:
+        return self._source[1].digest() if self._source is not None else ""
 
     def _version_down(self, version: int, scheduler: object, reason: str) -> None:
         """A scheduler's callback (hub, in its handler): the event goes through this actor's mailbox."""

@@ -5,7 +5,9 @@ reply completes with model → error once every load finished), :class:`LoadMode
 (the load API, only in EXPLICIT mode: the LoadModel reply is handed to the model actor, which completes
 it when the load finished; the UnloadModel reply completes once the unload started),
 :class:`Rescan` (tell: POLL reconciliation), :class:`ModelChanged` (event from a model actor carrying
-its new handle), :class:`Index` (ask), :class:`UnloadAll` (reply completes when every model is gone),
+its new handle), :class:`MarkVersionDown` (from the host: a version lost its instances in a worker
+process; handed to that model's actor), :class:`Index` (ask), :class:`UnloadAll` (reply completes when
+every model is gone),
 :class:`~.kernel.ChildFailed` (a ModelActor failed in a tell).
 State owned: repository paths, control mode, model actors, the POLL bookkeeping
 (:class:`~..repository.reconcile.Reconciler`), and the routing table ``routes`` (name →
@@ -53,7 +55,7 @@ from .bridge import call_in_thread
 from .handles import READY, UNAVAILABLE, ModelHandle, VersionHandle
 from .kernel import Actor, ActorRef, Reply
 from .load_order import Start, loader, start_after, unload_after
-from .model import LoadSettings, ModelActor, Restart
+from .model import Announce, LoadSettings, ModelActor, Restart
 from .supervisor import RestartBudget
 from .watcher import Watcher
 
@@ -127,6 +129,19 @@ class ModelChanged:
 
 
 @dataclass(frozen=True, slots=True)
+class MarkVersionDown:
+    """See :class:`~.model.MarkDown`; the files check applies in POLL only (elsewhere loads are host-wide
+    changes, ordered by the host's control lock)."""
+
+    name: str
+    version: int
+    reason: str
+    files: str
+    here: bool
+    reply: Reply[bool]
+
+
+@dataclass(frozen=True, slots=True)
 class Index:
     ready_only: bool = False
 
@@ -178,6 +193,12 @@ class RepositoryRef(ActorRef):
         """POLL: reconcile with what is on disk now."""
         self.tell(Rescan())
 
+    def mark_down(self, name: str, version: int, reason: str, files: str, here: bool) -> Reply[bool]:
+        """The host's word that a version lost its instances (:class:`MarkVersionDown`)."""
+        done: Reply[bool] = Reply()
+        self.tell(MarkVersionDown(name, version, reason, files, here, done))
+        return done
+
 
 class RepositoryActor(Actor):
     """Owns what is on disk and which model actors exist, and supervises the model actors."""
@@ -188,8 +209,9 @@ class RepositoryActor(Actor):
     def __init__(self, repositories: list[Path], backends: dict[str, Backend], settings: LoadSettings,
                  control_mode: str = NONE, startup_models: tuple[str, ...] = (), poll_secs: float = 15.0,
                  load_threads: int = 4, restarts: RestartBudget | None = None,
-                 refresh: Callable[[], object] | None = None) -> None:
+                 refresh: Callable[[], object] | None = None, announce: Announce | None = None) -> None:
         super().__init__("repository")
+        self._announce = announce  # the model actors' word that a version lost its instances (hostwide.py)
         self._refresh = refresh  # re-syncs object-store mirrors (repository/remote.py) before a load
         self._restarts = restarts or RestartBudget()
         self.repositories = repositories
@@ -421,6 +443,16 @@ class RepositoryActor(Actor):
         if msg.applied is not None:
             msg.applied.set(None)
 
+    def on_MarkVersionDown(self, msg: MarkVersionDown) -> None:
+        actor = self._models.get(msg.name)
+        if actor is None:
+            if msg.here:
+                raise TritonError.unavailable(f"model '{msg.name}' is gone")  # fails msg.reply
+            msg.reply.set(False)
+            return
+        actor.ref.mark_down(msg.version, msg.reason, msg.files if self.control_mode == POLL else "", msg.here,
+                            msg.reply)
+
     def on_Index(self, msg: Index) -> list[dict[str, Any]]:
         entries: list[dict[str, Any]] = []
         names = set(layout.list_models(self.repositories)) | set(self.routes)
@@ -516,7 +548,7 @@ class RepositoryActor(Actor):
         actor = self._models.get(name)
         if actor is None:
             actor = ModelActor(name, self._backends, self._settings, self._publisher(), self._gate, parent=self,
-                               routes=lambda: self.routes)
+                               routes=lambda: self.routes, announce=self._announce)
             actor.start()
             self._models[name] = actor
         return actor

@@ -8,6 +8,7 @@ nothing was added, removed, resized or touched. Pure functions over the file sys
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,11 @@ class Stamp:
     def shared(self, version_dirs: set[str], ignore: frozenset[str] = frozenset()) -> tuple[FileEntry, ...]:
         """The entries outside the version folders (labels, ``configs/``, ``warmup/``...), minus ``ignore``."""
         return tuple(f for f in self.files if f[0].split("/", 1)[0] not in version_dirs and f[0] not in ignore)
+
+    def digest(self) -> str:
+        """A short text that is equal for equal stamps: what another worker process compares with its own
+        stamp of the same folder (same files, sizes and modification times)."""
+        return hashlib.blake2b(repr(self.files).encode(), digest_size=16).hexdigest()
 
 
 def take(model_dir: Path) -> Stamp:

@@ -5,8 +5,10 @@ State (``journal.json``, rewritten whole with an atomic rename)::
 
     {"changes": [[key, kind, args], ...]}
 
-one entry per key (``model:<name>``, ``shm:<kind>:<name>``, ``log``, ``trace:<model>``), the latest change
-last, so replaying the list in order rebuilds the state. Log and trace changes are merged per key.
+one entry per key (``model:<name>``, ``down:<name>:<version>``, ``shm:<kind>:<name>``, ``log``,
+``trace:<model>``), the latest change last, so replaying the list in order rebuilds the state. Log and
+trace changes are merged per key. ``down:`` (a version that lost its instances, hostwide.LostVersions)
+comes after the load it took down; a later load or unload of that model drops it.
 
 Lock: :func:`locked` takes an exclusive ``flock`` on ``control.lock``, polling without blocking the hub
 (a native thread stuck in ``flock`` could hold the lock after its greenlet was killed).
@@ -34,6 +36,8 @@ def change_key(kind: str, args: dict[str, Any]) -> str | None:
     """The journal key a change of ``kind`` replaces, or None when ``kind`` is not journaled."""
     if kind in ("model.load", "model.unload"):
         return f"model:{args['name']}"
+    if kind == "model.down":
+        return f"down:{args['name']}:{args['version']}"
     if kind in ("shm.register", "shm.unregister"):
         return f"shm:{args['kind']}:{args['name']}"
     if kind == "runtime.log":
@@ -67,6 +71,8 @@ class Journal:
             merged = dict(previous[2].get("changes", {}))
             merged.update(args.get("changes", {}))
             args = dict(args, changes=merged)
+        if kind in ("model.load", "model.unload"):  # brings the model back, or takes it away: no longer down
+            changes = [c for c in changes if not c[0].startswith(f"down:{args['name']}:")]
         if kind == "shm.unregister" and args["name"] == "":
             changes = [c for c in changes if not c[0].startswith(f"shm:{args['kind']}:")]
         elif kind != "shm.unregister":  # an unregistered region leaves nothing to replay
