@@ -26,6 +26,7 @@ import numpy as np
 from ..errors import TritonError
 from ..inference import InferInput, InferResponse
 from ..protocol.dtypes import BY_ENUM_VALUE, DType
+from ..repository import layout
 from .sequence_slots import SEQUENCE_END, SEQUENCE_START
 
 START, READY, END, CORRID = 0, 1, 2, 3
@@ -137,6 +138,15 @@ def _state(model: str, s: Any, model_dir: Path) -> _State:
         shape = [int(d) for d in init.dims] or dims
         if init.WhichOneof("state_data") == "data_file":
             path = model_dir / "initial_state" / init.data_file
+            if not layout.contained(model_dir / "initial_state", path) or not path.is_file():
+                # a config names a file of the model's own initial_state folder, nothing else on the host
+                raise TritonError.invalid_arg(f"initial state '{init.name}' of {model}: data_file "
+                                              f"'{init.data_file}' is not a file in the model's initial_state folder")
+            want = int(np.prod(shape)) * np.dtype(dtype.numpy).itemsize
+            if path.stat().st_size != want:
+                raise TritonError.invalid_arg(f"initial state '{init.name}' of {model}: data_file "
+                                              f"'{init.data_file}' holds {path.stat().st_size} bytes, dims "
+                                              f"{shape} need {want}")
             try:
                 initial = np.frombuffer(path.read_bytes(), dtype=dtype.numpy).reshape(shape).copy()
             except (OSError, ValueError) as e:
