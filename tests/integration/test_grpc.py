@@ -263,3 +263,17 @@ def test_a_request_of_many_parameters_is_decoded_off_the_hub(stub: pb_grpc.GRPCI
     req.parameters["priority"].string_param = "high"  # must be an unsigned integer
     error = _error(stub.ModelInfer, req)
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "priority" in error.details()
+
+
+def test_verbose_logging_writes_no_header_values(tmp_path: Path, start_server) -> None:
+    """With verbose logging (a flag, or any client's log_verbose_level), hpack's DEBUG logger wrote every
+    decoded header, so other clients' credentials landed in the log (review finding 8)."""
+    (tmp_path / "repo").mkdir()
+    server = start_server(tmp_path / "repo", flags=("--log-verbose", "1"))
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        assert client.is_server_live(headers={"authorization": "Bearer SECRET-TOKEN-123"})
+        assert client.is_server_ready()  # a second call: the first one's lines are written by then
+    finally:
+        client.close()
+    assert "SECRET-TOKEN" not in server.log()

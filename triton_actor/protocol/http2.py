@@ -14,6 +14,7 @@ Bytes in, bytes out: no sockets and no gevent here (the connection state machine
 
 from __future__ import annotations
 
+import logging
 import struct
 import zlib
 from typing import Any
@@ -22,6 +23,11 @@ import hpack
 from hpack.table import HeaderTable
 
 from ..fastpath import BoundedCache
+
+# hpack logs every header it codes at DEBUG, values included: with --log-verbose (or a client's
+# log_verbose_level) that wrote other clients' credentials (authorization, restricted-API keys) to the
+# log, a line per header. Our verbose lines say what a request did, never its header values.
+logging.getLogger("hpack").setLevel(logging.WARNING)
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
