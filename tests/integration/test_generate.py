@@ -151,8 +151,18 @@ def test_generate_on_an_ordinary_model(server) -> None:
     assert [e["OUTPUT0"] for e in _events(text)] == [[2.0, 3.0, 4.0, 5.0]]
 
 
+def _nested(depth: int) -> object:
+    value: object = 1
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
 @pytest.mark.parametrize(("path", "body", "status", "words"), [
     ("/v2/models/add_sub/generate", {"INPUT0": [1, 2, 3], "INPUT1": [1, 1, 1, 1]}, 400, ["INPUT0", "3 element"]),
+    # a 500 and a traceback per request before (orjson writes 255 levels at most)
+    ("/v2/models/add_sub/generate", {"INPUT0": [1, 2, 3, 4], "INPUT1": [1, 1, 1, 1], "p": _nested(300)}, 400,
+     ["parameter 'p' is nested too deep"]),
     ("/v2/models/add_sub/generate", {"INPUT0": [[1, 2], [3, 4]], "INPUT1": [1, 1, 1, 1]}, 400, ["flat list"]),
     ("/v2/models/add_sub/generate", {"INPUT0": ["a", 2, 3, 4], "INPUT1": [1, 1, 1, 1]}, 400, ["FP32"]),
     ("/v2/models/add_sub/generate", [1, 2], 400, ["JSON object"]),

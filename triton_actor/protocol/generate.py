@@ -50,7 +50,10 @@ def _parameter(key: str, value: Any) -> Any:
         raise TritonError.invalid_arg(f"parameter keys starting with 'triton_' are reserved for Triton usage: '{key}'")
     if isinstance(value, bool | int | float | str):
         return value
-    return orjson.dumps(value).decode()  # nested values reach the model as JSON text
+    try:
+        return orjson.dumps(value).decode()  # nested values reach the model as JSON text
+    except orjson.JSONEncodeError:  # nested deeper than orjson writes (255 levels)
+        raise TritonError.invalid_arg(f"parameter '{key}' is nested too deep") from None
 
 
 def _tensor(name: str, value: Any, dtype: DType, dims: tuple[int, ...], max_batch_size: int) -> InferInput:
