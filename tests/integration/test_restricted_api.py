@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +56,26 @@ def test_http_restricted_categories_need_the_header(server: ServerProcess) -> No
         client.get_inference_statistics("identity")
     assert client.get_inference_statistics("identity", headers={"admin-key": "admin"})
     client.close()
+
+
+def test_the_status_json_needs_what_statistics_and_the_repository_need(server: ServerProcess) -> None:
+    """/status.json shows statistics and every model's state and load error: it was in no category, so
+    restricting those left it open (review finding 6). It needs both headers here; the page itself is static."""
+    def get(path: str, headers: dict[str, str]) -> tuple[int, bytes]:
+        request = urllib.request.Request(f"http://{server.url}{path}", headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                return answer.status, answer.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+    for headers, words in (({}, "admin-key"), ({"admin-key": "admin"}, "infer-key"),
+                           ({"infer-key": "secret"}, "admin-key")):
+        status, body = get("/status.json", headers)
+        assert status == 403 and words in json.loads(body)["error"], (headers, body)
+    status, body = get("/status.json", {"admin-key": "admin", "infer-key": "secret"})
+    assert status == 200 and "identity" in body.decode()
+    assert get("/status", {})[0] == 200
 
 
 def test_grpc_restricted_protocol_answers_unavailable(server: ServerProcess) -> None:

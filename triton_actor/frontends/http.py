@@ -139,9 +139,12 @@ class HttpFrontend:
 
     def _refusal(self, endpoint: str, headers: dict[str, str]) -> str | None:
         assert self.restrictions is not None
-        category = restricted.http_category(endpoint)
-        header = self.restrictions.header_for(category)
-        return self.restrictions.refusal(category, headers.get(header) if header else None)
+        for category in restricted.http_categories(endpoint):
+            header = self.restrictions.header_for(category)
+            refusal = self.restrictions.refusal(category, headers.get(header) if header else None)
+            if refusal is not None:
+                return refusal
+        return None
 
     def match(self, method: str, path: str) -> tuple[str, dict[str, Any]]:
         """(endpoint, url arguments) from the url map; raises NotFound or MethodNotAllowed."""

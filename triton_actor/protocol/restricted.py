@@ -40,10 +40,17 @@ GRPC_METHODS = {
 }
 
 
-def http_category(endpoint: str) -> str | None:
+# our own endpoints that show what restricted ones do: /status.json is statistics and the repository's
+# states and load errors, so it needs what each of those needs (the page itself is static)
+HTTP_ENDPOINTS_OF_SEVERAL = {"status_json": ("statistics", "model-repository")}
+
+
+def http_categories(endpoint: str) -> tuple[str, ...]:
+    """The categories whose restrictions apply to ``endpoint`` (all of them)."""
     if "_shm_" in endpoint:
-        return "shared-memory"
-    return HTTP_ENDPOINTS.get(endpoint)
+        return ("shared-memory",)
+    one = HTTP_ENDPOINTS.get(endpoint)
+    return (one,) if one is not None else HTTP_ENDPOINTS_OF_SEVERAL.get(endpoint, ())
 
 
 def grpc_category(method: str) -> str | None:
