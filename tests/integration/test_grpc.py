@@ -277,3 +277,16 @@ def test_verbose_logging_writes_no_header_values(tmp_path: Path, start_server) -
     finally:
         client.close()
     assert "SECRET-TOKEN" not in server.log()
+
+
+def test_a_status_message_echoing_a_huge_name_is_truncated(example_server: ServerProcess) -> None:
+    """A 100 KB model name came back whole in grpc-message: past grpcio's header-list limit, the client
+    saw RESOURCE_EXHAUSTED instead of the real answer. The message is now cut at 2048 characters."""
+    client = grpcclient.InferenceServerClient(example_server.grpc_url)
+    try:
+        with pytest.raises(InferenceServerException) as e:
+            client.get_model_metadata("m" * 100_000)
+    finally:
+        client.close()
+    assert e.value.status() == "StatusCode.NOT_FOUND", e.value
+    assert e.value.message().endswith("... (truncated)") and len(e.value.message()) < 2100

@@ -138,6 +138,13 @@ def test_chunk_limits() -> None:
     assert refused(head + b"0\r\n" + many + b"\r\n").status == 431
 
 
+@pytest.mark.parametrize("head", [b"GET / HTTP/1.1\nHost: x\n\n", b"GET / HTTP/1.1\r\nHost: x\n\n",
+                                  b"GET / HTTP/1.1\nHost: x\r\n\r\n"[:-4] + b"\n\r\n"])
+def test_a_head_ended_by_bare_lfs_is_400_not_a_wait_for_the_header_timeout(head: bytes) -> None:
+    e = refused(head)
+    assert e.status == 400 and "bare LF" in e.message
+
+
 def test_head_limits() -> None:
     assert refused(b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\n\r\n").status == 414
     assert refused(b"GET /" + b"a" * 9000).status == 414  # before the line ends

@@ -94,6 +94,9 @@ def route(methods: dict[bytes, Method], headers: h2.HeaderBlock) -> tuple[Method
     return found
 
 
+_MOST_MESSAGE = 2048  # characters of a status message (grpc's clients take 8-16 KiB of headers)
+
+
 class Call:
     """One gRPC call on one stream; its life is its handler's (``started`` … :meth:`finish`)."""
 
@@ -254,6 +257,8 @@ class Call:
         self.done = True
         fields = [(b"grpc-status", b"%d" % status)]
         if message:
+            if len(message) > _MOST_MESSAGE:  # a client's 100 KB model name, echoed: past the client's header
+                message = message[:_MOST_MESSAGE] + "... (truncated)"  # list limit it loses the real status
             fields.append((b"grpc-message", h2.percent_encode(message)))
         if not self.stream.headers_sent:
             fields = [(b":status", b"200"), (b"content-type", b"application/grpc"), *fields]

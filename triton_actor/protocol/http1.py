@@ -378,6 +378,8 @@ class ServerConnection:
             raise self._fail(431, "request head too large")
         if len(buf) > self.limits.max_line and buf.find(b"\r\n", 0, self.limits.max_line + 2) < 0:
             raise self._fail(414, "request line too long")
+        if b"\n\n" in buf or b"\n\r\n" in buf:  # a head ended by bare LFs: it would wait for its CRLF CRLF
+            raise self._fail(400, "request head lines must end with CRLF, not a bare LF")  # until the timeout
         return NEED_DATA
 
     # -- chunked body (RFC 9112 §7.1) -------------------------------------------------------------
