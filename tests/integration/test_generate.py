@@ -166,6 +166,8 @@ def _nested(depth: int) -> object:
     ("/v2/models/add_sub/generate", {"INPUT0": [[1, 2], [3, 4]], "INPUT1": [1, 1, 1, 1]}, 400, ["flat list"]),
     ("/v2/models/add_sub/generate", {"INPUT0": ["a", 2, 3, 4], "INPUT1": [1, 1, 1, 1]}, 400, ["FP32"]),
     ("/v2/models/add_sub/generate", [1, 2], 400, ["JSON object"]),
+    ("/v2/models/add_sub/generate", {"INPUT0": [1, 2, 3, 4], "INPUT1": [1, 1, 1, 1], "id": {"a": 1}}, 400,
+     ["'id' must be a string"]),
     ("/v2/models/text_generator/generate", {"text_input": "x", "max_tokens": 2 ** 40}, 400, ["max_tokens", "INT32"]),
     ("/v2/models/add_sub/generate", {"INPUT0": [1, 2, 3, 4], "triton_x": 1}, 400, ["triton_"]),
     ("/v2/models/nope/generate_stream", {"x": 1}, 404, ["unknown model"]),

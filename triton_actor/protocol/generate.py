@@ -34,7 +34,9 @@ def decode_request(body: bytes, model: str, version: int, inputs: list[InputSpec
             dtype, dims = specs[key]
             tensors[key] = _tensor(key, value, dtype, dims, max_batch_size)
         elif key == "id":
-            rid = str(value)
+            if not isinstance(value, str):  # as /infer answers (a dict came back as its Python repr)
+                raise TritonError.invalid_arg("request 'id' must be a string")
+            rid = value
         elif key == "parameters":
             if not isinstance(value, dict):
                 raise TritonError.invalid_arg("'parameters' must be a JSON object")
