@@ -524,3 +524,21 @@ def test_every_instance_down_fails_the_queue_and_tells_the_model_once(make) -> N
     drained: Reply[None] = Reply()
     sched.ref.tell(Drain(drained))
     assert drained.get(timeout=WAIT) is None  # unloading it does not wait for instances that are gone
+
+
+@pytest.mark.timeout(30)
+def test_requests_failed_for_want_of_an_instance_count_as_other(make) -> None:
+    """Triton counts REJECTED for the scheduler's queue policy (a queue timeout) only; a request that fails
+    because no instance is left is an OTHER failure, as the sequence scheduler counted it already."""
+    sched, (a,), stats = make()
+    running, queued = _enqueue(sched, "r0"), _enqueue(sched, "r1")
+    _sync(sched)
+    a.become(DOWN, "a gave up")
+    later = _enqueue(sched, "r2")
+    for reply in (queued, later):
+        with pytest.raises(TritonError):
+            reply.get(timeout=WAIT)
+    assert stats.failures == {"REJECTED": 0, "CANCELED": 0, "BACKEND": 0, "OTHER": 2}
+    a.fail(0, TritonError.unavailable("stopped"))
+    with pytest.raises(TritonError):
+        running.get(timeout=WAIT)

@@ -11,10 +11,9 @@ Failure: a backend error fails only the requests of that batch; the instance goe
 error in a handler fails that message's reply. Stopped: queued requests fail UNAVAILABLE, a batch
 that finishes afterwards still answers its requests (``_answer``).
 
-Instance health (:class:`InstanceHealth`, an event each instance's watcher tells): an instance that is
-not UP leaves the pool (a dead one answers at once, so it would look idle and draw the work: with two
-instances and one dead, half the requests failed) and one that is UP again rejoins it; queued work
-waits for the live ones. Once every instance is DOWN (for good) the queue fails UNAVAILABLE, so do
+Instances: the :class:`~.instance_pool.InstancePool` (idle, running, out of the pool as their health
+changes). Queued work waits for the instances that are UP. Once every instance is DOWN (for good) the
+queue fails UNAVAILABLE (failure reason OTHER: Triton's REJECTED is a scheduler's queue timeout), so do
 new requests, and ``on_down(self, reason)`` tells the model actor, which owns the version's ready state.
 
 Policy: the version's :class:`~.batch_queue.BatchQueue` (spec §6.1-6.2) decides what runs next
@@ -46,7 +45,8 @@ from ..statistics import VersionStats
 from ..tracing import VersionTrace
 from .batch_queue import BatchPolicy, BatchQueue, timeout_error
 from .bridge import CancelWatch
-from .instance import DOWN, UP, ModelInstance
+from .instance import ModelInstance
+from .instance_pool import Down, InstanceHealth, InstancePool
 from .kernel import InlineActor, Reply
 from .wake_timer import Wake, WakeTimer
 
@@ -68,18 +68,6 @@ class BatchDone:
     dispatch_ns: int
     ok: bool
     value: Any  # (results, timings) or the error
-
-
-@dataclass(frozen=True, slots=True)
-class InstanceHealth:
-    """Event from an instance's watcher (hub): it is UP, RESTARTING or DOWN (see actors/instance.py)."""
-
-    instance: ModelInstance
-    health: str
-    reason: str
-
-
-Down = Callable[[Any, str], None]  # on_down(scheduler, reason): every instance is DOWN (any thread's hub callback)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,15 +95,8 @@ class SchedulerActor(InlineActor):
         self._trace = trace or _NO_TRACE  # tracing.py: ``.on`` is read once per finished batch
         self._policy = policy or BatchPolicy()
         self._queue: BatchQueue[Enqueue] = BatchQueue(self._policy)
-        self._instances = instances
-        self._idle: list[ModelInstance] = [i for i in reversed(instances) if i.health == UP]
-        self._out: dict[ModelInstance, str] = {i: i.health for i in instances if i.health != UP}  # not in the pool
-        self._running_on: set[ModelInstance] = set()  # instances running a batch
-        self._busy = 0
-        self._on_down = on_down
-        self._gone: TritonError | None = None  # every instance is DOWN: what requests are answered
+        self._pool = InstancePool(self, instances, on_down)
         self._running = 0  # requests in the batches being executed
-        self._instance_names = [i.name for i in instances]
         self._stats = stats
         self._clock = clock
         self._drains: list[Reply[None]] = []
@@ -132,55 +113,36 @@ class SchedulerActor(InlineActor):
         self._seq: dict[int, int] = {}  # id(Enqueue) → sequence number, while it runs
 
     def on_start(self) -> None:
-        for inst in self._instances:
-            inst.watch(self._watched)
-        self._check_gone()
+        self._pool.start()
 
-    def _watched(self, instance: ModelInstance, health: str, reason: str) -> None:
-        """Hub (an instance's watcher): health events become messages, handled in order with the rest."""
-        try:
-            self.ref.tell(InstanceHealth(instance, health, reason))
-        except TritonError:
-            pass  # stopped meanwhile: nobody routes to this version any more
+    # -- the pool's calls (from on_InstanceHealth) ------------------------------------------------
+    def instance_joined(self, instance: ModelInstance) -> None:
+        self._dispatch()
+
+    def instance_left(self, instance: ModelInstance, reason: str) -> None:
+        pass  # the queue is every instance's: the others take it
+
+    def pool_gone(self, error: TritonError) -> None:
+        self._fail(self._queue.clear(), error)
+        self._maybe_drained()
+
+    def _fail(self, items: list[Enqueue], error: TritonError) -> None:
+        """No instance left: failure reason OTHER, as Triton counts what fails in the core outside the queue policy."""
+        now = self._clock()
+        for item in items:
+            self._stats.record_failure(now - item.start_ns)
+            item.reply.fail(error)
 
     # -- messages ---------------------------------------------------------------------------------
     def on_InstanceHealth(self, msg: InstanceHealth) -> None:
-        """An instance left the pool (RESTARTING, DOWN) or came back (UP)."""
-        inst = msg.instance
-        if msg.health == UP:
-            if self._out.pop(inst, None) is not None and inst not in self._running_on and self._gone is None:
-                self._idle.append(inst)
-                log.info("scheduler %s: instance %s is back in the pool", self.name, inst.name)
-                self._dispatch()
-            return
-        self._out[inst] = msg.health
-        if inst in self._idle:
-            self._idle.remove(inst)
-        log.warning("scheduler %s: instance %s left the pool (%s): %s", self.name, inst.name, msg.health, msg.reason)
-        self._check_gone(msg.reason)
-
-    def _check_gone(self, reason: str = "") -> None:
-        """Every instance DOWN: nothing will run again; fail what waits and tell the model actor once."""
-        if self._gone is not None or any(self._out.get(i) != DOWN for i in self._instances):
-            return
-        reason = reason or next((i.reason for i in self._instances if i.reason), "every instance stopped")
-        self._gone = TritonError.unavailable(f"{version_text(self.name)} has no instance left: {reason}")
-        self._idle.clear()
-        now = self._clock()
-        for item in self._queue.clear():
-            self._stats.record_failure(now - item.start_ns, "REJECTED")
-            item.reply.fail(self._gone)
-        self._maybe_drained()
-        if self._on_down is not None:
-            self._on_down(self, reason)
+        self._pool.on_health(msg)
 
     def on_Enqueue(self, msg: Enqueue) -> None:
-        if self._gone is not None:  # until the model actor publishes the version's new state
-            self._stats.record_failure(self._clock() - msg.start_ns, "REJECTED")
-            msg.reply.fail(self._gone)
+        if self._pool.gone is not None:  # until the model actor publishes the version's new state
+            self._fail([msg], self._pool.gone)
             return
-        if self._direct and self._idle and not len(self._queue):
-            self._run(self._idle.pop(), [msg])  # nothing waits and an instance is free: no queueing to do
+        if self._direct and self._pool.idle and not len(self._queue):
+            self._run(self._pool.take(), [msg])  # nothing waits and an instance is free: no queueing to do
             return
         request = msg.request
         key = _shape_key(request, self._ragged) if self._batching else None
@@ -206,11 +168,8 @@ class SchedulerActor(InlineActor):
                 if not item.reply.ready():
                     _complete(item, False, error)
         finally:
-            self._busy -= 1
             self._running -= len(msg.items)
-            self._running_on.discard(msg.instance)
-            if msg.instance not in self._out and self._gone is None:
-                self._idle.append(msg.instance)
+            self._pool.release(msg.instance)
         self._dispatch()
 
     def _answer_batch(self, msg: BatchDone) -> None:
@@ -264,8 +223,7 @@ class SchedulerActor(InlineActor):
     def on_stop(self) -> None:
         """Nobody waits forever: queued requests fail, held replies are released, drains are answered."""
         self._timer.stop()
-        for inst in self._instances:
-            inst.watch(None)
+        self._pool.stop()
         error = TritonError.unavailable(f"model version '{self.name}' is unloading")
         for item in self._queue.clear():
             item.reply.fail(error)
@@ -289,8 +247,7 @@ class SchedulerActor(InlineActor):
 
     def on_GetStatus(self, _msg: GetStatus) -> dict[str, object]:
         return {"stats": self._stats.snapshot(), "queued": len(self._queue), "running": self._running,
-                "busy_instances": self._busy, "instances": list(self._instance_names),
-                "down_instances": sorted(f"{i.name} ({health})" for i, health in self._out.items())}
+                **self._pool.status()}
 
     def on_Drain(self, msg: Drain) -> None:
         self._drains.append(msg.reply)
@@ -298,7 +255,7 @@ class SchedulerActor(InlineActor):
 
     # -- policy -----------------------------------------------------------------------------------
     def _dispatch(self) -> None:
-        queue, idle = self._queue, self._idle
+        queue, idle, take = self._queue, self._pool.idle, self._pool.take
         if not len(queue) and not self._timer.armed:
             self._maybe_drained()
             return
@@ -314,7 +271,7 @@ class SchedulerActor(InlineActor):
             if not decision.batch:
                 wait = decision.wait_ns
                 break
-            self._run(idle.pop(), decision.batch)
+            self._run(take(), decision.batch)
         if wait is not None:
             self._timer.arm(now, wait)
         self._maybe_drained()
@@ -327,15 +284,13 @@ class SchedulerActor(InlineActor):
                     self._stats.record_failure(now - item.start_ns, "CANCELED")
             items = [i for i in items if not i.reply.ready()]
             if not items:
-                self._idle.append(instance)
+                self._pool.release(instance)
                 return
         if self._ordered:
             for item in items:
                 self._seq[id(item)] = self._next_seq
                 self._next_seq += 1
         dispatch_ns = self._clock()
-        self._busy += 1
-        self._running_on.add(instance)
         self._running += len(items)
         instance.execute(with_cancellation(instance, items), self._completion(instance, items, dispatch_ns))
 
@@ -373,7 +328,7 @@ class SchedulerActor(InlineActor):
         return done
 
     def _maybe_drained(self) -> None:
-        if self._drains and not len(self._queue) and self._busy == 0:
+        if self._drains and not len(self._queue) and not self._pool.busy:
             for reply in self._drains:
                 reply.set(None)
             self._drains.clear()
@@ -403,12 +358,6 @@ def _complete(item: Enqueue, ok: bool, value: Any) -> None:
         item.reply.set(value)
     else:
         item.reply.fail(value)
-
-
-def version_text(name: str) -> str:
-    """``model 'm' version 1`` from a scheduler's name ``scheduler:m:1`` (actors/version.py names it)."""
-    model, _, version = name.partition(":")[2].rpartition(":")
-    return f"model '{model}' version {version}"
 
 
 def _prefix(request: InferRequest) -> str:

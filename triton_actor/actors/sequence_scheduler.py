@@ -10,8 +10,8 @@ Policy is in :mod:`.sequence_slots` (slots, backlog, direct / oldest batches, id
 :mod:`.sequence_controls` (control and state tensors); this actor checks each request's sequence
 fields with Triton's errors, adds the tensors, runs batches and answers them.
 Failure: a backend error fails the requests of that batch; their sequences keep their slots until
-their END or the idle timeout. Stopped: queued requests fail UNAVAILABLE. An instance that is not UP
-(:class:`~.scheduler.InstanceHealth`) leaves the pool: the sequences it held end, their queued
+their END or the idle timeout. Stopped: queued requests fail UNAVAILABLE. Instances: the
+:class:`~.instance_pool.InstancePool`; one that leaves it (not UP) ends the sequences it held, their queued
 requests fail UNAVAILABLE, new sequences go to the others; UP again, it takes sequences again. Every
 instance DOWN: requests fail UNAVAILABLE and ``on_down`` tells the model actor (as the default scheduler).
 
@@ -38,9 +38,10 @@ from ..errors import Code, TritonError
 from ..inference import InferInput, InferRequest, InferResponse
 from ..statistics import VersionStats
 from .bridge import CancelWatch
-from .instance import DOWN, UP, ModelInstance
+from .instance import ModelInstance
+from .instance_pool import Down, InstanceHealth, InstancePool
 from .kernel import InlineActor, Reply
-from .scheduler import Down, Drain, Enqueue, GetStats, InstanceHealth, version_text
+from .scheduler import Drain, Enqueue, GetStats
 from .sequence_controls import SequenceTensors
 from .sequence_slots import SEQUENCE_END, SEQUENCE_START, SequenceSlots, Slot, SlotPolicy
 from .wake_timer import Wake, WakeTimer
@@ -50,7 +51,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class _SeqBatchDone:
-    instance: int
+    instance: ModelInstance
     batch: list[Slot[Enqueue]]
     dispatch_ns: int
     ok: bool
@@ -65,12 +66,8 @@ class SequenceSchedulerActor(InlineActor):
                  clock: Callable[[], int] = time.perf_counter_ns, on_down: Down | None = None) -> None:
         super().__init__(name)
         self._model = model
-        self._instances = instances
-        self._idle = list(range(len(instances)))
-        self._busy: set[int] = set()  # instances running a batch
-        self._out: dict[int, str] = {}  # instances out of the pool → their health
-        self._on_down = on_down
-        self._gone: TritonError | None = None  # every instance is DOWN
+        self._pool = InstancePool(self, instances, on_down)
+        self._index = {inst: i for i, inst in enumerate(instances)}  # the instance's slots in SequenceSlots
         self._policy = policy
         self._slots: SequenceSlots[Enqueue] = SequenceSlots(policy)
         self._tensors = tensors
@@ -83,45 +80,29 @@ class SequenceSchedulerActor(InlineActor):
         self._timer = WakeTimer(self.ref.tell)  # batch delays, idle sequences
 
     def on_start(self) -> None:
-        for inst in self._instances:
-            inst.watch(self._watched)
-            if inst.health != UP:
-                self.on_InstanceHealth(InstanceHealth(inst, inst.health, inst.reason))
+        self._pool.start()
 
-    def _watched(self, instance: ModelInstance, health: str, reason: str) -> None:
-        """Hub (an instance's watcher): health events become messages, handled in order with the rest."""
-        try:
-            self.ref.tell(InstanceHealth(instance, health, reason))
-        except TritonError:
-            pass  # stopped meanwhile
+    # -- the pool's calls (from on_InstanceHealth) ------------------------------------------------
+    def instance_joined(self, instance: ModelInstance) -> None:
+        self._slots.open_instance(self._index[instance])
+        self._dispatch()
+
+    def instance_left(self, instance: ModelInstance, reason: str) -> None:
+        """The sequences it held end; their queued requests fail."""
+        ended, queued = self._slots.close_instance(self._index[instance])
+        for corr_id in ended:
+            self._states.pop(corr_id, None)
+        self._fail(queued, TritonError.unavailable(f"instance '{instance.name}' holding the sequence stopped: {reason}"))
+        self._maybe_drained()
+
+    def pool_gone(self, error: TritonError) -> None:
+        self._fail(self._slots.clear(), error)
+        self._states.clear()
+        self._maybe_drained()
 
     # -- messages ---------------------------------------------------------------------------------
     def on_InstanceHealth(self, msg: InstanceHealth) -> None:
-        index = self._instances.index(msg.instance)
-        if msg.health == UP:
-            if self._out.pop(index, None) is not None and self._gone is None:
-                self._slots.open_instance(index)
-                if index not in self._busy:
-                    self._idle.append(index)
-                self._dispatch()
-            return
-        self._out[index] = msg.health
-        if index in self._idle:
-            self._idle.remove(index)
-        log.warning("sequence scheduler %s: instance %s left the pool (%s): %s", self.name, msg.instance.name,
-                    msg.health, msg.reason)
-        error = TritonError.unavailable(f"instance '{msg.instance.name}' holding the sequence stopped: {msg.reason}")
-        ended, queued = self._slots.close_instance(index)
-        for corr_id in ended:
-            self._states.pop(corr_id, None)
-        self._fail(queued, error)
-        if all(self._out.get(i) == DOWN for i in range(len(self._instances))):
-            self._gone = TritonError.unavailable(f"{version_text(self.name)} has no instance left: {msg.reason}")
-            self._fail(self._slots.clear(), self._gone)
-            self._states.clear()
-            if self._on_down is not None:
-                self._on_down(self, msg.reason)
-        self._maybe_drained()
+        self._pool.on_health(msg)
 
     def _fail(self, items: list[Enqueue], error: TritonError) -> None:
         now = self._clock()
@@ -130,8 +111,8 @@ class SequenceSchedulerActor(InlineActor):
             item.reply.fail(error)
 
     def on_Enqueue(self, msg: Enqueue) -> None:
-        if self._gone is not None:
-            self._fail([msg], self._gone)
+        if self._pool.gone is not None:
+            self._fail([msg], self._pool.gone)
             return
         try:
             msg = self._admit(msg)
@@ -152,9 +133,7 @@ class SequenceSchedulerActor(InlineActor):
                 if slot.item is not None and not slot.item.reply.ready():
                     slot.item.reply.fail(error)
         finally:
-            self._busy.discard(msg.instance)
-            if msg.instance not in self._out:
-                self._idle.append(msg.instance)
+            self._pool.release(msg.instance)
         self._dispatch()
 
     def on_Wake(self, msg: Wake) -> None:
@@ -170,8 +149,7 @@ class SequenceSchedulerActor(InlineActor):
 
     def on_stop(self) -> None:
         self._timer.stop()
-        for inst in self._instances:
-            inst.watch(None)
+        self._pool.stop()
         error = TritonError.unavailable(f"model version '{self.name}' is unloading")
         for item in self._slots.clear():
             item.reply.fail(error)
@@ -203,11 +181,10 @@ class SequenceSchedulerActor(InlineActor):
             self._states.pop(corr_id, None)
             log.debug("sequence %s of model '%s' idle: slot released", corr_id, self._model)
         wait: int | None = None
-        for index in list(self._idle):
-            batch, until = self._slots.take(index, now)
+        for inst in self._pool.idle[::-1]:  # the next one to take first
+            batch, until = self._slots.take(self._index[inst], now)
             if batch:
-                self._idle.remove(index)
-                self._run(index, batch)
+                self._run(self._pool.take(inst), batch)
             elif until is not None:
                 wait = until if wait is None else min(wait, until)
         idle = self._slots.next_idle_ns(now)
@@ -217,21 +194,21 @@ class SequenceSchedulerActor(InlineActor):
             self._timer.arm(now, wait)
         self._maybe_drained()
 
-    def _run(self, index: int, batch: list[Slot[Enqueue]]) -> None:
+    def _run(self, instance: ModelInstance, batch: list[Slot[Enqueue]]) -> None:
         if any(s.item is not None and s.item.reply.ready() for s in batch):
             batch = self._drop_cancelled(batch)
         if not self._pad:
             batch = [s for s in batch if s.item is not None]
         if not batch:
-            self._idle.append(index)
+            self._pool.release(instance)
             return
         template = next(s.item.request for s in batch if s.item is not None)  # a batch ends with a real request
         try:
-            watch = self._instances[index].watches_cancellation
+            watch = instance.watches_cancellation
             requests = [self._prepared(s, watch) if s.item is not None else self._null(template) for s in batch]
         except Exception as e:  # a bug of ours or a state that no longer fits: fail this batch, keep serving
             log.exception("sequence scheduler %s: preparing a batch failed", self.name)
-            self._idle.append(index)
+            self._pool.release(instance)
             now = self._clock()
             for slot in batch:
                 if slot.item is not None:
@@ -239,15 +216,14 @@ class SequenceSchedulerActor(InlineActor):
             return
         dispatch_ns = self._clock()
         tell = self.ref.tell
-        self._busy.add(index)
 
         def done(ok: bool, value: Any) -> None:
             try:
-                tell(_SeqBatchDone(index, batch, dispatch_ns, ok, value))
+                tell(_SeqBatchDone(instance, batch, dispatch_ns, ok, value))
             except TritonError:  # stopped meanwhile: still answer the requests that ran
                 self._answer_stopped(batch, ok, value)
 
-        self._instances[index].execute(requests, done)
+        instance.execute(requests, done)
 
     def _drop_cancelled(self, batch: list[Slot[Enqueue]]) -> list[Slot[Enqueue]]:
         """Requests answered before they ran were cancelled by their clients: they do not run, and the rest of
@@ -300,7 +276,7 @@ class SequenceSchedulerActor(InlineActor):
         else:
             self._stats.record_execution(len(real), 0, 0, 0)
             error = msg.value if isinstance(msg.value, TritonError) else TritonError.internal(
-                f"instance '{self._instances[msg.instance].name}' failed: {msg.value!r}")
+                f"instance '{msg.instance.name}' failed: {msg.value!r}")
             results, timings = [error] * len(msg.batch), (0, 0, 0)
         for slot, result in zip(msg.batch, results, strict=True):
             if slot.item is not None:
@@ -345,7 +321,7 @@ class SequenceSchedulerActor(InlineActor):
                 slot.item.reply.set(result)
 
     def _maybe_drained(self) -> None:
-        if self._drains and not len(self._slots) and not self._busy:
+        if self._drains and not len(self._slots) and not self._pool.busy:
             for reply in self._drains:
                 reply.set(None)
             self._drains.clear()
