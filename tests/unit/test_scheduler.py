@@ -542,3 +542,18 @@ def test_requests_failed_for_want_of_an_instance_count_as_other(make) -> None:
     a.fail(0, TritonError.unavailable("stopped"))
     with pytest.raises(TritonError):
         running.get(timeout=WAIT)
+
+
+@pytest.mark.timeout(30)
+def test_preserve_ordering_goes_on_after_a_batch_that_could_not_be_answered(make) -> None:
+    """A batch whose answering fails gives up its places in the order: later replies are not held for it."""
+    sched, (a,), _ = make(policy=_policy(max_batch_size=0, preferred=(), preserve_ordering=True))
+    first, second = _enqueue(sched, "first"), _enqueue(sched, "second")
+    _sync(sched)
+    a.complete(0, results=[])  # a backend that returned nothing for one request
+    with pytest.raises(TritonError) as info:
+        first.get(timeout=WAIT)
+    assert info.value.code == Code.INTERNAL
+    _sync(sched)
+    a.complete(1)
+    assert second.get(timeout=WAIT).parameters == {"rid": "second"}

@@ -2,11 +2,12 @@
 
 An :class:`InlineActor`: its handlers never block, so while fast paths are on a message is handled on
 the sender's stack when the actor is idle (no loop greenlet, no switch); with them off it is a plain
-actor with its loop greenlet. Messages: :class:`Enqueue` (tell, carries its Reply), :class:`BatchDone`
-(event from an instance's completion, in the hub or the caller), :class:`GetStats` and :class:`GetStatus` (ask),
-:class:`Drain` (tell, carries its Reply: completed once nothing is queued or running).
-State owned: the request queue, the idle instances (:class:`ModelInstance`, single-owner hub
-objects: only this actor calls them once it started), the version's :class:`VersionStats`.
+actor with its loop greenlet. Messages: those of every scheduler (:mod:`.scheduler_messages`: Enqueue,
+Drain, GetStats, GetStatus), :class:`BatchDone` (event from an instance's completion, in the hub or the
+caller), :class:`~.instance_pool.InstanceHealth` (event from an instance's watcher).
+State owned: the request queue, the :class:`~.instance_pool.InstancePool` of the version's instances
+(:class:`ModelInstance`, single-owner hub objects: only this actor calls them once it started), the
+version's :class:`VersionStats`.
 Failure: a backend error fails only the requests of that batch; the instance goes back to idle. An
 error in a handler fails that message's reply. Stopped: queued requests fail UNAVAILABLE, a batch
 that finishes afterwards still answers its requests (``_answer``).
@@ -20,9 +21,8 @@ Policy: the version's :class:`~.batch_queue.BatchQueue` (spec §6.1-6.2) decides
 whenever an instance is idle; without a scheduling block each request runs alone. No idle instance:
 requests wait in the queue (backpressure), so N instances keep at most N batches in flight. Time
 enters through one :class:`~.wake_timer.WakeTimer` (the batcher's delay, request timeouts), which tells
-the actor :class:`~.wake_timer.Wake`; with ``preserve_ordering``
-replies are released in the order the requests were dispatched (= arrival order, which that option
-requires to be unambiguous: one priority level, no DELAY policy).
+the actor :class:`~.wake_timer.Wake`; with ``preserve_ordering`` a :class:`~.reply_order.ReplyOrder`
+releases replies in the order the requests were dispatched.
 
 Rescheduling: a backend result :data:`~..backends.base.RESCHEDULE` (a Python model released the
 request with ``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE``) puts the request back in the queue as a new
@@ -48,17 +48,11 @@ from .bridge import CancelWatch
 from .instance import ModelInstance
 from .instance_pool import Down, InstanceHealth, InstancePool
 from .kernel import InlineActor, Reply
+from .reply_order import ReplyOrder
+from .scheduler_messages import Drain, Enqueue, GetStats, GetStatus
 from .wake_timer import Wake, WakeTimer
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class Enqueue:
-    request: InferRequest
-    batch_size: int
-    reply: Reply[InferResponse]
-    start_ns: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,21 +62,6 @@ class BatchDone:
     dispatch_ns: int
     ok: bool
     value: Any  # (results, timings) or the error
-
-
-@dataclass(frozen=True, slots=True)
-class GetStats:
-    pass
-
-
-@dataclass(frozen=True, slots=True)
-class GetStatus:
-    """The status page's view: the statistics snapshot plus the live queue and instances."""
-
-
-@dataclass(frozen=True, slots=True)
-class Drain:
-    reply: Reply[None]
 
 
 class SchedulerActor(InlineActor):
@@ -105,12 +84,7 @@ class SchedulerActor(InlineActor):
         # no batching and no queue timeouts: a request that finds an idle instance and nobody waiting runs at once
         self._direct = fastpath.enabled and not self._batching and not self._queue.timed
         self._ragged = self._policy.ragged_inputs
-        # preserve_ordering: dispatch sequence numbers and the finished replies waiting for earlier ones
-        self._ordered = self._policy.preserve_ordering
-        self._next_seq = 0
-        self._release_seq = 0
-        self._held: dict[int, tuple[Enqueue, bool, Any] | None] = {}
-        self._seq: dict[int, int] = {}  # id(Enqueue) → sequence number, while it runs
+        self._order: ReplyOrder[Enqueue] | None = ReplyOrder(_complete) if self._policy.preserve_ordering else None
 
     def on_start(self) -> None:
         self._pool.start()
@@ -164,9 +138,7 @@ class SchedulerActor(InlineActor):
             log.exception("scheduler %s: answering a batch failed", self.name)
             error = TritonError.internal(f"instance '{msg.instance.name}': {e!r}")
             for item in msg.items:
-                self._seq.pop(id(item), None)
-                if not item.reply.ready():
-                    _complete(item, False, error)
+                self._respond(item, False, error)  # those answered already stay answered
         finally:
             self._running -= len(msg.items)
             self._pool.release(msg.instance)
@@ -205,9 +177,8 @@ class SchedulerActor(InlineActor):
     def _requeue(self, item: Enqueue) -> None:
         """A request its model rescheduled: back into the queue (the dispatch after this batch
         picks it up), as a new arrival so a queue timeout does not expire it at once."""
-        if self._ordered:  # its place in the order is given up; it gets a new one when it runs again
-            self._held[self._seq.pop(id(item))] = None
-            self._release_held()
+        if self._order is not None:  # its place in the order is given up; it gets a new one when it runs again
+            self._order.give_up(item)
         request = item.request
         key = _shape_key(request, self._ragged) if self._batching else None
         try:
@@ -227,10 +198,8 @@ class SchedulerActor(InlineActor):
         error = TritonError.unavailable(f"model version '{self.name}' is unloading")
         for item in self._queue.clear():
             item.reply.fail(error)
-        for seq in sorted(self._held):
-            entry = self._held.pop(seq)
-            if entry is not None:
-                _complete(*entry)
+        if self._order is not None:
+            self._order.flush()
         for reply in self._drains:
             reply.set(None)
         self._drains.clear()
@@ -286,10 +255,8 @@ class SchedulerActor(InlineActor):
             if not items:
                 self._pool.release(instance)
                 return
-        if self._ordered:
-            for item in items:
-                self._seq[id(item)] = self._next_seq
-                self._next_seq += 1
+        if self._order is not None:
+            self._order.dispatched(items)
         dispatch_ns = self._clock()
         self._running += len(items)
         instance.execute(with_cancellation(instance, items), self._completion(instance, items, dispatch_ns))
@@ -301,19 +268,10 @@ class SchedulerActor(InlineActor):
 
     def _respond(self, item: Enqueue, ok: bool, value: Any) -> None:
         """Complete one request's reply, or hold it until every earlier request is answered."""
-        if not self._ordered:
+        if self._order is None:
             _complete(item, ok, value)
-            return
-        self._held[self._seq.pop(id(item))] = (item, ok, value)
-        self._release_held()
-
-    def _release_held(self) -> None:
-        held = self._held
-        while self._release_seq in held:
-            entry = held.pop(self._release_seq)
-            if entry is not None:  # None: a rescheduled request's old place in the order
-                _complete(*entry)
-            self._release_seq += 1
+        else:
+            self._order.finished(item, ok, value)
 
     def _completion(self, instance: ModelInstance, items: list[Enqueue], dispatch_ns: int) -> Callable[[bool, Any], None]:
         """The hub-side callback of one batch: turn it into a BatchDone message for this actor."""

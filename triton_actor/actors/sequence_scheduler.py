@@ -1,11 +1,12 @@
 """SequenceSchedulerActor: the sequence batcher of one model version (spec §3.6, §6.3).
 
 An :class:`InlineActor` like :class:`~.scheduler.SchedulerActor`, with the same messages, so a
-version handle queues to either the same way: :class:`Enqueue` (tell, carries its Reply),
-:class:`_SeqBatchDone` (event from an instance's completion), :class:`GetStats` (ask), :class:`Drain`
-(tell), :class:`~.wake_timer.Wake` (its timer). State owned: the :class:`SequenceSlots` (which sequence holds which
-slot of which instance, the backlog, the queued requests), the implicit state of each live sequence,
-the idle instances, the version's statistics.
+version handle queues to either the same way (:mod:`.scheduler_messages`: Enqueue, Drain, GetStats),
+:class:`_SeqBatchDone` (event from an instance's completion), :class:`~.instance_pool.InstanceHealth`
+(event from an instance's watcher), :class:`~.wake_timer.Wake` (its timer). State owned: the
+:class:`SequenceSlots` (which sequence holds which slot of which instance, the backlog, the queued
+requests), the implicit state of each live sequence, the :class:`~.instance_pool.InstancePool`, the
+version's statistics.
 Policy is in :mod:`.sequence_slots` (slots, backlog, direct / oldest batches, idle timeout) and
 :mod:`.sequence_controls` (control and state tensors); this actor checks each request's sequence
 fields with Triton's errors, adds the tensors, runs batches and answers them.
@@ -41,7 +42,7 @@ from .bridge import CancelWatch
 from .instance import ModelInstance
 from .instance_pool import Down, InstanceHealth, InstancePool
 from .kernel import InlineActor, Reply
-from .scheduler import Drain, Enqueue, GetStats
+from .scheduler_messages import Drain, Enqueue, GetStats
 from .sequence_controls import SequenceTensors
 from .sequence_slots import SEQUENCE_END, SEQUENCE_START, SequenceSlots, Slot, SlotPolicy
 from .wake_timer import Wake, WakeTimer
