@@ -428,3 +428,15 @@ def test_config_json_prints_the_sequence_batcher_as_triton_does(server: ServerPr
         "data_type": "TYPE_INVALID"}]}
     assert sb["iterative_sequence"] is False and "direct" not in sb and "oldest" not in sb
     assert sb["state"][0]["initial_state"][0]["dims"] == [1]
+
+
+def test_the_status_page_has_live_numbers_for_a_sequence_model(client: Client, server: ServerProcess) -> None:
+    """The sequence scheduler did not answer the status page's GetStatus: its models showed a state and no
+    numbers (instances, queue, requests, latency)."""
+    import urllib.request
+
+    _infer(client, "seq", 1, sequence_id=909, sequence_start=True, sequence_end=True)
+    with urllib.request.urlopen(f"http://{server.url}/status.json", timeout=30) as answer:
+        rows = {row["name"]: row for row in json.loads(answer.read())["versions"]}
+    seq = rows["seq"]
+    assert seq["instances"] and seq["success"] >= 1 and seq["queued"] == 0, seq

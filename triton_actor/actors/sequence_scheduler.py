@@ -42,7 +42,7 @@ from .bridge import CancelWatch
 from .instance import ModelInstance
 from .instance_pool import Down, InstanceHealth, InstancePool
 from .kernel import InlineActor, Reply
-from .scheduler_messages import Drain, Enqueue, GetStats
+from .scheduler_messages import Drain, Enqueue, GetStats, GetStatus
 from .sequence_controls import SequenceTensors
 from .sequence_slots import SEQUENCE_END, SEQUENCE_START, SequenceSlots, Slot, SlotPolicy
 from .wake_timer import Wake, WakeTimer
@@ -78,6 +78,7 @@ class SequenceSchedulerActor(InlineActor):
         self._states: dict[int | str, dict[str, np.ndarray]] = {}
         self._next_id = 1
         self._drains: list[Reply[None]] = []
+        self._running = 0  # requests in the batches being executed (the status page)
         self._timer = WakeTimer(self.ref.tell)  # batch delays, idle sequences
 
     def on_start(self) -> None:
@@ -125,6 +126,7 @@ class SequenceSchedulerActor(InlineActor):
         self._dispatch()
 
     def on__SeqBatchDone(self, msg: _SeqBatchDone) -> None:
+        self._running -= sum(1 for slot in msg.batch if slot.item is not None)
         try:
             self._answer_batch(msg)
         except Exception as e:
@@ -143,6 +145,11 @@ class SequenceSchedulerActor(InlineActor):
 
     def on_GetStats(self, _msg: GetStats) -> dict[str, object]:
         return self._stats.snapshot()
+
+    def on_GetStatus(self, _msg: GetStatus) -> dict[str, object]:
+        """The status page's view (live_status.py), as the other schedulers answer it."""
+        return {"stats": self._stats.snapshot(), "queued": len(self._slots), "running": self._running,
+                **self._pool.status()}
 
     def on_Drain(self, msg: Drain) -> None:
         self._drains.append(msg.reply)
@@ -216,6 +223,7 @@ class SequenceSchedulerActor(InlineActor):
                     self._answer(slot, TritonError.internal(f"sequence batcher of '{self._model}': {e!r}"), now, now, (0, 0, 0))
             return
         dispatch_ns = self._clock()
+        self._running += sum(1 for slot in batch if slot.item is not None)
         tell = self.ref.tell
 
         def done(ok: bool, value: Any) -> None:
