@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import hostwide
-from .actors.bridge import ResponseChannel
 from .actors.handles import READY, ModelHandle, VersionHandle
 from .actors.kernel import Reply
 from .actors.repository import RepositoryActor
+from .actors.response_channel import STREAM_MAX_BYTES, STREAM_MAX_RESPONSES, BoundedResponseChannel, ChannelResponses
 from .errors import TritonError
 from .host import Host, LocalHost
 from .inference import InferRequest, InferResponse
@@ -52,7 +52,8 @@ class Pending:
 @dataclass(slots=True)
 class Streamed:
     """A streaming inference: ``responses`` yields ``(InferResponse | TritonError | None, final)``;
-    None is a final flag without a response. Closing the iterator early cancels the request."""
+    None is a final flag without a response. Closing the iterator early cancels the request (also
+    before its first item): the consumer must close it when it stops before the final response."""
 
     version: int
     labels: dict[str, list[str]]
@@ -66,19 +67,6 @@ def _one_response(reply: Reply[InferResponse]) -> Iterator[tuple[InferResponse |
     except TritonError as e:
         response = e
     yield response, True
-
-
-def _channel_responses(channel: ResponseChannel) -> Iterator[tuple[InferResponse | TritonError | None, bool]]:
-    try:
-        while True:
-            item, final = channel.receive()
-            yield item, final
-            if final:
-                return
-    finally:
-        if not channel.finished:
-            channel.cancelled = True  # the consumer went away: the model sees is_cancelled()
-        channel.close()
 
 
 class DataPlane:
@@ -167,19 +155,22 @@ class DataPlane:
 
     def infer_stream(self, request: InferRequest, internal: bool = False) -> Streamed:
         """Route, validate and queue a request whose answers are streamed: any number of responses
-        from a decoupled model, exactly one from any other. Errors before queueing raise here."""
+        from a decoupled model, exactly one from any other. Errors before queueing raise here. A
+        decoupled model's ``send()`` waits while the consumer has not taken ``STREAM_MAX_RESPONSES``
+        of them or ``STREAM_MAX_BYTES`` (actors/response_channel.py): a client that reads slowly,
+        or not at all, holds back the model instead of filling memory."""
         handle, vh = self._route(request, internal)
         batching = handle.config.max_batch_size > 0
         if not handle.config.model_transaction_policy.decoupled:
             return Streamed(vh.version, vh.labels, batching, _one_response(vh.infer(request)))
-        channel = ResponseChannel()
+        channel = BoundedResponseChannel(STREAM_MAX_RESPONSES, STREAM_MAX_BYTES)
         try:
             reply = vh.infer(request._replace(responses=channel))
         except BaseException:
             channel.close()
             raise
         reply.link(lambda r: channel.send(r.exception(), True) if r.exception() is not None else None)
-        return Streamed(vh.version, vh.labels, batching, _channel_responses(channel))
+        return Streamed(vh.version, vh.labels, batching, ChannelResponses(channel))
 
     def input_specs(self, name: str, version: int) -> tuple[list[tuple[str, DType, tuple[int, ...]]], int]:
         """Every input's name, type and dims, and max_batch_size (the generate extension builds tensors from them)."""

@@ -2,7 +2,8 @@
 
 :func:`local_status` is this process's ``"status"`` host handler (registered by the server): the repository
 index (every model version with its state and reason) and, for each READY version, its scheduler's
-:class:`~.actors.scheduler.GetStatus` answer. :func:`merge` sums the answers of every worker into what
+:class:`~.actors.scheduler.GetStatus` answer, and ``streams``: what streaming requests hold that their
+clients have not taken yet (:func:`~.actors.response_channel.stream_totals`). :func:`merge` sums the answers of every worker into what
 ``/status.json`` serves: counts and latency histograms are added first, then percentiles are read from
 the summed histogram (percentiles of workers cannot be averaged).
 
@@ -16,6 +17,7 @@ import time
 from typing import Any
 
 from .actors.handles import READY
+from .actors.response_channel import stream_totals
 from .dataplane import DataPlane
 from .errors import TritonError
 from .statistics import LATENCY_BUCKETS, percentile_ns
@@ -41,7 +43,7 @@ def local_status(plane: DataPlane, _args: dict[str, Any] | None = None) -> dict[
                 pass  # unloaded meanwhile: state and reason only
         versions.append(row)
     return {"worker": plane.host.worker_id, "live": plane.is_live(), "ready": plane.is_ready(),
-            "time_ns": time.time_ns(), "versions": versions}
+            "time_ns": time.time_ns(), "versions": versions, "streams": stream_totals()}
 
 
 def _live(status: dict[str, Any]) -> dict[str, Any]:
@@ -87,7 +89,13 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
     return {"live": all(p["live"] for p in parts), "ready": all(p["ready"] for p in parts),
             "workers": len(parts), "time_ns": max(p["time_ns"] for p in parts),
             "success": sum(v["success"] for v in versions), "fail": sum(v["fail"] for v in versions),
-            "versions": versions}
+            "versions": versions, "streams": _sum_streams([p.get("streams", {}) for p in parts])}
+
+
+def _sum_streams(parts: list[dict[str, int]]) -> dict[str, int]:
+    """Every worker's undelivered streamed responses added up (the bounds are per request, not summed)."""
+    total = {k: sum(p.get(k, 0) for p in parts) for k in ("open", "responses", "bytes", "waiting_senders")}
+    return {**total, **{k: max((p.get(k, 0) for p in parts), default=0) for k in ("max_responses", "max_bytes")}}
 
 
 def _finish(row: dict[str, Any]) -> dict[str, Any]:

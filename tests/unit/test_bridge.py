@@ -259,7 +259,7 @@ def test_threads_a_job_starts_keep_running_while_the_worker_is_idle(workers) -> 
     import threading
     import time
 
-    from triton_actor.actors.bridge import ResponseChannel
+    from triton_actor.actors.response_channel import ResponseChannel
 
     channel = ResponseChannel()
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from gevent import monkey
 
-from triton_actor.actors.bridge import ResponseChannel
+from triton_actor.actors.response_channel import ResponseChannel
 from triton_actor.backends.python import triton_python_backend_utils as pb_utils
 from triton_actor.errors import Code, TritonError
 from triton_actor.inference import InferResponse

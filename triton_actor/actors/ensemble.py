@@ -17,8 +17,9 @@ decoupled composing model's responses each fork the request's tensor table and d
 downstream once per response; every table that completes the ensemble outputs is one response of a
 decoupled ensemble. ``max_inflight_requests`` bounds the forks of one decoupled step in flight per
 request: its reader greenlet stops reading the composing model's responses until forks finish, and the
-step's :class:`~.bridge.BoundedResponseChannel` then makes the producing model's thread wait, so a slow
-step cannot make memory grow without bound (server PR #8458).
+step's :class:`~.response_channel.BoundedResponseChannel` then makes the producing model's thread wait,
+so a slow step cannot make memory grow without bound (server PR #8458). The reader stops as well while
+the ensemble's client has not taken its stream's bound of responses.
 Failure: a request whose step cannot be routed or fails is answered with that error; stopping the
 actor fails what is in flight with UNAVAILABLE.
 """
@@ -38,8 +39,8 @@ from ..inference import InferInput, InferRequest, InferResponse, RequestedOutput
 from ..protocol.dtypes import from_numpy
 from ..repository.ensemble_graph import Graph, Step
 from ..statistics import VersionStats
-from .bridge import BoundedResponseChannel, ResponseChannel
 from .kernel import InlineActor, Reply
+from .response_channel import STREAM_MAX_BYTES, STREAM_MAX_RESPONSES, BoundedResponseChannel, ResponseChannel
 from .scheduler import Drain, Enqueue, GetStats, GetStatus
 
 Routes = Callable[[], Mapping[str, Any]]  # name → ModelHandle (the repository's routing table, read live)
@@ -218,7 +219,7 @@ class EnsembleScheduler(InlineActor):
                 raise TritonError.not_found(f"Request for unknown model: '{step.model}' is not found")
             version = handle.resolve(step.version)
             if handle.config.model_transaction_policy.decoupled:
-                channel = BoundedResponseChannel(self._max_inflight) if self._max_inflight else ResponseChannel()
+                channel = BoundedResponseChannel(self._max_inflight or STREAM_MAX_RESPONSES, STREAM_MAX_BYTES)
                 request = request._replace(responses=channel)
             reply = version.infer(request)
         except TritonError as e:
@@ -238,7 +239,9 @@ class EnsembleScheduler(InlineActor):
                      reply: Reply[InferResponse]) -> None:
         """Reader greenlet of one decoupled step: forwards its responses as messages; with
         ``max_inflight_requests`` it waits for a free slot before taking the next response, so a fast
-        producer waits for the slow steps after it instead of filling memory."""
+        producer waits for the slow steps after it instead of filling memory. It waits as well while
+        the ensemble's own stream holds its bound of responses its client has not taken (the
+        ensemble's actor answers on the hub, where a send never waits)."""
         reply.link(lambda r: channel.send(r.exception(), True) if r.exception() is not None else None)
         gate = None
         if self._max_inflight > 0:
@@ -246,6 +249,8 @@ class EnsembleScheduler(InlineActor):
         try:
             top = run.decoupled
             while True:
+                if top is not None:  # the ensemble's client takes its responses slower: this step waits too
+                    top.wait_for_room()
                 item, final = channel.receive()
                 if top is not None and top.is_cancelled():
                     channel.cancelled = True  # the ensemble's client went away: so did this step's

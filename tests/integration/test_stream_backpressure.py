@@ -1,0 +1,313 @@
+"""Streamed responses to a client that reads slowly, or not at all, are bounded (review finding 7).
+
+A decoupled model ``flood`` sends COUNT responses of SIZE bytes as fast as it can; after each ``send()``
+returns it writes how many did to ``<id>.sent``, and at the end ``<id>.done`` ("<sent> <cancelled>").
+A client that never reads (a gRPC stream with a zero flow-control window, an HTTP ``generate_stream``
+whose socket is not read) must make the model's ``send()`` wait once the server holds its bound of
+responses (``/status.json`` ``streams``: 1024 responses or 4 MiB per request), not let it send them all
+into memory; when the client goes away the model must go on at once and see ``is_cancelled()``; a
+client that reads slowly must get every response, in order. No sleeps: the tests wait on what the
+server reports and on the model's files. Python models in-process, and in a process of their own.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import socket
+import struct
+import urllib.request
+from pathlib import Path
+
+import hpack
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.grpc import service_pb2 as pb
+
+from .model_control import wait_for
+from .server import ServerProcess, add_model
+from .test_grpc_transport import _PREFACE, _frame
+
+BOUND_RESPONSES = 1024  # STREAM_MAX_RESPONSES (actors/response_channel.py)
+BOUND_BYTES = 4 << 20  # STREAM_MAX_BYTES
+ISOLATION = pytest.mark.parametrize("flags", [(), ("--backend-config=python,isolation=process",)],
+                                    ids=["in_process", "isolated"])
+
+FLOOD_PY = """
+import json, os
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def _write(path, text):
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.dir = json.loads(args["model_config"])["parameters"]["dir"]["string_value"]
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            count = int(pb_utils.get_input_tensor_by_name(request, "COUNT").as_numpy().reshape(-1)[0])
+            size = int(pb_utils.get_input_tensor_by_name(request, "SIZE").as_numpy().reshape(-1)[0])
+            path = os.path.join(self.dir, request.request_id() or "anonymous")
+            sent = 0
+            for i in range(count):
+                if sender.is_cancelled():
+                    break
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.full(size, i % 251, np.uint8)),
+                                                        pb_utils.Tensor("INDEX", np.array([i], np.int32))]))
+                sent += 1
+                _write(path + ".sent", str(sent))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            _write(path + ".done", f"{sent} {sender.is_cancelled()}")
+        return None
+"""
+
+
+def _flood_repo(tmp_path: Path) -> tuple[Path, Path]:
+    repo, out = tmp_path / "repo", tmp_path / "out"
+    out.mkdir()
+    add_model(repo, "flood", f"""
+        backend: "python"
+        max_batch_size: 0
+        model_transaction_policy {{ decoupled: true }}
+        input [ {{ name: "COUNT", data_type: TYPE_INT32, dims: [ 1 ] }},
+                {{ name: "SIZE", data_type: TYPE_INT32, dims: [ 1 ] }} ]
+        output [ {{ name: "OUT", data_type: TYPE_UINT8, dims: [ -1 ] }},
+                 {{ name: "INDEX", data_type: TYPE_INT32, dims: [ 1 ] }} ]
+        instance_group [ {{ count: 1, kind: KIND_CPU }} ]
+        parameters [ {{ key: "dir" value: {{ string_value: "{out}" }} }} ]
+        """, FLOOD_PY)
+    return repo, out
+
+
+def _streams(server: ServerProcess) -> dict:
+    with urllib.request.urlopen(f"http://{server.url}/status.json", timeout=30) as answer:
+        return json.loads(answer.read()).get("streams", {})
+
+
+def _blocked_or_done(server: ServerProcess, out: Path, rid: str) -> dict:
+    """Wait until the server reports a model's send() waiting, or the model sent everything (what it
+    did before the fix); the server's ``streams`` then."""
+    seen: dict = {}
+
+    def settled() -> bool:
+        seen.update(_streams(server))
+        return seen.get("waiting_senders", 0) > 0 or (out / f"{rid}.done").exists()
+
+    wait_for(settled, timeout=60, what="the model to wait for the client, or to finish")
+    return seen
+
+
+def _assert_held_back(server: ServerProcess, out: Path, rid: str, count: int, size: int, slack: int = 4) -> None:
+    streams = _blocked_or_done(server, out, rid)
+    sent = int((out / f"{rid}.sent").read_text())
+    bound = min(BOUND_RESPONSES, BOUND_BYTES // (size + 4) + 1)  # responses the server holds at most
+    # one response taken by the front end (being written), the bound in the channel, the one that waits;
+    # ``slack`` more for a pipe's buffer (a model in a process of its own) or the sockets' buffers (HTTP)
+    assert sent <= bound + slack, f"the model sent {sent} of {count} responses to a client that reads none"
+    assert not (out / f"{rid}.done").exists()
+    assert streams["waiting_senders"] == 1 and streams["responses"] <= bound
+    assert streams["bytes"] <= BOUND_BYTES + size + 4  # the bound, and the response that went over it
+
+
+def _flood_request(rid: str, count: int, size: int) -> pb.ModelInferRequest:
+    request = pb.ModelInferRequest(model_name="flood", id=rid)
+    for name in ("COUNT", "SIZE"):
+        t = request.inputs.add()
+        t.name, t.datatype = name, "INT32"
+        t.shape.extend([1])
+    request.raw_input_contents.extend([np.array([count], np.int32).tobytes(), np.array([size], np.int32).tobytes()])
+    return request
+
+
+class _ZeroWindowStream:
+    """A raw HTTP/2 connection with one ModelStreamInfer request whose client advertises a zero
+    flow-control window: the server may send no response data until :meth:`grant` opens it."""
+
+    def __init__(self, server: ServerProcess, request: pb.ModelInferRequest) -> None:
+        host, port = server.grpc_url.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=30)
+        block = hpack.Encoder().encode([(":method", "POST"), (":scheme", "http"), (":authority", "x"),
+                                        (":path", "/inference.GRPCInferenceService/ModelStreamInfer"),
+                                        ("content-type", "application/grpc"), ("te", "trailers")])
+        body = request.SerializeToString()
+        message = struct.pack(">BI", 0, len(body)) + body
+        self.sock.sendall(_PREFACE + _frame(4, 0, 0, struct.pack(">HI", 4, 0)) + _frame(1, 4, 1, block)
+                          + _frame(0, 1, 1, message))  # SETTINGS_INITIAL_WINDOW_SIZE = 0; the request, END_STREAM
+        self._buf = b""
+        self.data = bytearray()  # stream 1's DATA payloads, in order
+        self.trailers = False
+
+    def grant(self, n: int) -> None:
+        self.sock.sendall(_frame(8, 0, 1, struct.pack(">I", n)) + _frame(8, 0, 0, struct.pack(">I", n)))
+
+    def read(self) -> int:
+        """Read what arrived (at least one chunk); answer SETTINGS and PING; the DATA bytes read."""
+        chunk = self.sock.recv(1 << 20)
+        assert chunk, "the server closed the connection"
+        self._buf += chunk
+        got = 0
+        while len(self._buf) >= 9:
+            length_type, flags, sid = struct.unpack_from(">IBI", self._buf)
+            length, ftype = length_type >> 8, length_type & 0xFF
+            if len(self._buf) < 9 + length:
+                break
+            payload, self._buf = self._buf[9:9 + length], self._buf[9 + length:]
+            if ftype == 0 and sid == 1:
+                self.data += payload
+                got += length
+            elif ftype == 1 and sid == 1 and flags & 1:
+                self.trailers = True
+            elif ftype == 4 and not flags & 1:
+                self.sock.sendall(_frame(4, 1, 0))
+            elif ftype == 6 and not flags & 1:
+                self.sock.sendall(_frame(6, 1, 0, payload))
+        return got
+
+    def responses(self) -> list[pb.ModelStreamInferResponse]:
+        out, view = [], bytes(self.data)
+        while view:
+            length = struct.unpack_from(">I", view, 1)[0]
+            out.append(pb.ModelStreamInferResponse.FromString(view[5:5 + length]))
+            view = view[5 + length:]
+        return out
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _assert_serves_again(server: ServerProcess) -> None:
+    """The instance is not stuck: a new stream gets its three responses."""
+    got: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        client.start_stream(callback=lambda result, error: got.put((result, error)))
+        inputs = []
+        for name, value in (("COUNT", 3), ("SIZE", 8)):
+            x = grpcclient.InferInput(name, [1], "INT32")
+            x.set_data_from_numpy(np.array([value], np.int32))
+            inputs.append(x)
+        client.async_stream_infer("flood", inputs, request_id="again")
+        answers = [got.get(timeout=30) for _ in range(3)]
+        assert [error for _, error in answers] == [None] * 3
+        assert [int(result.as_numpy("INDEX")[0]) for result, _ in answers] == [0, 1, 2]
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+@ISOLATION
+@pytest.mark.parametrize("leaves", ["closes", "resets"])
+def test_a_grpc_client_that_reads_nothing_holds_back_the_model(tmp_path: Path, start_server, flags: tuple[str, ...],
+                                                               leaves: str) -> None:
+    """The reviewer's case (smaller): a stream with a zero window. The model waits at the bound; once
+    the client closes its connection or resets the stream, it goes on at once (not after the 60 s
+    window_timeout) and sees the request cancelled; the instance serves the next request."""
+    repo, out = _flood_repo(tmp_path)
+    server = start_server(repo, flags=flags)
+    count = 400
+    stream = _ZeroWindowStream(server, _flood_request("noread", count, 64 << 10))
+    try:
+        _assert_held_back(server, out, "noread", count, 64 << 10)
+        if leaves == "resets":
+            stream.sock.sendall(_frame(3, 0, 1, struct.pack(">I", 8)))  # RST_STREAM CANCEL
+    finally:
+        if leaves == "closes":
+            stream.close()
+    wait_for(lambda: (out / "noread.done").exists(), timeout=30, what="the model to be released")
+    sent, cancelled = (out / "noread.done").read_text().split()
+    assert int(sent) < count and cancelled == "True"
+    assert _streams(server)["waiting_senders"] == 0
+    _assert_serves_again(server)
+    stream.close()
+
+
+def test_a_slow_grpc_reader_gets_every_response_in_order(tmp_path: Path, start_server) -> None:
+    """The window opens only as the client reads: the model waits again and again, and nothing is lost
+    or reordered."""
+    repo, out = _flood_repo(tmp_path)
+    server = start_server(repo)
+    count, size = 600, 16 << 10  # 10 MB: the model waits after about 256
+    stream = _ZeroWindowStream(server, _flood_request("slow", count, size))
+    try:
+        _assert_held_back(server, out, "slow", count, size)
+        stream.grant(64 << 10)
+        while not stream.trailers:
+            got = stream.read()
+            if got:
+                stream.grant(got)  # only what was read: a reader that keeps the server waiting
+        responses = stream.responses()
+    finally:
+        stream.close()
+    assert [r.error_message for r in responses] == [""] * count
+    indices = [int(np.frombuffer(r.infer_response.raw_output_contents[1], np.int32)[0]) for r in responses]
+    assert indices == list(range(count))
+    for i, r in enumerate(responses):
+        assert r.infer_response.raw_output_contents[0] == bytes([i % 251]) * size
+    assert (out / "slow.done").read_text() == f"{count} False"
+
+
+def _generate_stream(server: ServerProcess, rid: str, count: int, size: int) -> socket.socket:
+    """A raw ``generate_stream`` request from a socket with a small receive buffer, not read."""
+    host, port = server.url.rsplit(":", 1)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 << 10)
+    sock.settimeout(30)
+    sock.connect((host, int(port)))
+    body = json.dumps({"COUNT": count, "SIZE": size, "id": rid}).encode()
+    sock.sendall(b"POST /v2/models/flood/generate_stream HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    return sock
+
+
+def test_an_http_client_that_reads_no_events_holds_back_the_model(tmp_path: Path, start_server) -> None:
+    """The same over HTTP: generate_stream's events (about 230 KB each here) fill the socket's buffers,
+    then the bound; the model waits until the client leaves."""
+    repo, out = _flood_repo(tmp_path)
+    server = start_server(repo)
+    count = 600
+    sock = _generate_stream(server, "sse", count, 64 << 10)
+    try:
+        _assert_held_back(server, out, "sse", count, 64 << 10, slack=40)  # the socket buffers: 4 MB at most
+    finally:
+        sock.close()
+    wait_for(lambda: (out / "sse.done").exists(), timeout=30, what="the model to be released")
+    sent, cancelled = (out / "sse.done").read_text().split()
+    assert int(sent) < count and cancelled == "True"
+    _assert_serves_again(server)
+
+
+def test_a_slow_http_reader_gets_every_event_in_order(tmp_path: Path, start_server) -> None:
+    repo, out = _flood_repo(tmp_path)
+    server = start_server(repo)
+    count, size = 600, 16 << 10  # 33 MB of events: more than the socket buffers and the bound hold
+    sock = _generate_stream(server, "slow_sse", count, size)
+    try:
+        _assert_held_back(server, out, "slow_sse", count, size, slack=count)  # the socket buffers take many small events
+        received = bytearray()
+        while not received.endswith(b"\r\n0\r\n\r\n"):
+            chunk = sock.recv(4096)  # a little at a time
+            assert chunk, "the server closed the connection"
+            received += chunk
+    finally:
+        sock.close()
+    body, parts, at = bytes(received), [], bytes(received).index(b"\r\n\r\n") + 4
+    while True:  # chunked transfer coding
+        end = body.index(b"\r\n", at)
+        n = int(body[at:end], 16)
+        if n == 0:
+            break
+        parts.append(body[end + 2:end + 2 + n])
+        at = end + 4 + n
+    text = b"".join(parts)
+    events = [json.loads(e[len(b"data: "):]) for e in text.split(b"\n\n") if e]
+    assert [e["INDEX"] for e in events] == list(range(count))
+    assert all(e["OUT"] == [i % 251] * size for i, e in enumerate(events))
+    assert (out / "slow_sse.done").read_text() == f"{count} False"

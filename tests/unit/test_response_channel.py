@@ -1,0 +1,156 @@
+"""BoundedResponseChannel (actors/response_channel.py): a producer on another thread waits at the bound
+and goes on at half of it; closing or cancelling the channel releases it at once and drops what it sends
+after; a producer greenlet on a thread with its own hub waits alone; the hub never waits. No sockets, no
+sleeps: the tests wait on the channel's own report of a waiting producer (a bounded loop)."""
+
+from __future__ import annotations
+
+import threading
+
+import gevent
+import numpy as np
+import pytest
+from gevent import monkey
+
+from triton_actor.actors.response_channel import BoundedResponseChannel, ChannelResponses, response_bytes
+from triton_actor.inference import InferResponse
+
+_start = monkey.get_original("_thread", "start_new_thread")
+_native_lock = monkey.get_original("_thread", "allocate_lock")
+
+
+def _until(condition, what: str) -> None:
+    for _ in range(2000):  # 10 s at most
+        if condition():
+            return
+        gevent.sleep(0.005)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _response(nbytes: int) -> InferResponse:
+    return InferResponse([("OUT", np.zeros(nbytes, np.uint8))])
+
+
+class _Producer:
+    """Sends ``count`` items from a native thread without a gevent hub; counts the sends that returned."""
+
+    def __init__(self, channel: BoundedResponseChannel, count: int, item=lambda i: i) -> None:
+        self.returned = 0
+        self.done = _native_lock()
+        self.done.acquire()
+
+        def run() -> None:
+            try:
+                for i in range(count):
+                    channel.send(item(i), False)
+                    self.returned += 1
+                channel.send(None, True)
+            finally:
+                self.done.release()
+
+        _start(run, ())
+
+    def finished(self) -> bool:
+        return not self.done.locked()
+
+
+@pytest.mark.timeout(30)
+def test_a_producer_waits_at_the_bound_and_goes_on_at_half_of_it() -> None:
+    channel = BoundedResponseChannel(8)
+    producer = _Producer(channel, 100)
+    _until(lambda: channel.held[2] == 1, "the producer to wait")
+    assert producer.returned == 7 and channel.held[:2] == (8, 0)  # the eighth is queued, its send waits
+    for expected in range(3):
+        assert channel.receive(timeout=5) == (expected, False)
+    assert channel.held[2] == 1  # 5 left: more than half
+    assert channel.receive(timeout=5) == (3, False)  # 4 left: it goes on
+    _until(lambda: channel.held[2] == 1 and producer.returned > 7, "the producer to wait again")
+    got = [channel.receive(timeout=5) for _ in range(100 - 4 + 1)]
+    assert got == [(i, False) for i in range(4, 100)] + [(None, True)]
+    _until(producer.finished, "the producer to finish")
+    channel.close()
+
+
+@pytest.mark.timeout(30)
+def test_bytes_bound_lets_a_large_response_through_alone() -> None:
+    channel = BoundedResponseChannel(1000, 100)
+    producer = _Producer(channel, 3, item=lambda i: _response(150))
+    _until(lambda: channel.held[2] == 1, "the producer to wait")
+    assert producer.returned == 0 and channel.held[:2] == (1, 150)
+    channel.receive(timeout=5)
+    _until(lambda: producer.returned >= 1, "the producer to go on")
+    for _ in range(3):
+        channel.receive(timeout=5)
+    _until(producer.finished, "the producer to finish")
+    channel.close()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("how", ["close", "cancel"])
+def test_closing_or_cancelling_releases_a_waiting_producer_and_drops_what_it_sends(how: str) -> None:
+    channel = BoundedResponseChannel(4)
+    producer = _Producer(channel, 1000)
+    _until(lambda: channel.held[2] == 1, "the producer to wait")
+    if how == "close":
+        channel.close()
+    else:
+        channel.cancelled = True
+    _until(producer.finished, "the producer to be released")
+    assert producer.returned == 1000  # no send fails or waits any more: they go nowhere
+    if how == "close":
+        assert channel.held[:2] == (0, 0)
+    channel.close()
+
+
+@pytest.mark.timeout(30)
+def test_closing_the_responses_before_the_first_one_cancels_the_request() -> None:
+    channel = BoundedResponseChannel(4)
+    producer = _Producer(channel, 1000)
+    _until(lambda: channel.held[2] == 1, "the producer to wait")
+    ChannelResponses(channel).close()  # a generator closed before it started would not have
+    _until(producer.finished, "the producer to be released")
+    assert channel.is_cancelled()
+
+
+@pytest.mark.timeout(30)
+def test_a_producer_greenlet_on_a_thread_with_its_own_hub_waits_alone() -> None:
+    """A model that answers from "threads" it started (greenlets of its instance thread's hub): the one
+    that waits must not stop the others."""
+    channel = BoundedResponseChannel(2)
+    ticks: list[int] = []
+    done = _native_lock()
+    done.acquire()
+
+    def thread_main() -> None:
+        try:
+            sender = threading.Thread(target=lambda: [channel.send(i, False) for i in range(10)])
+            sender.start()  # a greenlet of this thread's hub (threading is patched)
+            for i in range(50):
+                ticks.append(i)
+                gevent.sleep(0)  # this thread's hub runs its other greenlets meanwhile
+            sender.join()
+        finally:
+            done.release()
+
+    _start(thread_main, ())
+    _until(lambda: len(ticks) == 50, "the other greenlet to run while the sender waits")
+    assert channel.held[2] == 1
+    got = [channel.receive(timeout=5)[0] for _ in range(10)]
+    assert got == list(range(10))
+    _until(lambda: not done.locked(), "the thread to end")
+    channel.close()
+
+
+def test_the_hub_never_waits() -> None:
+    channel = BoundedResponseChannel(1)
+    for i in range(10):
+        channel.send(i, False)  # the hub thread: queued, never waits
+    assert channel.held == (10, 0, 0)
+    channel.close()
+
+
+def test_response_bytes() -> None:
+    assert response_bytes(None) == 0
+    assert response_bytes(InferResponse([("A", np.zeros((4, 4), np.float32)), ("B", np.zeros(3, np.int64))])) == 88
+    text = np.array([b"x" * 100] * 1000, dtype=np.object_)
+    assert response_bytes(InferResponse([("T", text)])) == 108 * 1000  # sampled: all alike here

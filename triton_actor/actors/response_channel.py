@@ -1,0 +1,342 @@
+"""Responses of one streaming request, from the thread that produces them to the greenlet that sends them.
+
+Part of the thread bridge (:mod:`.bridge`): a decoupled model's ``response_sender.send()`` runs on its
+instance's native thread (or a thread the model started, or an isolated model's reader), the front end
+that writes the responses runs in a greenlet on the hub. :class:`ResponseChannel` carries them without a
+bound (warmup, which reads only after ``execute`` returned); :class:`BoundedResponseChannel` is what a
+client's stream gets (``DataPlane.infer_stream``): once the responses not yet taken by the front end
+reach :data:`STREAM_MAX_RESPONSES` or :data:`STREAM_MAX_BYTES`, the producer's ``send()`` waits until the
+front end took them down to half of that. The front end takes the next response only once it wrote the
+last one (gRPC: within the stream's flow-control window; HTTP: into the socket), so a client that stops
+reading stops the model, as grpc-go's ``Send`` blocks on flow control; before, a client advertising a
+zero window made the server hold every response the model sent (800 x 1 MiB: RSS 422 -> 1222 MB).
+
+When the front end is done with the channel (the client went away or reset the stream, ``window_timeout``,
+a cancellation) it cancels and closes it: a waiting producer returns at once, and what it sends after is
+dropped, as Triton's python backend does for a cancelled request (``send()`` succeeds, the response goes
+nowhere; the model sees ``is_cancelled()``). The final response never waits; a sender on the hub thread
+never waits either (it would stop the hub): the ensemble's reader greenlets wait with
+:meth:`BoundedResponseChannel.wait_for_room` instead.
+
+Threads: ``send`` from any thread; ``receive``, ``close`` and the ``cancelled`` setter in the consumer's
+greenlet on the hub (where the channel is created). A waiting producer blocks its native thread on a lock
+of the OS, or, on a thread that has a gevent hub of its own (the model started "threads" there), only its
+greenlet, so the model's other greenlets keep running.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+from typing import Any
+
+import gevent
+import gevent.event
+from gevent import monkey
+
+from ..inference import InferResponse
+from .bridge import native_lock, this_thread_hub
+
+_get_ident = monkey.get_original("_thread", "get_ident")
+
+STREAM_MAX_RESPONSES = 1024  # responses of one request a client's stream holds before the model's send() waits
+STREAM_MAX_BYTES = 4 << 20  # or bytes of their outputs (a larger response is let through alone)
+_SAMPLED = 64  # elements of a BYTES output whose lengths are read; the rest are estimated from them
+Item = tuple[Any, bool]  # (InferResponse | TritonError | None, final)
+
+
+class ResponseChannel:
+    """Responses of one streaming request, from whichever thread produces them to one greenlet.
+
+    ``send(item, final)`` may be called from any thread (a model's native thread, a thread the model
+    started, or the hub); the consumer greenlet iterates with :meth:`receive`. Items after the final
+    one, or after :meth:`close`, are dropped. Create it in the hub thread; :meth:`close` (consumer side)
+    releases the watcher and what was not received. ``cancelled`` is set by the consumer when its
+    client went away; producers read it, and one that must be told (a model in a process of its own)
+    sets :attr:`on_cancel`, called where ``cancelled`` turns true (the hub: it must not block).
+    """
+
+    __slots__ = ("_items", "_wake", "_event", "_final_sent", "_cancelled", "_closed", "_send_lock", "on_cancel")
+
+    def __init__(self) -> None:
+        self._items: collections.deque[Item] = collections.deque()
+        self._event = gevent.event.Event()
+        self._wake = gevent.get_hub().loop.async_()
+        self._wake.start(self._event.set)
+        self._final_sent = False
+        self._closed = False
+        self._cancelled = False
+        self.on_cancel: Callable[[], None] | None = None
+        self._send_lock = native_lock()  # senders may race on several threads, and with close()
+
+    def send(self, item: Any, final: bool) -> None:
+        """Any thread: queue one response (or error, or None for a flags-only final)."""
+        with self._send_lock:
+            if self._final_sent or self._closed:
+                return
+            if final:
+                self._final_sent = True
+            self._items.append((item, final))
+            self._wake.send()  # under the lock: close() cannot free the watcher meanwhile
+
+    @property
+    def finished(self) -> bool:
+        return self._final_sent
+
+    def is_cancelled(self) -> bool:
+        return self._cancelled
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    @cancelled.setter
+    def cancelled(self, value: bool) -> None:
+        self._cancelled = value
+        on_cancel = self.on_cancel
+        if value and on_cancel is not None:
+            self.on_cancel = None  # told once
+            on_cancel()
+        if value:
+            self._release()
+
+    def receive(self, timeout: float | None = None) -> Item:
+        """Consumer greenlet: the next ``(item, final)``; raises ``gevent.Timeout`` after ``timeout`` s."""
+        items, event = self._items, self._event
+        while not items:
+            event.clear()
+            if items:
+                break
+            if not event.wait(timeout):
+                raise gevent.Timeout(timeout)
+        return items.popleft()
+
+    def wait_for_room(self) -> None:
+        """Return when the channel may take more (at once: this one has no bound)."""
+
+    def close(self) -> None:
+        """Consumer side: nothing more is received; what was not, and what is sent from now on, is dropped."""
+        with self._send_lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._wake.close()
+            self._items.clear()
+        self._release()
+
+    def _release(self) -> None:
+        """The consumer is gone (closed or cancelled): producers must not wait for it."""
+
+
+class BoundedResponseChannel(ResponseChannel):
+    """A :class:`ResponseChannel` whose producer waits while ``max_count`` responses (or more than
+    ``max_bytes`` of outputs) are not yet received, until they are down to half of that: a producer
+    faster than its consumer cannot fill memory. Used for clients' streams, and with ``max_count`` only
+    for an ensemble's decoupled steps (``max_inflight_requests``, server PR #8458). A sender on the hub
+    thread never waits, nor does anyone once the channel is closed or cancelled, or for the final response."""
+
+    __slots__ = ("_max_count", "_max_bytes", "_resume_count", "_resume_bytes", "_sizes", "_bytes_in",
+                 "_bytes_out", "_waiters", "_hub_thread")
+
+    def __init__(self, max_count: int, max_bytes: int | None = None) -> None:
+        super().__init__()
+        self._max_count = max(1, max_count)
+        self._max_bytes = max_bytes
+        self._resume_count = self._max_count // 2
+        self._resume_bytes = (max_bytes or 0) // 2
+        self._sizes: collections.deque[int] = collections.deque()  # of the items, in order (bytes counted)
+        self._bytes_in = 0  # bytes sent, ever (written by senders under the lock)
+        self._bytes_out = 0  # bytes received, ever (written by the consumer)
+        self._waiters: list[_LockWaiter | _HubWaiter] = []  # producers waiting for room (under the lock)
+        self._hub_thread = _get_ident()
+        _open.add(self)
+
+    @property
+    def held(self) -> tuple[int, int, int]:
+        """(responses, bytes, waiting producers) now: what the consumer has not taken yet (a racy snapshot)."""
+        return len(self._items), self._bytes_in - self._bytes_out, len(self._waiters)
+
+    def send(self, item: Any, final: bool) -> None:
+        size = response_bytes(item) if self._max_bytes is not None else 0
+        with self._send_lock:
+            if self._final_sent or self._closed:
+                return
+            if final:
+                self._final_sent = True
+            self._bytes_in += size
+            self._sizes.append(size)  # before the item: the consumer pops a size for every item it takes
+            self._items.append((item, final))
+            self._wake.send()
+        if not final and self._over() and _get_ident() != self._hub_thread:
+            self.wait_for_room()
+
+    def _over(self) -> bool:
+        max_bytes = self._max_bytes
+        return len(self._items) >= self._max_count or (
+            max_bytes is not None and self._bytes_in - self._bytes_out > max_bytes)
+
+    def _has_room(self) -> bool:
+        return len(self._items) <= self._resume_count and self._bytes_in - self._bytes_out <= self._resume_bytes
+
+    def receive(self, timeout: float | None = None) -> Item:
+        item = super().receive(timeout)
+        self._bytes_out += self._sizes.popleft()
+        if self._waiters and self._has_room():
+            self._wake_waiters()
+        return item
+
+    def wait_for_room(self) -> None:
+        """Any thread but the hub greenlet: wait until the channel is down to half its bound, or its
+        consumer is gone. Registered first and checked after (the consumer takes first and looks for
+        waiters after), so one of the two always sees the other."""
+        if self._has_room() or self._closed or self._cancelled:
+            return
+        waiter = _waiter(self._hub_thread)
+        if waiter is None:
+            return  # the hub itself: it must never block
+        with self._send_lock:
+            self._waiters.append(waiter)
+        if self._has_room() or self._closed or self._cancelled:
+            with self._send_lock:
+                if waiter in self._waiters:  # not being woken: leave
+                    self._waiters.remove(waiter)
+                    waiter.discard()
+                    return
+        waiter.wait(self._send_lock, self._waiters)
+
+    def _wake_waiters(self) -> None:
+        """Consumer side: every waiting producer goes on (wake-ups under the lock: see the waiters)."""
+        with self._send_lock:
+            waiters, self._waiters = self._waiters, []
+            for waiter in waiters:
+                waiter.wake()
+
+    def close(self) -> None:
+        super().close()
+        self._sizes.clear()
+        _open.discard(self)
+
+    def _release(self) -> None:
+        self._wake_waiters()
+
+
+class _LockWaiter:
+    """A producer on a native thread without a gevent hub: it blocks on a lock of the OS."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = native_lock()
+        self._lock.acquire()
+
+    def wake(self) -> None:
+        self._lock.release()
+
+    def wait(self, _guard: Any, _waiters: list[Any]) -> None:
+        self._lock.acquire()
+
+    def discard(self) -> None:
+        pass
+
+
+class _HubWaiter:
+    """A producer greenlet on a thread with a gevent hub (a native thread whose model started "threads",
+    or a greenlet of the main hub): only it waits, woken through a watcher of its own hub."""
+
+    __slots__ = ("_event", "_watcher")
+
+    def __init__(self, hub: Any) -> None:
+        self._event = gevent.event.Event()
+        self._watcher = hub.loop.async_()
+        self._watcher.start(self._event.set)
+
+    def wake(self) -> None:
+        self._watcher.send()  # any thread, under the channel's lock
+
+    def wait(self, guard: Any, waiters: list[Any]) -> None:
+        try:
+            self._event.wait()
+        finally:  # woken, or killed while waiting (GreenletExit): out of the list, then the watcher closes
+            with guard:  # a wake() under way finishes first
+                if self in waiters:
+                    waiters.remove(self)
+                self._watcher.close()
+
+    def discard(self) -> None:
+        self._watcher.close()
+
+
+def _waiter(hub_thread: int) -> _LockWaiter | _HubWaiter | None:
+    """How the calling producer waits; None on the hub greenlet of the hub thread (it never waits)."""
+    hub = this_thread_hub()
+    if hub is None:
+        return _LockWaiter()
+    if gevent.getcurrent() is hub:
+        return None if _get_ident() == hub_thread else _LockWaiter()
+    return _HubWaiter(hub)
+
+
+def response_bytes(item: Any) -> int:
+    """Bytes a response's outputs hold (an error or a flags-only final: 0). A BYTES output's elements
+    are measured on at most :data:`_SAMPLED` of them, spread over the array (a bound, not an account)."""
+    if type(item) is not InferResponse:
+        return 0
+    total = 0
+    try:
+        for _name, array in item.outputs:
+            if array.dtype.kind != "O":
+                total += array.nbytes
+            elif array.size:
+                flat = array.reshape(-1)
+                sample = flat[::max(1, flat.size // _SAMPLED)][:_SAMPLED]
+                measured = sum(len(x) if isinstance(x, bytes | str) else 8 for x in sample)
+                total += (measured + 8 * len(sample)) * flat.size // len(sample)
+    except AttributeError:  # an output that is not an array: its encoder will say so, not the model's send()
+        pass
+    return total
+
+
+class ChannelResponses:
+    """What a streaming inference yields: ``(item, final)`` from its channel until the final one.
+    :meth:`close` (also before the first item, unlike a generator's) cancels the request when it is
+    not finished, which releases a producer waiting for room, and closes the channel."""
+
+    __slots__ = ("_channel", "_closed")
+
+    def __init__(self, channel: ResponseChannel) -> None:
+        self._channel = channel
+        self._closed = False
+
+    def __iter__(self) -> ChannelResponses:
+        return self
+
+    def __next__(self) -> Item:
+        if self._closed:
+            raise StopIteration
+        item, final = self._channel.receive()
+        if final:
+            self.close()
+        return item, final
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            channel = self._channel
+            if not channel.finished:
+                channel.cancelled = True  # the consumer went away: the model sees is_cancelled()
+            channel.close()
+
+    __del__ = close  # dropped unclosed (as a generator is closed when collected)
+
+
+_open: set[BoundedResponseChannel] = set()  # bounded channels not yet closed (hub thread)
+
+
+def stream_totals() -> dict[str, int]:
+    """What the bounded channels of this process hold now (hub thread; for ``/status.json``)."""
+    held = [c.held for c in list(_open)]
+    return {"open": len(held), "responses": sum(h[0] for h in held), "bytes": sum(h[1] for h in held),
+            "waiting_senders": sum(h[2] for h in held), "max_responses": STREAM_MAX_RESPONSES,
+            "max_bytes": STREAM_MAX_BYTES}
+
+
