@@ -311,3 +311,37 @@ def test_a_slow_http_reader_gets_every_event_in_order(tmp_path: Path, start_serv
     assert [e["INDEX"] for e in events] == list(range(count))
     assert all(e["OUT"] == [i % 251] * size for i, e in enumerate(events))
     assert (out / "slow_sse.done").read_text() == f"{count} False"
+
+
+def test_a_decoupled_ensemble_holds_back_its_step_for_a_client_that_reads_nothing(tmp_path: Path,
+                                                                                 start_server) -> None:
+    """An ensemble answers on the hub, where a send never waits: its step's reader stops reading the
+    composing model while the ensemble's stream is full, and the model then waits at its own bound."""
+    repo, out = _flood_repo(tmp_path)
+    (repo / "flood_ens" / "1").mkdir(parents=True)
+    (repo / "flood_ens" / "config.pbtxt").write_text("""
+platform: "ensemble"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [ { name: "COUNT", data_type: TYPE_INT32, dims: [ 1 ] }, { name: "SIZE", data_type: TYPE_INT32, dims: [ 1 ] } ]
+output [ { name: "OUT", data_type: TYPE_UINT8, dims: [ -1 ] }, { name: "INDEX", data_type: TYPE_INT32, dims: [ 1 ] } ]
+ensemble_scheduling { step [ { model_name: "flood" model_version: -1
+  input_map { key: "COUNT" value: "COUNT" } input_map { key: "SIZE" value: "SIZE" }
+  output_map { key: "OUT" value: "OUT" } output_map { key: "INDEX" value: "INDEX" } } ] }
+""")
+    server = start_server(repo)
+    count = 6000
+    request = _flood_request("ens", count, 8)
+    request.model_name = "flood_ens"
+    stream = _ZeroWindowStream(server, request)
+    try:
+        _blocked_or_done(server, out, "ens")
+        sent = int((out / "ens.sent").read_text())
+        # the ensemble's stream to half its bound (then the reader waits), the step's channel to its bound
+        assert sent <= BOUND_RESPONSES // 2 + BOUND_RESPONSES + 8, f"the model sent {sent} of {count}"
+        assert not (out / "ens.done").exists()
+    finally:
+        stream.close()
+    wait_for(lambda: (out / "ens.done").exists(), timeout=30, what="the model to be released")
+    sent_at_end, cancelled = (out / "ens.done").read_text().split()
+    assert int(sent_at_end) < count and cancelled == "True"
