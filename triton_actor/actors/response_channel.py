@@ -27,6 +27,7 @@ greenlet, so the model's other greenlets keep running.
 from __future__ import annotations
 
 import collections
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -136,7 +137,7 @@ class BoundedResponseChannel(ResponseChannel):
     thread never waits, nor does anyone once the channel is closed or cancelled, or for the final response."""
 
     __slots__ = ("_max_count", "_max_bytes", "_resume_count", "_resume_bytes", "_sizes", "_bytes_in",
-                 "_bytes_out", "_waiters", "_hub_thread")
+                 "_bytes_out", "_waiters", "_hub_thread", "__weakref__")
 
     def __init__(self, max_count: int, max_bytes: int | None = None) -> None:
         super().__init__()
@@ -329,7 +330,8 @@ class ChannelResponses:
     __del__ = close  # dropped unclosed (as a generator is closed when collected)
 
 
-_open: set[BoundedResponseChannel] = set()  # bounded channels not yet closed (hub thread)
+# bounded channels not yet closed (hub thread); weak, so one nobody closed is not kept for ever by this
+_open: weakref.WeakSet[BoundedResponseChannel] = weakref.WeakSet()
 
 
 def stream_totals() -> dict[str, int]:
