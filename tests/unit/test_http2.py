@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
-import zlib
-
 import hpack
 import pytest
 
@@ -93,17 +90,6 @@ def test_grpc_messages_split_across_reads() -> None:
     assert h2.split_messages(buf) == [(0, b""), (0, b"three")]
     assert buf == bytearray()
     assert h2.pending_length(bytearray(b"\0\0\0\1\0")) == 256
-
-
-def test_decompress() -> None:
-    assert h2.decompress(b"gzip", gzip.compress(b"x" * 100), 1000) == b"x" * 100
-    assert h2.decompress(b"deflate", zlib.compress(b"y" * 100), 1000) == b"y" * 100
-    with pytest.raises(OverflowError):
-        h2.decompress(b"gzip", gzip.compress(b"x" * 5000), 1000)  # a bomb stops at the limit
-    with pytest.raises(zlib.error, match="truncated"):
-        h2.decompress(b"gzip", gzip.compress(b"z" * 1000)[:-12], 5000)
-    with pytest.raises(ValueError, match="unsupported grpc-encoding 'snappy'"):
-        h2.decompress(b"snappy", b"", 10)
 
 
 def test_percent_encoding() -> None:

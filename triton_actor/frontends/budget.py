@@ -81,6 +81,11 @@ class ByteBudget:
         small, big = self._lines
         return bool(small or big) or monotonic() - self._refused_at < 1.0
 
+    def refusal(self) -> str:
+        """What a request refused for want of room is told (503 on HTTP, RESOURCE_EXHAUSTED on gRPC)."""
+        return f"the server is busy: {self.used} bytes of requests are held (request memory budget {self.limit}); " \
+               "retry later"
+
     def _place(self, n: int) -> float:
         return monotonic() + n / self.rate if self.rate else monotonic()
 

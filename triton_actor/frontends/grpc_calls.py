@@ -26,10 +26,12 @@ from google.protobuf.message import DecodeError
 
 from .. import fastpath
 from ..errors import Code, TritonError
+from ..protocol import codings
 from ..protocol import http2 as h2
 from ..protocol._generated import grpc_service_pb2 as pb
 from ..protocol._generated import health_pb2
 from ..protocol.h2_connection import H2Stream, StreamClosedError
+from . import compression
 from .budget import with_room
 from .grpc import GrpcServicer, StreamError
 
@@ -189,8 +191,7 @@ class Call:
             self.held = n
             return None
         if not budget.try_reserve(n - self.held, barge=True):
-            return Refused(RESOURCE_EXHAUSTED, f"the server is busy: {budget.used} bytes of requests are held "
-                                               f"(request memory budget {budget.limit}); retry later")
+            return Refused(RESOURCE_EXHAUSTED, budget.refusal())
         self.held = n
         return None
 
@@ -278,29 +279,53 @@ class Call:
             self.conn.call_finished()
 
     # -- unary calls --------------------------------------------------------------------------
-    def _decode(self, flag: int, data: bytes) -> Any:
-        limit = self.conn.server.max_receive
+    def _decode(self, flag: int, data: bytes) -> tuple[Any, int]:
+        """The request message, and the bytes of the budget its inflation holds (0 if not compressed):
+        a stream's message keeps them with its own until it is answered (``kept``)."""
         if flag:
+            encoding = (self.encoding or b"identity").decode("latin-1")
+            if not codings.known(encoding):
+                raise Refused(UNIMPLEMENTED, f"unsupported grpc-encoding '{encoding}'")
+            limit = self.conn.server.max_receive
             try:
-                data = h2.decompress(self.encoding or b"identity", data, limit)
+                data = compression.inflate(encoding, data, limit, self._hold_more)
             except OverflowError as e:
                 raise Refused(RESOURCE_EXHAUSTED, f"Received message larger than max ({e.args[0]} vs. {limit})") \
                     from None
-            except ValueError as e:
-                raise Refused(UNIMPLEMENTED, str(e)) from None
             except zlib.error as e:
                 raise Refused(INTERNAL, f"could not decompress the message: {e}") from None
+            inflated = len(data)  # inflate() holds as many bytes as it returns
+        else:
+            inflated = 0
         try:
-            return self.method.parse(data)
+            return self.method.parse(data), inflated
         except DecodeError:
+            self._hold_more(-inflated)
             # Triton answers INTERNAL "Unable to parse request" (checked against 2.51)
             raise Refused(INTERNAL, "Unable to parse request") from None
+
+    def _hold_more(self, n: int) -> None:
+        """``n`` more bytes of the budget held for the message being inflated (:meth:`_decode`); on a
+        stream they are kept with its messages' (n < 0 gives some back). Once the call is over (it
+        gave back all it held) nothing is taken nor given back: a cancelled call's inflation stops."""
+        if self.finished:
+            if n > 0:
+                raise Refused(CANCELLED, "the call is over")
+            return
+        refused = self._hold(self.held + n)
+        if refused is not None:
+            try:
+                raise refused
+            finally:
+                del refused  # no cycle (this frame → the error → its traceback → this frame) to collect
+        if self.inbox is not None:
+            self.kept += n
 
     def _one_request(self) -> Any:
         messages = h2.split_messages(self.buf)
         if len(messages) != 1 or self.buf:
             raise Refused(INTERNAL, f"a unary call takes one request message, got {len(messages)}")
-        return self._decode(*messages[0])
+        return self._decode(*messages[0])[0]
 
     def _answer(self, payload: Callable[[], bytes]) -> None:
         """Send a unary call's answer (or its error as the status); the call is over after."""
@@ -374,12 +399,12 @@ class Call:
                     self._stop_waiting(group)
                     break
                 try:
-                    request = self._decode(*item)
+                    request, inflated = self._decode(*item)
                 except Refused as e:
                     self._answered(size)
                     self._stream_send(pb.ModelStreamInferResponse(error_message=e.message))
                     continue
-                group.spawn(self._stream_one, request, size)  # waits while STREAM_REQUESTS run
+                group.spawn(self._stream_one, request, size + inflated)  # waits while STREAM_REQUESTS run
             group.join()
             if refused is not None:  # its senders are done: the status can go out
                 self.send_status(refused.status, refused.message)

@@ -23,8 +23,10 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from .. import fastpath
 from ..errors import TritonError
-from ..protocol import restricted
+from ..protocol import codings, restricted
 from ..protocol.restricted import Restrictions
+from . import compression
+from .compression import Hold
 from .status import HTTP_STATUS, status_line
 
 log = logging.getLogger(__name__)
@@ -55,25 +57,31 @@ class HttpRequest:
     max_size: int  # --http-max-input-size, also after decompression
     # the driver's "client went away" event, started on demand by a view that waits (None: not watched)
     peer_gone: Callable[[], gevent.event.Event] | None = None
+    # the driver's: hold more of the request memory budget for this request (None: no budget)
+    hold: Hold | None = None
 
     def payload(self) -> bytes:
-        """The body with ``Content-Encoding: gzip|deflate`` undone, never over ``max_size`` bytes."""
+        """The body with ``Content-Encoding: gzip|deflate`` undone, never over ``max_size`` bytes; the
+        inflated bytes are held in the request memory budget until the request is answered (call it
+        once per request)."""
         encoding = self.headers.get("content-encoding")
         if encoding is None:
             return self.body
         encoding = encoding.strip().lower()
         if encoding in ("", "identity"):
             return self.body
-        if encoding not in ("gzip", "deflate"):
+        if not codings.known(encoding):
             raise TritonError.unsupported(f"unsupported Content-Encoding '{encoding}'")
-        inflater = zlib.decompressobj(31 if encoding == "gzip" else 15)
         try:
-            out = inflater.decompress(self.body, self.max_size + 1)
+            return compression.inflate(encoding, self.body, self.max_size, self.hold or _unbounded)
         except zlib.error as e:
             raise TritonError.invalid_arg(f"failed to decompress the {encoding} request body: {e}") from None
-        if len(out) > self.max_size or inflater.unconsumed_tail:
-            raise too_large(len(out), self.max_size)
-        return out
+        except OverflowError as e:
+            raise too_large(e.args[0], self.max_size) from None
+
+
+def _unbounded(n: int) -> None:
+    """No budget to hold (a request built without a driver's)."""
 
 
 def too_large(size: int | str, limit: int) -> TritonError:
@@ -116,7 +124,7 @@ class HttpFrontend:
         self._idle: gevent.event.Event | None = None  # created by wait_idle (shutdown) only
 
     def __call__(self, method: str, path: str, query: str, headers: dict[str, str], body: bytes,
-                 peer_gone: Callable[[], gevent.event.Event] | None = None) -> Reply:
+                 peer_gone: Callable[[], gevent.event.Event] | None = None, hold: Hold | None = None) -> Reply:
         """Route and answer one request; ``path`` is percent-decoded."""
         try:
             route = self._routes.get((method, path))
@@ -127,7 +135,7 @@ class HttpFrontend:
                 refusal = self._refusal(endpoint, headers)
                 if refusal is not None:
                     return status_line(403), JSON_HEADERS, orjson.dumps({"error": refusal})
-            req = HttpRequest(method, path, query, headers, body, self.max_input_size, peer_gone)
+            req = HttpRequest(method, path, query, headers, body, self.max_input_size, peer_gone, hold)
             return self._views[endpoint](req, **args)
         except TritonError as e:
             return error_response(e)

@@ -9,8 +9,6 @@ with. A view takes an :class:`.http.HttpRequest` and the url arguments and retur
 from __future__ import annotations
 
 import gc
-import gzip
-import zlib
 from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
@@ -24,7 +22,8 @@ from ..actors.kernel import Reply as Reply_
 from ..dataplane import DataPlane, Streamed
 from ..errors import Code, TritonError
 from ..inference import InferRequest, InferResponse
-from ..protocol import generate, payloads, repository_http, v2_http
+from ..protocol import codings, generate, payloads, repository_http, v2_http
+from . import compression
 from .http import JSON_HEADERS, TEXT_HEADERS, HttpRequest, Reply, View, json_reply
 from .status_page import status_routes
 
@@ -173,26 +172,15 @@ def _without_collections(decode: Callable[..., InferRequest], *args: Any) -> Inf
 
 
 def _infer_reply(chunks: list[bytes], json_length: int | None, accept_encoding: str | None) -> Reply:
-    out = chunks[0] if len(chunks) == 1 else b"".join(chunks)
     if json_length is None:
         headers = [("Content-Type", "application/json")]
     else:
         headers = [("Content-Type", _BINARY), ("Inference-Header-Content-Length", str(json_length))]
-    encoding = _accepted_encoding(accept_encoding)
-    if encoding is not None:
-        out = gzip.compress(out, 1) if encoding == "gzip" else zlib.compress(out, 1)
-        headers.append(("Content-Encoding", encoding))
-    return "200 OK", headers, out
-
-
-def _accepted_encoding(header: str | None) -> str | None:
-    if not header:
-        return None
-    offered = [p.split(";")[0].strip().lower() for p in header.split(",")]
-    for enc in ("gzip", "deflate"):
-        if enc in offered:
-            return enc
-    return None
+    coding = codings.response_coding(accept_encoding)
+    if coding is None:
+        return "200 OK", headers, chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    headers.append(("Content-Encoding", coding))
+    return "200 OK", headers, compression.compress(coding, chunks)  # a big one off the hub
 
 
 def _generate_routes(app: Flask, plane: DataPlane) -> None:

@@ -35,6 +35,7 @@ import gevent.event
 import orjson
 from gevent.socket import wait_read
 
+from ..errors import TritonError
 from ..protocol import http1
 from .budget import FIRST_INSTALLMENT, ByteBudget, with_room
 from .descriptors import ConnectionSlots, Listener, Reusable, close_longest_waiting, descriptor_cap
@@ -61,15 +62,26 @@ _ABSENT = object()
 
 
 class _Connection:
-    __slots__ = ("sock", "http", "watcher", "gone", "held", "woken")
+    __slots__ = ("sock", "http", "budget", "watcher", "gone", "held", "woken")
 
-    def __init__(self, sock: socket.socket, http: http1.ServerConnection) -> None:
+    def __init__(self, sock: socket.socket, http: http1.ServerConnection, budget: ByteBudget) -> None:
         self.sock = sock
         self.http = http
+        self.budget = budget
         self.watcher: gevent.Greenlet | None = None
         self.gone: gevent.event.Event | None = None
         self.held = 0  # bytes of the request memory budget its request holds (budget.py)
         self.woken = False  # the reaper shut its read side: a body past its deadline (408)
+
+    def hold(self, n: int) -> None:
+        """Hold ``n`` more bytes of the budget for the request being answered (its body as it is
+        inflated, :func:`.compression.inflate`; n < 0 gives some back), released with the rest once it
+        is answered. As a chunked body grows, it never waits: 503 (UNAVAILABLE) when they do not fit."""
+        if n > 0 and not self.budget.try_reserve(n, barge=True):
+            raise TritonError.unavailable(self.budget.refusal())
+        if n < 0:
+            self.budget.release(-n)
+        self.held += n
 
     def peer_gone(self) -> gevent.event.Event:
         """An event set if the client closes the connection while its request waits (an answer that
@@ -215,7 +227,7 @@ class HttpServer:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
             pass
-        conn = _Connection(sock, http1.ServerConnection(self.limits, monotonic()))
+        conn = _Connection(sock, http1.ServerConnection(self.limits, monotonic()), self.budget)
         self._connections[conn] = None
         try:
             self._serve(conn)
@@ -249,7 +261,7 @@ class HttpServer:
                     event = self._read_event(sock, http) if length != http1.CHUNKED else self._read_chunked(conn)
                 (body,) = event
                 path, _, query = target.partition("?")
-                reply = frontend(method, unquote(path, "latin-1"), query, headers, body, conn.peer_gone)
+                reply = frontend(method, unquote(path, "latin-1"), query, headers, body, conn.peer_gone, conn.hold)
                 if conn.watcher is not None:
                     conn.end_watch()
                 keep_alive = keep_alive and not self._closing
@@ -278,8 +290,7 @@ class HttpServer:
         return n
 
     def _busy(self) -> http1.ProtocolError:
-        return http1.ProtocolError(503, f"the server is busy: {self.budget.used} bytes of requests are held "
-                                        f"(request memory budget {self.budget.limit}); retry later")
+        return http1.ProtocolError(503, self.budget.refusal())
 
     def _read_chunked(self, conn: _Connection) -> Any:
         """Read a chunked body, reserving the budget as its bytes arrive (``budget.with_room``): its

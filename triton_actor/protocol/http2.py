@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import struct
-import zlib
 from typing import Any
 
 import hpack
@@ -266,22 +265,6 @@ def split_messages(buf: bytearray) -> list[tuple[int, bytes]]:
 def pending_length(buf: bytearray) -> int:
     """The announced length of the message at the front of ``buf`` (0 if its prefix is incomplete)."""
     return _GRPC_PREFIX.unpack_from(buf)[1] if len(buf) >= 5 else 0
-
-
-def decompress(encoding: bytes, data: bytes, limit: int) -> bytes:
-    """A compressed message under its ``grpc-encoding``; ValueError for unknown ones or past ``limit``."""
-    if encoding == b"gzip":
-        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    elif encoding == b"deflate":
-        d = zlib.decompressobj()
-    else:
-        raise ValueError(f"unsupported grpc-encoding '{encoding.decode('latin-1')}'")
-    out = d.decompress(data, limit + 1)
-    if len(out) > limit:
-        raise OverflowError(len(out))
-    if not d.eof:
-        raise zlib.error("truncated compressed message")
-    return out
 
 
 def percent_encode(text: str) -> bytes:

@@ -1,0 +1,100 @@
+"""Compressed requests inflated, and compressed answers deflated, in slices: off the hub when big,
+and a request's inflated bytes inside the request memory budget (:mod:`.budget`) as they come.
+
+Why: a gzip body inflates to up to ~1000 times its size. A 2 MiB gRPC message inflated to 2 GiB in
+one zlib call on the hub: every client waited 18 s, RSS peaked at 4.2 GB, and the budget had counted
+the 2 MiB on the wire; forty 65 KB HTTP bodies of 64 MiB each left 2.5 GB held. Compressing four
+60 MiB answers for ``Accept-Encoding: gzip`` on the hub held other clients 8 s.
+
+How: each slice's bytes are reserved before zlib produces them (``hold``, which raises the front end's
+budget refusal: 503 / RESOURCE_EXHAUSTED), so the budget bounds what a request inflates, beside the
+size limit of its transport (``--http-max-input-size``, gRPC's max receive length). The first slice,
+:data:`ON_HUB` bytes, is inflated inline: almost every compressed request is that small, and a thread
+hop costs more than it saves. Later slices, and answers over :data:`ON_HUB`, run on gevent's native
+thread pool (``call_in_thread``; zlib releases the GIL), one slice at a time in the process
+(``_turn``): concurrent big ones take turns slice by slice, and a small one waits at most a slice.
+Runs in the calling greenlet (the hub thread); the slices run on the pool's threads, handed over and
+back so that one thread at a time touches an :class:`~..protocol.codings.Inflation`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import gevent.lock
+
+from ..actors.bridge import call_in_thread
+from ..protocol.codings import Deflation, Inflation
+
+ON_HUB = 256 * 1024  # bytes inflated (or an answer compressed) inline: ~1 ms of zlib at worst
+SLICE = 2 * 1024 * 1024  # bytes per slice on a thread (a few ms), reserved before each
+Hold = Callable[[int], None]  # reserve n more bytes of the budget (n < 0: give them back); raises if refused
+
+_turn = gevent.lock.Semaphore()  # the one slice running on a thread (hub-owned, like the budget)
+
+
+def inflate(coding: str, data: bytes, limit: int, hold: Hold) -> bytes:
+    """``data`` inflated (``coding`` one of :data:`~..protocol.codings.CODINGS`); OverflowError past
+    ``limit`` bytes, ``zlib.error`` for bad data; what ``hold`` raises when the budget is spent. The
+    request keeps holding the inflated bytes (the caller gives them back with the request's)."""
+    job = Inflation(coding, data, limit)
+    reserved = 0
+    try:
+        n = min(ON_HUB, limit + 1)
+        hold(n)
+        reserved = n
+        job.step(n)
+        job.check()
+        while not job.done:
+            n = min(SLICE, limit + 1 - job.size)
+            hold(n)
+            reserved += n
+            with _turn:
+                call_in_thread(job.step, n)
+            job.check()
+    except BaseException:
+        hold(-reserved)  # a refused request keeps nothing of it (a stream goes on without it)
+        # and its bytes go now: the traceback keeps this frame, and a caller's exception that refers
+        # to its own frame (a cycle) would keep them until the cyclic collector ran (1 GB held after)
+        job = None
+        raise
+    hold(job.size - reserved)  # the last slice's unused room
+    return job.result()
+
+
+def compress(coding: str, chunks: list[bytes]) -> bytes:
+    """The answer ``chunks`` joined and compressed; over :data:`ON_HUB` bytes, slice by slice on a
+    thread (an answer is not in the request budget: its model made it, within its own bounds)."""
+    job = Deflation(coding)
+    if sum(map(len, chunks)) <= ON_HUB:
+        for chunk in chunks:
+            job.step(chunk)
+        return job.finish()
+    for pieces in _slices(chunks):
+        with _turn:
+            call_in_thread(_deflate, job, pieces)
+    with _turn:
+        return call_in_thread(job.finish)
+
+
+def _deflate(job: Deflation, pieces: list[memoryview]) -> None:
+    """One slice of an answer (on a native thread)."""
+    for piece in pieces:
+        job.step(piece)
+
+
+def _slices(chunks: list[bytes]) -> Iterator[list[memoryview]]:
+    """``chunks`` cut into slices of at most :data:`SLICE` bytes (small chunks share one)."""
+    pieces: list[memoryview] = []
+    room = SLICE
+    for chunk in chunks:
+        view = memoryview(chunk)
+        while view:
+            pieces.append(view[:room])
+            room -= len(pieces[-1])
+            view = view[len(pieces[-1]):]
+            if not room:
+                yield pieces
+                pieces, room = [], SLICE
+    if pieces:
+        yield pieces
