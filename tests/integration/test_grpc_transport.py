@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 import struct
 import time
+import zlib
 from collections.abc import Iterator
 
 import gevent
@@ -54,6 +55,51 @@ def test_compressed_requests(example_server: ServerProcess, algorithm: str) -> N
     result = client.infer("add_sub", inputs, compression_algorithm=algorithm)
     assert result.as_numpy("OUTPUT0").tolist() == [6, 6, 6, 6]
     client.close()
+
+
+def test_a_big_compressed_message_does_not_hold_its_connections_other_calls(example_server: ServerProcess) -> None:
+    """A compressed ModelInfer is inflated in its call's greenlet, not in the connection's reader (the
+    fast path): there, the slices of a 512 MiB one held a small call sent after it on the same connection
+    until its end (2.3 s). Now the small call is answered first."""
+    n = 256 * 1024 * 1024
+    compressor = zlib.compressobj(9, zlib.DEFLATED, 31)  # raw_input_contents (field 7) of zeros: refused once decoded
+    parts = [compressor.compress(b"\x0a\x07add_sub\x3a" + _varint(n))]
+    parts += [compressor.compress(bytes(1 << 20)) for _ in range(n >> 20)]
+    body = b"".join(parts) + compressor.flush()
+    big, small = struct.pack(">BI", 1, len(body)) + body, _add_sub().SerializeToString()
+    encoder = hpack.Encoder()
+
+    def head(*extra: tuple[str, str]) -> bytes:
+        return encoder.encode([(":method", "POST"), (":scheme", "http"), (":authority", "x"),
+                               (":path", "/inference.GRPCInferenceService/ModelInfer"),
+                               ("content-type", "application/grpc"), ("te", "trailers"), *extra])
+
+    out = _PREFACE + _frame(4, 0, 0) + _frame(1, 4, 1, head(("grpc-encoding", "gzip")))
+    out += b"".join(_frame(0, 0, 1, big[i:i + 16384]) for i in range(0, len(big), 16384)) + _frame(0, 1, 1)
+    out += _frame(1, 4, 3, head()) + _frame(0, 1, 3, struct.pack(">BI", 0, len(small)) + small)
+    with _connect(example_server) as sock:
+        sock.sendall(out)
+        sock.settimeout(60)
+        buf, ends = b"", []  # the streams in the order their trailers came
+        while len(ends) < 2:
+            chunk = sock.recv(65536)
+            assert chunk, "the connection closed"
+            buf += chunk
+            while len(buf) >= 9 and len(buf) >= 9 + (struct.unpack_from(">I", buf)[0] >> 8):
+                length_type, flags, sid = struct.unpack_from(">IBI", buf)
+                if length_type & 0xFF == 1 and flags & 1:
+                    ends.append(sid)
+                buf = buf[9 + (length_type >> 8):]
+    assert ends == [3, 1]
+    _still_serving(example_server)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    return bytes(out + bytes([n]))
 
 
 def test_unknown_method_is_unimplemented(channel: grpc.Channel, example_server: ServerProcess) -> None:
@@ -253,6 +299,7 @@ def test_not_grpc_content_type_gets_415(example_server: ServerProcess) -> None:
 
 UNTIL_CANCELLED_PY = """
 import time
+import zlib
 import triton_python_backend_utils as pb_utils
 
 
