@@ -29,6 +29,16 @@ small clients run for ``--duration`` s; reports what the slow clients were answe
 than the budget admits keep a line of silent 64 MiB reservations ahead of every small request.
 
     .venv/bin/python scripts/bench_hostile.py --slow 90 --reopen --duration 40
+
+``--gzip http|grpc``: the big requests are gzip bombs: an HTTP body (``Content-Encoding: gzip``, binary
+FP32 zeros) or a gRPC message (``grpc-encoding: gzip``, raw contents of zeros, sent on a raw HTTP/2
+connection) that inflates to ``--mib`` MiB from about 1/1000 of that on the wire; reports the answers
+they got and the resident memory left above idle after them. ``--gzip answer``: the big requests send
+``--mib`` MiB of FP32 in binary to an echo model and ask ``Accept-Encoding: gzip`` for the answer.
+
+    .venv/bin/python scripts/bench_hostile.py --gzip grpc --big 1 --mib 2047
+    .venv/bin/python scripts/bench_hostile.py --gzip http --big 40 --mib 64
+    .venv/bin/python scripts/bench_hostile.py --gzip answer --big 4 --mib 60
 """
 
 from __future__ import annotations
@@ -37,6 +47,7 @@ import argparse
 import http.client
 import json
 import os
+import random
 import socket
 import statistics
 import struct
@@ -45,6 +56,7 @@ import sys
 import tempfile
 import threading
 import time
+import zlib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -187,6 +199,111 @@ def _slow_client(port: int, mib: float, every: float, stop: threading.Event, out
     out.append(("still holding", time.perf_counter() - t0))
 
 
+def _gzip_zeros(head: bytes, n: int, tail: bytes = b"") -> bytes:
+    """gzip of ``head``, ``n`` zero bytes and ``tail``, made a MiB at a time (never ``n`` bytes at once)."""
+    c = zlib.compressobj(9, zlib.DEFLATED, 31)
+    parts, mib = [c.compress(head)], bytes(2**20)
+    for left in range(n, 0, -(2**20)):
+        parts.append(c.compress(mib[:min(left, 2**20)]))
+    return b"".join([*parts, c.compress(tail), c.flush()])
+
+
+def _bomb(kind: str, mib: float) -> tuple[bytes, int]:
+    """(what goes on the wire, its header length): an HTTP body of ``mib`` MiB of FP32 zeros once inflated,
+    or a gRPC message (:func:`grpc_gzip_bomb`) of ``mib`` MiB of raw contents."""
+    n = int(mib * 2**20) // 4 * 4
+    if kind == "grpc":
+        return grpc_gzip_bomb("total", n), 0
+    header = json.dumps({"inputs": [{"name": "INPUT0", "shape": [n // 4], "datatype": "FP32",
+                                     "parameters": {"binary_data_size": n}}]}).encode()
+    return _gzip_zeros(header, n), len(header)
+
+
+def grpc_gzip_bomb(model: str, n: int) -> bytes:
+    """A gzip ModelInferRequest message for ``model`` (with its 5-byte gRPC prefix): FP32 input ``INPUT0``
+    of ``n`` bytes of zeros as raw contents, about n / 1000 bytes on the wire."""
+    from triton_actor.protocol._generated import grpc_service_pb2 as pb
+
+    req = pb.ModelInferRequest(model_name=model)
+    req.inputs.add(name="INPUT0", datatype="FP32", shape=[n // 4])
+    req.raw_input_contents.append(b"")  # field 7 comes last: its length, then its bytes
+    head, left = bytearray(req.SerializeToString()[:-1]), n
+    while True:  # the length as a varint
+        byte, left = left & 0x7F, left >> 7
+        head.append(byte | (0x80 if left else 0))
+        if not left:
+            break
+    body = _gzip_zeros(bytes(head), n)
+    return struct.pack(">BI", 1, len(body)) + body
+
+
+def _post_gzip(port: int, body: bytes, header_length: int) -> tuple[str, float]:
+    """A gzip-encoded binary /infer to ``total``: (status, seconds)."""
+    t0 = time.perf_counter()
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+        conn.request("POST", "/v2/models/total/infer", body, {
+            "Content-Encoding": "gzip", "Inference-Header-Content-Length": str(header_length),
+            "Content-Type": "application/octet-stream"})
+        resp = conn.getresponse()
+        resp.read()
+        conn.close()
+        status = str(resp.status)
+    except OSError as e:
+        status = type(e).__name__
+    return status, time.perf_counter() - t0
+
+
+def _grpc_raw(port: int, message: bytes) -> tuple[str, float]:
+    """One ModelInfer of a ready ``grpc-encoding: gzip`` message on a raw HTTP/2 connection (a gRPC client
+    would compress the whole message first): (grpc-status, seconds). The message must fit the server's
+    16 MiB windows."""
+    import hpack
+
+    def frame(ftype: int, flags: int, payload: bytes = b"", sid: int = 1) -> bytes:
+        return struct.pack(">IBI", (len(payload) << 8) | ftype, flags, sid) + payload
+
+    block = hpack.Encoder().encode([(":method", "POST"), (":scheme", "http"), (":authority", "x"),
+                                    (":path", "/inference.GRPCInferenceService/ModelInfer"),
+                                    ("content-type", "application/grpc"), ("te", "trailers"), ("grpc-encoding", "gzip")])
+    data = [message[i:i + 16384] for i in range(0, len(message), 16384)]
+    out = [b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", frame(4, 0, sid=0), frame(1, 4, block)]
+    out += [frame(0, int(i == len(data) - 1), d) for i, d in enumerate(data)]
+    t0, decoder, buf = time.perf_counter(), hpack.Decoder(), b""
+    with socket.create_connection(("127.0.0.1", port), timeout=600) as sock:
+        sock.sendall(b"".join(out))
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return "closed", time.perf_counter() - t0
+            buf += chunk
+            while len(buf) >= 9 and len(buf) >= 9 + (struct.unpack_from(">I", buf)[0] >> 8):
+                length_type, flags = struct.unpack_from(">IB", buf)
+                payload, buf = buf[9:9 + (length_type >> 8)], buf[9 + (length_type >> 8):]
+                if length_type & 0xFF == 1:
+                    fields = dict(decoder.decode(payload))
+                    if flags & 1:
+                        return fields.get("grpc-status", "?"), time.perf_counter() - t0
+                elif length_type & 0xFF == 6 and not flags & 1:
+                    sock.sendall(frame(6, 1, payload, sid=0))
+
+
+def _gzip_answer(port: int, n: int) -> tuple[str, float]:
+    """``n`` FP32 values in binary to ``echo``, the answer asked in binary with Accept-Encoding gzip."""
+    header = json.dumps({"inputs": [{"name": "INPUT0", "shape": [n], "datatype": "FP32",
+                                     "parameters": {"binary_data_size": 4 * n}}],
+                         "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}]}).encode()
+    body = header + random.Random(0).randbytes(4 * n)  # compresses as random floats do: hardly
+    t0 = time.perf_counter()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    conn.request("POST", "/v2/models/echo/infer", body, {"Inference-Header-Content-Length": str(len(header)),
+                                                         "Accept-Encoding": "gzip"})
+    resp = conn.getresponse()
+    got = resp.read()
+    conn.close()
+    return f"{resp.status} {resp.getheader('Content-Encoding')} {len(got) >> 20} MiB", time.perf_counter() - t0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--big", type=int, default=4, help="clients sending one big JSON request each")
@@ -204,12 +321,21 @@ def main() -> int:
     ap.add_argument("--reopen", action="store_true",
                     help="--slow: each slow client opens a new connection as soon as one is answered (a queue flood)")
     ap.add_argument("--duration", type=float, default=30.0, help="--slow: seconds the small clients run")
+    ap.add_argument("--gzip", choices=("http", "grpc", "answer"),
+                    help="big requests: gzip bombs of --mib MiB inflated (http, grpc), or gzip answers of --mib MiB")
     args = ap.parse_args()
     if args.slow:
         args.big, args.mib = 0, 0.0
 
     n = int(args.mib * 2**20 / len("0.123456789,"))
-    if args.grpc_typed:
+    if args.gzip in ("http", "grpc"):
+        big, header_length = _bomb(args.gzip, args.mib)
+        print(f"big request: {len(big) / 2**20:.2f} MiB of gzip, {args.mib:g} MiB inflated", flush=True)
+    elif args.gzip == "answer":
+        n = int(args.mib * 2**20 / 4)
+        big = b""
+        print(f"big request: {n} FP32 values in binary, the answer asked gzipped", flush=True)
+    elif args.grpc_typed:
         n = int(args.mib * 2**20 / 4)
         big = _typed_request(n)
         print(f"big request: {len(big) / 2**20:.1f} MiB of protobuf, {n} FP32 typed values", flush=True)
@@ -236,7 +362,8 @@ def main() -> int:
         port, grpc_port = _free_port(), _free_port()
         cmd = [sys.executable, "-m", "triton_actor", "--model-repository", tmp, "--http-port", str(port),
                "--grpc-port", str(grpc_port), "--allow-metrics", "false",
-               "--http-max-input-size", str(max(len(big) + 1024, int(args.slow_mib * 2**20))),
+               "--http-max-input-size", str(max(len(big) + 1024, int(args.slow_mib * 2**20),
+                                                int(args.mib * 2**20) + 1024 if args.gzip else 0)),
                *args.flags.split()]
         server = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
@@ -256,7 +383,13 @@ def main() -> int:
                     small_results.append((ok and took <= args.small_timeout, took))
 
             def big_client() -> None:
-                if args.grpc_typed:
+                if args.gzip == "http":
+                    big_results.append(_post_gzip(port, big, header_length))
+                elif args.gzip == "grpc":
+                    big_results.append(_grpc_raw(grpc_port, big))
+                elif args.gzip == "answer":
+                    big_results.append(_gzip_answer(port, n))
+                elif args.grpc_typed:
                     big_results.append(_grpc_call(grpc_port, big))
                 elif args.json_output:
                     big_results.append(_post(port, big, 600, model="echo", header_length=header_length))
@@ -288,20 +421,27 @@ def main() -> int:
             for t in smalls + slows:
                 t.join()
             peak_kb = _status_kb(server.pid, "VmHWM")
+            after_kb = _status_kb(server.pid, "VmRSS")
         finally:
             server.terminate()
             server.wait(30)
     lat = sorted(t for _, t in small_results)
     failed = sum(1 for ok, _ in small_results if not ok)
     summary = {
-        "big_requests": args.big, "big_mib": round(len(big) / 2**20, 1), "big_ok": sum(ok for ok, _ in big_results),
+        "big_requests": args.big, "big_mib": round(len(big) / 2**20, 1), "big_ok": sum(ok is True for ok, _ in big_results),
         "big_seconds": [round(t, 2) for _, t in big_results], "window_s": round(took, 2),
         "small_requests": len(lat), "small_failed": failed,
         "small_median_ms": round(statistics.median(lat) * 1000, 1) if lat else None,
         "small_p99_ms": round(lat[int(len(lat) * 0.99) - 1] * 1000, 1) if lat else None,
         "small_max_ms": round(lat[-1] * 1000, 1) if lat else None,
         "peak_rss_over_idle_mb": round((peak_kb - idle_kb) / 1024),
+        "rss_after_over_idle_mb": round((after_kb - idle_kb) / 1024),
     }
+    if args.gzip:  # the answers (an HTTP status or a grpc-status) instead of "ok"
+        answers: dict[str, int] = {}
+        for answer, _ in big_results:
+            answers[str(answer)] = answers.get(str(answer), 0) + 1
+        summary["big_ok"] = answers
     if args.slow:
         answers: dict[str, list[float]] = {}
         for answer, seconds in slow_results:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import socket
 import struct
 import time
-import zlib
 from collections.abc import Iterator
 
 import gevent
@@ -19,6 +18,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+from scripts.bench_hostile import grpc_gzip_bomb
 
 from .server import ROOT, ServerProcess
 
@@ -61,12 +62,7 @@ def test_a_big_compressed_message_does_not_hold_its_connections_other_calls(exam
     """A compressed ModelInfer is inflated in its call's greenlet, not in the connection's reader (the
     fast path): there, the slices of a 512 MiB one held a small call sent after it on the same connection
     until its end (2.3 s). Now the small call is answered first."""
-    n = 256 * 1024 * 1024
-    compressor = zlib.compressobj(9, zlib.DEFLATED, 31)  # raw_input_contents (field 7) of zeros: refused once decoded
-    parts = [compressor.compress(b"\x0a\x07add_sub\x3a" + _varint(n))]
-    parts += [compressor.compress(bytes(1 << 20)) for _ in range(n >> 20)]
-    body = b"".join(parts) + compressor.flush()
-    big, small = struct.pack(">BI", 1, len(body)) + body, _add_sub().SerializeToString()
+    big, small = grpc_gzip_bomb("add_sub", 256 * 1024 * 1024), _add_sub().SerializeToString()  # refused once decoded
     encoder = hpack.Encoder()
 
     def head(*extra: tuple[str, str]) -> bytes:
@@ -92,14 +88,6 @@ def test_a_big_compressed_message_does_not_hold_its_connections_other_calls(exam
                 buf = buf[9 + (length_type >> 8):]
     assert ends == [3, 1]
     _still_serving(example_server)
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append(n & 0x7F | 0x80)
-        n >>= 7
-    return bytes(out + bytes([n]))
 
 
 def test_unknown_method_is_unimplemented(channel: grpc.Channel, example_server: ServerProcess) -> None:
@@ -299,7 +287,6 @@ def test_not_grpc_content_type_gets_415(example_server: ServerProcess) -> None:
 
 UNTIL_CANCELLED_PY = """
 import time
-import zlib
 import triton_python_backend_utils as pb_utils
 
 

@@ -130,3 +130,15 @@ def test_answers_are_compressed_inline_when_small_and_on_a_thread_when_big(threa
 ])
 def test_the_answer_coding_follows_accept_encoding(header: str | None, coding: str | None) -> None:
     assert codings.response_coding(header) == coding
+
+
+def test_concurrent_big_inflations_take_turns_slice_by_slice(thread_calls: list[object]) -> None:
+    """One slice on a thread at a time, and in turn: a body waits at most a slice per other body,
+    not for the whole of those before it."""
+    import gevent
+
+    bodies = [_gzip_zeros(7 * MIB), _gzip_zeros(7 * MIB)]
+    outs = gevent.joinall([gevent.spawn(compression.inflate, "gzip", b, 64 * MIB, _Budget()) for b in bodies])
+    assert [len(g.value) for g in outs] == [7 * MIB, 7 * MIB]
+    jobs = [id(step.__self__) for step in thread_calls]  # type: ignore[attr-defined]
+    assert len(jobs) == 8 and jobs[0::2] == [jobs[0]] * 4 and jobs[1::2] == [jobs[1]] * 4 and jobs[0] != jobs[1]

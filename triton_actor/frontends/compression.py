@@ -20,7 +20,9 @@ back so that one thread at a time touches an :class:`~..protocol.codings.Inflati
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
+import gevent
 import gevent.lock
 
 from ..actors.bridge import call_in_thread
@@ -30,6 +32,7 @@ ON_HUB = 256 * 1024  # bytes inflated (or an answer compressed) inline: ~1 ms of
 SLICE = 2 * 1024 * 1024  # bytes per slice on a thread (a few ms), reserved before each
 Hold = Callable[[int], None]  # reserve n more bytes of the budget (n < 0: give them back); raises if refused
 
+T = TypeVar("T")
 _turn = gevent.lock.Semaphore()  # the one slice running on a thread (hub-owned, like the budget)
 
 
@@ -49,8 +52,7 @@ def inflate(coding: str, data: bytes, limit: int, hold: Hold) -> bytes:
             n = min(SLICE, limit + 1 - job.size)
             hold(n)
             reserved += n
-            with _turn:
-                call_in_thread(job.step, n)
+            _on_thread(job.step, n)
             job.check()
     except BaseException:
         hold(-reserved)  # a refused request keeps nothing of it (a stream goes on without it)
@@ -71,10 +73,19 @@ def compress(coding: str, chunks: list[bytes]) -> bytes:
             job.step(chunk)
         return job.finish()
     for pieces in _slices(chunks):
-        with _turn:
-            call_in_thread(_deflate, job, pieces)
+        _on_thread(_deflate, job, pieces)
+    return _on_thread(job.finish)
+
+
+def _on_thread(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` on a native thread when it is our turn; then the next in line has its turn (a
+    gevent semaphore lets a greenlet that releases and takes it again at once pass its waiters: the
+    first of forty 64 MiB bodies kept the thread until it was whole, and the others waited behind it)."""
     with _turn:
-        return call_in_thread(job.finish)
+        result = call_in_thread(fn, *args)
+    if _turn.linkcount():
+        gevent.sleep(0)  # the waiter woken by the release takes the turn before we ask again
+    return result
 
 
 def _deflate(job: Deflation, pieces: list[memoryview]) -> None:
