@@ -84,6 +84,9 @@ def test_payload_limits_decompressed_size() -> None:
     assert dataclasses.replace(req, body=gzip.compress(b"x" * 100)).payload() == b"x" * 100
     with pytest.raises(TritonError, match="unsupported Content-Encoding 'br'"):
         dataclasses.replace(req, headers={"content-encoding": "br"}).payload()
+    assert dataclasses.replace(req, body=b"").payload() == b""  # nothing to inflate
+    with pytest.raises(TritonError, match="failed to decompress the gzip request body: truncated"):
+        dataclasses.replace(req, body=gzip.compress(b"x" * 100)[:-12]).payload()
 
 
 def test_a_big_json_decode_pauses_the_collector_and_restores_it() -> None:

@@ -3,14 +3,15 @@ and a request's inflated bytes inside the request memory budget (:mod:`.budget`)
 
 Why: a gzip body inflates to up to ~1000 times its size. A 2 MiB gRPC message inflated to 2 GiB in
 one zlib call on the hub: every client waited 18 s, RSS peaked at 4.2 GB, and the budget had counted
-the 2 MiB on the wire; forty 65 KB HTTP bodies of 64 MiB each left 2.5 GB held. Compressing four
-60 MiB answers for ``Accept-Encoding: gzip`` on the hub held other clients 8 s.
+the 2 MiB on the wire; forty 65 KB HTTP bodies of 64 MiB each held health checks 12 s. Compressing
+four 60 MiB answers for ``Accept-Encoding: gzip`` on the hub held other clients 8 s.
 
 How: each slice's bytes are reserved before zlib produces them (``hold``, which raises the front end's
 budget refusal: 503 / RESOURCE_EXHAUSTED), so the budget bounds what a request inflates, beside the
 size limit of its transport (``--http-max-input-size``, gRPC's max receive length). The first slice,
-:data:`ON_HUB` bytes, is inflated inline: almost every compressed request is that small, and a thread
-hop costs more than it saves. Later slices, and answers over :data:`ON_HUB`, run on gevent's native
+at most :data:`ON_HUB` bytes, is inflated inline and then reserved (a small body holds its size, not
+a slice's; at most ON_HUB bytes are unreserved for that moment, as ``budget.with_room`` runs ahead of a
+body): almost every compressed request is that small, and a thread hop costs more than it saves. Later slices, and answers over :data:`ON_HUB`, run on gevent's native
 thread pool (``call_in_thread``; zlib releases the GIL), one slice at a time in the process
 (``_turn``): concurrent big ones take turns slice by slice, and a small one waits at most a slice.
 Runs in the calling greenlet (the hub thread); the slices run on the pool's threads, handed over and
@@ -43,11 +44,10 @@ def inflate(coding: str, data: bytes, limit: int, hold: Hold) -> bytes:
     job = Inflation(coding, data, limit)
     reserved = 0
     try:
-        n = min(ON_HUB, limit + 1)
-        hold(n)
-        reserved = n
-        job.step(n)
+        job.step(min(ON_HUB, limit + 1))
         job.check()
+        hold(job.size)
+        reserved = job.size
         while not job.done:
             n = min(SLICE, limit + 1 - job.size)
             hold(n)
@@ -60,7 +60,8 @@ def inflate(coding: str, data: bytes, limit: int, hold: Hold) -> bytes:
         # to its own frame (a cycle) would keep them until the cyclic collector ran (1 GB held after)
         job = None
         raise
-    hold(job.size - reserved)  # the last slice's unused room
+    if reserved != job.size:
+        hold(job.size - reserved)  # the last slice's unused room
     return job.result()
 
 

@@ -68,7 +68,7 @@ class HttpRequest:
         if encoding is None:
             return self.body
         encoding = encoding.strip().lower()
-        if encoding in ("", "identity"):
+        if encoding in ("", "identity") or not self.body:  # nothing to inflate: an empty body as it was
             return self.body
         if not codings.known(encoding):
             raise TritonError.unsupported(f"unsupported Content-Encoding '{encoding}'")
