@@ -386,3 +386,32 @@ def test_a_worker_whose_loop_fails_answers_everything_and_reports_why(workers) -
     answers: list = []
     w.submit_callback(lambda s: s, (), lambda ok, value: (answers.append((ok, value)), gate.set()))
     assert gate.wait(WAIT) and answers[0][0] is False
+
+
+def test_call_in_thread_keeps_nothing_of_its_callers_or_their_results() -> None:
+    """Neither an error (raised from a name: a cycle through call_in_thread's frame and every caller's)
+    nor a result (gevent's pool kept the last one until its next task) outlives its caller."""
+    import gc
+    import weakref
+
+    class Held:
+        pass
+
+    def fail() -> None:
+        raise ValueError("refused")
+
+    def caller() -> tuple[weakref.ref, weakref.ref]:
+        held = Held()
+        try:
+            call_in_thread(fail)
+        except ValueError:
+            pass
+        return weakref.ref(held), weakref.ref(call_in_thread(Held))
+
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        assert [ref() for ref in caller()] == [None, None]
+    finally:
+        if collecting:
+            gc.enable()
