@@ -227,8 +227,10 @@ def _write(path: str, entries: list[dict[str, Any]], append: bool) -> None:
             f.seek(-1, os.SEEK_END)  # over the closing ']'
             f.write(b"," + body + b"]")
         return
-    with open(path, "wb") as f:
+    partial = f"{path}.writing"  # a new file appears whole: a reader never sees it empty or half written
+    with open(partial, "wb") as f:
         f.write(b"[" + body + b"]")
+    os.replace(partial, path)
 
 
 TRACER = Tracer()
