@@ -72,6 +72,10 @@ def test_unknown_model_and_version(example_server: ServerProcess) -> None:
     assert (status, json.loads(data)) == (400, {"error": "Model version not ready"})
     status, _, data = _post(example_server, "/v2/models/nope/stats", b"", method="GET")
     assert (status, json.loads(data)) == (400, {"error": "requested model 'nope' is not available"})
+    log_before = len(example_server.log())
+    status, _, data = _post(example_server, "/static/x", b"", method="GET")  # Flask's own static route: was a
+    assert (status, json.loads(data)) == (404, {"error": "Not Found"})  # 500 and a traceback per request
+    assert "Traceback" not in example_server.log()[log_before:]
 
 
 @pytest.mark.parametrize("name", ["..", "%2e%2e", "..%2fadd_sub", "a%2fb", "%2e%2e%2f%2e%2e%2fetc", "add_sub%00"])

@@ -101,7 +101,8 @@ def start_version(src: VersionSource, load_timeout_s: float,
     instances: list[ModelInstance] = []
     try:
         labels = _read_labels(src.config, src.model_dir, src.model)
-        instances = [ModelInstance(ctx, src.backend) for ctx in _contexts(src)]
+        for ctx in _contexts(src):  # one by one: if starting one fails, those started are closed below
+            instances.append(ModelInstance(ctx, src.backend))
         failures: list[Exception] = []
         for inst in instances:
             try:

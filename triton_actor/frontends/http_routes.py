@@ -44,7 +44,7 @@ def create_app(plane: DataPlane) -> Flask:
 
 def empty_app() -> Flask:
     """A Flask app with no routes yet, matching paths as Triton's router does."""
-    app = Flask("triton_actor")
+    app = Flask("triton_actor", static_folder=None)  # no /static/<path>: it is not Triton's (and it failed 500)
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False  # no implicit OPTIONS answers: 405 as Triton
     app.url_map.strict_slashes = False
     app.url_map.merge_slashes = False  # '//' is a 404, not a redirect
