@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import time
 from typing import Any
 
 import gevent
@@ -199,6 +200,9 @@ class Server:
             self._stopped.wait()
             return
         self._stopping = True
+        # one deadline for the whole exit, as Triton's --exit-timeout-secs: the unload below gets what is left
+        # (a stuck request made it wait the timeout twice: 32 s with 15)
+        deadline = time.monotonic() + self.settings.exit_timeout_secs
         log.info("shutting down: waiting up to %.0f s for in-flight requests", self.settings.exit_timeout_secs)
         if not handover:
             self.plane.accepting = False
@@ -220,7 +224,7 @@ class Server:
         if self.metrics is not None:
             self.metrics.stop()
         try:
-            self.repository.ref.unload_all().get(self.settings.exit_timeout_secs)
+            self.repository.ref.unload_all().get(max(1.0, deadline - time.monotonic()))
         except Exception as e:  # noqa: BLE001
             log.error("unloading models at shutdown: %s", e)
         self.plane.live = False

@@ -396,6 +396,23 @@ def test_sigterm_under_load(tmp_path: Path, start_server) -> None:
     print(f"good: {before} answered before SIGTERM, {good.ok} in all, {len(good.failures)} refused cleanly after it")
 
 
+def test_the_exit_timeout_is_one_deadline_for_the_whole_exit(tmp_path: Path, start_server, connect) -> None:
+    """A request stuck in execute: the drain waited --exit-timeout-secs, then the unload at shutdown waited
+    it again (32 s with 15). Triton's flag bounds the exit: the unload gets what is left (at least 1 s)."""
+    gate = Gate(tmp_path)
+    add_model(tmp_path, "hang", HANG_CONFIG, gate.model_py())
+    server = start_server(tmp_path, flags=("--exit-timeout-secs", "3"))
+    http = connect("http", server)
+    try:
+        http.raw.async_infer("hang", _batched(http, 1.0))
+        gate.wait_executing(1, server)
+        assert server.stop() == 0
+        assert "request(s) still running after 3 s" in server.log()
+        assert "unloading models at shutdown: no answer within 1.0 s" in server.log(), server.log()[-2000:]
+    finally:
+        gate.open()
+
+
 # -- config.pbtxt corrupted mid-POLL ---------------------------------------------------------------
 def test_config_corrupted_while_polling(tmp_path: Path, start_server) -> None:
     """POLL mode: config.pbtxt is cut off mid-write; the serving version keeps serving (its answers
