@@ -141,8 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
     _metrics_flags(p)
     p.add_argument("--http-max-input-size", type=int, default=64 * 1024 * 1024, help="bytes, also after decompression")
     p.add_argument("--http-max-connections", type=int, default=1024,
-                   help="open HTTP connections, on the HTTP port and on the metrics port each (lowered to leave a "
-                        "quarter of the descriptor limit free); the timeouts below apply to both ports too")
+                   help="open connections on the HTTP port (the metrics port has at most 64; every port draws on "
+                        "one count that leaves a quarter of the descriptor limit free); the timeouts below apply "
+                        "to both ports")
     p.add_argument("--http-header-timeout-secs", type=float, default=60.0, help="time to send a request head")
     p.add_argument("--http-body-timeout-secs", type=float, default=60.0, help="time between two reads of a body")
     p.add_argument("--http-keepalive-timeout-secs", type=float, default=75.0, help="idle time between requests")
