@@ -23,6 +23,8 @@ import asyncio
 from collections.abc import Iterator
 from typing import Any
 
+import gevent
+
 from .actors.bridge import (
     HubCalls,
     NativeWorker,
@@ -32,6 +34,7 @@ from .actors.bridge import (
     this_thread_hub,
     wait_on_hub,
 )
+from .actors.response_channel import STREAM_MAX_BYTES, STREAM_MAX_RESPONSES, response_bytes
 from .backends.python import triton_python_backend_utils as pb_utils
 from .backends.python.triton_python_backend_utils import server_calls as hooks
 from .bls_waits import WaitGraph
@@ -41,6 +44,7 @@ from .inference import InferInput, InferRequest, InferResponse, RequestedOutput
 from .protocol.dtypes import BY_ENUM_VALUE, from_numpy
 
 _END = object()  # the end of a decoupled BLS stream in its inbox
+_READ_POLL_S = 0.005  # how often a full BLS stream's pump looks whether the model read on
 
 
 class ServerCalls:
@@ -163,23 +167,31 @@ class ServerCalls:
                 self._waits.leave(worker, target)
 
     def _stream_on_hub(self, request: InferRequest, worker: NativeWorker[Any] | None, inbox: ThreadInbox,
-                       reader: ResponseIterator) -> None:
-        """Pump a streamed inference into ``inbox``: ``(item, final)`` pairs, then ``_END``. Once the
-        model cancelled its iterator, the next response closes the stream (the target then sees
-        ``is_cancelled()``)."""
+                       reading: _Reading) -> None:
+        """Pump a streamed inference into ``inbox``: ``(item, final, size)``, then ``_END``. It waits while
+        the model has not taken :data:`STREAM_MAX_RESPONSES` of them or :data:`STREAM_MAX_BYTES`, so the
+        target's ``send()`` waits in turn (response_channel.py) instead of filling memory: a model that
+        asked for 2000 responses of 1 MB and read none held 2 GB. Once the model cancelled its iterator,
+        or dropped it, the next response closes the stream (the target then sees ``is_cancelled()``)."""
         target = None
         try:
             target = self._enter(request, worker)
             responses = self.plane.infer_stream(request, internal=True).responses
+            count = size_sum = 0
             for item, final in responses:
-                if reader.cancelled:
+                while not reading.cancelled and (count - reading.count >= STREAM_MAX_RESPONSES
+                                                 or size_sum - reading.bytes > STREAM_MAX_BYTES):
+                    gevent.sleep(_READ_POLL_S)  # the model's thread takes them: polled, it has no hub to wake us
+                if reading.cancelled:
                     responses.close()  # type: ignore[attr-defined]
                     break
-                inbox.put((item, final))
+                size = response_bytes(item)
+                count, size_sum = count + 1, size_sum + size
+                inbox.put((item, final, size))
         except TritonError as e:
-            inbox.put((e, True))
+            inbox.put((e, True, 0))
         except Exception as e:  # noqa: BLE001 - a bug of ours must still end the model's stream
-            inbox.put((TritonError.internal(f"BLS stream failed: {e!r}"), True))
+            inbox.put((TritonError.internal(f"BLS stream failed: {e!r}"), True, 0))
         finally:
             if target is not None:
                 self._waits.leave(worker, target)
@@ -216,11 +228,18 @@ class ResponseIterator:
     have no outputs: a final flag without a response). ``cancel()`` stops reading; the target sees
     ``is_cancelled()`` once the stream is closed."""
 
-    def __init__(self, inbox: ThreadInbox, names: tuple[str, ...] | None) -> None:
+    def __init__(self, inbox: ThreadInbox, names: tuple[str, ...] | None, reading: _Reading) -> None:
         self._inbox = inbox
         self._names = names
         self._done = False
-        self.cancelled = False  # read by the pump on the hub
+        self._reading = reading  # what the pump on the hub reads: taken so far, cancelled
+
+    @property
+    def cancelled(self) -> bool:
+        return self._reading.cancelled
+
+    def __del__(self) -> None:
+        self._reading.cancelled = True  # dropped unread: the pump stops and the target is cancelled
 
     def __iter__(self) -> ResponseIterator:
         return self
@@ -233,7 +252,9 @@ class ResponseIterator:
             self._done = True
             self._inbox.close()
             raise StopIteration
-        value, _final = item
+        value, _final, size = item
+        reading = self._reading
+        reading.count, reading.bytes = reading.count + 1, reading.bytes + size  # ints: one writer, the GIL
         return _to_pb_response(value, self._names)
 
     def cancel(self) -> None:
@@ -241,7 +262,17 @@ class ResponseIterator:
         ``is_cancelled()`` (responses produced meanwhile are dropped)."""
         if not self._done:
             self._inbox.close()
-        self._done = self.cancelled = True
+        self._done = self._reading.cancelled = True
+
+
+class _Reading:
+    """What a model has read of a decoupled BLS stream (written by its thread, read by the pump)."""
+
+    __slots__ = ("count", "bytes", "cancelled")
+
+    def __init__(self) -> None:
+        self.count = self.bytes = 0
+        self.cancelled = False
 
 
 def _ignore(_ok: bool, _value: Any) -> None:
@@ -251,8 +282,9 @@ def _ignore(_ok: bool, _value: Any) -> None:
 def _stream(calls: HubCalls, fn: Any, request: InferRequest, worker: NativeWorker[Any] | None,
             names: tuple[str, ...] | None) -> Iterator[Any]:
     inbox = ThreadInbox()
-    reader = ResponseIterator(inbox, names)
-    calls.submit(fn, (request, worker, inbox, reader), _ignore)
+    reading = _Reading()
+    reader = ResponseIterator(inbox, names, reading)
+    calls.submit(fn, (request, worker, inbox, reading), _ignore)  # not the reader: dropping it must free it
     return reader
 
 

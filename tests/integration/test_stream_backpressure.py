@@ -345,3 +345,64 @@ ensemble_scheduling { step [ { model_name: "flood" model_version: -1
     wait_for(lambda: (out / "ens.done").exists(), timeout=30, what="the model to be released")
     sent_at_end, cancelled = (out / "ens.done").read_text().split()
     assert int(sent_at_end) < count and cancelled == "True"
+
+
+HOLDER_PY = """
+import os, time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        gate = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "gate")
+        out = []
+        for request in requests:
+            ask = pb_utils.InferenceRequest(model_name="flood", request_id="bls", requested_output_names=["INDEX"],
+                                            inputs=[pb_utils.Tensor("COUNT", np.array([5000], np.int32)),
+                                                    pb_utils.Tensor("SIZE", np.array([1], np.int32))])
+            responses = ask.exec(decoupled=True)
+            for _ in range(6000):  # the test opens the gate once it saw the target held back (or done)
+                if os.path.exists(gate):
+                    break
+                time.sleep(0.01)
+            first = [int(pb_utils.get_output_tensor_by_name(next(responses), "INDEX").as_numpy()[0])
+                     for _ in range(3)]
+            del responses  # dropped unread: the target is cancelled
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("FIRST", np.array(first, np.int32))]))
+        return out
+"""
+
+
+def test_a_bls_caller_that_does_not_read_holds_back_its_decoupled_target(tmp_path: Path) -> None:
+    """``exec(decoupled=True)`` pumped the target's responses into the caller's inbox without a bound: a
+    model that asked for 2000 responses of 1 MB and read none held 2 GB, and one that dropped the
+    iterator and returned left the target filling memory (second probe). Now the pump waits while the
+    caller has not taken the stream's bound, so the target's send() waits; dropping the iterator
+    cancels the target."""
+    repo, out = _flood_repo(tmp_path)
+    add_model(repo, "holder", """
+        backend: "python"
+        max_batch_size: 0
+        input [ { name: "X", data_type: TYPE_INT32, dims: [ 1 ] } ]
+        output [ { name: "FIRST", data_type: TYPE_INT32, dims: [ 3 ] } ]
+        """, HOLDER_PY)
+    server = ServerProcess(repo).wait_ready()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        x = grpcclient.InferInput("X", [1], "INT32")
+        x.set_data_from_numpy(np.array([1], np.int32))
+        results: queue.Queue = queue.Queue()
+        client.async_infer("holder", [x], lambda result, error: results.put((result, error)))
+        _blocked_or_done(server, out, "bls")
+        sent = int((out / "bls.sent").read_text())
+        assert not (out / "bls.done").exists() and sent <= 2 * BOUND_RESPONSES + 4, sent  # before: all 5000
+        (repo / "gate").write_text("open")
+        result, error = results.get(timeout=60)
+        assert error is None and result.as_numpy("FIRST").tolist() == [0, 1, 2]
+        wait_for(lambda: (out / "bls.done").exists(), timeout=60, what="the target to see it was cancelled")
+        done_sent, cancelled = (out / "bls.done").read_text().split()
+        assert cancelled == "True" and int(done_sent) < 5000
+    finally:
+        client.close()
+        server.stop()
