@@ -24,13 +24,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import gevent
+import gevent.event
 
 from .actors.bridge import (
     HubCalls,
+    HubSignal,
     NativeWorker,
     RunOnThread,
     ThreadInbox,
     current_worker,
+    native_lock,
     this_thread_hub,
     wait_on_hub,
 )
@@ -44,7 +47,6 @@ from .inference import InferInput, InferRequest, InferResponse, RequestedOutput
 from .protocol.dtypes import BY_ENUM_VALUE, from_numpy
 
 _END = object()  # the end of a decoupled BLS stream in its inbox
-_READ_POLL_S = 0.005  # how often a full BLS stream's pump looks whether the model read on
 
 
 class ServerCalls:
@@ -174,6 +176,8 @@ class ServerCalls:
         asked for 2000 responses of 1 MB and read none held 2 GB. Once the model cancelled its iterator,
         or dropped it, the next response closes the stream (the target then sees ``is_cancelled()``)."""
         target = None
+        read_on = gevent.event.Event()
+        reading.wake = HubSignal(read_on.set)  # the model's thread takes them: it wakes us past the bound
         try:
             target = self._enter(request, worker)
             responses = self.plane.infer_stream(request, internal=True).responses
@@ -181,7 +185,13 @@ class ServerCalls:
             for item, final in responses:
                 while not reading.cancelled and (count - reading.count >= STREAM_MAX_RESPONSES
                                                  or size_sum - reading.bytes > STREAM_MAX_BYTES):
-                    gevent.sleep(_READ_POLL_S)  # the model's thread takes them: polled, it has no hub to wake us
+                    read_on.clear()
+                    reading.waiting = True  # set, then looked again: the reader sees one or we see its count
+                    if reading.cancelled or (count - reading.count < STREAM_MAX_RESPONSES
+                                             and size_sum - reading.bytes <= STREAM_MAX_BYTES):
+                        break
+                    read_on.wait()
+                reading.waiting = False
                 if reading.cancelled:
                     responses.close()  # type: ignore[attr-defined]
                     break
@@ -193,6 +203,7 @@ class ServerCalls:
         except Exception as e:  # noqa: BLE001 - a bug of ours must still end the model's stream
             inbox.put((TritonError.internal(f"BLS stream failed: {e!r}"), True, 0))
         finally:
+            reading.close()
             if target is not None:
                 self._waits.leave(worker, target)
             inbox.put(_END)
@@ -240,6 +251,7 @@ class ResponseIterator:
 
     def __del__(self) -> None:
         self._reading.cancelled = True  # dropped unread: the pump stops and the target is cancelled
+        self._reading.wake_pump()
 
     def __iter__(self) -> ResponseIterator:
         return self
@@ -255,6 +267,8 @@ class ResponseIterator:
         value, _final, size = item
         reading = self._reading
         reading.count, reading.bytes = reading.count + 1, reading.bytes + size  # ints: one writer, the GIL
+        if reading.waiting:
+            reading.wake_pump()
         return _to_pb_response(value, self._names)
 
     def cancel(self) -> None:
@@ -263,16 +277,32 @@ class ResponseIterator:
         if not self._done:
             self._inbox.close()
         self._done = self._reading.cancelled = True
+        self._reading.wake_pump()
 
 
 class _Reading:
-    """What a model has read of a decoupled BLS stream (written by its thread, read by the pump)."""
+    """What a model has read of a decoupled BLS stream (written by its thread, read by the pump), and
+    the pump's wake-up while it waits at the bound (``waiting``)."""
 
-    __slots__ = ("count", "bytes", "cancelled")
+    __slots__ = ("count", "bytes", "cancelled", "waiting", "wake", "_lock")
 
     def __init__(self) -> None:
         self.count = self.bytes = 0
-        self.cancelled = False
+        self.cancelled = self.waiting = False
+        self.wake: HubSignal | None = None  # the pump's (made and closed in the hub)
+        self._lock = native_lock()  # a send never meets the close
+
+    def wake_pump(self) -> None:
+        """Any thread: the pump looks again (nothing once it is done)."""
+        with self._lock:
+            if self.wake is not None:
+                self.wake.send()
+
+    def close(self) -> None:
+        with self._lock:
+            wake, self.wake = self.wake, None
+        if wake is not None:
+            wake.close()
 
 
 def _ignore(_ok: bool, _value: Any) -> None:
