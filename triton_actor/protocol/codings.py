@@ -12,6 +12,7 @@ import io
 import zlib
 
 CODINGS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}  # name → zlib's wbits for it
+_WINDOW = 256 * 1024  # compressed bytes handed to zlib per call (what it leaves unconsumed is copied)
 LEVEL = 1  # answers are compressed for the wire, at zlib's fastest level
 
 
@@ -28,11 +29,13 @@ class Inflation:
     ``zlib.error`` for data that is not of the coding or ends early. :attr:`done` once the compressed
     stream ended (bytes after its end are ignored, as they were). One thread at a time may step it."""
 
-    __slots__ = ("_d", "_tail", "_first", "_out", "size", "limit", "_error")
+    __slots__ = ("_d", "_data", "_pos", "_tail", "_first", "_out", "size", "limit", "_error")
 
     def __init__(self, coding: str, data: bytes, limit: int) -> None:
         self._d = zlib.decompressobj(CODINGS[coding])  # KeyError for a coding we do not know
-        self._tail = data  # what zlib has not consumed yet
+        self._data = memoryview(data)  # the compressed input, fed a window at a time from _pos:
+        self._pos = 0  # zlib copies what a call leaves unconsumed, so the whole rest each call was quadratic
+        self._tail = b""  # what zlib left of the last window
         self._first = b""  # the first slice; most bodies are one
         self._out: io.BytesIO | None = None  # the slices, once there are more (getvalue() does not copy)
         self.size = 0
@@ -45,12 +48,24 @@ class Inflation:
 
     def step(self, n: int) -> None:
         """Inflate up to ``n`` more bytes (``n`` >= 1), then :meth:`check`."""
+        chunks: list[bytes] = []
+        want = n
         try:
-            chunk = self._d.decompress(self._tail, n)
+            while want > 0 and not self._d.eof:
+                data: bytes | memoryview = self._tail
+                if not data:
+                    if self._pos >= len(self._data):
+                        break
+                    data = self._data[self._pos:self._pos + _WINDOW]
+                    self._pos += len(data)
+                piece = self._d.decompress(data, want)
+                self._tail = self._d.unconsumed_tail
+                chunks.append(piece)
+                want -= len(piece)
         except zlib.error as e:
             self._error = str(e)
             return
-        self._tail = self._d.unconsumed_tail
+        chunk = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         if self._out is not None:
             self._out.write(chunk)
         elif self.size:
@@ -61,7 +76,8 @@ class Inflation:
         else:
             self._first = chunk
         self.size += len(chunk)
-        if len(chunk) < n and not self._d.eof and not self._tail and self.size <= self.limit:
+        if len(chunk) < n and not self._d.eof and not self._tail and self._pos >= len(self._data) \
+                and self.size <= self.limit:
             self._error = "truncated compressed data"  # zlib wanted more input than there is
 
     def check(self) -> None:
