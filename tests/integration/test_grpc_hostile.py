@@ -177,6 +177,50 @@ def test_tls_handshake_has_one_deadline_not_one_per_read(pki: Path, start_server
     assert closed and time.monotonic() - started < 4
 
 
+@pytest.mark.parametrize("alpn", [["http/1.1"], None], ids=["http1-only", "no-alpn"])
+def test_tls_without_alpn_h2_is_refused(pki: Path, start_server, alpn: list[str] | None) -> None:
+    """A TLS client that does not agree on ALPN h2 is closed after the handshake (grpc-go's and grpc-core's
+    rule); one that offers h2 gets our SETTINGS."""
+    import ssl
+
+    server = start_server(ROOT / "model_repository", flags=(
+        "--grpc-use-ssl=true", "--grpc-server-cert", str(pki / "server.pem"), "--grpc-server-key", str(pki / "server.key")))
+
+    def first_bytes(protocols: list[str] | None) -> bytes:
+        context = ssl.create_default_context(cafile=str(pki / "ca.pem"))
+        if protocols:
+            context.set_alpn_protocols(protocols)
+        with socket.create_connection(("127.0.0.1", server.grpc_port), timeout=10) as raw, \
+                context.wrap_socket(raw, server_hostname="localhost") as sock:
+            try:
+                sock.sendall(_PREFACE + _frame(4, 0, 0))
+                return sock.recv(9)
+            except OSError:
+                return b""
+
+    assert first_bytes(alpn) == b""
+    assert first_bytes(["h2"])[3] == 4  # a SETTINGS frame
+    _quick_infer(f"localhost:{server.grpc_port}", ssl=True, root_certificates=str(pki / "ca.pem"))
+
+
+@pytest.mark.parametrize("extra", [[("Content-Type", "application/grpc")], [("connection", "keep-alive")],
+                                   [("te", "gzip")]], ids=["uppercase", "connection", "te"])
+def test_malformed_header_blocks_are_reset(example_server: ServerProcess, extra: list) -> None:
+    """RFC 9113 §8.2: uppercase names and connection-specific fields make a request malformed: RST_STREAM
+    PROTOCOL_ERROR (as grpc-go), and the connection serves the next stream."""
+    enc = hpack.Encoder()
+    good = _BLOCK_FIELDS[:3] + [(":path", "/inference.GRPCInferenceService/ServerLive"), _BLOCK_FIELDS[4]]
+    with _connect(example_server) as sock:
+        sock.sendall(_PREFACE + _frame(4, 0, 0) + _frame(1, 4, 1, enc.encode(good + extra))
+                     + _frame(0, 1, 1, b"\0\0\0\0\0"))
+        frames = _read_frames(sock, until=3)
+        assert [(sid, struct.unpack(">I", p)[0]) for t, _, sid, p in frames if t == 3] == [(1, 0x1)]
+        sock.sendall(_frame(1, 4, 3, enc.encode(good)) + _frame(0, 1, 3, b"\0\0\0\0\0"))
+        frames = _read_frames(sock, until=1, flags=1)  # the trailers of stream 3: answered
+        assert any(t == 1 and sid == 3 for t, _, sid, _ in frames)
+    _quick_infer(example_server.grpc_url)
+
+
 def _identity_message() -> bytes:
     request = service_pb2.ModelInferRequest(model_name="identity_batch")
     request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 4])

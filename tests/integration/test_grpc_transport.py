@@ -223,7 +223,7 @@ def test_client_gone_mid_call_and_many_connections(start_server) -> None:
     """Connections that open a call and vanish, 50 at once: the server keeps serving, and nothing
     is left counted as running (the shutdown does not wait out its exit timeout)."""
     server = start_server(ROOT / "model_repository", flags=("--exit-timeout-secs", "120"))
-    block = hpack.Encoder().encode([(":method", "POST"), (":path", "/inference.GRPCInferenceService/ModelInfer"),
+    block = hpack.Encoder().encode([(":method", "POST"), (":scheme", "http"), (":path", "/inference.GRPCInferenceService/ModelInfer"),
                                     ("content-type", "application/grpc")])
 
     def rude() -> None:
@@ -262,7 +262,7 @@ def test_a_stream_opened_in_the_read_that_ends_the_connection_does_not_hold_shut
     """Ping strikes end the connection mid-read; a streaming call opened by the next frame of the
     same read must not stay counted as running (SIGTERM would then wait the whole exit timeout)."""
     server = start_server(ROOT / "model_repository", flags=("--exit-timeout-secs", "120"))
-    block = hpack.Encoder().encode([(":method", "POST"), (":path", "/inference.GRPCInferenceService/ModelStreamInfer"),
+    block = hpack.Encoder().encode([(":method", "POST"), (":scheme", "http"), (":path", "/inference.GRPCInferenceService/ModelStreamInfer"),
                                     ("content-type", "application/grpc")])
     with _connect(server) as sock:
         sock.sendall(_PREFACE + _frame(4, 0, 0) + b"".join(_frame(6, 0, 0, b"%08d" % i) for i in range(4))
@@ -275,7 +275,7 @@ def test_a_stream_opened_in_the_read_that_ends_the_connection_does_not_hold_shut
 
 
 def test_not_grpc_content_type_gets_415(example_server: ServerProcess) -> None:
-    block = hpack.Encoder().encode([(":method", "POST"), (":path", "/inference.GRPCInferenceService/ModelInfer"),
+    block = hpack.Encoder().encode([(":method", "POST"), (":scheme", "http"), (":path", "/inference.GRPCInferenceService/ModelInfer"),
                                     ("content-type", "text/plain")])
     with _connect(example_server) as sock:
         sock.sendall(_PREFACE + _frame(4, 0, 0) + _frame(1, 4, 1, block))
@@ -339,7 +339,7 @@ def test_random_frames_never_take_the_server_down(example_server: ServerProcess)
 
     rng = random.Random(1234)
     log_before = len(example_server.log())
-    block = hpack.Encoder().encode([(":method", "POST"), (":path", "/inference.GRPCInferenceService/ModelInfer"),
+    block = hpack.Encoder().encode([(":method", "POST"), (":scheme", "http"), (":path", "/inference.GRPCInferenceService/ModelInfer"),
                                     ("content-type", "application/grpc")])
     for _ in range(200):
         frames = [_frame(4, 0, 0)]

@@ -178,6 +178,66 @@ def test_trailers_end_the_stream_and_trailers_without_end_stream_reset_it() -> N
     assert conn.data_to_send() == rst(3, h2.PROTOCOL_ERROR)
 
 
+MALFORMED = [
+    pytest.param([("Content-Type", "application/grpc")], id="uppercase-name"),
+    pytest.param([("connection", "keep-alive")], id="connection"),
+    pytest.param([("transfer-encoding", "chunked")], id="transfer-encoding"),
+    pytest.param([("keep-alive", "5")], id="keep-alive"),
+    pytest.param([("upgrade", "h2c")], id="upgrade"),
+    pytest.param([("te", "gzip")], id="te-not-trailers"),
+    pytest.param([("x-a", "b\r\nx-injected: 1")], id="crlf-in-value"),
+    pytest.param([("x-a", " padded")], id="leading-space"),
+    pytest.param([("x a", "b")], id="space-in-name"),
+    pytest.param([("x:a", "b")], id="colon-in-name"),
+    pytest.param([(":status", "200")], id="response-pseudo-header"),
+    pytest.param([(":path", "/again")], id="repeated-pseudo-header"),
+]
+
+
+@pytest.mark.parametrize("extra", MALFORMED)
+def test_malformed_requests_are_stream_errors(extra: list) -> None:
+    """RFC 9113 §8.1.1: a malformed request is reset PROTOCOL_ERROR (as grpc-go and nginx do); the connection,
+    its HPACK table and the next request go on, and the reset counts toward rapid reset."""
+    conn = connected()
+    enc = hpack.Encoder()
+    debt = conn._reset_debt
+    events = conn.receive_data(frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, 1, enc.encode(REQUEST + extra)))
+    assert events == [] and conn.data_to_send() == rst(1, h2.PROTOCOL_ERROR)
+    assert conn._reset_debt == debt + 1 and not conn.closed and 1 not in conn.streams
+    events = request(conn, 3, end_stream=True, encoder=enc)  # the same encoder: its table went on
+    assert [type(e) for e in events] == [RequestReceived] and events[0].headers[b":method"] == b"POST"
+
+
+@pytest.mark.parametrize("fields", [
+    pytest.param([(":method", "POST"), (":path", "/p")], id="no-scheme"),
+    pytest.param([(":method", "POST"), (":scheme", "http"), (":path", "")], id="empty-path"),
+    pytest.param([("content-type", "application/grpc"), (":method", "POST"), (":scheme", "http"), (":path", "/p")],
+                 id="pseudo-after-regular"),
+])
+def test_requests_without_their_pseudo_headers_in_order_are_reset(fields: list) -> None:
+    conn = connected()
+    assert conn.receive_data(frame(h2.HEADERS, h2.END_HEADERS, 1, hpack.Encoder().encode(fields))) == []
+    assert conn.data_to_send() == rst(1, h2.PROTOCOL_ERROR)
+
+
+def test_a_valid_block_cached_then_sent_as_trailers_is_still_checked() -> None:
+    """The decoder caches valid blocks; what a block must hold depends on where it comes, so a cached
+    request block that comes back as trailers (pseudo-headers) is refused all the same."""
+    conn = connected()
+    block = hpack.Encoder().encode([hpack.NeverIndexedHeaderTuple(n, v) for n, v in REQUEST])  # moves no table
+    assert [type(e) for e in conn.receive_data(frame(h2.HEADERS, h2.END_HEADERS, 1, block))] == [RequestReceived]
+    assert conn.decoder.decode(block) is conn.decoder.decode(block)  # cached
+    events = conn.receive_data(frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, 1, block))
+    assert [(type(e), e.error_code) for e in events] == [(StreamReset, h2.PROTOCOL_ERROR)]
+
+
+def test_te_trailers_and_lowercase_grpc_headers_pass() -> None:
+    conn = connected()
+    extra = [("te", "trailers"), ("grpc-timeout", "1S"), ("user-agent", "grpc-c++/1.60 (linux; chttp2)")]
+    events = conn.receive_data(frame(h2.HEADERS, h2.END_HEADERS, 1, hpack.Encoder().encode(REQUEST + extra)))
+    assert [type(e) for e in events] == [RequestReceived] and events[0].headers[b"te"] == b"trailers"
+
+
 def test_data_after_the_peer_ended_the_stream_is_stream_closed() -> None:
     conn = connected()
     request(conn, 1, end_stream=True)

@@ -2,8 +2,8 @@
 
 Triton's flags: ``--grpc-server-cert`` / ``--grpc-server-key`` (PEM) are the server's identity;
 with ``--grpc-use-ssl-mutual`` a client must present a certificate that chains to
-``--grpc-root-cert``. gRPC clients require ALPN ``h2`` (grpc-core refuses a TLS connection that did
-not negotiate it), and TLS 1.2 is the floor HTTP/2 sets (RFC 9113 §9.2).
+``--grpc-root-cert``. Both sides require ALPN ``h2`` (grpc-core and grpc-go refuse a TLS connection that
+did not negotiate it; so does :func:`accept`), and TLS 1.2 is the floor HTTP/2 sets (RFC 9113 §9.2).
 """
 
 from __future__ import annotations
@@ -47,5 +47,18 @@ def accept(sock: socket.socket, context: ssl.SSLContext, timeout: float) -> ssl.
     except (OSError, ssl.SSLError) as e:
         log.debug("TLS handshake failed: %s", e)
         return None
+    if wrapped.selected_alpn_protocol() != "h2":
+        # a client that offered no ALPN, or only other protocols (OpenSSL then goes on without one):
+        # refused, as grpc-go (1.67 on) and grpc-core refuse a TLS connection that did not agree on h2
+        log.debug("TLS client did not negotiate ALPN h2: closed")
+        _close(wrapped)
+        return None
     wrapped.settimeout(None)
     return wrapped
+
+
+def _close(wrapped: ssl.SSLSocket) -> None:
+    try:
+        wrapped.close()
+    except OSError:
+        pass

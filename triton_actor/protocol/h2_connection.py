@@ -411,12 +411,16 @@ class H2Connection:
             self._headers_done(sid, first_flags, b"".join(parts), events, now)
 
     def _headers_done(self, sid: int, flags: int, block: bytes, events: list[Event], now: float) -> None:
-        headers = self.decoder.decode(block)  # always decoded: the HPACK table must follow the peer
+        try:
+            headers: h2.HeaderBlock | None = self.decoder.decode(block)  # always: the table follows the peer
+        except h2.MalformedHeaders:
+            headers = None
         end = bool(flags & h2.END_STREAM)
         stream = self.streams.get(sid)
         if stream is not None:  # trailers
-            if stream.remote_closed or not end:
-                self._reset(stream, h2.PROTOCOL_ERROR if not end else h2.STREAM_CLOSED, events)
+            if stream.remote_closed or not end or not _valid(h2.check_trailers, headers):
+                closed = end and stream.remote_closed
+                self._reset(stream, h2.STREAM_CLOSED if closed else h2.PROTOCOL_ERROR, events)
                 return
             stream.remote_closed = True
             events.append(StreamEnded(stream))
@@ -432,6 +436,11 @@ class H2Connection:
             self._out.append(h2.rst_stream(sid, h2.REFUSED_STREAM))
             if not self.going_away:
                 self._add_reset_debt()  # past the limit we advertised
+            return
+        if headers is None or not _valid(h2.check_request, headers):
+            self._spend()  # a malformed request (RFC 9113 §8.1.1): a stream error, counted as a reset
+            self._out.append(h2.rst_stream(sid, h2.PROTOCOL_ERROR))
+            self._add_reset_debt()
             return
         stream = H2Stream(sid, self.peer_initial_window, self.limits.initial_window, now)
         stream.remote_closed = end
@@ -772,6 +781,18 @@ class H2Connection:
         if self._idle_since is not None and lim.idle_timeout:
             times.append(self._idle_since + lim.idle_timeout)
         return min(times)
+
+
+def _valid(check: Any, headers: h2.HeaderBlock | None) -> bool:
+    """False if ``headers`` failed to decode as a valid block or fails ``check`` (a cached block was
+    checked when first decoded; what it must hold depends on where it comes, so that part runs each time)."""
+    if headers is None:
+        return False
+    try:
+        check(headers)
+    except h2.MalformedHeaders:
+        return False
+    return True
 
 
 def _tick_step_of(limits: Limits) -> float:

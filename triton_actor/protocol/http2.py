@@ -15,6 +15,7 @@ Bytes in, bytes out: no sockets and no gevent here (the connection state machine
 from __future__ import annotations
 
 import logging
+import re
 import struct
 from typing import Any
 
@@ -64,6 +65,11 @@ class ProtocolError(Exception):
     def __init__(self, message: str, code: int = PROTOCOL_ERROR) -> None:
         super().__init__(message)
         self.code = code
+
+
+class MalformedHeaders(Exception):
+    """A header block that decodes but is malformed (RFC 9113 §8.1.1, §8.2, §8.3): a stream error, answered
+    RST_STREAM(PROTOCOL_ERROR); the connection and its HPACK state go on."""
 
 
 # -- frames ---------------------------------------------------------------------------------------
@@ -212,7 +218,9 @@ class HeaderDecoder:
             # the class name, not hpack's text: some texts hold the repr of a memoryview, which put a
             # server heap address into the GOAWAY's debug data (and made it differ run to run)
             raise ProtocolError(f"bad header block ({type(e).__name__})", COMPRESSION_ERROR) from None
-        headers = HeaderBlock((bytes(name), bytes(value)) for name, value in fields)
+        fields = [(bytes(name), bytes(value)) for name, value in fields]
+        check_fields(fields)  # after decoding (the table moved with it), before caching: only valid blocks are kept
+        headers = HeaderBlock(fields)
         if self._table.changes != before:
             self._clear()  # blocks decoded earlier may point at entries that moved
             return headers
@@ -227,6 +235,48 @@ class HeaderDecoder:
     def _clear(self) -> None:
         self._cache.clear()
         self._cached_bytes = 0
+
+
+# RFC 9113 §8.2.1: a name holds no controls, space, DEL, bytes over 0x7F or uppercase letters, and no colon
+# but a pseudo-header's first; a value no NUL, CR or LF, and no whitespace at either end. grpc-go and nginx
+# refuse such requests (uppercase names reached our routes as headers the lookups never found).
+_BAD_NAME = re.compile(rb"[\x00-\x20A-Z\x7f-\xff]|.:")
+_BAD_VALUE = re.compile(rb"[\x00\r\n]|^[ \t]|[ \t]$")
+# §8.2.2: connection-specific fields; ``te`` may only say "trailers"
+_CONNECTION_SPECIFIC = frozenset((b"connection", b"proxy-connection", b"keep-alive", b"transfer-encoding", b"upgrade"))
+REQUEST_PSEUDO = frozenset((b":method", b":scheme", b":authority", b":path"))
+
+
+def check_fields(fields: list[tuple[bytes, bytes]]) -> None:
+    """Raise :class:`MalformedHeaders` for a field list no request (or trailer) block may hold: bad names
+    or values, connection-specific fields, pseudo-headers unknown, repeated or after a regular field
+    (§8.3). Which pseudo-headers a block must have depends on what it is: :func:`check_request`."""
+    regular = False
+    seen: set[bytes] = set()
+    for name, value in fields:
+        if not name or _BAD_NAME.search(name) or _BAD_VALUE.search(value):
+            raise MalformedHeaders(f"invalid header field {name[:64]!r}")
+        if name[0] == 0x3A:  # ":"
+            if regular or name not in REQUEST_PSEUDO or name in seen:
+                raise MalformedHeaders(f"misplaced, unknown or repeated pseudo-header {name[:64]!r}")
+            seen.add(name)
+        else:
+            regular = True
+            if name in _CONNECTION_SPECIFIC or (name == b"te" and value != b"trailers"):
+                raise MalformedHeaders(f"connection-specific header field {name!r}")
+
+
+def check_request(headers: dict[bytes, bytes]) -> None:
+    """A request's block has ``:method``, ``:scheme`` and a non-empty ``:path`` (§8.3.1; we do not
+    take CONNECT, whose block differs: it gets 405 / UNIMPLEMENTED from the routes)."""
+    if not headers.get(b":method") or not headers.get(b":scheme") or not headers.get(b":path"):
+        raise MalformedHeaders("request without :method, :scheme or :path")
+
+
+def check_trailers(headers: dict[bytes, bytes]) -> None:
+    """Trailers carry no pseudo-header (§8.1)."""
+    if any(name[:1] == b":" for name in headers):
+        raise MalformedHeaders("pseudo-header in trailers")
 
 
 def _check_size_updates(block: bytes) -> None:
