@@ -169,3 +169,48 @@ def test_an_http_client_that_leaves_while_its_request_runs_cancels_it(tmp_path: 
         wait_for(lambda: log.exists() and log.read_text() == "running\n", what="the request to run")
     wait_for(lambda: log.read_text().count("\n") == 2, what="the model to finish", timeout=40)
     assert log.read_text() == "running\ncancelled\n", "the model never saw is_cancelled()"
+
+
+@ISOLATION
+def test_a_raw_clients_grpc_timeout_cancels_its_call(tmp_path: Path, start_server, flags: tuple[str, ...]) -> None:
+    """``grpc-timeout`` from a hand-made client (grpcio's clients cancel on their own deadline; this one
+    never does): the queued call ends DEADLINE_EXCEEDED at its deadline, while the model is still busy,
+    and is never run (a grpc-core server, Triton's, cancels the call there)."""
+    import hpack
+    from tritonclient.grpc import service_pb2 as pb
+
+    from .test_grpc_transport import _PREFACE, _connect, _frame, _read_frames
+
+    log, gate = tmp_path / "executions.log", tmp_path / "gate"
+    repo = tmp_path / "repo"
+    add_gated_model(repo, "gated", log, gate)
+    server = start_server(repo, flags=flags)
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    answers: queue.Queue = queue.Queue()
+    request = pb.ModelInferRequest(model_name="gated")
+    request.inputs.add(name="INPUT0", datatype="FP32", shape=[1])
+    request.raw_input_contents.append(np.array([2.0], np.float32).tobytes())
+    message = request.SerializeToString()
+    block = hpack.Encoder().encode([
+        (":method", "POST"), (":scheme", "http"), (":authority", "x"),
+        (":path", "/inference.GRPCInferenceService/ModelInfer"), ("content-type", "application/grpc"),
+        ("te", "trailers"), ("grpc-timeout", "300m")])
+    try:
+        client.async_infer("gated", _input(1.0), callback=lambda result, error: answers.put((result, error)))
+        wait_for(lambda: log.exists() and log.read_text() == "1.0\n", what="the first request to run")
+        with _connect(server) as sock:
+            sock.sendall(_PREFACE + _frame(4, 0, 0) + _frame(1, 4, 1, block)
+                         + _frame(0, 1, 1, b"\0" + len(message).to_bytes(4, "big") + message))
+            frames = _read_frames(sock, until=1, flags=1, timeout=20)  # the trailers, with the gate shut
+        trailers = [dict(hpack.Decoder().decode(p)) for t, f, sid, p in frames if t == 1 and f & 1 and sid == 1]
+        assert trailers and trailers[-1].get("grpc-status") == "4", trailers
+        assert log.read_text() == "1.0\n"
+        gate.write_text("open")
+        result, error = answers.get(timeout=10)
+        assert error is None and result.as_numpy("OUTPUT0").tolist() == [1.0]
+        third = client.infer("gated", _input(3.0))
+        assert third.as_numpy("OUTPUT0").tolist() == [3.0]
+        assert log.read_text() == "1.0\n3.0\n", "the call past its deadline ran"
+    finally:
+        gate.write_text("open")
+        client.close()

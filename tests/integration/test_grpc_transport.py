@@ -332,6 +332,36 @@ def test_a_cancelled_stream_cancels_a_model_waiting_to_answer(tmp_path, start_se
     assert time.monotonic() - started < 60, "a cancelled stream kept the model (and the shutdown) waiting"
 
 
+def test_a_streams_grpc_timeout_ends_it_and_cancels_its_model(tmp_path, start_server) -> None:
+    """A hand-made client's ``grpc-timeout`` on ModelStreamInfer: at the deadline the stream ends
+    DEADLINE_EXCEEDED after the responses already sent, and the model waiting to answer is cancelled
+    (so the server stops at once)."""
+    from .server import IDENTITY_CONFIG, add_model
+
+    add_model(tmp_path, "waits", IDENTITY_CONFIG + "\nmodel_transaction_policy { decoupled: true }\n",
+              UNTIL_CANCELLED_PY)
+    server = start_server(tmp_path, flags=("--exit-timeout-secs", "200"))
+    req = pb.ModelInferRequest(model_name="waits")
+    req.inputs.add(name="INPUT0", datatype="FP32", shape=[1])
+    req.raw_input_contents.append(np.ones(1, np.float32).tobytes())
+    message = req.SerializeToString()
+    block = hpack.Encoder().encode([(":method", "POST"), (":scheme", "http"), (":authority", "x"),
+                                    (":path", "/inference.GRPCInferenceService/ModelStreamInfer"),
+                                    ("content-type", "application/grpc"), ("te", "trailers"), ("grpc-timeout", "1S")])
+    with _connect(server) as sock:  # the client's side stays open: only the deadline ends the call
+        sock.sendall(_PREFACE + _frame(4, 0, 0) + _frame(1, 4, 1, block)
+                     + _frame(0, 0, 1, b"\0" + len(message).to_bytes(4, "big") + message))
+        frames = _read_frames(sock, until=1, flags=1, timeout=30)
+    data = b"".join(p for t, _, sid, p in frames if t == 0 and sid == 1)
+    response = pb.ModelStreamInferResponse.FromString(data[5:])
+    assert np.frombuffer(response.infer_response.raw_output_contents[0], np.float32).tolist() == [1.0]
+    trailers = dict(hpack.Decoder().decode(next(p for t, f, sid, p in frames[::-1] if t == 1 and f & 1)))
+    assert trailers["grpc-status"] == "4", trailers
+    started = time.monotonic()
+    assert server.stop() == 0
+    assert time.monotonic() - started < 60, "the stream's deadline did not cancel the model"
+
+
 def test_random_frames_never_take_the_server_down(example_server: ServerProcess) -> None:
     """200 connections of well-formed frame heads with random types, flags, streams and payloads
     (seeded): each may be answered or closed; the server keeps serving."""

@@ -94,3 +94,13 @@ def test_grpc_messages_split_across_reads() -> None:
 
 def test_percent_encoding() -> None:
     assert h2.percent_encode("ok: 100% é\n") == b"ok: 100%25 %C3%A9%0A"
+
+
+@pytest.mark.parametrize(("value", "seconds"), [
+    (b"1S", 1.0), (b"300m", 0.3), (b"2H", 7200.0), (b"5M", 300.0), (b"99999999u", 99.999999), (b"7n", 7e-9),
+    (b"0S", 0.0), (None, None), (b"", None), (b"S", None), (b"1s", None), (b"123456789S", None), (b"-1S", None),
+    (b"1.5S", None), (b" 1S", None),
+])
+def test_grpc_timeout_is_parsed_as_grpc_core_does(value: bytes | None, seconds: float | None) -> None:
+    got = h2.parse_timeout(value)
+    assert got == pytest.approx(seconds) if seconds is not None else got is None

@@ -96,6 +96,7 @@ def route(methods: dict[bytes, Method], headers: h2.HeaderBlock) -> tuple[Method
     return found
 
 
+_DEADLINE = Refused(DEADLINE_EXCEEDED, "Deadline Exceeded")  # grpc-core's status text
 _MOST_MESSAGE = 2048  # characters of a status message (grpc's clients take 8-16 KiB of headers)
 
 
@@ -103,7 +104,8 @@ class Call:
     """One gRPC call on one stream; its life is its handler's (``started`` … :meth:`finish`)."""
 
     __slots__ = ("conn", "stream", "sid", "method", "encoding", "buf", "inbox", "send_lock", "greenlet",
-                 "input_done", "done", "finished", "started", "requests", "errors_end_stream", "held", "kept")
+                 "input_done", "done", "finished", "started", "requests", "errors_end_stream", "held", "kept",
+                 "deadline", "expired")
 
     STREAM_REQUESTS = 128  # ModelStreamInfer requests running at once on one stream; more wait in the inbox
 
@@ -126,6 +128,36 @@ class Call:
         self.errors_end_stream = False
         self.held = 0  # bytes of the request memory budget this call holds (budget.py)
         self.kept = 0  # of them, the bytes of a stream's messages received whole and not answered yet
+        self.deadline: Any = None  # the hub's timer for the client's grpc-timeout, while it runs
+        self.expired = False  # the client's deadline passed: the call ends DEADLINE_EXCEEDED
+
+    def set_deadline(self, timeout: float | None) -> None:
+        """The client's ``grpc-timeout``: when it passes before the call is over, the call's work is
+        cancelled (the request leaves the queue, a running model sees ``is_cancelled()``) and the client
+        gets DEADLINE_EXCEEDED, as a grpc-core server (Triton's) cancels a call at its deadline. A client
+        of grpcio cancels on its own deadline too; a hand-made one kept the call running for ever."""
+        if timeout is None:
+            return
+        self.deadline = gevent.get_hub().loop.timer(max(0.0, timeout))
+        self.deadline.start(gevent.spawn, self.expire)  # fired in the loop: the work needs a greenlet
+
+    def expire(self) -> None:
+        """The deadline passed (its own greenlet)."""
+        if self.done or self.finished:
+            return
+        self.expired = True
+        if self.inbox is not None:  # a stream: its greenlet sends the status once its senders are gone
+            if not self.input_done:
+                self.refuse(_DEADLINE)
+            if self.requests is not None:
+                self._stop_waiting(self.requests)
+            return
+        if not self.input_done:
+            self.input_done = True
+            self.buf = bytearray()
+            self.conn.h2.consumed(self.stream)
+        self.send_status(_DEADLINE.status, _DEADLINE.message)
+        self.cancel()
 
     # -- events from the reader ---------------------------------------------------------------
     def begin(self, end_stream: bool) -> None:
@@ -275,6 +307,9 @@ class Call:
         """The call's handler is done (or never ran): it no longer counts as running."""
         if not self.finished:
             self.finished = True
+            if self.deadline is not None:
+                self.deadline.close()
+                self.deadline = None
             if self.held:
                 self.conn.server.budget.release(self.held)
                 self.held = 0
@@ -408,6 +443,8 @@ class Call:
                     continue
                 group.spawn(self._stream_one, request, size + inflated)  # waits while STREAM_REQUESTS run
             group.join()
+            if refused is None and self.expired:
+                refused = _DEADLINE
             if refused is not None:  # its senders are done: the status can go out
                 self.send_status(refused.status, refused.message)
             else:

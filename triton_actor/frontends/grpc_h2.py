@@ -34,7 +34,7 @@ import gevent.pool
 
 from ..protocol import h2_connection as h2c
 from ..protocol import restricted
-from ..protocol.http2 import CANCEL
+from ..protocol.http2 import CANCEL, parse_timeout
 from ..protocol.restricted import Restrictions
 from ..settings import Settings, default_grpc_max_connections
 from . import tls
@@ -345,6 +345,7 @@ class Connection:
                 return
         self.calls += 1
         self.server.call_started()
+        call.set_deadline(parse_timeout(event.headers.get(b"grpc-timeout")))
         if method.streaming:
             call.errors_end_stream = event.headers.get(b"triton_grpc_error", b"").lower() == b"true"
         call.begin(event.end_stream)

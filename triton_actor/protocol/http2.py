@@ -317,6 +317,18 @@ def pending_length(buf: bytearray) -> int:
     return _GRPC_PREFIX.unpack_from(buf)[1] if len(buf) >= 5 else 0
 
 
+_TIMEOUT_UNITS = {0x48: 3600.0, 0x4D: 60.0, 0x53: 1.0, 0x6D: 1e-3, 0x75: 1e-6, 0x6E: 1e-9}  # H M S m u n
+
+
+def parse_timeout(value: bytes | None) -> float | None:
+    """``grpc-timeout`` (1 to 8 digits, then a unit: H M S m u n) in seconds; None when absent or not of
+    that form, which grpc-core (Triton's runtime) ignores as we do."""
+    if not value or not 2 <= len(value) <= 9 or not value[:-1].isdigit():
+        return None
+    unit = _TIMEOUT_UNITS.get(value[-1])
+    return None if unit is None else int(value[:-1]) * unit
+
+
 def percent_encode(text: str) -> bytes:
     """``grpc-message``'s encoding: printable ASCII but '%' as is, everything else %XX of UTF-8."""
     out = bytearray()
