@@ -39,6 +39,11 @@ they got and the resident memory left above idle after them. ``--gzip answer``: 
     .venv/bin/python scripts/bench_hostile.py --gzip grpc --big 1 --mib 2047
     .venv/bin/python scripts/bench_hostile.py --gzip http --big 40 --mib 64
     .venv/bin/python scripts/bench_hostile.py --gzip answer --big 4 --mib 60
+
+``--scrape N``: instead of big requests, N clients scrape ``/metrics`` back to back (each on its own
+keep-alive connection) for ``--duration`` s beside the small clients; reports the scrapes answered.
+
+    .venv/bin/python scripts/bench_hostile.py --scrape 32 --duration 20
 """
 
 from __future__ import annotations
@@ -304,6 +309,24 @@ def _gzip_answer(port: int, n: int) -> tuple[str, float]:
     return f"{resp.status} {resp.getheader('Content-Encoding')} {len(got) >> 20} MiB", time.perf_counter() - t0
 
 
+def _scraper(port: int, stop: threading.Event, out: list[float]) -> None:
+    """Scrape ``/metrics`` back to back on one keep-alive connection until ``stop``."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    while not stop.is_set():
+        t0 = time.perf_counter()
+        try:
+            conn.request("GET", "/metrics")
+            resp = conn.getresponse()
+            resp.read()
+        except OSError:
+            conn.close()
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            continue
+        if resp.status == 200:
+            out.append(time.perf_counter() - t0)
+    conn.close()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--big", type=int, default=4, help="clients sending one big JSON request each")
@@ -323,8 +346,9 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=30.0, help="--slow: seconds the small clients run")
     ap.add_argument("--gzip", choices=("http", "grpc", "answer"),
                     help="big requests: gzip bombs of --mib MiB inflated (http, grpc), or gzip answers of --mib MiB")
+    ap.add_argument("--scrape", type=int, default=0, help="clients scraping /metrics back to back (instead of --big)")
     args = ap.parse_args()
-    if args.slow:
+    if args.slow or args.scrape:
         args.big, args.mib = 0, 0.0
 
     n = int(args.mib * 2**20 / len("0.123456789,"))
@@ -359,9 +383,10 @@ def main() -> int:
         Path(tmp, "echo", "1").mkdir(parents=True)
         Path(tmp, "echo", "config.pbtxt").write_text(ECHO_CONFIG)
         Path(tmp, "echo", "1", "model.py").write_text(ECHO_MODEL)
-        port, grpc_port = _free_port(), _free_port()
+        port, grpc_port, metrics_port = _free_port(), _free_port(), _free_port()
+        metrics = ["--metrics-port", str(metrics_port)] if args.scrape else ["--allow-metrics", "false"]
         cmd = [sys.executable, "-m", "triton_actor", "--model-repository", tmp, "--http-port", str(port),
-               "--grpc-port", str(grpc_port), "--allow-metrics", "false",
+               "--grpc-port", str(grpc_port), *metrics,
                "--http-max-input-size", str(max(len(big) + 1024, int(args.slow_mib * 2**20),
                                                 int(args.mib * 2**20) + 1024 if args.gzip else 0)),
                *args.flags.split()]
@@ -402,6 +427,8 @@ def main() -> int:
             slows = [threading.Thread(target=_slow_clients, args=(port, args.slow_mib, args.slow_every, stop,
                                                                    slow_results, args.reopen))
                      for _ in range(args.slow)]
+            scrapes: list[float] = []
+            slows += [threading.Thread(target=_scraper, args=(metrics_port, stop, scrapes)) for _ in range(args.scrape)]
             for t in slows:
                 t.start()
             if slows:
@@ -442,6 +469,10 @@ def main() -> int:
         for answer, _ in big_results:
             answers[str(answer)] = answers.get(str(answer), 0) + 1
         summary["big_ok"] = answers
+    if args.scrape:
+        scraped = sorted(scrapes)
+        summary["scrapes"] = len(scraped)
+        summary["scrape_median_ms"] = round(statistics.median(scraped) * 1000, 1) if scraped else None
     if args.slow:
         answers: dict[str, list[float]] = {}
         for answer, seconds in slow_results:
