@@ -12,6 +12,7 @@ from typing import NoReturn
 
 from . import __version__, fastpath, runtime_settings
 from .metrics.config import parse_metrics_config
+from .protocol.codings import GRPC_LEVELS
 from .repository import remote
 from .settings import Settings, default_grpc_max_connections
 
@@ -73,6 +74,9 @@ def _grpc_transport_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grpc-max-concurrent-streams", type=int, default=128, help="HTTP/2 streams per connection")
     p.add_argument("--grpc-header-timeout-secs", type=float, default=60.0,
                    help="a TLS handshake, HTTP/2 preface or header block must complete within this")
+    p.add_argument("--grpc-infer-response-compression-level", choices=GRPC_LEVELS, default="none",
+                   help="compress ModelInfer / ModelStreamInfer answers for clients that accept gzip or deflate "
+                        "(grpc-core's choice per level: low gzip, medium and high deflate when both are accepted)")
     p.add_argument("--grpc-idle-timeout-secs", type=float, default=180.0,
                    help="close gRPC connections without open HTTP/2 streams after this (0 = never)")
 
@@ -88,7 +92,8 @@ def _grpc_tls(args: argparse.Namespace) -> dict[str, object]:
                 grpc_max_connections=args.grpc_max_connections or default_grpc_max_connections(),
                 grpc_max_concurrent_streams=args.grpc_max_concurrent_streams,
                 grpc_header_timeout_secs=args.grpc_header_timeout_secs,
-                grpc_idle_timeout_secs=args.grpc_idle_timeout_secs)
+                grpc_idle_timeout_secs=args.grpc_idle_timeout_secs,
+                grpc_infer_response_compression_level=args.grpc_infer_response_compression_level)
 
 
 def _metrics_flags(p: argparse.ArgumentParser) -> None:

@@ -43,6 +43,8 @@ class Settings:
     grpc_max_concurrent_streams: int = 128  # HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS (nginx's default)
     grpc_header_timeout_secs: float = 60.0  # TLS handshake, preface, SETTINGS or a header block (nginx's)
     grpc_idle_timeout_secs: float = 180.0  # a connection without open streams is closed (GOAWAY); 0 = never
+    # Triton's --grpc-infer-response-compression-level: none, low, medium, high (codings.grpc_response_coding)
+    grpc_infer_response_compression_level: str = "none"
     metrics_port: int = 8002
     allow_metrics: bool = True  # GET /metrics on metrics_address:metrics_port (triton_actor.metrics)
     metrics_address: str = "0.0.0.0"

@@ -37,8 +37,9 @@ def _message(size: int) -> bytes:
 
 def _head(sid: int, method: str = "ModelInfer") -> bytes:
     return _frame(1, 4, sid, hpack.Encoder().encode([
-        (":method", "POST"), (":scheme", "http"), (":authority", "x"), ("content-type", "application/grpc"),
-        (":path", f"/inference.GRPCInferenceService/{method}"), ("grpc-encoding", "gzip")]))
+        (":method", "POST"), (":scheme", "http"), (":authority", "x"),
+        (":path", f"/inference.GRPCInferenceService/{method}"), ("content-type", "application/grpc"),
+        ("grpc-encoding", "gzip")]))
 
 
 def _data(sid: int, message: bytes, end_stream: bool = True) -> bytes:

@@ -52,6 +52,10 @@ GRPC_STATUS: dict[Code, int] = {
 RESPONSE_HEAD = h2.encode_headers([(b":status", b"200"), (b"content-type", b"application/grpc"),
                                    (b"grpc-accept-encoding", b"identity,deflate,gzip")])
 OK_TRAILERS = h2.encode_headers([(b"grpc-status", b"0")])
+CODED_HEADS = {coding: h2.encode_headers([(b":status", b"200"), (b"content-type", b"application/grpc"),
+                                          (b"grpc-encoding", coding.encode()),
+                                          (b"grpc-accept-encoding", b"identity,deflate,gzip")])
+               for coding in codings.CODINGS}
 _END = object()  # the client closed its side of a stream
 _GONE = object()  # the stream is over (reset, or the connection closed)
 
@@ -105,7 +109,7 @@ class Call:
 
     __slots__ = ("conn", "stream", "sid", "method", "encoding", "buf", "inbox", "send_lock", "greenlet",
                  "input_done", "done", "finished", "started", "requests", "errors_end_stream", "held", "kept",
-                 "deadline", "expired")
+                 "deadline", "expired", "out_coding")
 
     STREAM_REQUESTS = 128  # ModelStreamInfer requests running at once on one stream; more wait in the inbox
 
@@ -130,6 +134,7 @@ class Call:
         self.kept = 0  # of them, the bytes of a stream's messages received whole and not answered yet
         self.deadline: Any = None  # the hub's timer for the client's grpc-timeout, while it runs
         self.expired = False  # the client's deadline passed: the call ends DEADLINE_EXCEEDED
+        self.out_coding: str | None = None  # its answers' grpc-encoding (--grpc-infer-response-compression-level)
 
     def set_deadline(self, timeout: float | None) -> None:
         """The client's ``grpc-timeout``: when it passes before the call is over, the call's work is
@@ -267,13 +272,14 @@ class Call:
         limit = self.conn.server.max_send
         if len(payload) > limit:
             raise Refused(RESOURCE_EXHAUSTED, f"Sent message larger than max ({len(payload)} vs. {limit})")
-        msg, conn, h2c = h2.grpc_message(payload), self.conn, self.conn.h2
+        msg, conn, h2c = self._message(payload), self.conn, self.conn.h2
+        head = RESPONSE_HEAD if self.out_coding is None else CODED_HEADS[self.out_coding]
         try:
-            if final and h2c.send_response(self.sid, RESPONSE_HEAD, msg, OK_TRAILERS):
+            if final and h2c.send_response(self.sid, head, msg, OK_TRAILERS):
                 self.done = True
                 return conn.flush()
             if not self.stream.headers_sent:
-                h2c.send_headers(self.sid, RESPONSE_HEAD)
+                h2c.send_headers(self.sid, head)
             view = memoryview(msg)
             while view:
                 if not conn.wait_window(self.stream):
@@ -284,6 +290,15 @@ class Call:
         except StreamClosedError:
             return False
         return self.send_status(OK, "") if final else conn.flush()
+
+    def _message(self, payload: bytes) -> bytes:
+        """``payload`` framed; compressed in the call's coding when that makes it smaller (grpc-core sends
+        a message that does not shrink as it is, flag 0). A big one is compressed off the hub."""
+        if self.out_coding is not None and payload:
+            compressed = compression.compress(self.out_coding, [payload])
+            if len(compressed) < len(payload):
+                return h2.grpc_message(compressed, compressed=True)
+        return h2.grpc_message(payload)
 
     def send_status(self, status: int, message: str) -> bool:
         """The call's trailers (a trailers-only response if nothing was sent yet); ends the stream."""
@@ -395,6 +410,9 @@ class Call:
             return
         if not pending.reply.ready():
             self.greenlet = gevent.spawn(self._answer, lambda: servicer.finish_infer(request, pending).SerializeToString())
+            return
+        if self.out_coding is not None:  # compressed in its own greenlet (a big answer, on a thread)
+            self.greenlet = gevent.spawn(self._answer, lambda: payload)
             return
         try:
             sent = len(payload) <= self.conn.server.max_send and \

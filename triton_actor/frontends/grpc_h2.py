@@ -32,8 +32,8 @@ import gevent.event
 import gevent.lock
 import gevent.pool
 
+from ..protocol import codings, restricted
 from ..protocol import h2_connection as h2c
-from ..protocol import restricted
 from ..protocol.http2 import CANCEL, parse_timeout
 from ..protocol.restricted import Restrictions
 from ..settings import Settings, default_grpc_max_connections
@@ -71,8 +71,10 @@ class GrpcH2Server:
     def __init__(self, servicer: GrpcServicer, address: str, port: int, options: dict[str, Any] | None = None,
                  limits: h2c.Limits | None = None, max_connections: int = 0,
                  ssl_context: ssl.SSLContext | None = None, restrictions: Restrictions | None = None,
-                 budget: ByteBudget | None = None, slots: ConnectionSlots | None = None) -> None:
+                 budget: ByteBudget | None = None, slots: ConnectionSlots | None = None,
+                 response_compression: str = "none") -> None:
         opts = dict(options or {})
+        self.response_compression = response_compression  # --grpc-infer-response-compression-level
         self.budget = budget or ByteBudget(0)  # request bytes held by all calls (budget.py)
         self.slots = slots or ConnectionSlots()  # descriptors of all ports (descriptors.py)
         self.restrictions = restrictions or None  # --grpc-restricted-protocol; None: no check at all
@@ -113,7 +115,7 @@ class GrpcH2Server:
                                      s.grpc_use_ssl_mutual) if s.grpc_use_ssl else None
         restrictions = Restrictions(s.grpc_restricted_protocol, "--grpc-restricted-protocol")
         return cls(servicer, s.grpc_address, s.grpc_port, dict(s.grpc_options), limits, s.grpc_max_connections,
-                   context, restrictions, budget, slots)
+                   context, restrictions, budget, slots, s.grpc_infer_response_compression_level)
 
     def start(self, listener: socket.socket | None = None) -> int:
         """Bind and start serving; returns the bound port (``port`` 0 picks a free one). ``listener``: a
@@ -346,6 +348,9 @@ class Connection:
         self.calls += 1
         self.server.call_started()
         call.set_deadline(parse_timeout(event.headers.get(b"grpc-timeout")))
+        if method.infer or method.streaming:
+            call.out_coding = codings.grpc_response_coding(self.server.response_compression,
+                                                          event.headers.get(b"grpc-accept-encoding"))
         if method.streaming:
             call.errors_end_stream = event.headers.get(b"triton_grpc_error", b"").lower() == b"true"
         call.begin(event.end_stream)

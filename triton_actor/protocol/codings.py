@@ -130,6 +130,25 @@ def response_coding(accept_encoding: str | None) -> str | None:
     return None if best == "identity" else best
 
 
+GRPC_LEVELS = ("none", "low", "medium", "high")  # Triton's --grpc-infer-response-compression-level
+_GRPC_RANKING = ("gzip", "deflate")  # grpc-core's ranking, in increasing order of compression
+
+
+def grpc_response_coding(level: str, accept_encoding: bytes | None) -> str | None:
+    """The coding of a gRPC call's answers at this compression ``level`` (None: identity), as grpc-core
+    picks it (``grpc_compression_algorithm_for_level``, which Triton's level flag drives): of gzip and
+    deflate, those the client lists in ``grpc-accept-encoding``, in that rank; ``low`` takes the first,
+    ``medium`` the middle one, ``high`` the last."""
+    if level == "none" or not accept_encoding:
+        return None
+    accepted = {name.strip().lower() for name in accept_encoding.decode("latin-1").split(",")}
+    supported = [name for name in _GRPC_RANKING if name in accepted]
+    if not supported:
+        return None
+    index = {"low": 0, "medium": len(supported) // 2}.get(level, len(supported) - 1)
+    return supported[index]
+
+
 def _quality(params: str) -> float | None:
     for param in params.split(";"):
         key, _, value = param.partition("=")

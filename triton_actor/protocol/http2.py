@@ -295,9 +295,9 @@ def _check_size_updates(block: bytes) -> None:
 
 
 # -- gRPC -----------------------------------------------------------------------------------------
-def grpc_message(payload: bytes) -> bytes:
-    """One length-prefixed, uncompressed gRPC message."""
-    return _GRPC_PREFIX.pack(0, len(payload)) + payload
+def grpc_message(payload: bytes, compressed: bool = False) -> bytes:
+    """One length-prefixed gRPC message (``compressed``: in the call's ``grpc-encoding``)."""
+    return _GRPC_PREFIX.pack(compressed, len(payload)) + payload
 
 
 def split_messages(buf: bytearray) -> list[tuple[int, bytes]]:
