@@ -37,7 +37,7 @@ from .actors.bridge import (
     this_thread_hub,
     wait_on_hub,
 )
-from .actors.response_channel import STREAM_MAX_BYTES, STREAM_MAX_RESPONSES, response_bytes
+from .actors.response_channel import STREAM_MAX_BYTES, STREAM_MAX_RESPONSES, ChannelResponses
 from .backends.python import triton_python_backend_utils as pb_utils
 from .backends.python.triton_python_backend_utils import server_calls as hooks
 from .bls_waits import WaitGraph
@@ -174,7 +174,8 @@ class ServerCalls:
         the model has not taken :data:`STREAM_MAX_RESPONSES` of them or :data:`STREAM_MAX_BYTES`, so the
         target's ``send()`` waits in turn (response_channel.py) instead of filling memory: a model that
         asked for 2000 responses of 1 MB and read none held 2 GB. Once the model cancelled its iterator,
-        or dropped it, the next response closes the stream (the target then sees ``is_cancelled()``)."""
+        or dropped it, the next response closes the stream (the target then sees ``is_cancelled()``).
+        The sizes are the response channel's (each response is measured once, where it is sent)."""
         target = None
         read_on = gevent.event.Event()
         reading.wake = HubSignal(read_on.set)  # the model's thread takes them: it wakes us past the bound
@@ -182,7 +183,7 @@ class ServerCalls:
             target = self._enter(request, worker)
             responses = self.plane.infer_stream(request, internal=True).responses
             count = size_sum = 0
-            for item, final in responses:
+            for item, final, size in _sized(responses):
                 while not reading.cancelled and (count - reading.count >= STREAM_MAX_RESPONSES
                                                  or size_sum - reading.bytes > STREAM_MAX_BYTES):
                     read_on.clear()
@@ -195,7 +196,6 @@ class ServerCalls:
                 if reading.cancelled:
                     responses.close()  # type: ignore[attr-defined]
                     break
-                size = response_bytes(item)
                 count, size_sum = count + 1, size_sum + size
                 inbox.put((item, final, size))
         except TritonError as e:
@@ -232,6 +232,14 @@ def _settle(future: asyncio.Future[Any], ok: bool, value: Any, names: tuple[str,
         future.set_result(iter([_to_pb_response(v, names) for v in value]))
     else:
         future.set_result(_to_pb_response(value, names))
+
+
+def _sized(responses: Iterator[tuple[Any, bool]]) -> Iterator[tuple[Any, bool, int]]:
+    """Hub greenlet: ``(item, final, size)`` of a streamed inference, sized by its response channel
+    (a non-decoupled target's single response counts 0: it never waits)."""
+    if isinstance(responses, ChannelResponses):
+        return iter(responses.next_sized, None)
+    return ((item, final, 0) for item, final in responses)
 
 
 class ResponseIterator:
