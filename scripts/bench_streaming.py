@@ -6,7 +6,10 @@ its final flag. One client at a time asks for them and reads them all:
 
 * ``grpc tokens``: ``ModelStreamInfer`` (tritonclient.grpc), 20000 responses of 16 bytes (a token stream);
 * ``grpc large``: the same, 400 responses of 1 MiB;
-* ``sse tokens``: ``generate_stream`` (HTTP, Server-Sent Events), 5000 responses of 16 bytes.
+* ``sse tokens``: ``generate_stream`` (HTTP, Server-Sent Events), 5000 responses of 16 bytes;
+* ``bls exec`` / ``bls async``: a Python model ``bls_reader`` reads 20000 responses of 16 bytes of
+  ``burst`` through BLS, ``exec(decoupled=True)`` or ``await async_exec(decoupled=True)``, and answers
+  one unary gRPC request with their count.
 
 Prints the median over ``--rounds`` of responses/s (and MB/s) from the request to the final response,
 the server's CPU time per response (user + system: less sensitive than wall time to a busy machine),
@@ -61,7 +64,35 @@ class TritonPythonModel:
             sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
 """
-CASES = (("grpc tokens", "grpc", 20000, 16), ("grpc large", "grpc", 400, 1 << 20), ("sse tokens", "sse", 5000, 16))
+BLS_READER_CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [ { name: "COUNT", data_type: TYPE_INT32, dims: [ 1 ] }, { name: "SIZE", data_type: TYPE_INT32, dims: [ 1 ] },
+        { name: "ASYNC", data_type: TYPE_BOOL, dims: [ 1 ] } ]
+output [ { name: "READ", data_type: TYPE_INT32, dims: [ 1 ] } ]
+instance_group [ { count: 1, kind: KIND_CPU } ]
+"""
+BLS_READER_PY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    async def execute(self, requests):
+        out = []
+        for request in requests:
+            inputs = [pb_utils.get_input_tensor_by_name(request, name) for name in ("COUNT", "SIZE")]
+            ask = pb_utils.InferenceRequest(model_name="burst", inputs=inputs, requested_output_names=["OUT"])
+            if pb_utils.get_input_tensor_by_name(request, "ASYNC").as_numpy().reshape(-1)[0]:
+                responses = await ask.async_exec(decoupled=True)
+            else:
+                responses = ask.exec(decoupled=True)
+            read = sum(1 for response in responses if not response.has_error())
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("READ", np.array([read], np.int32))]))
+        return out
+"""
+CASES = (("grpc tokens", "grpc", 20000, 16), ("grpc large", "grpc", 400, 1 << 20), ("sse tokens", "sse", 5000, 16),
+         ("bls exec", "bls exec", 20000, 16), ("bls async", "bls async", 20000, 16))
 
 
 def grpc_stream(url: str, count: int, size: int) -> float:
@@ -84,6 +115,31 @@ def grpc_stream(url: str, count: int, size: int) -> float:
     client.stop_stream()
     client.close()
     return elapsed
+
+
+def bls_stream(url: str, count: int, size: int, use_async: bool) -> float:
+    """Seconds for ``bls_reader`` to read ``count`` responses of ``burst`` through BLS (and the final one)."""
+    client = grpcclient.InferenceServerClient(url)
+    inputs = []
+    for name, value, dtype in (("COUNT", count, np.int32), ("SIZE", size, np.int32), ("ASYNC", use_async, bool)):
+        x = grpcclient.InferInput(name, [1], "BOOL" if dtype is bool else "INT32")
+        x.set_data_from_numpy(np.array([value], dtype))
+        inputs.append(x)
+    t0 = time.perf_counter()
+    read = int(client.infer("bls_reader", inputs, client_timeout=300).as_numpy("READ")[0])
+    elapsed = time.perf_counter() - t0
+    client.close()
+    if read != count + 1:
+        raise SystemExit(f"bls_reader read {read} responses of {count} and the final one")
+    return elapsed
+
+
+def run_case(kind: str, http: int, grpc: int, count: int, size: int) -> float:
+    if kind == "grpc":
+        return grpc_stream(f"127.0.0.1:{grpc}", count, size)
+    if kind == "sse":
+        return sse_stream(f"127.0.0.1:{http}", count, size)
+    return bls_stream(f"127.0.0.1:{grpc}", count, size, kind == "bls async")
 
 
 def sse_stream(url: str, count: int, size: int) -> float:
@@ -114,10 +170,11 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        model = Path(tmp) / "repo" / "burst"
-        (model / "1").mkdir(parents=True)
-        (model / "config.pbtxt").write_text(BURST_CONFIG)
-        (model / "1" / "model.py").write_text(BURST_PY)
+        for name, config, source in (("burst", BURST_CONFIG, BURST_PY), ("bls_reader", BLS_READER_CONFIG, BLS_READER_PY)):
+            model = Path(tmp) / "repo" / name
+            (model / "1").mkdir(parents=True)
+            (model / "config.pbtxt").write_text(config)
+            (model / "1" / "model.py").write_text(source)
         http, grpc = free_port(), free_port()
         proc = subprocess.Popen([sys.executable, "-m", "triton_actor", "--model-repository", str(model.parent),
                                  "--http-port", str(http), "--http-address", "127.0.0.1", "--grpc-port", str(grpc),
@@ -127,14 +184,14 @@ def main() -> int:
             wait_ready(http, proc)
             grpc_stream(f"127.0.0.1:{grpc}", 100, 16)  # warm up both paths
             sse_stream(f"127.0.0.1:{http}", 100, 16)
+            bls_stream(f"127.0.0.1:{grpc}", 100, 16, True)
             print(f"{'case':<12} {'responses/s':>12} {'MB/s':>8} {'server CPU us/response':>23}   "
                   f"(median of {args.rounds})")
             for name, kind, count, size in CASES:
                 times, cpus = [], []
                 for _ in range(args.rounds):
                     cpu0 = cpu_s(proc.pid)
-                    times.append(grpc_stream(f"127.0.0.1:{grpc}", count, size) if kind == "grpc" else
-                                 sse_stream(f"127.0.0.1:{http}", count, size))
+                    times.append(run_case(kind, http, grpc, count, size))
                     cpus.append(cpu_s(proc.pid) - cpu0)
                 t = statistics.median(times)
                 cpu_us = statistics.median(cpus) / count * 1e6

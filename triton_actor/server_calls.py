@@ -20,7 +20,8 @@ model-control errors raise ``TritonModelException``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import gevent
@@ -37,7 +38,7 @@ from .actors.bridge import (
     this_thread_hub,
     wait_on_hub,
 )
-from .actors.response_channel import STREAM_MAX_BYTES, STREAM_MAX_RESPONSES, response_bytes
+from .actors.response_channel import STREAM_MAX_BYTES, STREAM_MAX_RESPONSES, ChannelResponses
 from .backends.python import triton_python_backend_utils as pb_utils
 from .backends.python.triton_python_backend_utils import server_calls as hooks
 from .bls_waits import WaitGraph
@@ -95,19 +96,22 @@ class ServerCalls:
         return _to_pb_response(result, names)
 
     def async_exec(self, request: Any, decoupled: bool) -> Any:
-        """``InferenceRequest.async_exec``: a future of the running asyncio loop. A decoupled call
-        collects every response first and the future gives an iterator over them."""
+        """``InferenceRequest.async_exec``: a future of the running asyncio loop. Decoupled, it gives
+        the same streamed iterator as ``exec`` once the first response (or error) is in, as Triton's
+        python backend does; a future cancelled (or dropped) before that cancels the target in turn."""
         worker = self._off_hub()
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         infer_request = _to_infer_request(request)
         names = infer_request.requested_output_names
-        fn = self._collect_on_hub if decoupled else self._infer_on_hub
+        if decoupled:
+            _stream(self._calls, self._stream_on_hub, infer_request, worker, names, _AsyncHandOver(loop, future))
+            return future
 
         def done(ok: bool, value: Any) -> None:  # hub thread: hand over to the loop's thread
-            loop.call_soon_threadsafe(_settle, future, ok, value, names, decoupled)
+            loop.call_soon_threadsafe(_settle, future, ok, value, names)
 
-        self._calls.submit(fn, (infer_request, worker), done)
+        self._calls.submit(self._infer_on_hub, (infer_request, worker), done)
         return future
 
     def load_model(self, model_name: str, config: str = "", files: dict[str, bytes] | None = None) -> None:
@@ -174,7 +178,8 @@ class ServerCalls:
         the model has not taken :data:`STREAM_MAX_RESPONSES` of them or :data:`STREAM_MAX_BYTES`, so the
         target's ``send()`` waits in turn (response_channel.py) instead of filling memory: a model that
         asked for 2000 responses of 1 MB and read none held 2 GB. Once the model cancelled its iterator,
-        or dropped it, the next response closes the stream (the target then sees ``is_cancelled()``)."""
+        or dropped it, the next response closes the stream (the target then sees ``is_cancelled()``).
+        The sizes are the response channel's (each response is measured once, where it is sent)."""
         target = None
         read_on = gevent.event.Event()
         reading.wake = HubSignal(read_on.set)  # the model's thread takes them: it wakes us past the bound
@@ -182,22 +187,13 @@ class ServerCalls:
             target = self._enter(request, worker)
             responses = self.plane.infer_stream(request, internal=True).responses
             count = size_sum = 0
-            for item, final in responses:
-                while not reading.cancelled and (count - reading.count >= STREAM_MAX_RESPONSES
-                                                 or size_sum - reading.bytes > STREAM_MAX_BYTES):
-                    read_on.clear()
-                    reading.waiting = True  # set, then looked again: the reader sees one or we see its count
-                    if reading.cancelled or (count - reading.count < STREAM_MAX_RESPONSES
-                                             and size_sum - reading.bytes <= STREAM_MAX_BYTES):
-                        break
-                    read_on.wait()
-                reading.waiting = False
-                if reading.cancelled:
+            for item, final, size in _sized(responses):
+                if not _wait_for_room(reading, read_on, count, size_sum):  # cancelled, or dropped unread
                     responses.close()  # type: ignore[attr-defined]
                     break
-                size = response_bytes(item)
                 count, size_sum = count + 1, size_sum + size
                 inbox.put((item, final, size))
+                reading.started()
         except TritonError as e:
             inbox.put((e, True, 0))
         except Exception as e:  # noqa: BLE001 - a bug of ours must still end the model's stream
@@ -207,37 +203,32 @@ class ServerCalls:
             if target is not None:
                 self._waits.leave(worker, target)
             inbox.put(_END)
-
-    def _collect_on_hub(self, request: InferRequest, worker: NativeWorker[Any] | None) -> list[Any]:
-        """Every response of a streamed inference (``async_exec(decoupled=True)``)."""
-        target = None
-        try:
-            target = self._enter(request, worker)
-            return [item for item, _final in self.plane.infer_stream(request, internal=True).responses]
-        except TritonError as e:
-            return [e]
-        finally:
-            if target is not None:
-                self._waits.leave(worker, target)
+            reading.started()  # an error, or no response at all: the iterator is handed over all the same
 
 
-def _settle(future: asyncio.Future[Any], ok: bool, value: Any, names: tuple[str, ...] | None,
-            decoupled: bool) -> None:
+def _settle(future: asyncio.Future[Any], ok: bool, value: Any, names: tuple[str, ...] | None) -> None:
     """The asyncio loop's thread: complete an ``async_exec`` future."""
     if future.cancelled():
         return
     if not ok:
         future.set_exception(value)
-    elif decoupled:
-        future.set_result(iter([_to_pb_response(v, names) for v in value]))
     else:
         future.set_result(_to_pb_response(value, names))
 
 
+def _sized(responses: Iterator[tuple[Any, bool]]) -> Iterator[tuple[Any, bool, int]]:
+    """Hub greenlet: ``(item, final, size)`` of a streamed inference, sized by its response channel
+    (a non-decoupled target's single response counts 0: it never waits)."""
+    if isinstance(responses, ChannelResponses):
+        return iter(responses.next_sized, None)
+    return ((item, final, 0) for item, final in responses)
+
+
 class ResponseIterator:
-    """What ``exec(decoupled=True)`` returns: the target's responses as they come (the last one may
-    have no outputs: a final flag without a response). ``cancel()`` stops reading; the target sees
-    ``is_cancelled()`` once the stream is closed."""
+    """What ``exec(decoupled=True)`` returns, and awaiting ``async_exec(decoupled=True)`` gives: the
+    target's responses as they come (the last one may have no outputs: a final flag without a
+    response). ``next()`` blocks the calling thread (the asyncio loop's too, as Triton's does).
+    ``cancel()`` stops reading; the target sees ``is_cancelled()`` once the stream is closed."""
 
     def __init__(self, inbox: ThreadInbox, names: tuple[str, ...] | None, reading: _Reading) -> None:
         self._inbox = inbox
@@ -281,15 +272,17 @@ class ResponseIterator:
 
 
 class _Reading:
-    """What a model has read of a decoupled BLS stream (written by its thread, read by the pump), and
-    the pump's wake-up while it waits at the bound (``waiting``)."""
+    """What a model has read of a decoupled BLS stream (written by its thread, read by the pump), the
+    pump's wake-up while it waits at the bound (``waiting``), and for ``async_exec`` how the iterator
+    reaches the model once the first item is in (``hand_over``, called once, in the hub)."""
 
-    __slots__ = ("count", "bytes", "cancelled", "waiting", "wake", "_lock")
+    __slots__ = ("count", "bytes", "cancelled", "waiting", "wake", "hand_over", "_lock")
 
-    def __init__(self) -> None:
+    def __init__(self, hand_over: Callable[[], None] | None = None) -> None:
         self.count = self.bytes = 0
         self.cancelled = self.waiting = False
         self.wake: HubSignal | None = None  # the pump's (made and closed in the hub)
+        self.hand_over = hand_over
         self._lock = native_lock()  # a send never meets the close
 
     def wake_pump(self) -> None:
@@ -298,6 +291,13 @@ class _Reading:
             if self.wake is not None:
                 self.wake.send()
 
+    def started(self) -> None:
+        """Hub: the first item is in the inbox (or the stream ended): hand the iterator over, once. The
+        pump holds the iterator only until then: dropped after, it is freed, and the target cancelled."""
+        hand_over, self.hand_over = self.hand_over, None
+        if hand_over is not None:
+            hand_over()
+
     def close(self) -> None:
         with self._lock:
             wake, self.wake = self.wake, None
@@ -305,15 +305,66 @@ class _Reading:
             wake.close()
 
 
+def _wait_for_room(reading: _Reading, read_on: gevent.event.Event, count: int, size_sum: int) -> bool:
+    """Hub greenlet (the pump): wait while the model has not taken :data:`STREAM_MAX_RESPONSES` of the
+    ``count`` put so far or :data:`STREAM_MAX_BYTES` of their ``size_sum``; False once it cancelled."""
+    while not reading.cancelled and (count - reading.count >= STREAM_MAX_RESPONSES
+                                     or size_sum - reading.bytes > STREAM_MAX_BYTES):
+        read_on.clear()
+        reading.waiting = True  # set, then looked again: the reader sees one or we see its count
+        if reading.cancelled or (count - reading.count < STREAM_MAX_RESPONSES
+                                 and size_sum - reading.bytes <= STREAM_MAX_BYTES):
+            break
+        read_on.wait()
+    reading.waiting = False
+    return not reading.cancelled
+
+
+class _AsyncHandOver:
+    """``async_exec(decoupled=True)``: its future gets the iterator on the asyncio loop's thread once the
+    pump has the first item. A future nobody holds any more, or that is done (cancelled: an
+    ``asyncio.wait_for`` that timed out...) does not get it: the iterator is dropped here, which cancels
+    the target, instead of waiting in the loop's queue for a loop that may not run again until the
+    model's next ``execute``. The future is held weakly for that (a model awaiting it holds it)."""
+
+    __slots__ = ("_loop", "_future", "reader")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any]) -> None:
+        self._loop = loop
+        self._future = weakref.ref(future)
+        self.reader: ResponseIterator | None = None  # set by _stream, dropped once handed over
+
+    def __call__(self) -> None:
+        """Hub thread (``done()`` only reads the future's state: it changes on the loop's thread)."""
+        reader, self.reader = self.reader, None
+        future = self._future()
+        if future is None or future.done():
+            return  # nobody will read it: dropped here, it cancels the target
+        try:
+            self._loop.call_soon_threadsafe(_hand_over, future, reader)
+        except RuntimeError:  # the loop is closed
+            pass
+
+
+def _hand_over(future: asyncio.Future[Any], reader: ResponseIterator) -> None:
+    """The asyncio loop's thread (the reader's)."""
+    if future.cancelled():
+        reader.cancel()
+    else:
+        future.set_result(reader)
+
+
 def _ignore(_ok: bool, _value: Any) -> None:
     """The pump reports through the inbox itself (it always ends with ``_END``)."""
 
 
 def _stream(calls: HubCalls, fn: Any, request: InferRequest, worker: NativeWorker[Any] | None,
-            names: tuple[str, ...] | None) -> Iterator[Any]:
+            names: tuple[str, ...] | None, hand_over: _AsyncHandOver | None = None) -> ResponseIterator:
     inbox = ThreadInbox()
-    reading = _Reading()
+    reading = _Reading(hand_over)
     reader = ResponseIterator(inbox, names, reading)
+    if hand_over is not None:
+        hand_over.reader = reader  # held until the first item is in, then only by the future
     calls.submit(fn, (request, worker, inbox, reading), _ignore)  # not the reader: dropping it must free it
     return reader
 

@@ -35,7 +35,7 @@ ISOLATION = pytest.mark.parametrize("flags", [(), ("--backend-config=python,isol
                                     ids=["in_process", "isolated"])
 
 FLOOD_PY = """
-import json, os
+import json, os, time
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -44,6 +44,14 @@ def _write(path, text):
     with open(path + ".tmp", "w") as f:
         f.write(text)
     os.replace(path + ".tmp", path)
+
+
+def _wait_for(path):
+    for _ in range(2000):  # 20 s
+        if os.path.exists(path):
+            return True
+        time.sleep(0.01)
+    return False
 
 
 class TritonPythonModel:
@@ -56,8 +64,12 @@ class TritonPythonModel:
             count = int(pb_utils.get_input_tensor_by_name(request, "COUNT").as_numpy().reshape(-1)[0])
             size = int(pb_utils.get_input_tensor_by_name(request, "SIZE").as_numpy().reshape(-1)[0])
             path = os.path.join(self.dir, request.request_id() or "anonymous")
+            gate = json.loads(request.parameters()).get("gate")  # wait for this file before response gate_at
             sent = 0
             for i in range(count):
+                if gate and i == json.loads(request.parameters())["gate_at"] and not _wait_for(gate):
+                    sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError("the gate never opened")))
+                    break
                 if sender.is_cancelled():
                     break
                 sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.full(size, i % 251, np.uint8)),
@@ -115,6 +127,14 @@ def _assert_held_back(server: ServerProcess, out: Path, rid: str, count: int, si
     assert not (out / f"{rid}.done").exists()
     assert streams["waiting_senders"] == 1 and streams["responses"] <= bound
     assert streams["bytes"] <= BOUND_BYTES + size + 4  # the bound, and the response that went over it
+
+
+def _sent_when_cancelled(out: Path, rid: str) -> int:
+    """Wait for the model to end request ``rid``; it must have seen it cancelled. How many it sent."""
+    wait_for(lambda: (out / f"{rid}.done").exists(), timeout=60, what="the model to see the request cancelled")
+    sent, cancelled = (out / f"{rid}.done").read_text().split()
+    assert cancelled == "True", f"the model sent {sent} responses of {rid} and never saw it cancelled"
+    return int(sent)
 
 
 def _flood_request(rid: str, count: int, size: int) -> pb.ModelInferRequest:
@@ -400,9 +420,181 @@ def test_a_bls_caller_that_does_not_read_holds_back_its_decoupled_target(tmp_pat
         (repo / "gate").write_text("open")
         result, error = results.get(timeout=60)
         assert error is None and result.as_numpy("FIRST").tolist() == [0, 1, 2]
-        wait_for(lambda: (out / "bls.done").exists(), timeout=60, what="the target to see it was cancelled")
-        done_sent, cancelled = (out / "bls.done").read_text().split()
-        assert cancelled == "True" and int(done_sent) < 5000
+        assert _sent_when_cancelled(out, "bls") < 5000
+    finally:
+        client.close()
+        server.stop()
+
+
+# awaits ``async_exec(decoupled=True)`` on ``flood``; MODE picks what it does with the iterator (see the tests)
+ASYNC_HOLDER_PY = """
+import asyncio, json, os
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def index(response):
+    return int(pb_utils.get_output_tensor_by_name(response, "INDEX").as_numpy()[0])
+
+
+def ask(rid, count, size, **parameters):
+    return pb_utils.InferenceRequest(model_name="flood", request_id=rid, parameters=parameters,
+                                     inputs=[pb_utils.Tensor("COUNT", np.array([count], np.int32)),
+                                             pb_utils.Tensor("SIZE", np.array([size], np.int32))])
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.dir = json.loads(args["model_config"])["parameters"]["dir"]["string_value"]
+
+    async def execute(self, requests):
+        out = []
+        for request in requests:
+            mode = pb_utils.get_input_tensor_by_name(request, "MODE").as_numpy()[0].decode()
+            result = await getattr(self, mode)()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([json.dumps(result).encode()],
+                                                                                    dtype=object))]))
+        return out
+
+    async def hold(self):  # read 3 of 2000 x 1 MiB, wait for the test's gate, drop the rest unread
+        responses = await ask("ahold", 2000, 1 << 20).async_exec(decoupled=True)
+        first = [index(next(responses)) for _ in range(3)]
+        gate = os.path.join(self.dir, "ahold.gate")
+        for _ in range(6000):
+            if os.path.exists(gate):
+                break
+            await asyncio.sleep(0.01)
+        del responses
+        return first
+
+    async def drop(self):  # read 3 of 5000, drop the iterator and return at once
+        responses = await ask("adrop", 5000, 1).async_exec(decoupled=True)
+        first = [index(next(responses)) for _ in range(3)]
+        del responses
+        return first
+
+    async def abandon(self):  # give up on the future before the target's first response
+        go = os.path.join(self.dir, "aabandon.go")
+        try:
+            await asyncio.wait_for(ask("aabandon", 5000, 1, gate=go, gate_at=0).async_exec(decoupled=True), 0.2)
+            timed_out = False
+        except asyncio.TimeoutError:
+            timed_out = True
+        open(go, "w").close()
+        return timed_out
+
+    async def forget(self):  # never await the future
+        ask("aforget", 5000, 1).async_exec(decoupled=True)
+        return True
+
+    async def all(self):  # read every one of 3000 x 4 KiB: the target sends the second once the first is read
+        go = os.path.join(self.dir, "aall.go")
+        responses = await ask("aall", 3000, 4096, gate=go, gate_at=1).async_exec(decoupled=True)
+        first = next(responses)
+        open(go, "w").close()
+        seen, errors, last_empty = [index(first)], [], False
+        contents = first.output_tensors()[0].as_numpy().tolist() == [0] * 4096
+        for response in responses:
+            if response.has_error():
+                errors.append(response.error().message())
+            elif not response.output_tensors():
+                last_empty = True
+            else:
+                i = index(response)
+                seen.append(i)
+                out = pb_utils.get_output_tensor_by_name(response, "OUT").as_numpy()
+                contents = contents and out.shape == (4096,) and bool((out == i % 251).all())
+        return {"count": len(seen), "in_order": seen == list(range(3000)), "contents": contents,
+                "last_empty": last_empty, "errors": errors}
+"""
+
+
+def _async_holder_repo(tmp_path: Path) -> tuple[Path, Path]:
+    repo, out = _flood_repo(tmp_path)
+    add_model(repo, "async_holder", f"""
+        backend: "python"
+        max_batch_size: 0
+        input [ {{ name: "MODE", data_type: TYPE_STRING, dims: [ 1 ] }} ]
+        output [ {{ name: "OUT", data_type: TYPE_STRING, dims: [ 1 ] }} ]
+        instance_group [ {{ count: 1, kind: KIND_CPU }} ]
+        parameters [ {{ key: "dir" value: {{ string_value: "{out}" }} }} ]
+        """, ASYNC_HOLDER_PY)
+    return repo, out
+
+
+def _mode(mode: str) -> list[grpcclient.InferInput]:
+    x = grpcclient.InferInput("MODE", [1], "BYTES")
+    x.set_data_from_numpy(np.array([mode.encode()], dtype=object))
+    return [x]
+
+
+def _answer(result: grpcclient.InferResult) -> object:
+    return json.loads(result.as_numpy("OUT")[0])
+
+
+def _rss_mb(server: ServerProcess) -> float:
+    for line in open(f"/proc/{server.proc.pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_a_bls_async_caller_that_reads_a_few_holds_back_its_decoupled_target(tmp_path: Path) -> None:
+    """Awaiting ``async_exec(decoupled=True)`` gave a list that the hub had collected of every response
+    first: a model that asked for 2000 responses of 1 MiB held 2 GB before it could read one. Now it
+    gives exec's streamed iterator, bounded the same way: the target's send() waits while the model has
+    not taken 1024 responses or 4 MiB; the iterator dropped unread cancels the target."""
+    repo, out = _async_holder_repo(tmp_path)
+    server = ServerProcess(repo).wait_ready()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        rss_before = _rss_mb(server)
+        results: queue.Queue = queue.Queue()
+        client.async_infer("async_holder", _mode("hold"), lambda result, error: results.put((result, error)))
+        _blocked_or_done(server, out, "ahold")
+        sent, grown = int((out / "ahold.sent").read_text()), _rss_mb(server) - rss_before
+        # 3 read, the pump's 4 MiB and the channel's (a 1 MiB response over the bound goes alone), one waiting
+        assert not (out / "ahold.done").exists() and sent <= 3 + 2 * 5 + 4, sent  # before: all 2000
+        assert grown < 128, f"the server grew by {grown:.0f} MB"  # before: about 2000
+        (out / "ahold.gate").write_text("open")
+        result, error = results.get(timeout=60)
+        assert error is None and _answer(result) == [0, 1, 2]
+        assert _sent_when_cancelled(out, "ahold") < 2000
+    finally:
+        client.close()
+        server.stop()
+
+
+def test_a_dropped_or_abandoned_async_bls_stream_cancels_its_target(tmp_path: Path) -> None:
+    """The iterator of ``async_exec(decoupled=True)`` dropped after 3 responses cancels the target (it
+    sent all 5000 before: the hub collected them before the model saw one); so does a future the model
+    stopped waiting for (``asyncio.wait_for``) before the first response came, or never awaited."""
+    repo, out = _async_holder_repo(tmp_path)
+    server = ServerProcess(repo).wait_ready()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        assert _answer(client.infer("async_holder", _mode("drop"))) == [0, 1, 2]
+        assert _sent_when_cancelled(out, "adrop") <= 2 * BOUND_RESPONSES + 4  # before: all 5000, not cancelled
+        assert _answer(client.infer("async_holder", _mode("abandon"))) is True
+        assert _sent_when_cancelled(out, "aabandon") <= 2 * BOUND_RESPONSES + 4  # before: all 5000, not cancelled
+        assert _answer(client.infer("async_holder", _mode("forget"))) is True
+        assert _sent_when_cancelled(out, "aforget") <= 2 * BOUND_RESPONSES + 4  # before: all 5000, not cancelled
+    finally:
+        client.close()
+        server.stop()
+
+
+def test_an_async_bls_stream_yields_every_response_in_order_as_it_comes(tmp_path: Path) -> None:
+    """3000 responses of 4 KiB (over both bounds) through ``async_exec(decoupled=True)`` arrive whole and
+    in order, then the flags-only final. The target sends the second only once the model read the first:
+    the future must give the iterator at the first response, not at the last (before, it waited for all,
+    so the target's gate timed out and the model read an error)."""
+    repo, _out = _async_holder_repo(tmp_path)
+    server = ServerProcess(repo).wait_ready()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        got = _answer(client.infer("async_holder", _mode("all"), client_timeout=120))
+        assert got == {"count": 3000, "in_order": True, "contents": True, "last_empty": True, "errors": []}
     finally:
         client.close()
         server.stop()

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from gevent import monkey
 
+from triton_actor.actors import response_channel
 from triton_actor.actors.response_channel import BoundedResponseChannel, ChannelResponses, response_bytes
 from triton_actor.inference import InferResponse
 
@@ -154,3 +155,21 @@ def test_response_bytes() -> None:
     assert response_bytes(InferResponse([("A", np.zeros((4, 4), np.float32)), ("B", np.zeros(3, np.int64))])) == 88
     text = np.array([b"x" * 100] * 1000, dtype=np.object_)
     assert response_bytes(InferResponse([("T", text)])) == 108 * 1000  # sampled: all alike here
+
+
+@pytest.mark.timeout(30)
+def test_each_response_is_sized_once_where_it_is_sent(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A consumer that keeps its own account (the BLS pump) takes the size the channel measured in
+    ``send()``: before, the pump measured every response again."""
+    measured = []
+    monkeypatch.setattr(response_channel, "response_bytes", lambda item: measured.append(item) or 7 * len(measured))
+    channel = BoundedResponseChannel(8, 1 << 20)
+    first, second = _response(3), _response(5)
+    channel.send(first, False)
+    channel.send(second, True)
+    responses = ChannelResponses(channel)
+    assert responses.next_sized() == (first, False, 7)
+    assert next(responses) == (second, True)  # the plain iterator still yields pairs
+    assert measured == [first, second] and channel.held[:2] == (0, 0)
+    with pytest.raises(StopIteration):
+        responses.next_sized()

@@ -112,6 +112,12 @@ class ResponseChannel:
                 raise gevent.Timeout(timeout)
         return items.popleft()
 
+    def receive_sized(self, timeout: float | None = None) -> tuple[Any, bool, int]:
+        """Like :meth:`receive`, with the item's size as the channel counted it (:func:`response_bytes`,
+        measured once, in ``send``; 0 where the channel counts no bytes)."""
+        item, final = self.receive(timeout)
+        return item, final, 0
+
     def wait_for_room(self) -> None:
         """Return when the channel may take more (at once: this one has no bound)."""
 
@@ -180,11 +186,16 @@ class BoundedResponseChannel(ResponseChannel):
         return len(self._items) <= self._resume_count and self._bytes_in - self._bytes_out <= self._resume_bytes
 
     def receive(self, timeout: float | None = None) -> Item:
-        item = super().receive(timeout)
-        self._bytes_out += self._sizes.popleft()
+        item, final, _size = self.receive_sized(timeout)
+        return item, final
+
+    def receive_sized(self, timeout: float | None = None) -> tuple[Any, bool, int]:
+        item, final = super().receive(timeout)
+        size = self._sizes.popleft()
+        self._bytes_out += size
         if self._waiters and self._has_room():
             self._wake_waiters()
-        return item
+        return item, final, size
 
     def wait_for_room(self) -> None:
         """Any thread but the hub greenlet: wait until the channel is down to half its bound, or its
@@ -312,12 +323,18 @@ class ChannelResponses:
         return self
 
     def __next__(self) -> Item:
+        item, final, _size = self.next_sized()
+        return item, final
+
+    def next_sized(self) -> tuple[Any, bool, int]:
+        """The next ``(item, final, size)``: the size the channel measured when the item was sent (a
+        consumer that keeps its own account, the BLS pump, does not measure a response again)."""
         if self._closed:
             raise StopIteration
-        item, final = self._channel.receive()
+        item, final, size = self._channel.receive_sized()
         if final:
             self.close()
-        return item, final
+        return item, final, size
 
     def close(self) -> None:
         if not self._closed:
