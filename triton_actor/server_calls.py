@@ -37,13 +37,13 @@ from .actors.bridge import (
     this_thread_hub,
     wait_on_hub,
 )
-from .actors.response_channel import STREAM_MAX_BYTES, STREAM_MAX_RESPONSES, response_bytes
+from .actors.response_channel import STREAM_MAX_BYTES, STREAM_MAX_RESPONSES
 from .backends.python import triton_python_backend_utils as pb_utils
 from .backends.python.triton_python_backend_utils import server_calls as hooks
 from .bls_waits import WaitGraph
 from .dataplane import DataPlane
 from .errors import TritonError
-from .inference import InferInput, InferRequest, InferResponse, RequestedOutput
+from .inference import InferInput, InferRequest, InferResponse, RequestedOutput, response_bytes
 from .protocol.dtypes import BY_ENUM_VALUE, from_numpy
 
 _END = object()  # the end of a decoupled BLS stream in its inbox

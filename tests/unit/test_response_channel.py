@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from gevent import monkey
 
-from triton_actor.actors.response_channel import BoundedResponseChannel, ChannelResponses, response_bytes
-from triton_actor.inference import InferResponse
+from triton_actor.actors.response_channel import BoundedResponseChannel, ChannelResponses
+from triton_actor.inference import InferResponse, response_bytes
 
 _start = monkey.get_original("_thread", "start_new_thread")
 _native_lock = monkey.get_original("_thread", "allocate_lock")
@@ -154,3 +154,31 @@ def test_response_bytes() -> None:
     assert response_bytes(InferResponse([("A", np.zeros((4, 4), np.float32)), ("B", np.zeros(3, np.int64))])) == 88
     text = np.array([b"x" * 100] * 1000, dtype=np.object_)
     assert response_bytes(InferResponse([("T", text)])) == 108 * 1000  # sampled: all alike here
+
+
+@pytest.mark.timeout(30)
+def test_put_never_waits_and_tells_what_was_taken() -> None:
+    """An isolated model's reader thread puts (its process keeps the bound with credits): nothing waits,
+    even far past the bound; each response taken is told with the size its producer counted."""
+    channel = BoundedResponseChannel(2, 100)
+    taken: list[tuple[int, bool]] = []
+    channel.on_taken = lambda size, final: taken.append((size, final))
+    done = _native_lock()
+    done.acquire()
+
+    def run() -> None:
+        for i in range(5):
+            channel.put(i, False, 70)
+        channel.put(None, True, 0)
+        done.release()
+
+    _start(run, ())
+    _until(lambda: not done.locked(), "the puts to return")
+    assert channel.held == (6, 350, 0)
+    channel.remote_waiting = True  # the producer said its send waits for credit
+    assert channel.held[2] == 1
+    got = [channel.receive(timeout=5) for _ in range(6)]
+    assert got == [(i, False) for i in range(5)] + [(None, True)]
+    assert taken == [(70, False)] * 5 + [(0, True)]
+    assert channel.window == (2, 100)
+    channel.close()
