@@ -160,3 +160,22 @@ def test_a_send_after_the_final_is_dropped() -> None:
     channel.send(_response(4), False)  # would wait for credit that never comes: dropped instead
     channel.send(None, True)
     assert len(process.responses()) == 1
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("ends", ["execute_failed", "final_from_another_thread"])
+def test_a_request_that_ends_releases_a_waiting_send(ends: str) -> None:
+    """``execute`` failed (the server ended the request with the error and forgot it), or another thread
+    of the model sent the final response: a send waiting for credit returns, dropped."""
+    process = _FakeProcess()
+    channel = process.channels[7] = ChildChannel(process, 7, Window(1, None))
+    thread = threading.Thread(target=lambda: [channel.send(_response(4), False) for _ in range(3)], daemon=True)
+    thread.start()
+    process.waits.get(timeout=10)
+    if ends == "execute_failed":
+        channel.finish()
+    else:
+        channel.send(None, True)
+    thread.join(10)
+    assert not thread.is_alive() and 7 not in process.channels
+    assert len(process.responses()) == (1 if ends == "execute_failed" else 2)

@@ -96,8 +96,11 @@ class ChildChannel:
                 return
             if final:
                 self._finished = True
+                self._room.notify_all()  # a send of another thread waiting for credit: dropped now
             elif not self._credit.may_send() and not self.cancelled:
                 self._wait_for_credit()
+                if self._finished:  # finish() while it waited
+                    return
             if self.cancelled:
                 if not final:
                     return
@@ -111,7 +114,7 @@ class ChildChannel:
         """Under ``_room``: the server is told this request's sender waits (its ``/status.json``
         ``streams.waiting_senders``), then told it goes on, in order with the responses."""
         self._process.send(("waiting", self.key, True))
-        while not self._credit.may_send() and not self.cancelled:
+        while not self._credit.may_send() and not self.cancelled and not self._finished:
             self._room.wait()
         self._process.send(("waiting", self.key, False))
 
@@ -123,6 +126,14 @@ class ChildChannel:
         with self._room:
             self.cancelled = True
             self._room.notify_all()
+
+    def finish(self) -> None:
+        """Main thread: ``execute`` failed, so the server ended the request with that error (as the final
+        response, and forgot it): later sends are dropped, a waiting one returns."""
+        with self._room:
+            self._finished = True
+            self._room.notify_all()
+        self._process.channels.pop(self.key, None)
 
     def grant(self, responses: int, size: int) -> None:
         """Reader thread: the client took ``responses`` (``size`` bytes): waiting sends may go on."""
@@ -259,7 +270,11 @@ class ModelProcess:
             _root.setLevel(log_level)
         if instance.decoupled:
             batch = [wire.request_from_wire(r, partial(self._channel, windows)) for r in requests]
-            return [wire.result_to_wire(r) for r in instance.execute(batch)]
+            results = instance.execute(batch)
+            for request, result in zip(batch, results, strict=True):
+                if isinstance(result, TritonError):  # the server ends the request with it: what follows is dropped
+                    request.responses.finish()
+            return [wire.result_to_wire(r) for r in results]
         batch = [wire.request_from_wire(r, self._cancel_flag) for r in requests]
         try:
             return [wire.result_to_wire(r) for r in instance.execute(batch)]
