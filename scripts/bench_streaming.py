@@ -16,7 +16,7 @@ the server's CPU time per response (user + system: less sensitive than wall time
 and the server's peak RSS (VmHWM). A server whose model runs ahead of the client holds what the client
 has not read yet; one that makes the model wait (actors/response_channel.py) holds at most its bound.
 
-    .venv/bin/python scripts/bench_streaming.py [--rounds 5]
+    .venv/bin/python scripts/bench_streaming.py [--rounds 5] [--isolated]
 """
 
 from __future__ import annotations
@@ -168,6 +168,7 @@ def peak_rss_mb(pid: int) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--isolated", action="store_true", help="the model in a process of its own (isolation=process)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         for name, config, source in (("burst", BURST_CONFIG, BURST_PY), ("bls_reader", BLS_READER_CONFIG, BLS_READER_PY)):
@@ -178,7 +179,8 @@ def main() -> int:
         http, grpc = free_port(), free_port()
         proc = subprocess.Popen([sys.executable, "-m", "triton_actor", "--model-repository", str(model.parent),
                                  "--http-port", str(http), "--http-address", "127.0.0.1", "--grpc-port", str(grpc),
-                                 "--grpc-address", "127.0.0.1", "--log-info=false", "--allow-metrics=false"],
+                                 "--grpc-address", "127.0.0.1", "--log-info=false", "--allow-metrics=false",
+                                 *(["--backend-config=python,isolation=process"] if args.isolated else [])],
                                 cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             wait_ready(http, proc)

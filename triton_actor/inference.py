@@ -71,3 +71,26 @@ class InferResponse:
     # (queue, compute_input, compute_infer, compute_output) ns as the serving scheduler measured them,
     # set on the way out for a caller that adds them up (an ensemble's statistics, as Triton's do)
     timings: tuple[int, int, int, int] | None = None
+
+
+_SAMPLED = 64  # elements of a BYTES output whose lengths are read; the rest are estimated from them
+
+
+def response_bytes(item: Any) -> int:
+    """Bytes a response's outputs hold (an error or a flags-only final: 0). A BYTES output's elements
+    are measured on at most :data:`_SAMPLED` of them, spread over the array (a bound, not an account)."""
+    if type(item) is not InferResponse:
+        return 0
+    total = 0
+    try:
+        for _name, array in item.outputs:
+            if array.dtype.kind != "O":
+                total += array.nbytes
+            elif array.size:
+                flat = array.reshape(-1)
+                sample = flat[::max(1, flat.size // _SAMPLED)][:_SAMPLED]
+                measured = sum(len(x) if isinstance(x, bytes | str) else 8 for x in sample)
+                total += (measured + 8 * len(sample)) * flat.size // len(sample)
+    except AttributeError:  # an output that is not an array: its encoder will say so, not the model's send()
+        pass
+    return total

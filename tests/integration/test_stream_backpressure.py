@@ -16,6 +16,7 @@ import json
 import queue
 import socket
 import struct
+import time
 import urllib.request
 from pathlib import Path
 
@@ -35,7 +36,7 @@ ISOLATION = pytest.mark.parametrize("flags", [(), ("--backend-config=python,isol
                                     ids=["in_process", "isolated"])
 
 FLOOD_PY = """
-import json, os, time
+import json, os, threading, time
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -56,33 +57,44 @@ def _wait_for(path):
 
 class TritonPythonModel:
     def initialize(self, args):
-        self.dir = json.loads(args["model_config"])["parameters"]["dir"]["string_value"]
+        parameters = json.loads(args["model_config"])["parameters"]
+        self.dir = parameters["dir"]["string_value"]
+        self.threaded = "threaded" in parameters  # each request on a thread of its own: several streams at once
 
     def execute(self, requests):
         for request in requests:
-            sender = request.get_response_sender()
-            count = int(pb_utils.get_input_tensor_by_name(request, "COUNT").as_numpy().reshape(-1)[0])
-            size = int(pb_utils.get_input_tensor_by_name(request, "SIZE").as_numpy().reshape(-1)[0])
-            path = os.path.join(self.dir, request.request_id() or "anonymous")
-            gate = json.loads(request.parameters()).get("gate")  # wait for this file before response gate_at
-            sent = 0
-            for i in range(count):
-                if gate and i == json.loads(request.parameters())["gate_at"] and not _wait_for(gate):
-                    sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError("the gate never opened")))
-                    break
-                if sender.is_cancelled():
-                    break
-                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.full(size, i % 251, np.uint8)),
-                                                        pb_utils.Tensor("INDEX", np.array([i], np.int32))]))
-                sent += 1
-                _write(path + ".sent", str(sent))
-            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-            _write(path + ".done", f"{sent} {sender.is_cancelled()}")
+            if self.threaded:
+                threading.Thread(target=self._answer, args=(request,), daemon=True).start()
+            else:
+                self._answer(request)
         return None
+
+    def _answer(self, request):
+        sender = request.get_response_sender()
+        count = int(pb_utils.get_input_tensor_by_name(request, "COUNT").as_numpy().reshape(-1)[0])
+        size = int(pb_utils.get_input_tensor_by_name(request, "SIZE").as_numpy().reshape(-1)[0])
+        rid = request.request_id() or "anonymous"
+        path = os.path.join(self.dir, rid)
+        gate = json.loads(request.parameters()).get("gate")  # wait for this file before response gate_at
+        sent = 0
+        for i in range(count):
+            if gate and i == json.loads(request.parameters())["gate_at"] and not _wait_for(gate):
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError("the gate never opened")))
+                break
+            if sender.is_cancelled():
+                break
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.full(size, i % 251, np.uint8)),
+                                                    pb_utils.Tensor("INDEX", np.array([i], np.int32))]))
+            sent += 1
+            _write(path + ".sent", str(sent))
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        _write(path + ".done", f"{sent} {sender.is_cancelled()}")
+        pb_utils.Logger.log_info(f"flood answered {rid}")
 """
 
 
-def _flood_repo(tmp_path: Path) -> tuple[Path, Path]:
+def _flood_repo(tmp_path: Path, parameters: str = "") -> tuple[Path, Path]:
+    """``parameters``: more entries of the model's config parameters (``threaded``, the isolation)."""
     repo, out = tmp_path / "repo", tmp_path / "out"
     out.mkdir()
     add_model(repo, "flood", f"""
@@ -94,7 +106,7 @@ def _flood_repo(tmp_path: Path) -> tuple[Path, Path]:
         output [ {{ name: "OUT", data_type: TYPE_UINT8, dims: [ -1 ] }},
                  {{ name: "INDEX", data_type: TYPE_INT32, dims: [ 1 ] }} ]
         instance_group [ {{ count: 1, kind: KIND_CPU }} ]
-        parameters [ {{ key: "dir" value: {{ string_value: "{out}" }} }} ]
+        parameters [ {{ key: "dir" value: {{ string_value: "{out}" }} }} {parameters} ]
         """, FLOOD_PY)
     return repo, out
 
@@ -203,24 +215,38 @@ class _ZeroWindowStream:
         self.sock.close()
 
 
-def _assert_serves_again(server: ServerProcess) -> None:
-    """The instance is not stuck: a new stream gets its three responses."""
+def stream_of(server: ServerProcess, rid: str, count: int, size: int, timeout: float = 30) -> float:
+    """Seconds a gRPC stream of ``flood`` took to get its ``count`` responses of ``size`` bytes, in
+    order (it fails after ``timeout`` s)."""
     got: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(server.grpc_url)
     try:
         client.start_stream(callback=lambda result, error: got.put((result, error)))
         inputs = []
-        for name, value in (("COUNT", 3), ("SIZE", 8)):
+        for name, value in (("COUNT", count), ("SIZE", size)):
             x = grpcclient.InferInput(name, [1], "INT32")
             x.set_data_from_numpy(np.array([value], np.int32))
             inputs.append(x)
-        client.async_stream_infer("flood", inputs, request_id="again")
-        answers = [got.get(timeout=30) for _ in range(3)]
-        assert [error for _, error in answers] == [None] * 3
-        assert [int(result.as_numpy("INDEX")[0]) for result, _ in answers] == [0, 1, 2]
+        start = time.monotonic()
+        client.async_stream_infer("flood", inputs, request_id=rid)
+        answers = []
+        for _ in range(count):
+            try:
+                answers.append(got.get(timeout=max(0.1, start + timeout - time.monotonic())))
+            except queue.Empty:
+                raise AssertionError(f"stream {rid!r} got {len(answers)} of {count} responses in {timeout} s") from None
+        took = time.monotonic() - start
+        assert [error for _, error in answers] == [None] * count
+        assert [int(result.as_numpy("INDEX")[0]) for result, _ in answers] == list(range(count))
+        return took
     finally:
         client.stop_stream()
         client.close()
+
+
+def _assert_serves_again(server: ServerProcess) -> None:
+    """The instance is not stuck: a new stream gets its three responses."""
+    stream_of(server, "again", 3, 8)
 
 
 @ISOLATION
@@ -249,11 +275,12 @@ def test_a_grpc_client_that_reads_nothing_holds_back_the_model(tmp_path: Path, s
     stream.close()
 
 
-def test_a_slow_grpc_reader_gets_every_response_in_order(tmp_path: Path, start_server) -> None:
-    """The window opens only as the client reads: the model waits again and again, and nothing is lost
-    or reordered."""
+@ISOLATION
+def test_a_slow_grpc_reader_gets_every_response_in_order(tmp_path: Path, start_server, flags: tuple[str, ...]) -> None:
+    """The window opens only as the client reads: the model waits again and again (isolated: for the
+    credits its process is granted as the client takes responses), and nothing is lost or reordered."""
     repo, out = _flood_repo(tmp_path)
-    server = start_server(repo)
+    server = start_server(repo, flags=flags)
     count, size = 600, 16 << 10  # 10 MB: the model waits after about 256
     stream = _ZeroWindowStream(server, _flood_request("slow", count, size))
     try:
@@ -333,8 +360,9 @@ def test_a_slow_http_reader_gets_every_event_in_order(tmp_path: Path, start_serv
     assert (out / "slow_sse.done").read_text() == f"{count} False"
 
 
-def test_a_decoupled_ensemble_holds_back_its_step_for_a_client_that_reads_nothing(tmp_path: Path,
-                                                                                 start_server) -> None:
+@ISOLATION
+def test_a_decoupled_ensemble_holds_back_its_step_for_a_client_that_reads_nothing(tmp_path: Path, start_server,
+                                                                                 flags: tuple[str, ...]) -> None:
     """An ensemble answers on the hub, where a send never waits: its step's reader stops reading the
     composing model while the ensemble's stream is full, and the model then waits at its own bound."""
     repo, out = _flood_repo(tmp_path)
@@ -349,7 +377,7 @@ ensemble_scheduling { step [ { model_name: "flood" model_version: -1
   input_map { key: "COUNT" value: "COUNT" } input_map { key: "SIZE" value: "SIZE" }
   output_map { key: "OUT" value: "OUT" } output_map { key: "INDEX" value: "INDEX" } } ] }
 """)
-    server = start_server(repo)
+    server = start_server(repo, flags=flags)
     count = 6000
     request = _flood_request("ens", count, 8)
     request.model_name = "flood_ens"

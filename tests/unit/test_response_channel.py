@@ -13,8 +13,8 @@ import pytest
 from gevent import monkey
 
 from triton_actor.actors import response_channel
-from triton_actor.actors.response_channel import BoundedResponseChannel, ChannelResponses, response_bytes
-from triton_actor.inference import InferResponse
+from triton_actor.actors.response_channel import BoundedResponseChannel, ChannelResponses
+from triton_actor.inference import InferResponse, response_bytes
 
 _start = monkey.get_original("_thread", "start_new_thread")
 _native_lock = monkey.get_original("_thread", "allocate_lock")
@@ -173,3 +173,31 @@ def test_each_response_is_sized_once_where_it_is_sent(monkeypatch: pytest.Monkey
     assert measured == [first, second] and channel.held[:2] == (0, 0)
     with pytest.raises(StopIteration):
         responses.next_sized()
+
+
+@pytest.mark.timeout(30)
+def test_put_never_waits_and_tells_what_was_taken() -> None:
+    """An isolated model's reader thread puts (its process keeps the bound with credits): nothing waits,
+    even far past the bound; each response taken is told with the size its producer counted."""
+    channel = BoundedResponseChannel(2, 100)
+    taken: list[tuple[int, bool]] = []
+    channel.on_taken = lambda size, final: taken.append((size, final))
+    done = _native_lock()
+    done.acquire()
+
+    def run() -> None:
+        for i in range(5):
+            channel.put(i, False, 70)
+        channel.put(None, True, 0)
+        done.release()
+
+    _start(run, ())
+    _until(lambda: not done.locked(), "the puts to return")
+    assert channel.held == (6, 350, 0)
+    channel.remote_waiting = True  # the producer said its send waits for credit
+    assert channel.held[2] == 1
+    got = [channel.receive(timeout=5) for _ in range(6)]
+    assert got == [(i, False) for i in range(5)] + [(None, True)]
+    assert taken == [(70, False)] * 5 + [(0, True)]
+    assert channel.window == (2, 100)
+    channel.close()

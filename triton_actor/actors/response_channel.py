@@ -16,7 +16,10 @@ a cancellation) it cancels and closes it: a waiting producer returns at once, an
 dropped, as Triton's python backend does for a cancelled request (``send()`` succeeds, the response goes
 nowhere; the model sees ``is_cancelled()``). The final response never waits; a sender on the hub thread
 never waits either (it would stop the hub): the ensemble's reader greenlets wait with
-:meth:`BoundedResponseChannel.wait_for_room` instead.
+:meth:`BoundedResponseChannel.wait_for_room` instead. Nor does an isolated model's reader thread, which
+carries every request of its process: it queues with :meth:`~BoundedResponseChannel.put`, which never
+waits; the model's process keeps the bound with credits (``protocol/stream_credits.py``), told what the
+consumer took through :attr:`~BoundedResponseChannel.on_taken`.
 
 Threads: ``send`` from any thread; ``receive``, ``close`` and the ``cancelled`` setter in the consumer's
 greenlet on the hub (where the channel is created). A waiting producer blocks its native thread on a lock
@@ -35,14 +38,14 @@ import gevent
 import gevent.event
 from gevent import monkey
 
-from ..inference import InferResponse
+from ..inference import response_bytes
+from ..protocol.stream_credits import Window
 from .bridge import native_lock, this_thread_hub
 
 _get_ident = monkey.get_original("_thread", "get_ident")
 
 STREAM_MAX_RESPONSES = 1024  # responses of one request a client's stream holds before the model's send() waits
 STREAM_MAX_BYTES = 4 << 20  # or bytes of their outputs (a larger response is let through alone)
-_SAMPLED = 64  # elements of a BYTES output whose lengths are read; the rest are estimated from them
 Item = tuple[Any, bool]  # (InferResponse | TritonError | None, final)
 
 
@@ -69,6 +72,15 @@ class ResponseChannel:
         self._cancelled = False
         self.on_cancel: Callable[[], None] | None = None
         self._send_lock = native_lock()  # senders may race on several threads, and with close()
+
+    @property
+    def window(self) -> Window | None:
+        """The bound of what a producer may have sent and the consumer not taken (None: none)."""
+        return None
+
+    def put(self, item: Any, final: bool, _size: int) -> None:
+        """Any thread: queue without ever waiting (this channel never does)."""
+        self.send(item, final)
 
     def send(self, item: Any, final: bool) -> None:
         """Any thread: queue one response (or error, or None for a flags-only final)."""
@@ -143,7 +155,7 @@ class BoundedResponseChannel(ResponseChannel):
     thread never waits, nor does anyone once the channel is closed or cancelled, or for the final response."""
 
     __slots__ = ("_max_count", "_max_bytes", "_resume_count", "_resume_bytes", "_sizes", "_bytes_in",
-                 "_bytes_out", "_waiters", "_hub_thread", "__weakref__")
+                 "_bytes_out", "_waiters", "_hub_thread", "on_taken", "remote_waiting", "__weakref__")
 
     def __init__(self, max_count: int, max_bytes: int | None = None) -> None:
         super().__init__()
@@ -156,26 +168,42 @@ class BoundedResponseChannel(ResponseChannel):
         self._bytes_out = 0  # bytes received, ever (written by the consumer)
         self._waiters: list[_LockWaiter | _HubWaiter] = []  # producers waiting for room (under the lock)
         self._hub_thread = _get_ident()
+        # a producer in another process (isolated.py) is told what was taken and says when it waits
+        self.on_taken: Callable[[int, bool], None] | None = None  # (size, final), in the consumer greenlet
+        self.remote_waiting = False  # its send waits for credit (written by the thread that reads it)
         _open.add(self)
 
     @property
     def held(self) -> tuple[int, int, int]:
         """(responses, bytes, waiting producers) now: what the consumer has not taken yet (a racy snapshot)."""
-        return len(self._items), self._bytes_in - self._bytes_out, len(self._waiters)
+        return len(self._items), self._bytes_in - self._bytes_out, len(self._waiters) + self.remote_waiting
+
+    @property
+    def window(self) -> Window:
+        return Window(self._max_count, self._max_bytes)
 
     def send(self, item: Any, final: bool) -> None:
         size = response_bytes(item) if self._max_bytes is not None else 0
+        if self._queue(item, final, size) and not final and self._over() and _get_ident() != self._hub_thread:
+            self.wait_for_room()
+
+    def put(self, item: Any, final: bool, size: int) -> None:
+        """Any thread: queue one response of ``size`` bytes without waiting, for a producer that keeps
+        the bound itself: an isolated model's process, through credits (``protocol/stream_credits.py``)."""
+        self._queue(item, final, size)
+
+    def _queue(self, item: Any, final: bool, size: int) -> bool:
+        """Whether it was queued (not after the final response, nor once closed)."""
         with self._send_lock:
             if self._final_sent or self._closed:
-                return
+                return False
             if final:
                 self._final_sent = True
             self._bytes_in += size
             self._sizes.append(size)  # before the item: the consumer pops a size for every item it takes
             self._items.append((item, final))
             self._wake.send()
-        if not final and self._over() and _get_ident() != self._hub_thread:
-            self.wait_for_room()
+        return True
 
     def _over(self) -> bool:
         max_bytes = self._max_bytes
@@ -195,6 +223,8 @@ class BoundedResponseChannel(ResponseChannel):
         self._bytes_out += size
         if self._waiters and self._has_room():
             self._wake_waiters()
+        if self.on_taken is not None:
+            self.on_taken(size, final)
         return item, final, size
 
     def wait_for_room(self) -> None:
@@ -286,26 +316,6 @@ def _waiter(hub_thread: int) -> _LockWaiter | _HubWaiter | None:
     if gevent.getcurrent() is hub:
         return None if _get_ident() == hub_thread else _LockWaiter()
     return _HubWaiter(hub)
-
-
-def response_bytes(item: Any) -> int:
-    """Bytes a response's outputs hold (an error or a flags-only final: 0). A BYTES output's elements
-    are measured on at most :data:`_SAMPLED` of them, spread over the array (a bound, not an account)."""
-    if type(item) is not InferResponse:
-        return 0
-    total = 0
-    try:
-        for _name, array in item.outputs:
-            if array.dtype.kind != "O":
-                total += array.nbytes
-            elif array.size:
-                flat = array.reshape(-1)
-                sample = flat[::max(1, flat.size // _SAMPLED)][:_SAMPLED]
-                measured = sum(len(x) if isinstance(x, bytes | str) else 8 for x in sample)
-                total += (measured + 8 * len(sample)) * flat.size // len(sample)
-    except AttributeError:  # an output that is not an array: its encoder will say so, not the model's send()
-        pass
-    return total
 
 
 class ChannelResponses:

@@ -11,7 +11,13 @@ answer itself (:mod:`.child_process`); meanwhile it serves the BLS and model-con
 makes, on this same thread (so the BLS wait graph sees the instance waiting, as in-process). Calls
 made while no command runs (a decoupled model's own threads) are served on a short-lived native
 thread each. Decoupled responses go from the process's reader thread straight into the requests'
-channels; a reply is handled only after what the model sent before it. A request's cancellation
+channels, never waiting there: each request's stream bound (1024 responses or 4 MiB not taken by its
+client, ``actors/response_channel.py``) is kept in the child by credits (``protocol/stream_credits.py``):
+the model's ``send()`` waits there, on the model's thread, and the hub grants credit back as the client
+takes responses (``("credit", key, responses, bytes)``, from a native thread). Before, the reader thread
+itself waited for a client that did not read, and every other request of the process, its logs and its
+call answers waited behind it (up to the 60 s window_timeout). A reply is handled only after what the
+model sent before it. A request's cancellation
 (``request.is_cancelled()``) reaches the process as a frame (``bridge.CancelWatch``: nothing polls);
 its custom metrics come back with each reply and when a scrape asks (``metrics_mirror.py``).
 
@@ -40,6 +46,7 @@ from typing import Any
 from ...actors.bridge import CancelWatch, start_native_thread
 from ...errors import TritonError
 from ...inference import InferRequest
+from ...protocol.stream_credits import CreditReturn
 from ...repository.config import ModelConfig
 from ..base import InstanceContext, Result
 from . import isolation_wire as wire
@@ -129,16 +136,33 @@ class _Session:
         return next(self._next_key)
 
     def key_for(self, channel: Any) -> int:
-        """The key of a decoupled request's channel; its client's going away is told to the child at once."""
+        """The key of a decoupled request's channel; its client's going away is told to the child at once,
+        and so is what its client takes (credits, when the channel has a bound: see :meth:`_taken`)."""
         with self._lock:
             key = self._keys.get(channel)
             if key is None:
                 key = next(self._next_key)
                 self._keys[channel], self._channels[key] = key, channel
                 channel.on_cancel = partial(start_native_thread, self._cancel_once, key)
+                if channel.window is not None:
+                    channel.on_taken = partial(self._taken, key, CreditReturn(channel.window))
         if channel.is_cancelled():  # gone before it was armed
             self._cancel_once(key)
         return key
+
+    def _taken(self, key: int, credits: CreditReturn, size: int, final: bool) -> None:
+        """The hub (the greenlet that takes the request's responses): the client took one; once half its
+        stream's window was taken, the child is told on a native thread (a pipe write may block: never
+        on the hub), which lets a send waiting for credit there go on."""
+        grant = None if final else credits.taken(size)
+        if grant is not None:
+            start_native_thread(self._grant, key, *grant)
+
+    def _grant(self, key: int, responses: int, size: int) -> None:
+        try:
+            self.child.to_child.send(("credit", key, responses, size))
+        except OSError:
+            pass  # gone: nothing waits there any more
 
     def _cancel_once(self, key: int) -> None:
         with self._lock:
@@ -154,12 +178,19 @@ class _Session:
             self._cancel_told.discard(key)
         if channel is not None:
             channel.on_cancel = None
+            if channel.window is not None:
+                channel.on_taken = None
 
     # -- reader thread ----------------------------------------------------------------------------
     def on_message(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
         if kind == "response":
             self._deliver(*message[1:])
+        elif kind == "waiting":  # a send of the model waits for credit (or no more): what /status.json says
+            with self._lock:
+                channel = self._channels.get(message[1])
+            if channel is not None and channel.window is not None:
+                channel.remote_waiting = message[2]
         elif kind == "log":
             _log_record(message[1])
         elif kind == "call":  # made while no command runs (a decoupled model's own thread)
@@ -172,12 +203,15 @@ class _Session:
         else:
             log.error("model process %s: unexpected frame %r", self.child.name, kind)
 
-    def _deliver(self, key: int, item: Any, final: bool) -> None:
+    def _deliver(self, key: int, item: Any, final: bool, size: int) -> None:
+        """Never waits: the child keeps the stream's bound (it spent ``size`` of the request's credit),
+        so a client that does not read stalls only its own request, not this thread and every other
+        request, log and call answer of the process behind it."""
         with self._lock:
             channel = self._channels.get(key)
         if channel is None:
             return
-        channel.send(wire.result_from_wire(item), final)
+        channel.put(wire.result_from_wire(item), final, size)
         if final:
             self.forget(key)
         elif channel.is_cancelled():  # (told already by on_cancel, normally)
@@ -357,14 +391,16 @@ class IsolatedInstance:
         if self.decoupled and any(r.responses is None for r in requests):
             return [TritonError.unsupported(
                 f"model '{self.ctx.model_name}' is decoupled: it answers only streaming requests")] * len(requests)
+        windows: dict[int, tuple[int, int | None] | None] = {}
         if self.decoupled:
             keys: list[int | None] = [session.key_for(r.responses) for r in requests]
+            windows = {k: r.responses.window for r, k in zip(requests, keys, strict=True) if k is not None}
             watches: list[CancelWatch] = []
         else:
             keys, watches = self._watch_cancellation(session, requests)
         try:
             answers = session.ask(("execute", [wire.request_to_wire(r, k) for r, k in zip(requests, keys, strict=True)],
-                                   _root.level))  # the log settings may have changed: the child's follow
+                                   _root.level, windows))  # the log settings may have changed: the child's follow
         except _Exited as e:
             return [TritonError.internal(
                 f"Failed to process the request(s) for model '{self.ctx.instance_name}', message: {e} while "

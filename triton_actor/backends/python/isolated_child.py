@@ -6,25 +6,33 @@ in-process backend and runs the very same :class:`~.backend.PythonInstance`, so 
 ``initialize``, the requests ``execute`` sees and the texts of the errors are those of a model run
 in-process. Frames (:mod:`.isolation_wire` for the values):
 
-* commands, read by the main thread itself: ``("init", ctx)``, ``("execute", requests, log_level)`` (the
-  server's level now: a change of its log settings reaches the model's logging),
+* commands, read by the main thread itself: ``("init", ctx)``, ``("execute", requests, log_level, windows)``
+  (the server's level now: a change of its log settings reaches the model's logging; ``windows``: key →
+  ``(responses, bytes)``, the bound of each decoupled request's stream, None for none),
   ``("finalize",)``, ``("auto_complete", config, version_dir, filename)``;
 * replies, one per command: ``("reply", ("ok", value) | ("error", code, message), sent_before,
   metric_updates)``, where ``sent_before`` counts the outbox frames written before it (the server
   handles those first) and ``metric_updates`` are the custom metrics' changes since the last flush
   (None if none; ``metrics_forwarding.py``); calls made while a command runs go here too, so that the
   thread waiting for the reply serves them;
-* outbox: ``("response", key, result, final)`` for a decoupled request, ``("log", record)`` for the
+* outbox: ``("response", key, result, final, size)`` for a decoupled request (``size``: the bytes its
+  credit was charged, ``protocol/stream_credits.py``), ``("waiting", key, bool)`` when a send for it
+  starts or stops waiting for credit, ``("log", record)`` for the
   stdlib logging (``pb_utils.Logger`` included), ``("call", id, op, args)`` made while no command
   runs (BLS, model control, a new custom metric), and ``("metrics", token, updates)``;
 * inbox, read by a reader thread: the answers to calls, ``("call_reply", id, answer)`` (a streamed BLS:
   ``("call_item", id, response)`` ... ``("call_end", id)``), ``("cancel", key)`` (a decoupled request's
   client went away, or any other request's client cancelled it while it runs: its ``is_cancelled()``
-  turns true) and ``("flush_metrics", token)`` (a scrape: answered with ``("metrics", ...)``).
+  turns true, and a send waiting for credit returns), ``("credit", key, responses, bytes)`` (the client
+  took that much of a decoupled request's responses: a send waiting for it goes on) and
+  ``("flush_metrics", token)`` (a scrape: answered with ``("metrics", ...)``).
 
 Threads: the main thread runs the commands one at a time; the reader thread routes call answers to
-their waiters, cancellations to their requests (one that overtakes its request, which came on the
-other pipe, is kept for it) and answers flushes. Failure: what the model raises becomes an error
+their waiters, cancellations and credits to their requests (a cancel that overtakes its request, which
+came on the other pipe, is kept for it) and answers flushes. A decoupled request's ``send()`` waits for
+credit on the thread of the model that sends (the main thread, or one the model started), never on the
+reader: the server's reader of this process never waits for a slow client, so one request's client
+cannot stall the others'. Failure: what the model raises becomes an error
 reply; at end of the commands (the server stopped it) the main thread returns; at end of the inbox
 (the server stopped, or died) the process leaves within ``EOF_GRACE_S`` whatever the model is doing.
 """
@@ -40,10 +48,13 @@ import sys
 import threading
 import time
 import traceback
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from ...errors import TritonError
+from ...inference import response_bytes
+from ...protocol.stream_credits import SendCredit, Window
 from ...repository.config import ModelConfig
 from ..base import InstanceContext
 from . import isolation_wire as wire
@@ -59,22 +70,76 @@ _root = logging.getLogger()
 
 
 class ChildChannel:
-    """Stands in for a decoupled request's response channel: what the model sends goes to the server."""
+    """Stands in for a decoupled request's response channel: what the model sends goes to the server.
 
-    __slots__ = ("_process", "key", "cancelled")
+    ``send()`` runs on whichever thread of the model sends; it waits while the request holds its window
+    of responses the client has not taken (``protocol/stream_credits.py``), until the reader thread
+    hears ``("credit", ...)`` or ``("cancel", ...)``. Once the request is cancelled, or finished, what
+    the model sends is dropped (Triton's python backend drops a cancelled request's responses too);
+    a final one after a cancel still goes, without outputs, so that the server forgets the request.
+    """
 
-    def __init__(self, process: ModelProcess, key: int) -> None:
+    __slots__ = ("_process", "key", "cancelled", "_finished", "_credit", "_room")
+
+    def __init__(self, process: ModelProcess, key: int, window: Window | None) -> None:
         self._process = process
         self.key = key
         self.cancelled = False  # set by the reader thread when the server says the client went away
+        self._finished = False
+        self._credit = SendCredit(window)
+        self._room = threading.Condition(threading.Lock())  # the credit, the flags: model threads and the reader
 
     def send(self, item: Any, final: bool) -> None:
+        size = response_bytes(item)
+        with self._room:
+            if self._finished:
+                return
+            if final:
+                self._finished = True
+                self._room.notify_all()  # a send of another thread waiting for credit: dropped now
+            elif not self._credit.may_send() and not self.cancelled:
+                self._wait_for_credit()
+                if self._finished:  # finish() while it waited
+                    return
+            if self.cancelled:
+                if not final:
+                    return
+                item, size = None, 0
+            self._credit.spend(size)
         if final:
             self._process.channels.pop(self.key, None)
-        self._process.send(("response", self.key, wire.result_to_wire(item), final))
+        self._process.send(("response", self.key, wire.result_to_wire(item), final, size))
+
+    def _wait_for_credit(self) -> None:
+        """Under ``_room``: the server is told this request's sender waits (its ``/status.json``
+        ``streams.waiting_senders``), then told it goes on, in order with the responses."""
+        self._process.send(("waiting", self.key, True))
+        while not self._credit.may_send() and not self.cancelled and not self._finished:
+            self._room.wait()
+        self._process.send(("waiting", self.key, False))
 
     def is_cancelled(self) -> bool:
         return self.cancelled
+
+    def cancel(self) -> None:
+        """Reader thread: the client went away; a waiting send returns (dropped)."""
+        with self._room:
+            self.cancelled = True
+            self._room.notify_all()
+
+    def finish(self) -> None:
+        """Main thread: ``execute`` failed, so the server ended the request with that error (as the final
+        response, and forgot it): later sends are dropped, a waiting one returns."""
+        with self._room:
+            self._finished = True
+            self._room.notify_all()
+        self._process.channels.pop(self.key, None)
+
+    def grant(self, responses: int, size: int) -> None:
+        """Reader thread: the client took ``responses`` (``size`` bytes): waiting sends may go on."""
+        with self._room:
+            self._credit.refund(responses, size)
+            self._room.notify_all()
 
 
 class CancelFlag:
@@ -87,6 +152,12 @@ class CancelFlag:
 
     def is_cancelled(self) -> bool:
         return self.cancelled
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def grant(self, responses: int, size: int) -> None:
+        """Never asked of a request that is not streamed."""
 
 
 class ModelProcess:
@@ -128,6 +199,11 @@ class ModelProcess:
 
     def _route(self, message: Any) -> None:
         kind = message[0]
+        if kind == "credit":
+            target = self.channels.get(message[1])
+            if target is not None:  # (a request finished meanwhile: nothing waits)
+                target.grant(message[2], message[3])
+            return
         if kind == "cancel":
             key = message[1]
             with self._keys:
@@ -135,7 +211,7 @@ class ModelProcess:
                 if target is None and key > self._last_key:
                     self._early.add(key)
             if target is not None:
-                target.cancelled = True
+                target.cancel()
             return
         if kind == "flush_metrics":  # a scrape: what the model changed since it was last sent
             self.send(("metrics", message[1], self.metrics.collect()))
@@ -186,14 +262,19 @@ class ModelProcess:
             backend_config))
         return self.instance.decoupled
 
-    def _on_execute(self, requests: list[tuple[Any, ...]], log_level: int) -> list[Any]:
+    def _on_execute(self, requests: list[tuple[Any, ...]], log_level: int,
+                    windows: dict[int, tuple[int, int | None] | None]) -> list[Any]:
         instance = self.instance
         assert instance is not None
         if log_level != _root.level:  # changed at run time (/v2/logging): what the model logs follows
             _root.setLevel(log_level)
         if instance.decoupled:
-            batch = [wire.request_from_wire(r, self._channel) for r in requests]
-            return [wire.result_to_wire(r) for r in instance.execute(batch)]
+            batch = [wire.request_from_wire(r, partial(self._channel, windows)) for r in requests]
+            results = instance.execute(batch)
+            for request, result in zip(batch, results, strict=True):
+                if isinstance(result, TritonError):  # the server ends the request with it: what follows is dropped
+                    request.responses.finish()
+            return [wire.result_to_wire(r) for r in results]
         batch = [wire.request_from_wire(r, self._cancel_flag) for r in requests]
         try:
             return [wire.result_to_wire(r) for r in instance.execute(batch)]
@@ -202,12 +283,14 @@ class ModelProcess:
                 for r in requests:
                     self.channels.pop(r[-1], None)  # its key (None: nobody can cancel it)
 
-    def _channel(self, key: int) -> tuple[ChildChannel, None]:
+    def _channel(self, windows: dict[int, tuple[int, int | None] | None], key: int) -> tuple[ChildChannel, None]:
+        """A decoupled request's stand-in channel; ``windows[key]``: its stream's bound (None: none)."""
+        window = windows.get(key)
         with self._keys:
             self._last_key = max(self._last_key, key)
             channel = self.channels.get(key)
             if channel is None:
-                channel = self.channels[key] = ChildChannel(self, key)
+                channel = self.channels[key] = ChildChannel(self, key, None if window is None else Window(*window))
                 channel.cancelled = key in self._early
                 self._early.discard(key)
         return channel, None

@@ -1,0 +1,87 @@
+"""Flow-control credits of a decoupled request whose responses cross a pipe (sans-I/O: numbers in, numbers out).
+
+An isolated Python model (``backends/python/isolated.py``) sends every request's responses to the server
+over one pipe, read by one thread. If that thread waited for a slow client's stream to have room, every
+other request of the process would wait with it; so the server never waits there, and the bound of a
+client's stream (``actors/response_channel.py``: 1024 responses or 4 MiB not yet taken) is kept in the
+model's process instead, per request, as HTTP/2 keeps a window per stream (RFC 9113 §5.2):
+
+* :class:`SendCredit` (the model's process): what one request sent that the client has not taken yet.
+  ``response_sender.send()`` waits while it holds the window (:meth:`SendCredit.may_send`), on the
+  model's own thread; the final response never waits.
+* :class:`CreditReturn` (the server, the hub greenlet that takes the request's responses from its
+  channel): what the client took and the process was not told yet; it says when to tell it
+  (``("credit", key, responses, bytes)``): once half the window's responses or bytes were taken, so a
+  stream costs one frame per half window, and a process that waits always hears (see :meth:`taken`).
+
+Both sides count a response's bytes as the model's process measured them (``inference.response_bytes``),
+sent with the response: the server grants back exactly what was spent, so the window never drifts.
+Owner: each object belongs to one request on one side; callers hold their own lock where several threads
+touch it (the model's process: the request's condition). Failure: none; a grant larger than what is held
+(a bug of ours) leaves the credit at zero held, never negative.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Window(NamedTuple):
+    """The most one request may hold not yet taken: ``responses``, and ``bytes`` of outputs (None: no byte
+    bound). A response that goes over ``bytes`` is let through alone, as the server's channel does."""
+
+    responses: int
+    bytes: int | None
+
+
+class SendCredit:
+    """The model's process, one per request: what it sent that the server says is not taken yet."""
+
+    __slots__ = ("window", "responses", "bytes")
+
+    def __init__(self, window: Window | None) -> None:
+        self.window = window  # None: the consumer has no bound (a warmup): never wait
+        self.responses = 0
+        self.bytes = 0
+
+    def may_send(self) -> bool:
+        """Whether a response may go now: fewer than ``window.responses`` held and at most ``window.bytes``."""
+        window = self.window
+        if window is None:
+            return True
+        return self.responses < window.responses and (window.bytes is None or self.bytes <= window.bytes)
+
+    def spend(self, size: int) -> None:
+        """One response of ``size`` bytes went to the server."""
+        self.responses += 1
+        self.bytes += size
+
+    def refund(self, responses: int, size: int) -> None:
+        """The server granted back ``responses`` taken, ``size`` bytes in all."""
+        self.responses = max(0, self.responses - responses)
+        self.bytes = max(0, self.bytes - size)
+
+
+class CreditReturn:
+    """The server, one per request: responses taken by the client and not yet granted back."""
+
+    __slots__ = ("_every", "_every_bytes", "responses", "bytes")
+
+    def __init__(self, window: Window) -> None:
+        self._every = max(1, window.responses // 2)
+        self._every_bytes = None if window.bytes is None else max(1, window.bytes // 2)
+        self.responses = 0
+        self.bytes = 0
+
+    def taken(self, size: int) -> tuple[int, int] | None:
+        """One response of ``size`` bytes (as the process counted it) was taken; ``(responses, bytes)`` to
+        grant now, or None. Granting at half the window in either unit keeps a waiting process live: it
+        waits only while it holds a whole window (responses or bytes), so once the client took all of
+        it the untold half has been reached and told."""
+        self.responses += 1
+        self.bytes += size
+        if self.responses < self._every and (self._every_bytes is None or self.bytes < self._every_bytes):
+            return None
+        grant = (self.responses, self.bytes)
+        self.responses = self.bytes = 0
+        return grant
