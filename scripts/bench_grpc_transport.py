@@ -65,7 +65,7 @@ class StubServicer:
     def finish_infer(self, request: Any, pending: Any) -> Any:
         return self.response
 
-    def stream_infer(self, req: Any) -> Any:
+    def stream_infer(self, req: Any, _account: Any = None) -> Any:
         yield from ()
 
     def __getattr__(self, name: str) -> Any:

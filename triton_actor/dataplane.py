@@ -15,7 +15,13 @@ from . import hostwide
 from .actors.handles import READY, ModelHandle, VersionHandle
 from .actors.kernel import Reply
 from .actors.repository import RepositoryActor
-from .actors.response_channel import STREAM_MAX_BYTES, STREAM_MAX_RESPONSES, BoundedResponseChannel, ChannelResponses
+from .actors.response_channel import (
+    STREAM_MAX_BYTES,
+    STREAM_MAX_RESPONSES,
+    BoundedResponseChannel,
+    ChannelResponses,
+    StreamAccount,
+)
 from .errors import TritonError
 from .host import Host, LocalHost
 from .inference import InferRequest, InferResponse
@@ -153,17 +159,19 @@ class DataPlane:
         handle, vh = self._route(request, internal)
         return Pending(vh.infer(request), vh.version, vh.labels, handle.config.max_batch_size > 0)
 
-    def infer_stream(self, request: InferRequest, internal: bool = False) -> Streamed:
+    def infer_stream(self, request: InferRequest, internal: bool = False,
+                     account: StreamAccount | None = None) -> Streamed:
         """Route, validate and queue a request whose answers are streamed: any number of responses
         from a decoupled model, exactly one from any other. Errors before queueing raise here. A
         decoupled model's ``send()`` waits while the consumer has not taken ``STREAM_MAX_RESPONSES``
         of them or ``STREAM_MAX_BYTES`` (actors/response_channel.py): a client that reads slowly,
-        or not at all, holds back the model instead of filling memory."""
+        or not at all, holds back the model instead of filling memory. ``account``: that bound is the
+        client stream's, shared with its other requests (gRPC ModelStreamInfer)."""
         handle, vh = self._route(request, internal)
         batching = handle.config.max_batch_size > 0
         if not handle.config.model_transaction_policy.decoupled:
             return Streamed(vh.version, vh.labels, batching, _one_response(vh.infer(request)))
-        channel = BoundedResponseChannel(STREAM_MAX_RESPONSES, STREAM_MAX_BYTES)
+        channel = BoundedResponseChannel(STREAM_MAX_RESPONSES, STREAM_MAX_BYTES, account)
         try:
             reply = vh.infer(request._replace(responses=channel))
         except BaseException:

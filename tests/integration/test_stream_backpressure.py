@@ -163,14 +163,14 @@ class _ZeroWindowStream:
     """A raw HTTP/2 connection with one ModelStreamInfer request whose client advertises a zero
     flow-control window: the server may send no response data until :meth:`grant` opens it."""
 
-    def __init__(self, server: ServerProcess, request: pb.ModelInferRequest) -> None:
+    def __init__(self, server: ServerProcess, request: pb.ModelInferRequest, *more: pb.ModelInferRequest) -> None:
         host, port = server.grpc_url.rsplit(":", 1)
         self.sock = socket.create_connection((host, int(port)), timeout=30)
         block = hpack.Encoder().encode([(":method", "POST"), (":scheme", "http"), (":authority", "x"),
                                         (":path", "/inference.GRPCInferenceService/ModelStreamInfer"),
                                         ("content-type", "application/grpc"), ("te", "trailers")])
-        body = request.SerializeToString()
-        message = struct.pack(">BI", 0, len(body)) + body
+        bodies = [r.SerializeToString() for r in (request, *more)]
+        message = b"".join(struct.pack(">BI", 0, len(body)) + body for body in bodies)
         self.sock.sendall(_PREFACE + _frame(4, 0, 0, struct.pack(">HI", 4, 0)) + _frame(1, 4, 1, block)
                           + _frame(0, 1, 1, message))  # SETTINGS_INITIAL_WINDOW_SIZE = 0; the request, END_STREAM
         self._buf = b""
@@ -273,6 +273,34 @@ def test_a_grpc_client_that_reads_nothing_holds_back_the_model(tmp_path: Path, s
     assert _streams(server)["waiting_senders"] == 0
     _assert_serves_again(server)
     stream.close()
+
+
+def test_the_requests_of_a_stream_share_one_bound(tmp_path: Path, start_server) -> None:
+    """Eight requests on one stream that reads nothing, each answered on a thread of its own: together
+    they hold the stream's bound (all of a stream's responses wait behind its one HTTP/2 window), not
+    eight times it (a stream of 128 requests held 512 MiB); the client leaving releases every one."""
+    repo, out = _flood_repo(tmp_path, ', { key: "threaded" value: { string_value: "1" } }')
+    server = start_server(repo)
+    size, rids = 64 << 10, [f"r{i}" for i in range(8)]
+    stream = _ZeroWindowStream(server, *(_flood_request(rid, 400, size) for rid in rids))
+    try:
+        seen: dict = {}
+
+        def settled() -> bool:
+            seen.update(_streams(server))
+            return seen.get("waiting_senders", 0) == len(rids) or all((out / f"{r}.done").exists() for r in rids)
+
+        wait_for(settled, timeout=60, what="every request's model thread to wait, or to finish")
+        sent = sum(int((out / f"{rid}.sent").read_text()) for rid in rids if (out / f"{rid}.sent").exists())
+        bound = BOUND_BYTES // (size + 4) + 1
+        assert sent <= bound + 2 * len(rids), f"the stream's requests sent {sent} responses to a client that reads none"
+        assert seen["bytes"] <= BOUND_BYTES + len(rids) * (size + 4)
+    finally:
+        stream.close()
+    for rid in rids:
+        _sent_when_cancelled(out, rid)
+    assert _streams(server)["waiting_senders"] == 0
+    _assert_serves_again(server)
 
 
 @ISOLATION

@@ -13,7 +13,7 @@ import pytest
 from gevent import monkey
 
 from triton_actor.actors import response_channel
-from triton_actor.actors.response_channel import BoundedResponseChannel, ChannelResponses
+from triton_actor.actors.response_channel import BoundedResponseChannel, ChannelResponses, StreamAccount
 from triton_actor.inference import InferResponse, response_bytes
 
 _start = monkey.get_original("_thread", "start_new_thread")
@@ -201,3 +201,26 @@ def test_put_never_waits_and_tells_what_was_taken() -> None:
     assert taken == [(70, False)] * 5 + [(0, True)]
     assert channel.window == (2, 100)
     channel.close()
+
+
+@pytest.mark.timeout(30)
+def test_the_channels_of_a_stream_share_its_account() -> None:
+    """Two requests of one stream: what one holds counts against the other's producer; the consumer
+    of either making room wakes both; a channel closed with responses in it gives them back at once."""
+    account = StreamAccount(8, 1 << 20)
+    first, second = BoundedResponseChannel(1000, 1 << 30, account), BoundedResponseChannel(1000, 1 << 30, account)
+    a = _Producer(first, 6)
+    _until(a.finished, "the first producer to send 6 and its final")
+    b = _Producer(second, 100)
+    _until(lambda: second.held[2] == 1, "the second producer to wait at the stream's bound")
+    assert second.held[0] == 1 and (account.count, account.bytes) == (8, 0)  # 6 + the final + its first
+    assert [first.receive(timeout=5) for _ in range(4)] == [(i, False) for i in range(4)]  # 4 left: half
+    _until(lambda: b.returned > 0, "the second producer to be woken by the first's consumer")
+    _until(lambda: second.held[2] == 1, "the second producer to wait again")
+    first.close()  # the three it held leave the account at once
+    assert account.count == second.held[0] == 5 and len(account.channels) == 1
+    assert second.receive(timeout=5) == (0, False)  # 4 left: room, the producer goes on
+    _until(lambda: b.returned > 5, "the second producer to be woken")
+    second.close()
+    _until(b.finished, "the second producer to finish (its channel closed)")
+    assert account.count == 0 and not account.channels

@@ -21,6 +21,11 @@ carries every request of its process: it queues with :meth:`~BoundedResponseChan
 waits; the model's process keeps the bound with credits (``protocol/stream_credits.py``), told what the
 consumer took through :attr:`~BoundedResponseChannel.on_taken`.
 
+The requests of one gRPC ``ModelStreamInfer`` call share one bound (:class:`StreamAccount`): all of a
+stream's responses go out through one HTTP/2 stream, so a client that stops reading it stops them all, and
+a bound per request let a stream of 128 requests hold 128 times it (512 MiB, and 128 such streams on a
+connection). Each request may still take the whole of its stream's bound.
+
 Threads: ``send`` from any thread; ``receive``, ``close`` and the ``cancelled`` setter in the consumer's
 greenlet on the hub (where the channel is created). A waiting producer blocks its native thread on a lock
 of the OS, or, on a thread that has a gevent hub of its own (the model started "threads" there), only its
@@ -147,6 +152,40 @@ class ResponseChannel:
         """The consumer is gone (closed or cancelled): producers must not wait for it."""
 
 
+class StreamAccount:
+    """What the channels of one client stream hold together, against one bound: ``max_count`` responses
+    or ``max_bytes`` of outputs. Counts change under :attr:`lock` (senders on any thread, the consumers);
+    the set of channels is the hub's (created and closed there), so a consumer that made room wakes
+    the producers waiting on any of them."""
+
+    __slots__ = ("max_count", "max_bytes", "count", "bytes", "lock", "channels")
+
+    def __init__(self, max_count: int = 0, max_bytes: int | None = None) -> None:
+        self.max_count = max(1, max_count or STREAM_MAX_RESPONSES)
+        self.max_bytes = STREAM_MAX_BYTES if max_bytes is None else max_bytes
+        self.count = 0
+        self.bytes = 0
+        self.lock = native_lock()
+        self.channels: weakref.WeakSet[BoundedResponseChannel] = weakref.WeakSet()
+
+    def add(self, count: int, size: int) -> None:
+        with self.lock:
+            self.count += count
+            self.bytes += size
+
+    def over(self) -> bool:
+        return self.count >= self.max_count or self.bytes > self.max_bytes
+
+    def has_room(self) -> bool:
+        return self.count <= self.max_count // 2 and self.bytes <= self.max_bytes // 2
+
+    def wake_all(self) -> None:
+        """Hub: room was made; every producer waiting on a channel of this stream goes on."""
+        for channel in list(self.channels):
+            if channel._waiters:
+                channel._wake_waiters()
+
+
 class BoundedResponseChannel(ResponseChannel):
     """A :class:`ResponseChannel` whose producer waits while ``max_count`` responses (or more than
     ``max_bytes`` of outputs) are not yet received, until they are down to half of that: a producer
@@ -155,10 +194,16 @@ class BoundedResponseChannel(ResponseChannel):
     thread never waits, nor does anyone once the channel is closed or cancelled, or for the final response."""
 
     __slots__ = ("_max_count", "_max_bytes", "_resume_count", "_resume_bytes", "_sizes", "_bytes_in",
-                 "_bytes_out", "_waiters", "_hub_thread", "on_taken", "remote_waiting", "__weakref__")
+                 "_bytes_out", "_waiters", "_hub_thread", "on_taken", "remote_waiting", "_account", "__weakref__")
 
-    def __init__(self, max_count: int, max_bytes: int | None = None) -> None:
+    def __init__(self, max_count: int, max_bytes: int | None = None, account: StreamAccount | None = None) -> None:
+        """``account``: the bound this channel shares with the other requests of its stream (instead
+        of ``max_count`` / ``max_bytes`` of its own)."""
         super().__init__()
+        if account is not None:
+            max_count, max_bytes = account.max_count, account.max_bytes
+            account.channels.add(self)
+        self._account = account
         self._max_count = max(1, max_count)
         self._max_bytes = max_bytes
         self._resume_count = self._max_count // 2
@@ -202,15 +247,21 @@ class BoundedResponseChannel(ResponseChannel):
             self._bytes_in += size
             self._sizes.append(size)  # before the item: the consumer pops a size for every item it takes
             self._items.append((item, final))
+            if self._account is not None:
+                self._account.add(1, size)
             self._wake.send()
         return True
 
     def _over(self) -> bool:
+        if self._account is not None:
+            return self._account.over()
         max_bytes = self._max_bytes
         return len(self._items) >= self._max_count or (
             max_bytes is not None and self._bytes_in - self._bytes_out > max_bytes)
 
     def _has_room(self) -> bool:
+        if self._account is not None:
+            return self._account.has_room()
         return len(self._items) <= self._resume_count and self._bytes_in - self._bytes_out <= self._resume_bytes
 
     def receive(self, timeout: float | None = None) -> Item:
@@ -221,7 +272,12 @@ class BoundedResponseChannel(ResponseChannel):
         item, final = super().receive(timeout)
         size = self._sizes.popleft()
         self._bytes_out += size
-        if self._waiters and self._has_room():
+        account = self._account
+        if account is not None:
+            account.add(-1, -size)
+            if account.has_room():
+                account.wake_all()
+        elif self._waiters and self._has_room():
             self._wake_waiters()
         if self.on_taken is not None:
             self.on_taken(size, final)
@@ -254,9 +310,23 @@ class BoundedResponseChannel(ResponseChannel):
                 waiter.wake()
 
     def close(self) -> None:
-        super().close()
-        self._sizes.clear()
+        with self._send_lock:  # as the base class's, and what it held leaves its stream's account at once
+            if self._closed:
+                return
+            self._closed = True
+            self._wake.close()
+            self._items.clear()
+            dropped = len(self._sizes), sum(self._sizes)
+            self._sizes.clear()
+        self._release()
         _open.discard(self)
+        account = self._account
+        if account is not None:
+            account.channels.discard(self)
+            if dropped[0]:
+                account.add(-dropped[0], -dropped[1])
+            if account.has_room():
+                account.wake_all()
 
     def _release(self) -> None:
         self._wake_waiters()

@@ -16,6 +16,7 @@ import gevent
 import gevent.lock
 
 from ..actors.bridge import call_in_thread
+from ..actors.response_channel import StreamAccount
 from ..dataplane import DataPlane, Pending
 from ..errors import Code, TritonError
 from ..inference import InferRequest
@@ -118,16 +119,18 @@ class GrpcServicer:
         return v2_grpc.encode_infer_response(request, response, pending.version, pending.labels,
                                              pending.batching, self.plane.shm)
 
-    def stream_infer(self, req: pb.ModelInferRequest) -> Iterator[pb.ModelStreamInferResponse | StreamError]:
+    def stream_infer(self, req: pb.ModelInferRequest,
+                     account: StreamAccount | None = None) -> Iterator[pb.ModelStreamInferResponse | StreamError]:
         """The responses to one request on ``ModelStreamInfer`` (any number from a decoupled model,
         one from any other), each with ``triton_final_response``; an error becomes ``error_message``
         (spec §2.4) and the stream goes on. A flags-only final is sent only when the request asked
         for it with ``triton_enable_empty_final_response``. Closing this iterator (the client went
-        away) cancels the request."""
+        away) cancels the request. ``account``: the bound on undelivered responses its stream's requests
+        share (actors/response_channel.py)."""
         request = None
         try:
             request = self._decode(req)
-            streamed = self.plane.infer_stream(request)
+            streamed = self.plane.infer_stream(request, account=account)
         except TritonError as e:
             yield StreamError(v2_grpc.stream_error(req, e.message), e.code, e.message)
             return

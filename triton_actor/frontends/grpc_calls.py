@@ -25,6 +25,7 @@ import gevent.queue
 from google.protobuf.message import DecodeError
 
 from .. import fastpath
+from ..actors.response_channel import StreamAccount
 from ..errors import Code, TritonError
 from ..protocol import codings
 from ..protocol import http2 as h2
@@ -109,7 +110,7 @@ class Call:
 
     __slots__ = ("conn", "stream", "sid", "method", "encoding", "buf", "inbox", "send_lock", "greenlet",
                  "input_done", "done", "finished", "started", "requests", "errors_end_stream", "held", "kept",
-                 "deadline", "expired", "out_coding")
+                 "deadline", "expired", "out_coding", "account")
 
     STREAM_REQUESTS = 128  # ModelStreamInfer requests running at once on one stream; more wait in the inbox
 
@@ -135,6 +136,7 @@ class Call:
         self.deadline: Any = None  # the hub's timer for the client's grpc-timeout, while it runs
         self.expired = False  # the client's deadline passed: the call ends DEADLINE_EXCEEDED
         self.out_coding: str | None = None  # its answers' grpc-encoding (--grpc-infer-response-compression-level)
+        self.account: StreamAccount | None = None  # a stream's bound on undelivered responses, all its requests'
 
     def set_deadline(self, timeout: float | None) -> None:
         """The client's ``grpc-timeout``: when it passes before the call is over, the call's work is
@@ -440,6 +442,7 @@ class Call:
         """A greenlet per request writes that request's responses as they come; the call ends (OK
         trailers) once the client has closed its side and every request is answered."""
         group = self.requests = gevent.pool.Pool(self.STREAM_REQUESTS)
+        self.account = StreamAccount()
         refused: Refused | None = None
         try:
             while True:
@@ -484,7 +487,7 @@ class Call:
         cancels the request (a decoupled model sees ``is_cancelled()``). Its ``size`` bytes of the budget
         are held until then."""
         try:
-            responses = self.method.call(request)
+            responses = self.method.call(request, self.account)
             try:
                 for response in responses:
                     if type(response) is StreamError:
