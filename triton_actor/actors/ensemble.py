@@ -27,7 +27,7 @@ actor fails what is in flight with UNAVAILABLE.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +57,7 @@ class _Table:
     children: list[_Table] = field(default_factory=list)
     plain: int = 0  # steps in flight that answer once
     streams: int = 0  # decoupled steps in flight
+    running: set[int] = field(default_factory=set)  # indices of its steps in flight (for the BLS wait graph)
     settled: bool = False
     release: Callable[[], Any] | None = None  # frees the max_inflight slot this fork holds
 
@@ -118,6 +119,7 @@ class EnsembleScheduler(InlineActor):
     def on__StepAnswered(self, msg: _StepAnswered) -> None:
         run, table = msg.run, msg.table
         table.plain -= 1
+        table.running.discard(msg.step.index)
         if run.failed:
             return
         error = msg.reply.exception()
@@ -138,6 +140,7 @@ class EnsembleScheduler(InlineActor):
         run, table, item = msg.run, msg.table, msg.item
         if msg.final:
             table.streams -= 1
+            table.running.discard(msg.step.index)
         if run.failed:
             if msg.gate is not None and isinstance(item, InferResponse):
                 msg.gate.release()
@@ -180,6 +183,41 @@ class EnsembleScheduler(InlineActor):
         for reply in self._drains:
             reply.set(None)
         self._drains.clear()
+
+    # -- what the BLS wait graph reads (bls_waits.Composite; hub thread, between messages) ----------
+    def needs(self) -> set[tuple[str, int]]:
+        """The composing versions a new request calls: every step's."""
+        return self._versions(range(len(self._graph.steps)))
+
+    def runs_need(self) -> list[set[tuple[str, int]]]:
+        """For each request in flight, the composing versions it still calls: the steps running or not
+        started in any of its open tables (a step after a decoupled one runs in the forks)."""
+        out = []
+        every = range(len(self._graph.steps))
+        for run in self._runs:
+            if run.failed:
+                continue
+            left: set[int] = set()
+            for table in run.tables:
+                if not table.settled:
+                    left.update(i for i in every if i not in table.started)
+                    left.update(table.running)
+            out.append(self._versions(left))
+        return out
+
+    def _versions(self, indices: Iterable[int]) -> set[tuple[str, int]]:
+        """The versions that serve these steps now (steps that cannot be routed are left out)."""
+        routes = self._routes()
+        out = set()
+        for i in indices:
+            step = self._graph.steps[i]
+            handle = routes.get(step.model)
+            try:
+                if handle is not None:
+                    out.add((step.model, handle.resolve(step.version).version))
+            except TritonError:
+                pass  # not ready: the step fails when it starts, nobody waits on it
+        return out
 
     # -- the data flow ----------------------------------------------------------------------------
     def _advance(self, run: _Run, table: _Table) -> None:
@@ -227,6 +265,7 @@ class EnsembleScheduler(InlineActor):
                 channel.close()
             self._fail(run, e)
             return
+        table.running.add(step.index)
         if channel is None:
             table.plain += 1
             tell = self.ref.tell
@@ -363,3 +402,11 @@ def _quiet(tell: Callable[[object], None], message: object) -> None:
         tell(message)
     except TritonError:
         pass  # the scheduler stopped: on_stop already failed the request
+
+
+def ensemble_of(routes: Routes, key: tuple[str, int]) -> EnsembleScheduler | None:
+    """The scheduler of version ``key`` if it is an ensemble's (the BLS wait graph's ``composite_of``)."""
+    handle = routes().get(key[0])
+    version = handle.versions.get(key[1]) if handle is not None else None
+    scheduler = version.scheduler if version is not None else None
+    return scheduler if isinstance(scheduler, EnsembleScheduler) else None
