@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 import gevent
@@ -38,6 +39,7 @@ from .actors.bridge import (
     this_thread_hub,
     wait_on_hub,
 )
+from .actors.ensemble import ensemble_of
 from .actors.response_channel import STREAM_MAX_BYTES, STREAM_MAX_RESPONSES, ChannelResponses
 from .backends.python import triton_python_backend_utils as pb_utils
 from .backends.python.triton_python_backend_utils import server_calls as hooks
@@ -57,7 +59,7 @@ class ServerCalls:
         self.plane = plane
         self._calls: HubCalls | None = None  # its watcher exists while the hooks are installed
         self._hub = this_thread_hub()
-        self._waits = WaitGraph()
+        self._waits = WaitGraph(composite_of=partial(ensemble_of, lambda: plane.repository.routes))
 
     def install(self) -> None:
         """Hub thread: fill the hooks of ``pb_utils.server_calls``."""

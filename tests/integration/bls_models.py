@@ -305,6 +305,21 @@ class TritonPythonModel:
 """
 
 
+# an ensemble of one step: a caller model (or another ensemble) with the caller's MODE → OUT
+CALLER_ENSEMBLE_CONFIG = """
+platform: "ensemble"
+input [ { name: "MODE", data_type: TYPE_STRING, dims: [ 1 ] } ]
+output [ { name: "OUT", data_type: TYPE_STRING, dims: [ 1 ] } ]
+ensemble_scheduling { step [ { model_name: "%s" model_version: -1
+                               input_map { key: "MODE" value: "MODE" } output_map { key: "OUT" value: "OUT" } } ] }
+"""
+
+
+def add_caller_ensemble(repo: Path, name: str, step: str) -> None:
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "config.pbtxt").write_text(CALLER_ENSEMBLE_CONFIG % step)
+
+
 def caller_repo(repo: Path) -> Path:
     """Every model the BLS tests use, in ``repo``."""
     add_model(repo, "addsub", ADDSUB_CONFIG, ADDSUB_PY)
@@ -322,6 +337,10 @@ def caller_repo(repo: Path) -> Path:
     add_model(repo, "reschedule", RESCHEDULE_CONFIG, RESCHEDULE_PY)
     add_model(repo, "reschedule_decoupled", RESCHEDULE_CONFIG + "model_transaction_policy { decoupled: true }",
               RESCHEDULE_DECOUPLED_PY)
+    add_caller_ensemble(repo, "ens_caller", "caller")  # caller -> ens_caller -> caller: a cycle
+    add_caller_ensemble(repo, "ens_nested", "ens_caller")
+    add_caller_ensemble(repo, "ens_pair", "caller_pair")
+    add_caller_ensemble(repo, "ens_b", "caller_b")
     return repo
 
 

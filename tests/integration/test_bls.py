@@ -21,7 +21,7 @@ import tritonclient.http as httpclient
 from triton_actor import fastpath
 
 from .bls_models import caller_repo, controller_repo
-from .model_control import wait_for
+from .model_control import index, wait_for
 from .server import ServerProcess, wait_for_fifo
 
 
@@ -120,6 +120,47 @@ def test_cycle_between_two_models(client: httpclient.InferenceServerClient) -> N
     assert got["inner"]["code"] == 4 and "would wait forever" in got["inner"]["error"], got
     # no cycle: caller -> caller_b -> addsub
     assert run(client, "caller", "to:caller_b:sync")["inner"]["outputs"]["OUTPUT0"] == SUM
+
+
+@pytest.fixture
+def quick_client(bls_server: ServerProcess) -> Iterator[httpclient.InferenceServerClient]:
+    """A client that gives up after 20 s: a cycle that is not refused hangs for good."""
+    c = httpclient.InferenceServerClient(bls_server.url, network_timeout=20)
+    yield c
+    c.close()
+
+
+def test_cycle_through_an_ensemble(quick_client: httpclient.InferenceServerClient) -> None:
+    # caller (one instance) -> ens_caller, whose step is caller: Triton hangs (and so did we: the
+    # ensemble has no instances, the wait graph did not look inside); refused as a direct cycle is
+    got = run(quick_client, "caller", "to:ens_caller:sync")
+    assert got["code"] == 4 and "would wait forever" in got["error"], got
+    got = run(quick_client, "caller", "to:ens_nested:sync")  # ens_nested -> ens_caller -> caller
+    assert got["code"] == 4 and "would wait forever" in got["error"], got
+    # caller -> ens_b -> caller_b -> caller: the step's own BLS call back is refused
+    got = run(quick_client, "caller", "to:ens_b:to:caller:sync")
+    assert got["inner"]["code"] == 4 and "would wait forever" in got["inner"]["error"], got
+    assert run(quick_client, "caller", "sync")["outputs"]["OUTPUT0"] == SUM  # the instance is free again
+
+
+def test_ensembles_without_a_cycle(quick_client: httpclient.InferenceServerClient) -> None:
+    # caller_pair has two instances: the ensemble's step runs on the other one
+    assert run(quick_client, "caller_pair", "to:ens_pair:sync")["inner"]["outputs"]["OUTPUT0"] == SUM
+    assert run(quick_client, "caller", "to:ens_b:sync")["inner"]["outputs"]["OUTPUT0"] == SUM  # caller -> ens_b -> caller_b
+    assert run(quick_client, "caller_b", "to:ens_caller:sync")["inner"]["outputs"]["OUTPUT0"] == SUM
+
+
+def test_unload_after_a_cycle_through_an_ensemble(tmp_path: Path, start_server) -> None:
+    """The refused call leaves the caller's instance free, so its unload finishes (it stayed UNLOADING)."""
+    server = start_server(caller_repo(tmp_path / "repo"), flags=("--model-control-mode=explicit", "--load-model=*"))
+    c = httpclient.InferenceServerClient(server.url, network_timeout=20)
+    try:
+        got = run(c, "caller", "to:ens_caller:sync")
+        assert got["code"] == 4 and "would wait forever" in got["error"], got
+        c.unload_model("caller")
+        wait_for(lambda: index(c)[("caller", "1")]["state"] == "UNAVAILABLE", what="caller unloaded")
+    finally:
+        c.close()
 
 
 def test_bls_from_a_thread_of_a_decoupled_model(bls_server: ServerProcess) -> None:

@@ -539,20 +539,96 @@ ensemble_scheduling {{ step [
   {_step("join", {"A": "y", "B": "b"}, {"OUT": "OUT"})} ] }}
 """)
     server = start_server(repo)
+    outs = [float(r.as_numpy("OUT")[0]) for r in _stream_n_nf(server, "joined", 3, 3.0)]
+    assert sorted(outs) == [30.0, 31.0, 32.0]
+
+
+def _stream_n_nf(server, model: str, n: int, nf: float) -> list[grpcclient.InferResult]:
+    """One request (N, NF) on a gRPC stream; every response that has OUT."""
     got: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(server.grpc_url)
     client.start_stream(callback=lambda result, error: got.put((result, error)))
-    n = grpcclient.InferInput("N", [1], "INT32")
-    n.set_data_from_numpy(np.array([3], np.int32))
-    nf = grpcclient.InferInput("NF", [1], "FP32")
-    nf.set_data_from_numpy(np.array([3], np.float32))
-    client.async_stream_infer("joined", [n, nf], enable_empty_final_response=True)
-    outs = []
-    while True:
-        result, error = got.get(timeout=60)
-        assert error is None, error.message()
-        if result.as_numpy("OUT") is None:
-            break
-        outs.append(float(result.as_numpy("OUT")[0]))
-    client.stop_stream()
-    assert sorted(outs) == [30.0, 31.0, 32.0]
+    n_input = grpcclient.InferInput("N", [1], "INT32")
+    n_input.set_data_from_numpy(np.array([n], np.int32))
+    nf_input = grpcclient.InferInput("NF", [1], "FP32")
+    nf_input.set_data_from_numpy(np.array([nf], np.float32))
+    client.async_stream_infer(model, [n_input, nf_input], enable_empty_final_response=True)
+    results = []
+    try:
+        while True:
+            result, error = got.get(timeout=60)
+            assert error is None, error.message()
+            if result.as_numpy("OUT") is None:
+                return results
+            results.append(result)
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def test_a_very_wide_ensemble(tmp_path: Path, start_server) -> None:
+    """2000 steps that all read the ensemble input start a few dozen per hub turn (the hub stays free
+    for other requests meanwhile: scripts/bench_wide_ensemble.py measures it); every output arrives."""
+    add_model(tmp_path, "ident", _arith_config({}), ARITH_PY)
+    names = [f"O{i}" for i in range(2000)]
+    add_ensemble(tmp_path, "wide", _ensemble_config(names, [_step("ident", {"X": "IN"}, {"Y": o}) for o in names]))
+    server = start_server(tmp_path)
+    client = httpclient.InferenceServerClient(server.url, network_timeout=60)
+    x = httpclient.InferInput("IN", [1, 2], "FP32")
+    x.set_data_from_numpy(np.array([[1.5, 2.0]], np.float32))
+    try:
+        jobs = [gevent.spawn(client.infer, "wide", [x]) for _ in range(3)]  # three at once share the turns
+        gevent.joinall(jobs, timeout=120, raise_error=True)
+        for job in jobs:
+            assert all(job.value.as_numpy(o).tolist() == [[1.5, 2.0]] for o in names)
+        assert client.is_server_ready()
+    finally:
+        client.close()
+
+
+IDENT1_PY = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy())])
+                for r in requests]
+"""
+
+
+def test_a_decoupled_step_beside_a_wide_fan_out(tmp_path: Path, start_server) -> None:
+    """gen (step 0) streams while 300 plain steps of the same table start a few dozen per hub turn:
+    each response's fork gets all their outputs, and join OUT = Y + P299 once per response (the
+    unit tests in test_ensemble_scheduler.py pin the order of events)."""
+    repo = tmp_path / "repo"
+    _decoupled_repo(repo, max_inflight=0)
+    add_model(repo, "ident1", """
+backend: "python"
+max_batch_size: 0
+input [ { name: "X", data_type: TYPE_FP32, dims: [ 1 ] } ]
+output [ { name: "Y", data_type: TYPE_FP32, dims: [ 1 ] } ]
+""", IDENT1_PY)
+    add_model(repo, "join", """
+backend: "python"
+max_batch_size: 0
+input [ { name: "A", data_type: TYPE_FP32, dims: [ 1 ] }, { name: "B", data_type: TYPE_FP32, dims: [ 1 ] } ]
+output [ { name: "OUT", data_type: TYPE_FP32, dims: [ 1 ] } ]
+""", JOIN_PY)
+    wide = [f"P{i}" for i in range(300)]
+    outs = ", ".join(f'{{ name: "{o}", data_type: TYPE_FP32, dims: [ 1 ] }}' for o in ["OUT", *wide[:-1]])
+    add_ensemble(repo, "fan", f"""
+platform: "ensemble"
+max_batch_size: 0
+model_transaction_policy {{ decoupled: true }}
+input [ {{ name: "N", data_type: TYPE_INT32, dims: [ 1 ] }}, {{ name: "NF", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+output [ {outs} ]
+ensemble_scheduling {{ step [
+  {_step("gen", {"N": "N"}, {"Y": "y"})},
+  {", ".join(_step("ident1", {"X": "NF"}, {"Y": p}) for p in wide)},
+  {_step("join", {"A": "y", "B": wide[-1]}, {"OUT": "OUT"})} ] }}
+""")
+    server = start_server(repo)
+    answers = [(float(r.as_numpy("OUT")[0]), {float(r.as_numpy(p)[0]) for p in wide[:-1]})
+               for r in _stream_n_nf(server, "fan", 3, 7.0)]
+    assert sorted(a[0] for a in answers) == [7.0, 8.0, 9.0]
+    assert all(a[1] == {7.0} for a in answers)

@@ -53,3 +53,67 @@ def test_an_idle_caller_does_not_count() -> None:
 def test_unknown_versions_are_not_cycles() -> None:
     w = Worker()
     assert graph({}).enter(w, ("ensemble", 1))
+
+
+@dataclass
+class Ensemble:
+    """A fake ensemble scheduler: what a new request calls, what each request in flight still calls."""
+
+    steps: tuple[tuple[str, int], ...]
+    runs: list[set[tuple[str, int]]]
+
+    def needs(self) -> tuple[tuple[str, int], ...]:
+        return self.steps
+
+    def runs_need(self) -> list[set[tuple[str, int]]]:
+        return self.runs
+
+
+def with_ensembles(instances: dict[tuple[str, int], list[Worker]],
+                   ensembles: dict[tuple[str, int], Ensemble]) -> WaitGraph:
+    return WaitGraph(lambda v: instances.get(v, []), ensembles.get)
+
+
+E, F = ("e", 1), ("f", 1)
+
+
+def test_a_model_calling_an_ensemble_of_itself() -> None:
+    a = Worker()
+    e = Ensemble((B, A), [])
+    g = with_ensembles({A: [a], B: [Worker(busy=False)]}, {E: e})
+    assert not g.enter(a, E)  # e's request needs a, whose only instance is the caller
+    two = [Worker(), Worker(busy=False)]
+    assert with_ensembles({A: two}, {E: e}).enter(two[0], E)  # the other instance of a serves the step
+
+
+def test_an_ensemble_without_the_caller() -> None:
+    a = Worker()
+    assert with_ensembles({A: [a], B: [Worker()]}, {E: Ensemble((B,), [])}).enter(a, E)
+
+
+def test_nested_ensembles() -> None:
+    a = Worker()
+    g = with_ensembles({A: [a]}, {E: Ensemble((F,), []), F: Ensemble((A,), [])})
+    assert not g.enter(a, E)  # e -> f -> a
+
+
+def test_a_step_that_calls_back() -> None:
+    a, b = Worker(), Worker()
+    e = Ensemble((B,), [])
+    g = with_ensembles({A: [a], B: [b]}, {E: e})
+    assert g.enter(a, E)  # b is free: a's request reaches it
+    e.runs = [{B}]  # a's request runs b now, and b calls a
+    assert not g.enter(b, A)
+    assert g.enter(b, ("addsub", 1))  # a call elsewhere only waits
+
+
+def test_requests_in_flight_need_only_what_is_left() -> None:
+    a, b = Worker(), Worker()
+    e = Ensemble((A, ("c", 1)), [{("c", 1)}])  # b's request is past a, running c
+    g = with_ensembles({A: [a], B: [b], ("c", 1): [Worker()]}, {E: e})
+    assert g.enter(b, E)  # a and c run without waiting: b's new request will get them
+    assert g.enter(a, B)  # that request no longer needs a: b will be free
+    e.runs = [{A, ("c", 1)}]  # not past a yet: a -> b -> e -> a
+    assert not g.enter(a, B)
+    e.runs = []  # no request in flight (answered, b not yet told): nothing to wait for
+    assert g.enter(a, B)

@@ -4,14 +4,18 @@ An :class:`InlineActor` in the place a version's SchedulerActor takes for other 
 table's :class:`~.handles.VersionHandle` tells it :class:`~.scheduler.Enqueue` the same way). Messages:
 ``Enqueue`` (a request), :class:`_StepAnswered` (a composing model answered a step, from the hub),
 :class:`_StepStreamed` (one response of a decoupled composing model, from the step's reader greenlet),
-``GetStats`` and ``GetStatus`` (asks), ``Drain`` (completed once no request is in flight).
+``GetStats`` and ``GetStatus`` (asks), ``Drain`` (completed once no request is in flight),
+:class:`~.wake_timer.Wake` (the next hub turn: start more of the steps that wait).
 State owned: the requests in flight (:class:`_Run`, each with its tensor tables) and the ensemble's
 :class:`~..statistics.VersionStats`. Composing models are not owned: each step is routed through the
 repository's routing table when it starts (``routes()``), so it goes through that model's own scheduler
 (its dynamic batcher sees ensemble traffic) and a reloaded composing model is picked up by the next step.
 
 Data flow: a step starts as soon as every tensor it reads exists, so independent branches run at the
-same time; tensors pass between steps as the same numpy arrays (no copies). A step that fails fails its
+same time; tensors pass between steps as the same numpy arrays (no copies). A new tensor looks only
+at the steps that read it (``Graph.consumers``), and at most :data:`STEPS_PER_TURN` steps start in
+one hub turn, the rest (of every request, in order) in the next turns: a very wide ensemble (2000
+steps reading its input) no longer holds the hub for the whole fan-out. A step that fails fails its
 request with the step's message and drops the request's tensors; other requests are untouched. A
 decoupled composing model's responses each fork the request's tensor table and drive the steps
 downstream once per response; every table that completes the ensemble outputs is one response of a
@@ -26,8 +30,9 @@ actor fails what is in flight with UNAVAILABLE.
 
 from __future__ import annotations
 
+import collections
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,8 +47,16 @@ from ..statistics import VersionStats
 from .kernel import InlineActor, Reply
 from .response_channel import STREAM_MAX_BYTES, STREAM_MAX_RESPONSES, BoundedResponseChannel, ResponseChannel
 from .scheduler import Drain, Enqueue, GetStats, GetStatus
+from .wake_timer import Wake, WakeTimer
 
 Routes = Callable[[], Mapping[str, Any]]  # name → ModelHandle (the repository's routing table, read live)
+
+# Steps started in one hub turn; the rest wait for the next turns (a zero-delay loop timer, so the hub
+# polls its sockets in between). Starting a step costs about 30 µs here (request, routing, validation,
+# the composing model's scheduler, its execution when the model runs inline): 2000 side-by-side steps
+# of one request started in one go made health checks wait up to 67 ms; 64 a turn, 2.5 ms
+# (scripts/bench_wide_ensemble.py, README "Ensembles").
+STEPS_PER_TURN = 64
 
 
 @dataclass(eq=False, slots=True)
@@ -56,7 +69,9 @@ class _Table:
     parent: _Table | None = None
     children: list[_Table] = field(default_factory=list)
     plain: int = 0  # steps in flight that answer once
+    queued: int = 0  # steps ready but not started yet (waiting for a later hub turn)
     streams: int = 0  # decoupled steps in flight
+    running: set[int] = field(default_factory=set)  # indices of its steps in flight (for the BLS wait graph)
     settled: bool = False
     release: Callable[[], Any] | None = None  # frees the max_inflight slot this fork holds
 
@@ -97,7 +112,9 @@ class _StepStreamed:
 class EnsembleScheduler(InlineActor):
     """The scheduler of one ensemble version."""
 
-    def __init__(self, name: str, graph: Graph, routes: Routes, stats: VersionStats, max_inflight: int = 0) -> None:
+    def __init__(self, name: str, graph: Graph, routes: Routes, stats: VersionStats, max_inflight: int = 0,
+                 steps_per_turn: int = STEPS_PER_TURN, turns: Callable[[Callable[[object], None]], Any] = WakeTimer) -> None:
+        # ``turns(tell)``: the next-hub-turn timer (a WakeTimer armed with no delay; tests pass a manual one)
         super().__init__(name)
         self._graph = graph
         self._routes = routes
@@ -105,6 +122,9 @@ class EnsembleScheduler(InlineActor):
         self._max_inflight = max_inflight
         self._runs: set[_Run] = set()
         self._drains: list[Reply[None]] = []
+        self._ready: collections.deque[tuple[_Run, _Table, Step]] = collections.deque()  # FIFO, all runs
+        self._steps_per_turn = steps_per_turn
+        self._turn = turns(self.ref.tell)  # armed while steps wait in ``_ready``
 
     # -- messages ---------------------------------------------------------------------------------
     def on_Enqueue(self, msg: Enqueue) -> None:
@@ -113,11 +133,12 @@ class EnsembleScheduler(InlineActor):
         table = _Table(dict(msg.request.inputs), set())
         run.tables.append(table)
         run.open_tables = 1
-        self._advance(run, table)
+        self._advance(run, table, table.tensors)
 
     def on__StepAnswered(self, msg: _StepAnswered) -> None:
         run, table = msg.run, msg.table
         table.plain -= 1
+        table.running.discard(msg.step.index)
         if run.failed:
             return
         error = msg.reply.exception()
@@ -138,6 +159,7 @@ class EnsembleScheduler(InlineActor):
         run, table, item = msg.run, msg.table, msg.item
         if msg.final:
             table.streams -= 1
+            table.running.discard(msg.step.index)
         if run.failed:
             if msg.gate is not None and isinstance(item, InferResponse):
                 msg.gate.release()
@@ -157,7 +179,7 @@ class EnsembleScheduler(InlineActor):
             table.children.append(fork)
             run.tables.append(fork)
             run.open_tables += 1
-            self._advance(run, fork)
+            self._advance(run, fork, outputs)
         if msg.final:
             self._settle(run, table)
 
@@ -169,11 +191,18 @@ class EnsembleScheduler(InlineActor):
         return {"stats": self._stats.snapshot(), "queued": 0, "running": len(self._runs), "busy_instances": 0,
                 "instances": []}
 
+    def on_Wake(self, msg: Wake) -> None:
+        """The next hub turn: start the next steps that wait."""
+        self._turn.woke(msg)
+        self._start_ready()
+
     def on_Drain(self, msg: Drain) -> None:
         self._drains.append(msg.reply)
         self._maybe_drained()
 
     def on_stop(self) -> None:
+        self._turn.stop()
+        self._ready.clear()
         error = TritonError.unavailable(f"model version '{self.name}' is unloading")
         for run in list(self._runs):
             self._fail(run, error)
@@ -181,16 +210,74 @@ class EnsembleScheduler(InlineActor):
             reply.set(None)
         self._drains.clear()
 
-    # -- the data flow ----------------------------------------------------------------------------
-    def _advance(self, run: _Run, table: _Table) -> None:
-        """Start every step of ``table`` whose inputs all exist; settle the table when nothing is left."""
-        graph = self._graph
-        for step in graph.steps:
+    # -- what the BLS wait graph reads (bls_waits.Composite; hub thread, between messages) ----------
+    def needs(self) -> set[tuple[str, int]]:
+        """The composing versions a new request calls: every step's."""
+        return self._versions(range(len(self._graph.steps)))
+
+    def runs_need(self) -> list[set[tuple[str, int]]]:
+        """For each request in flight, the composing versions it still calls: the steps running or not
+        started in any of its open tables (a step after a decoupled one runs in the forks)."""
+        out = []
+        every = range(len(self._graph.steps))
+        for run in self._runs:
             if run.failed:
-                return
-            if step.index not in table.started and all(t in table.tensors for _, t in step.inputs):
-                self._start(run, table, step)
+                continue
+            left: set[int] = set()
+            for table in run.tables:
+                if not table.settled:
+                    left.update(i for i in every if i not in table.started)
+                    left.update(table.running)
+            out.append(self._versions(left))
+        return out
+
+    def _versions(self, indices: Iterable[int]) -> set[tuple[str, int]]:
+        """The versions that serve these steps now (steps that cannot be routed are left out)."""
+        routes = self._routes()
+        out = set()
+        for i in indices:
+            step = self._graph.steps[i]
+            handle = routes.get(step.model)
+            try:
+                if handle is not None:
+                    out.add((step.model, handle.resolve(step.version).version))
+            except TritonError:
+                pass  # not ready: the step fails when it starts, nobody waits on it
+        return out
+
+    # -- the data flow ----------------------------------------------------------------------------
+    def _advance(self, run: _Run, table: _Table, tensors: Iterable[str]) -> None:
+        """Start the steps of ``table`` that read one of the new ``tensors`` and now have all their
+        inputs (graph order; only their consumers are looked at, so a step's answer costs what reads
+        it, not the whole graph); settle the table when nothing is left. Past ``STEPS_PER_TURN``
+        started in this turn, steps wait for later hub turns."""
+        graph = self._graph
+        ready = {i for t in tensors for i in graph.consumers.get(t, ())}
+        for i in sorted(ready):
+            step = graph.steps[i]
+            if i not in table.started and all(t in table.tensors for _, t in step.inputs):
+                table.started.add(i)
+                table.running.add(i)
+                table.queued += 1
+                self._ready.append((run, table, step))
+        if not self._turn.armed:
+            self._start_ready()
         self._settle(run, table)
+
+    def _start_ready(self) -> None:
+        """Start up to ``STEPS_PER_TURN`` waiting steps (of any request, in order); arm the timer for
+        the next turn if more wait."""
+        queue = self._ready
+        budget = self._steps_per_turn
+        while queue and budget:
+            run, table, step = queue.popleft()
+            table.queued -= 1
+            if run.failed:
+                continue
+            budget -= 1
+            self._start(run, table, step)
+        if queue:
+            self._turn.arm(time.perf_counter_ns(), 0)
 
     def _publish(self, run: _Run, table: _Table, outputs: dict[str, InferInput]) -> None:
         """A plain step's outputs go to its table and to the forks made from it meanwhile; the forks
@@ -200,10 +287,9 @@ class EnsembleScheduler(InlineActor):
             if not child.settled and not run.failed:
                 self._publish(run, child, outputs)
         if not run.failed:
-            self._advance(run, table)
+            self._advance(run, table, outputs)
 
     def _start(self, run: _Run, table: _Table, step: Step) -> None:
-        table.started.add(step.index)
         top = run.msg.request
         if run.decoupled is not None and run.decoupled.is_cancelled():
             self._fail(run, TritonError(Code.CANCELLED, "[request id: " + (top.id or "<id_unknown>") + "] cancelled"))
@@ -267,11 +353,11 @@ class EnsembleScheduler(InlineActor):
     def _settle(self, run: _Run, table: _Table) -> None:
         """A table with nothing in flight (and no running plain step of its parent it could still
         inherit from) is done: it answers if it holds every ensemble output."""
-        if table.settled or table.plain or table.streams or run.failed:
+        if table.settled or table.plain or table.streams or table.queued or run.failed:
             return
         parent = table.parent
         while parent is not None:
-            if parent.plain:
+            if parent.plain or parent.queued:
                 return
             parent = parent.parent
         table.settled = True
@@ -363,3 +449,11 @@ def _quiet(tell: Callable[[object], None], message: object) -> None:
         tell(message)
     except TritonError:
         pass  # the scheduler stopped: on_stop already failed the request
+
+
+def ensemble_of(routes: Routes, key: tuple[str, int]) -> EnsembleScheduler | None:
+    """The scheduler of version ``key`` if it is an ensemble's (the BLS wait graph's ``composite_of``)."""
+    handle = routes().get(key[0])
+    version = handle.versions.get(key[1]) if handle is not None else None
+    scheduler = version.scheduler if version is not None else None
+    return scheduler if isinstance(scheduler, EnsembleScheduler) else None

@@ -1,0 +1,206 @@
+"""The ensemble scheduler (actors/ensemble.py) with fake composing models: steps start a few per hub
+turn, forks wait for the steps their table has not started yet, and what the BLS wait graph reads."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import gevent
+import numpy as np
+import pytest
+from google.protobuf import text_format
+
+from triton_actor.actors.ensemble import EnsembleScheduler
+from triton_actor.actors.kernel import Reply
+from triton_actor.actors.response_channel import BoundedResponseChannel
+from triton_actor.actors.scheduler import Enqueue
+from triton_actor.actors.wake_timer import Wake
+from triton_actor.inference import InferInput, InferRequest, InferResponse
+from triton_actor.protocol.dtypes import BY_WIRE
+from triton_actor.repository.config import ModelConfig
+from triton_actor.repository.ensemble_graph import check_scheduling
+from triton_actor.statistics import VersionStats
+
+pytestmark = pytest.mark.usefixtures("fast_paths")
+
+
+class ManualTurns:
+    """The next-hub-turn timer, fired by the test."""
+
+    def __init__(self, tell: Callable[[object], None]) -> None:
+        self.tell = tell
+        self.armed = False
+
+    def arm(self, _now: int, _wait_ns: int) -> None:
+        self.armed = True
+
+    def woke(self, _msg: Wake) -> None:
+        self.armed = False
+
+    def stop(self) -> None:
+        self.armed = False
+
+    def fire(self) -> None:
+        assert self.armed
+        self.tell(Wake(self))
+
+
+class FakeModel:
+    """A composing model: every request it gets waits in ``calls`` for the test to answer it."""
+
+    def __init__(self, name: str, decoupled: bool = False) -> None:
+        self.name = name
+        self.config = SimpleNamespace(model_transaction_policy=SimpleNamespace(decoupled=decoupled))
+        self.version = 1
+        self.versions = {1: self}
+        self.calls: list[tuple[InferRequest, Reply[InferResponse]]] = []
+
+    def resolve(self, _version: int) -> FakeModel:
+        return self
+
+    def infer(self, request: InferRequest) -> Reply[InferResponse]:
+        reply: Reply[InferResponse] = Reply()
+        self.calls.append((request, reply))
+        return reply
+
+
+def _tensor(name: str, value: float) -> InferInput:
+    return InferInput(name, BY_WIRE["FP32"], (1,), np.array([value], np.float32))
+
+
+def _graph(outputs: list[str], steps: list[tuple[str, dict[str, str], dict[str, str]]], decoupled: bool = False,
+           inputs: tuple[str, ...] = ("IN",)) -> Any:
+    maps = []
+    for model, ins, outs in steps:
+        imap = " ".join(f'input_map {{ key: "{k}" value: "{v}" }}' for k, v in ins.items())
+        omap = " ".join(f'output_map {{ key: "{k}" value: "{v}" }}' for k, v in outs.items())
+        maps.append(f'{{ model_name: "{model}" model_version: -1 {imap} {omap} }}')
+    text = f"""
+name: "ens"
+platform: "ensemble"
+input [ {", ".join(f'{{ name: "{name}", data_type: TYPE_FP32, dims: [ 1 ] }}' for name in inputs)} ]
+output [ {", ".join(f'{{ name: "{o}", data_type: TYPE_FP32, dims: [ 1 ] }}' for o in outputs)} ]
+ensemble_scheduling {{ step [ {", ".join(maps)} ] }}
+{"model_transaction_policy { decoupled: true }" if decoupled else ""}
+"""
+    return check_scheduling(text_format.Parse(text, ModelConfig()))
+
+
+def _scheduler(graph: Any, models: list[FakeModel], per_turn: int) -> tuple[EnsembleScheduler, ManualTurns]:
+    turns: list[ManualTurns] = []
+
+    def make(tell: Callable[[object], None]) -> ManualTurns:
+        turns.append(ManualTurns(tell))
+        return turns[0]
+
+    routes = {m.name: m for m in models}
+    sched = EnsembleScheduler("ensemble:ens:1", graph, lambda: routes, VersionStats("ens", 1), steps_per_turn=per_turn,
+                              turns=make)
+    sched.start()
+    return sched, turns[0]
+
+
+def _enqueue(sched: EnsembleScheduler, responses: Any = None, inputs: tuple[str, ...] = ("IN",)) -> Reply[InferResponse]:
+    reply: Reply[InferResponse] = Reply()
+    request = InferRequest("ens", 1, "", {name: _tensor(name, 2.0) for name in inputs}, responses=responses)
+    sched.ref.tell(Enqueue(request, 1, reply, 0))
+    return reply
+
+
+def _handled(condition: Callable[[], bool]) -> None:
+    """Let the actor (slow path: its loop greenlet) and the readers run until ``condition`` holds."""
+    with gevent.Timeout(10):
+        while not condition():
+            gevent.idle()
+
+
+def _answer(model: FakeModel, index: int, name: str = "Y", value: float | None = None) -> None:
+    request, reply = model.calls[index]
+    x = next(iter(request.inputs.values())).data
+    reply.set(InferResponse([(name, x if value is None else np.array([value], np.float32))]))
+
+
+def test_a_wide_step_set_starts_a_few_per_turn() -> None:
+    ident = FakeModel("ident")
+    names = [f"O{i}" for i in range(5)]
+    sched, turns = _scheduler(_graph(names, [("ident", {"X": "IN"}, {"Y": o}) for o in names]), [ident], 2)
+    reply = _enqueue(sched)
+    _handled(lambda: len(ident.calls) == 2)
+    assert turns.armed
+    assert sched.runs_need() == [{("ident", 1)}]  # what the BLS wait graph sees: ident, still needed
+    turns.fire()
+    _handled(lambda: len(ident.calls) == 4)
+    turns.fire()
+    _handled(lambda: len(ident.calls) == 5)
+    assert not turns.armed
+    for i in range(5):
+        _answer(ident, i)
+    response = reply.get(timeout=10)
+    assert [name for name, _ in response.outputs] == names
+    assert sched.runs_need() == []
+
+
+def test_forks_wait_for_the_steps_their_table_has_not_started() -> None:
+    """gen (decoupled) answers while plain steps of the same table still wait for a turn: each fork gets
+    their outputs once they run, and join runs once per response."""
+    gen, ident, join = FakeModel("gen", decoupled=True), FakeModel("ident"), FakeModel("join")
+    wide = [f"P{i}" for i in range(4)]
+    graph = _graph(["OUT", *wide[:-1]], [("gen", {"N": "N"}, {"Y": "y"}),
+                                        *(("ident", {"X": "IN"}, {"Y": p}) for p in wide),
+                                        ("join", {"A": "y", "B": wide[-1]}, {"OUT": "OUT"})], decoupled=True,
+                   inputs=("IN", "N"))
+    sched, turns = _scheduler(graph, [gen, ident, join], 2)
+    stream = BoundedResponseChannel(100)
+    reply = _enqueue(sched, stream, ("IN", "N"))
+    _handled(lambda: len(gen.calls) == 1 and len(ident.calls) == 1)
+    channel = gen.calls[0][0].responses
+    for value in (10.0, 20.0):
+        channel.send(InferResponse([("Y", np.array([value], np.float32))]), False)
+    channel.send(None, True)
+    _answer(ident, 0)
+    _handled(lambda: not any(t.streams for r in sched._runs for t in r.tables))  # both forks exist, gen ended
+    assert not join.calls
+    turns.fire()
+    _handled(lambda: len(ident.calls) == 3)
+    turns.fire()
+    _handled(lambda: len(ident.calls) == 4)
+    for i in range(1, 4):
+        _answer(ident, i)
+    _handled(lambda: len(join.calls) == 2)
+    for i in range(2):
+        request, join_reply = join.calls[i]
+        join_reply.set(InferResponse([("OUT", request.inputs["A"].data + request.inputs["B"].data)]))
+    got = []
+    while True:
+        item, final = stream.receive(timeout=10)
+        if item is not None:
+            got.append({name: float(data[0]) for name, data in item.outputs})
+        if final:
+            break
+    assert sorted(g["OUT"] for g in got) == [12.0, 22.0]
+    assert all(g["P0"] == g["P1"] == g["P2"] == 2.0 for g in got)  # every fork got the steps started later
+    assert reply.ready()
+
+
+def test_a_fork_with_nothing_to_run_settles_once_its_parent_started_everything() -> None:
+    """A fork of gen's response has nothing to run but waits while its table still has a step queued
+    (gen2, decoupled): once that one starts, the fork settles and the request can end."""
+    gen, ident = FakeModel("gen", decoupled=True), FakeModel("ident")
+    graph = _graph(["y1", "O2"], [("gen", {"N": "N"}, {"Y": "y1"}), ("gen", {"N": "N"}, {"Y": "y2"}),
+                                  ("ident", {"X": "y2"}, {"Y": "O2"})], decoupled=True, inputs=("N",))
+    sched, turns = _scheduler(graph, [gen, ident], 1)
+    stream = BoundedResponseChannel(100)
+    _enqueue(sched, stream, ("N",))
+    _handled(lambda: len(gen.calls) == 1)
+    first = gen.calls[0][0].responses
+    first.send(InferResponse([("Y", np.array([1.0], np.float32))]), False)
+    first.send(None, True)
+    _handled(lambda: not any(t.streams for r in sched._runs for t in r.tables))
+    turns.fire()  # gen2 starts: nothing of the table is queued any more
+    _handled(lambda: len(gen.calls) == 2)
+    gen.calls[1][0].responses.send(None, True)  # gen2 ends without a response
+    item, final = stream.receive(timeout=10)
+    assert final and "finished without producing its outputs" in str(item)  # the request ended
+    assert sched.runs_need() == []
