@@ -181,6 +181,19 @@ def test_bad_generate_requests(server, path: str, body: object, status: int, wor
         assert word in error, error
 
 
+@pytest.mark.parametrize("path", ["generate", "generate_stream"])
+def test_generate_takes_identity_bodies_only(server, path: str) -> None:
+    """As Triton's generate endpoints: a body is JSON as sent; a compressed one is a 400, not inflated."""
+    import gzip
+
+    body = gzip.compress(json.dumps({"INPUT0": [1, 2, 3, 4], "INPUT1": [1, 1, 1, 1]}).encode())
+    req = urllib.request.Request(f"http://{server.url}/v2/models/add_sub/{path}", data=body, method="POST",
+                                 headers={"Content-Encoding": "gzip"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=60)
+    assert e.value.code == 400 and "JSON" in json.loads(e.value.read())["error"]
+
+
 def test_client_leaving_mid_stream_cancels_the_generation(server) -> None:
     host, port = server.url.split(":")
     body = json.dumps({"text_input": "a long story", "max_tokens": 500, "id": "leaver"}).encode()

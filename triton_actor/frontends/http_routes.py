@@ -186,7 +186,9 @@ def _infer_reply(chunks: list[bytes], json_length: int | None, accept_encoding: 
 def _generate_routes(app: Flask, plane: DataPlane) -> None:
     def start(req: HttpRequest, model: str, version: int) -> tuple[InferRequest, Streamed]:
         inputs, max_batch_size = plane.input_specs(model, version)
-        request = generate.decode_request(req.payload(), model, version, inputs, max_batch_size)
+        # the body as sent: Triton's generate endpoints take identity only (a compressed body is not JSON);
+        # (it was inflated here, so a gzip body worked where Triton refuses it)
+        request = generate.decode_request(req.body, model, version, inputs, max_batch_size)
         return request, plane.infer_stream(request)
 
     @versioned(app, "/generate", "POST")

@@ -25,6 +25,7 @@ from .. import fastpath
 
 CHUNKED = -1  # Head.length of a chunked body
 _MAX_SIZE_DIGITS = 18  # a Content-Length this long is over any body limit
+_HUGE = 1 << 62  # what a longer one is taken as; said as "more than 10^18 - 1" (not as this number)
 _MAX_CHUNK_DIGITS = 16
 _CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,16})[ \t]*(?:;[^\r\n]*)?")
 # one header line: a token, a colon, a value of visible characters, blanks and obs-text; no CR,
@@ -201,7 +202,7 @@ def _framing(headers: dict[str, str]) -> int:
     if not value or not value.isascii() or not value.isdigit():  # no sign, blank, '_' or non-ASCII digit
         raise ProtocolError(400, "invalid Content-Length")
     digits = value.lstrip("0")
-    return int(digits or "0") if len(digits) <= _MAX_SIZE_DIGITS else 1 << 62
+    return int(digits or "0") if len(digits) <= _MAX_SIZE_DIGITS else _HUGE
 
 
 class ServerConnection:
@@ -349,7 +350,7 @@ class ServerConnection:
         length = info[6]  # Head.length (an index: field getters are the slow attribute path)
         if length > self.limits.max_body:
             self.state = ERROR
-            raise BodyTooLarge(length, self.limits.max_body)
+            raise BodyTooLarge(length if length != _HUGE else "more than " + "9" * _MAX_SIZE_DIGITS, self.limits.max_body)
         if length == CHUNKED:
             self.state = CHUNK_SIZE
             self._parts = []
