@@ -59,13 +59,13 @@ class StubServicer:
         self.response = resp
         self.ready = SimpleNamespace(reply=SimpleNamespace(ready=lambda: True))
 
-    def start_infer(self, req: Any) -> tuple[Any, Any]:
+    def start_infer(self, req: Any, *_: Any) -> tuple[Any, Any]:
         return req, self.ready
 
     def finish_infer(self, request: Any, pending: Any) -> Any:
         return self.response
 
-    def stream_infer(self, req: Any, _account: Any = None) -> Any:
+    def stream_infer(self, req: Any, *_: Any) -> Any:
         yield from ()
 
     def __getattr__(self, name: str) -> Any:

@@ -10,8 +10,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from . import __version__, fastpath, runtime_settings
+from . import __version__, compat_flags, fastpath, log_format, runtime_settings
 from .metrics.config import parse_metrics_config
+from .protocol import header_forward
 from .protocol.codings import GRPC_LEVELS
 from .repository import remote
 from .settings import Settings, default_grpc_max_connections
@@ -162,8 +163,6 @@ def build_parser() -> argparse.ArgumentParser:
                         "408 / DEADLINE_EXCEEDED and its share of the budget freed; 0 = no minimum")
     p.add_argument("--request-body-grace-secs", type=float, default=10.0,
                    help="seconds a request body may take before --request-body-min-rate applies")
-    p.add_argument("--log-verbose", type=int, default=0)
-    _flag(p, "--log-info", True, "log informational messages")
     _flag(p, "--strict-readiness", True, "ready only when every model is ready")
     _flag(p, "--exit-on-error", True, "exit when a model fails to load at startup")
     p.add_argument("--exit-timeout-secs", type=float, default=30.0, help="time in-flight requests get at shutdown")
@@ -189,7 +188,64 @@ def build_parser() -> argparse.ArgumentParser:
                    help="worker processes serving the same ports under gunicorn's arbiter (default 1: "
                         "one process, no arbiter); see conf/gunicorn.conf.py")
     _trace_flags(p)
+    _triton_flags(p)
+    compat_flags.add_flags(p, _flag, _bool)
     return p
+
+
+def _triton_flags(p: argparse.ArgumentParser) -> None:
+    """More of tritonserver's flags, grouped as its --help groups them."""
+    logs = p.add_argument_group("logging (GET/POST /v2/logging shows and changes them at run time)")
+    logs.add_argument("--log-verbose", type=int, default=0, help="verbose level; > 0 logs debug messages")
+    _flag(logs, "--log-info", True, "log informational messages")
+    _flag(logs, "--log-warning", True, "log warnings")
+    _flag(logs, "--log-error", True, "log errors")
+    logs.add_argument("--log-format", choices=log_format.FORMATS, default="default",
+                      help="default: 'I0520 20:03:25.829575 3355 name] msg'; ISO8601: '2024-05-20T20:03:25Z I 3355 "
+                           "name] msg'")
+    logs.add_argument("--log-file", default="", metavar="PATH", help="append the log to this file, not stderr")
+    net = p.add_argument_group("HTTP and gRPC")
+    _flag(net, "--reuse-http-port", False, "let other processes bind the HTTP port too (SO_REUSEPORT)")
+    net.add_argument("--http-header-forward-pattern", default="", metavar="REGEX",
+                     help="HTTP request headers whose name matches (case-insensitive unless the pattern starts "
+                          "with (?-i)) reach the model as string parameters")
+    net.add_argument("--grpc-header-forward-pattern", default="", metavar="REGEX",
+                     help="the same for gRPC metadata")
+    net.add_argument("--grpc-max-connection-age", type=int, default=0, metavar="MS",
+                     help="a gRPC connection this old gets GOAWAY (running calls finish; 0 = no limit)")
+    net.add_argument("--grpc-max-connection-age-grace", type=int, default=0, metavar="MS",
+                     help="after its GOAWAY an aged connection is closed within this (0 = when its calls end)")
+    metrics = p.add_argument_group("metrics")
+    _flag(metrics, "--allow-cpu-metrics", True, "nv_cpu_* families on /metrics")
+    _flag(metrics, "--allow-gpu-metrics", True, "nv_gpu_* and nv_energy_consumption families (NVML)")
+    models = p.add_argument_group("model loading")
+    models.add_argument("--model-load-retry-count", type=int, default=0, metavar="N",
+                        help="a model version whose load fails is tried N more times before it is UNAVAILABLE")
+
+
+def _triton_settings(args: argparse.Namespace) -> dict[str, object]:
+    """Settings of :func:`_triton_flags` (checked), and the compatibility flags' notes."""
+    for flag, pattern in (("--http-header-forward-pattern", args.http_header_forward_pattern),
+                          ("--grpc-header-forward-pattern", args.grpc_header_forward_pattern)):
+        try:
+            header_forward.compile_pattern(pattern)
+        except ValueError as e:
+            raise SystemExit(f"error: {flag}: {e}") from None
+    if min(args.model_load_retry_count, args.grpc_max_connection_age, args.grpc_max_connection_age_grace) < 0:
+        raise SystemExit("error: --model-load-retry-count and --grpc-max-connection-age(-grace) must be >= 0")
+    if args.log_verbose < 0:
+        raise SystemExit("error: --log-verbose must be >= 0")
+    return dict(log_verbose=args.log_verbose, log_info=args.log_info, log_warning=args.log_warning,
+                log_error=args.log_error, log_format=args.log_format, log_file=args.log_file,
+                reuse_http_port=args.reuse_http_port,
+                http_header_forward_pattern=args.http_header_forward_pattern,
+                grpc_header_forward_pattern=args.grpc_header_forward_pattern,
+                grpc_max_connection_age_secs=args.grpc_max_connection_age / 1000,
+                grpc_max_connection_age_grace_secs=args.grpc_max_connection_age_grace / 1000,
+                allow_cpu_metrics=args.allow_cpu_metrics and args.allow_metrics,
+                allow_gpu_metrics=args.allow_gpu_metrics and args.allow_metrics,
+                model_load_retry_count=args.model_load_retry_count,
+                ignored_flags=compat_flags.check(args))
 
 
 def _trace_flags(p: argparse.ArgumentParser) -> None:
@@ -262,8 +318,7 @@ def parse(argv: Sequence[str] | None = None, environ: dict[str, str] | None = No
         request_body_grace_secs=args.request_body_grace_secs,
         http_keepalive_timeout_secs=args.http_keepalive_timeout_secs,
         http_send_timeout_secs=args.http_send_timeout_secs,
-        log_verbose=args.log_verbose,
-        log_info=args.log_info,
+        **_triton_settings(args),
         strict_readiness=args.strict_readiness,
         exit_on_error=args.exit_on_error,
         exit_timeout_secs=args.exit_timeout_secs,
@@ -284,10 +339,17 @@ def parse(argv: Sequence[str] | None = None, environ: dict[str, str] | None = No
 
 
 def configure_logging(settings: Settings) -> None:
-    level = logging.DEBUG if settings.log_verbose else (logging.INFO if settings.log_info else logging.WARNING)
-    logging.basicConfig(level=level, stream=sys.stderr,
-                        format="%(levelname).1s%(asctime)s %(process)d %(name)s] %(message)s",
-                        datefmt="%m%d %H:%M:%S")
+    """The process's log handler: stderr or ``--log-file``, in ``--log-format`` (log_format.py)."""
+    try:
+        log_format.install(settings.log_file, log_format.start_settings(settings))
+    except OSError as e:
+        raise SystemExit(f"error: --log-file: cannot open '{settings.log_file}': {e.strerror or e}") from None
+
+
+def log_ignored_flags(settings: Settings) -> None:
+    """One INFO line per tritonserver flag that was given and has no effect here."""
+    for flag, why in settings.ignored_flags:
+        logging.getLogger("triton_actor.cli").info("%s accepted for compatibility, no effect: %s", flag, why)
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
@@ -302,6 +364,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
 
     fastpath.set_enabled(settings.fast_paths)
     configure_logging(settings)
+    log_ignored_flags(settings)
     from .server import Server
 
     code = Server(settings).run()

@@ -1,15 +1,16 @@
 """The settings clients may change at run time: logging and trace (spec §1.12, §1.13).
 
 One owner for both front ends. Every method runs in a hub greenlet and completes without switching,
-so updates are atomic. Log settings act on Python's logging levels; every trace settings change is
+so updates are atomic. Log settings act on the process's log handler (``log_format.py``: levels, line
+format, per-severity switches), seeded from the command line; every trace settings change is
 pushed into the process's :class:`~.tracing.Tracer`, which records the traces (``tracing.py``).
 """
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING, Any
 
+from . import log_format
 from .errors import TritonError
 
 if TYPE_CHECKING:
@@ -24,9 +25,12 @@ class RuntimeSettings:
     """Current log settings and global / per-model trace settings."""
 
     def __init__(self, log_info: bool = True, log_verbose: int = 0, trace: dict[str, list[str]] | None = None,
-                 tracer: Tracer | None = None) -> None:
+                 tracer: Tracer | None = None, log: dict[str, Any] | None = None) -> None:
+        """``log``: the start settings (``log_format.start_settings``); else defaults with ``log_info`` and
+        ``log_verbose``."""
         self.log: dict[str, Any] = {"log_file": "", "log_info": log_info, "log_warning": True, "log_error": True,
                                     "log_verbose_level": log_verbose, "log_format": "default"}
+        self.log.update(log or {})
         self.trace: dict[str, list[str]] = {k: list(v) for k, v in _TRACE_DEFAULTS.items()}
         self.model_trace: dict[str, dict[str, list[str]]] = {}
         if tracer is None:
@@ -49,7 +53,7 @@ class RuntimeSettings:
             elif key == "log_format":
                 ok = value in ("default", "ISO8601")
             elif key == "log_file":
-                if value:
+                if value != self.log["log_file"]:  # the handler is the process's from its start
                     raise TritonError.unsupported("log_file cannot be changed at run time")
                 ok = True
             else:
@@ -57,20 +61,8 @@ class RuntimeSettings:
             if not ok:
                 raise TritonError.invalid_arg(f"invalid value for log setting '{key}': {value!r}")
         self.log.update({k: v for k, v in changes.items() if k != "log_file"})
-        self._apply_log_levels()
+        log_format.apply(self.log)
         return dict(self.log)
-
-    def _apply_log_levels(self) -> None:
-        s = self.log
-        if s["log_verbose_level"] > 0:
-            level = logging.DEBUG
-        elif s["log_info"]:
-            level = logging.INFO
-        elif s["log_warning"]:
-            level = logging.WARNING
-        else:
-            level = logging.ERROR if s["log_error"] else logging.CRITICAL
-        logging.getLogger().setLevel(level)
 
     # -- trace ------------------------------------------------------------------------------------
     def trace_settings(self, model: str = "") -> dict[str, list[str]]:

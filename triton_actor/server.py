@@ -16,7 +16,7 @@ from typing import Any
 import gevent
 import gevent.event
 
-from . import hostwide, hub_errors, live_status
+from . import hostwide, hub_errors, live_status, log_format
 from .actors.model import LoadSettings
 from .actors.repository import RepositoryActor
 from .backends.base import Backend
@@ -37,7 +37,7 @@ from .frontends.metrics_server import MetricsServer
 from .host import Host, LocalHost
 from .metrics.snapshot import MetricsSource
 from .metrics.statsd_push import StatsdPusher
-from .protocol import http1
+from .protocol import header_forward, http1
 from .protocol.restricted import Restrictions
 from .repository import remote
 from .repository.remote import RemoteRepository
@@ -77,6 +77,7 @@ class Server:
             backend_config=settings.backend_config,
             latency_metrics=(settings.metrics_config.summary_latencies, settings.metrics_config.histogram_latencies),
             workers=settings.workers,
+            load_retries=settings.model_load_retry_count,
         )
         backends = backends or default_backends(settings.backend_config)
         # object-store repositories are mirrored into local folders the repository actor reads (remote.py)
@@ -90,7 +91,7 @@ class Server:
                                           refresh=refresh, announce=lost.announce)
         lost.register(self.repository)
         shm = SharedMemoryRegistry(settings.allow_client_shm, load.gpu_count)
-        runtime = RuntimeSettings(settings.log_info, settings.log_verbose, settings.trace_config)
+        runtime = RuntimeSettings(trace=settings.trace_config, log=log_format.start_settings(settings))
         runtime.tracer.for_worker(self.host.worker_id)  # trace ids and files apart per worker (tracing.py)
         hostwide.register_handlers(self.host, self.repository, shm, runtime)
         self.plane = DataPlane(self.repository, settings.server_id, settings.strict_readiness,
@@ -138,10 +139,12 @@ class Server:
             self.grpc = GrpcH2Server.from_settings(GrpcServicer(self.plane), s, budget, slots)
             log.info("Started GRPCInferenceService at %s:%d", s.grpc_address, self.grpc.start(listeners.get("grpc")))
         if s.allow_http:
-            self.frontend = HttpFrontend(create_app(self.plane), s.http_max_input_size,
+            forward = header_forward.compile_pattern(s.http_header_forward_pattern)
+            self.frontend = HttpFrontend(create_app(self.plane, forward), s.http_max_input_size,
                                          Restrictions(s.http_restricted_api, "--http-restricted-api"))
             self.http = HttpServer(s.http_address, s.http_port, self.frontend, self._http_limits(),
-                                   s.http_max_connections, listeners.get("http"), budget, slots)
+                                   s.http_max_connections, listeners.get("http"), budget, slots,
+                                   reuse_port=s.reuse_http_port)
             self.http.start()
             log.info("Started HTTPService at %s:%d", s.http_address, self.http.server_port)
         self._start_metrics(listeners.get("metrics"))
@@ -179,7 +182,8 @@ class Server:
         s = self.settings
         if s.allow_metrics:
             self.metrics = MetricsServer(self.host, s.metrics_config, listener or (s.metrics_address, s.metrics_port),
-                                         s.metrics_interval_ms / 1000, self._http_limits(), self._slots)
+                                         s.metrics_interval_ms / 1000, self._http_limits(), self._slots,
+                                         s.allow_cpu_metrics, s.allow_gpu_metrics)
             log.info("Started Metrics Service at %s:%d", s.metrics_address, self.metrics.start())
         if s.statsd_host:
             system = (lambda: self.metrics.sampler.values) if self.metrics is not None else None

@@ -29,6 +29,11 @@ class Settings:
     http_address: str = "0.0.0.0"
     http_port: int = 8000
     allow_http: bool = True
+    reuse_http_port: bool = False  # SO_REUSEPORT on the HTTP port (Triton's --reuse-http-port)
+    # request headers (HTTP) / metadata (gRPC) whose name matches are forwarded to the model as string
+    # parameters (Triton's --http/grpc-header-forward-pattern; protocol/header_forward.py); "" = none
+    http_header_forward_pattern: str = ""
+    grpc_header_forward_pattern: str = ""
     grpc_address: str = "0.0.0.0"
     grpc_port: int = 8001
     allow_grpc: bool = True
@@ -42,13 +47,19 @@ class Settings:
     grpc_max_connections: int = field(default_factory=default_grpc_max_connections)
     grpc_max_concurrent_streams: int = 128  # HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS (nginx's default)
     grpc_header_timeout_secs: float = 60.0  # TLS handshake, preface, SETTINGS or a header block (nginx's)
-    grpc_idle_timeout_secs: float = 180.0  # a connection without open streams is closed (GOAWAY); 0 = never
+    grpc_idle_timeout_secs: float = 180.0
+    # grpc.max_connection_age_ms / _grace_ms: GOAWAY once a connection is this old, closed after the grace
+    # (seconds; 0 = never / no limit to the grace, as grpc-core's defaults)
+    grpc_max_connection_age_secs: float = 0.0
+    grpc_max_connection_age_grace_secs: float = 0.0  # a connection without open streams is closed (GOAWAY); 0 = never
     # Triton's --grpc-infer-response-compression-level: none, low, medium, high (codings.grpc_response_coding)
     grpc_infer_response_compression_level: str = "none"
     metrics_port: int = 8002
     allow_metrics: bool = True  # GET /metrics on metrics_address:metrics_port (triton_actor.metrics)
     metrics_address: str = "0.0.0.0"
     metrics_interval_ms: int = 2000  # CPU/GPU gauges are sampled this often
+    allow_cpu_metrics: bool = True  # nv_cpu_* families on /metrics (Triton's --allow-cpu-metrics)
+    allow_gpu_metrics: bool = True  # nv_gpu_* / nv_energy_* families (NVML)
     metrics_config: MetricsConfig = field(default_factory=MetricsConfig)
     statsd_host: str = ""  # empty: no StatsD push
     statsd_port: int = 8125
@@ -71,6 +82,10 @@ class Settings:
     request_body_grace_secs: float = 10.0
     log_verbose: int = 0
     log_info: bool = True
+    log_warning: bool = True
+    log_error: bool = True
+    log_format: str = "default"  # Triton's "default" or "ISO8601" line format (log_format.py)
+    log_file: str = ""  # log to this file instead of stderr
     strict_readiness: bool = True
     exit_on_error: bool = True
     exit_timeout_secs: float = 30.0
@@ -79,6 +94,7 @@ class Settings:
     load_models: tuple[str, ...] = ()  # --load-model (explicit mode); ("*",) = every model
     repository_poll_secs: float = 15.0  # poll mode; 0 disables the periodic rescan
     model_load_thread_count: int = 4  # models that load at the same time
+    model_load_retry_count: int = 0  # a version whose load fails is tried this many more times
     model_config_name: str = ""
     backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
     allow_client_shm: bool = False
@@ -87,3 +103,5 @@ class Settings:
     http_restricted_api: tuple[str, ...] = ()  # --http-restricted-api specs (protocol/restricted.py)
     grpc_restricted_protocol: tuple[str, ...] = ()  # --grpc-restricted-protocol specs
     workers: int = 1  # --workers: processes under gunicorn's arbiter (triton_actor/workers/)
+    # tritonserver flags given that have no effect here: (flag, why), logged once at start (compat_flags.py)
+    ignored_flags: tuple[tuple[str, str], ...] = ()

@@ -53,7 +53,7 @@ def served() -> Iterator[tuple[GrpcH2Server, socket.socket, list[Any]]]:
     seen: list[Any] = []  # the requests the servicer got (unary and stream)
     servicer.ModelInfer = lambda request: seen.append(request) or servicer.response  # type: ignore[method-assign]
 
-    def stream_infer(request: Any, _account: Any = None) -> Iterator[pb.ModelStreamInferResponse]:
+    def stream_infer(request: Any, *_: Any) -> Iterator[pb.ModelStreamInferResponse]:
         seen.append(request)
         yield pb.ModelStreamInferResponse(infer_response=pb.ModelInferResponse(model_name="m"))
 

@@ -104,7 +104,7 @@ def test_model_stream_infer_runs_a_bounded_number_of_requests_per_stream(serve, 
     server, sock, _ = serve(Limits())
     running, four, release = [], gevent.event.Event(), gevent.event.Event()
 
-    def stream_infer(request: Any, _account: Any = None) -> Any:
+    def stream_infer(request: Any, *_: Any) -> Any:
         running.append(request)
         if len(running) == 4:
             four.set()

@@ -74,6 +74,7 @@ class LoadSettings:
     load_timeout_s: float = 600.0
     latency_metrics: tuple[bool, bool] = (False, False)  # (summary_latencies, histogram_latencies)
     workers: int = 1  # worker processes on this host (instance counts are divided among them)
+    load_retries: int = 0  # --model-load-retry-count: a version whose load fails is started again this often
 
 
 @dataclass(frozen=True, slots=True)
@@ -479,7 +480,7 @@ class ModelActor(Actor):
                 self.model, v, plan.model_dir, plan.selected[v], plan.config, config_json, plan.backend,
                 backend_config, plan.stamp.part(plan.selected[v].name), self._settings.workers, plan.graph,
                 self._routes, self._version_down),
-                self._settings.load_timeout_s, self._settings.latency_metrics)
+                self._settings.load_timeout_s, self._settings.latency_metrics, self._settings.load_retries)
             for v in versions
         }
         gevent.joinall(list(jobs.values()))

@@ -92,8 +92,20 @@ class VersionSource:
 
 
 def start_version(src: VersionSource, load_timeout_s: float,
-                  latency_metrics: tuple[bool, bool] = (False, False)) -> Version:
-    """Create the instances (each on its own native thread), warm them up, start the scheduler."""
+                  latency_metrics: tuple[bool, bool] = (False, False), retries: int = 0) -> Version:
+    """Create the instances (each on its own native thread), warm them up, start the scheduler; a
+    failed start is tried again up to ``retries`` times (Triton's --model-load-retry-count: its model
+    lifecycle creates the model again, with everything of the failed try closed)."""
+    for attempt in range(retries + 1):
+        rec = _start_once(src, load_timeout_s, latency_metrics)
+        if rec.state == READY or attempt == retries:
+            return rec
+        log.info("retrying the load of '%s' version %d (retry %d of %d)", src.model, src.version, attempt + 1,
+                 retries)
+    return rec
+
+
+def _start_once(src: VersionSource, load_timeout_s: float, latency_metrics: tuple[bool, bool]) -> Version:
     start = time.monotonic()
     rec = Version(src.version, LOADING, files=src.files)
     if src.graph is not None:

@@ -23,6 +23,7 @@ import errno
 import heapq
 import logging
 import resource
+import socket
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -152,3 +153,21 @@ class Listener(StreamServer):
         timer.close()
         if self.started and not self.closed:
             self.start_accepting()
+
+
+def bind(address: str, port: int, reuse_port: bool, name: str) -> socket.socket:
+    """A listening TCP socket on ``(address, port)``; ``reuse_port``: SO_REUSEPORT, so other processes that
+    set it too may bind the same port (Triton's --reuse-http-port / --reuse-grpc-port; the kernel spreads
+    connections among them). Raises OSError naming the port."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((address, port))
+        sock.listen(1024)
+    except OSError as e:
+        sock.close()
+        raise OSError(f"failed to bind {name} to {address}:{port}: {e.strerror or e}") from None
+    return sock

@@ -20,7 +20,7 @@ from ..actors.response_channel import StreamAccount
 from ..dataplane import DataPlane, Pending
 from ..errors import Code, TritonError
 from ..inference import InferRequest
-from ..protocol import v2_grpc
+from ..protocol import header_forward, v2_grpc
 from ..protocol._generated import grpc_service_pb2 as pb
 from ..protocol._generated import health_pb2
 
@@ -77,16 +77,18 @@ class GrpcServicer:
         return v2_grpc.from_dict(pb.ModelStatisticsResponse, stats)
 
     # -- inference --------------------------------------------------------------------------------
-    def ModelInfer(self, req: pb.ModelInferRequest) -> pb.ModelInferResponse:
-        return self.finish_infer(*self.start_infer(req))
+    def ModelInfer(self, req: pb.ModelInferRequest, forwarded: dict[str, str] | None = None) -> pb.ModelInferResponse:
+        return self.finish_infer(*self.start_infer(req, forwarded))
 
-    def start_infer(self, req: pb.ModelInferRequest) -> tuple[InferRequest, Pending]:
+    def start_infer(self, req: pb.ModelInferRequest, forwarded: dict[str, str] | None = None,
+                    ) -> tuple[InferRequest, Pending]:
         """``ModelInfer`` in two steps for a transport that will not wait: decode and queue (here),
-        then :meth:`finish_infer` once ``pending.reply`` is ready (it waits if it is not)."""
+        then :meth:`finish_infer` once ``pending.reply`` is ready (it waits if it is not). ``forwarded``:
+        the call's metadata that --grpc-header-forward-pattern passes on as parameters."""
         if self.plane.is_decoupled(req.model_name):
             # Triton: gRPC ModelInfer refuses decoupled models (UNIMPLEMENTED), only the stream serves them
             raise TritonError.unsupported("ModelInfer RPC doesn't support models with decoupled transaction policy")
-        request = self._decode(req)
+        request = header_forward.with_forwarded(self._decode(req), forwarded or {})
         return request, self.plane.infer_start(request)
 
     def _decode(self, req: pb.ModelInferRequest) -> InferRequest:
@@ -119,7 +121,7 @@ class GrpcServicer:
         return v2_grpc.encode_infer_response(request, response, pending.version, pending.labels,
                                              pending.batching, self.plane.shm)
 
-    def stream_infer(self, req: pb.ModelInferRequest,
+    def stream_infer(self, req: pb.ModelInferRequest, forwarded: dict[str, str] | None = None,
                      account: StreamAccount | None = None) -> Iterator[pb.ModelStreamInferResponse | StreamError]:
         """The responses to one request on ``ModelStreamInfer`` (any number from a decoupled model,
         one from any other), each with ``triton_final_response``; an error becomes ``error_message``
@@ -129,7 +131,7 @@ class GrpcServicer:
         share (actors/response_channel.py)."""
         request = None
         try:
-            request = self._decode(req)
+            request = header_forward.with_forwarded(self._decode(req), forwarded or {})
             streamed = self.plane.infer_stream(request, account=account)
         except TritonError as e:
             yield StreamError(v2_grpc.stream_error(req, e.message), e.code, e.message)

@@ -110,7 +110,7 @@ class Call:
 
     __slots__ = ("conn", "stream", "sid", "method", "encoding", "buf", "inbox", "send_lock", "greenlet",
                  "input_done", "done", "finished", "started", "requests", "errors_end_stream", "held", "kept",
-                 "deadline", "expired", "out_coding", "account")
+                 "deadline", "expired", "out_coding", "account", "forwarded")
 
     STREAM_REQUESTS = 128  # ModelStreamInfer requests running at once on one stream; more wait in the inbox
 
@@ -137,6 +137,7 @@ class Call:
         self.expired = False  # the client's deadline passed: the call ends DEADLINE_EXCEEDED
         self.out_coding: str | None = None  # its answers' grpc-encoding (--grpc-infer-response-compression-level)
         self.account: StreamAccount | None = None  # a stream's bound on undelivered responses, all its requests'
+        self.forwarded: dict[str, str] | None = None  # metadata given to the model (--grpc-header-forward-pattern)
 
     def set_deadline(self, timeout: float | None) -> None:
         """The client's ``grpc-timeout``: when it passes before the call is over, the call's work is
@@ -391,7 +392,10 @@ class Call:
             self.finish()
 
     def _run_unary(self) -> None:
-        self._answer(lambda: self.method.call(self._one_request()).SerializeToString())
+        if self.forwarded is None:
+            self._answer(lambda: self.method.call(self._one_request()).SerializeToString())
+        else:  # ModelInfer with metadata for the model (--grpc-header-forward-pattern)
+            self._answer(lambda: self.method.call(self._one_request(), self.forwarded).SerializeToString())
 
     def _start_infer(self) -> None:
         """ModelInfer, in the reader (a fast path): decode and queue the request here; when the
@@ -403,7 +407,7 @@ class Call:
         instance is demoted back to its thread right after it (``ModelInstance``, DEMOTE_WALL_NS)."""
         servicer = self.conn.server.servicer
         try:
-            request, pending = servicer.start_infer(self._one_request())
+            request, pending = servicer.start_infer(self._one_request(), self.forwarded)
             if pending.reply.ready():
                 payload = servicer.finish_infer(request, pending).SerializeToString()
         except Exception as e:  # noqa: BLE001 - every failure is answered as the call's status
@@ -487,7 +491,7 @@ class Call:
         cancels the request (a decoupled model sees ``is_cancelled()``). Its ``size`` bytes of the budget
         are held until then."""
         try:
-            responses = self.method.call(request, self.account)
+            responses = self.method.call(request, self.forwarded, self.account)
             try:
                 for response in responses:
                     if type(response) is StreamError:

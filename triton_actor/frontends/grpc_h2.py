@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import re
 import socket
 import ssl
 import time
@@ -32,16 +33,17 @@ import gevent.event
 import gevent.lock
 import gevent.pool
 
-from ..protocol import codings, restricted
+from ..errors import TritonError
+from ..protocol import codings, header_forward, restricted
 from ..protocol import h2_connection as h2c
 from ..protocol.http2 import CANCEL, parse_timeout
 from ..protocol.restricted import Restrictions
 from ..settings import Settings, default_grpc_max_connections
 from . import tls
 from .budget import ByteBudget
-from .descriptors import ConnectionSlots, Listener, Reusable, descriptor_cap
+from .descriptors import ConnectionSlots, Listener, Reusable, bind, descriptor_cap
 from .grpc import GrpcServicer
-from .grpc_calls import DEADLINE_EXCEEDED, UNAVAILABLE, UNIMPLEMENTED, Call, Refused, method_table, route
+from .grpc_calls import DEADLINE_EXCEEDED, GRPC_STATUS, UNAVAILABLE, UNIMPLEMENTED, Call, Refused, method_table, route
 from .slow_requests import SlowRequestLog
 from .socket_io import plain_recv, plain_send_all, recv_when_readable, send_all
 
@@ -72,8 +74,9 @@ class GrpcH2Server:
                  limits: h2c.Limits | None = None, max_connections: int = 0,
                  ssl_context: ssl.SSLContext | None = None, restrictions: Restrictions | None = None,
                  budget: ByteBudget | None = None, slots: ConnectionSlots | None = None,
-                 response_compression: str = "none") -> None:
+                 response_compression: str = "none", forward: re.Pattern[str] | None = None) -> None:
         opts = dict(options or {})
+        self.forward = forward  # --grpc-header-forward-pattern: metadata an inference call passes to the model
         self.response_compression = response_compression  # --grpc-infer-response-compression-level
         self.budget = budget or ByteBudget(0)  # request bytes held by all calls (budget.py)
         self.slots = slots or ConnectionSlots()  # descriptors of all ports (descriptors.py)
@@ -110,36 +113,24 @@ class GrpcH2Server:
         limits = h2c.Limits(max_concurrent_streams=s.grpc_max_concurrent_streams,
                             header_timeout=s.grpc_header_timeout_secs, idle_timeout=s.grpc_idle_timeout_secs,
                             min_rate=s.request_body_min_rate, body_grace=s.request_body_grace_secs,
-                            body_max_time=body_max_time(s))
+                            body_max_time=body_max_time(s), max_connection_age=s.grpc_max_connection_age_secs,
+                            max_connection_age_grace=s.grpc_max_connection_age_grace_secs)
         context = tls.server_context(s.grpc_server_cert, s.grpc_server_key, s.grpc_root_cert,
                                      s.grpc_use_ssl_mutual) if s.grpc_use_ssl else None
         restrictions = Restrictions(s.grpc_restricted_protocol, "--grpc-restricted-protocol")
         return cls(servicer, s.grpc_address, s.grpc_port, dict(s.grpc_options), limits, s.grpc_max_connections,
-                   context, restrictions, budget, slots, s.grpc_infer_response_compression_level)
+                   context, restrictions, budget, slots, s.grpc_infer_response_compression_level,
+                   header_forward.compile_pattern(s.grpc_header_forward_pattern))
 
     def start(self, listener: socket.socket | None = None) -> int:
         """Bind and start serving; returns the bound port (``port`` 0 picks a free one). ``listener``: a
         socket bound and listening already (gunicorn's arbiter hands its listeners down to workers)."""
-        sock = listener if listener is not None else self._bind()
+        sock = listener if listener is not None else bind(self.address, self.port, self.reuse_port, "gRPC")
         self._server = Listener(sock, self._handle, spawn=gevent.pool.Pool(self.max_connections))
         self._server.start()
         self.slots.register(self._reusable)
         self.server_port = sock.getsockname()[1]
         return self.server_port
-
-    def _bind(self) -> socket.socket:
-        family = socket.AF_INET6 if ":" in self.address else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if self.reuse_port:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            sock.bind((self.address, self.port))
-            sock.listen(1024)
-        except OSError as e:
-            sock.close()
-            raise OSError(f"failed to bind gRPC to {self.address}:{self.port}: {e.strerror or e}") from None
-        return sock
 
     def stop(self, grace: float) -> None:
         """Refuse new calls (GOAWAY), give running ones ``grace`` seconds, then cancel them."""
@@ -212,6 +203,7 @@ class Connection:
         self._write_lock = gevent.lock.Semaphore()
         self._window_open: gevent.event.Event | None = None  # what senders out of window wait on
         self._timer: gevent.Greenlet | None = None
+        self._lingering = False  # going away: closed once the calls are done (_linger)
         self._send, self._recv = send_all, recv_when_readable  # plain socket calls under TLS
 
     def handshake(self, context: ssl.SSLContext) -> bool:
@@ -345,6 +337,14 @@ class Connection:
                 call.finished = True
                 call.send_status(UNAVAILABLE, refusal)
                 return
+        if self.server.forward is not None and (method.infer or method.streaming):
+            try:
+                call.forwarded = header_forward.forwarded(self.server.forward, (
+                    (k.decode("latin-1"), v.decode("latin-1")) for k, v in event.headers.items()))
+            except TritonError as e:  # a reserved parameter name
+                call.finished = True
+                call.send_status(GRPC_STATUS[e.code], e.message)
+                return
         self.calls += 1
         self.server.call_started()
         call.set_deadline(parse_timeout(event.headers.get(b"grpc-timeout")))
@@ -381,6 +381,9 @@ class Connection:
             if conn.closed:
                 self._lose()
                 return
+            if conn.aged and not self._lingering:  # --grpc-max-connection-age: GOAWAY went out with the flush
+                self._lingering = True
+                gevent.spawn(self._linger)
             gevent.sleep(max(0.0, deadline - time.monotonic()))
 
     # -- ends -----------------------------------------------------------------------------------
@@ -401,7 +404,9 @@ class Connection:
         and it could not tell which of its new calls were never run (grpc-go drains likewise)."""
         self.h2.go_away()
         self.flush()
-        gevent.spawn(self._linger)
+        if not self._lingering:
+            self._lingering = True
+            gevent.spawn(self._linger)
 
     def _linger(self) -> None:
         while self.calls and not self.lost:

@@ -69,7 +69,7 @@ class TritonWorker(Worker):
         from gunicorn.arbiter import Arbiter
 
         from .. import fastpath
-        from ..cli import configure_logging, parse
+        from ..cli import configure_logging, log_ignored_flags, parse
         from ..hostwide import replay
         from ..server import Server, StartupError
         from ..workers.host import WorkerHost
@@ -78,6 +78,8 @@ class TritonWorker(Worker):
         settings = dataclasses.replace(settings, workers=self.cfg.workers)  # instance counts are per host
         fastpath.set_enabled(settings.fast_paths)
         configure_logging(settings)
+        if self.age == 1:  # said once for the host, not by every worker
+            log_ignored_flags(settings)
         host = WorkerHost(os.environ[RUN_DIR_ENV], self.age, self.pid)
         server = Server(settings, host=host)
         server.start_actors()

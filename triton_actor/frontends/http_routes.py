@@ -9,6 +9,7 @@ with. A view takes an :class:`.http.HttpRequest` and the url arguments and retur
 from __future__ import annotations
 
 import gc
+import re
 from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
@@ -22,7 +23,7 @@ from ..actors.kernel import Reply as Reply_
 from ..dataplane import DataPlane, Streamed
 from ..errors import Code, TritonError
 from ..inference import InferRequest, InferResponse
-from ..protocol import codings, generate, payloads, repository_http, v2_http
+from ..protocol import codings, generate, header_forward, payloads, repository_http, v2_http
 from . import compression
 from .http import JSON_HEADERS, TEXT_HEADERS, HttpRequest, Reply, View, json_reply
 from .status_page import status_routes
@@ -33,10 +34,11 @@ _NOT_READY: Reply = ("400 Bad Request", TEXT_HEADERS, b"")
 _BINARY = "application/octet-stream"
 
 
-def create_app(plane: DataPlane) -> Flask:
-    """The Flask app holding every route (the url map is all the router uses of it)."""
+def create_app(plane: DataPlane, forward: re.Pattern[str] | None = None) -> Flask:
+    """The Flask app holding every route (the url map is all the router uses of it); ``forward``: the
+    request headers /infer passes to the model as parameters (--http-header-forward-pattern)."""
     app = empty_app()
-    for group in (_health_routes, _model_routes, _infer_routes, _generate_routes, _shm_routes,
+    for group in (_health_routes, _model_routes, partial(_infer_routes, forward=forward), _generate_routes, _shm_routes,
                   _repository_routes, _settings_routes, status_routes):
         group(app, plane)
     return app
@@ -100,12 +102,14 @@ def _model_routes(app: Flask, plane: DataPlane) -> None:
         return json_reply(plane.statistics(model, version))
 
 
-def _infer_routes(app: Flask, plane: DataPlane) -> None:
+def _infer_routes(app: Flask, plane: DataPlane, forward: re.Pattern[str] | None = None) -> None:
     big_json = gevent.lock.Semaphore()  # the one big JSON request part (or response) being converted
 
     @versioned(app, "/infer", "POST")
     def infer(req: HttpRequest, model: str, version: int = -1) -> Reply:
         request = _decode_infer(plane, req, model, version, big_json)
+        if forward is not None:
+            request = header_forward.with_forwarded(request, header_forward.forwarded(forward, req.headers.items()))
         pending = plane.infer_start(request)
         response = _answer(pending.reply, req)
         args = (request, response, pending.version, pending.labels, pending.batching, plane.shm)

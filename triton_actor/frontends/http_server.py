@@ -38,7 +38,7 @@ from gevent.socket import wait_read
 from ..errors import TritonError
 from ..protocol import http1
 from .budget import FIRST_INSTALLMENT, ByteBudget, with_room
-from .descriptors import ConnectionSlots, Listener, Reusable, close_longest_waiting, descriptor_cap
+from .descriptors import ConnectionSlots, Listener, Reusable, bind, close_longest_waiting, descriptor_cap
 from .http import JSON_HEADERS, HttpFrontend, Reply, error_response, too_large
 from .slow_requests import SlowRequestLog
 from .socket_io import recv_when_readable, send_all, send_now
@@ -111,7 +111,8 @@ class HttpServer:
 
     def __init__(self, address: str, port: int, frontend: HttpFrontend, limits: http1.Limits = http1.DEFAULT_LIMITS,
                  max_connections: int = 1024, listener: socket.socket | None = None,
-                 budget: ByteBudget | None = None, slots: ConnectionSlots | None = None, name: str = "HTTP") -> None:
+                 budget: ByteBudget | None = None, slots: ConnectionSlots | None = None, name: str = "HTTP",
+                 reuse_port: bool = False) -> None:
         self.frontend = frontend
         self.limits = limits
         self.name = name
@@ -119,6 +120,8 @@ class HttpServer:
         self.slots = slots or ConnectionSlots()  # descriptors of all ports (descriptors.py)
         self.max_connections = descriptor_cap(max_connections)
         # ``listener``: a socket bound by someone else (gunicorn's arbiter hands its listeners down)
+        if listener is None and reuse_port:  # --reuse-http-port
+            listener = bind(address, port, True, name)
         self._server = Listener(listener if listener is not None else (address, port), self._handle)
         self._connections: dict[_Connection, None] = {}  # insertion-ordered set; each holds a slot
         self._reaper: gevent.Greenlet | None = None

@@ -103,8 +103,8 @@ class MetricsServer:
 
     def __init__(self, host: Host, config: MetricsConfig, listener: socket.socket | tuple[str, int],
                  interval_s: float = 2.0, limits: http1.Limits = http1.DEFAULT_LIMITS,
-                 slots: ConnectionSlots | None = None) -> None:
-        self.sampler = SystemSampler(interval_s)
+                 slots: ConnectionSlots | None = None, cpu: bool = True, gpu: bool = True) -> None:
+        self.sampler = SystemSampler(interval_s, cpu, gpu)  # cpu / gpu: --allow-cpu-metrics, --allow-gpu-metrics
         self.collector = TritonCollector(lambda: host.gather("metrics"), config, lambda: self.sampler.values)
         self._shared = SharedRender(lambda: render(self.collector))
         app = empty_app()

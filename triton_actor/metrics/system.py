@@ -48,11 +48,14 @@ def _nvml() -> Any:
 class SystemSampler:
     """The latest host gauges: ``values`` maps a family name to ``[(labels, value), ...]``."""
 
-    def __init__(self, interval_s: float) -> None:
+    def __init__(self, interval_s: float, cpu: bool = True, gpu: bool = True) -> None:
+        """``cpu`` / ``gpu`` False: those families are never sampled (--allow-cpu-metrics, --allow-gpu-metrics;
+        without GPU metrics NVML is not even initialised)."""
         self.interval_s = interval_s
+        self.cpu = cpu
         self.values: dict[str, list[tuple[dict[str, str], float]]] = {}
         self._last_cpu: tuple[int, int] | None = None
-        self._nvml = _nvml()
+        self._nvml = _nvml() if gpu else None
         self._greenlet: gevent.Greenlet | None = None
 
     def start(self) -> None:
@@ -70,6 +73,13 @@ class SystemSampler:
 
     def sample(self) -> None:
         values: dict[str, list[tuple[dict[str, str], float]]] = {}
+        if self.cpu:
+            self._sample_cpu(values)
+        if self._nvml is not None:
+            values.update(self._gpu())
+        self.values = values
+
+    def _sample_cpu(self, values: dict[str, list[tuple[dict[str, str], float]]]) -> None:
         try:
             busy, total = read_cpu_times()
             if self._last_cpu is not None and total > self._last_cpu[1]:
@@ -83,9 +93,6 @@ class SystemSampler:
             values["nv_cpu_memory_used_bytes"] = [({}, float(mem_used))]
         except (OSError, ValueError, IndexError, KeyError) as e:
             log.debug("metrics: /proc not readable: %s", e)
-        if self._nvml is not None:
-            values.update(self._gpu())
-        self.values = values
 
     def _gpu(self) -> dict[str, list[tuple[dict[str, str], float]]]:
         nv = self._nvml

@@ -37,6 +37,10 @@ code each violation calls for, and every limit a hostile client meets (:class:`L
   :meth:`H2Connection.body_idle` at the end of each message of a bidirectional call (the next DATA
   starts it again);
 * ping strikes (grpc's policy: pings without data closer than ``min_ping_interval``);
+* a connection older than ``max_connection_age`` gets GOAWAY (NO_ERROR, ``max_age``: its open streams run
+  on, new ones are refused) and ``aged`` is set for the driver to close it once its calls are done; it is
+  closed at ``max_connection_age_grace`` after that whatever runs (grpc-core's channel arguments, without
+  their jitter);
 * a peer that stops reading: the driver marks its writes (``writing_since``) and :meth:`tick` closes
   the connection when one takes ``write_timeout``; DATA waits (:meth:`local_flow_control_window`
   is 0, :meth:`send_response` declines) while ``max_send_buffer`` bytes are queued unwritten;
@@ -95,6 +99,8 @@ class Limits:
     keepalive_permit_without_calls: bool = False
     min_ping_interval: float = 300.0  # grpc.http2.min_recv_ping_interval_without_data_ms
     max_ping_strikes: int = 2  # grpc.http2.max_ping_strikes; 0 = unlimited
+    max_connection_age: float = 0.0  # grpc.max_connection_age_ms; 0 = no limit
+    max_connection_age_grace: float = 0.0  # grpc.max_connection_age_grace_ms; 0 = no limit
 
 
 # -- events ---------------------------------------------------------------------------------------
@@ -231,6 +237,8 @@ class H2Connection:
         self._continuation: tuple[int, int, list[bytes], int] | None = None  # sid, flags, parts, size
         self._header_since = now  # waiting for preface/SETTINGS or a header block since (None: not)
         self._idle_since = now
+        self._born = now
+        self.aged = False  # GOAWAY sent for max_connection_age: the driver closes once the calls are done
         self._tokens = float(limits.control_frame_burst)
         self._tokens_at = now
         self._reset_debt = 0
@@ -713,6 +721,9 @@ class H2Connection:
                 self._expire_slow(now)
         elif self._idle_since is None:
             self._idle_since = now
+        if lim.max_connection_age and not self.aged and now - self._born >= lim.max_connection_age:
+            self.aged = True
+            self.go_away(h2.NO_ERROR, b"max_age")  # the streams open go on; new ones are refused
         if self.writing_since is not None and now - self.writing_since >= lim.write_timeout:
             self.closed = True  # the peer stopped reading: nothing more can be sent
         elif self._header_since is not None and now - self._header_since >= lim.header_timeout:
@@ -721,6 +732,9 @@ class H2Connection:
         elif self._idle_since is not None and lim.idle_timeout and now - self._idle_since >= lim.idle_timeout:
             self.go_away(h2.NO_ERROR, b"idle_timeout")
             self.closed = True
+        elif self.aged and lim.max_connection_age_grace and \
+                now - self._born >= lim.max_connection_age + lim.max_connection_age_grace:
+            self.closed = True  # the grace is over: what still runs is cut off (grpc-core)
         elif self._ping_sent_at is not None:
             if now - self._ping_sent_at >= lim.keepalive_timeout:
                 self.closed = True  # the peer is gone: nothing more is sent (grpc's keepalive)
@@ -780,6 +794,9 @@ class H2Connection:
             times.append(self._header_since + lim.header_timeout)
         if self._idle_since is not None and lim.idle_timeout:
             times.append(self._idle_since + lim.idle_timeout)
+        if lim.max_connection_age:
+            age = lim.max_connection_age
+            times.append(self._born + (age + lim.max_connection_age_grace if self.aged else age))
         return min(times)
 
 

@@ -146,6 +146,8 @@ def gunicorn_options(settings: Settings, argv: list[str]) -> dict[str, Any]:
         "child_exit": child_exit,
         "on_exit": on_exit,
         "control_socket_disable": True,
+        # --reuse-http-port / --reuse-grpc-port: gunicorn's one switch binds all its listeners with SO_REUSEPORT
+        "reuse_port": settings.reuse_http_port or dict(settings.grpc_options).get("grpc.so_reuseport", 0) == 1,
     }
 
 
