@@ -306,3 +306,10 @@ def test_a_chunked_body_has_the_same_minimum_rate() -> None:
     assert conn.next_event() == Body(b"0123456789")
     with pytest.raises(http1.BodyTimeout):
         _reading(head=b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n").receive_data(b"1\r\n", 105.0)
+
+
+def test_a_second_host_field_is_refused() -> None:
+    """RFC 9112 §3.2 (and nginx): two Host lines are a 400 (a proxy and we could each pick another)."""
+    e = refused(b"GET / HTTP/1.1\r\nHost: a\r\nhost: b\r\n\r\n")
+    assert e.status == 400 and "Host" in e.message
+    assert events(b"GET / HTTP/1.1\r\nHost: a\r\nX: 1\r\nX: 2\r\n\r\n")[0].headers["x"] == "1,2"

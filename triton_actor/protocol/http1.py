@@ -160,6 +160,8 @@ def parse_head(head: bytes, limits: Limits = DEFAULT_LIMITS) -> Head:
         headers = {}
         for k, v in pairs:
             key = k.lower()
+            if key == "host" and key in headers:  # RFC 9112 §3.2 (nginx: "client sent duplicate host header")
+                raise ProtocolError(400, "more than one Host header field")
             headers[key] = f"{headers[key]},{v}" if key in headers else v
     connection = headers.get("connection", "").lower()
     keep_alive = ("close" not in connection) if version == "HTTP/1.1" else ("keep-alive" in connection)
