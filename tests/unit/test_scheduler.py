@@ -19,6 +19,7 @@ from triton_actor.actors.batch_queue import BatchPolicy, QueuePolicy
 from triton_actor.actors.instance import DOWN, RESTARTING, UP
 from triton_actor.actors.kernel import Reply
 from triton_actor.actors.scheduler import Drain, Enqueue, GetStats, GetStatus, SchedulerActor
+from triton_actor.backends.base import RESCHEDULE
 from triton_actor.errors import Code, TritonError
 from triton_actor.inference import InferInput, InferRequest, InferResponse
 from triton_actor.protocol.dtypes import BY_WIRE
@@ -557,3 +558,21 @@ def test_preserve_ordering_goes_on_after_a_batch_that_could_not_be_answered(make
     _sync(sched)
     a.complete(1)
     assert second.get(timeout=WAIT).parameters == {"rid": "second"}
+
+
+@pytest.mark.timeout(30)
+def test_a_rescheduled_request_refused_by_a_full_queue_counts_as_rejected(make) -> None:
+    """The queue's refusals are REJECTED (Triton's failure reasons), a rescheduled request's as a new one's."""
+    policy = _policy(max_batch_size=0, preferred=(), policies={1: QueuePolicy(max_queue_size=1)})
+    sched, [inst], stats = make(policy=policy)
+    again = _enqueue(sched, "again")  # runs
+    queued = _enqueue(sched, "queued")  # fills the queue
+    _sync(sched)
+    inst.complete(0, results=[RESCHEDULE])  # the model releases it with RESCHEDULE: the queue is full
+    with pytest.raises(TritonError) as e:
+        again.get(timeout=WAIT)
+    assert e.value.message == "[request id: again] Exceeds maximum queue size"
+    _sync(sched)
+    inst.complete(1)
+    assert queued.get(timeout=WAIT).parameters == {"rid": "queued"}
+    assert stats.failures == {"REJECTED": 1, "CANCELED": 0, "BACKEND": 0, "OTHER": 0}

@@ -4,7 +4,7 @@ The default / dynamic batcher (:class:`~.scheduler.SchedulerActor`) and the sequ
 (:class:`~.sequence_scheduler.SequenceSchedulerActor`) differ in their policy (a
 :class:`~.batch_queue.BatchQueue`, or :class:`~.sequence_slots.SequenceSlots`) and agree on the rest,
 which lives here once: the pool's health events and its ``pool_gone``, the replies failed when no
-instance is left (failure reason OTHER), ``Drain`` answered once nothing waits or runs, the status
+instance is left (failure reason OTHER) or the queue is full (REJECTED), ``Drain`` answered once nothing waits or runs, the status
 page's ``GetStatus``, the timer's ``Wake``, and what ``on_stop`` owes the requests still waiting.
 
 A base class rather than a helper both own: most of the shared part is message handlers
@@ -111,6 +111,12 @@ class PoolScheduler(InlineActor):
         for item in items:
             self._stats.record_failure(now - item.start_ns)
             item.reply.fail(error)
+
+    def _reject(self, item: Enqueue, error: TritonError) -> None:
+        """The queue refused it (full): failure reason REJECTED, as Triton counts its queue policy's refusals,
+        whether the request is new or one its model rescheduled."""
+        self._stats.record_failure(self._clock() - item.start_ns, "REJECTED")
+        item.reply.fail(error)
 
     def _maybe_drained(self) -> None:
         if self._drains and not self._waiting() and not self._pool.busy:

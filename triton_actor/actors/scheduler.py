@@ -99,15 +99,19 @@ class SchedulerActor(PoolScheduler):
         if self._direct and self._pool.idle and not len(self._queue):
             self._run(self._pool.take(), [msg])  # nothing waits and an instance is free: no queueing to do
             return
-        request = msg.request
+        if self._add(msg, msg.start_ns):
+            self._dispatch()
+
+    def _add(self, item: Enqueue, arrival_ns: int) -> bool:
+        """Into the queue; a full queue refuses it (REJECTED, a rescheduled request as a new one)."""
+        request = item.request
         key = _shape_key(request, self._ragged) if self._batching else None
         try:
-            self._queue.add(msg, msg.batch_size, key, request.priority, request.timeout_us, msg.start_ns)
+            self._queue.add(item, item.batch_size, key, request.priority, request.timeout_us, arrival_ns)
         except TritonError as e:
-            self._stats.record_failure(self._clock() - msg.start_ns, "REJECTED")  # queue full
-            msg.reply.fail(TritonError(e.code, _prefix(request) + e.message))
-            return
-        self._dispatch()
+            self._reject(item, TritonError(e.code, _prefix(request) + e.message))
+            return False
+        return True
 
     def on_BatchDone(self, msg: BatchDone) -> None:
         """Answer the batch and take the instance back. Whatever goes wrong answering (a backend that
@@ -160,13 +164,7 @@ class SchedulerActor(PoolScheduler):
         picks it up), as a new arrival so a queue timeout does not expire it at once."""
         if self._order is not None:  # its place in the order is given up; it gets a new one when it runs again
             self._order.give_up(item)
-        request = item.request
-        key = _shape_key(request, self._ragged) if self._batching else None
-        try:
-            self._queue.add(item, item.batch_size, key, request.priority, request.timeout_us, self._clock())
-        except TritonError as e:
-            self._stats.record_failure(self._clock() - item.start_ns)
-            item.reply.fail(TritonError(e.code, _prefix(request) + e.message))
+        self._add(item, self._clock())
 
     def on_stop(self) -> None:
         """As every scheduler (queued requests fail, drains are answered), and held replies are released."""

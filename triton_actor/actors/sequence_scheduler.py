@@ -103,8 +103,10 @@ class SequenceSchedulerActor(PoolScheduler):
             msg = self._admit(msg)
             self._slots.add(msg, msg.request.correlation_id, msg.request.flags, msg.start_ns, self._model)
         except TritonError as e:
-            self._stats.record_failure(self._clock() - msg.start_ns)
-            msg.reply.fail(e)
+            if e.code == Code.UNAVAILABLE:  # the queue is full (SequenceSlots.add)
+                self._reject(msg, e)
+            else:  # not a sequence request Triton would take (INVALID_ARG)
+                self._fail([msg], e)
             return
         self._dispatch()
 
