@@ -13,6 +13,16 @@ calls, which a helper would leave as a delegating method in each scheduler. A su
 policy through four methods: :meth:`_waiting` (how many requests wait), :meth:`_clear_waiting` (take them
 all out), :meth:`_dispatch` (run what can run) and the pool's ``instance_joined`` / ``instance_left``.
 
+Inline batches (a model promoted to run in the calling greenlet, actors/instance.py): a batch that
+finishes at once is answered at once, and that answer dispatches the next queued batch, so a long queue
+used to run back to back in one hub turn (the promotion of a model with 1952 requests queued held the
+hub 29 ms; the monitor's ``GEVENT_MAX_BLOCKING_TIME`` saw it). At most :data:`INLINE_PER_TURN` inline
+batches start in one hub turn (:meth:`PoolScheduler._turn_spent`); then dispatch stops and the timer is
+armed with no delay, so the hub polls its sockets before the next ones start, as the ensemble starts at
+most 64 steps a turn. A turn is the event loop's time (``loop.now()``: it moves only when the loop runs),
+so separate requests in separate turns never wait; the count costs a ``loop.now()`` and an increment
+per inline batch.
+
 Owner: the subclass actor; everything here runs in its handlers. State owned here: the pool, the
 statistics, the clock, the waiting drains, the count of requests running, the :class:`~.wake_timer.WakeTimer`.
 Failure: as the subclass says; nothing here raises.
@@ -20,7 +30,9 @@ Failure: as the subclass says; nothing here raises.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
+
+import gevent
 
 from ..errors import TritonError
 from ..statistics import VersionStats
@@ -30,19 +42,28 @@ from .kernel import InlineActor, Reply
 from .scheduler_messages import Drain, Enqueue, GetStatus
 from .wake_timer import Wake, WakeTimer
 
+# Inline batches started in one hub turn (~15 µs each for a small Python model: ~1 ms of hub time).
+INLINE_PER_TURN = 64
+Turn = Callable[[], Hashable]  # the current hub turn's id (the loop's time; tests pass a manual one)
+
 
 class PoolScheduler(InlineActor):
     """The part of a version's scheduler that is not its policy; see the module docstring."""
 
     def __init__(self, name: str, instances: list[ModelInstance], stats: VersionStats,
-                 clock: Callable[[], int], on_down: Down | None) -> None:
+                 clock: Callable[[], int], on_down: Down | None, inline_per_turn: int = INLINE_PER_TURN,
+                 turn: Turn | None = None) -> None:
         super().__init__(name)
         self._pool = InstancePool(self, instances, on_down)
         self._stats = stats
         self._clock = clock
         self._drains: list[Reply[None]] = []
         self._running = 0  # requests in the batches being executed (the status page)
-        self._timer = WakeTimer(self.ref.tell)  # the policy's deadlines
+        self._timer = WakeTimer(self.ref.tell)  # the policy's deadlines, the next hub turn
+        self._per_turn = inline_per_turn
+        self._turn = turn or gevent.get_hub().loop.now
+        self._turn_id: Hashable = None  # the turn of the last inline batch
+        self._inline_runs = 0  # inline batches started in that turn (since the last Wake)
 
     # -- the subclass's policy --------------------------------------------------------------------
     def _waiting(self) -> int:
@@ -74,6 +95,7 @@ class PoolScheduler(InlineActor):
 
     def on_Wake(self, msg: Wake) -> None:
         self._timer.woke(msg)
+        self._inline_runs = 0  # a timer fired: the hub runs this turn
         self._dispatch()
 
     def on_GetStatus(self, _msg: GetStatus) -> dict[str, object]:
@@ -117,6 +139,23 @@ class PoolScheduler(InlineActor):
         whether the request is new or one its model rescheduled."""
         self._stats.record_failure(self._clock() - item.start_ns, "REJECTED")
         item.reply.fail(error)
+
+    def _count_inline(self, instance: ModelInstance) -> None:
+        """A batch goes to ``instance``: count it in this hub turn when it runs inline (it may finish on
+        this stack, and its answer dispatches the next one)."""
+        if instance.inline:
+            turn = self._turn()
+            if turn != self._turn_id:
+                self._turn_id, self._inline_runs = turn, 0
+            self._inline_runs += 1
+
+    def _turn_spent(self, now: int) -> bool:
+        """Whether this hub turn started its share of inline batches; if so the timer wakes the actor in
+        the next turn (no delay) and dispatch stops until then."""
+        if self._inline_runs < self._per_turn or self._turn() != self._turn_id:
+            return False  # a count of an earlier turn starts again at the next inline batch
+        self._timer.arm(now, 0)
+        return True
 
     def _maybe_drained(self) -> None:
         if self._drains and not self._waiting() and not self._pool.busy:

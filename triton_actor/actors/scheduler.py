@@ -48,7 +48,7 @@ from .batch_queue import BatchPolicy, BatchQueue, timeout_error
 from .bridge import CancelWatch
 from .instance import ModelInstance
 from .instance_pool import Down
-from .pool_scheduler import PoolScheduler
+from .pool_scheduler import INLINE_PER_TURN, PoolScheduler, Turn
 from .reply_order import ReplyOrder
 from .scheduler_messages import Drain, Enqueue, GetStats, GetStatus
 
@@ -71,8 +71,9 @@ class SchedulerActor(PoolScheduler):
 
     def __init__(self, name: str, instances: list[ModelInstance], stats: VersionStats,
                  policy: BatchPolicy | None = None, clock: Callable[[], int] = time.perf_counter_ns,
-                 trace: VersionTrace | None = None, on_down: Down | None = None) -> None:
-        super().__init__(name, instances, stats, clock, on_down)  # its timer: the batcher's delay, queue timeouts
+                 trace: VersionTrace | None = None, on_down: Down | None = None,
+                 inline_per_turn: int = INLINE_PER_TURN, turn: Turn | None = None) -> None:
+        super().__init__(name, instances, stats, clock, on_down, inline_per_turn, turn)  # its timer: the batcher's delay, queue timeouts
         self._trace = trace or _NO_TRACE  # tracing.py: ``.on`` is read once per finished batch
         self._policy = policy or BatchPolicy()
         self._queue: BatchQueue[Enqueue] = BatchQueue(self._policy)
@@ -96,7 +97,7 @@ class SchedulerActor(PoolScheduler):
     def on_Enqueue(self, msg: Enqueue) -> None:
         if self._refused_gone(msg):
             return
-        if self._direct and self._pool.idle and not len(self._queue):
+        if self._direct and self._pool.idle and not len(self._queue) and self._inline_runs < self._per_turn:
             self._run(self._pool.take(), [msg])  # nothing waits and an instance is free: no queueing to do
             return
         if self._add(msg, msg.start_ns):
@@ -195,6 +196,8 @@ class SchedulerActor(PoolScheduler):
                 self._expire(queue.expire(now), now)
                 wait = queue.until_deadline(now)
                 break
+            if self._inline_runs >= self._per_turn and self._turn_spent(now):
+                break  # the rest in the next hub turn
             decision = queue.poll(now)
             self._expire(decision.expired, now)
             if not decision.batch:
@@ -219,6 +222,7 @@ class SchedulerActor(PoolScheduler):
             self._order.dispatched(items)
         dispatch_ns = self._clock()
         self._running += len(items)
+        self._count_inline(instance)
         instance.execute(with_cancellation(instance, items), self._completion(instance, items, dispatch_ns))
 
     def _expire(self, items: list[Enqueue], now: int) -> None:

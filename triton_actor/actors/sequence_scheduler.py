@@ -42,7 +42,7 @@ from ..statistics import VersionStats
 from .bridge import CancelWatch
 from .instance import ModelInstance
 from .instance_pool import Down
-from .pool_scheduler import PoolScheduler
+from .pool_scheduler import INLINE_PER_TURN, PoolScheduler, Turn
 from .scheduler_messages import Enqueue, GetStats
 from .sequence_controls import SequenceTensors
 from .sequence_slots import SEQUENCE_END, SEQUENCE_START, SequenceSlots, Slot, SlotPolicy
@@ -64,8 +64,9 @@ class SequenceSchedulerActor(PoolScheduler):
 
     def __init__(self, name: str, model: str, instances: list[ModelInstance], stats: VersionStats,
                  policy: SlotPolicy, tensors: SequenceTensors, decoupled: bool = False,
-                 clock: Callable[[], int] = time.perf_counter_ns, on_down: Down | None = None) -> None:
-        super().__init__(name, instances, stats, clock, on_down)  # its timer: batch delays, idle sequences
+                 clock: Callable[[], int] = time.perf_counter_ns, on_down: Down | None = None,
+                 inline_per_turn: int = INLINE_PER_TURN, turn: Turn | None = None) -> None:
+        super().__init__(name, instances, stats, clock, on_down, inline_per_turn, turn)  # its timer: batch delays, idle sequences
         self._model = model
         self._index = {inst: i for i, inst in enumerate(instances)}  # the instance's slots in SequenceSlots
         self._policy = policy
@@ -151,6 +152,8 @@ class SequenceSchedulerActor(PoolScheduler):
             log.debug("sequence %s of model '%s' idle: slot released", corr_id, self._model)
         wait: int | None = None
         for inst in self._pool.idle[::-1]:  # the next one to take first
+            if self._inline_runs >= self._per_turn and self._turn_spent(now):
+                break  # the rest in the next hub turn
             batch, until = self._slots.take(self._index[inst], now)
             if batch:
                 self._run(self._pool.take(inst), batch)
@@ -186,6 +189,7 @@ class SequenceSchedulerActor(PoolScheduler):
         dispatch_ns = self._clock()
         self._running += sum(1 for slot in batch if slot.item is not None)
         tell = self.ref.tell
+        self._count_inline(instance)
 
         def done(ok: bool, value: Any) -> None:
             try:
