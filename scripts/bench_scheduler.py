@@ -30,6 +30,7 @@ class _Instant:
     """A ModelInstance stand-in that answers every batch at once, in the caller."""
 
     observes_cancellation = False
+    inline = False  # True: counted per hub turn, and this loop, one turn, would start 64 a turn (actors/pool_scheduler.py)
     health, reason = "UP", ""
 
     def __init__(self, name: str) -> None:

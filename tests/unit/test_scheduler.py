@@ -15,10 +15,12 @@ import gevent
 import numpy as np
 import pytest
 
+from triton_actor import fastpath
 from triton_actor.actors.batch_queue import BatchPolicy, QueuePolicy
 from triton_actor.actors.instance import DOWN, RESTARTING, UP
 from triton_actor.actors.kernel import Reply
 from triton_actor.actors.scheduler import Drain, Enqueue, GetStats, GetStatus, SchedulerActor
+from triton_actor.backends.base import RESCHEDULE
 from triton_actor.errors import Code, TritonError
 from triton_actor.inference import InferInput, InferRequest, InferResponse
 from triton_actor.protocol.dtypes import BY_WIRE
@@ -33,6 +35,7 @@ class FakeInstance:
     """Anything with ``.name`` and ``.execute(requests, done)``: records calls, completes when told."""
 
     observes_cancellation = False
+    inline = False  # runs on its thread (InlineInstance: runs in the caller)
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -557,3 +560,67 @@ def test_preserve_ordering_goes_on_after_a_batch_that_could_not_be_answered(make
     _sync(sched)
     a.complete(1)
     assert second.get(timeout=WAIT).parameters == {"rid": "second"}
+
+
+@pytest.mark.timeout(30)
+def test_a_rescheduled_request_refused_by_a_full_queue_counts_as_rejected(make) -> None:
+    """The queue's refusals are REJECTED (Triton's failure reasons), a rescheduled request's as a new one's."""
+    policy = _policy(max_batch_size=0, preferred=(), policies={1: QueuePolicy(max_queue_size=1)})
+    sched, [inst], stats = make(policy=policy)
+    again = _enqueue(sched, "again")  # runs
+    queued = _enqueue(sched, "queued")  # fills the queue
+    _sync(sched)
+    inst.complete(0, results=[RESCHEDULE])  # the model releases it with RESCHEDULE: the queue is full
+    with pytest.raises(TritonError) as e:
+        again.get(timeout=WAIT)
+    assert e.value.message == "[request id: again] Exceeds maximum queue size"
+    _sync(sched)
+    inst.complete(1)
+    assert queued.get(timeout=WAIT).parameters == {"rid": "queued"}
+    assert stats.failures == {"REJECTED": 1, "CANCELED": 0, "BACKEND": 0, "OTHER": 0}
+
+
+class InlineInstance(FakeInstance):
+    """A model promoted to run in the caller (actors/instance.py): each batch is answered before execute returns."""
+
+    inline = True
+
+    def execute(self, requests: list[InferRequest], done: Callable[[bool, Any], None]) -> None:
+        super().execute(requests, done)
+        self.complete(len(self.calls) - 1)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("batching", [False, True])
+def test_inline_batches_yield_to_the_hub_after_their_share_of_a_turn(batching: bool) -> None:
+    """A queue worked through by an inline instance starts at most ``inline_per_turn`` batches in one hub
+    turn (the turn here never changes by itself: only the scheduler's own next-turn wake-up starts a new
+    one), the rest in the next turns; every request is answered, in order."""
+    inst, stats = InlineInstance("inst0"), VersionStats("m", 1)
+    policy = BatchPolicy(max_batch_size=1, preferred=(1,)) if batching else None
+    sched = SchedulerActor("scheduler:m:1", [inst], stats, policy, inline_per_turn=4, turn=lambda: 0)  # type: ignore[list-item]
+    sched.start()
+    try:
+        replies = [_enqueue(sched, f"r{i}") for i in range(10)]  # one greenlet, one turn
+        _sync(sched)
+        assert len(inst.calls) == 4 and [r.ready() for r in replies] == [True] * 4 + [False] * 6
+        assert [r.get(timeout=WAIT).parameters["rid"] for r in replies] == [f"r{i}" for i in range(10)]
+        assert _ids([c[0][0] for c in inst.calls]) == [f"r{i}" for i in range(10)]
+    finally:
+        sched.stop(timeout=WAIT)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.skipif(not fastpath.enabled, reason="answered on the sender's stack only while fast paths are on")
+def test_inline_batches_of_separate_turns_never_wait() -> None:
+    """The share is per hub turn: requests that arrive in turns of their own all run at once."""
+    inst, stats = InlineInstance("inst0"), VersionStats("m", 1)
+    turn = [0]
+    sched = SchedulerActor("scheduler:m:1", [inst], stats, inline_per_turn=2, turn=lambda: turn[0])  # type: ignore[list-item]
+    sched.start()
+    try:
+        for i in range(6):
+            turn[0] = i  # the hub ran in between
+            assert _enqueue(sched, f"r{i}").ready()  # answered on this stack, no wake-up needed
+    finally:
+        sched.stop(timeout=WAIT)

@@ -7,7 +7,8 @@ Drain, GetStats, GetStatus), :class:`BatchDone` (event from an instance's comple
 caller), :class:`~.instance_pool.InstanceHealth` (event from an instance's watcher).
 State owned: the request queue, the :class:`~.instance_pool.InstancePool` of the version's instances
 (:class:`ModelInstance`, single-owner hub objects: only this actor calls them once it started), the
-version's :class:`VersionStats`.
+version's :class:`VersionStats` (the pool, the statistics, drains, ``GetStatus`` and ``Wake`` are
+:class:`~.pool_scheduler.PoolScheduler`'s, shared with the sequence batcher; this class is the policy).
 Failure: a backend error fails only the requests of that batch; the instance goes back to idle. An
 error in a handler fails that message's reply. Stopped: queued requests fail UNAVAILABLE, a batch
 that finishes afterwards still answers its requests (``_answer``).
@@ -46,11 +47,12 @@ from ..tracing import VersionTrace
 from .batch_queue import BatchPolicy, BatchQueue, timeout_error
 from .bridge import CancelWatch
 from .instance import ModelInstance
-from .instance_pool import Down, InstanceHealth, InstancePool
-from .kernel import InlineActor, Reply
+from .instance_pool import Down
+from .pool_scheduler import INLINE_PER_TURN, PoolScheduler, Turn
 from .reply_order import ReplyOrder
 from .scheduler_messages import Drain, Enqueue, GetStats, GetStatus
-from .wake_timer import Wake, WakeTimer
+
+__all__ = ["BatchDone", "Drain", "Enqueue", "GetStats", "GetStatus", "SchedulerActor"]
 
 log = logging.getLogger(__name__)
 
@@ -64,69 +66,53 @@ class BatchDone:
     value: Any  # (results, timings) or the error
 
 
-class SchedulerActor(InlineActor):
+class SchedulerActor(PoolScheduler):
     """Default and dynamic-batching scheduler of one model version."""
 
     def __init__(self, name: str, instances: list[ModelInstance], stats: VersionStats,
                  policy: BatchPolicy | None = None, clock: Callable[[], int] = time.perf_counter_ns,
-                 trace: VersionTrace | None = None, on_down: Down | None = None) -> None:
-        super().__init__(name)
+                 trace: VersionTrace | None = None, on_down: Down | None = None,
+                 inline_per_turn: int = INLINE_PER_TURN, turn: Turn | None = None) -> None:
+        super().__init__(name, instances, stats, clock, on_down, inline_per_turn, turn)  # its timer: the batcher's delay, queue timeouts
         self._trace = trace or _NO_TRACE  # tracing.py: ``.on`` is read once per finished batch
         self._policy = policy or BatchPolicy()
         self._queue: BatchQueue[Enqueue] = BatchQueue(self._policy)
-        self._pool = InstancePool(self, instances, on_down)
-        self._running = 0  # requests in the batches being executed
-        self._stats = stats
-        self._clock = clock
-        self._drains: list[Reply[None]] = []
-        self._timer = WakeTimer(self.ref.tell)  # the batcher's delay, the requests' queue timeouts
         self._batching = self._policy.max_batch_size > 0
         # no batching and no queue timeouts: a request that finds an idle instance and nobody waiting runs at once
         self._direct = fastpath.enabled and not self._batching and not self._queue.timed
         self._ragged = self._policy.ragged_inputs
         self._order: ReplyOrder[Enqueue] | None = ReplyOrder(_complete) if self._policy.preserve_ordering else None
 
-    def on_start(self) -> None:
-        self._pool.start()
+    # -- the policy's part of PoolScheduler --------------------------------------------------------
+    def _waiting(self) -> int:
+        return len(self._queue)
 
-    # -- the pool's calls (from on_InstanceHealth) ------------------------------------------------
-    def instance_joined(self, instance: ModelInstance) -> None:
-        self._dispatch()
+    def _clear_waiting(self) -> list[Enqueue]:
+        return self._queue.clear()
 
     def instance_left(self, instance: ModelInstance, reason: str) -> None:
         pass  # the queue is every instance's: the others take it
 
-    def pool_gone(self, error: TritonError) -> None:
-        self._fail(self._queue.clear(), error)
-        self._maybe_drained()
-
-    def _fail(self, items: list[Enqueue], error: TritonError) -> None:
-        """No instance left: failure reason OTHER, as Triton counts what fails in the core outside the queue policy."""
-        now = self._clock()
-        for item in items:
-            self._stats.record_failure(now - item.start_ns)
-            item.reply.fail(error)
-
     # -- messages ---------------------------------------------------------------------------------
-    def on_InstanceHealth(self, msg: InstanceHealth) -> None:
-        self._pool.on_health(msg)
-
     def on_Enqueue(self, msg: Enqueue) -> None:
-        if self._pool.gone is not None:  # until the model actor publishes the version's new state
-            self._fail([msg], self._pool.gone)
+        if self._refused_gone(msg):
             return
-        if self._direct and self._pool.idle and not len(self._queue):
+        if self._direct and self._pool.idle and not len(self._queue) and self._inline_runs < self._per_turn:
             self._run(self._pool.take(), [msg])  # nothing waits and an instance is free: no queueing to do
             return
-        request = msg.request
+        if self._add(msg, msg.start_ns):
+            self._dispatch()
+
+    def _add(self, item: Enqueue, arrival_ns: int) -> bool:
+        """Into the queue; a full queue refuses it (REJECTED, a rescheduled request as a new one)."""
+        request = item.request
         key = _shape_key(request, self._ragged) if self._batching else None
         try:
-            self._queue.add(msg, msg.batch_size, key, request.priority, request.timeout_us, msg.start_ns)
+            self._queue.add(item, item.batch_size, key, request.priority, request.timeout_us, arrival_ns)
         except TritonError as e:
-            self._stats.record_failure(self._clock() - msg.start_ns, "REJECTED")  # queue full
-            msg.reply.fail(TritonError(e.code, _prefix(request) + e.message))
-            return
-        self._dispatch()
+            self._reject(item, TritonError(e.code, _prefix(request) + e.message))
+            return False
+        return True
 
     def on_BatchDone(self, msg: BatchDone) -> None:
         """Answer the batch and take the instance back. Whatever goes wrong answering (a backend that
@@ -179,30 +165,13 @@ class SchedulerActor(InlineActor):
         picks it up), as a new arrival so a queue timeout does not expire it at once."""
         if self._order is not None:  # its place in the order is given up; it gets a new one when it runs again
             self._order.give_up(item)
-        request = item.request
-        key = _shape_key(request, self._ragged) if self._batching else None
-        try:
-            self._queue.add(item, item.batch_size, key, request.priority, request.timeout_us, self._clock())
-        except TritonError as e:
-            self._stats.record_failure(self._clock() - item.start_ns)
-            item.reply.fail(TritonError(e.code, _prefix(request) + e.message))
-
-    def on_Wake(self, msg: Wake) -> None:
-        self._timer.woke(msg)
-        self._dispatch()
+        self._add(item, self._clock())
 
     def on_stop(self) -> None:
-        """Nobody waits forever: queued requests fail, held replies are released, drains are answered."""
-        self._timer.stop()
-        self._pool.stop()
-        error = TritonError.unavailable(f"model version '{self.name}' is unloading")
-        for item in self._queue.clear():
-            item.reply.fail(error)
+        """As every scheduler (queued requests fail, drains are answered), and held replies are released."""
+        super().on_stop()
         if self._order is not None:
             self._order.flush()
-        for reply in self._drains:
-            reply.set(None)
-        self._drains.clear()
 
     def on_dropped(self, message: object) -> None:
         """A completion that reached the mailbox after the stop (loop mode): still answer its requests."""
@@ -213,14 +182,6 @@ class SchedulerActor(InlineActor):
         snap = self._stats.snapshot()
         snap["pending"] = len(self._queue)  # queued, not yet executing (nv_inference_pending_request_count)
         return snap
-
-    def on_GetStatus(self, _msg: GetStatus) -> dict[str, object]:
-        return {"stats": self._stats.snapshot(), "queued": len(self._queue), "running": self._running,
-                **self._pool.status()}
-
-    def on_Drain(self, msg: Drain) -> None:
-        self._drains.append(msg.reply)
-        self._maybe_drained()
 
     # -- policy -----------------------------------------------------------------------------------
     def _dispatch(self) -> None:
@@ -235,6 +196,8 @@ class SchedulerActor(InlineActor):
                 self._expire(queue.expire(now), now)
                 wait = queue.until_deadline(now)
                 break
+            if self._inline_runs >= self._per_turn and self._turn_spent(now):
+                break  # the rest in the next hub turn
             decision = queue.poll(now)
             self._expire(decision.expired, now)
             if not decision.batch:
@@ -259,6 +222,7 @@ class SchedulerActor(InlineActor):
             self._order.dispatched(items)
         dispatch_ns = self._clock()
         self._running += len(items)
+        self._count_inline(instance)
         instance.execute(with_cancellation(instance, items), self._completion(instance, items, dispatch_ns))
 
     def _expire(self, items: list[Enqueue], now: int) -> None:
@@ -284,12 +248,6 @@ class SchedulerActor(InlineActor):
                 _answer(items, ok, value)
 
         return done
-
-    def _maybe_drained(self) -> None:
-        if self._drains and not len(self._queue) and not self._pool.busy:
-            for reply in self._drains:
-                reply.set(None)
-            self._drains.clear()
 
 
 def with_cancellation(instance: ModelInstance, items: list[Enqueue]) -> list[InferRequest]:

@@ -6,7 +6,8 @@ version handle queues to either the same way (:mod:`.scheduler_messages`: Enqueu
 (event from an instance's watcher), :class:`~.wake_timer.Wake` (its timer). State owned: the
 :class:`SequenceSlots` (which sequence holds which slot of which instance, the backlog, the queued
 requests), the implicit state of each live sequence, the :class:`~.instance_pool.InstancePool`, the
-version's statistics.
+version's statistics (those last two, drains, ``GetStatus`` and ``Wake`` through
+:class:`~.pool_scheduler.PoolScheduler`, shared with the default scheduler).
 Policy is in :mod:`.sequence_slots` (slots, backlog, direct / oldest batches, idle timeout) and
 :mod:`.sequence_controls` (control and state tensors); this actor checks each request's sequence
 fields with Triton's errors, adds the tensors, runs batches and answers them.
@@ -40,12 +41,11 @@ from ..inference import InferInput, InferRequest, InferResponse
 from ..statistics import VersionStats
 from .bridge import CancelWatch
 from .instance import ModelInstance
-from .instance_pool import Down, InstanceHealth, InstancePool
-from .kernel import InlineActor, Reply
-from .scheduler_messages import Drain, Enqueue, GetStats, GetStatus
+from .instance_pool import Down
+from .pool_scheduler import INLINE_PER_TURN, PoolScheduler, Turn
+from .scheduler_messages import Enqueue, GetStats
 from .sequence_controls import SequenceTensors
 from .sequence_slots import SEQUENCE_END, SEQUENCE_START, SequenceSlots, Slot, SlotPolicy
-from .wake_timer import Wake, WakeTimer
 
 log = logging.getLogger(__name__)
 
@@ -59,32 +59,31 @@ class _SeqBatchDone:
     value: Any  # (results, timings) or the error
 
 
-class SequenceSchedulerActor(InlineActor):
+class SequenceSchedulerActor(PoolScheduler):
     """Sequence batcher of one model version; see the module docstring."""
 
     def __init__(self, name: str, model: str, instances: list[ModelInstance], stats: VersionStats,
                  policy: SlotPolicy, tensors: SequenceTensors, decoupled: bool = False,
-                 clock: Callable[[], int] = time.perf_counter_ns, on_down: Down | None = None) -> None:
-        super().__init__(name)
+                 clock: Callable[[], int] = time.perf_counter_ns, on_down: Down | None = None,
+                 inline_per_turn: int = INLINE_PER_TURN, turn: Turn | None = None) -> None:
+        super().__init__(name, instances, stats, clock, on_down, inline_per_turn, turn)  # its timer: batch delays, idle sequences
         self._model = model
-        self._pool = InstancePool(self, instances, on_down)
         self._index = {inst: i for i, inst in enumerate(instances)}  # the instance's slots in SequenceSlots
         self._policy = policy
         self._slots: SequenceSlots[Enqueue] = SequenceSlots(policy)
         self._tensors = tensors
         self._pad = not decoupled  # null requests for empty slots (a decoupled model has no answer for them)
-        self._stats = stats
-        self._clock = clock
         self._states: dict[int | str, dict[str, np.ndarray]] = {}
         self._next_id = 1
-        self._drains: list[Reply[None]] = []
-        self._running = 0  # requests in the batches being executed (the status page)
-        self._timer = WakeTimer(self.ref.tell)  # batch delays, idle sequences
 
-    def on_start(self) -> None:
-        self._pool.start()
+    # -- the policy's part of PoolScheduler --------------------------------------------------------
+    def _waiting(self) -> int:
+        return len(self._slots)
 
-    # -- the pool's calls (from on_InstanceHealth) ------------------------------------------------
+    def _clear_waiting(self) -> list[Enqueue]:
+        self._states.clear()
+        return self._slots.clear()
+
     def instance_joined(self, instance: ModelInstance) -> None:
         self._slots.open_instance(self._index[instance])
         self._dispatch()
@@ -97,31 +96,18 @@ class SequenceSchedulerActor(InlineActor):
         self._fail(queued, TritonError.unavailable(f"instance '{instance.name}' holding the sequence stopped: {reason}"))
         self._maybe_drained()
 
-    def pool_gone(self, error: TritonError) -> None:
-        self._fail(self._slots.clear(), error)
-        self._states.clear()
-        self._maybe_drained()
-
     # -- messages ---------------------------------------------------------------------------------
-    def on_InstanceHealth(self, msg: InstanceHealth) -> None:
-        self._pool.on_health(msg)
-
-    def _fail(self, items: list[Enqueue], error: TritonError) -> None:
-        now = self._clock()
-        for item in items:
-            self._stats.record_failure(now - item.start_ns)
-            item.reply.fail(error)
-
     def on_Enqueue(self, msg: Enqueue) -> None:
-        if self._pool.gone is not None:
-            self._fail([msg], self._pool.gone)
+        if self._refused_gone(msg):
             return
         try:
             msg = self._admit(msg)
             self._slots.add(msg, msg.request.correlation_id, msg.request.flags, msg.start_ns, self._model)
         except TritonError as e:
-            self._stats.record_failure(self._clock() - msg.start_ns)
-            msg.reply.fail(e)
+            if e.code == Code.UNAVAILABLE:  # the queue is full (SequenceSlots.add)
+                self._reject(msg, e)
+            else:  # not a sequence request Triton would take (INVALID_ARG)
+                self._fail([msg], e)
             return
         self._dispatch()
 
@@ -139,32 +125,8 @@ class SequenceSchedulerActor(InlineActor):
             self._pool.release(msg.instance)
         self._dispatch()
 
-    def on_Wake(self, msg: Wake) -> None:
-        self._timer.woke(msg)
-        self._dispatch()
-
     def on_GetStats(self, _msg: GetStats) -> dict[str, object]:
         return self._stats.snapshot()
-
-    def on_GetStatus(self, _msg: GetStatus) -> dict[str, object]:
-        """The status page's view (live_status.py), as the other schedulers answer it."""
-        return {"stats": self._stats.snapshot(), "queued": len(self._slots), "running": self._running,
-                **self._pool.status()}
-
-    def on_Drain(self, msg: Drain) -> None:
-        self._drains.append(msg.reply)
-        self._maybe_drained()
-
-    def on_stop(self) -> None:
-        self._timer.stop()
-        self._pool.stop()
-        error = TritonError.unavailable(f"model version '{self.name}' is unloading")
-        for item in self._slots.clear():
-            item.reply.fail(error)
-        self._states.clear()
-        for reply in self._drains:
-            reply.set(None)
-        self._drains.clear()
 
     # -- requests ---------------------------------------------------------------------------------
     def _admit(self, msg: Enqueue) -> Enqueue:
@@ -190,6 +152,8 @@ class SequenceSchedulerActor(InlineActor):
             log.debug("sequence %s of model '%s' idle: slot released", corr_id, self._model)
         wait: int | None = None
         for inst in self._pool.idle[::-1]:  # the next one to take first
+            if self._inline_runs >= self._per_turn and self._turn_spent(now):
+                break  # the rest in the next hub turn
             batch, until = self._slots.take(self._index[inst], now)
             if batch:
                 self._run(self._pool.take(inst), batch)
@@ -225,6 +189,7 @@ class SequenceSchedulerActor(InlineActor):
         dispatch_ns = self._clock()
         self._running += sum(1 for slot in batch if slot.item is not None)
         tell = self.ref.tell
+        self._count_inline(instance)
 
         def done(ok: bool, value: Any) -> None:
             try:
@@ -328,9 +293,3 @@ class SequenceSchedulerActor(InlineActor):
                 slot.item.reply.fail(error)
             else:
                 slot.item.reply.set(result)
-
-    def _maybe_drained(self) -> None:
-        if self._drains and not len(self._slots) and not self._pool.busy:
-            for reply in self._drains:
-                reply.set(None)
-            self._drains.clear()
