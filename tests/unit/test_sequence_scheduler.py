@@ -52,3 +52,22 @@ def test_a_full_queue_refuses_as_rejected(monkeypatch: pytest.MonkeyPatch) -> No
         assert stats.failures == {"REJECTED": 1, "CANCELED": 0, "BACKEND": 0, "OTHER": 0}
     finally:
         sched.stop(timeout=WAIT)
+
+
+@pytest.mark.timeout(30)
+def test_stats_count_the_requests_waiting_for_a_slot() -> None:
+    """``pending`` (nv_inference_pending_request_count) for a sequence model: the sequence batcher's
+    statistics had none, so the gauge read 0 while requests waited for a slot."""
+    inst, stats = _Instance("inst0"), VersionStats("m", 1)
+    tensors = SequenceTensors((), (), False, frozenset())
+    sched = SequenceSchedulerActor("scheduler:m:1", "m", [inst], stats, SlotPolicy(), tensors)  # type: ignore[list-item]
+    sched.start()
+    try:
+        first = _enqueue(sched, "s1", 1, SEQUENCE_START)  # runs
+        _enqueue(sched, "s2", 2, SEQUENCE_START)  # waits for the one slot
+        _enqueue(sched, "s3", 3, SEQUENCE_START)
+        assert sched.ref.ask(GetStats(), timeout=WAIT)["pending"] == 2
+        inst.complete(0, results=[InferResponse([("OUT", np.array([1]))], {})])
+        first.get(timeout=WAIT)
+    finally:
+        sched.stop(timeout=WAIT)

@@ -39,7 +39,7 @@ from ..statistics import VersionStats
 from .instance import ModelInstance
 from .instance_pool import Down, InstanceHealth, InstancePool
 from .kernel import InlineActor, Reply
-from .scheduler_messages import Drain, Enqueue, GetStatus
+from .scheduler_messages import Drain, Enqueue, GetStats, GetStatus
 from .wake_timer import Wake, WakeTimer
 
 # Inline batches started in one hub turn (~15 µs each for a small Python model: ~1 ms of hub time).
@@ -97,6 +97,11 @@ class PoolScheduler(InlineActor):
         self._timer.woke(msg)
         self._inline_runs = 0  # a timer fired: the hub runs this turn
         self._dispatch()
+
+    def on_GetStats(self, _msg: GetStats) -> dict[str, object]:
+        snap = self._stats.snapshot()
+        snap["pending"] = self._waiting()  # queued, not yet executing (nv_inference_pending_request_count)
+        return snap
 
     def on_GetStatus(self, _msg: GetStatus) -> dict[str, object]:
         """The status page's view (live_status.py), as every scheduler answers it."""

@@ -178,11 +178,6 @@ class SchedulerActor(PoolScheduler):
         if isinstance(message, BatchDone):
             _answer(message.items, message.ok, message.value)
 
-    def on_GetStats(self, _msg: GetStats) -> dict[str, object]:
-        snap = self._stats.snapshot()
-        snap["pending"] = len(self._queue)  # queued, not yet executing (nv_inference_pending_request_count)
-        return snap
-
     # -- policy -----------------------------------------------------------------------------------
     def _dispatch(self) -> None:
         queue, idle, take = self._queue, self._pool.idle, self._pool.take

@@ -43,7 +43,7 @@ from .bridge import CancelWatch
 from .instance import ModelInstance
 from .instance_pool import Down
 from .pool_scheduler import INLINE_PER_TURN, PoolScheduler, Turn
-from .scheduler_messages import Enqueue, GetStats
+from .scheduler_messages import Enqueue
 from .sequence_controls import SequenceTensors
 from .sequence_slots import SEQUENCE_END, SEQUENCE_START, SequenceSlots, Slot, SlotPolicy
 
@@ -124,9 +124,6 @@ class SequenceSchedulerActor(PoolScheduler):
         finally:
             self._pool.release(msg.instance)
         self._dispatch()
-
-    def on_GetStats(self, _msg: GetStats) -> dict[str, object]:
-        return self._stats.snapshot()
 
     # -- requests ---------------------------------------------------------------------------------
     def _admit(self, msg: Enqueue) -> Enqueue:
