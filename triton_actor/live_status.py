@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from . import gc_settle
 from .actors.handles import READY
 from .actors.response_channel import stream_totals
 from .dataplane import DataPlane
@@ -43,7 +44,7 @@ def local_status(plane: DataPlane, _args: dict[str, Any] | None = None) -> dict[
                 pass  # unloaded meanwhile: state and reason only
         versions.append(row)
     return {"worker": plane.host.worker_id, "live": plane.is_live(), "ready": plane.is_ready(),
-            "time_ns": time.time_ns(), "versions": versions, "streams": stream_totals()}
+            "time_ns": time.time_ns(), "versions": versions, "streams": stream_totals(), "gc": gc_settle.status()}
 
 
 def _live(status: dict[str, Any]) -> dict[str, Any]:
@@ -89,7 +90,8 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
     return {"live": all(p["live"] for p in parts), "ready": all(p["ready"] for p in parts),
             "workers": len(parts), "time_ns": max(p["time_ns"] for p in parts),
             "success": sum(v["success"] for v in versions), "fail": sum(v["fail"] for v in versions),
-            "versions": versions, "streams": _sum_streams([p.get("streams", {}) for p in parts])}
+            "versions": versions, "streams": _sum_streams([p.get("streams", {}) for p in parts]),
+            "gc": [p.get("gc", {}) for p in parts]}
 
 
 def _sum_streams(parts: list[dict[str, int]]) -> dict[str, int]:

@@ -16,7 +16,7 @@ from typing import Any
 import gevent
 import gevent.event
 
-from . import hostwide, hub_errors, live_status, log_format
+from . import gc_settle, hostwide, hub_errors, live_status, log_format
 from .actors.model import LoadSettings
 from .actors.repository import RepositoryActor
 from .backends.base import Backend
@@ -121,6 +121,7 @@ class Server:
         self.start_actors()
         self.serve()
         self.load_models()
+        gc_settle.settle()  # before the first request: what loading left is not walked by every collection
         self.plane.accepting = True
 
     def start_actors(self) -> None:

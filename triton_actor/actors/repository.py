@@ -44,6 +44,7 @@ from typing import Any, TypeVar
 import gevent
 import gevent.lock
 
+from .. import gc_settle
 from ..backends.base import Backend
 from ..errors import TritonError
 from ..repository import layout, overrides, snapshot
@@ -430,6 +431,7 @@ class RepositoryActor(Actor):
         routes = dict(self.routes)
         routes.pop(msg.name, None)
         self.routes = MappingProxyType(routes)
+        gc_settle.soon()
 
     def _tell(self, message: object) -> None:
         try:
@@ -440,6 +442,7 @@ class RepositoryActor(Actor):
     # -- routing and index ------------------------------------------------------------------------
     def on_ModelChanged(self, msg: ModelChanged) -> None:
         self._set_route(msg.handle)
+        gc_settle.soon()  # loaded or unloaded: the collector's long-lived objects changed (gc_settle.py)
         if msg.applied is not None:
             msg.applied.set(None)
 

@@ -68,7 +68,7 @@ class TritonWorker(Worker):
         import gevent
         from gunicorn.arbiter import Arbiter
 
-        from .. import fastpath
+        from .. import fastpath, gc_settle
         from ..cli import configure_logging, log_ignored_flags, parse
         from ..hostwide import replay
         from ..server import Server, StartupError
@@ -92,6 +92,7 @@ class TritonWorker(Worker):
             sys.exit(Arbiter.WORKER_BOOT_ERROR)
         for error in replay(host, changes):
             log.error("worker %d: replaying a host-wide change failed: %s", self.age, error)
+        gc_settle.settle()  # before it serves (gc_settle.py)
         server.serve(dict(zip(("http", "grpc", "metrics"), self.sockets, strict=False)))
         server.plane.accepting = True
         host.mark_ready()
