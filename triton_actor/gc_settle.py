@@ -10,7 +10,8 @@ walked: a full collection after :func:`settle` took 0.0 ms in the same process.
 
 What it costs: one collection at each settle (the same 80 ms, once, after a load, not during traffic);
 and an object frozen is never collected while frozen, so a model unloaded later could leave its reference
-cycles behind. Hence each settle first unfreezes (those cycles are collected then) and freezes again.
+cycles behind. Hence each settle first unfreezes (those cycles are collected then) and freezes again, and
+one comes at least every :data:`PERIOD_S` (objects of the last settle that became cyclic garbage since).
 Loads and unloads come in bursts (a repository load, POLL), so :func:`soon` runs one settle
 :data:`DELAY_S` after the last change. Children forked later (gunicorn's workers fork before loading)
 share frozen pages instead of dirtying them in their collections (the ``gc.freeze`` docs' reason).
@@ -32,23 +33,22 @@ from . import fastpath
 log = logging.getLogger(__name__)
 
 DELAY_S = 1.0  # after the last load or unload of a burst
+PERIOD_S = 600.0  # and at least this often: objects frozen at a settle that became cyclic garbage since go then
 _pending: gevent.Greenlet | None = None
 settles = 0  # done in this process (tests and /status.json read it)
 
 
 def settle() -> None:
     """Collect, then freeze what is alive (hub thread). A no-op with fast paths off."""
-    global settles, _pending
+    global settles
     if not fastpath.enabled:
         return
-    if _pending is not None and _pending is not gevent.getcurrent():
-        _pending.kill(block=False)  # this one covers it
-    _pending = None
     started = time.perf_counter()
     gc.unfreeze()  # what was frozen and has become garbage since (an unloaded model's cycles) is collected now
     gc.collect()
     gc.freeze()
     settles += 1
+    _schedule(PERIOD_S)  # the next one, unless a change comes sooner
     log.debug("gc settled: %d objects frozen in %.1f ms", gc.get_freeze_count(), (time.perf_counter() - started) * 1e3)
 
 
@@ -59,12 +59,15 @@ def status() -> dict[str, int]:
 
 def soon() -> None:
     """A model changed (hub thread): settle once the burst of changes is over."""
+    if fastpath.enabled:
+        _schedule(DELAY_S)
+
+
+def _schedule(delay: float) -> None:
     global _pending
-    if not fastpath.enabled:
-        return
-    if _pending is not None:
-        _pending.kill(block=False)
-    _pending = gevent.spawn_later(DELAY_S, _run)
+    if _pending is not None and _pending is not gevent.getcurrent():
+        _pending.kill(block=False)  # the one planned before: this one covers it
+    _pending = gevent.spawn_later(delay, _run)
 
 
 def _run() -> None:
