@@ -243,13 +243,39 @@ class ResponseIterator:
         return self._reading.cancelled
 
     def __del__(self) -> None:
-        self._reading.cancelled = True  # dropped unread: the pump stops and the target is cancelled
-        self._reading.wake_pump()
+        self.stop()  # dropped unread: the pump stops and the target is cancelled
 
     def __iter__(self) -> ResponseIterator:
         return self
 
     def __next__(self) -> Any:
+        value, size = self._next()
+        self.took(1, size)
+        return _to_pb_response(value, self._names)
+
+    def next_sized(self) -> tuple[Any, int]:
+        """Like ``next()`` for a relay whose reader is in another process (an isolated model,
+        ``backends/python/isolated.py``): the response and the bytes the pump counted for it, *not*
+        counted as taken; the relay reports what its reader took with :meth:`took`, so the pump keeps
+        the bound on what the model itself has not taken. Raises StopIteration at the end."""
+        value, size = self._next()
+        return _to_pb_response(value, self._names), size
+
+    def took(self, responses: int, size: int) -> None:
+        """The model took ``responses`` more (``size`` bytes as the pump counted them): the pump may go
+        on. One thread only: the reader's (``next()``), or a relay's (see :meth:`next_sized`)."""
+        reading = self._reading
+        reading.count, reading.bytes = reading.count + responses, reading.bytes + size  # ints: one writer, the GIL
+        if reading.waiting:
+            reading.wake_pump()
+
+    def stop(self) -> None:
+        """Any thread: cancel the target, as :meth:`cancel` does, without touching the inbox (its reader's):
+        the pump closes the stream at the target's next response and ends the inbox."""
+        self._reading.cancelled = True
+        self._reading.wake_pump()
+
+    def _next(self) -> tuple[Any, int]:
         if self._done:
             raise StopIteration
         item = self._inbox.get()
@@ -258,11 +284,7 @@ class ResponseIterator:
             self._inbox.close()
             raise StopIteration
         value, _final, size = item
-        reading = self._reading
-        reading.count, reading.bytes = reading.count + 1, reading.bytes + size  # ints: one writer, the GIL
-        if reading.waiting:
-            reading.wake_pump()
-        return _to_pb_response(value, self._names)
+        return value, size
 
     def cancel(self) -> None:
         """Stop yielding; the stream is closed at the target's next response, which then sees

@@ -565,16 +565,19 @@ class TritonPythonModel:
 """
 
 
-def _async_holder_repo(tmp_path: Path) -> tuple[Path, Path]:
+def _async_holder_repo(tmp_path: Path, name: str = "async_holder", source: str = ASYNC_HOLDER_PY,
+                       parameters: str = "") -> tuple[Path, Path]:
+    """``flood`` and a model ``name`` with a MODE input, an OUT output and the out dir as parameter
+    ``dir`` (``parameters``: more entries)."""
     repo, out = _flood_repo(tmp_path)
-    add_model(repo, "async_holder", f"""
+    add_model(repo, name, f"""
         backend: "python"
         max_batch_size: 0
         input [ {{ name: "MODE", data_type: TYPE_STRING, dims: [ 1 ] }} ]
         output [ {{ name: "OUT", data_type: TYPE_STRING, dims: [ 1 ] }} ]
         instance_group [ {{ count: 1, kind: KIND_CPU }} ]
-        parameters [ {{ key: "dir" value: {{ string_value: "{out}" }} }} ]
-        """, ASYNC_HOLDER_PY)
+        parameters [ {{ key: "dir" value: {{ string_value: "{out}" }} }} {parameters} ]
+        """, source)
     return repo, out
 
 

@@ -16,6 +16,11 @@ model's process instead, per request, as HTTP/2 keeps a window per stream (RFC 9
 
 Both sides count a response's bytes as the model's process measured them (``inference.response_bytes``),
 sent with the response: the server grants back exactly what was spent, so the window never drifts.
+
+A decoupled BLS stream that such a model reads runs the other way round (``backends/python/bls_relay.py``):
+the model's process takes, so it keeps the :class:`CreditReturn` (``("call_taken", id, responses,
+bytes)``, the sizes the server sent with each response), and the server's side sends, bounded by the
+BLS pump (``server_calls._wait_for_room``) that the grants feed.
 Owner: each object belongs to one request on one side; callers hold their own lock where several threads
 touch it (the model's process: the request's condition). Failure: none; a grant larger than what is held
 (a bug of ours) leaves the credit at zero held, never negative.
@@ -63,7 +68,8 @@ class SendCredit:
 
 
 class CreditReturn:
-    """The server, one per request: responses taken by the client and not yet granted back."""
+    """The taker, one per stream: responses taken and not yet granted back (the server for a client's
+    stream; the model's process for a BLS stream it reads)."""
 
     __slots__ = ("_every", "_every_bytes", "responses", "bytes")
 

@@ -51,6 +51,7 @@ from ...repository.config import ModelConfig
 from ..base import InstanceContext, Result
 from . import isolation_wire as wire
 from . import metrics_mirror
+from .bls_relay import BlsRelay
 from .child_process import ChildProcess, native_sleep
 from .metrics_mirror import MetricsMirror
 from .triton_python_backend_utils import server_calls as hooks
@@ -91,6 +92,7 @@ class _Session:
         self._channels: dict[int, Any] = {}
         self._keys: dict[Any, int] = {}
         self._cancel_told: set[int] = set()
+        self._relays: dict[int, BlsRelay] = {}  # decoupled BLS streams of the model, by call id (bls_relay.py)
         self._next_key = itertools.count(1)
         self.metrics = MetricsMirror()
         self._flushes: dict[int, Callable[[], None]] = {}  # token → a scrape's done(), until the answer came
@@ -122,7 +124,7 @@ class _Session:
             if item is None:
                 raise _Exited(child.wait_exit_text())
             if item[0] == "call":  # made while this command runs: served here, on the instance's thread
-                serve_call(child.to_child, self.metrics, *item[1:])
+                serve_call(self, *item[1:])
                 continue
             _reply, answer, sent_before, metric_updates = item
             if metric_updates:  # the model's custom metrics as they were when it answered
@@ -194,7 +196,16 @@ class _Session:
         elif kind == "log":
             _log_record(message[1])
         elif kind == "call":  # made while no command runs (a decoupled model's own thread)
-            start_native_thread(serve_call, self.child.to_child, self.metrics, *message[1:])
+            start_native_thread(serve_call, self, *message[1:])
+        elif kind in ("call_taken", "call_cancel"):  # what the model took of a decoupled BLS stream, or its cancel
+            with self._lock:
+                relay = self._relays.get(message[1])
+            if relay is None:
+                pass  # it ended meanwhile
+            elif kind == "call_taken":
+                relay.took(message[2], message[3])
+            else:
+                relay.cancel()
         elif kind == "metrics":  # the answer to a flush_metrics
             _kind, token, updates = message
             if updates:
@@ -246,6 +257,23 @@ class _Session:
             if done is not None:
                 done()
 
+    def relay(self, call_id: int, responses: Any) -> None:
+        """The thread serving the model's decoupled BLS call: forward ``responses`` (the server's iterator)
+        to the process on a native thread of its own (:mod:`.bls_relay`), so that the thread serving
+        calls goes on (the model may make other calls while it reads the stream)."""
+        relay = BlsRelay(self.child.to_child, call_id, responses, self._relay_done)
+        with self._lock:
+            gone = self.child.exit_text is not None
+            if not gone:
+                self._relays[call_id] = relay
+        if gone:
+            relay.cancel()  # on_exit ran already: nothing would cancel it later
+        start_native_thread(relay.run)
+
+    def _relay_done(self, call_id: int) -> None:
+        with self._lock:
+            self._relays.pop(call_id, None)
+
     def on_exit(self, text: str) -> None:
         metrics_mirror.unregister(self)
         self._flush_done(None)  # every flush it owed: it has nothing more to say
@@ -253,6 +281,10 @@ class _Session:
             open_channels = list(self._channels.values())
             self._channels.clear()
             self._keys.clear()
+            relays = list(self._relays.values())
+            self._relays.clear()
+        for relay in relays:  # nobody reads them any more: their targets are cancelled
+            relay.cancel()
         for channel in open_channels:
             channel.send(TritonError.internal(f"{text} before the request was finished"), True)
 
@@ -264,17 +296,19 @@ def _log_record(fields: dict[str, Any]) -> None:
         logger.handle(logging.makeLogRecord(fields))
 
 
-def serve_call(pipe: Any, metrics: MetricsMirror, call_id: int, op: str, args: tuple[Any, ...]) -> None:
+def serve_call(session: _Session, call_id: int, op: str, args: tuple[Any, ...]) -> None:
     """A call the model made (BLS, model control, a new custom metric), run with the server's own hooks
-    on this native thread; the answer goes back as ``call_reply`` (or ``call_item``s and ``call_end``)."""
+    on this native thread; the answer goes back as ``call_reply``. A decoupled BLS call's iterator is
+    made here (on the instance's thread the BLS wait graph sees the instance waiting; this thread runs
+    no model code, so the iterator's inbox is a plain queue that the relay's thread may read) and its
+    responses go on a relay's thread (:mod:`.bls_relay`): ``call_stream``, ``call_item``s, ``call_end``."""
+    pipe, metrics = session.child.to_child, session.metrics
     try:
         if op == "bls":
             request, decoupled = args
             result = hooks.bls_exec(wire.pb_request_from_wire(request), decoupled)
             if decoupled:
-                for response in result:
-                    pipe.send(("call_item", call_id, wire.pb_response_to_wire(response)))
-                pipe.send(("call_end", call_id))
+                session.relay(call_id, result)
                 return
             answer: tuple[Any, ...] = ("ok", wire.pb_response_to_wire(result))
         elif op in ("load_model", "unload_model", "is_model_ready"):

@@ -19,18 +19,23 @@ in-process. Frames (:mod:`.isolation_wire` for the values):
   credit was charged, ``protocol/stream_credits.py``), ``("waiting", key, bool)`` when a send for it
   starts or stops waiting for credit, ``("log", record)`` for the
   stdlib logging (``pb_utils.Logger`` included), ``("call", id, op, args)`` made while no command
-  runs (BLS, model control, a new custom metric), and ``("metrics", token, updates)``;
+  runs (BLS, model control, a new custom metric), ``("metrics", token, updates)``, and for a decoupled
+  BLS stream ``("call_taken", id, responses, bytes)`` (what the model took of it: the server sends on)
+  and ``("call_cancel", id)`` (the model cancelled or dropped it: the target is cancelled; sent once
+  its ``call_stream`` came, so that it never overtakes the call);
 * inbox, read by a reader thread: the answers to calls, ``("call_reply", id, answer)`` (a streamed BLS:
-  ``("call_item", id, response)`` ... ``("call_end", id)``), ``("cancel", key)`` (a decoupled request's
-  client went away, or any other request's client cancelled it while it runs: its ``is_cancelled()``
-  turns true, and a send waiting for credit returns), ``("credit", key, responses, bytes)`` (the client
-  took that much of a decoupled request's responses: a send waiting for it goes on) and
-  ``("flush_metrics", token)`` (a scrape: answered with ``("metrics", ...)``).
+  ``("call_stream", id, responses, bytes)``, ``("call_item", id, response, size)`` ... ``("call_end", id)``,
+  sent only while the model has not taken that window: see :mod:`.isolated_child_bls`),
+  ``("cancel", key)`` (a decoupled request's client went away, or any other request's client cancelled
+  it while it runs: its ``is_cancelled()`` turns true, and a send waiting for credit returns),
+  ``("credit", key, responses, bytes)`` (the client took that much of a decoupled request's responses:
+  a send waiting for it goes on) and ``("flush_metrics", token)`` (a scrape: answered with ``("metrics", ...)``).
 
 Threads: the main thread runs the commands one at a time; the reader thread routes call answers to
 their waiters, cancellations and credits to their requests (a cancel that overtakes its request, which
-came on the other pipe, is kept for it) and answers flushes. A decoupled request's ``send()`` waits for
-credit on the thread of the model that sends (the main thread, or one the model started), never on the
+came on the other pipe, is kept for it) and answers flushes; the ``isolation-bls-cancels`` thread
+(:mod:`.isolated_child_bls`) sends the cancels of BLS streams the model dropped. A decoupled request's
+``send()`` waits for credit on the thread of the model that sends (the main thread, or one the model started), never on the
 reader: the server's reader of this process never waits for a slow client, so one request's client
 cannot stall the others'. Failure: what the model raises becomes an error
 reply; at end of the commands (the server stopped it) the main thread returns; at end of the inbox
@@ -60,8 +65,8 @@ from ..base import InstanceContext
 from . import isolation_wire as wire
 from .backend import PythonBackend, PythonInstance, python_error_text
 from .frame_pipe import FrameReader, FrameWriter
+from .isolated_child_bls import BlsStreams
 from .metrics_forwarding import MetricsForwarder
-from .triton_python_backend_utils import TritonModelException
 from .triton_python_backend_utils import metrics as custom_metrics
 from .triton_python_backend_utils import server_calls as hooks
 
@@ -178,6 +183,7 @@ class ModelProcess:
         self.metrics = MetricsForwarder(self.call)
         self._phase = threading.Lock()  # a command starts or ends: calls switch between replies and outbox
         self._in_command = False
+        self.bls_streams = BlsStreams(self.send, self.waiters)
 
     def send(self, message: Any) -> None:
         self.outbox.send(message)
@@ -216,7 +222,9 @@ class ModelProcess:
         if kind == "flush_metrics":  # a scrape: what the model changed since it was last sent
             self.send(("metrics", message[1], self.metrics.collect()))
             return
-        waiter = self.waiters.get(message[1])  # call_reply, call_item, call_end
+        if kind != "call_item" and not self.bls_streams.on_frame(kind, message[1]):
+            return
+        waiter = self.waiters.get(message[1])  # call_reply, call_stream, call_item, call_end
         if waiter is not None:
             waiter.put(message)
 
@@ -316,7 +324,7 @@ class ModelProcess:
     def call(self, op: str, *args: Any) -> Any:
         call_id, waiter = self._open_call(op, args)
         try:
-            return _answer(waiter.get())
+            return wire.call_answer(waiter.get())
         finally:
             self.waiters.pop(call_id, None)
 
@@ -332,44 +340,7 @@ class ModelProcess:
         if not decoupled:
             return wire.pb_response_from_wire(self.call("bls", wire.pb_request_to_wire(request), False))
         call_id, waiter = self._open_call("bls", (wire.pb_request_to_wire(request), True))
-        return StreamedResponses(self, call_id, waiter)
-
-
-def _answer(message: Any) -> Any:
-    """The value of a ``call_reply``; a refusal is raised as the model would see it in-process."""
-    answer = message[2]
-    if answer[0] == "raise":
-        raise TritonModelException(answer[1])
-    return answer[1]
-
-
-class StreamedResponses:
-    """What ``exec(decoupled=True)`` returns here: the target's responses as the server forwards them.
-    ``cancel()`` stops yielding (the target is not told: a limit of isolation)."""
-
-    def __init__(self, process: ModelProcess, call_id: int, waiter: queue.SimpleQueue[Any]) -> None:
-        self._process = process
-        self._id = call_id
-        self._waiter = waiter
-        self._done = False
-
-    def __iter__(self) -> StreamedResponses:
-        return self
-
-    def __next__(self) -> Any:
-        if self._done:
-            raise StopIteration
-        message = self._waiter.get()
-        if message[0] == "call_item":
-            return wire.pb_response_from_wire(message[2])
-        self.cancel()
-        if message[0] == "call_reply":
-            _answer(message)
-        raise StopIteration
-
-    def cancel(self) -> None:
-        self._done = True
-        self._process.waiters.pop(self._id, None)
+        return self.bls_streams.open(call_id, waiter)
 
 
 class _ModelControl:

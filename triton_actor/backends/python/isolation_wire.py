@@ -141,3 +141,12 @@ def pb_response_from_wire(wire: tuple[Any, ...]) -> Any:
     outputs, error, parameters = wire
     return pb_utils.InferenceResponse(_tensors_from_wire(outputs),
                                       None if error is None else pb_utils.TritonError(*error), parameters)
+
+
+def call_answer(message: tuple[Any, ...]) -> Any:
+    """Model process: the value of a ``("call_reply", id, answer)``; a refusal is raised as the model
+    would see it in-process."""
+    answer = message[2]
+    if answer[0] == "raise":
+        raise pb_utils.TritonModelException(answer[1])
+    return answer[1]

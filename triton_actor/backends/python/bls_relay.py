@@ -1,0 +1,74 @@
+"""Decoupled BLS streams of an isolated Python model, server side: ``exec(decoupled=True)`` and
+``async_exec(decoupled=True)`` made in the model's process (``isolated_child_bls.py`` is the other side).
+
+The server runs the call with its own hooks (``server_calls.py``: the data plane, the BLS wait graph,
+the pump that keeps a stream's bound) and a :class:`BlsRelay` forwards the responses over the pipe.
+The pump's bound counts what the *model* took, not what the relay forwarded: the model's process
+says what its iterator took, ``("call_taken", id, responses, bytes)``, once half the stream's window
+was (``protocol/stream_credits.CreditReturn``, the pattern of a decoupled model's own responses, the
+other way round), and the relay credits the server's iterator with it (``ResponseIterator.took``).
+So the pump, the pipe and the model's queue hold together at most what an in-process model may hold
+unread (``STREAM_MAX_RESPONSES`` or ``STREAM_MAX_BYTES``, sent first as ``("call_stream", id,
+responses, bytes)``) and the target's ``send()`` waits beyond it; before, the relay read the whole
+stream into the model's process (2000 x 1 MiB asked, 3 read: the target sent all 2000, 2 GB held).
+The iterator cancelled or dropped in the model's process, ``("call_cancel", id)``, cancels the target
+(``ResponseIterator.stop``): it sees ``is_cancelled()`` at its next response; what was in flight is
+dropped. Frames: ``("call_stream", ...)``, then ``("call_item", id, response, size)`` (``size``: the
+bytes the pump counted, which the process gives back in its credits), then ``("call_end", id)``.
+
+Threads: :meth:`BlsRelay.run` on a native thread of its own (its pipe writes may wait for the
+process's reader; never the hub, never the session's reader thread, never the instance's thread,
+which must go on serving the model's other calls while the model reads the stream); :meth:`took`
+and :meth:`cancel` on the session's reader thread (the one writer of the iterator's taken counts);
+:meth:`cancel` also from ``on_exit``. Owner: the session (``isolated._Session``) holds its relays by
+call id, from the call until ``run`` ends. Failure: the process gone (a pipe write fails, or it
+exited) cancels the target.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ...actors.response_channel import STREAM_MAX_BYTES, STREAM_MAX_RESPONSES
+from . import isolation_wire as wire
+
+
+class BlsRelay:
+    """One decoupled BLS stream from the server's iterator (``server_calls.ResponseIterator``) to the model's process."""
+
+    __slots__ = ("call_id", "_pipe", "_responses", "_done", "_stopped")
+
+    def __init__(self, pipe: Any, call_id: int, responses: Any, done: Callable[[int], None]) -> None:
+        self.call_id = call_id
+        self._pipe = pipe
+        self._responses = responses
+        self._done = done  # the session forgets the relay
+        self._stopped = False  # set by the reader thread (a plain flag: read here once per response)
+
+    def run(self) -> None:
+        """Its own native thread: forward every response until the end, or a cancel."""
+        call_id, responses = self.call_id, self._responses
+        try:
+            self._pipe.send(("call_stream", call_id, STREAM_MAX_RESPONSES, STREAM_MAX_BYTES))
+            while not self._stopped:
+                try:
+                    response, size = responses.next_sized()
+                except StopIteration:
+                    self._pipe.send(("call_end", call_id))
+                    return
+                if not self._stopped:
+                    self._pipe.send(("call_item", call_id, wire.pb_response_to_wire(response), size))
+        except OSError:
+            responses.stop()  # the process is gone: nobody reads on
+        finally:
+            self._done(call_id)
+
+    def took(self, responses: int, size: int) -> None:
+        """Reader thread: the model took that many (``size`` bytes as the pump counted them)."""
+        self._responses.took(responses, size)
+
+    def cancel(self) -> None:
+        """Reader thread (or ``on_exit``): the model cancelled or dropped its iterator, or its process is gone."""
+        self._stopped = True
+        self._responses.stop()
