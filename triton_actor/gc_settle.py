@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 DELAY_S = 1.0  # after the last load or unload of a burst
 PERIOD_S = 600.0  # and at least this often: objects frozen at a settle that became cyclic garbage since go then
 _pending: gevent.Greenlet | None = None
-settles = 0  # done in this process (tests and /status.json read it)
+settles = 0  # done in this process (tests and /status.json read it); soon() waits for the first (a server's)
 
 
 def settle() -> None:
@@ -58,8 +58,9 @@ def status() -> dict[str, int]:
 
 
 def soon() -> None:
-    """A model changed (hub thread): settle once the burst of changes is over."""
-    if fastpath.enabled:
+    """A model changed (hub thread): settle once the burst of changes is over. Only in a process whose
+    server settled once already (a repository actor in a unit test's process leaves its collector alone)."""
+    if fastpath.enabled and settles:
         _schedule(DELAY_S)
 
 
