@@ -313,3 +313,18 @@ def test_a_second_host_field_is_refused() -> None:
     e = refused(b"GET / HTTP/1.1\r\nHost: a\r\nhost: b\r\n\r\n")
     assert e.status == 400 and "Host" in e.message
     assert events(b"GET / HTTP/1.1\r\nHost: a\r\nX: 1\r\nX: 2\r\n\r\n")[0].headers["x"] == "1,2"
+
+
+def test_a_head_ended_by_bare_lfs_is_refused_alike_however_it_is_read() -> None:
+    """Found by the split-anywhere property (a fresh-clone run): read whole, the bare LF ending went unseen
+    and the request line's HTTP/2.0 gave 505; read a byte at a time, the bare LF gave 400 first."""
+    data = b"GET / HTTP/2.0\r\nTransfer-Encoding: chun\n\r\n1\r\n\x00\r\n0\r\n\r\n"
+    whole = refused(data)
+    assert (whole.status, type(whole)) == (400, ProtocolError) and "bare LF" in whole.message
+    conn = http1.ServerConnection(SMALL)
+    with pytest.raises(ProtocolError) as e:
+        for i in range(len(data)):
+            conn.receive_data(data[i:i + 1], 0.0)
+            while conn.next_event() is not NEED_DATA:
+                pass
+    assert e.value.status == 400 and e.value.message == whole.message

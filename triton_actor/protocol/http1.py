@@ -207,6 +207,21 @@ def _framing(headers: dict[str, str]) -> int:
     return int(digits or "0") if len(digits) <= _MAX_SIZE_DIGITS else _HUGE
 
 
+def _bare_lf_end(buf: bytearray, end: int) -> int:
+    """Where the first head ending made of bare LFs (``LF LF``, or ``LF CR LF`` not after a CR) ends in
+    ``buf[:end]``; -1 if none."""
+    ends = []
+    i = buf.find(b"\n\n", 0, end)
+    if i >= 0:
+        ends.append(i + 2)
+    j = buf.find(b"\n\r\n", 0, end)
+    while j > 0 and buf[j - 1] == 13:  # the end of CRLF CRLF, not bare
+        j = buf.find(b"\n\r\n", j + 1, end)
+    if j >= 0:
+        ends.append(j + 3)
+    return min(ends) if ends else -1
+
+
 class ServerConnection:
     """One client connection's request side. Owned by the connection's greenlet; ``deadline`` is
     read by the driver's reaper (same hub thread)."""
@@ -342,6 +357,10 @@ class ServerConnection:
         del buf[: idx + 4]
         info = _HEADS.get(head)
         if info is None:
+            whole = bytearray(head + b"\r\n\r\n")
+            bare = _bare_lf_end(whole, len(whole))
+            if bare >= 0:  # what a read that ended there got (the answer must not depend on where reads end)
+                self._check_incomplete(whole[:bare])
             if len(head) > self.limits.max_head:
                 raise self._fail(431, "request head too large")
             try:
@@ -376,14 +395,18 @@ class ServerConnection:
             del self.buf[: m.end()]
 
     def _incomplete_head(self) -> _Sentinel:
-        buf = self.buf
+        self._check_incomplete(self.buf)
+        return NEED_DATA
+
+    def _check_incomplete(self, buf: bytearray) -> None:
+        """Refuse a head not complete in ``buf`` that can never be: too large, a request line too long,
+        or lines ended by bare LFs (it would wait for its CRLF CRLF until the header timeout)."""
         if len(buf) > self.limits.max_head:
             raise self._fail(431, "request head too large")
         if len(buf) > self.limits.max_line and buf.find(b"\r\n", 0, self.limits.max_line + 2) < 0:
             raise self._fail(414, "request line too long")
-        if b"\n\n" in buf or b"\n\r\n" in buf:  # a head ended by bare LFs: it would wait for its CRLF CRLF
-            raise self._fail(400, "request head lines must end with CRLF, not a bare LF")  # until the timeout
-        return NEED_DATA
+        if b"\n\n" in buf or b"\n\r\n" in buf:  # (no CRLF CRLF in buf: any LF CR LF here is bare)
+            raise self._fail(400, "request head lines must end with CRLF, not a bare LF")
 
     # -- chunked body (RFC 9112 §7.1) -------------------------------------------------------------
     def _chunked(self) -> Body | _Sentinel:
