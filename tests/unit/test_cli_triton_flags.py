@@ -151,3 +151,14 @@ def test_an_old_connection_gets_goaway_and_is_closed_after_the_grace() -> None:
     assert conn.tick(111.0) <= 112.0 and not conn.closed
     conn.tick(112.0)
     assert conn.closed
+
+
+def test_an_aged_connection_without_grace_does_not_wake_the_tick_at_once() -> None:
+    """Found by review: with no grace (the default) the deadline after the GOAWAY was the age itself,
+    already past, so the driver's tick looped with sleep(0) at 100 % CPU for as long as a stream stayed open."""
+    conn = h2c.H2Connection(h2c.Limits(max_connection_age=1.0), 0.0)
+    conn.initiate_connection()
+    conn.tick(1.0)
+    assert conn.aged and not conn.closed
+    for now in (1.5, 5.0, 100.0):
+        assert conn.tick(now) > now

@@ -794,9 +794,10 @@ class H2Connection:
             times.append(self._header_since + lim.header_timeout)
         if self._idle_since is not None and lim.idle_timeout:
             times.append(self._idle_since + lim.idle_timeout)
-        if lim.max_connection_age:
-            age = lim.max_connection_age
-            times.append(self._born + (age + lim.max_connection_age_grace if self.aged else age))
+        if lim.max_connection_age and not self.aged:
+            times.append(self._born + lim.max_connection_age)
+        elif self.aged and lim.max_connection_age_grace:  # (no grace: nothing more is due, the driver closes)
+            times.append(self._born + lim.max_connection_age + lim.max_connection_age_grace)
         return min(times)
 
 
