@@ -14,6 +14,7 @@ from triton_actor.errors import TritonError
 from triton_actor.inference import InferRequest
 from triton_actor.protocol import h2_connection as h2c
 from triton_actor.protocol import header_forward
+from triton_actor.protocol import http2 as h2
 from triton_actor.runtime_settings import RuntimeSettings
 
 # every flag this change added, as Triton's docs and Helm charts spell them (both --flag=value and --flag value)
@@ -158,6 +159,7 @@ def test_an_aged_connection_without_grace_does_not_wake_the_tick_at_once() -> No
     already past, so the driver's tick looped with sleep(0) at 100 % CPU for as long as a stream stayed open."""
     conn = h2c.H2Connection(h2c.Limits(max_connection_age=1.0), 0.0)
     conn.initiate_connection()
+    conn.receive_data(h2.PREFACE + h2.frame(h2.SETTINGS, 0, 0), 0.0)  # past the handshake (its timeout)
     conn.tick(1.0)
     assert conn.aged and not conn.closed
     for now in (1.5, 5.0, 100.0):
