@@ -700,3 +700,20 @@ def test_body_max_time_caps_what_a_fast_start_buys() -> None:
     assert conn.tick(2.0) <= 9.0 and not conn.expired
     conn.tick(9.0)
     assert [e.stream_id for e in conn.expired] == [1]
+
+
+def test_a_malformed_block_that_moved_the_table_drops_the_cached_blocks() -> None:
+    """Found by review: the check of a malformed block raised before the decoder dropped its cache, so a
+    cached block pointing at a dynamic-table entry that the malformed block had moved decoded to the old
+    value (x-user: alice where the peer meant bob); the slow path (no cache) was right."""
+    conn = connected()
+    never = [hpack.NeverIndexedHeaderTuple(n, v) for n, v in REQUEST]
+    enc = hpack.Encoder()  # the request's own fields never indexed: only x-user moves the table
+    conn.receive_data(frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, 3, enc.encode(never + [("x-user", "alice")])))
+    points = b"".join(enc.encode([h]) for h in never) + bytes([0x80 | 62])  # x-user at index 62, adds nothing
+    events = conn.receive_data(frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, 5, points))
+    assert events[0].headers[b"x-user"] == b"alice"
+    bad = enc.encode(never + [("x-bad", "trailing "), ("x-user", "bob")])  # malformed; index 62 is bob now
+    assert conn.receive_data(frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, 7, bad)) == []
+    events = conn.receive_data(frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, 9, points))
+    assert events[0].headers[b"x-user"] == b"bob"

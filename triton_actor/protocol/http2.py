@@ -219,10 +219,12 @@ class HeaderDecoder:
             # server heap address into the GOAWAY's debug data (and made it differ run to run)
             raise ProtocolError(f"bad header block ({type(e).__name__})", COMPRESSION_ERROR) from None
         fields = [(bytes(name), bytes(value)) for name, value in fields]
+        moved = self._table.changes != before
+        if moved:
+            self._clear()  # blocks decoded earlier may point at entries that moved (a malformed block's too)
         check_fields(fields)  # after decoding (the table moved with it), before caching: only valid blocks are kept
         headers = HeaderBlock(fields)
-        if self._table.changes != before:
-            self._clear()  # blocks decoded earlier may point at entries that moved
+        if moved:
             return headers
         size = len(block) + sum(map(len, headers)) + sum(map(len, headers.values()))
         if len(block) <= self.CACHED_BLOCK_MAX and size <= self.CACHED_VALUES_MAX:
