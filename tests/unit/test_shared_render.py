@@ -82,3 +82,23 @@ def test_a_failed_render_fails_the_scrapes_that_shared_it_and_the_next_starts_af
     assert first.value == b"ok"
     assert all(isinstance(g.exception, ValueError) for g in joined)
     assert shared() == b"ok" and shared.renders == 3
+
+
+def test_the_pause_is_capped() -> None:
+    """A render that waited 2 s (other workers' snapshots: the hub was free) does not hold the next for 8 s."""
+    clock = Clock()
+    sleeps: list[float] = []
+
+    def render() -> bytes:
+        clock.now += 2.0
+        return b"x"
+
+    shared = SharedRender(render, gap=4.0, clock=clock)
+    original = gevent.sleep
+    try:
+        gevent.sleep = lambda s=0: (sleeps.append(s), setattr(clock, "now", clock.now + s))  # type: ignore[assignment]
+        shared()
+        shared()
+    finally:
+        gevent.sleep = original
+    assert sleeps == [pytest.approx(0.25)]

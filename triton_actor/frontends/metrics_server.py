@@ -47,6 +47,9 @@ MAX_CONNECTIONS = 64
 # the hub's idle time between two renders, in renders: 64 connections scraping back to back took the
 # hub whole (a render of the 13 example models is ~1.3 ms), and small /infer answers waited 89 ms
 RENDER_GAP = 4.0
+# at most this pause: a render's length is wall time, and with several workers it includes waiting for the
+# others' snapshots (up to the gather's 10 s), when the hub is free; 4 x that held every scrape for 40 s
+MAX_PAUSE_S = 0.25
 _HEADERS = [("Content-Type", CONTENT_TYPE)]
 
 
@@ -93,7 +96,7 @@ class SharedRender:
         finally:
             self.renders += 1
             ended = self._clock()
-            self._earliest = ended + self._gap * (ended - started)
+            self._earliest = ended + min(MAX_PAUSE_S, self._gap * (ended - started))
             self._running = None
 
 
