@@ -217,3 +217,14 @@ def test_a_cancel_waits_for_its_stream_to_start_so_that_it_never_overtakes_the_c
     process._route(("call_reply", 7, ("raise", "not ready")))  # it never started: forgotten
     assert outbox.frames == [("call_cancel", 5), ("call_cancel", 6)]
     assert process.bls_streams._started == set() and process.bls_streams._cancel_at_start == set()
+
+
+def test_a_response_that_cannot_be_sent_ends_the_models_stream_with_an_error() -> None:
+    """Found by review: only OSError was caught, so any other failure (a response the wire cannot carry)
+    ended the relay thread without a frame, and the model's iterator waited for ever."""
+    responses, done = _Iterator([(_response(0), 1), (object(), 1), (_response(2), 1)]), []
+    pipe = _Pipe()
+    BlsRelay(pipe, 3, responses, done.append).run()
+    assert [f[0] for f in pipe.frames] == ["call_stream", "call_item", "call_reply"]
+    assert pipe.frames[-1][2][0] == "raise" and "BLS stream failed" in pipe.frames[-1][2][1]
+    assert responses.stopped == 1 and done == [3]

@@ -27,11 +27,14 @@ exited) cancels the target.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from ...actors.response_channel import STREAM_MAX_BYTES, STREAM_MAX_RESPONSES
 from . import isolation_wire as wire
+
+log = logging.getLogger(__name__)
 
 
 class BlsRelay:
@@ -61,6 +64,13 @@ class BlsRelay:
                     self._pipe.send(("call_item", call_id, wire.pb_response_to_wire(response), size))
         except OSError:
             responses.stop()  # the process is gone: nobody reads on
+        except Exception as e:
+            log.exception("BLS stream %d to the model's process failed", call_id)  # iterator must not wait for ever
+            responses.stop()  # (the target is cancelled)
+            try:
+                self._pipe.send(("call_reply", call_id, ("raise", f"the BLS stream failed: {e!r}")))
+            except OSError:
+                pass
         finally:
             self._done(call_id)
 
