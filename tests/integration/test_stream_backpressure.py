@@ -275,12 +275,14 @@ def test_a_grpc_client_that_reads_nothing_holds_back_the_model(tmp_path: Path, s
     stream.close()
 
 
-def test_the_requests_of_a_stream_share_one_bound(tmp_path: Path, start_server) -> None:
+@ISOLATION
+def test_the_requests_of_a_stream_share_one_bound(tmp_path: Path, start_server, flags: tuple[str, ...]) -> None:
     """Eight requests on one stream that reads nothing, each answered on a thread of its own: together
     they hold the stream's bound (all of a stream's responses wait behind its one HTTP/2 window), not
-    eight times it (a stream of 128 requests held 512 MiB); the client leaving releases every one."""
+    eight times it (a stream of 128 requests held 512 MiB; isolated, each request had the whole window
+    as credit of its own: 512 responses); the client leaving releases every one."""
     repo, out = _flood_repo(tmp_path, ', { key: "threaded" value: { string_value: "1" } }')
-    server = start_server(repo)
+    server = start_server(repo, flags=flags)
     size, rids = 64 << 10, [f"r{i}" for i in range(8)]
     stream = _ZeroWindowStream(server, *(_flood_request(rid, 400, size) for rid in rids))
     try:

@@ -1,20 +1,28 @@
 """Flow-control credits of an isolated model's streams (protocol/stream_credits.py), and the child's
 stand-in channel that waits on them (backends/python/isolated_child.py ``ChildChannel``). No pipes, no
 processes: the credit arithmetic by itself, then the channel with a recording fake of the process and
-a thread that sends; the tests wait on the frames the channel writes (a queue, with a timeout)."""
+a thread that sends; the tests wait on the frames the channel writes (a queue, with a timeout). The
+requests of one gRPC stream share one window (``SharedCredits``, keyed by the stream's account)."""
 
 from __future__ import annotations
 
 import queue
 import random
 import threading
+import types
 
 import numpy as np
 import pytest
+from gevent import monkey
 
-from triton_actor.backends.python.isolated_child import ChildChannel
+from triton_actor.actors.response_channel import BoundedResponseChannel, StreamAccount
+from triton_actor.backends.python import isolation_wire as wire
+from triton_actor.backends.python.isolated import _Session
+from triton_actor.backends.python.isolated_child import ChildChannel, ModelProcess
 from triton_actor.inference import InferResponse
-from triton_actor.protocol.stream_credits import CreditReturn, SendCredit, Window
+from triton_actor.protocol.stream_credits import CreditReturn, SendCredit, SharedCredits, Window
+
+_native_lock = monkey.get_original("_thread", "allocate_lock")
 
 
 def test_a_sender_may_send_a_window_of_responses() -> None:
@@ -126,7 +134,7 @@ def test_the_childs_send_waits_for_credit_and_goes_on_when_granted() -> None:
     thread = _sender(channel, 10, 8)
     assert process.waits.get(timeout=10) == ("waiting", 1, True)
     assert len(process.responses()) == 4 and process.frames[-1] == ("waiting", 1, True)
-    assert [f[3:] for f in process.responses()] == [(False, 8)] * 4  # final, size charged
+    assert [f[3:] for f in process.responses()] == [(False, 8, None)] * 4  # final, size charged, no account
     channel.grant(2, 16)
     process.waits.get(timeout=10)  # two more went, then it waits again
     assert len(process.responses()) == 6
@@ -134,7 +142,7 @@ def test_the_childs_send_waits_for_credit_and_goes_on_when_granted() -> None:
     channel.grant(6, 48)
     thread.join(10)
     assert not thread.is_alive()
-    assert len(process.responses()) == 11 and process.responses()[-1][2:] == (None, True, 0)
+    assert len(process.responses()) == 11 and process.responses()[-1][2:] == (None, True, 0, None)
     assert 1 not in process.channels  # finished: a later grant or cancel finds nothing
 
 
@@ -149,7 +157,7 @@ def test_a_cancel_releases_a_waiting_send_and_drops_what_follows() -> None:
     assert not thread.is_alive() and channel.is_cancelled()
     sent = process.responses()
     assert len(sent) == 2  # the first, and the final without outputs: the rest was dropped
-    assert sent[0][3] is False and sent[1][2:] == (None, True, 0)
+    assert sent[0][3] is False and sent[1][2:] == (None, True, 0, None)
     assert process.frames[-2] == ("waiting", 3, False)
 
 
@@ -179,3 +187,211 @@ def test_a_request_that_ends_releases_a_waiting_send(ends: str) -> None:
     thread.join(10)
     assert not thread.is_alive() and 7 not in process.channels
     assert len(process.responses()) == (1 if ends == "execute_failed" else 2)
+
+
+# -- the requests of one stream share one window ------------------------------------------------------
+
+
+def test_the_requests_of_an_account_share_one_window_and_others_keep_their_own() -> None:
+    credits = SharedCredits()
+    a, b = credits.open(Window(4, None), 1), credits.open(Window(4, None), 1)
+    own = credits.open(Window(4, None), None)
+    assert a is b and own is not a and len(credits) == 1
+    for _ in range(4):
+        assert a.may_send()
+        a.spend(10)
+    assert not b.may_send() and own.may_send()  # the account's window is full for both of its requests
+    assert credits.grant(1, 2, 20) is a and b.may_send()
+    assert credits.grant(7, 1, 1) is None  # an account it does not know (forgotten): nothing waits there
+
+
+def test_an_account_is_forgotten_once_its_requests_ended_and_everything_came_back() -> None:
+    credits = SharedCredits()
+    credit = credits.open(Window(8, None), 3)
+    credit.spend(5)
+    credits.end(3)
+    assert len(credits) == 1  # the server still holds one it was charged: kept, or a later request gets it twice
+    credits.grant(3, 1, 5)
+    assert len(credits) == 0
+    fresh = credits.open(Window(8, None), 3)  # a later request of the stream: an empty window, exact
+    assert fresh is not credit and (fresh.responses, fresh.users) == (0, 1)
+    credits.end(3)
+    assert len(credits) == 0
+
+
+def test_a_release_grants_what_was_dropped_and_what_was_pending() -> None:
+    grants = CreditReturn(Window(8, None))
+    assert grants.taken(10) is None
+    assert grants.release(3, 30) == (4, 40)  # 3 dropped unread, 1 taken not yet told
+    assert grants.release(0, 0) is None  # nothing: no frame
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_shared_window_gets_back_all_it_was_charged(seed: int) -> None:
+    """Requests of one account send while the shared window allows; the client takes some of what the
+    server holds; some requests' channels close with responses unread, or get one after they closed.
+    The server never holds more than the window, and once every request ended and every channel
+    closed, the account is forgotten: nothing leaked (a leak would shrink the stream's window)."""
+    rng = random.Random(seed)
+    window = Window(rng.choice([1, 2, 8, 64]), rng.choice([None, 100, 4 << 20]))
+    credits, grants = SharedCredits(), CreditReturn(window)
+    held: dict[int, list[int]] = {}  # request → sizes the server holds for it, not yet taken
+    closed: set[int] = set()
+    for request in range(rng.randint(2, 12)):
+        credit = credits.open(window, 9)
+        held[request] = []
+        for _ in range(rng.randint(0, 40)):
+            if not credit.may_send():
+                break
+            size = rng.choice([0, 1, 60, 99, 150, 1 << 20])
+            credit.spend(size)
+            if request in closed:  # after its channel closed: the server grants it back at once
+                credits.grant(9, 1, size)
+            else:
+                held[request].append(size)
+            assert sum(len(sizes) for sizes in held.values()) <= window.responses
+            if rng.random() < 0.1 and request not in closed:  # the client leaves this request
+                dropped, held[request] = held[request], []
+                closed.add(request)
+                grant = grants.release(len(dropped), sum(dropped))
+                if grant is not None:
+                    credits.grant(9, *grant)
+            for other in rng.sample(sorted(held), len(held)):  # the client takes some of anyone's
+                while held[other] and rng.random() < 0.5:
+                    grant = grants.taken(held[other].pop(0))
+                    if grant is not None:
+                        credits.grant(9, *grant)
+        credits.end(9)  # its final went (not charged)
+    for request in sorted(held):  # the rest is taken, then every channel closes
+        for size in held[request]:
+            grant = grants.taken(size)
+            if grant is not None:
+                credits.grant(9, *grant)
+        grant = grants.release(0, 0)
+        if grant is not None:
+            credits.grant(9, *grant)
+    assert len(credits) == 0, "the account's window was not all given back"
+
+
+def _process() -> tuple[ModelProcess, list[tuple], queue.Queue[tuple]]:
+    """A ModelProcess without pipes: the frames it would write are recorded (``waiting`` ones queued too)."""
+    process = ModelProcess(None, None, None, None)  # type: ignore[arg-type]
+    frames: list[tuple] = []
+    waits: queue.Queue[tuple] = queue.Queue()
+
+    def send(message: tuple) -> None:
+        frames.append(message)
+        if message[0] == "waiting" and message[2]:
+            waits.put(message)
+
+    process.send = send  # type: ignore[method-assign]
+    return process, frames, waits
+
+
+@pytest.mark.timeout(30)
+def test_the_requests_of_a_stream_wait_together_and_a_stream_credit_releases_them() -> None:
+    process, frames, waits = _process()
+    window = {1: (4, None, 5), 2: (4, None, 5), 3: (4, None, None)}
+    channels = [process._channel(window, key)[0] for key in (1, 2, 3)]
+    threads = [_sender(channel, 6, 8) for channel in channels[:2]]
+    assert {waits.get(timeout=10)[1], waits.get(timeout=10)[1]} == {1, 2}
+    sent = [f for f in frames if f[0] == "response"]
+    assert len(sent) == 4 and {f[5] for f in sent} == {5}  # four between them: the stream's window, once
+    channels[2].send(_response(8), False)  # a request of its own: its own window, it does not wait
+    credit = channels[0]._credit
+
+    def grant_what_is_held() -> None:  # what the client took: all the server holds (nobody sends meanwhile)
+        with process.shared_room:
+            held = (credit.responses, credit.bytes)
+        process._route(("stream_credit", 5, *held))
+
+    grant_what_is_held()
+    while any(thread.is_alive() for thread in threads):
+        try:
+            waits.get(timeout=0.2)  # a sender waits again: the window is full, nobody else sends now
+        except queue.Empty:
+            continue
+        grant_what_is_held()
+    grant_what_is_held()
+    assert len([f for f in frames if f[0] == "response"]) == 15  # 12, 2 finals, the request of its own
+    finals = [f for f in frames if f[0] == "response" and f[3]]
+    assert [f[4] for f in finals] == [0, 0]  # the finals were not charged
+    assert len(process.shared_credits) == 0  # both ended, all 12 granted back: forgotten
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("ends", ["cancel", "execute_failed"])
+def test_a_request_of_a_stream_that_ends_releases_its_waiting_send_and_leaves_the_window(ends: str) -> None:
+    process, _frames, waits = _process()
+    channel = process._channel({1: (2, None, 5)}, 1)[0]
+    other = process._channel({2: (2, None, 5)}, 2)[0]
+    thread = _sender(channel, 5, 8)
+    waits.get(timeout=10)
+    channel.cancel() if ends == "cancel" else channel.finish()
+    thread.join(10)
+    assert not thread.is_alive()
+    assert len(process.shared_credits) == 1  # two still held by the server: kept for the other request
+    assert not other._credit.may_send()
+    process._route(("stream_credit", 5, 2, 16))  # the server dropped them when the channel closed
+    assert other._credit.may_send()
+    other.send(None, True)
+    assert len(process.shared_credits) == 0
+
+
+@pytest.mark.parametrize("with_final", [False, True])
+def test_a_closing_channel_reports_what_it_dropped_unread_but_not_the_final(with_final: bool) -> None:
+    """The server's side: what a stream's channel drops at close goes back to the model's process
+    (``on_closed``); a response put after it closed is refused, so that its credit goes back too."""
+    channel = BoundedResponseChannel(0, None, StreamAccount())
+    told: list[tuple[int, int]] = []
+    channel.on_closed = lambda responses, size: told.append((responses, size))
+    for size in (10, 20, 30):
+        assert channel.put(_response(1), False, size)
+    channel.receive_sized(0)
+    if with_final:
+        assert channel.put(None, True, 7)
+    channel.close()
+    assert told == [(2, 50)]
+    assert not channel.put(_response(1), False, 5)
+
+
+class _Pipe:
+    """The server's pipe to the model's process: the frames written from native threads; :meth:`wait`
+    blocks (a lock of the OS: the writers are native threads, not greenlets) until ``want`` responses
+    were granted back."""
+
+    def __init__(self, want: int) -> None:
+        self.frames: list[tuple] = []
+        self._want = want
+        self._done = _native_lock()
+        self._done.acquire()
+
+    def send(self, message: tuple) -> None:
+        self.frames.append(message)
+        if sum(f[2] for f in self.frames) == self._want:
+            self._done.release()
+
+    def wait(self) -> bool:
+        return self._done.acquire(timeout=10)
+
+
+@pytest.mark.timeout(30)
+def test_the_server_grants_back_a_stream_response_that_arrived_after_its_channel_closed() -> None:
+    """The server's reader: a response charged to a stream's account whose channel closed (or was
+    forgotten) is granted back to the account at once; one of a request's own window is not (its
+    window ends with it); a final never is (never charged)."""
+    session = _Session.__new__(_Session)  # no process: what _deliver needs of one
+    session._lock, session._channels, session._keys, session._refunds = threading.Lock(), {}, {}, {}
+    session._cancel_told = set()
+    pipe = _Pipe(2)
+    session.child = types.SimpleNamespace(to_child=pipe)
+    channel = BoundedResponseChannel(0, None, StreamAccount())
+    session._channels[1] = channel
+    channel.close()
+    session._deliver(1, wire.result_to_wire(_response(4)), False, 40, 5)  # closed: refused, granted back
+    session._deliver(2, wire.result_to_wire(_response(4)), False, 10, 5)  # forgotten: granted back
+    session._deliver(3, wire.result_to_wire(_response(4)), False, 10, None)  # a window of its own: not
+    session._deliver(1, None, True, 0, 5)  # the final: never charged
+    assert pipe.wait(), f"granted back: {pipe.frames}"
+    assert {f[:2] for f in pipe.frames} == {("stream_credit", 5)} and sum(f[3] for f in pipe.frames) == 50
+    assert not session._refunds

@@ -24,7 +24,9 @@ consumer took through :attr:`~BoundedResponseChannel.on_taken`.
 The requests of one gRPC ``ModelStreamInfer`` call share one bound (:class:`StreamAccount`): all of a
 stream's responses go out through one HTTP/2 stream, so a client that stops reading it stops them all, and
 a bound per request let a stream of 128 requests hold 128 times it (512 MiB, and 128 such streams on a
-connection). Each request may still take the whole of its stream's bound.
+connection). Each request may still take the whole of its stream's bound. An isolated model's requests
+of one stream share one credit window in its process (keyed by the account: ``isolated.py``), told what
+any of them took through ``on_taken`` and what a closing channel dropped unread through ``on_closed``.
 
 Threads: ``send`` from any thread; ``receive``, ``close`` and the ``cancelled`` setter in the consumer's
 greenlet on the hub (where the channel is created). A waiting producer blocks its native thread on a lock
@@ -83,9 +85,15 @@ class ResponseChannel:
         """The bound of what a producer may have sent and the consumer not taken (None: none)."""
         return None
 
-    def put(self, item: Any, final: bool, _size: int) -> None:
-        """Any thread: queue without ever waiting (this channel never does)."""
+    @property
+    def account(self) -> StreamAccount | None:
+        """The bound it shares with the other requests of its stream (None: none, or one of its own)."""
+        return None
+
+    def put(self, item: Any, final: bool, _size: int) -> bool:
+        """Any thread: queue without ever waiting (this channel never does); True (it has no credits)."""
         self.send(item, final)
+        return True
 
     def send(self, item: Any, final: bool) -> None:
         """Any thread: queue one response (or error, or None for a flags-only final)."""
@@ -158,7 +166,7 @@ class StreamAccount:
     the set of channels is the hub's (created and closed there), so a consumer that made room wakes
     the producers waiting on any of them."""
 
-    __slots__ = ("max_count", "max_bytes", "count", "bytes", "lock", "channels")
+    __slots__ = ("max_count", "max_bytes", "count", "bytes", "lock", "channels", "__weakref__")
 
     def __init__(self, max_count: int = 0, max_bytes: int | None = None) -> None:
         self.max_count = max(1, max_count or STREAM_MAX_RESPONSES)
@@ -194,7 +202,8 @@ class BoundedResponseChannel(ResponseChannel):
     thread never waits, nor does anyone once the channel is closed or cancelled, or for the final response."""
 
     __slots__ = ("_max_count", "_max_bytes", "_resume_count", "_resume_bytes", "_sizes", "_bytes_in",
-                 "_bytes_out", "_waiters", "_hub_thread", "on_taken", "remote_waiting", "_account", "__weakref__")
+                 "_bytes_out", "_waiters", "_hub_thread", "on_taken", "on_closed", "remote_waiting", "_account",
+                 "__weakref__")
 
     def __init__(self, max_count: int, max_bytes: int | None = None, account: StreamAccount | None = None) -> None:
         """``account``: the bound this channel shares with the other requests of its stream (instead
@@ -215,6 +224,8 @@ class BoundedResponseChannel(ResponseChannel):
         self._hub_thread = _get_ident()
         # a producer in another process (isolated.py) is told what was taken and says when it waits
         self.on_taken: Callable[[int, bool], None] | None = None  # (size, final), in the consumer greenlet
+        # (responses, bytes) dropped unread by close(), the final not counted: the hub, once
+        self.on_closed: Callable[[int, int], None] | None = None
         self.remote_waiting = False  # its send waits for credit (written by the thread that reads it)
         _open.add(self)
 
@@ -227,15 +238,21 @@ class BoundedResponseChannel(ResponseChannel):
     def window(self) -> Window:
         return Window(self._max_count, self._max_bytes)
 
+    @property
+    def account(self) -> StreamAccount | None:
+        """The bound it shares with the other requests of its stream (None: one of its own)."""
+        return self._account
+
     def send(self, item: Any, final: bool) -> None:
         size = response_bytes(item) if self._max_bytes is not None else 0
         if self._queue(item, final, size) and not final and self._over() and _get_ident() != self._hub_thread:
             self.wait_for_room()
 
-    def put(self, item: Any, final: bool, size: int) -> None:
+    def put(self, item: Any, final: bool, size: int) -> bool:
         """Any thread: queue one response of ``size`` bytes without waiting, for a producer that keeps
-        the bound itself: an isolated model's process, through credits (``protocol/stream_credits.py``)."""
-        self._queue(item, final, size)
+        the bound itself: an isolated model's process, through credits (``protocol/stream_credits.py``).
+        Whether it was queued (not once closed: the producer's credit for it must come back another way)."""
+        return self._queue(item, final, size)
 
     def _queue(self, item: Any, final: bool, size: int) -> bool:
         """Whether it was queued (not after the final response, nor once closed)."""
@@ -315,11 +332,17 @@ class BoundedResponseChannel(ResponseChannel):
                 return
             self._closed = True
             self._wake.close()
-            self._items.clear()
             dropped = len(self._sizes), sum(self._sizes)
+            # what an isolated producer's credit was charged for: not the final, which never waits
+            final = self._sizes[-1] if self._items and self._items[-1][1] else None
+            charged = dropped if final is None else (dropped[0] - 1, dropped[1] - final)
+            self._items.clear()
             self._sizes.clear()
         self._release()
         _open.discard(self)
+        on_closed, self.on_closed = self.on_closed, None
+        if on_closed is not None:
+            on_closed(*charged)
         account = self._account
         if account is not None:
             account.channels.discard(self)

@@ -14,7 +14,12 @@ thread each. Decoupled responses go from the process's reader thread straight in
 channels, never waiting there: each request's stream bound (1024 responses or 4 MiB not taken by its
 client, ``actors/response_channel.py``) is kept in the child by credits (``protocol/stream_credits.py``):
 the model's ``send()`` waits there, on the model's thread, and the hub grants credit back as the client
-takes responses (``("credit", key, responses, bytes)``, from a native thread). Before, the reader thread
+takes responses (``("credit", key, responses, bytes)``, from a native thread). The requests of one gRPC
+stream share its bound (``StreamAccount``), so they share one window in the child, keyed by an account id
+sent with ``execute``, and get credit back per account (``("stream_credit", account, responses, bytes)``)
+as the client takes a response of any of them, or their channels drop responses unread when they close
+(before, each had the whole stream's window: 8 requests on a stream that reads nothing held 512
+responses, 32 MiB, and pushed the account past its bound). Before, the reader thread
 itself waited for a client that did not read, and every other request of the process, its logs and its
 call answers waited behind it (up to the 60 s window_timeout). A reply is handled only after what the
 model sent before it. A request's cancellation
@@ -38,6 +43,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import weakref
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -46,7 +52,7 @@ from typing import Any
 from ...actors.bridge import CancelWatch, start_native_thread
 from ...errors import TritonError
 from ...inference import InferRequest
-from ...protocol.stream_credits import CreditReturn
+from ...protocol.stream_credits import CreditReturn, Window
 from ...repository.config import ModelConfig
 from ..base import InstanceContext, Result
 from . import isolation_wire as wire
@@ -94,6 +100,10 @@ class _Session:
         self._cancel_told: set[int] = set()
         self._relays: dict[int, BlsRelay] = {}  # decoupled BLS streams of the model, by call id (bls_relay.py)
         self._next_key = itertools.count(1)
+        # a stream's account → its id in the child and what its client took (weak: a stream's, no longer)
+        self._accounts: weakref.WeakKeyDictionary[Any, tuple[int, CreditReturn]] = weakref.WeakKeyDictionary()
+        self._next_account = itertools.count(1)
+        self._refunds: dict[int, list[int]] = {}  # account → [responses, bytes] dropped on arrival, not yet told
         self.metrics = MetricsMirror()
         self._flushes: dict[int, Callable[[], None]] = {}  # token → a scrape's done(), until the answer came
         self._flush_ids = itertools.count(1)
@@ -137,32 +147,56 @@ class _Session:
     def new_key(self) -> int:
         return next(self._next_key)
 
-    def key_for(self, channel: Any) -> int:
-        """The key of a decoupled request's channel; its client's going away is told to the child at once,
-        and so is what its client takes (credits, when the channel has a bound: see :meth:`_taken`)."""
+    def key_for(self, channel: Any) -> tuple[int, tuple[int, int | None, int | None] | None]:
+        """The key of a decoupled request's channel, and its window as ``execute`` sends it (``(responses,
+        bytes, account)``, the account's id None for a window of its own; None: no bound). Its client's
+        going away is told to the child at once, and so is what its client takes (see :meth:`_taken`)."""
+        window = channel.window
         with self._lock:
             key = self._keys.get(channel)
+            account = None if window is None else self._account_of(channel.account)
             if key is None:
                 key = next(self._next_key)
                 self._keys[channel], self._channels[key] = key, channel
                 channel.on_cancel = partial(start_native_thread, self._cancel_once, key)
-                if channel.window is not None:
-                    channel.on_taken = partial(self._taken, key, CreditReturn(channel.window))
+                if account is not None:  # shared: granted back per account, also what its channel drops
+                    channel.on_taken = partial(self._taken, ("stream_credit", account[0]), account[1])
+                    channel.on_closed = partial(self._released, account[0], account[1])
+                elif window is not None:
+                    channel.on_taken = partial(self._taken, ("credit", key), CreditReturn(window))
         if channel.is_cancelled():  # gone before it was armed
             self._cancel_once(key)
-        return key
+        return key, None if window is None else (*window, None if account is None else account[0])
 
-    def _taken(self, key: int, credits: CreditReturn, size: int, final: bool) -> None:
+    def _account_of(self, account: Any) -> tuple[int, CreditReturn] | None:
+        """Under the lock: a stream account's id in the child and its grants (None: no account)."""
+        if account is None:
+            return None
+        found = self._accounts.get(account)
+        if found is None:
+            found = self._accounts[account] = (next(self._next_account),
+                                               CreditReturn(Window(account.max_count, account.max_bytes)))
+        return found
+
+    def _taken(self, target: tuple[str, int], credits: CreditReturn, size: int, final: bool) -> None:
         """The hub (the greenlet that takes the request's responses): the client took one; once half its
-        stream's window was taken, the child is told on a native thread (a pipe write may block: never
-        on the hub), which lets a send waiting for credit there go on."""
+        window was taken (the request's, or its stream's, shared), the child is told on a native thread
+        (a pipe write may block: never on the hub), which lets a send waiting for credit there go on."""
         grant = None if final else credits.taken(size)
         if grant is not None:
-            start_native_thread(self._grant, key, *grant)
+            start_native_thread(self._grant, *target, *grant)
 
-    def _grant(self, key: int, responses: int, size: int) -> None:
+    def _released(self, account: int, credits: CreditReturn, responses: int, size: int) -> None:
+        """The hub: a channel of a stream's account closed, dropping what its client never took; that
+        and what was taken but not yet told goes back at once (a shared window must get back all it
+        was charged, or it shrinks for the stream's other requests)."""
+        grant = credits.release(responses, size)
+        if grant is not None:
+            start_native_thread(self._grant, "stream_credit", account, *grant)
+
+    def _grant(self, kind: str, target: int, responses: int, size: int) -> None:
         try:
-            self.child.to_child.send(("credit", key, responses, size))
+            self.child.to_child.send((kind, target, responses, size))
         except OSError:
             pass  # gone: nothing waits there any more
 
@@ -180,7 +214,7 @@ class _Session:
             self._cancel_told.discard(key)
         if channel is not None:
             channel.on_cancel = None
-            if channel.window is not None:
+            if channel.window is not None and channel.account is None:  # a stream's: grants go on (_released)
                 channel.on_taken = None
 
     # -- reader thread ----------------------------------------------------------------------------
@@ -214,19 +248,39 @@ class _Session:
         else:
             log.error("model process %s: unexpected frame %r", self.child.name, kind)
 
-    def _deliver(self, key: int, item: Any, final: bool, size: int) -> None:
-        """Never waits: the child keeps the stream's bound (it spent ``size`` of the request's credit),
-        so a client that does not read stalls only its own request, not this thread and every other
-        request, log and call answer of the process behind it."""
+    def _deliver(self, key: int, item: Any, final: bool, size: int, account: int | None) -> None:
+        """Never waits: the child keeps the stream's bound (it spent ``size`` of the request's credit, or of
+        its stream's ``account``), so a client that does not read stalls only its own request (or
+        stream), not this thread and every other request, log and call answer of the process behind it.
+        A response of an account that nobody will take (its channel closed) is granted back at once."""
         with self._lock:
             channel = self._channels.get(key)
+        queued = channel is not None and channel.put(wire.result_from_wire(item), final, size)
+        if not queued and not final and account is not None:
+            self._refund(account, size)
         if channel is None:
             return
-        channel.put(wire.result_from_wire(item), final, size)
         if final:
             self.forget(key)
         elif channel.is_cancelled():  # (told already by on_cancel, normally)
             self._cancel_once(key)
+
+    def _refund(self, account: int, size: int) -> None:
+        """Reader thread: a response charged to ``account`` arrived after its channel closed; granted back
+        from a native thread, one at a time per account (what arrives meanwhile goes with it)."""
+        with self._lock:
+            pending = self._refunds.get(account)
+            if pending is not None:
+                pending[0] += 1
+                pending[1] += size
+                return
+            self._refunds[account] = [1, size]
+        start_native_thread(self._send_refund, account)
+
+    def _send_refund(self, account: int) -> None:
+        with self._lock:
+            responses, size = self._refunds.pop(account)
+        self._grant("stream_credit", account, responses, size)
 
     def tell_cancel(self, key: int) -> None:
         """Any native thread: the request ``key`` names was cancelled (its ``is_cancelled()`` turns true)."""
@@ -425,10 +479,11 @@ class IsolatedInstance:
         if self.decoupled and any(r.responses is None for r in requests):
             return [TritonError.unsupported(
                 f"model '{self.ctx.model_name}' is decoupled: it answers only streaming requests")] * len(requests)
-        windows: dict[int, tuple[int, int | None] | None] = {}
+        windows: dict[int, tuple[int, int | None, int | None] | None] = {}
         if self.decoupled:
-            keys: list[int | None] = [session.key_for(r.responses) for r in requests]
-            windows = {k: r.responses.window for r, k in zip(requests, keys, strict=True) if k is not None}
+            streams = [session.key_for(r.responses) for r in requests]
+            keys: list[int | None] = [key for key, _window in streams]
+            windows = dict(streams)
             watches: list[CancelWatch] = []
         else:
             keys, watches = self._watch_cancellation(session, requests)

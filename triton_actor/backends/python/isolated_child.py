@@ -8,15 +8,16 @@ in-process. Frames (:mod:`.isolation_wire` for the values):
 
 * commands, read by the main thread itself: ``("init", ctx)``, ``("execute", requests, log_level, windows)``
   (the server's level now: a change of its log settings reaches the model's logging; ``windows``: key →
-  ``(responses, bytes)``, the bound of each decoupled request's stream, None for none),
+  ``(responses, bytes, account)``, the bound of each decoupled request's stream, None for none; the
+  requests of one ``account`` (a gRPC stream's) share one window, None: a window of its own),
   ``("finalize",)``, ``("auto_complete", config, version_dir, filename)``;
 * replies, one per command: ``("reply", ("ok", value) | ("error", code, message), sent_before,
   metric_updates)``, where ``sent_before`` counts the outbox frames written before it (the server
   handles those first) and ``metric_updates`` are the custom metrics' changes since the last flush
   (None if none; ``metrics_forwarding.py``); calls made while a command runs go here too, so that the
   thread waiting for the reply serves them;
-* outbox: ``("response", key, result, final, size)`` for a decoupled request (``size``: the bytes its
-  credit was charged, ``protocol/stream_credits.py``), ``("waiting", key, bool)`` when a send for it
+* outbox: ``("response", key, result, final, size, account)`` for a decoupled request (``size``: the bytes
+  its credit, or its ``account``'s, was charged, ``protocol/stream_credits.py``; the final is never charged), ``("waiting", key, bool)`` when a send for it
   starts or stops waiting for credit, ``("log", record)`` for the
   stdlib logging (``pb_utils.Logger`` included), ``("call", id, op, args)`` made while no command
   runs (BLS, model control, a new custom metric), ``("metrics", token, updates)``, and for a decoupled
@@ -29,7 +30,8 @@ in-process. Frames (:mod:`.isolation_wire` for the values):
   ``("cancel", key)`` (a decoupled request's client went away, or any other request's client cancelled
   it while it runs: its ``is_cancelled()`` turns true, and a send waiting for credit returns),
   ``("credit", key, responses, bytes)`` (the client took that much of a decoupled request's responses:
-  a send waiting for it goes on) and ``("flush_metrics", token)`` (a scrape: answered with ``("metrics", ...)``).
+  a send waiting for it goes on), ``("stream_credit", account, responses, bytes)`` (the same for the
+  requests of a stream's account: its client took them, or the server dropped them unread) and ``("flush_metrics", token)`` (a scrape: answered with ``("metrics", ...)``).
 
 Threads: the main thread runs the commands one at a time; the reader thread routes call answers to
 their waiters, cancellations and credits to their requests (a cancel that overtakes its request, which
@@ -37,7 +39,8 @@ came on the other pipe, is kept for it) and answers flushes; the ``isolation-bls
 (:mod:`.isolated_child_bls`) sends the cancels of BLS streams the model dropped. A decoupled request's
 ``send()`` waits for credit on the thread of the model that sends (the main thread, or one the model started), never on the
 reader: the server's reader of this process never waits for a slow client, so one request's client
-cannot stall the others'. Failure: what the model raises becomes an error
+cannot stall the others'. The windows of streams' accounts (``SharedCredits``) are guarded by one lock,
+``ModelProcess.shared_room``, taken by the model's sending threads and by the reader for a grant. Failure: what the model raises becomes an error
 reply; at end of the commands (the server stopped it) the main thread returns; at end of the inbox
 (the server stopped, or died) the process leaves within ``EOF_GRACE_S`` whatever the model is doing.
 """
@@ -59,7 +62,7 @@ from typing import Any
 
 from ...errors import TritonError
 from ...inference import response_bytes
-from ...protocol.stream_credits import SendCredit, Window
+from ...protocol.stream_credits import SendCredit, SharedCredits, Window
 from ...repository.config import ModelConfig
 from ..base import InstanceContext
 from . import isolation_wire as wire
@@ -78,21 +81,29 @@ class ChildChannel:
     """Stands in for a decoupled request's response channel: what the model sends goes to the server.
 
     ``send()`` runs on whichever thread of the model sends; it waits while the request holds its window
-    of responses the client has not taken (``protocol/stream_credits.py``), until the reader thread
-    hears ``("credit", ...)`` or ``("cancel", ...)``. Once the request is cancelled, or finished, what
+    of responses the client has not taken (``protocol/stream_credits.py``), or the requests of its
+    stream's ``account`` hold theirs together, until the reader thread hears ``("credit", ...)``,
+    ``("stream_credit", ...)`` or ``("cancel", ...)``. Once the request is cancelled, or finished, what
     the model sends is dropped (Triton's python backend drops a cancelled request's responses too);
     a final one after a cancel still goes, without outputs, so that the server forgets the request.
+    The final response is never charged to the credit (it never waits, and is never granted back).
     """
 
-    __slots__ = ("_process", "key", "cancelled", "_finished", "_credit", "_room")
+    __slots__ = ("_process", "key", "account", "cancelled", "_finished", "_credit", "_room")
 
-    def __init__(self, process: ModelProcess, key: int, window: Window | None) -> None:
+    def __init__(self, process: ModelProcess, key: int, window: Window | None, account: int | None = None) -> None:
         self._process = process
         self.key = key
+        self.account = account  # the stream's, whose window the request shares (None: one of its own)
         self.cancelled = False  # set by the reader thread when the server says the client went away
         self._finished = False
-        self._credit = SendCredit(window)
-        self._room = threading.Condition(threading.Lock())  # the credit, the flags: model threads and the reader
+        if account is None:  # the credit, the flags: model threads and the reader
+            self._room = threading.Condition(threading.Lock())
+            self._credit = SendCredit(window)
+        else:  # the process's lock of the shared credits: a grant to the account wakes its requests' sends
+            self._room = process.shared_room
+            with self._room:
+                self._credit = process.shared_credits.open(window, account)
 
     def send(self, item: Any, final: bool) -> None:
         size = response_bytes(item)
@@ -100,8 +111,7 @@ class ChildChannel:
             if self._finished:
                 return
             if final:
-                self._finished = True
-                self._room.notify_all()  # a send of another thread waiting for credit: dropped now
+                self._end()  # a send of another thread waiting for credit: dropped now
             elif not self._credit.may_send() and not self.cancelled:
                 self._wait_for_credit()
                 if self._finished:  # finish() while it waited
@@ -110,10 +120,18 @@ class ChildChannel:
                 if not final:
                     return
                 item, size = None, 0
-            self._credit.spend(size)
+            if not final:
+                self._credit.spend(size)
         if final:
             self._process.channels.pop(self.key, None)
-        self._process.send(("response", self.key, wire.result_to_wire(item), final, size))
+        self._process.send(("response", self.key, wire.result_to_wire(item), final, size, self.account))
+
+    def _end(self) -> None:
+        """Under ``_room``: the request is over; waiting sends return, and a shared credit loses a user."""
+        self._finished = True
+        if self.account is not None:
+            self._process.shared_credits.end(self.account)
+        self._room.notify_all()
 
     def _wait_for_credit(self) -> None:
         """Under ``_room``: the server is told this request's sender waits (its ``/status.json``
@@ -136,8 +154,8 @@ class ChildChannel:
         """Main thread: ``execute`` failed, so the server ended the request with that error (as the final
         response, and forgot it): later sends are dropped, a waiting one returns."""
         with self._room:
-            self._finished = True
-            self._room.notify_all()
+            if not self._finished:
+                self._end()
         self._process.channels.pop(self.key, None)
 
     def grant(self, responses: int, size: int) -> None:
@@ -175,6 +193,8 @@ class ModelProcess:
         self.outbox = outbox
         self.waiters: dict[int, queue.SimpleQueue[Any]] = {}
         self.channels: dict[int, ChildChannel | CancelFlag] = {}  # by key: what a ("cancel", key) sets
+        self.shared_credits = SharedCredits()  # the windows of streams' accounts (model threads, the reader)
+        self.shared_room = threading.Condition(threading.Lock())  # guards them; notified on their grants
         self._keys = threading.Lock()  # channels, _early and _last_key: the main thread's and the reader's
         self._early: set[int] = set()  # cancels that overtook their request (another pipe): kept for it
         self._last_key = 0
@@ -209,6 +229,11 @@ class ModelProcess:
             target = self.channels.get(message[1])
             if target is not None:  # (a request finished meanwhile: nothing waits)
                 target.grant(message[2], message[3])
+            return
+        if kind == "stream_credit":  # to every request of the account: each waiting send checks again
+            with self.shared_room:
+                if self.shared_credits.grant(*message[1:]) is not None:
+                    self.shared_room.notify_all()
             return
         if kind == "cancel":
             key = message[1]
@@ -271,7 +296,7 @@ class ModelProcess:
         return self.instance.decoupled
 
     def _on_execute(self, requests: list[tuple[Any, ...]], log_level: int,
-                    windows: dict[int, tuple[int, int | None] | None]) -> list[Any]:
+                    windows: dict[int, tuple[int, int | None, int | None] | None]) -> list[Any]:
         instance = self.instance
         assert instance is not None
         if log_level != _root.level:  # changed at run time (/v2/logging): what the model logs follows
@@ -291,14 +316,16 @@ class ModelProcess:
                 for r in requests:
                     self.channels.pop(r[-1], None)  # its key (None: nobody can cancel it)
 
-    def _channel(self, windows: dict[int, tuple[int, int | None] | None], key: int) -> tuple[ChildChannel, None]:
-        """A decoupled request's stand-in channel; ``windows[key]``: its stream's bound (None: none)."""
+    def _channel(self, windows: dict[int, tuple[int, int | None, int | None] | None],
+                 key: int) -> tuple[ChildChannel, None]:
+        """A decoupled request's stand-in channel; ``windows[key]``: its stream's bound and account (None: none)."""
         window = windows.get(key)
         with self._keys:
             self._last_key = max(self._last_key, key)
             channel = self.channels.get(key)
             if channel is None:
-                channel = self.channels[key] = ChildChannel(self, key, None if window is None else Window(*window))
+                channel = self.channels[key] = (ChildChannel(self, key, None) if window is None else
+                                                ChildChannel(self, key, Window(*window[:2]), window[2]))
                 channel.cancelled = key in self._early
                 self._early.discard(key)
         return channel, None
