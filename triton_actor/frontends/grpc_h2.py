@@ -347,10 +347,13 @@ class Connection:
                 return
         self.calls += 1
         self.server.call_started()
-        call.set_deadline(parse_timeout(event.headers.get(b"grpc-timeout")))
-        if method.infer or method.streaming:
-            call.out_coding = codings.grpc_response_coding(self.server.response_compression,
-                                                          event.headers.get(b"grpc-accept-encoding"))
+        headers = event.headers
+        timeout = headers.get(b"grpc-timeout")
+        if timeout is not None:
+            call.set_deadline(parse_timeout(timeout))
+        level = self.server.response_compression
+        if level != "none" and (method.infer or method.streaming):
+            call.out_coding = codings.grpc_response_coding(level, headers.get(b"grpc-accept-encoding"))
         if method.streaming:
             call.errors_end_stream = event.headers.get(b"triton_grpc_error", b"").lower() == b"true"
         call.begin(event.end_stream)

@@ -426,7 +426,7 @@ class H2Connection:
         end = bool(flags & h2.END_STREAM)
         stream = self.streams.get(sid)
         if stream is not None:  # trailers
-            if stream.remote_closed or not end or not _valid(h2.check_trailers, headers):
+            if stream.remote_closed or not end or headers is None or headers.has_pseudo():
                 closed = end and stream.remote_closed
                 self._reset(stream, h2.STREAM_CLOSED if closed else h2.PROTOCOL_ERROR, events)
                 return
@@ -445,7 +445,7 @@ class H2Connection:
             if not self.going_away:
                 self._add_reset_debt()  # past the limit we advertised
             return
-        if headers is None or not _valid(h2.check_request, headers):
+        if headers is None or not headers.is_request():
             self._spend()  # a malformed request (RFC 9113 §8.1.1): a stream error, counted as a reset
             self._out.append(h2.rst_stream(sid, h2.PROTOCOL_ERROR))
             self._add_reset_debt()
@@ -799,18 +799,6 @@ class H2Connection:
         elif self.aged and lim.max_connection_age_grace:  # (no grace: nothing more is due, the driver closes)
             times.append(self._born + lim.max_connection_age + lim.max_connection_age_grace)
         return min(times)
-
-
-def _valid(check: Any, headers: h2.HeaderBlock | None) -> bool:
-    """False if ``headers`` failed to decode as a valid block or fails ``check`` (a cached block was
-    checked when first decoded; what it must hold depends on where it comes, so that part runs each time)."""
-    if headers is None:
-        return False
-    try:
-        check(headers)
-    except h2.MalformedHeaders:
-        return False
-    return True
 
 
 def _tick_step_of(limits: Limits) -> float:

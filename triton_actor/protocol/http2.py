@@ -181,11 +181,28 @@ class HeaderBlock(dict[bytes, bytes]):
     ``route`` is free for the connection to keep what it derived from the block: a cached block
     comes back as the same object, so that work is done once."""
 
-    __slots__ = ("route",)
+    __slots__ = ("route", "_request", "_pseudo")
 
     def __init__(self, fields: Any) -> None:
         super().__init__(fields)
         self.route: Any = None
+        self._request: bool | None = None  # what the checks below found, kept with a cached block
+        self._pseudo: bool | None = None
+
+    def is_request(self) -> bool:
+        """A request's block: ``:method``, ``:scheme`` and a non-empty ``:path`` (RFC 9113 §8.3.1; we do
+        not take CONNECT, whose block differs: it gets 405 / UNIMPLEMENTED from the routes)."""
+        ok = self._request
+        if ok is None:
+            ok = self._request = bool(self.get(b":method") and self.get(b":scheme") and self.get(b":path"))
+        return ok
+
+    def has_pseudo(self) -> bool:
+        """Any pseudo-header (trailers carry none, §8.1)."""
+        found = self._pseudo
+        if found is None:
+            found = self._pseudo = any(name[:1] == b":" for name in self)
+        return found
 
 
 class HeaderDecoder:
@@ -252,7 +269,8 @@ REQUEST_PSEUDO = frozenset((b":method", b":scheme", b":authority", b":path"))
 def check_fields(fields: list[tuple[bytes, bytes]]) -> None:
     """Raise :class:`MalformedHeaders` for a field list no request (or trailer) block may hold: bad names
     or values, connection-specific fields, pseudo-headers unknown, repeated or after a regular field
-    (§8.3). Which pseudo-headers a block must have depends on what it is: :func:`check_request`."""
+    (§8.3). Which pseudo-headers a block must have depends on what it is: :meth:`HeaderBlock.is_request`,
+    :meth:`HeaderBlock.has_pseudo`."""
     regular = False
     seen: set[bytes] = set()
     for name, value in fields:
@@ -266,19 +284,6 @@ def check_fields(fields: list[tuple[bytes, bytes]]) -> None:
             regular = True
             if name in _CONNECTION_SPECIFIC or (name == b"te" and value != b"trailers"):
                 raise MalformedHeaders(f"connection-specific header field {name!r}")
-
-
-def check_request(headers: dict[bytes, bytes]) -> None:
-    """A request's block has ``:method``, ``:scheme`` and a non-empty ``:path`` (§8.3.1; we do not
-    take CONNECT, whose block differs: it gets 405 / UNIMPLEMENTED from the routes)."""
-    if not headers.get(b":method") or not headers.get(b":scheme") or not headers.get(b":path"):
-        raise MalformedHeaders("request without :method, :scheme or :path")
-
-
-def check_trailers(headers: dict[bytes, bytes]) -> None:
-    """Trailers carry no pseudo-header (§8.1)."""
-    if any(name[:1] == b":" for name in headers):
-        raise MalformedHeaders("pseudo-header in trailers")
 
 
 def _check_size_updates(block: bytes) -> None:
