@@ -161,7 +161,7 @@ class _Session:
                 channel.on_cancel = partial(start_native_thread, self._cancel_once, key)
                 if account is not None:  # shared: granted back per account, also what its channel drops
                     channel.on_taken = partial(self._taken, ("stream_credit", account[0]), account[1])
-                    channel.on_closed = partial(self._released, account[0], account[1])
+                    channel.on_closed = partial(self._released, key, account[0], account[1])
                 elif window is not None:
                     channel.on_taken = partial(self._taken, ("credit", key), CreditReturn(window))
         if channel.is_cancelled():  # gone before it was armed
@@ -186,13 +186,24 @@ class _Session:
         if grant is not None:
             start_native_thread(self._grant, *target, *grant)
 
-    def _released(self, account: int, credits: CreditReturn, responses: int, size: int) -> None:
+    def _released(self, key: int, account: int, credits: CreditReturn, responses: int, size: int) -> None:
         """The hub: a channel of a stream's account closed, dropping what its client never took; that
         and what was taken but not yet told goes back at once (a shared window must get back all it
         was charged, or it shrinks for the stream's other requests)."""
         grant = credits.release(responses, size)
         if grant is not None:
-            start_native_thread(self._grant, "stream_credit", account, *grant)
+            with self._lock:
+                channel = self._channels.get(key)
+            cancelled = channel is not None and channel.is_cancelled()
+            start_native_thread(self._release_grant, key if cancelled else None, account, grant)
+
+    def _release_grant(self, cancelled: int | None, account: int, grant: tuple[int, int]) -> None:
+        """A native thread: the grant of a closed channel, after its cancel when it was cancelled (the
+        cancel's own thread may write later: the credit must not let the request's waiting send go on
+        before the child knows the request is cancelled; a second cancel frame changes nothing there)."""
+        if cancelled is not None:
+            self.tell_cancel(cancelled)
+        self._grant("stream_credit", account, *grant)
 
     def _grant(self, kind: str, target: int, responses: int, size: int) -> None:
         try:
