@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import queue
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -27,13 +28,18 @@ def _input(value: float) -> list[grpcclient.InferInput]:
     return [x]
 
 
-@ISOLATION
-def test_a_cancelled_queued_call_is_never_run(tmp_path: Path, start_server, flags: tuple[str, ...]) -> None:
+def _gated_server(tmp_path: Path, start_server, flags: tuple[str, ...]) -> tuple[Path, Path, Any, Any]:
+    """A server with the one-at-a-time ``gated`` model: its executions log, its gate, the server, a gRPC client."""
     log, gate = tmp_path / "executions.log", tmp_path / "gate"
     repo = tmp_path / "repo"
     add_gated_model(repo, "gated", log, gate)
     server = start_server(repo, flags=flags)
-    client = grpcclient.InferenceServerClient(server.grpc_url)
+    return log, gate, server, grpcclient.InferenceServerClient(server.grpc_url)
+
+
+@ISOLATION
+def test_a_cancelled_queued_call_is_never_run(tmp_path: Path, start_server, flags: tuple[str, ...]) -> None:
+    log, gate, _server, client = _gated_server(tmp_path, start_server, flags)
     answers: queue.Queue = queue.Queue()
     try:
         client.async_infer("gated", _input(1.0), callback=lambda result, error: answers.put(("first", result, error)))
@@ -181,11 +187,7 @@ def test_a_raw_clients_grpc_timeout_cancels_its_call(tmp_path: Path, start_serve
 
     from .test_grpc_transport import _PREFACE, _connect, _frame, _read_frames
 
-    log, gate = tmp_path / "executions.log", tmp_path / "gate"
-    repo = tmp_path / "repo"
-    add_gated_model(repo, "gated", log, gate)
-    server = start_server(repo, flags=flags)
-    client = grpcclient.InferenceServerClient(server.grpc_url)
+    log, gate, server, client = _gated_server(tmp_path, start_server, flags)
     answers: queue.Queue = queue.Queue()
     request = pb.ModelInferRequest(model_name="gated")
     request.inputs.add(name="INPUT0", datatype="FP32", shape=[1])

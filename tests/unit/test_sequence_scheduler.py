@@ -31,14 +31,20 @@ def _enqueue(sched: SequenceSchedulerActor, rid: str, corr_id: int, flags: int) 
     return reply
 
 
-@pytest.mark.timeout(30)
-def test_a_full_queue_refuses_as_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The sequence batcher's full queue counts REJECTED, as the dynamic batcher's does (Triton's reasons)."""
-    monkeypatch.setattr(sequence_slots, "MAX_QUEUED", 1)
+def _started() -> tuple[_Instance, VersionStats, SequenceSchedulerActor]:
+    """A sequence batcher with one fake instance (one slot), started."""
     inst, stats = _Instance("inst0"), VersionStats("m", 1)
     tensors = SequenceTensors((), (), False, frozenset())
     sched = SequenceSchedulerActor("scheduler:m:1", "m", [inst], stats, SlotPolicy(), tensors)  # type: ignore[list-item]
     sched.start()
+    return inst, stats, sched
+
+
+@pytest.mark.timeout(30)
+def test_a_full_queue_refuses_as_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sequence batcher's full queue counts REJECTED, as the dynamic batcher's does (Triton's reasons)."""
+    monkeypatch.setattr(sequence_slots, "MAX_QUEUED", 1)
+    inst, stats, sched = _started()
     try:
         first = _enqueue(sched, "s1", 1, SEQUENCE_START)  # runs
         _enqueue(sched, "s2", 2, SEQUENCE_START)  # waits for the slot
@@ -58,10 +64,7 @@ def test_a_full_queue_refuses_as_rejected(monkeypatch: pytest.MonkeyPatch) -> No
 def test_stats_count_the_requests_waiting_for_a_slot() -> None:
     """``pending`` (nv_inference_pending_request_count) for a sequence model: the sequence batcher's
     statistics had none, so the gauge read 0 while requests waited for a slot."""
-    inst, stats = _Instance("inst0"), VersionStats("m", 1)
-    tensors = SequenceTensors((), (), False, frozenset())
-    sched = SequenceSchedulerActor("scheduler:m:1", "m", [inst], stats, SlotPolicy(), tensors)  # type: ignore[list-item]
-    sched.start()
+    inst, _stats, sched = _started()
     try:
         first = _enqueue(sched, "s1", 1, SEQUENCE_START)  # runs
         _enqueue(sched, "s2", 2, SEQUENCE_START)  # waits for the one slot
