@@ -172,6 +172,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     add_model(repo, "seq_str", _seq_config("seq_str", corrid="TYPE_STRING"), REPORT_PY)
     add_model(repo, "seq_idle", _seq_config("seq_idle", extra="max_sequence_idle_microseconds: 300000"), REPORT_PY)
     add_model(repo, "seq_one", _seq_config("seq_one", mbs=0, state=False), REPORT_PY)
+    add_model(repo, "seq_one_idle", _seq_config("seq_one_idle", mbs=0, state=False,
+                                                 extra="max_sequence_idle_microseconds: 200000"), REPORT_PY)
     add_model(repo, "seq_oldest", _seq_config(
         "seq_oldest", "oldest { max_candidate_sequences: 4 preferred_batch_size: [2] max_queue_delay_microseconds: 20000000 }"),
         REPORT_PY)
@@ -192,7 +194,7 @@ def client(request: pytest.FixtureRequest, server: ServerProcess) -> Iterator[Cl
 
 
 def _infer(c: Client, model: str, value: int, **kw: object) -> tuple[dict, int]:
-    x = c.input("INPUT", np.array([value] if model == "seq_one" else [[value]], np.int32), "INT32")
+    x = c.input("INPUT", np.array([value] if model.startswith("seq_one") else [[value]], np.int32), "INT32")
     result = c.raw.infer(model, [x], **kw)
     info = json.loads(result.as_numpy("OUTPUT")[0][0])
     total = result.as_numpy("SUM")
@@ -307,6 +309,30 @@ def test_backlog_waits_for_a_free_slot(server: ServerProcess) -> None:
     finally:
         c.close()
         other.close()
+
+
+def test_sequences_abandoned_in_the_backlog_do_not_wedge_the_model(server: ServerProcess) -> None:
+    """One slot held by an idle sequence; four STARTs queue behind it and their clients cancel (as a
+    client timeout does). When the idle sequence is released, the abandoned ones are dropped one after
+    the other and a live sequence that came after them runs."""
+    holder = Client("grpc", server)
+    abandoning = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        _infer(holder, "seq_one_idle", 1, sequence_id=1, sequence_start=True)  # holds the slot, then idles
+        x = grpcclient.InferInput("INPUT", [1], "INT32")
+        x.set_data_from_numpy(np.array([1], np.int32))
+        calls = [abandoning.async_infer("seq_one_idle", [x], callback=lambda result, error: None,
+                                        sequence_id=10 + i, sequence_start=True) for i in range(4)]
+        assert abandoning.is_server_live()  # their HEADERS went first on this connection: they are queued
+        for call in calls:
+            call.cancel()  # RST_STREAM
+        assert abandoning.is_server_live()  # the server read the cancels before answering this
+        info, _ = _infer(holder, "seq_one_idle", 5, sequence_id=99, sequence_start=True, sequence_end=True,
+                         client_timeout=20)  # before: never answered
+        assert info["cid"] == 99 and info["start"] == [1.0]
+    finally:
+        holder.close()
+        abandoning.close()
 
 
 def test_oldest_batches_across_sequences(server: ServerProcess) -> None:

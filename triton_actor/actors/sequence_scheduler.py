@@ -94,7 +94,7 @@ class SequenceSchedulerActor(PoolScheduler):
         for corr_id in ended:
             self._states.pop(corr_id, None)
         self._fail(queued, TritonError.unavailable(f"instance '{instance.name}' holding the sequence stopped: {reason}"))
-        self._maybe_drained()
+        self._dispatch()  # backlog sequences may have taken slots of the instances still up
 
     # -- messages ---------------------------------------------------------------------------------
     def on_Enqueue(self, msg: Enqueue) -> None:
@@ -143,19 +143,28 @@ class SequenceSchedulerActor(PoolScheduler):
         return msg
 
     def _dispatch(self) -> None:
+        """Run every batch that can run now, then arm the timer for the policy's next deadline.
+
+        Passes over the idle instances until one pass starts nothing: a batch whose requests were all
+        cancelled, or that failed before it ran, leaves its instance idle and frees slots that backlog
+        sequences take at once, so there may be runnable work again on any idle instance."""
         now = self._clock()
         for corr_id in self._slots.expire(now):
             self._states.pop(corr_id, None)
             log.debug("sequence %s of model '%s' idle: slot released", corr_id, self._model)
         wait: int | None = None
-        for inst in self._pool.idle[::-1]:  # the next one to take first
-            if self._inline_runs >= self._per_turn and self._turn_spent(now):
-                break  # the rest in the next hub turn
-            batch, until = self._slots.take(self._index[inst], now)
-            if batch:
-                self._run(self._pool.take(inst), batch)
-            elif until is not None:
-                wait = until if wait is None else min(wait, until)
+        moved = True
+        while moved:
+            moved = False
+            for inst in self._pool.idle[::-1]:  # the next one to take first
+                if self._inline_runs >= self._per_turn and self._turn_spent(now):
+                    break  # the rest in the next hub turn (the timer is armed with no delay)
+                batch, until = self._slots.take(self._index[inst], now)
+                if batch:
+                    self._run(inst, batch)
+                    moved = True  # requests left the queue, whether they ran or not
+                elif until is not None:
+                    wait = until if wait is None else min(wait, until)
         idle = self._slots.next_idle_ns(now)
         if idle is not None:
             wait = idle if wait is None else min(wait, idle)
@@ -164,12 +173,13 @@ class SequenceSchedulerActor(PoolScheduler):
         self._maybe_drained()
 
     def _run(self, instance: ModelInstance, batch: list[Slot[Enqueue]]) -> None:
+        """Start ``batch`` on idle ``instance``; it stays idle when nothing of the batch is left to run
+        (its requests were cancelled, or preparing them failed and they were answered)."""
         if any(s.item is not None and s.item.reply.ready() for s in batch):
             batch = self._drop_cancelled(batch)
         if not self._pad:
             batch = [s for s in batch if s.item is not None]
         if not batch:
-            self._pool.release(instance)
             return
         template = next(s.item.request for s in batch if s.item is not None)  # a batch ends with a real request
         try:
@@ -177,12 +187,12 @@ class SequenceSchedulerActor(PoolScheduler):
             requests = [self._prepared(s, watch) if s.item is not None else self._null(template) for s in batch]
         except Exception as e:  # a bug of ours or a state that no longer fits: fail this batch, keep serving
             log.exception("sequence scheduler %s: preparing a batch failed", self.name)
-            self._pool.release(instance)
             now = self._clock()
             for slot in batch:
                 if slot.item is not None:
                     self._answer(slot, TritonError.internal(f"sequence batcher of '{self._model}': {e!r}"), now, now, (0, 0, 0))
             return
+        self._pool.take(instance)
         dispatch_ns = self._clock()
         self._running += sum(1 for slot in batch if slot.item is not None)
         tell = self.ref.tell

@@ -115,6 +115,15 @@ class SequenceSlots(Generic[T]):
     def backlog(self) -> int:
         return len(self._backlog)
 
+    def ready(self, instance: int) -> bool:
+        """Whether a sequence holding a slot of ``instance`` has a request queued (a batch can form there)."""
+        return any(s is not None and s.queue for s in self._slots[instance])
+
+    @property
+    def free(self) -> int:
+        """Slots of the instances in the pool that no sequence holds."""
+        return sum(row.count(None) for i, row in enumerate(self._slots) if i not in self._closed)
+
     def add(self, item: T, corr_id: int | str, flags: int, now_ns: int, model: str) -> None:
         """Queue ``item`` for its sequence; raises INVALID_ARG for a sequence that never started."""
         if self._queued >= MAX_QUEUED:  # Triton's answer to a full queue (UNAVAILABLE)
