@@ -27,7 +27,7 @@ from .dataplane import DataPlane
 from .devices import gpu_count
 from .errors import TritonError
 from .frontends.budget import ByteBudget
-from .frontends.descriptors import ConnectionSlots
+from .frontends.descriptors import ConnectionSlots, region_total
 from .frontends.grpc import GrpcServicer
 from .frontends.grpc_h2 import GrpcH2Server
 from .frontends.http import HttpFrontend
@@ -90,7 +90,7 @@ class Server:
                                           settings.repository_poll_secs, settings.model_load_thread_count,
                                           refresh=refresh, announce=lost.announce)
         lost.register(self.repository)
-        shm = SharedMemoryRegistry(settings.allow_client_shm, load.gpu_count)
+        shm = SharedMemoryRegistry(settings.allow_client_shm, load.gpu_count, region_total())
         runtime = RuntimeSettings(trace=settings.trace_config, log=log_format.start_settings(settings))
         runtime.tracer.for_worker(self.host.worker_id)  # trace ids and files apart per worker (tracing.py)
         hostwide.register_handlers(self.host, self.repository, shm, runtime)

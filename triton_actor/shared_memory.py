@@ -9,9 +9,13 @@ the number could be reused by the next registration and the read would return an
 (``offset`` .. ``offset + byte_size``), so nothing a client sends reaches outside it. Region names share
 one namespace across system and CUDA memory. Regions are read and written with ``pread``/``pwrite`` on
 the object's descriptor, never through a mapping: a client that truncates its object after registering it
-gets an error, not a server killed by SIGBUS. CUDA regions need a GPU; without one, registering
-answers UNSUPPORTED. Client shared memory is refused unless the server runs with
-``--allow-client-shm=true`` (spec §1.11).
+gets an error, not a server killed by SIGBUS. Each registered system region thus holds one descriptor
+in each worker (none leaks into isolated models' processes: ``shm_open`` sets close-on-exec), so their
+number is bounded by ``max_regions``, which the server derives from its open-file limit
+(``frontends/descriptors.region_total``): a client that registers more is refused as Triton refuses a
+region it cannot map, and connections, model loads and isolated models keep their descriptors. CUDA
+regions hold nothing: they need a GPU; without one, registering answers UNSUPPORTED. Client shared
+memory is refused unless the server runs with ``--allow-client-shm=true`` (spec §1.11).
 """
 
 from __future__ import annotations
@@ -52,10 +56,14 @@ def _size(value: Any, what: str) -> int:
 class SharedMemoryRegistry:
     """Registered regions by name; see the module docstring."""
 
-    def __init__(self, allowed: bool = False, gpu_count: int = 0) -> None:
+    def __init__(self, allowed: bool = False, gpu_count: int = 0, max_regions: int | None = None) -> None:
+        """``max_regions``: the most system regions held at once (None: no bound; the server passes
+        ``frontends.descriptors.region_total()``)."""
         self.allowed = allowed
         self.gpu_count = gpu_count
+        self.max_regions = max_regions
         self._system: dict[str, _Region] = {}
+        self._keys: set[str] = set()  # the keys of ``_system``: a registration's check does not walk them all
         self._fds = native_lock()  # guards each region's users / gone / closing its fd
 
     def _check_allowed(self) -> None:
@@ -71,9 +79,14 @@ class SharedMemoryRegistry:
             raise TritonError.already_exists(f"shared memory region '{name}' already in manager")
         if not isinstance(key, str) or not _KEY.fullmatch(key) or key.strip("/") in (".", ".."):
             raise TritonError.invalid_arg(f"Unable to open shared memory region: {key!r} is not a shared memory key")
-        if any(r.key == key for r in self._system.values()):
+        if key in self._keys:
             raise TritonError.invalid_arg(
                 f'registering an active shared memory key, "{key}", under a different name is not currently supported')
+        if self.max_regions is not None and len(self._system) >= self.max_regions:
+            # Triton's answer when it cannot map one more region (its mmap fails): INVALID_ARG, same prefix
+            raise TritonError.invalid_arg(
+                f"failed to register shared memory region '{name}': {len(self._system)} regions are registered, "
+                "the most this server's open-file limit allows; unregister one first")
         try:
             fd = _posixshmem.shm_open(key, os.O_RDWR, 0o600)
         except OSError:
@@ -87,6 +100,7 @@ class SharedMemoryRegistry:
             os.close(fd)
             raise TritonError.invalid_arg(f"failed to register shared memory region '{name}': invalid args")
         self._system[name] = _Region(name, key, offset, byte_size, fd)
+        self._keys.add(key)
 
     def system_status(self, name: str = "") -> list[dict[str, Any]]:
         self._check_allowed()
@@ -161,6 +175,7 @@ class SharedMemoryRegistry:
                 os.close(region.fd)
 
     def _release(self, region: _Region) -> None:
+        self._keys.discard(region.key)
         with self._fds:
             region.gone = True
             unused = not region.users

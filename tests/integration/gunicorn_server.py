@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import shlex
 import signal
 import sys
@@ -44,13 +45,16 @@ output [ { name: "OUTPUT0", data_type: TYPE_INT64, dims: [ 1 ] } ]
 class Gunicorn:
     """gunicorn with ``workers`` TritonWorkers; ``flags`` are the triton-actor flags of every worker."""
 
-    def __init__(self, *flags: str, workers: int = 2) -> None:
+    def __init__(self, *flags: str, workers: int = 2, open_files: int | None = None) -> None:
         args = ["--http-port", "0", "--http-address", "127.0.0.1", "--grpc-port", "0", "--grpc-address", "127.0.0.1",
                 "--exit-timeout-secs", "20", "--metrics-port", "0", "--metrics-address", "127.0.0.1", *flags]
         env = dict(os.environ, PYTHONUNBUFFERED="1", TRITON_ACTOR_ARGS=shlex.join(args),
                    TRITON_ACTOR_WORKERS=str(workers))
+        # ``open_files``: RLIMIT_NOFILE (soft and hard) of the arbiter and so of every worker
+        limit = None if open_files is None else (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (open_files,) * 2))
         self.proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", "conf/gunicorn.conf.py"], cwd=ROOT,
-                                     env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+                                     env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                                     preexec_fn=limit)
         self.port = self.grpc_port = self.metrics_port = 0
         self.serving: list[int] = []  # worker pids, in the order they started serving
         self.stderr = ServerLog(self.proc, self._on_line)

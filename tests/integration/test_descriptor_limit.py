@@ -1,24 +1,30 @@
 """The HTTP, gRPC and metrics ports share one descriptor table (frontends/descriptors.py): connections
 flooding all three must never run the process out of descriptors. Before, each port's cap left
 headroom on its own, their sum did not: accept failed with EMFILE (a traceback per try) and no new
-client got in. The server here runs with RLIMIT_NOFILE 256, so the limit is reached with few sockets."""
+client got in. Client shared-memory regions hold a descriptor each and are bounded the same way. The
+server here runs with RLIMIT_NOFILE 256, so the limit is reached with few sockets and regions."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as shm
+from tritonclient.utils import InferenceServerException
 
 from .server import ROOT, ServerProcess
 from .test_http_hardening import _descriptors, _infer_ok  # noqa: F401 - the fixture: room for our sockets
 
 OPEN_FILES = 256
-FLOOD = 300  # connections tried per port: more than its cap and than the process may hold
+FLOOD = 300  # connections tried per port, and regions registered: more than the process may hold
 
 
 def _flood(port: int, data: bytes, socks: list[socket.socket]) -> int:
@@ -83,4 +89,51 @@ def test_grpc_serves_again_after_the_flood(flooded: tuple[ServerProcess, list[so
         np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - a)
     finally:
         client.close()
+    assert "Traceback" not in server.log()
+
+
+@pytest.fixture
+def objects() -> Iterator[list[str]]:
+    """FLOOD POSIX shared-memory objects of 64 bytes (their keys), destroyed after the test."""
+    made = [shm.create_shared_memory_region(f"o{i}", f"/ta_fd_{os.getpid()}_{i}", 64) for i in range(FLOOD)]
+    yield [f"/ta_fd_{os.getpid()}_{i}" for i in range(FLOOD)]
+    for handle in made:
+        shm.destroy_shared_memory_region(handle)
+
+
+def test_shared_memory_regions_leave_room_for_clients(start_server: Callable[..., ServerProcess], repo: Path,
+                                                      objects: list[str]) -> None:
+    """One client registers regions (one object each) until refused: the refusal comes well before the
+    process's descriptor limit, in Triton's shape for a region it cannot hold, on both protocols; fresh
+    HTTP, gRPC and metrics clients are still served; an unregistered region makes room for another."""
+    server = start_server(repo, flags=("--allow-client-shm=true",), open_files=OPEN_FILES)
+    client = httpclient.InferenceServerClient(server.url, network_timeout=30)
+    registered = 0
+    with pytest.raises(InferenceServerException) as refused:
+        for key in objects:
+            client.register_system_shared_memory(f"r{registered}", key, 64)
+            registered += 1
+    assert refused.value.status() == "400", refused.value
+    assert f"failed to register shared memory region 'r{registered}'" in refused.value.message()
+    assert 0 < registered <= OPEN_FILES // 8  # half of the quarter left beside connections
+    assert len(os.listdir(f"/proc/{server.proc.pid}/fd")) < OPEN_FILES // 2
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        with pytest.raises(InferenceServerException) as e:
+            grpc.register_system_shared_memory("by_grpc", objects[-1], 64)
+        assert e.value.status() == "StatusCode.INVALID_ARGUMENT" and "failed to register" in e.value.message()
+        _infer_ok(server)
+        a = np.arange(4, dtype=np.float32)
+        inputs = [grpcclient.InferInput("INPUT0", [4], "FP32"), grpcclient.InferInput("INPUT1", [4], "FP32")]
+        for x in inputs:
+            x.set_data_from_numpy(a)
+        np.testing.assert_array_equal(grpc.infer("add_sub", inputs, client_timeout=60).as_numpy("OUTPUT0"), a + a)
+    finally:
+        grpc.close()
+    with urllib.request.urlopen(server.metrics_url, timeout=30) as scrape:
+        assert b"nv_inference_count" in scrape.read()
+    client.unregister_system_shared_memory("r0")
+    client.register_system_shared_memory("again", objects[-1], 64)
+    assert len(client.get_system_shared_memory_status()) == registered
+    client.close()
     assert "Traceback" not in server.log()

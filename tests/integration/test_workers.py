@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as shm
+from tritonclient.utils import InferenceServerException
 
 from .gunicorn_server import PID_CONFIG, PID_PY, Gunicorn, pid_infer, pids_seen, wait_gone
 from .server import add_model
@@ -49,6 +51,39 @@ def test_requests_spread_and_statistics_are_summed(repo: Path) -> None:
         assert int(stats["inference_stats"]["success"]["count"]) == before + 30
     finally:
         assert g.stop() == 0
+
+
+def test_shared_memory_regions_are_bounded_in_every_worker(repo: Path) -> None:
+    """Registrations reach every worker, each holding a descriptor per region: a client registering
+    regions is refused, with Triton's shape, while every worker still has descriptors to serve with."""
+    open_files = 256
+    keys = [f"/ta_workers_{os.getpid()}_{i}" for i in range(open_files + 44)]
+    objects = [shm.create_shared_memory_region(f"o{i}", key, 64) for i, key in enumerate(keys)]
+    g = Gunicorn("--model-repository", str(repo), "--allow-client-shm=true", workers=2, open_files=open_files)
+    client = None
+    try:
+        workers = set(g.wait_serving(2))
+        client = httpclient.InferenceServerClient(g.url, network_timeout=30)
+        registered = 0
+        with pytest.raises(InferenceServerException) as refused:
+            for key in keys:
+                client.register_system_shared_memory(f"r{registered}", key, 64)
+                registered += 1
+        assert refused.value.status() == "400" and "failed to register shared memory region" in refused.value.message()
+        assert 0 < registered <= open_files // 8
+        for pid in workers:
+            assert len(os.listdir(f"/proc/{pid}/fd")) < open_files // 2, pid
+        assert pids_seen(g.url, workers) == workers  # every worker still serves fresh connections
+        for _ in range(6):  # and every worker holds the same regions
+            fresh = httpclient.InferenceServerClient(g.url)
+            assert len(fresh.get_system_shared_memory_status()) == registered
+            fresh.close()
+    finally:
+        if client is not None:
+            client.close()
+        assert g.stop() == 0
+        for handle in objects:
+            shm.destroy_shared_memory_region(handle)
 
 
 def test_explicit_load_reaches_every_worker_and_a_worker_that_fails_undoes_it(repo: Path, tmp_path: Path) -> None:

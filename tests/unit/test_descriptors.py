@@ -24,6 +24,13 @@ def test_total_leaves_a_quarter_of_the_limit(monkeypatch: pytest.MonkeyPatch, so
     assert descriptors.descriptor_cap(100_000) == total and descriptors.descriptor_cap(10) == 10
 
 
+@pytest.mark.parametrize(("soft", "regions"), [(1024, 128), (256, 32), (100, 32), (65536, 8192)])
+def test_shared_memory_regions_take_half_of_the_rest(monkeypatch: pytest.MonkeyPatch, soft: int, regions: int) -> None:
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (soft, resource.RLIM_INFINITY))
+    assert descriptors.region_total() == regions
+    assert soft - descriptors.descriptor_total() - descriptors.region_total() >= 32  # for models and pipes
+
+
 def test_slots_run_out_then_the_longest_waiting_on_any_port_are_closed(monkeypatch: pytest.MonkeyPatch) -> None:
     slots = ConnectionSlots(total=40)
     clock = [1000.0]

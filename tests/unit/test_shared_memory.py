@@ -63,6 +63,30 @@ def test_registration_rules(segment: tuple[str, shared_memory.SharedMemory]) -> 
     assert reg.system_status() == []
 
 
+def test_regions_are_bounded_and_the_refused_hold_no_descriptor() -> None:
+    """Each region holds its object's descriptor: past ``max_regions`` a registration is refused (Triton's
+    shape for a region it cannot map) before anything is opened; unregistering makes room again."""
+    segs = [shared_memory.SharedMemory(f"ta_unit_{os.getpid()}_{i}", create=True, size=8) for i in range(4)]
+    try:
+        reg = SharedMemoryRegistry(allowed=True, max_regions=3)
+        for i in range(3):
+            reg.register_system(f"r{i}", "/" + segs[i].name, 0, 8)
+        opened = len(os.listdir("/proc/self/fd"))
+        with pytest.raises(TritonError) as e:
+            reg.register_system("r3", "/" + segs[3].name, 0, 8)
+        assert e.value.code == Code.INVALID_ARG
+        assert e.value.message.startswith("failed to register shared memory region 'r3': 3 regions are registered")
+        assert len(os.listdir("/proc/self/fd")) == opened and len(reg.system_status()) == 3
+        reg.unregister_system("r0")
+        reg.register_system("r3", "/" + segs[3].name, 0, 8)
+        assert [r["name"] for r in reg.system_status()] == ["r1", "r2", "r3"]
+        reg.close()
+    finally:
+        for seg in segs:
+            seg.close()
+            seg.unlink()
+
+
 def test_everything_is_refused_unless_allowed(segment: tuple[str, shared_memory.SharedMemory]) -> None:
     key, _ = segment
     reg = SharedMemoryRegistry()

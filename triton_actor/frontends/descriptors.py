@@ -6,7 +6,8 @@ descriptor table: three caps that each leave headroom still add up to more than 
 open, and then ``accept`` fails with EMFILE for every client (gevent logs a traceback each time).
 :class:`ConnectionSlots` is the one count: a connection takes a slot when it is accepted and gives
 it back when its socket is closed, and the slots stop short of the soft ``RLIMIT_NOFILE`` by a quarter
-(at least 64), left to model files, threads' pipes and the listeners. When they run out, the
+(at least 64), left to model files, threads' pipes and the listeners; half of that quarter may go to
+client shared-memory regions (:func:`region_total`, each holds a descriptor). When they run out, the
 connections that wait longest for a request (HTTP keep-alive between requests, HTTP/2 with no stream
 open) are closed first, whatever their port, as nginx drains its "reusable" connections from one
 queue per worker; if none waits, the new connection is closed.
@@ -41,13 +42,29 @@ _OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errn
 Reusable = tuple[float, Callable[[], None]]
 
 
+def _headroom(soft: int) -> int:
+    return max(_HEADROOM_MIN, soft // 4)
+
+
 def descriptor_total() -> int:
     """Client connections this process may hold on all its ports: the soft open-file limit less a
     quarter of it (at least 64) for everything else."""
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         return 1 << 20
-    return max(1, soft - max(_HEADROOM_MIN, soft // 4))
+    return max(1, soft - _headroom(soft))
+
+
+def region_total() -> int:
+    """System shared-memory regions this process may hold (each keeps its object's descriptor open):
+    half of the headroom :func:`descriptor_total` leaves beside the connections. The other half is
+    what the server needs besides: 8 descriptors with the example models loaded and served, 12 more
+    per process-isolated Python instance (its pipes), a few while a model loads; so at the common
+    soft limit of 1024, 768 connections, 128 regions and 128 for the rest (about 9 isolated instances)."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 1 << 16
+    return max(1, _headroom(soft) // 2)
 
 
 def close_longest_waiting(reusable: list[Reusable]) -> int:
