@@ -14,8 +14,8 @@ machine gives (header, body between reads, keep-alive idle): a timer per read wo
 request, a deadline is two attribute writes. Closing a socket wakes its greenlet with an error at
 its ``recv``; a connection has a deadline only while it waits for bytes, never while it is answered.
 A body past its deadline (``--http-body-timeout-secs`` between reads, or under ``--request-body-min-rate``)
-is answered 408 as nginx and Apache do: the reaper shuts the socket's read side, which wakes the greenlet
-with an end of file that its state machine, past the deadline, turns into the 408. While requests wait
+is answered 408 as nginx and Apache do: the reaper wakes the greenlet's read (``socket_io.wake_reader``) as
+an end of file that its state machine, past the deadline, turns into the 408. While requests wait
 in line for the request memory budget, the bodies that hold it are pressed (their grace shrinks to
 ``http1.PRESSED_GRACE``) and the reaper ticks every 0.1 s: a reservation nobody uses goes to the line
 within about a second.
@@ -41,7 +41,7 @@ from .budget import FIRST_INSTALLMENT, ByteBudget, with_room
 from .descriptors import ConnectionSlots, Listener, Reusable, bind, close_longest_waiting, descriptor_cap
 from .http import JSON_HEADERS, HttpFrontend, Reply, error_response, too_large
 from .slow_requests import SlowRequestLog
-from .socket_io import recv_when_readable, send_all, send_now
+from .socket_io import Woken, recv_when_readable, send_all, send_now, wake_reader
 from .status import status_line
 
 log = logging.getLogger(__name__)
@@ -58,6 +58,16 @@ def _peer_closed(sock: socket.socket) -> bool:
         return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] not in _OUR_SIDE_CLOSING
     except (OSError, AttributeError):
         return True
+
+
+def _recv_body(sock: socket.socket, size: int) -> bytes:
+    """A read of a request's bytes; woken by the reaper (the body's deadline passed), an end of file."""
+    try:
+        return sock.recv(size)
+    except Woken:
+        return b""
+
+
 _ABSENT = object()
 
 
@@ -71,7 +81,7 @@ class _Connection:
         self.watcher: gevent.Greenlet | None = None
         self.gone: gevent.event.Event | None = None
         self.held = 0  # bytes of the request memory budget its request holds (budget.py)
-        self.woken = False  # the reaper shut its read side: a body past its deadline (408)
+        self.woken = 0.0  # when the reaper woke its reader (a body past its deadline: 408); 0.0 never
 
     def hold(self, n: int) -> None:
         """Hold ``n`` more bytes of the budget for the request being answered (its body as it is
@@ -176,22 +186,19 @@ class HttpServer:
             now = monotonic()
             for conn in [c for c in self._connections if c.http.deadline <= now]:
                 if conn.http.reading_body and not conn.woken:
-                    self._wake(conn)  # its greenlet answers 408
-                else:
+                    self._wake(conn, now)  # its greenlet answers 408
+                elif not conn.woken or now - conn.woken >= _LINGER_S + 1.0:
                     self._drop(conn)
+                # else its greenlet has yet to answer the 408 and start lingering (which moves the
+                # deadline): dropped now, the client's next bytes would get a reset that destroys the 408
 
     @staticmethod
-    def _wake(conn: _Connection) -> None:
-        """End the read side of a connection whose body is past its deadline: its ``recv`` returns, and
-        the state machine answers the end of file with 408 (the reaper drops it if it is still here at
-        the next tick)."""
-        conn.woken = True
-        try:
-            # the OS socket's, not gevent's: gevent's shutdown cancels the waiting read with an error
-            # (EBADF), which would end the connection without its 408; this one wakes it with an end of file
-            conn.sock._sock.shutdown(socket.SHUT_RD)  # type: ignore[attr-defined]
-        except OSError:
-            pass
+    def _wake(conn: _Connection, now: float) -> None:
+        """Wake the greenlet reading a body past its deadline: its read ends as an end of file, which
+        the state machine answers with 408 (the reaper drops the connection if it has not answered and
+        lingered within :data:`_LINGER_S` and a second)."""
+        conn.woken = now
+        wake_reader(conn.sock)
 
     def _make_room(self) -> bool:
         """Close the connections waiting longest for a request head; False when none is waiting."""
@@ -305,7 +312,7 @@ class HttpServer:
         sock, http, budget = conn.sock, conn.http, self.budget
         read = len(http.buf)  # what came with the head
         while True:
-            data = sock.recv(max(_RECV, http.want))
+            data = _recv_body(sock, max(_RECV, http.want))
             read += len(data)
             if read > conn.held:
                 more = with_room(read) - conn.held
@@ -321,10 +328,13 @@ class HttpServer:
     def _read_event(sock: socket.socket, http: http1.ServerConnection) -> Any:
         """Read until the state machine (which said NEED_DATA) has its next event."""
         while True:
-            if http.buf:
-                data = sock.recv(max(_RECV, http.want))
-            else:  # between requests: nothing to read yet, wait first
-                data = recv_when_readable(sock, _RECV)
+            try:
+                if http.buf:
+                    data = sock.recv(max(_RECV, http.want))
+                else:  # between requests (or a body's next bytes): nothing to read yet, wait first
+                    data = recv_when_readable(sock, _RECV)
+            except Woken:  # the reaper: the body's deadline passed
+                data = b""
             http.receive_data(data, monotonic())
             event = http.next_event()
             if event is not http1.NEED_DATA:

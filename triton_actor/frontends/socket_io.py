@@ -48,6 +48,18 @@ def recv_when_readable(sock: Any, size: int) -> bytes:
     return sock.recv(size)
 
 
+class Woken(Exception):
+    """Thrown into a greenlet waiting to read a socket by :func:`wake_reader`."""
+
+
+def wake_reader(sock: Any) -> None:
+    """Wake the greenlet waiting to read ``sock`` with :class:`Woken` (nothing when none waits): what
+    gevent's own ``close`` does with EBADF, leaving the socket open. ``shutdown(SHUT_RD)`` would wake it
+    too, but Linux answers data that arrives after our FIN on a socket whose read side is shut with a
+    reset (TCPAbortOnData), which throws away the answer the woken reader sends before lingering."""
+    sock.hub.cancel_wait(sock._read_event, Woken())
+
+
 def plain_send_all(sock: Any, data: bytes) -> None:
     """gevent's ``sendall``: for a TLS socket, whose ``_sock`` would bypass the encryption."""
     sock.sendall(data)
