@@ -110,7 +110,7 @@ def test_page_updates_live_in_chromium(busy_server: ServerProcess, tmp_path: Pat
         row = rows[model]
         assert 'class="pill READY"' in row
         assert int(_cell(row, "success")) > 0
-        # a number, not "–": the page had two answers half a second apart (by the server's clock) to
+        # a number, not the dash shown before: the page had two answers half a second apart (by the server's clock) to
         # compute it from. Not > 0: on a busy machine this process's clients may not get a request
         # through in that half second, and 0.0 is then the right rate.
         assert float(_cell(row, "rate")) >= 0
