@@ -72,7 +72,7 @@ VARIANTS = (
     Variant("py_count2", "python", "Python 5 ms, count 2", False, 2),
     Variant("py_count1_batch", "python", "Python 5 ms, count 1, dynamic batching", True, 1),
 )
-# (numerator, denominator, concurrency, goal, goal as text) — issue 6, point 4
+# (numerator, denominator, concurrency, goal, goal as text): docs/performance.md#dynamic-batching
 RATIOS = (("mlp_batch", "mlp_nobatch", 16, 3.0, "≥ 3x"), ("py_count2", "py_count1", 4, 1.8, "≈ 2x (≥ 1.8x)"))
 
 

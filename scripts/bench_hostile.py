@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Big JSON requests next to small clients: what one request can take from the others (issue 14 §3).
+"""Big JSON requests next to small clients: what one request can take from the others (docs/limits.md).
 
 Starts triton_actor on a throw-away repository with one Python model (``total``: FP32 [-1] in, its sum
 out), then, at once, ``--big`` clients each POST one JSON ``/infer`` whose ``data`` is a float array of

@@ -13,7 +13,7 @@ Writes ``bench_out/http.json`` and ``bench_out/http.md``.
 
 ``--metrics-compare`` measures what metrics cost instead (no Triton): triton_actor with ``--allow-metrics=false``
 against triton_actor with metrics on and ``/metrics`` scraped every ``--scrape-interval-ms`` (as Prometheus
-would) during the run; the ratio column is metrics on / metrics off (issue 12's goal: >= 0.95 at c=4).
+would) during the run; the ratio column is metrics on / metrics off (the goal: >= 0.95 at c=4; docs/performance.md#metrics).
 """
 
 from __future__ import annotations

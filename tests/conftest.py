@@ -4,7 +4,7 @@ import importlib.util
 import os
 
 # Before grpc is imported: the harness forks servers while tritonclient's gRPC channels are open;
-# with grpcio's fork support on, a forked child can crash before exec (grpc/grpc#43055).
+# with grpcio's fork support on, a forked child can crash before exec (https://github.com/grpc/grpc/issues/43055).
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 # The test process is a gRPC *client* under gevent: tritonclient's streams and callbacks run on

@@ -1,7 +1,7 @@
 """Who waits for whom among BLS calls, so that a call that could never be answered fails instead of hanging.
 
 Triton hangs when a model calls itself with no free instance, or when two models call each other and
-each holds its only instance (spec §9 #10, #13; the python backend's docs only say "avoid cycles"). Here
+each holds its only instance (https://github.com/triton-inference-server/server/issues/6236, https://github.com/triton-inference-server/server/issues/8358; the python backend's docs only say "avoid cycles"). Here
 every BLS call made from an instance thread is recorded as "this instance waits for that model
 version" before it is queued, and refused if that version can never free an instance for it.
 

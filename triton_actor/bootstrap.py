@@ -31,7 +31,7 @@ import os
 from gevent import monkey
 
 # grpcio >= 1.80 with fork support on restarts its epoll poller in a forked child, which crashes when
-# the child closes descriptors before exec (grpc/grpc#43055): a model's subprocess (torch's ldconfig,
+# the child closes descriptors before exec (https://github.com/grpc/grpc/issues/43055): a model's subprocess (torch's ldconfig,
 # a model.py's subprocess.run) could die before it ran. We never fork to keep using gRPC in a child.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 

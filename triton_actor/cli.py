@@ -1,4 +1,4 @@
-"""``triton-actor`` / ``python -m triton_actor``: tritonserver's flags and defaults (spec §5.2)."""
+"""``triton-actor`` / ``python -m triton_actor``: tritonserver's flags and defaults (server's ``src/command_line_parser.cc``)."""
 
 from __future__ import annotations
 

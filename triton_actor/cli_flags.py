@@ -1,5 +1,5 @@
 """tritonserver's flag groups for ``triton-actor`` (:mod:`.cli` builds the parser and the Settings): how
-each group is added to the parser, and the Settings fields its values become, checked (spec §5.2)."""
+each group is added to the parser, and the Settings fields its values become, checked (docs/command-line.md)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def bool_flag(parser: argparse.ArgumentParser, name: str, default: bool, help_: 
     parser.add_argument(name, type=boolean, nargs="?", const=True, default=default, metavar="BOOL", help=help_)
 
 
-# tritonserver's gRPC keepalive flags → grpc channel arguments, with Triton's defaults (spec §2.4)
+# tritonserver's gRPC keepalive flags → grpc channel arguments, with Triton's defaults (server's ``src/command_line_parser.cc``)
 GRPC_KEEPALIVE = {
     "--grpc-keepalive-time": ("grpc.keepalive_time_ms", 7_200_000),
     "--grpc-keepalive-timeout": ("grpc.keepalive_timeout_ms", 20_000),

@@ -133,7 +133,7 @@ class DataPlane:
         return handle is not None and handle.config is not None and handle.config.model_transaction_policy.decoupled
 
     def reject_decoupled(self, name: str) -> None:
-        """``/infer`` (one request, one response) refuses decoupled models, as Triton does (spec surprise #4)."""
+        """``/infer`` (one request, one response) refuses decoupled models, as Triton does (https://github.com/triton-inference-server/server/blob/main/docs/user_guide/decoupled_models.md)."""
         if self.is_decoupled(name):
             raise TritonError.unsupported("HTTP end point doesn't support models with decoupled transaction policy")
 
@@ -197,7 +197,7 @@ class DataPlane:
         return vh.validator.inputs if vh.validator is not None else None
 
     def raw_input_spec(self, name: str, version: int) -> tuple[str, DType, tuple[int, ...], int]:
-        """The single input a raw binary request feeds (spec §1.6)."""
+        """The single input a raw binary request feeds (https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_binary_data.md)."""
         handle, _ = self._version(name, version)
         cfg = handle.config
         if len(cfg.input) != 1:
@@ -229,7 +229,7 @@ class DataPlane:
     def load_model(self, name: str, parameters: dict[str, Any]) -> None:
         """Repository extension ``load`` (HTTP and gRPC). ``parameters``: ``config`` (JSON text) and
         ``file:<version>/<name>`` (bytes) overrides, already decoded by the front end; other keys are
-        ignored. Returns once the load finished; raises its error (spec surprise #9)."""
+        ignored. Returns once the load finished; raises its error (https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_model_repository.md)."""
         config = parameters.get("config")
         if config is not None and not isinstance(config, str):
             raise TritonError.internal(f"failed to load '{name}': the 'config' parameter must be a JSON string")

@@ -2,9 +2,9 @@
 
 GPUs are counted without importing a CUDA runtime (torch alone costs ~2.5 s and 300 MB): the NVIDIA
 driver lists one folder per GPU under /proc/driver/nvidia/gpus; ``CUDA_VISIBLE_DEVICES`` narrows what
-processes may use. No driver → no GPU, so KIND_AUTO resolves to CPU (spec §3.4).
+processes may use. No driver → no GPU, so KIND_AUTO resolves to CPU (https://github.com/triton-inference-server/server/blob/main/docs/user_guide/model_configuration.md#instance-groups).
 
-A driver is not enough: the CPU wheel of onnxruntime (what the README installs) and a CPU build of torch
+A driver is not enough: the CPU wheel of onnxruntime (what docs/install.md installs) and a CPU build of torch
 cannot run on it. Triton's CPU-only backend builds name KIND_CPU as their preferred group; here
 :func:`runtime_gpu_support` asks the runtime itself, once per backend per process and only on hosts that
 have a GPU, and every kind left to the server (no ``instance_group``, or KIND_AUTO) follows the answer. The Python backend can always take a GPU group: like Triton's, it only

@@ -3,7 +3,7 @@
 Every fast path in the server (caches keyed by request bytes, a model promoted to run in the calling
 greenlet, the scheduler running a batch on the sender's stack, gRPC answered in the HTTP/2 reader,
 direct socket calls, NamedTuples built with ``tuple.__new__``) has a slow path beside it that is the
-specification. ``enabled`` picks between them; the test suite runs both ways (README's test command,
+specification. ``enabled`` picks between them; the test suite runs both ways (docs/testing.md's command,
 ``TRITON_ACTOR_FAST_PATHS=0``) and must give the same answers.
 
 The switch is process-wide: read once from the environment at import (so a server subprocess

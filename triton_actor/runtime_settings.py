@@ -1,4 +1,4 @@
-"""The settings clients may change at run time: logging and trace (spec §1.12, §1.13).
+"""The settings clients may change at run time: logging and trace (https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_logging.md, https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_trace.md).
 
 One owner for both front ends. Every method runs in a hub greenlet and completes without switching,
 so updates are atomic. Log settings act on the process's log handler (``log_format.py``: levels, line
@@ -98,7 +98,7 @@ _CONFIG_KEYS = {"level": "trace_level", "rate": "trace_rate", "count": "trace_co
 def trace_config(values: list[str], deprecated: dict[str, list[str]] | None = None) -> dict[str, list[str]]:
     """``--trace-config [mode,]key=value`` flags (and the deprecated ``--trace-level`` etc., given as
     setting name → values) → start-up trace settings. ``level`` may repeat; OpenTelemetry settings are
-    accepted and ignored (no exporter: see README). Raises ValueError with the flag's problem."""
+    accepted and ignored (no exporter: docs/compatibility.md). Raises ValueError with the flag's problem."""
     out: dict[str, list[str]] = {k: list(v) for k, v in (deprecated or {}).items() if v}
     for value in values:
         mode, _, setting = value.rpartition(",")

@@ -18,7 +18,7 @@ def default_grpc_max_connections() -> int:
 
 @dataclass(frozen=True, slots=True)
 class Settings:
-    """Every knob, named as tritonserver's flags (spec §5.2)."""
+    """Every knob, named as tritonserver's flags (docs/command-line.md)."""
 
     model_repositories: tuple[Path, ...] = ()
     # object-store repositories (s3://bucket/prefix, other fsspec schemes), mirrored to a local cache
@@ -77,7 +77,7 @@ class Settings:
     # bytes of request bodies / gRPC messages all connections may hold at once (frontends/budget.py); 0 = no bound
     request_memory_budget: int = 1024 * 1024 * 1024
     # a request body (HTTP/1, gRPC) must average this many bytes/s after the grace (mod_reqtimeout's MinRate): a
-    # slow client cannot hold what it reserved of the budget for ever (README "Slow request bodies"); 0 = no minimum
+    # slow client cannot hold what it reserved of the budget for ever (docs/security.md#slow-request-bodies); 0 = no minimum
     request_body_min_rate: float = 1024 * 1024
     request_body_grace_secs: float = 10.0
     log_verbose: int = 0

@@ -1,4 +1,4 @@
-"""Shared-memory regions clients register so tensors need not travel in the request (spec §1.11).
+"""Shared-memory regions clients register so tensors need not travel in the request (https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_shared_memory.md).
 
 One :class:`SharedMemoryRegistry` per server, owned by the data plane: regions are registered and
 unregistered by the hub thread (front-end greenlets) only, but a big request is decoded on a native thread
@@ -15,7 +15,7 @@ number is bounded by ``max_regions``, which the server derives from its open-fil
 (``frontends/descriptors.region_total``): a client that registers more is refused as Triton refuses a
 region it cannot map, and connections, model loads and isolated models keep their descriptors. CUDA
 regions hold nothing: they need a GPU; without one, registering answers UNSUPPORTED. Client shared
-memory is refused unless the server runs with ``--allow-client-shm=true`` (spec §1.11).
+memory is refused unless the server runs with ``--allow-client-shm=true`` (docs/compatibility.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Cumulative per-version inference statistics, as Triton's statistics extension reports them (spec §1.9).
+"""Cumulative per-version inference statistics, as Triton's statistics extension reports them (https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_statistics.md).
 
 Owned by the version's scheduler actor, which records into it from its own greenlet; readers get a
 :meth:`VersionStats.snapshot` (plain data) through the scheduler's mailbox.

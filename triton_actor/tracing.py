@@ -1,4 +1,4 @@
-"""Request traces in Triton's trace-file format, driven by the trace settings (spec §1.12, trace.md).
+"""Request traces in Triton's trace-file format, driven by the trace settings (https://github.com/triton-inference-server/server/blob/main/docs/user_guide/trace.md).
 
 Who owns what: one :class:`Tracer` per process (:data:`TRACER`, process-wide like :mod:`.fastpath`'s
 switch, because schedulers are built deep in the actor tree); :class:`~.runtime_settings.RuntimeSettings`

@@ -57,7 +57,7 @@ def test_load_unload_and_index(tmp_path: Path, start_server) -> None:
     assert e.message().startswith("load failed for model 'bad_init': version 1 is at UNAVAILABLE state: "
                                   "Internal: RuntimeError: initialize failed on purpose")
     assert index(client)[("bad_init", "1")]["state"] == "UNAVAILABLE"
-    assert not client.is_server_ready()  # strict readiness (spec surprise #15)
+    assert not client.is_server_ready()  # strict readiness: not ready while a model is not
     assert {e["name"] for e in _ready_index(server)} == {"a", "b"}
 
 
@@ -226,7 +226,7 @@ class TritonPythonModel:
 
 
 def test_readiness_while_loading(tmp_path: Path, start_server) -> None:
-    """Strict readiness (spec surprise #15): not ready while a model loads; ready again once it is READY."""
+    """Strict readiness: not ready while a model loads; ready again once it is READY."""
     add_tagged(tmp_path, "a")
     gated = add_model(tmp_path, "gated", IDENTITY_CONFIG, GATED_PY)
     server = start_server(tmp_path, flags=(*EXPLICIT, "--load-model=a"))

@@ -1,4 +1,4 @@
-"""The fault suite (issue 14 §4): one fault at a time, through the real server, under traffic.
+"""The fault suite (docs/testing.md#faults-and-soak): one fault at a time, through the real server, under traffic.
 
 In every test background clients (official ``tritonclient``, HTTP and gRPC, :class:`~.traffic.Traffic`)
 keep asking a healthy model (and the faulty one where it still serves) while the fault happens; the

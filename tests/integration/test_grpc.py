@@ -188,7 +188,7 @@ def test_stream_answers_each_request_and_survives_errors(grpc_client: Client) ->
             continue
         response = result.get_response()
         by_id[response.id] = result
-        assert response.parameters["triton_final_response"].bool_param is True  # spec surprise #12
+        assert response.parameters["triton_final_response"].bool_param is True  # on every stream response (decoupled_models.md)
     assert sorted(by_id) == ["1", "3"]
     np.testing.assert_array_equal(by_id["3"].as_numpy("OUTPUT0"), a + b)
     assert len(errors) == 1 and "Request for unknown model: 'nope' is not found" in str(errors[0])

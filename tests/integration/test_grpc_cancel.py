@@ -1,4 +1,4 @@
-"""A gRPC ModelInfer the client cancels while it waits in the queue is never run (issue 14: a reset must
+"""A gRPC ModelInfer the client cancels while it waits in the queue is never run (a reset must
 stop the work it cancels). The model runs one request at a time and holds the first until a gate file
 appears; every execution is logged to a file the test reads. No sleeps: the test waits on the log.
 Every test runs twice: the Python model in-process, and in a process of its own (``isolation=process``:
@@ -133,7 +133,7 @@ class TritonPythonModel:
 
 @ISOLATION
 def test_a_grpc_call_cancelled_while_it_runs_is_cancelled_for_the_model(tmp_path: Path, start_server, flags: tuple[str, ...]) -> None:
-    """Issue 14 §2: a gRPC call the client cancels while the model runs makes ``request.is_cancelled()``
+    """A gRPC call the client cancels while the model runs makes ``request.is_cancelled()``
     true (the model stops early), and the client sees CANCELLED."""
     import tritonclient.utils
 

@@ -1,4 +1,4 @@
-"""Hostile HTTP/2 clients on the gRPC port (issue 14 §3): rapid reset, SETTINGS floods, streams past
+"""Hostile HTTP/2 clients on the gRPC port (docs/security.md#grpc): rapid reset, SETTINGS floods, streams past
 MAX_CONCURRENT_STREAMS, half-sent prefaces against the connection cap; and TLS (Triton's
 ``--grpc-use-ssl*`` flags). Each attacker is a raw socket; each test ends with a real tritonclient
 call that must succeed quickly."""

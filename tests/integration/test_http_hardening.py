@@ -1,4 +1,4 @@
-"""Hostile HTTP/1.1 clients on raw sockets (issue 14 §3): strict sizes, bounded connections, timeouts;
+"""Hostile HTTP/1.1 clients on raw sockets (docs/security.md): strict sizes, bounded connections, timeouts;
 and the one router's 404/405 answers. Waits are on sockets (select), never fixed sleeps."""
 
 from __future__ import annotations
@@ -214,7 +214,7 @@ def test_header_timeout_counts_the_whole_head(impatient_server: ServerProcess) -
 
 
 def test_more_inputs_than_the_model_has_are_refused_before_conversion(example_server: ServerProcess) -> None:
-    """Issue 14 §3 (hub time): add_sub has two inputs; a request naming 20 more is refused at its first
+    """Hub time (docs/limits.md#memory-and-hub-time-per-request): add_sub has two inputs; a request naming 20 more is refused at its first
     unknown name, on HTTP and gRPC alike, before any tensor is converted: INPUT0's bad data, which the
     conversion would have reported first, is never looked at."""
     import tritonclient.grpc as grpcclient

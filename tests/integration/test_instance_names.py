@@ -1,4 +1,4 @@
-"""Instance group and instance names as Triton 2.51 gives them (issue 14 §2), seen by the model in
+"""Instance group and instance names as Triton 2.51 gives them, seen by the model in
 ``initialize`` and by clients in ``/config`` (HTTP and gRPC) and the statistics."""
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ def test_poll_picks_up_added_removed_and_changed_models(tmp_path: Path, start_se
 
 
 def test_failed_model_is_retried_when_its_files_change(tmp_path: Path, start_server) -> None:
-    """Triton server#6534: a model that failed once was never polled again."""
+    """Triton (https://github.com/triton-inference-server/server/issues/6534): a model that failed once was never polled again."""
     add_tagged(tmp_path, "a", edition=1)
     server = start_server(tmp_path, flags=POLL)
     client = httpclient.InferenceServerClient(server.url)

@@ -1,4 +1,4 @@
-"""BF16 through a Python model as in Triton's python backend (issue 14 §2): no numpy conversion, DLPack
+"""BF16 through a Python model as in Triton's python backend: no numpy conversion, DLPack
 to torch.bfloat16 and back, and a BF16 output on the wire (binary only)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One request memory budget for all connections (issue 14 §3: a thousand connections each within its
+"""One request memory budget for all connections (docs/security.md: a thousand connections each within its
 own bounds still add up). The model holds the first request (value 1) until a gate file appears and logs
 what it runs; two instances, so without the budget a second request would run beside the first."""
 
@@ -140,7 +140,7 @@ def test_a_stream_request_holds_the_budget_until_it_is_answered(tmp_path: Path, 
 
 
 def test_a_client_that_never_reads_its_answer_is_dropped_and_frees_what_it_held(tmp_path: Path, start_server) -> None:
-    """Issue 14 §3: a client that never reads held its answer (and, now, its request's budget) for ever;
+    """A client that never reads held its answer (and, now, its request's budget) for ever;
     a write that makes no progress for --http-send-timeout-secs drops the connection, as nginx does."""
     import socket
 

@@ -1,4 +1,4 @@
-"""--http-restricted-api / --grpc-restricted-protocol (spec §1.15) through tritonclient."""
+"""--http-restricted-api / --grpc-restricted-protocol through tritonclient (docs/security.md#restricted-apis)."""
 
 from __future__ import annotations
 

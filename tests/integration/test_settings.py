@@ -1,4 +1,4 @@
-"""Log and trace settings over HTTP and gRPC: one owner, Triton's shapes (spec §1.12, §1.13)."""
+"""Log and trace settings over HTTP and gRPC: one owner, Triton's shapes (https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_logging.md, https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_trace.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A version that lost every instance in one worker process is unavailable in every worker (issue 14 follow-up).
+"""A version that lost every instance in one worker process is unavailable in every worker (docs/health.md).
 
 With gunicorn workers each worker owns its instances. Before the fix the version went unavailable only in
 the worker whose instances died: a client saw the model ready on one connection and "unknown model ...

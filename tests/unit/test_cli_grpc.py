@@ -1,4 +1,4 @@
-"""tritonserver's gRPC flags → Settings (spec §2.4 keepalive defaults)."""
+"""tritonserver's gRPC flags → Settings (Triton's keepalive defaults)."""
 
 from __future__ import annotations
 

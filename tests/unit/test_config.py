@@ -222,7 +222,7 @@ def test_normalize_onnx_cpu_count_default_and_gpu_fill() -> None:
     assert (g.kind, g.count, list(g.gpus)) == (mc.ModelInstanceGroup.KIND_GPU, 1, [0, 1])
 
 
-# -- a kind left to the server on a GPU host (issue 14 §2): the runtime decides -----------------------
+# -- a kind left to the server on a GPU host: the runtime decides -----------------------
 
 CPU_WHEEL = "ONNX Runtime 1.0 has no CUDAExecutionProvider (available providers: CPUExecutionProvider)"
 

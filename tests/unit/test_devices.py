@@ -1,6 +1,6 @@
 """GPUs and runtimes (``triton_actor/devices.py``): the GPU count from a fake driver folder, each
 runtime's own answer, and a model actor on a (pretended) GPU host with this machine's CPU runtimes
-(issue 14 §2: KIND_AUTO and models without instance_group must not fail to load there)."""
+(KIND_AUTO and models without instance_group must not fail to load there)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Model repository layout rules (``triton_actor/repository/layout.py``, spec §4.1)."""
+"""Model repository layout rules (``triton_actor/repository/layout.py``; Triton's model_repository.md)."""
 
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ from triton_actor.protocol import v2_grpc as v2
 from triton_actor.protocol._generated import grpc_service_pb2 as pb
 from triton_actor.protocol.dtypes import BF16_NUMPY, BY_WIRE
 
-# typed contents carry every datatype but FP16 and BF16 (raw only, spec §2.3)
+# typed contents carry every datatype but FP16 and BF16 (raw only, grpc_service.proto)
 TYPED_WIRES = tuple(w for w in WIRES if w not in ("FP16", "BF16"))
 
 

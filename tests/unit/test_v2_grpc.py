@@ -1,4 +1,4 @@
-"""KServe V2 gRPC messages (sans-I/O, spec §2.3): decode requests, encode responses."""
+"""KServe V2 gRPC messages (sans-I/O, grpc_service.proto): decode requests, encode responses."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""KServe V2 REST payloads with the binary extension and classification (sans-I/O, spec §1.5-1.7)."""
+"""KServe V2 REST payloads with the binary extension and classification (sans-I/O; docs/protocols.md)."""
 
 from __future__ import annotations
 
@@ -510,7 +510,7 @@ _FLAT_CASES = [
 @pytest.mark.parametrize(("wire", "shape", "data"), _FLAT_CASES)
 def test_flat_number_lists_decode_alike_with_and_without_the_fast_path(wire: str, shape: list[int], data: list[Any],
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """The fast path (C loops over a flat list of JSON numbers, issue 14 §3) answers as the general one."""
+    """The fast path (C loops over a flat list of JSON numbers, docs/security.md) answers as the general one."""
     monkeypatch.setattr(v2, "SLICE", 1 << 15)  # several slices in the long cases
     body = orjson.dumps({"inputs": [{"name": "x", "shape": shape, "datatype": wire, "data": data}]})
     answers = []
@@ -552,7 +552,7 @@ def _many_inputs_with_a_bad_first(n: int) -> list[dict[str, Any]]:
 
 
 def test_a_request_with_more_inputs_than_the_model_is_refused_before_any_conversion() -> None:
-    """Issue 14 §3: 400,000 one-element inputs cost 4.4 s of conversion before validation refused them.
+    """400,000 one-element inputs cost 4.4 s of conversion before validation refused them.
     A request naming more inputs than the model has is refused at its first unknown name, before any
     tensor is converted (the bad data of INPUT0 is never looked at), with the validator's answer."""
     body = orjson.dumps({"id": "r1", "inputs": _many_inputs_with_a_bad_first(20)})

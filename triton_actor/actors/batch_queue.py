@@ -3,7 +3,7 @@
 Pure policy, no actors, no gevent, no clock of its own: the owner (a :class:`SchedulerActor`) passes
 ``now_ns`` in, so tests drive it with a manual clock. Owned by exactly one scheduler.
 
-Semantics are Triton's dynamic batcher (spec §6.2, core ``DynamicBatchScheduler::GetDynamicBatch``
+Semantics are Triton's dynamic batcher (https://github.com/triton-inference-server/server/blob/main/docs/user_guide/batcher.md, core ``DynamicBatchScheduler::GetDynamicBatch``
 and ``PriorityQueue``):
 
 * ``priority_levels`` FIFO levels, 1 the highest; a request's priority 0 or above the levels falls back

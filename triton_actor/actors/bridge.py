@@ -5,8 +5,7 @@ Each :class:`NativeWorker` owns exactly one native thread (started with the *ori
 Work goes in through a C ``_queue.SimpleQueue`` (untouched by patching); results come back through a
 deque plus one started ``loop.async_()`` watcher, whose callback completes the :class:`Reply` objects
 in the hub thread. Wake-ups coalesce under load, and the active watcher keeps the loop alive while
-work is pending (completing an AsyncResult from a foreign thread raises LoopExit otherwise;
-feasibility §3).
+work is pending (completing an AsyncResult from a foreign thread raises LoopExit otherwise).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""EnsembleScheduler: runs the requests of one ensemble version through its graph (spec §6.4).
+"""EnsembleScheduler: runs the requests of one ensemble version through its graph (https://github.com/triton-inference-server/server/blob/main/docs/user_guide/ensemble_models.md).
 
 An :class:`InlineActor` in the place a version's SchedulerActor takes for other models (the routing
 table's :class:`~.handles.VersionHandle` tells it :class:`~.scheduler.Enqueue` the same way). Messages:
@@ -22,7 +22,7 @@ downstream once per response; every table that completes the ensemble outputs is
 decoupled ensemble. ``max_inflight_requests`` bounds the forks of one decoupled step in flight per
 request: its reader greenlet stops reading the composing model's responses until forks finish, and the
 step's :class:`~.response_channel.BoundedResponseChannel` then makes the producing model's thread wait,
-so a slow step cannot make memory grow without bound (server PR #8458). The reader stops as well while
+so a slow step cannot make memory grow without bound (https://github.com/triton-inference-server/server/pull/8458). The reader stops as well while
 the ensemble's client has not taken its stream's bound of responses.
 Failure: a request whose step cannot be routed or fails is answered with that error; stopping the
 actor fails what is in flight with UNAVAILABLE.
@@ -55,7 +55,7 @@ Routes = Callable[[], Mapping[str, Any]]  # name → ModelHandle (the repository
 # polls its sockets in between). Starting a step costs about 30 µs here (request, routing, validation,
 # the composing model's scheduler, its execution when the model runs inline): 2000 side-by-side steps
 # of one request started in one go made health checks wait up to 67 ms; 64 a turn, 2.5 ms
-# (scripts/bench_wide_ensemble.py, README "Ensembles").
+# (scripts/bench_wide_ensemble.py, docs/performance.md#wide-ensembles).
 STEPS_PER_TURN = 64
 
 

@@ -107,7 +107,7 @@ class ModelHandle:
     ready_versions: tuple[int, ...]  # ascending
 
     def resolve(self, version: int) -> VersionHandle:
-        """The version that serves ``version`` (-1: highest READY), with Triton's errors (spec §1.2)."""
+        """The version that serves ``version`` (-1: highest READY), with Triton's errors (docs/compatibility.md lists where they differ)."""
         if version < 0:
             if not self.ready_versions:
                 raise TritonError.not_found(f"Request for unknown model: '{self.name}' has no available versions")

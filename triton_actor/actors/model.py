@@ -15,7 +15,7 @@ was loaded from (directory and :class:`~..repository.snapshot.Stamp`), and a pri
 directory when the load API supplied files. After every change it publishes an immutable
 :class:`ModelHandle`; the front ends route through the handle without a round trip to this actor.
 
-Reload is load-then-swap (spec §5.1, server#2076): the versions that changed are loaded (and warmed
+Reload is load-then-swap (https://github.com/triton-inference-server/server/issues/2076): the versions that changed are loaded (and warmed
 up) beside the serving ones; only when all of them are READY is the new handle swapped into the
 routing table; then the replaced versions drain (requests in flight finish on them) and unload.
 A failed update changes nothing that serves: the old versions keep serving and carry the failure
@@ -344,7 +344,7 @@ class ModelActor(Actor):
         serving = {v: rec for v, rec in self._versions.items() if rec.state == READY}
         unchanged = msg.config is None and not msg.reload and self._source == (msg.model_dir, stamp)
         if unchanged and serving and all(r.state == READY or r.reason == "unloaded" for r in self._versions.values()):
-            return  # Triton: loading an unchanged, loaded model is a no-op (spec surprise #9)
+            return  # Triton: loading an unchanged, loaded model is a no-op
         try:
             plan = self._prepare(msg.model_dir, msg.config, stamp)
         except TritonError as e:
@@ -384,7 +384,7 @@ class ModelActor(Actor):
     def _prepare_ensemble(self, model_dir: Path, cfg: ModelConfig, stamp: snapshot.Stamp,
                           available: dict[int, Path]) -> _Plan:
         """An ensemble: no backend; its graph is checked, then against the composing models as the
-        routing table shows them now (the repository loads them first, spec §5.1)."""
+        routing table shows them now (the repository loads them first)."""
         config_mod.normalize(cfg, self.model, self._settings.gpu_count)
         config_mod.validate(cfg, self.model, self._settings.gpu_count)
         graph = ensemble_graph.check_scheduling(cfg)
@@ -487,7 +487,7 @@ class ModelActor(Actor):
         return {v: job.value or Version(v, UNAVAILABLE, "load interrupted") for v, job in jobs.items()}
 
     def _loaded_from(self, plan: _Plan, msg: Load) -> None:
-        # an override marks the source stale: a later load without one reloads from disk (spec §1.10)
+        # an override marks the source stale: a later load without one reloads from disk (https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_model_repository.md)
         self._source = None if msg.config is not None else (plan.model_dir, plan.stamp)
         self._serving = dataclasses.replace(msg, reply=None, reload=False)
         self._drop_owned_dir(plan.model_dir if msg.owned else None)

@@ -1,4 +1,4 @@
-"""ReplyOrder: ``preserve_ordering`` (spec §6.2), each reply released only once every request dispatched
+"""ReplyOrder: ``preserve_ordering`` (https://github.com/triton-inference-server/server/blob/main/docs/user_guide/batcher.md), each reply released only once every request dispatched
 before it is answered: dispatch order, which is arrival order (the option requires that to be unambiguous:
 one priority level, no DELAY policy; batch_queue.py).
 

@@ -20,13 +20,13 @@ one that reloads what was serving, while the old routing snapshot keeps serving,
 gives up: every version of that model UNAVAILABLE with the reason in the index and unloaded (a later
 load API call or POLL change loads it afresh).
 
-Ensembles (spec §5.1): every batch of loads (startup, POLL changes, the load API) starts an ensemble's
+Ensembles (https://github.com/triton-inference-server/server/blob/main/docs/user_guide/model_management.md): every batch of loads (startup, POLL changes, the load API) starts an ensemble's
 load only once the loads of its composing models in the same batch finished (:meth:`_load_in_order`,
 helper greenlets of :mod:`.load_order`); ensembles that contain each other fail at once with Triton's
 text. In EXPLICIT mode loading an ensemble loads what it needs first, and ``unload_dependents`` unloads
 what was loaded only for it (:class:`~..repository.dependencies.Dependencies`, owned here).
 
-POLL is reconciliation (spec §5.1, design "Lifecycle"): each rescan (every ``--repository-poll-secs``,
+POLL is reconciliation (docs/architecture.md, "Lifecycle"): each rescan (every ``--repository-poll-secs``,
 sooner when :mod:`.watcher` nudges) feeds the stamps on disk to the reconciler and carries out the
 loads and unloads it answers; a change is loaded once the folder was quiet for ``SETTLE_S``.
 """
@@ -326,7 +326,7 @@ class RepositoryActor(Actor):
         self._graph.implicit.discard(msg.name)
         starts: dict[str, Start] = {}
         found = layout.list_models(self.repositories)
-        for name in order[:-1]:  # the composing models it needs (an ensemble's), loaded first (spec §5.1)
+        for name in order[:-1]:  # the composing models it needs (an ensemble's), loaded first
             if len(found.get(name, ())) != 1:
                 continue  # not in the repository: the ensemble's own check says so
             handle = self.routes.get(name)
@@ -352,7 +352,7 @@ class RepositoryActor(Actor):
         return model_dir, override, False
 
     def on_UnloadModel(self, msg: UnloadModel) -> None:
-        """Returns before the model is gone (Triton: unload is asynchronous, spec surprise #9); an
+        """Returns before the model is gone (Triton: unload is asynchronous, https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_model_repository.md); an
         unknown model (or a name that cannot be one) is not an error. ``unload_dependents``: the models
         loaded only because this ensemble needed them, and needed by no other loaded model, are
         unloaded once it is gone."""

@@ -198,7 +198,7 @@ class BoundedResponseChannel(ResponseChannel):
     """A :class:`ResponseChannel` whose producer waits while ``max_count`` responses (or more than
     ``max_bytes`` of outputs) are not yet received, until they are down to half of that: a producer
     faster than its consumer cannot fill memory. Used for clients' streams, and with ``max_count`` only
-    for an ensemble's decoupled steps (``max_inflight_requests``, server PR #8458). A sender on the hub
+    for an ensemble's decoupled steps (``max_inflight_requests``, https://github.com/triton-inference-server/server/pull/8458). A sender on the hub
     thread never waits, nor does anyone once the channel is closed or cancelled, or for the final response."""
 
     __slots__ = ("_max_count", "_max_bytes", "_resume_count", "_resume_bytes", "_sizes", "_bytes_in",

@@ -18,7 +18,7 @@ changes). Queued work waits for the instances that are UP. Once every instance i
 queue fails UNAVAILABLE (failure reason OTHER: Triton's REJECTED is a scheduler's queue timeout), so do
 new requests, and ``on_down(self, reason)`` tells the model actor, which owns the version's ready state.
 
-Policy: the version's :class:`~.batch_queue.BatchQueue` (spec §6.1-6.2) decides what runs next
+Policy: the version's :class:`~.batch_queue.BatchQueue` (https://github.com/triton-inference-server/server/blob/main/docs/user_guide/batcher.md) decides what runs next
 whenever an instance is idle; without a scheduling block each request runs alone. No idle instance:
 requests wait in the queue (backpressure), so N instances keep at most N batches in flight. Time
 enters through one :class:`~.wake_timer.WakeTimer` (the batcher's delay, request timeouts), which tells

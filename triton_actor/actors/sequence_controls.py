@@ -1,4 +1,4 @@
-"""The tensors the sequence batcher adds to a request: control inputs and implicit state (spec §3.6, §6.3).
+"""The tensors the sequence batcher adds to a request: control inputs and implicit state (https://github.com/triton-inference-server/server/blob/main/docs/user_guide/batcher.md, https://github.com/triton-inference-server/server/blob/main/docs/user_guide/implicit_state_management.md).
 
 Pure functions of the config, built once per loaded version (:meth:`SequenceTensors.from_config`, which
 also checks the ``sequence_batching`` block with Triton's rules and raises INVALID_ARG at load). Used by

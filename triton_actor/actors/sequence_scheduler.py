@@ -1,4 +1,4 @@
-"""SequenceSchedulerActor: the sequence batcher of one model version (spec §3.6, §6.3).
+"""SequenceSchedulerActor: the sequence batcher of one model version (https://github.com/triton-inference-server/server/blob/main/docs/user_guide/batcher.md).
 
 An :class:`InlineActor` like :class:`~.scheduler.SchedulerActor`, with the same messages, so a
 version handle queues to either the same way (:mod:`.scheduler_messages`: Enqueue, Drain, GetStats),

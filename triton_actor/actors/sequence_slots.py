@@ -4,7 +4,7 @@ Pure policy, no actors, no gevent, no clock of its own: the owner (a
 :class:`~.sequence_scheduler.SequenceSchedulerActor`) passes ``now_ns`` in, so tests drive it with a
 manual clock. Owned by exactly one scheduler; items are opaque to it.
 
-Semantics are Triton's sequence batcher (spec §6.3, core ``SequenceBatchScheduler``):
+Semantics are Triton's sequence batcher (https://github.com/triton-inference-server/server/blob/main/docs/user_guide/batcher.md, core ``sequence_batch_scheduler.cc``):
 
 * Each instance has ``slots`` slots (``max_batch_size``, 1 without batching; ``max_candidate_sequences``
   with the ``oldest`` strategy). A sequence is bound to one (instance, slot) from its START until its

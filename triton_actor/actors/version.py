@@ -84,7 +84,7 @@ class VersionSource:
     backend: Backend | None  # None for an ensemble
     backend_config: dict[str, str]
     files: tuple[FileEntry, ...]
-    workers: int = 1  # worker processes sharing the host: instance_group counts are per host (README)
+    workers: int = 1  # worker processes sharing the host: instance_group counts are per host (docs/deployment.md)
     graph: Graph | None = None  # an ensemble's checked graph
     routes: Routes | None = None  # the routing table an ensemble's steps are routed through
     # told when every instance is DOWN: on_down(version, scheduler, reason) (the model actor's event)

@@ -1,4 +1,4 @@
-"""``model_warmup`` (spec §3.8): sample requests run on every instance before a version is READY.
+"""``model_warmup`` (https://github.com/triton-inference-server/server/blob/main/docs/user_guide/model_configuration.md#model-warmup): sample requests run on every instance before a version is READY.
 
 Runs in the greenlet that loads the version. Each warmup entry builds one request (``zero_data``,
 ``random_data`` — zeros for BYTES, as Triton does — or ``input_data_file`` under ``<model>/warmup/``)

@@ -1,7 +1,7 @@
 """Filesystem watching for POLL mode: watchdog's inotify emitter on native threads, nudging the hub.
 
 watchdog's own Observer breaks under our patching (its ``SkipRepeatsQueue`` subclasses the patched
-``queue.Queue``; feasibility, "Extra finding"), so the observer is not used: one native thread per
+``queue.Queue``, so no events arrive; docs/architecture.md#threads), so the observer is not used: one native thread per
 repository runs an ``InotifyEmitter`` loop directly (its helper "threads" become greenlets of that
 thread's own hub, never the server's), and every event only sends a :class:`~.bridge.HubSignal`.
 The repository actor's periodic rescan stays the ground truth; a lost or coalesced event costs at

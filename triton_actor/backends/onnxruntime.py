@@ -3,7 +3,7 @@
 One ``InferenceSession`` per instance, created and run on the instance's native thread (ORT releases
 the GIL, so instances run in parallel). Batched requests are concatenated along dimension 0 and the
 outputs split back. Auto-complete reads inputs, outputs and batching from the model file by Triton's
-rules (spec §4.3); a config that disagrees with the file is refused at load naming both sides.
+rules (https://github.com/triton-inference-server/server/blob/main/docs/user_guide/model_configuration.md#auto-generated-model-configuration); a config that disagrees with the file is refused at load naming both sides.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ class OnnxRuntimeBackend:
         self._global = cfg.get("", {})
         self._own = cfg.get("onnxruntime", {})
 
-    # -- auto-complete (spec §4.3) ------------------------------------------------------------------
+    # -- auto-complete (Triton's onnxruntime_backend) ------------------------------------------------------------------
     def auto_complete(self, config: ModelConfig, model_dir: Path, version_dir: Path | None,
                       explicit: frozenset[str] = frozenset()) -> None:
         session = _session(_model_file(model_dir, version_dir, config), 1, ["CPUExecutionProvider"])
@@ -137,7 +137,7 @@ class OnnxRuntimeBackend:
 
     def _threads(self, ctx: InstanceContext) -> int:
         """Threads per session: config parameter, else --backend-config, else the cores shared out
-        between this model's instances (at least 2 shares, so the hub keeps a core; feasibility §3)."""
+        between this model's instances (at least 2 shares, so the hub keeps a core)."""
         params = ctx.config.parameters
         for key in ("intra_op_thread_count",):
             if key in params and params[key].string_value.strip():
@@ -163,7 +163,7 @@ class OnnxInstance:
             providers = ["CPUExecutionProvider"]
         self.session = _session(path, threads, providers)
         if ctx.kind == "GPU" and "CUDAExecutionProvider" not in self.session.get_providers():
-            # onnxruntime-gpu falls back to the CPU silently (feasibility §1): refuse instead
+            # onnxruntime-gpu falls back to the CPU silently: refuse instead
             raise TritonError.invalid_arg(
                 f"model '{cfg.name}' instance '{ctx.instance_name}': KIND_GPU asked for CUDA device "
                 f"{ctx.device_id} but ONNX Runtime has no working CUDAExecutionProvider (providers: "

@@ -2,7 +2,7 @@
 
 ``torch`` is imported only when such a model loads, so a server without one does not pay its
 memory. Each instance loads its own ``torch.jit`` module onto its device on its native thread and runs
-it under ``torch.inference_mode()``. Tensor naming follows Triton (spec §4.3): names ``<name>__<i>``
+it under ``torch.inference_mode()``. Tensor naming follows Triton (https://github.com/triton-inference-server/pytorch_backend): names ``<name>__<i>``
 bind inputs by position ``i`` and pick outputs by index ``i`` in the returned tuple; other input names
 bind to the ``forward()`` arguments of the same name; other output names follow config order.
 """

@@ -1,4 +1,4 @@
-"""One process-wide budget for the bytes of requests being received and served (issue 14 §3).
+"""One process-wide budget for the bytes of requests being received and served (docs/security.md#memory-and-hub-time-per-request).
 
 Each connection is bounded on its own (HTTP/1: one request at a time, ``--http-max-input-size``;
 HTTP/2: streams per connection, unconsumed bytes), but a thousand connections each inside its bounds

@@ -1,5 +1,5 @@
 """Descriptors for client connections: one count for every port of the process, and an accept that
-pauses, quietly, at the descriptor limit (issue 14 §3).
+pauses, quietly, at the descriptor limit (docs/security.md#descriptors).
 
 Each port has its own connection cap, but the HTTP, gRPC and metrics ports draw on the same
 descriptor table: three caps that each leave headroom still add up to more than the process may

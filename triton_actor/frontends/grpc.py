@@ -1,4 +1,4 @@
-"""gRPC front end: ``inference.GRPCInferenceService`` and ``grpc.health.v1.Health`` (spec §2).
+"""gRPC front end: ``inference.GRPCInferenceService`` and ``grpc.health.v1.Health`` (https://github.com/triton-inference-server/common/blob/main/protobuf/grpc_service.proto).
 
 Every method here runs in a hub greenlet (a call's, :mod:`.grpc_calls`) and is decode → data-plane
 call → encode; errors are raised as ``TritonError`` and mapped to gRPC status codes by
@@ -125,7 +125,7 @@ class GrpcServicer:
                      account: StreamAccount | None = None) -> Iterator[pb.ModelStreamInferResponse | StreamError]:
         """The responses to one request on ``ModelStreamInfer`` (any number from a decoupled model,
         one from any other), each with ``triton_final_response``; an error becomes ``error_message``
-        (spec §2.4) and the stream goes on. A flags-only final is sent only when the request asked
+        (https://github.com/triton-inference-server/server/blob/main/docs/user_guide/decoupled_models.md) and the stream goes on. A flags-only final is sent only when the request asked
         for it with ``triton_enable_empty_final_response``. Closing this iterator (the client went
         away) cancels the request. ``account``: the bound on undelivered responses its stream's requests
         share (actors/response_channel.py)."""

@@ -4,7 +4,7 @@ The connection driver (:mod:`.grpc_h2`) hands each stream's events here; a call 
 messages (``grpc-encoding`` gzip/deflate, size limits → RESOURCE_EXHAUSTED), runs the servicer
 method (:mod:`.grpc`) and answers: a unary call with HEADERS + DATA + trailers in one write when the
 windows allow, a ``ModelStreamInfer`` call with a greenlet per request. Status codes are mapped
-here and only here (spec §1.2); ``grpc-message`` is percent-encoded.
+here and only here; ``grpc-message`` is percent-encoded.
 
 Runs in the connection's greenlets on the hub: the reader (the driver's, for the events) and a
 greenlet per call; one :class:`Call` is touched by no other connection.

@@ -49,7 +49,7 @@ from .socket_io import plain_recv, plain_send_all, recv_when_readable, send_all
 
 log = logging.getLogger(__name__)
 
-MAX_MESSAGE = 2**31 - 1  # Triton sets INT32_MAX for both directions (spec §2.1)
+MAX_MESSAGE = 2**31 - 1  # Triton sets INT32_MAX for both directions
 _RECV = 256 * 1024
 _NOT_GRPC = [(b":status", b"415"), (b"content-type", b"text/plain")]
 

@@ -1,4 +1,4 @@
-"""Where the HTTP/REST routes are declared: KServe V2 plus Triton's extensions (spec §1).
+"""Where the HTTP/REST routes are declared: KServe V2 (https://github.com/kserve/kserve/blob/master/docs/predict-api/v2/required_api.md) plus Triton's extensions (https://github.com/triton-inference-server/server/blob/main/docs/protocol/README.md).
 
 :func:`create_app` builds the Flask app whose url map :class:`.http.HttpFrontend` routes every request
 with. A view takes an :class:`.http.HttpRequest` and the url arguments and returns a
@@ -299,7 +299,7 @@ def _index_ready(raw: bytes) -> bool:
 
 
 def _settings_routes(app: Flask, plane: DataPlane) -> None:
-    """Logging and trace extensions (spec §1.12, §1.13) on the settings gRPC serves too."""
+    """Logging and trace extensions (https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_logging.md, https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_trace.md) on the settings gRPC serves too."""
     runtime = plane.runtime
 
     @app.route("/v2/logging", methods=["GET", "POST"])

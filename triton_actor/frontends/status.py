@@ -1,4 +1,4 @@
-"""Triton error code → HTTP status (spec §1.2): the only place the mapping lives."""
+"""Triton error code → HTTP status (as server's ``src/http_server.cc`` maps them): the only place the mapping lives."""
 
 from __future__ import annotations
 

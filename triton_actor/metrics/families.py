@@ -1,7 +1,7 @@
 """Worker snapshots → Triton's metric families (``prometheus_client`` objects), summed over workers.
 
 Pure functions plus one ``prometheus_client`` collector; runs in the scrape's greenlet. Names, types,
-labels and help texts are Triton's (spec §8, ``metric_model_reporter.cc``): counters carry no
+labels and help texts are Triton's (https://github.com/triton-inference-server/server/blob/main/docs/user_guide/metrics.md, core ``metric_model_reporter.cc``): counters carry no
 ``_total`` suffix there, so our counter families keep their bare names (see :mod:`.exposition`).
 """
 

@@ -1,4 +1,4 @@
-"""The classification extension: replace an output with its top-N ``"value:index[:label]"`` strings (spec §1.7)."""
+"""The classification extension: replace an output with its top-N ``"value:index[:label]"`` strings (https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_classification.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Triton data types: config enum names, protocol strings, numpy dtypes and element sizes (spec §3.2)."""
+"""Triton data types: config enum names, protocol strings, numpy dtypes and element sizes (https://github.com/triton-inference-server/server/blob/main/docs/user_guide/model_configuration.md#datatypes)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The generate extension's JSON (spec §1.14): ``POST .../generate`` and ``.../generate_stream``.
+"""The generate extension's JSON (https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_generate.md): ``POST .../generate`` and ``.../generate_stream``.
 
 Request: a top-level key named like a model input becomes that input (a scalar or a 1-D list; datatype
 and shape come from the model config, a -1 dimension takes the element count, a batching model gets

@@ -1,4 +1,4 @@
-"""JSON bodies of the non-inference endpoints: server/model metadata and statistics (spec §1.3, 1.4, 1.9)."""
+"""JSON bodies of the non-inference endpoints: server/model metadata (https://github.com/kserve/kserve/blob/master/docs/predict-api/v2/required_api.md) and statistics (https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_statistics.md)."""
 
 from __future__ import annotations
 

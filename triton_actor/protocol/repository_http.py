@@ -1,4 +1,4 @@
-"""Bodies of the repository extension's load and unload requests over HTTP (spec §1.10), sans I/O.
+"""Bodies of the repository extension's load and unload requests over HTTP (https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_model_repository.md), sans I/O.
 
 ``{"parameters": {"config": "<ModelConfig JSON>", "file:1/model.py": "<base64>"}}`` for load and
 ``{"parameters": {"unload_dependents": true}}`` for unload; an empty body means no parameters.

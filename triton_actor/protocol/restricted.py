@@ -1,4 +1,4 @@
-"""Restricted APIs (spec §1.15): ``--http-restricted-api`` and ``--grpc-restricted-protocol``.
+"""Restricted APIs (https://github.com/triton-inference-server/server/blob/main/docs/customization_guide/inference_protocols.md): ``--http-restricted-api`` and ``--grpc-restricted-protocol``.
 
 Syntax, as Triton's: ``<category>[,<category>...]:<header>=<value>``; the flag may be given several times
 (a category in two of them is an error). A request to a restricted category must carry ``<header>`` with

@@ -1,10 +1,10 @@
-"""KServe V2 gRPC messages (``inference.GRPCInferenceService``, spec §2): protobuf ↔ our values.
+"""KServe V2 gRPC messages (``inference.GRPCInferenceService``, https://github.com/triton-inference-server/common/blob/main/protobuf/grpc_service.proto): protobuf ↔ our values.
 
 Sans-I/O: a ``ModelInferRequest`` in, an :class:`InferRequest` out; an :class:`InferResponse` in, a
 ``ModelInferResponse`` out; plus the metadata, statistics, index and settings messages built from
 the same dicts the HTTP front end serves. No grpc server here, only the generated messages.
 Tensors travel as ``raw_input_contents`` (zero-copy ``np.frombuffer`` views) or typed ``contents``
-in, and always as ``raw_output_contents`` out, as Triton answers (spec §2.3).
+in, and always as ``raw_output_contents`` out, as Triton answers.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from ..shared_memory import SharedMemoryRegistry
 
 SEQUENCE_START, SEQUENCE_END = 1, 2
-# The only ``triton_`` request parameter a gRPC client may set (spec surprise #13).
+# The only ``triton_`` request parameter a gRPC client may set (https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_parameters.md).
 EMPTY_FINAL_RESPONSE = "triton_enable_empty_final_response"
 _NO_ID_PREFIX = "[request id: <id_unknown>] "  # error-message prefix of a request without an id
 
@@ -40,7 +40,7 @@ assert InferRequest._fields[:5] == ("model_name", "model_version", "id", "inputs
 _REQUEST_TAIL = tuple(InferRequest._field_defaults[f] for f in InferRequest._fields[5:])
 _OUTPUT_TAIL = tuple(RequestedOutput._field_defaults[f] for f in RequestedOutput._fields[1:])
 
-# InferTensorContents field holding each datatype's typed elements (spec §2.3).
+# InferTensorContents field holding each datatype's typed elements (grpc_service.proto).
 _CONTENTS_FIELD = {
     "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
     "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
@@ -198,7 +198,7 @@ def oneof_value(p: Any) -> Any:
 
 
 def _decode_parameters(params: Any, prefix: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Triton's ``SetInferenceRequestMetadata`` (spec §2.3): consumed keys become request fields."""
+    """Triton's ``SetInferenceRequestMetadata`` (server's gRPC front end): consumed keys become request fields."""
     if not params:
         return {}, {}
     forwarded: dict[str, Any] = {}
@@ -266,7 +266,7 @@ def encode_infer_response(request: InferRequest, response: InferResponse, model_
                           labels: dict[str, list[str]], batching: bool,
                           shm: SharedMemoryRegistry | None = None) -> pb.ModelInferResponse:
     """Outputs in the model's order (only the requested ones), as ``raw_output_contents``; an output
-    sent to shared memory is written there and gets an empty raw entry (spec §2.3)."""
+    sent to shared memory is written there and gets an empty raw entry."""
     msg = pb.ModelInferResponse(model_name=request.model_name, model_version=str(model_version), id=request.id)
     add_output = msg.outputs.add
     raw: list[bytes] = []
@@ -325,13 +325,13 @@ def set_parameters(target: Any, values: dict[str, Any]) -> None:
 
 
 def stream_response(response: pb.ModelInferResponse, final: bool = True) -> pb.ModelStreamInferResponse:
-    """One message on ``ModelStreamInfer``: every response says whether it is the last (spec §2.4)."""
+    """One message on ``ModelStreamInfer``: every response says whether it is the last (https://github.com/triton-inference-server/server/blob/main/docs/user_guide/decoupled_models.md)."""
     response.parameters["triton_final_response"].bool_param = final
     return pb.ModelStreamInferResponse(infer_response=response)
 
 
 def wants_empty_final(msg: pb.ModelInferRequest) -> bool:
-    """Whether a flags-only final of a decoupled model is sent as an empty response (surprise #12)."""
+    """Whether a flags-only final of a decoupled model is sent as an empty response (https://github.com/triton-inference-server/server/blob/main/docs/user_guide/decoupled_models.md)."""
     p = msg.parameters.get(EMPTY_FINAL_RESPONSE)
     return p is not None and p.WhichOneof("parameter_choice") == "bool_param" and p.bool_param
 
@@ -341,7 +341,7 @@ def empty_response(request: InferRequest, model_version: int) -> pb.ModelInferRe
 
 
 def stream_error(msg: pb.ModelInferRequest, message: str) -> pb.ModelStreamInferResponse:
-    """An error for one request on the stream; the stream itself goes on (spec §2.4)."""
+    """An error for one request on the stream; the stream itself goes on."""
     return pb.ModelStreamInferResponse(error_message=message, infer_response=pb.ModelInferResponse(
         model_name=msg.model_name, model_version=msg.model_version, id=msg.id))
 

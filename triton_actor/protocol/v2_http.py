@@ -1,4 +1,4 @@
-"""KServe V2 REST inference payloads with Triton's binary tensor extension (spec §1.5-1.7).
+"""KServe V2 REST inference payloads with Triton's binary tensor extension (https://github.com/kserve/kserve/blob/master/docs/predict-api/v2/required_api.md, https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_binary_data.md).
 
 Sans-I/O: bytes in, :class:`InferRequest` out; :class:`InferResponse` in, bytes out. No web framework
 here. Error texts follow Triton's ``http_server.cc`` so clients see the same messages.
@@ -568,7 +568,7 @@ def _wire_dtype(array: np.ndarray) -> DType:
 def decode_raw_request(
     body: bytes, spec: tuple[str, DType, tuple[int, ...], int], model_name: str, model_version: int
 ) -> InferRequest:
-    """``Inference-Header-Content-Length: 0``: the whole body is the model's only input (spec §1.6).
+    """``Inference-Header-Content-Length: 0``: the whole body is the model's only input (https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_binary_data.md).
 
     ``spec`` is (input name, dtype, config dims, max_batch_size). A batching model gets batch 1; at most
     one variable dimension is allowed (filled from the body size); every output comes back binary.

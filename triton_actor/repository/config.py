@@ -22,7 +22,7 @@ from .layout import is_plain_file_name
 
 ModelConfig = mc.ModelConfig
 
-# platform / model file → backend, platform, default file name (spec §4.2, first match wins)
+# platform / model file → backend, platform, default file name (core ``AutoCompleteBackendFields``, first match wins)
 _FILE_RULES: tuple[tuple[str, str, str, str], ...] = (
     ("tensorrt_plan", "model.plan", "tensorrt", "tensorrt_plan"),
     ("onnxruntime_onnx", "model.onnx", "onnxruntime", "onnxruntime_onnx"),
@@ -168,7 +168,7 @@ def normalize(cfg: ModelConfig, model: str, gpu_count: int,
 
 def validate(cfg: ModelConfig, model: str, gpu_count: int,
              gpu_support: Callable[[str], str | None] = runtime_gpu_support) -> None:
-    """The invalid combinations of spec §3.9 that apply to any model; raise on the first.
+    """The invalid combinations (https://github.com/triton-inference-server/server/blob/main/docs/user_guide/model_configuration.md) that apply to any model; raise on the first.
     An explicit KIND_GPU needs a GPU on the host and a runtime that can use it (``gpu_support``)."""
     if cfg.name != model:
         raise _err(model, f"configuration name '{cfg.name}' does not match the model directory name '{model}'")

@@ -4,7 +4,7 @@ A single-owner object of the RepositoryActor (its greenlet only; no I/O but read
 ``read_deps``). Mirrors Triton's dependency graph (``model_repository_manager.cc``): an ensemble loads
 after its composing models (all control modes), in EXPLICIT mode loading an ensemble loads them too and
 marks those that were not loaded as "not explicitly loaded", and ``unload_dependents`` unloads those
-again once no loaded ensemble needs them (spec §1.10, §5.1).
+again once no loaded ensemble needs them (https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_model_repository.md).
 """
 
 from __future__ import annotations

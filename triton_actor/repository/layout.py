@@ -1,4 +1,4 @@
-"""Model repository layout rules (spec §4.1): which folders are models and which are versions.
+"""Model repository layout rules (https://github.com/triton-inference-server/server/blob/main/docs/user_guide/model_repository.md): which folders are models and which are versions.
 
 Pure functions over the file system; they read, never write.
 """

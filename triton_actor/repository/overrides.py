@@ -1,4 +1,4 @@
-"""The load API's overrides (spec §1.10): a ``config`` JSON and ``file:<path>`` contents.
+"""The load API's overrides (https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_model_repository.md): a ``config`` JSON and ``file:<path>`` contents.
 
 Files are written into a fresh private temporary model directory, never into a repository. Every
 path is checked before anything is written: relative, no ``..``, no empty or hidden-parent tricks,

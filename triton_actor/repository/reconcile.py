@@ -4,7 +4,7 @@ Desired state = the model folders on disk and their :class:`~.snapshot.Stamp`; a
 stamp each model was last loaded from. A model whose stamp differs from what was loaded is loaded
 again once the stamp has stayed the same for ``settle_s`` (a folder still being copied is not
 loaded half-written); a model that failed is tried again only when its files change, so a broken
-model is neither retried in a loop nor forgotten (Triton server#6534); a model whose folder is gone
+model is neither retried in a loop nor forgotten (Triton: https://github.com/triton-inference-server/server/issues/6534); a model whose folder is gone
 is unloaded. Owned by the repository actor; no I/O here.
 """
 

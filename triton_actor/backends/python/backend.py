@@ -46,7 +46,7 @@ _sequence = 0
 # What model code raises that is the model's own error: any Exception, and the two BaseExceptions a
 # model raises on purpose, sys.exit() and an interrupt (Triton's stub reports them like any other
 # Python error). Left to propagate, they would reach gevent's hub, which re-raises them in the main
-# greenlet and ends the server (issue 14 fault suite). GreenletExit, gevent.Timeout and RunOnThread
+# greenlet and ends the server (docs/testing.md#faults-and-soak). GreenletExit, gevent.Timeout and RunOnThread
 # are not the model's: they pass through.
 MODEL_ERRORS = (Exception, SystemExit, KeyboardInterrupt)
 

@@ -32,7 +32,7 @@ def pack(array: np.ndarray) -> tuple[str, tuple[int, ...], Any]:
     """A tensor as its dtype, shape and raw bytes (a ``PickleBuffer`` of a contiguous array: no copy; large
     ones travel out of band). Pickling the ndarray itself costs ten times more (measured: 10 µs vs 0.8
     µs for a 4-element FP32 tensor). BYTES tensors are object arrays: pickled as they are (measured
-    faster than the BYTES codec, README "Process isolation")."""
+    faster than the BYTES codec, docs/isolation.md)."""
     if array.dtype.hasobject:
         return ("O", array.shape, array)
     if not array.flags.c_contiguous:
