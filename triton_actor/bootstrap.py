@@ -38,5 +38,3 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 if not monkey.is_module_patched("socket"):
     monkey.patch_all(thread=False, threading=False, queue=False, select=False, subprocess=False, os=False,
                      signal=False)
-
-PATCHED = True

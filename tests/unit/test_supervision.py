@@ -17,7 +17,7 @@ from gevent import monkey
 
 from triton_actor.actors.handles import READY, UNAVAILABLE, ModelHandle
 from triton_actor.actors.kernel import Actor, Reply
-from triton_actor.actors.model import LoadSettings
+from triton_actor.actors.model import Load, LoadSettings
 from triton_actor.actors.repository import RepositoryActor
 from triton_actor.actors.supervisor import MAX_RESTARTS, RESTART_WINDOW_S, RestartBudget
 from triton_actor.backends.base import InstanceContext
@@ -110,7 +110,7 @@ def test_a_failed_model_actor_restarts_and_reloads_while_the_old_snapshot_serves
     in_flight = _infer(before)  # on instance 1, while the model actor fails and restarts
     backend.bugs = 1
     (model_dir / "1" / "changed").write_text("")  # so the load is not a no-op
-    failed.ref.load_in_background(model_dir)  # a tell: its unexpected error goes to the supervisor
+    failed.ref.tell(Load(model_dir))  # a tell: its unexpected error goes to the supervisor
     assert isinstance(actor.failures.get(timeout=WAIT), RuntimeError)
     fresh = actor._models["m"]
     assert fresh is not failed and not failed.alive
@@ -131,7 +131,7 @@ def test_past_the_budget_the_model_is_unavailable_with_the_reason(repo) -> None:
     in_flight = _infer(before)
     backend.bugs = 100  # every reload fails again
     (model_dir / "1" / "changed").write_text("")  # so the load is not a no-op
-    actor._models["m"].ref.load_in_background(model_dir)
+    actor._models["m"].ref.tell(Load(model_dir))
     for _ in range(MAX_RESTARTS + 1):  # the first failure, then one per restart's reload
         assert isinstance(actor.failures.get(timeout=WAIT), RuntimeError)
     last = actor._models["m"]
@@ -155,7 +155,7 @@ def test_an_expected_load_failure_in_a_tell_is_no_actor_failure(repo) -> None:
     actor, _backend, model_dir = repo
     model = actor._models["m"]
     (model_dir / "config.pbtxt").write_text(CONFIG.replace("TYPE_FP32", "TYPE_NOPE", 1))
-    model.ref.load_in_background(model_dir)  # a TritonError: logged, the index says why
+    model.ref.tell(Load(model_dir))  # a TritonError: logged, the index says why
     model.ref.unload().get(WAIT)  # barrier
     assert actor.failures.empty() and model.alive and actor._models["m"] is model
 

@@ -149,10 +149,6 @@ class ModelRef(ActorRef):
         self.tell(Load(model_dir, config, owned, done))
         return done
 
-    def load_in_background(self, model_dir: Path) -> None:
-        """POLL: load from ``model_dir``, nobody waits; a failure shows in the index."""
-        self.tell(Load(model_dir))
-
     def unload(self, stopping: Reply[None] | None = None) -> Reply[None]:
         """Drain and finalize every version; the reply completes when they are gone (``stopping``, when
         given, as soon as no new request reaches the model)."""

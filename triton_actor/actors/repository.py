@@ -385,10 +385,6 @@ class RepositoryActor(Actor):
                 f"model '{name}' appears in more than one repository: {', '.join(map(str, dirs))}")
         return dirs[0]
 
-    def _unload(self, name: str, actor: ModelActor) -> None:
-        done = actor.ref.unload()
-        done.link(lambda r: r.exception() and log.error("unloading '%s' failed: %s", name, r.exception()))
-
     # -- POLL -------------------------------------------------------------------------------------
     def nudge(self) -> None:
         """Something changed on disk (hub thread, from the watcher): rescan soon, once."""

@@ -26,7 +26,6 @@ from .. import fastpath
 CHUNKED = -1  # Head.length of a chunked body
 _MAX_SIZE_DIGITS = 18  # a Content-Length this long is over any body limit
 _HUGE = 1 << 62  # what a longer one is taken as; said as "more than 10^18 - 1" (not as this number)
-_MAX_CHUNK_DIGITS = 16
 _CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,16})[ \t]*(?:;[^\r\n]*)?")
 # one header line: a token, a colon, a value of visible characters, blanks and obs-text; no CR,
 # NUL or other controls inside (a bare CR is a request-smuggling vector, RFC 9112 §2.2). The regex
