@@ -19,10 +19,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 
 from triton_actor import bootstrap  # noqa: F401  (gevent patching first)
-from triton_actor.actors.kernel import Reply
 from triton_actor.actors.scheduler import Enqueue, SchedulerActor
 from triton_actor.inference import InferInput, InferRequest, InferResponse
 from triton_actor.protocol.dtypes import BY_WIRE
+from triton_actor.runtime.kernel import Reply
 from triton_actor.statistics import VersionStats
 
 

@@ -14,7 +14,7 @@ its final flag. One client at a time asks for them and reads them all:
 Prints the median over ``--rounds`` of responses/s (and MB/s) from the request to the final response,
 the server's CPU time per response (user + system: less sensitive than wall time to a busy machine),
 and the server's peak RSS (VmHWM). A server whose model runs ahead of the client holds what the client
-has not read yet; one that makes the model wait (actors/response_channel.py) holds at most its bound.
+has not read yet; one that makes the model wait (runtime/response_channel.py) holds at most its bound.
 
     .venv/bin/python scripts/bench_streaming.py [--rounds 5] [--isolated]
 """

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from .actors.bridge import NativeWorker, workers_tagged
+from .runtime.bridge import NativeWorker, workers_tagged
 
 VersionKey = tuple[str, int]
 

@@ -10,7 +10,7 @@ the hub's I/O cooperates. What is **not**:
   queue that another thread fills never wakes: ``concurrent.futures`` in model code needs both native;
   watchdog's inotify reader is a native thread that polls with ``select.poll``, which patched raises
   ``LoopExit`` in a thread without a running hub). The hub itself waits on sockets through gevent. Model instances run on native threads (thread-per-instance, the
-  thread bridge in ``actors/bridge.py``), model code starts threads of its own (a ``ThreadPoolExecutor``
+  thread bridge in ``runtime/bridge.py``), model code starts threads of its own (a ``ThreadPoolExecutor``
   in ``initialize``), POLL's inotify emitter runs on one, and importlib's per-module import locks come from
   ``_thread``: with ``_thread`` patched those locks are gevent locks that native threads loading models in
   parallel cannot share (first imports of one module on two load threads failed or hung). Native

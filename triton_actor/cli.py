@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from . import __version__, compat_flags, fastpath, log_format
+from . import __version__, compat_flags, log_format
 from .cli_flags import (
     GRPC_KEEPALIVE,
     bool_flag,
@@ -26,6 +26,7 @@ from .cli_flags import (
     triton_settings,
 )
 from .repository import remote
+from .runtime import fastpath
 from .settings import Settings
 
 

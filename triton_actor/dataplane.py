@@ -13,15 +13,7 @@ from typing import Any
 
 from . import hostwide
 from .actors.handles import READY, ModelHandle, VersionHandle
-from .actors.kernel import Reply
 from .actors.repository import RepositoryActor
-from .actors.response_channel import (
-    STREAM_MAX_BYTES,
-    STREAM_MAX_RESPONSES,
-    BoundedResponseChannel,
-    ChannelResponses,
-    StreamAccount,
-)
 from .errors import TritonError
 from .host import Host, LocalHost
 from .inference import InferRequest, InferResponse
@@ -29,6 +21,14 @@ from .protocol import payloads
 from .protocol.dtypes import BY_ENUM_VALUE, DType
 from .repository import config as config_mod
 from .repository.overrides import FILE_PREFIX
+from .runtime.kernel import Reply
+from .runtime.response_channel import (
+    STREAM_MAX_BYTES,
+    STREAM_MAX_RESPONSES,
+    BoundedResponseChannel,
+    ChannelResponses,
+    StreamAccount,
+)
 from .runtime_settings import RuntimeSettings
 from .shared_memory import SharedMemoryRegistry
 
@@ -164,7 +164,7 @@ class DataPlane:
         """Route, validate and queue a request whose answers are streamed: any number of responses
         from a decoupled model, exactly one from any other. Errors before queueing raise here. A
         decoupled model's ``send()`` waits while the consumer has not taken ``STREAM_MAX_RESPONSES``
-        of them or ``STREAM_MAX_BYTES`` (actors/response_channel.py): a client that reads slowly,
+        of them or ``STREAM_MAX_BYTES`` (runtime/response_channel.py): a client that reads slowly,
         or not at all, holds back the model instead of filling memory. ``account``: that bound is the
         client stream's, shared with its other requests (gRPC ModelStreamInfer)."""
         handle, vh = self._route(request, internal)

@@ -58,7 +58,7 @@ def runtime_gpu_support(backend: str) -> str | None:
         probe = _probe(backend)
         if probe is None:
             return None
-        from .actors.bridge import call_in_thread  # lazy, for the same reason
+        from .runtime.bridge import call_in_thread  # lazy, for the same reason
 
         _answers[backend] = call_in_thread(probe)
     return _answers[backend]

@@ -52,7 +52,7 @@ class InferRequest(NamedTuple):
     timeout_us: int = 0
     correlation_id: int | str = 0
     flags: int = 0
-    responses: Any = None  # a ResponseChannel (actors/bridge.py) when the model is decoupled
+    responses: Any = None  # a ResponseChannel (runtime/bridge.py) when the model is decoupled
     # () -> bool, True once the client cancelled the request (it went away, or reset its call); set by
     # the scheduler, when it hands the request to a backend that looks (``observes_cancellation``)
     is_cancelled: Any = None

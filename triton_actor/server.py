@@ -16,7 +16,7 @@ from typing import Any
 import gevent
 import gevent.event
 
-from . import gc_settle, hostwide, hub_errors, live_status, log_format
+from . import hostwide, live_status, log_format
 from .actors.model import LoadSettings
 from .actors.repository import RepositoryActor
 from .backends.base import Backend
@@ -41,6 +41,7 @@ from .protocol import header_forward, http1
 from .protocol.restricted import Restrictions
 from .repository import remote
 from .repository.remote import RemoteRepository
+from .runtime import gc_settle, hub_errors
 from .runtime_settings import RuntimeSettings
 from .server_calls import ServerCalls
 from .settings import Settings

@@ -99,7 +99,7 @@ class Settings:
     backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
     allow_client_shm: bool = False
     trace_config: dict[str, list[str]] = field(default_factory=dict)  # --trace-config (runtime_settings.py)
-    fast_paths: bool = True  # triton_actor.fastpath: applied process-wide at start-up
+    fast_paths: bool = True  # triton_actor.runtime.fastpath: applied process-wide at start-up
     http_restricted_api: tuple[str, ...] = ()  # --http-restricted-api specs (protocol/restricted.py)
     grpc_restricted_protocol: tuple[str, ...] = ()  # --grpc-restricted-protocol specs
     workers: int = 1  # --workers: processes under gunicorn's arbiter (triton_actor/workers/)

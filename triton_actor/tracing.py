@@ -1,6 +1,6 @@
 """Request traces in Triton's trace-file format, driven by the trace settings (https://github.com/triton-inference-server/server/blob/main/docs/user_guide/trace.md).
 
-Who owns what: one :class:`Tracer` per process (:data:`TRACER`, process-wide like :mod:`.fastpath`'s
+Who owns what: one :class:`Tracer` per process (:data:`TRACER`, process-wide like :mod:`.runtime.fastpath`'s
 switch, because schedulers are built deep in the actor tree); :class:`~.runtime_settings.RuntimeSettings`
 pushes every settings change into it with :meth:`Tracer.configure`. Each scheduler holds the
 :class:`VersionTrace` of its model version and reads ``trace.on`` once per finished batch: that one

@@ -18,7 +18,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from triton_actor import fastpath
+from triton_actor.runtime import fastpath
 
 from .bls_models import caller_repo, controller_repo
 from .model_control import index, wait_for

@@ -21,7 +21,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from triton_actor import fastpath
+from triton_actor.runtime import fastpath
 
 from .clients import PROTOCOLS, Client
 from .model_control import ask, index, tagged, wait_for
@@ -245,7 +245,7 @@ class TritonPythonModel:
 def test_a_greenlet_exiting_from_a_model_promoted_to_the_hub_does_not_end_the_server(
         tmp_path: Path, start_server, connect) -> None:
     """A fast model is promoted to run on the hub (fast paths on; actors/instance.py); a greenlet it
-    spawns there then runs on the server's own loop, whose SystemExit ended the process (hub_errors.py)."""
+    spawns there then runs on the server's own loop, whose SystemExit ended the process (runtime/hub_errors.py)."""
     add_model(tmp_path, "late", IDENTITY_CONFIG, LATE_STRAY_PY)
     server = start_server(tmp_path, flags=("--log-verbose=1",))  # the promotion is logged at debug level
     client = connect("http", server)
@@ -259,7 +259,7 @@ def test_a_greenlet_exiting_from_a_model_promoted_to_the_hub_does_not_end_the_se
         assert _ask(client, "late", float(i)) == float(i)
     assert server.proc.poll() is None
     assert server.stderr.wait(lambda: "a greenlet of the promoted model called sys.exit" in server.log(), 30)
-    # on the hub it is hub_errors.py that keeps the server up (with fast paths off, the instance thread's hub)
+    # on the hub it is runtime/hub_errors.py that keeps the server up (with fast paths off, the instance thread's hub)
     assert ("only a signal stops the server" in server.log()) == fastpath.enabled
 
 

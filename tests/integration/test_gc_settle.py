@@ -1,4 +1,4 @@
-"""gc_settle.py through the real server: after the models load, what is alive is frozen (the full
+"""runtime/gc_settle.py through the real server: after the models load, what is alive is frozen (the full
 collections under traffic no longer walk it), and a model unloaded later still has its reference cycles
 collected (each settle unfreezes first). With fast paths off CPython's collector is left as it is."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import tritonclient.http as httpclient
 
-from triton_actor import fastpath
+from triton_actor.runtime import fastpath
 
 from .model_control import wait_for
 from .server import IDENTITY_CONFIG, add_model

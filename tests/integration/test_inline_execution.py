@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from triton_actor import fastpath
+from triton_actor.runtime import fastpath
 
 from .server import add_model
 

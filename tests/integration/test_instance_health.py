@@ -1,6 +1,6 @@
 """A dead model instance leaves the scheduling pool; a version with none left is not ready (issue: instance health).
 
-An instance whose native thread dies is restarted within its budget (actors/supervisor.py: 3 a minute);
+An instance whose native thread dies is restarted within its budget (runtime/supervisor.py: 3 a minute);
 a process-isolated one restarts its process (3 failed starts at most). Past that it is DOWN. Before the
 fix a DOWN instance stayed in its scheduler's pool: it answered UNAVAILABLE at once, looked idle and drew
 the work, so with two instances, one dead, every sequential request failed; and a version with no live
@@ -26,7 +26,7 @@ from .server import ServerProcess, add_model
 
 # The magic input -7 makes the instance named VICTIM lose its native thread: it leaves 200 greenlets calling
 # sys.exit on its thread's hub, which gevent re-raises into the thread's main greenlet while it waits for
-# work (actors/bridge.py gives up after MAX_INTERRUPTIONS in a row: the loop has died). The other instance
+# work (runtime/bridge.py gives up after MAX_INTERRUPTIONS in a row: the loop has died). The other instance
 # holds -7 for 0.2 s, so that of two magic requests sent together one reaches the victim; -7 and -8
 # answer the instance's index. With HUB the model sleeps in initialize: a gevent hub on its thread, so it
 # is never promoted to run inline. Without, it is promoted (fast paths on), and the victim's -7 fails:

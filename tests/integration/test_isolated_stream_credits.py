@@ -4,7 +4,7 @@ Every response of the model's process reaches the server over one pipe, read by 
 used to wait, in the request's channel, for a client that did not read; every other request of the
 process (their responses, its logs, its BLS answers) then waited behind it until that client read, left,
 or its 60 s ``window_timeout`` ended the call. Now the bound of each stream (1024 responses or 4 MiB not
-taken) is kept in the model's process with credits (``protocol/stream_credits.py``): the model's
+taken) is kept in the model's process with credits (``runtime/stream_credits.py``): the model's
 ``send()`` for that request waits there, and nothing else does.
 
 The model is test_stream_backpressure.py's ``flood``, isolated, answering each request on a thread of its

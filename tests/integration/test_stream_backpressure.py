@@ -30,7 +30,7 @@ from .model_control import wait_for
 from .server import ServerProcess, add_model
 from .test_grpc_transport import _PREFACE, _frame
 
-BOUND_RESPONSES = 1024  # STREAM_MAX_RESPONSES (actors/response_channel.py)
+BOUND_RESPONSES = 1024  # STREAM_MAX_RESPONSES (runtime/response_channel.py)
 BOUND_BYTES = 4 << 20  # STREAM_MAX_BYTES
 ISOLATION = pytest.mark.parametrize("flags", [(), ("--backend-config=python,isolation=process",)],
                                     ids=["in_process", "isolated"])

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from triton_actor import fastpath
+from triton_actor.runtime import fastpath
 
 
 @pytest.fixture(params=[True, False], ids=["fast", "slow"])

@@ -1,4 +1,4 @@
-"""The thread bridge (``triton_actor/actors/bridge.py``): native worker threads and the hub."""
+"""The thread bridge (``triton_actor/runtime/bridge.py``): native worker threads and the hub."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import gevent.event
 import pytest
 from gevent import monkey
 
-from triton_actor.actors.bridge import NativeWorker, call_in_thread
 from triton_actor.errors import Code, TritonError
+from triton_actor.runtime.bridge import NativeWorker, call_in_thread
 
 native_id = monkey.get_original("threading", "get_native_id")
 WAIT = 10.0
@@ -259,7 +259,7 @@ def test_threads_a_job_starts_keep_running_while_the_worker_is_idle(workers) -> 
     import threading
     import time
 
-    from triton_actor.actors.response_channel import ResponseChannel
+    from triton_actor.runtime.response_channel import ResponseChannel
 
     channel = ResponseChannel()
 
@@ -281,7 +281,7 @@ def test_threads_a_job_starts_keep_running_while_the_worker_is_idle(workers) -> 
 
 def _blocking_call(calls: object, fn: object, *args: object) -> object:
     """Native thread: what a model's BLS call does (wait_on_hub), its answer or error returned."""
-    from triton_actor.actors.bridge import wait_on_hub
+    from triton_actor.runtime.bridge import wait_on_hub
 
     try:
         return ("ok", wait_on_hub(calls, fn, *args))  # type: ignore[arg-type]
@@ -300,7 +300,7 @@ def _fails() -> None:
 
 @pytest.mark.timeout(30)
 def test_a_native_thread_waits_for_a_call_on_the_hub(workers) -> None:
-    from triton_actor.actors.bridge import HubCalls, current_worker
+    from triton_actor.runtime.bridge import HubCalls, current_worker
 
     calls = HubCalls()
     try:

@@ -12,7 +12,6 @@ import pytest
 
 from scripts import modelgen
 from triton_actor.actors.handles import ModelHandle
-from triton_actor.actors.kernel import Reply
 from triton_actor.actors.model import LoadSettings, ModelActor
 from triton_actor.backends import onnxruntime as ort_backend
 from triton_actor.backends import pytorch as torch_backend
@@ -20,6 +19,7 @@ from triton_actor.devices import gpu_count, runtime_gpu_support
 from triton_actor.errors import TritonError
 from triton_actor.inference import InferInput, InferRequest
 from triton_actor.protocol.dtypes import BY_WIRE
+from triton_actor.runtime.kernel import Reply
 
 
 def _driver(tmp_path: Path, gpus: int) -> Path:

@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 import pytest
 
-from triton_actor import fastpath
+from triton_actor.runtime import fastpath
 
 
 class _Pair(NamedTuple):

@@ -9,7 +9,6 @@ import struct
 import hpack
 import pytest
 
-from triton_actor import fastpath
 from triton_actor.protocol import http2 as h2
 from triton_actor.protocol.h2_connection import (
     ConnectionTerminated,
@@ -23,6 +22,7 @@ from triton_actor.protocol.h2_connection import (
     StreamTooSlow,
     WindowUpdated,
 )
+from triton_actor.runtime import fastpath
 
 REQUEST = [(":method", "POST"), (":scheme", "http"), (":authority", "x"),
            (":path", "/inference.GRPCInferenceService/ModelInfer"), ("content-type", "application/grpc")]

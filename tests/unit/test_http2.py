@@ -5,8 +5,8 @@ from __future__ import annotations
 import hpack
 import pytest
 
-from triton_actor import fastpath
 from triton_actor.protocol import http2 as h2
+from triton_actor.runtime import fastpath
 
 
 def test_frame_head_round_trip() -> None:

@@ -10,11 +10,11 @@ from unittest.mock import MagicMock
 
 import pytest
 
-from triton_actor import fastpath
 from triton_actor.errors import TritonError
 from triton_actor.frontends import http
 from triton_actor.frontends.http import HttpFrontend
 from triton_actor.frontends.http_routes import create_app, empty_app
+from triton_actor.runtime import fastpath
 
 
 @pytest.fixture(params=[True, False], ids=["fast", "slow"])

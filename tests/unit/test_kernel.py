@@ -1,4 +1,4 @@
-"""Failure semantics of the actor kernel (``triton_actor/actors/kernel.py``).
+"""Failure semantics of the actor kernel (``triton_actor/runtime/kernel.py``).
 
 Every wait below is on an event or a reply with a timeout; nothing sleeps.
 """
@@ -11,8 +11,8 @@ import gevent
 import gevent.event
 import pytest
 
-from triton_actor.actors.kernel import Actor, ActorRef, InlineActor, Reply
 from triton_actor.errors import Code, TritonError
+from triton_actor.runtime.kernel import Actor, ActorRef, InlineActor, Reply
 
 WAIT = 5.0
 
@@ -498,7 +498,7 @@ class Where(InlineActor):
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("fast", [True, False])
 def test_inline_actor_runs_on_the_senders_stack_only_with_fast_paths_on(actors, fast: bool) -> None:
-    from triton_actor import fastpath
+    from triton_actor.runtime import fastpath
 
     before = fastpath.enabled
     fastpath.set_enabled(fast)

@@ -12,12 +12,12 @@ import pytest
 from gevent import monkey
 
 from triton_actor.actors.handles import READY, ModelHandle
-from triton_actor.actors.kernel import Reply
 from triton_actor.actors.model import LoadSettings, ModelActor
 from triton_actor.backends.base import InstanceContext
 from triton_actor.errors import TritonError
 from triton_actor.inference import InferInput, InferRequest, InferResponse
 from triton_actor.protocol.dtypes import BY_WIRE
+from triton_actor.runtime.kernel import Reply
 
 _sleep = monkey.get_original("time", "sleep")  # the fake model runs on native instance threads
 CONFIG = """

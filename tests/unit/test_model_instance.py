@@ -144,7 +144,7 @@ class _Counting(YieldingBackend):
 def test_an_instance_whose_thread_dies_is_started_again(monkeypatch) -> None:
     """The worker's loop failing (not a model error) answers its work and a new thread with a fresh
     backend instance takes over; past the restart budget the instance stays down, answering UNAVAILABLE."""
-    from triton_actor.actors import bridge
+    from triton_actor.runtime import bridge
 
     backend = _Counting()
     ctx = InstanceContext("m", 1, Path("."), Path("."), ModelConfig(name="m"), "{}", "m_0", "CPU", 0, 0)
@@ -171,7 +171,7 @@ def test_an_instance_whose_thread_dies_is_started_again(monkeypatch) -> None:
             if inst._worker is not worker:
                 break
             gevent.sleep(0.01)
-        if restarts <= 3:  # the budget of actors/supervisor.py: 3 restarts a minute
+        if restarts <= 3:  # the budget of runtime/supervisor.py: 3 restarts a minute
             assert inst._worker is not worker
             inst.wait_ready(10)
             assert backend.created == restarts + 1
@@ -188,7 +188,7 @@ def test_an_instance_whose_thread_dies_is_started_again(monkeypatch) -> None:
 
 
 def test_an_instance_whose_restart_fails_to_load_is_down(monkeypatch) -> None:
-    from triton_actor.actors import bridge
+    from triton_actor.runtime import bridge
 
     backend = _Counting()
     ctx = InstanceContext("m", 1, Path("."), Path("."), ModelConfig(name="m"), "{}", "m_0", "CPU", 0, 0)

@@ -1,4 +1,4 @@
-"""BoundedResponseChannel (actors/response_channel.py): a producer on another thread waits at the bound
+"""BoundedResponseChannel (runtime/response_channel.py): a producer on another thread waits at the bound
 and goes on at half of it; closing or cancelling the channel releases it at once and drops what it sends
 after; a producer greenlet on a thread with its own hub waits alone; the hub never waits. No sockets, no
 sleeps: the tests wait on the channel's own report of a waiting producer (a bounded loop)."""
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from gevent import monkey
 
-from triton_actor.actors import response_channel
-from triton_actor.actors.response_channel import BoundedResponseChannel, ChannelResponses, StreamAccount
 from triton_actor.inference import InferResponse, response_bytes
+from triton_actor.runtime import response_channel
+from triton_actor.runtime.response_channel import BoundedResponseChannel, ChannelResponses, StreamAccount
 
 _start = monkey.get_original("_thread", "start_new_thread")
 _native_lock = monkey.get_original("_thread", "allocate_lock")

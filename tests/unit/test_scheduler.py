@@ -15,15 +15,15 @@ import gevent
 import numpy as np
 import pytest
 
-from triton_actor import fastpath
 from triton_actor.actors.batch_queue import BatchPolicy, QueuePolicy
 from triton_actor.actors.instance import DOWN, RESTARTING, UP
-from triton_actor.actors.kernel import Reply
 from triton_actor.actors.scheduler import Drain, Enqueue, GetStats, GetStatus, SchedulerActor
 from triton_actor.backends.base import RESCHEDULE
 from triton_actor.errors import Code, TritonError
 from triton_actor.inference import InferInput, InferRequest, InferResponse
 from triton_actor.protocol.dtypes import BY_WIRE
+from triton_actor.runtime import fastpath
+from triton_actor.runtime.kernel import Reply
 from triton_actor.statistics import VersionStats
 
 FP32 = BY_WIRE["FP32"]

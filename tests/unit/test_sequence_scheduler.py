@@ -12,14 +12,14 @@ from hypothesis import strategies as st
 
 from tests.unit.test_scheduler import WAIT, FakeInstance, _request
 from triton_actor.actors import sequence_slots
-from triton_actor.actors.kernel import Reply
 from triton_actor.actors.scheduler_messages import Enqueue, GetStats
 from triton_actor.actors.sequence_controls import SequenceTensors
 from triton_actor.actors.sequence_scheduler import SequenceSchedulerActor
 from triton_actor.actors.sequence_slots import SEQUENCE_START, SlotPolicy
-from triton_actor.actors.wake_timer import Wake
 from triton_actor.errors import Code, TritonError
 from triton_actor.inference import InferResponse
+from triton_actor.runtime.kernel import Reply
+from triton_actor.runtime.wake_timer import Wake
 from triton_actor.statistics import VersionStats
 
 

@@ -1,4 +1,4 @@
-"""Flow-control credits of an isolated model's streams (protocol/stream_credits.py), and the child's
+"""Flow-control credits of an isolated model's streams (runtime/stream_credits.py), and the child's
 stand-in channel that waits on them (backends/python/isolated_child.py ``ChildChannel``). No pipes, no
 processes: the credit arithmetic by itself, then the channel with a recording fake of the process and
 a thread that sends; the tests wait on the frames the channel writes (a queue, with a timeout). The
@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 from gevent import monkey
 
-from triton_actor.actors.response_channel import BoundedResponseChannel, StreamAccount
 from triton_actor.backends.python import isolation_wire as wire
 from triton_actor.backends.python.isolated import _Session
 from triton_actor.backends.python.isolated_child import ChildChannel, ModelProcess
 from triton_actor.inference import InferResponse
-from triton_actor.protocol.stream_credits import CreditReturn, SendCredit, SharedCredits, Window
+from triton_actor.runtime.response_channel import BoundedResponseChannel, StreamAccount
+from triton_actor.runtime.stream_credits import CreditReturn, SendCredit, SharedCredits, Window
 
 _native_lock = monkey.get_original("_thread", "allocate_lock")
 

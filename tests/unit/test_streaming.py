@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from gevent import monkey
 
-from triton_actor.actors.response_channel import ResponseChannel
 from triton_actor.backends.python import triton_python_backend_utils as pb_utils
 from triton_actor.errors import Code, TritonError
 from triton_actor.inference import InferResponse
 from triton_actor.protocol import generate
 from triton_actor.protocol.dtypes import BY_WIRE
+from triton_actor.runtime.response_channel import ResponseChannel
 
 FP32, INT32, BYTES = BY_WIRE["FP32"], BY_WIRE["INT32"], BY_WIRE["BYTES"]
 

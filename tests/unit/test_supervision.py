@@ -1,4 +1,4 @@
-"""Supervision of ModelActors by the RepositoryActor (``actors/repository.py``, ``actors/supervisor.py``):
+"""Supervision of ModelActors by the RepositoryActor (``actors/repository.py``, ``runtime/supervisor.py``):
 restart within a budget (the replacement reloads what was serving, load-then-swap), give up past it
 (every version UNAVAILABLE with the reason in the index). A fake backend whose ``auto_complete`` raises
 a plain exception plays the bug; the budget runs on a manual clock. Waits are on queues and replies.
@@ -16,13 +16,13 @@ import pytest
 from gevent import monkey
 
 from triton_actor.actors.handles import READY, UNAVAILABLE, ModelHandle
-from triton_actor.actors.kernel import Actor, Reply
 from triton_actor.actors.model import Load, LoadSettings
 from triton_actor.actors.repository import RepositoryActor
-from triton_actor.actors.supervisor import MAX_RESTARTS, RESTART_WINDOW_S, RestartBudget
 from triton_actor.backends.base import InstanceContext
 from triton_actor.inference import InferInput, InferRequest, InferResponse
 from triton_actor.protocol.dtypes import BY_WIRE
+from triton_actor.runtime.kernel import Actor, Reply
+from triton_actor.runtime.supervisor import MAX_RESTARTS, RESTART_WINDOW_S, RestartBudget
 
 WAIT = 10.0
 _sleep = monkey.get_original("time", "sleep")  # the fake model runs on native instance threads

@@ -10,13 +10,13 @@ import numpy as np
 import orjson
 import pytest
 
-from triton_actor import fastpath
 from triton_actor.errors import Code, TritonError
 from triton_actor.inference import InferInput, InferRequest, InferResponse, RequestedOutput
 from triton_actor.protocol import bytes_codec
 from triton_actor.protocol import v2_http as v2
 from triton_actor.protocol.classification import classify
 from triton_actor.protocol.dtypes import BY_WIRE
+from triton_actor.runtime import fastpath
 
 FP32, FP16, INT64, BYTES = BY_WIRE["FP32"], BY_WIRE["FP16"], BY_WIRE["INT64"], BY_WIRE["BYTES"]
 NO_ID = "[request id: <id_unknown>] "

@@ -1,4 +1,4 @@
-"""WakeTimer (``triton_actor/actors/wake_timer.py``): one gevent loop timer at the earliest deadline asked
+"""WakeTimer (``triton_actor/runtime/wake_timer.py``): one gevent loop timer at the earliest deadline asked
 for, telling its owner :class:`Wake`. The tests wait on the wakes themselves (a queue with a timeout),
 never on a sleep; a wake that must not come is checked after a later one that must."""
 
@@ -9,8 +9,8 @@ import gevent.event
 import gevent.queue
 import pytest
 
-from triton_actor.actors.wake_timer import Wake, WakeTimer
 from triton_actor.errors import TritonError
+from triton_actor.runtime.wake_timer import Wake, WakeTimer
 
 MS = 1_000_000
 WAIT = 5.0

@@ -5,7 +5,7 @@ table's :class:`~.handles.VersionHandle` tells it :class:`~.scheduler.Enqueue` t
 ``Enqueue`` (a request), :class:`_StepAnswered` (a composing model answered a step, from the hub),
 :class:`_StepStreamed` (one response of a decoupled composing model, from the step's reader greenlet),
 ``GetStats`` and ``GetStatus`` (asks), ``Drain`` (completed once no request is in flight),
-:class:`~.wake_timer.Wake` (the next hub turn: start more of the steps that wait).
+:class:`~..runtime.wake_timer.Wake` (the next hub turn: start more of the steps that wait).
 State owned: the requests in flight (:class:`_Run`, each with its tensor tables) and the ensemble's
 :class:`~..statistics.VersionStats`. Composing models are not owned: each step is routed through the
 repository's routing table when it starts (``routes()``), so it goes through that model's own scheduler
@@ -21,7 +21,7 @@ decoupled composing model's responses each fork the request's tensor table and d
 downstream once per response; every table that completes the ensemble outputs is one response of a
 decoupled ensemble. ``max_inflight_requests`` bounds the forks of one decoupled step in flight per
 request: its reader greenlet stops reading the composing model's responses until forks finish, and the
-step's :class:`~.response_channel.BoundedResponseChannel` then makes the producing model's thread wait,
+step's :class:`~..runtime.response_channel.BoundedResponseChannel` then makes the producing model's thread wait,
 so a slow step cannot make memory grow without bound (https://github.com/triton-inference-server/server/pull/8458). The reader stops as well while
 the ensemble's client has not taken its stream's bound of responses.
 Failure: a request whose step cannot be routed or fails is answered with that error; stopping the
@@ -43,11 +43,11 @@ from ..errors import Code, TritonError
 from ..inference import InferInput, InferRequest, InferResponse, RequestedOutput
 from ..protocol.dtypes import from_numpy
 from ..repository.ensemble_graph import Graph, Step
+from ..runtime.kernel import InlineActor, Reply
+from ..runtime.response_channel import STREAM_MAX_BYTES, STREAM_MAX_RESPONSES, BoundedResponseChannel, ResponseChannel
+from ..runtime.wake_timer import Wake, WakeTimer
 from ..statistics import VersionStats
-from .kernel import InlineActor, Reply
-from .response_channel import STREAM_MAX_BYTES, STREAM_MAX_RESPONSES, BoundedResponseChannel, ResponseChannel
 from .scheduler import Drain, Enqueue, GetStats, GetStatus
-from .wake_timer import Wake, WakeTimer
 
 Routes = Callable[[], Mapping[str, Any]]  # name → ModelHandle (the repository's routing table, read live)
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from ..errors import TritonError
 from ..inference import InferRequest, InferResponse
 from ..repository.config import ModelConfig
+from ..runtime.kernel import Reply
 from ..validation import RequestValidator
-from .kernel import Reply
 from .scheduler import Enqueue, GetStats, GetStatus, SchedulerActor
 
 

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..errors import TritonError
+from ..runtime.kernel import ActorRef
 from .instance import DOWN, UP, ModelInstance
-from .kernel import ActorRef
 
 log = logging.getLogger(__name__)
 

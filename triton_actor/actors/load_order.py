@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..errors import TritonError
 from ..repository.config import ModelConfig
-from .kernel import Reply
+from ..runtime.kernel import Reply
 from .model import ModelRef
 
 log = logging.getLogger(__name__)

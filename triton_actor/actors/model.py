@@ -24,7 +24,7 @@ adds and removes. Lifecycle operations on one model are serialized by this actor
 different models share the repository's gate (``--model-load-thread-count``).
 Failure: a version that fails its first load is UNAVAILABLE with the reason; the other versions serve.
 An unexpected error (not a TritonError) in a tell goes to the RepositoryActor, which restarts this
-actor within a budget (:mod:`.supervisor`): :meth:`ModelActor.hand_over` stops it without unloading,
+actor within a budget (:mod:`..runtime.supervisor`): :meth:`ModelActor.hand_over` stops it without unloading,
 and the replacement reloads what was serving (load-then-swap, the old routing snapshot serving
 meanwhile); past the budget the replacement marks every version UNAVAILABLE with the reason and
 unloads them. Messages still queued in the failed actor fail UNAVAILABLE ("actor stopped").
@@ -48,10 +48,10 @@ from ..errors import TritonError
 from ..repository import config as config_mod
 from ..repository import ensemble_graph, layout, snapshot
 from ..repository.config import ModelConfig
-from .bridge import call_in_thread
+from ..runtime.bridge import call_in_thread
+from ..runtime.kernel import Actor, ActorRef, Reply
 from .ensemble import Routes
 from .handles import LOADING, READY, UNAVAILABLE, UNLOADING, ModelHandle
-from .kernel import Actor, ActorRef, Reply
 from .version import Version, VersionSource, start_version, stop_version
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ so separate requests in separate turns never wait; the count costs a ``loop.now(
 per inline batch.
 
 Owner: the subclass actor; everything here runs in its handlers. State owned here: the pool, the
-statistics, the clock, the waiting drains, the count of requests running, the :class:`~.wake_timer.WakeTimer`.
+statistics, the clock, the waiting drains, the count of requests running, the :class:`~..runtime.wake_timer.WakeTimer`.
 Failure: as the subclass says; nothing here raises.
 """
 
@@ -35,12 +35,12 @@ from collections.abc import Callable, Hashable
 import gevent
 
 from ..errors import TritonError
+from ..runtime.kernel import InlineActor, Reply
+from ..runtime.wake_timer import Wake, WakeTimer
 from ..statistics import VersionStats
 from .instance import ModelInstance
 from .instance_pool import Down, InstanceHealth, InstancePool
-from .kernel import InlineActor, Reply
 from .scheduler_messages import Drain, Enqueue, GetStats, GetStatus
-from .wake_timer import Wake, WakeTimer
 
 # Inline batches started in one hub turn (~15 µs each for a small Python model: ~1 ms of hub time).
 INLINE_PER_TURN = 64

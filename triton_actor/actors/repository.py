@@ -8,7 +8,7 @@ it when the load finished; the UnloadModel reply completes once the unload start
 its new handle), :class:`MarkVersionDown` (from the host: a version lost its instances in a worker
 process; handed to that model's actor), :class:`Index` (ask), :class:`UnloadAll` (reply completes when
 every model is gone),
-:class:`~.kernel.ChildFailed` (a ModelActor failed in a tell).
+:class:`~..runtime.kernel.ChildFailed` (a ModelActor failed in a tell).
 State owned: repository paths, control mode, model actors, the POLL bookkeeping
 (:class:`~..repository.reconcile.Reconciler`), and the routing table ``routes`` (name →
 :class:`ModelHandle`), an immutable mapping replaced on every change, so front ends read it with no
@@ -16,7 +16,7 @@ round trip. Failure: a model that fails to load is UNAVAILABLE with its reason i
 serving its previous version); the others serve. Supervision: a ModelActor that fails in a tell (an
 error that is not a TritonError, i.e. a bug or a backend breaking its contract) is replaced by a new
 one that reloads what was serving, while the old routing snapshot keeps serving, at most
-:data:`~.supervisor.MAX_RESTARTS` times in :data:`~.supervisor.RESTART_WINDOW_S`; the next failure
+:data:`~..runtime.supervisor.MAX_RESTARTS` times in :data:`~..runtime.supervisor.RESTART_WINDOW_S`; the next failure
 gives up: every version of that model UNAVAILABLE with the reason in the index and unloaded (a later
 load API call or POLL change loads it afresh).
 
@@ -44,7 +44,6 @@ from typing import Any, TypeVar
 import gevent
 import gevent.lock
 
-from .. import gc_settle
 from ..backends.base import Backend
 from ..errors import TritonError
 from ..repository import layout, overrides, snapshot
@@ -52,12 +51,13 @@ from ..repository.config import ModelConfig
 from ..repository.dependencies import Dependencies, read_deps
 from ..repository.ensemble_graph import dependencies
 from ..repository.reconcile import Reconciler
-from .bridge import call_in_thread
+from ..runtime import gc_settle
+from ..runtime.bridge import call_in_thread
+from ..runtime.kernel import Actor, ActorRef, Reply
+from ..runtime.supervisor import RestartBudget
 from .handles import READY, UNAVAILABLE, ModelHandle, VersionHandle
-from .kernel import Actor, ActorRef, Reply
 from .load_order import Start, loader, start_after, unload_after
 from .model import Announce, LoadSettings, ModelActor, Restart
-from .supervisor import RestartBudget
 from .watcher import Watcher
 
 log = logging.getLogger(__name__)
@@ -438,7 +438,7 @@ class RepositoryActor(Actor):
     # -- routing and index ------------------------------------------------------------------------
     def on_ModelChanged(self, msg: ModelChanged) -> None:
         self._set_route(msg.handle)
-        gc_settle.soon()  # loaded or unloaded: the collector's long-lived objects changed (gc_settle.py)
+        gc_settle.soon()  # loaded or unloaded: the collector's long-lived objects changed (runtime/gc_settle.py)
         if msg.applied is not None:
             msg.applied.set(None)
 

@@ -21,8 +21,8 @@ new requests, and ``on_down(self, reason)`` tells the model actor, which owns th
 Policy: the version's :class:`~.batch_queue.BatchQueue` (https://github.com/triton-inference-server/server/blob/main/docs/user_guide/batcher.md) decides what runs next
 whenever an instance is idle; without a scheduling block each request runs alone. No idle instance:
 requests wait in the queue (backpressure), so N instances keep at most N batches in flight. Time
-enters through one :class:`~.wake_timer.WakeTimer` (the batcher's delay, request timeouts), which tells
-the actor :class:`~.wake_timer.Wake`; with ``preserve_ordering`` a :class:`~.reply_order.ReplyOrder`
+enters through one :class:`~..runtime.wake_timer.WakeTimer` (the batcher's delay, request timeouts), which tells
+the actor :class:`~..runtime.wake_timer.Wake`; with ``preserve_ordering`` a :class:`~.reply_order.ReplyOrder`
 releases replies in the order the requests were dispatched.
 
 Rescheduling: a backend result :data:`~..backends.base.RESCHEDULE` (a Python model released the
@@ -38,14 +38,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import fastpath
 from ..backends.base import RESCHEDULE
 from ..errors import TritonError
 from ..inference import InferRequest, InferResponse
+from ..runtime import fastpath
+from ..runtime.bridge import CancelWatch
 from ..statistics import VersionStats
 from ..tracing import VersionTrace
 from .batch_queue import BatchPolicy, BatchQueue, timeout_error
-from .bridge import CancelWatch
 from .instance import ModelInstance
 from .instance_pool import Down
 from .pool_scheduler import INLINE_PER_TURN, PoolScheduler, Turn

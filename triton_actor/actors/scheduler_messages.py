@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..inference import InferRequest, InferResponse
-from .kernel import Reply
+from ..runtime.kernel import Reply
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,7 @@
 An :class:`InlineActor` like :class:`~.scheduler.SchedulerActor`, with the same messages, so a
 version handle queues to either the same way (:mod:`.scheduler_messages`: Enqueue, Drain, GetStats),
 :class:`_SeqBatchDone` (event from an instance's completion), :class:`~.instance_pool.InstanceHealth`
-(event from an instance's watcher), :class:`~.wake_timer.Wake` (its timer). State owned: the
+(event from an instance's watcher), :class:`~..runtime.wake_timer.Wake` (its timer). State owned: the
 :class:`SequenceSlots` (which sequence holds which slot of which instance, the backlog, the queued
 requests), the implicit state of each live sequence, the :class:`~.instance_pool.InstancePool`, the
 version's statistics (those last two, drains, ``GetStatus`` and ``Wake`` through
@@ -38,8 +38,8 @@ import numpy as np
 from ..backends.base import RESCHEDULE
 from ..errors import Code, TritonError
 from ..inference import InferInput, InferRequest, InferResponse
+from ..runtime.bridge import CancelWatch
 from ..statistics import VersionStats
-from .bridge import CancelWatch
 from .instance import ModelInstance
 from .instance_pool import Down
 from .pool_scheduler import INLINE_PER_TURN, PoolScheduler, Turn

@@ -22,6 +22,7 @@ from ..repository import layout
 from ..repository.config import ModelConfig
 from ..repository.ensemble_graph import Graph
 from ..repository.snapshot import FileEntry
+from ..runtime.kernel import Reply
 from ..statistics import VersionStats
 from ..tracing import TRACER
 from ..validation import RequestValidator
@@ -29,7 +30,6 @@ from .batch_queue import BatchPolicy
 from .ensemble import EnsembleScheduler, Routes
 from .handles import LOADING, READY, UNAVAILABLE, UNKNOWN, ReadyState, VersionHandle, check_transition
 from .instance import ModelInstance
-from .kernel import Reply
 from .scheduler import Drain, SchedulerActor
 from .sequence_controls import SequenceTensors
 from .sequence_scheduler import SequenceSchedulerActor

@@ -18,9 +18,9 @@ from ..protocol import bytes_codec
 from ..protocol.dtypes import BY_ENUM_VALUE, BYTES
 from ..repository import layout
 from ..repository.config import ModelConfig
+from ..runtime.kernel import Reply
+from ..runtime.response_channel import ResponseChannel
 from .instance import ModelInstance
-from .kernel import Reply
-from .response_channel import ResponseChannel
 
 WARMUP_TIMEOUT_S = 600.0
 

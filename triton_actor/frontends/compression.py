@@ -26,8 +26,8 @@ from typing import Any, TypeVar
 import gevent
 import gevent.lock
 
-from ..actors.bridge import call_in_thread
 from ..protocol.codings import Deflation, Inflation
+from ..runtime.bridge import call_in_thread
 
 ON_HUB = 256 * 1024  # bytes inflated (or an answer compressed) inline: ~1 ms of zlib at worst
 SLICE = 2 * 1024 * 1024  # bytes per slice on a thread (a few ms), reserved before each

@@ -15,14 +15,14 @@ from typing import Any, NamedTuple
 import gevent
 import gevent.lock
 
-from ..actors.bridge import call_in_thread
-from ..actors.response_channel import StreamAccount
 from ..dataplane import DataPlane, Pending
 from ..errors import Code, TritonError
 from ..inference import InferRequest
 from ..protocol import header_forward, v2_grpc
 from ..protocol._generated import grpc_service_pb2 as pb
 from ..protocol._generated import health_pb2
+from ..runtime.bridge import call_in_thread
+from ..runtime.response_channel import StreamAccount
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ class GrpcServicer:
         (https://github.com/triton-inference-server/server/blob/main/docs/user_guide/decoupled_models.md) and the stream goes on. A flags-only final is sent only when the request asked
         for it with ``triton_enable_empty_final_response``. Closing this iterator (the client went
         away) cancels the request. ``account``: the bound on undelivered responses its stream's requests
-        share (actors/response_channel.py)."""
+        share (runtime/response_channel.py)."""
         request = None
         try:
             request = header_forward.with_forwarded(self._decode(req), forwarded or {})

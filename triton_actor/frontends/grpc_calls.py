@@ -24,14 +24,14 @@ import gevent.pool
 import gevent.queue
 from google.protobuf.message import DecodeError
 
-from .. import fastpath
-from ..actors.response_channel import StreamAccount
 from ..errors import Code, TritonError
 from ..protocol import codings
 from ..protocol import http2 as h2
 from ..protocol._generated import grpc_service_pb2 as pb
 from ..protocol._generated import health_pb2
 from ..protocol.h2_connection import H2Stream, StreamClosedError
+from ..runtime import fastpath
+from ..runtime.response_channel import StreamAccount
 from . import compression
 from .budget import with_room
 from .grpc import GrpcServicer, StreamError

@@ -58,7 +58,7 @@ class TritonWorker(Worker):
     def handle_quit(self, sig: int, frame: Any) -> None:
         """SIGQUIT / SIGINT: the serving loop ends (``alive``) and the worker drains and exits. gunicorn's
         own quit would ``sys.exit`` from a greenlet, which the server's hub does not let end the
-        process (hub_errors.py); the arbiter still kills a worker slower than its graceful timeout."""
+        process (runtime/hub_errors.py); the arbiter still kills a worker slower than its graceful timeout."""
         import gevent
 
         self.alive = False
@@ -68,9 +68,9 @@ class TritonWorker(Worker):
         import gevent
         from gunicorn.arbiter import Arbiter
 
-        from .. import fastpath, gc_settle
         from ..cli import configure_logging, log_ignored_flags, parse
         from ..hostwide import replay
+        from ..runtime import fastpath, gc_settle
         from ..server import Server, StartupError
         from ..workers.host import WorkerHost
 
@@ -92,7 +92,7 @@ class TritonWorker(Worker):
             sys.exit(Arbiter.WORKER_BOOT_ERROR)
         for error in replay(host, changes):
             log.error("worker %d: replaying a host-wide change failed: %s", self.age, error)
-        gc_settle.settle()  # before it serves (gc_settle.py)
+        gc_settle.settle()  # before it serves (runtime/gc_settle.py)
         server.serve(dict(zip(("http", "grpc", "metrics"), self.sockets, strict=False)))
         server.plane.accepting = True
         host.mark_ready()

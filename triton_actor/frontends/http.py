@@ -21,10 +21,10 @@ import orjson
 from flask import Flask
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
-from .. import fastpath
 from ..errors import TritonError
 from ..protocol import codings, restricted
 from ..protocol.restricted import Restrictions
+from ..runtime import fastpath
 from . import compression
 from .compression import Hold
 from .status import HTTP_STATUS, status_line

@@ -18,12 +18,12 @@ import gevent.lock
 import orjson
 from flask import Flask
 
-from ..actors.bridge import call_in_thread
-from ..actors.kernel import Reply as Reply_
 from ..dataplane import DataPlane, Streamed
 from ..errors import Code, TritonError
 from ..inference import InferRequest, InferResponse
 from ..protocol import codings, generate, header_forward, payloads, repository_http, v2_http
+from ..runtime.bridge import call_in_thread
+from ..runtime.kernel import Reply as Reply_
 from . import compression
 from .http import JSON_HEADERS, TEXT_HEADERS, HttpRequest, Reply, View, json_reply
 from .status_page import status_routes

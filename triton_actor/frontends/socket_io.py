@@ -7,14 +7,14 @@ Both fall back to gevent's own calls, so timeouts, partial sends and closed sock
 before. They use gevent's socket internals (``_sock``, ``_wait``, ``_read_event``, as gevent's own
 socket subclasses do; gevent is pinned below the next major version for them) and
 ``tests/unit/test_socket_io.py`` checks them against a real socket pair. With fast paths off
-(:mod:`triton_actor.fastpath`) both are gevent's public calls.
+(:mod:`triton_actor.runtime.fastpath`) both are gevent's public calls.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .. import fastpath
+from ..runtime import fastpath
 
 
 def send_all(sock: Any, data: bytes) -> None:

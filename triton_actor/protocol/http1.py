@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .. import fastpath
+from ..runtime import fastpath
 
 CHUNKED = -1  # Head.length of a chunked body
 _MAX_SIZE_DIGITS = 18  # a Content-Length this long is over any body limit

@@ -22,7 +22,7 @@ from typing import Any
 import hpack
 from hpack.table import HeaderTable
 
-from ..fastpath import BoundedCache
+from ..runtime.fastpath import BoundedCache
 
 # hpack logs every header it codes at DEBUG, values included: with --log-verbose (or a client's
 # log_verbose_level) that wrote other clients' credentials (authorization, restricted-API keys) to the

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from google.protobuf import json_format
 
-from .. import fastpath
 from ..errors import TritonError
 from ..inference import InferInput, InferRequest, InferResponse, RequestedOutput
+from ..runtime import fastpath
 from ..shared_memory import parse_window, write_output
 from . import bytes_codec
 from ._generated import grpc_service_pb2 as pb

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 import orjson
 
-from .. import fastpath
 from ..errors import TritonError
 from ..inference import InferInput, InferRequest, InferResponse, RequestedOutput
+from ..runtime import fastpath
 from ..shared_memory import parse_window, write_output
 from . import bytes_codec
 from .classification import selected_outputs

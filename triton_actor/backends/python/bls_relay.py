@@ -31,7 +31,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from ...actors.response_channel import STREAM_MAX_BYTES, STREAM_MAX_RESPONSES
+from ...runtime.response_channel import STREAM_MAX_BYTES, STREAM_MAX_RESPONSES
 from . import isolation_wire as wire
 
 log = logging.getLogger(__name__)

@@ -35,7 +35,7 @@ from typing import Any
 
 from gevent import monkey
 
-from ...actors.bridge import start_native_thread
+from ...runtime.bridge import start_native_thread
 from .frame_pipe import FrameReader, FrameWriter
 
 log = logging.getLogger(__name__)

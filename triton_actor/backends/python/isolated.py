@@ -12,7 +12,7 @@ makes, on this same thread (so the BLS wait graph sees the instance waiting, as 
 made while no command runs (a decoupled model's own threads) are served on a short-lived native
 thread each. Decoupled responses go from the process's reader thread straight into the requests'
 channels, never waiting there: each request's stream bound (1024 responses or 4 MiB not taken by its
-client, ``actors/response_channel.py``) is kept in the child by credits (``protocol/stream_credits.py``):
+client, ``runtime/response_channel.py``) is kept in the child by credits (``runtime/stream_credits.py``):
 the model's ``send()`` waits there, on the model's thread, and the hub grants credit back as the client
 takes responses (``("credit", key, responses, bytes)``, from a native thread). The requests of one gRPC
 stream share its bound (``StreamAccount``), so they share one window in the child, keyed by an account id
@@ -49,11 +49,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from ...actors.bridge import CancelWatch, start_native_thread
 from ...errors import TritonError
 from ...inference import InferRequest
-from ...protocol.stream_credits import CreditReturn, Window
 from ...repository.config import ModelConfig
+from ...runtime.bridge import CancelWatch, start_native_thread
+from ...runtime.stream_credits import CreditReturn, Window
 from ..base import InstanceContext, Result
 from . import isolation_wire as wire
 from . import metrics_mirror

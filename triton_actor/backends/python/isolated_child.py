@@ -17,7 +17,7 @@ in-process. Frames (:mod:`.isolation_wire` for the values):
   (None if none; ``metrics_forwarding.py``); calls made while a command runs go here too, so that the
   thread waiting for the reply serves them;
 * outbox: ``("response", key, result, final, size, account)`` for a decoupled request (``size``: the bytes
-  its credit, or its ``account``'s, was charged, ``protocol/stream_credits.py``; the final is never charged), ``("waiting", key, bool)`` when a send for it
+  its credit, or its ``account``'s, was charged, ``runtime/stream_credits.py``; the final is never charged), ``("waiting", key, bool)`` when a send for it
   starts or stops waiting for credit, ``("log", record)`` for the
   stdlib logging (``pb_utils.Logger`` included), ``("call", id, op, args)`` made while no command
   runs (BLS, model control, a new custom metric), ``("metrics", token, updates)``, and for a decoupled
@@ -62,8 +62,8 @@ from typing import Any
 
 from ...errors import TritonError
 from ...inference import response_bytes
-from ...protocol.stream_credits import SendCredit, SharedCredits, Window
 from ...repository.config import ModelConfig
+from ...runtime.stream_credits import SendCredit, SharedCredits, Window
 from ..base import InstanceContext
 from . import isolation_wire as wire
 from .backend import PythonBackend, PythonInstance, python_error_text
@@ -81,7 +81,7 @@ class ChildChannel:
     """Stands in for a decoupled request's response channel: what the model sends goes to the server.
 
     ``send()`` runs on whichever thread of the model sends; it waits while the request holds its window
-    of responses the client has not taken (``protocol/stream_credits.py``), or the requests of its
+    of responses the client has not taken (``runtime/stream_credits.py``), or the requests of its
     stream's ``account`` hold theirs together, until the reader thread hears ``("credit", ...)``,
     ``("stream_credit", ...)`` or ``("cancel", ...)``. Once the request is cancelled, or finished, what
     the model sends is dropped (Triton's python backend drops a cancelled request's responses too);

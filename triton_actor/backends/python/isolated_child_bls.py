@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ...protocol.stream_credits import CreditReturn, Window
+from ...runtime.stream_credits import CreditReturn, Window
 from . import isolation_wire as wire
 
 

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import gevent.event
 
-from ...actors.bridge import HubSignal, start_native_thread
+from ...runtime.bridge import HubSignal, start_native_thread
 from . import triton_python_backend_utils as pb_utils
 from .metrics_forwarding import ADD, OBSERVE, SET
 

@@ -18,7 +18,7 @@ nowhere; the model sees ``is_cancelled()``). The final response never waits; a s
 never waits either (it would stop the hub): the ensemble's reader greenlets wait with
 :meth:`BoundedResponseChannel.wait_for_room` instead. Nor does an isolated model's reader thread, which
 carries every request of its process: it queues with :meth:`~BoundedResponseChannel.put`, which never
-waits; the model's process keeps the bound with credits (``protocol/stream_credits.py``), told what the
+waits; the model's process keeps the bound with credits (``runtime/stream_credits.py``), told what the
 consumer took through :attr:`~BoundedResponseChannel.on_taken`.
 
 The requests of one gRPC ``ModelStreamInfer`` call share one bound (:class:`StreamAccount`): all of a
@@ -46,8 +46,8 @@ import gevent.event
 from gevent import monkey
 
 from ..inference import response_bytes
-from ..protocol.stream_credits import Window
 from .bridge import native_lock, this_thread_hub
+from .stream_credits import Window
 
 _get_ident = monkey.get_original("_thread", "get_ident")
 
@@ -250,7 +250,7 @@ class BoundedResponseChannel(ResponseChannel):
 
     def put(self, item: Any, final: bool, size: int) -> bool:
         """Any thread: queue one response of ``size`` bytes without waiting, for a producer that keeps
-        the bound itself: an isolated model's process, through credits (``protocol/stream_credits.py``).
+        the bound itself: an isolated model's process, through credits (``runtime/stream_credits.py``).
         Whether it was queued (not once closed: the producer's credit for it must come back another way)."""
         return self._queue(item, final, size)
 

@@ -3,7 +3,7 @@
 An isolated Python model (``backends/python/isolated.py``) sends every request's responses to the server
 over one pipe, read by one thread. If that thread waited for a slow client's stream to have room, every
 other request of the process would wait with it; so the server never waits there, and the bound of a
-client's stream (``actors/response_channel.py``: 1024 responses or 4 MiB not yet taken) is kept in the
+client's stream (``runtime/response_channel.py``: 1024 responses or 4 MiB not yet taken) is kept in the
 model's process instead, per request, as HTTP/2 keeps a window per stream (RFC 9113 §5.2):
 
 * :class:`SendCredit` (the model's process): what one request sent that the client has not taken yet.

@@ -7,7 +7,7 @@ Vocabulary (the words the rest of ``actors/`` uses, and what they mean in code):
   typed facade over it, such as ``RepositoryRef`` or ``ModelRef``): ``tell`` posts a message, ``ask``
   posts it and waits for the handler's return value. RepositoryActor and ModelActor are actors.
 * An **inline actor** (:class:`InlineActor`) is an actor whose handlers never block. It is a fast path
-  (:mod:`triton_actor.fastpath`): while fast paths are on, a message posted to an idle inline actor is
+  (:mod:`triton_actor.runtime.fastpath`): while fast paths are on, a message posted to an idle inline actor is
   handled at once on the sender's stack and messages posted meanwhile are queued and handled by that
   same drain, so it has no loop greenlet; with fast paths off (read when it starts) it runs as a
   plain :class:`Actor` with its own loop greenlet, same handlers, same answers. SchedulerActor is one.
@@ -49,8 +49,8 @@ import gevent
 import gevent.event
 import gevent.queue
 
-from .. import fastpath
 from ..errors import TritonError
+from . import fastpath
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -307,7 +307,7 @@ class InlineActor(Actor):
     (~15-25 µs each here). Handlers must not block or ask other actors: a handler that yields would
     let other greenlets queue behind it, which stays correct but loses the point.
 
-    This is a fast path: with :data:`triton_actor.fastpath.enabled` off when :meth:`start` runs, the
+    This is a fast path: with :data:`triton_actor.runtime.fastpath.enabled` off when :meth:`start` runs, the
     actor runs as a plain :class:`Actor` (mailbox, own loop greenlet) with the same handlers. The
     handlers then run in the loop greenlet, and messages from hub callbacks (completions, timers)
     arrive through the mailbox like any other.

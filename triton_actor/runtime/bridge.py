@@ -381,7 +381,7 @@ def current_worker() -> NativeWorker[Any] | None:
 class RunOnThread(BaseException):
     """Raised into model code that called the server while running on the hub (an inline execution):
     the call would have to wait for the hub it is blocking. A BaseException so that a model's
-    ``except Exception`` does not swallow it; :class:`~.instance.ModelInstance` catches it, runs the
+    ``except Exception`` does not swallow it; :class:`~..actors.instance.ModelInstance` catches it, runs the
     batch again on the instance's own thread and never promotes that instance again."""
 
 
