@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from . import __version__, compat_flags, log_format
+from . import __version__, compat_flags
 from .cli_flags import (
     GRPC_KEEPALIVE,
     bool_flag,
@@ -25,6 +25,7 @@ from .cli_flags import (
     triton_flags,
     triton_settings,
 )
+from .observability import log_format
 from .repository import remote
 from .runtime import fastpath
 from .settings import Settings
@@ -180,7 +181,7 @@ def parse(argv: Sequence[str] | None = None, environ: dict[str, str] | None = No
 
 
 def configure_logging(settings: Settings) -> None:
-    """The process's log handler: stderr or ``--log-file``, in ``--log-format`` (log_format.py)."""
+    """The process's log handler: stderr or ``--log-file``, in ``--log-format`` (observability/log_format.py)."""
     try:
         log_format.install(settings.log_file, log_format.start_settings(settings))
     except OSError as e:

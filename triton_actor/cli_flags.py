@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 
-from . import compat_flags, log_format, runtime_settings
+from . import compat_flags
 from .metrics.config import parse_metrics_config
+from .observability import log_format
+from .observability import log_trace_settings as runtime_settings
 from .protocol import header_forward
 from .protocol.codings import GRPC_LEVELS
 from .settings import default_grpc_max_connections
@@ -164,7 +166,7 @@ def triton_settings(args: argparse.Namespace) -> dict[str, object]:
 
 
 def trace_flags(p: argparse.ArgumentParser) -> None:
-    """Triton's ``--trace-config`` and its deprecated single flags (tracing.py records the traces)."""
+    """Triton's ``--trace-config`` and its deprecated single flags (observability/tracing.py records the traces)."""
     p.add_argument("--trace-config", action="append", default=[], metavar="[MODE,]KEY=VALUE",
                    help="trace settings: level=TIMESTAMPS|TENSORS|OFF, rate=N, count=N, triton,file=PATH, "
                         "triton,log-frequency=N")

@@ -17,6 +17,7 @@ from .actors.repository import RepositoryActor
 from .errors import TritonError
 from .host import Host, LocalHost
 from .inference import InferRequest, InferResponse
+from .observability.log_trace_settings import RuntimeSettings
 from .protocol import payloads
 from .protocol.dtypes import BY_ENUM_VALUE, DType
 from .repository import config as config_mod
@@ -29,7 +30,6 @@ from .runtime.response_channel import (
     ChannelResponses,
     StreamAccount,
 )
-from .runtime_settings import RuntimeSettings
 from .shared_memory import SharedMemoryRegistry
 
 SERVER_VERSION = "2.51.0"  # the Triton release whose protocol we speak (clients compare versions)

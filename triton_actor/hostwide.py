@@ -25,7 +25,7 @@ from .actors.handles import READY
 from .actors.model import SUPERSEDED
 from .errors import TritonError
 from .host import Host
-from .runtime_settings import RuntimeSettings
+from .observability.log_trace_settings import RuntimeSettings
 from .shared_memory import SharedMemoryRegistry
 
 if TYPE_CHECKING:

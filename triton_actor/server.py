@@ -16,7 +16,7 @@ from typing import Any
 import gevent
 import gevent.event
 
-from . import hostwide, live_status, log_format
+from . import hostwide, live_status
 from .actors.model import LoadSettings
 from .actors.repository import RepositoryActor
 from .backends.base import Backend
@@ -37,12 +37,13 @@ from .frontends.metrics_server import MetricsServer
 from .host import Host, LocalHost
 from .metrics.snapshot import MetricsSource
 from .metrics.statsd_push import StatsdPusher
+from .observability import log_format
+from .observability.log_trace_settings import RuntimeSettings
 from .protocol import header_forward, http1
 from .protocol.restricted import Restrictions
 from .repository import remote
 from .repository.remote import RemoteRepository
 from .runtime import gc_settle, hub_errors
-from .runtime_settings import RuntimeSettings
 from .server_calls import ServerCalls
 from .settings import Settings
 from .shared_memory import SharedMemoryRegistry
@@ -93,7 +94,7 @@ class Server:
         lost.register(self.repository)
         shm = SharedMemoryRegistry(settings.allow_client_shm, load.gpu_count, region_total())
         runtime = RuntimeSettings(trace=settings.trace_config, log=log_format.start_settings(settings))
-        runtime.tracer.for_worker(self.host.worker_id)  # trace ids and files apart per worker (tracing.py)
+        runtime.tracer.for_worker(self.host.worker_id)  # trace ids and files apart per worker (observability/tracing.py)
         hostwide.register_handlers(self.host, self.repository, shm, runtime)
         self.plane = DataPlane(self.repository, settings.server_id, settings.strict_readiness,
                                hostwide.HostSharedMemory(shm, self.host),  # type: ignore[arg-type]

@@ -84,7 +84,7 @@ class Settings:
     log_info: bool = True
     log_warning: bool = True
     log_error: bool = True
-    log_format: str = "default"  # Triton's "default" or "ISO8601" line format (log_format.py)
+    log_format: str = "default"  # Triton's "default" or "ISO8601" line format (observability/log_format.py)
     log_file: str = ""  # log to this file instead of stderr
     strict_readiness: bool = True
     exit_on_error: bool = True
@@ -98,7 +98,7 @@ class Settings:
     model_config_name: str = ""
     backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
     allow_client_shm: bool = False
-    trace_config: dict[str, list[str]] = field(default_factory=dict)  # --trace-config (runtime_settings.py)
+    trace_config: dict[str, list[str]] = field(default_factory=dict)  # --trace-config (observability/log_trace_settings.py)
     fast_paths: bool = True  # triton_actor.runtime.fastpath: applied process-wide at start-up
     http_restricted_api: tuple[str, ...] = ()  # --http-restricted-api specs (protocol/restricted.py)
     grpc_restricted_protocol: tuple[str, ...] = ()  # --grpc-restricted-protocol specs

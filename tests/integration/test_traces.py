@@ -1,4 +1,4 @@
-"""Traces in Triton's trace-file format (tracing.py): known traffic, then the file read back.
+"""Traces in Triton's trace-file format (observability/tracing.py): known traffic, then the file read back.
 
 The server writes traces off the hot path; a test either stops the server (which writes everything
 left) or waits until the file holds what it expects, then checks counts, stage order and settings.

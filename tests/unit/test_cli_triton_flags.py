@@ -8,14 +8,14 @@ import shlex
 
 import pytest
 
-from triton_actor import log_format
 from triton_actor.cli import parse
 from triton_actor.errors import TritonError
 from triton_actor.inference import InferRequest
+from triton_actor.observability import log_format
+from triton_actor.observability.log_trace_settings import RuntimeSettings
 from triton_actor.protocol import h2_connection as h2c
 from triton_actor.protocol import header_forward
 from triton_actor.protocol import http2 as h2
-from triton_actor.runtime_settings import RuntimeSettings
 
 # every flag this change added, as Triton's docs and Helm charts spell them (both --flag=value and --flag value)
 NVIDIA_LINE = """

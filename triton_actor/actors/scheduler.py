@@ -41,10 +41,10 @@ from typing import Any
 from ..backends.base import RESCHEDULE
 from ..errors import TritonError
 from ..inference import InferRequest, InferResponse
+from ..observability.tracing import VersionTrace
 from ..runtime import fastpath
 from ..runtime.bridge import CancelWatch
 from ..statistics import VersionStats
-from ..tracing import VersionTrace
 from .batch_queue import BatchPolicy, BatchQueue, timeout_error
 from .instance import ModelInstance
 from .instance_pool import Down
@@ -74,7 +74,7 @@ class SchedulerActor(PoolScheduler):
                  trace: VersionTrace | None = None, on_down: Down | None = None,
                  inline_per_turn: int = INLINE_PER_TURN, turn: Turn | None = None) -> None:
         super().__init__(name, instances, stats, clock, on_down, inline_per_turn, turn)  # its timer: the batcher's delay, queue timeouts
-        self._trace = trace or _NO_TRACE  # tracing.py: ``.on`` is read once per finished batch
+        self._trace = trace or _NO_TRACE  # observability/tracing.py: ``.on`` is read once per finished batch
         self._policy = policy or BatchPolicy()
         self._queue: BatchQueue[Enqueue] = BatchQueue(self._policy)
         self._batching = self._policy.max_batch_size > 0

@@ -1,6 +1,6 @@
 """The process's log handler: Triton's two line formats and its per-severity switches.
 
-Owner: :class:`~.runtime_settings.RuntimeSettings` holds the settings (what ``/v2/logging`` shows and
+Owner: :class:`~.log_trace_settings.RuntimeSettings` holds the settings (what ``/v2/logging`` shows and
 changes) and calls :func:`apply` on every change; the CLI (or a gunicorn worker) calls :func:`install`
 once at start, with the start settings. Runs in the hub thread; a record is formatted in whatever thread
 logs it (``logging`` serialises the handler).
@@ -69,7 +69,7 @@ class SeverityFilter(logging.Filter):
 
 
 def start_settings(settings: Any) -> dict[str, Any]:
-    """The log settings of a :class:`~.settings.Settings`, as ``/v2/logging`` names them."""
+    """The log settings of a :class:`~..settings.Settings`, as ``/v2/logging`` names them."""
     return {"log_file": settings.log_file, "log_info": settings.log_info, "log_warning": settings.log_warning,
             "log_error": settings.log_error, "log_verbose_level": settings.log_verbose,
             "log_format": settings.log_format}

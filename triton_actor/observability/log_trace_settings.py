@@ -1,17 +1,17 @@
 """The settings clients may change at run time: logging and trace (https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_logging.md, https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_trace.md).
 
 One owner for both front ends. Every method runs in a hub greenlet and completes without switching,
-so updates are atomic. Log settings act on the process's log handler (``log_format.py``: levels, line
+so updates are atomic. Log settings act on the process's log handler (``observability/log_format.py``: levels, line
 format, per-severity switches), seeded from the command line; every trace settings change is
-pushed into the process's :class:`~.tracing.Tracer`, which records the traces (``tracing.py``).
+pushed into the process's :class:`~.tracing.Tracer`, which records the traces (``observability/tracing.py``).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..errors import TritonError
 from . import log_format
-from .errors import TritonError
 
 if TYPE_CHECKING:
     from .tracing import Tracer

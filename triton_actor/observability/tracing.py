@@ -1,7 +1,7 @@
 """Request traces in Triton's trace-file format, driven by the trace settings (https://github.com/triton-inference-server/server/blob/main/docs/user_guide/trace.md).
 
-Who owns what: one :class:`Tracer` per process (:data:`TRACER`, process-wide like :mod:`.runtime.fastpath`'s
-switch, because schedulers are built deep in the actor tree); :class:`~.runtime_settings.RuntimeSettings`
+Who owns what: one :class:`Tracer` per process (:data:`TRACER`, process-wide like :mod:`..runtime.fastpath`'s
+switch, because schedulers are built deep in the actor tree); :class:`~.log_trace_settings.RuntimeSettings`
 pushes every settings change into it with :meth:`Tracer.configure`. Each scheduler holds the
 :class:`VersionTrace` of its model version and reads ``trace.on`` once per finished batch: that one
 attribute check is all the hot path pays while tracing is off.
@@ -32,7 +32,7 @@ import gevent
 import gevent.event
 import orjson
 
-from .protocol import trace_json
+from ..protocol import trace_json
 
 log = logging.getLogger(__name__)
 _LEVELS = ("TIMESTAMPS", "TENSORS")
