@@ -21,9 +21,9 @@ import numpy as np
 from triton_actor import bootstrap  # noqa: F401  (gevent patching first)
 from triton_actor.actors.scheduler import Enqueue, SchedulerActor
 from triton_actor.inference import InferInput, InferRequest, InferResponse
+from triton_actor.metrics.statistics import VersionStats
 from triton_actor.protocol.dtypes import BY_WIRE
 from triton_actor.runtime.kernel import Reply
-from triton_actor.statistics import VersionStats
 
 
 class _Instant:

@@ -19,9 +19,9 @@ from typing import Any
 from .actors.handles import READY
 from .dataplane import DataPlane
 from .errors import TritonError
+from .metrics.statistics import LATENCY_BUCKETS, percentile_ns
 from .runtime import gc_settle
 from .runtime.response_channel import stream_totals
-from .statistics import LATENCY_BUCKETS, percentile_ns
 
 _SUMMED = ("queued", "running", "busy_instances", "success", "fail", "inference_count", "execution_count",
            "success_ns", "queue_ns", "compute_ns")

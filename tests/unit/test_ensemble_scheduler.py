@@ -15,13 +15,13 @@ from google.protobuf import text_format
 from triton_actor.actors.ensemble import EnsembleScheduler
 from triton_actor.actors.scheduler import Enqueue
 from triton_actor.inference import InferInput, InferRequest, InferResponse
+from triton_actor.metrics.statistics import VersionStats
 from triton_actor.protocol.dtypes import BY_WIRE
 from triton_actor.repository.config import ModelConfig
 from triton_actor.repository.ensemble_graph import check_scheduling
 from triton_actor.runtime.kernel import Reply
 from triton_actor.runtime.response_channel import BoundedResponseChannel
 from triton_actor.runtime.wake_timer import Wake
-from triton_actor.statistics import VersionStats
 
 pytestmark = pytest.mark.usefixtures("fast_paths")
 

@@ -13,11 +13,17 @@ import pytest
 
 from triton_actor import live_status
 from triton_actor.inference import InferInput, InferRequest, InferResponse
+from triton_actor.metrics.statistics import (
+    LATENCY_BUCKETS,
+    VersionStats,
+    bucket_upper_ns,
+    latency_bucket,
+    percentile_ns,
+)
 from triton_actor.observability.log_trace_settings import RuntimeSettings, trace_config
 from triton_actor.observability.tracing import Tracer
 from triton_actor.protocol import trace_json
 from triton_actor.protocol.dtypes import BY_WIRE
-from triton_actor.statistics import LATENCY_BUCKETS, VersionStats, bucket_upper_ns, latency_bucket, percentile_ns
 
 pytestmark = pytest.mark.timeout(30)
 

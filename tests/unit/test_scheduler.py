@@ -21,10 +21,10 @@ from triton_actor.actors.scheduler import Drain, Enqueue, GetStats, GetStatus, S
 from triton_actor.backends.base import RESCHEDULE
 from triton_actor.errors import Code, TritonError
 from triton_actor.inference import InferInput, InferRequest, InferResponse
+from triton_actor.metrics.statistics import VersionStats
 from triton_actor.protocol.dtypes import BY_WIRE
 from triton_actor.runtime import fastpath
 from triton_actor.runtime.kernel import Reply
-from triton_actor.statistics import VersionStats
 
 FP32 = BY_WIRE["FP32"]
 WAIT = 5.0

@@ -18,9 +18,9 @@ from triton_actor.actors.sequence_scheduler import SequenceSchedulerActor
 from triton_actor.actors.sequence_slots import SEQUENCE_START, SlotPolicy
 from triton_actor.errors import Code, TritonError
 from triton_actor.inference import InferResponse
+from triton_actor.metrics.statistics import VersionStats
 from triton_actor.runtime.kernel import Reply
 from triton_actor.runtime.wake_timer import Wake
-from triton_actor.statistics import VersionStats
 
 
 class _Instance(FakeInstance):

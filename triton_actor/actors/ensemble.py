@@ -7,7 +7,7 @@ table's :class:`~.handles.VersionHandle` tells it :class:`~.scheduler.Enqueue` t
 ``GetStats`` and ``GetStatus`` (asks), ``Drain`` (completed once no request is in flight),
 :class:`~..runtime.wake_timer.Wake` (the next hub turn: start more of the steps that wait).
 State owned: the requests in flight (:class:`_Run`, each with its tensor tables) and the ensemble's
-:class:`~..statistics.VersionStats`. Composing models are not owned: each step is routed through the
+:class:`~..metrics.statistics.VersionStats`. Composing models are not owned: each step is routed through the
 repository's routing table when it starts (``routes()``), so it goes through that model's own scheduler
 (its dynamic batcher sees ensemble traffic) and a reloaded composing model is picked up by the next step.
 
@@ -41,12 +41,12 @@ import gevent.lock
 
 from ..errors import Code, TritonError
 from ..inference import InferInput, InferRequest, InferResponse, RequestedOutput
+from ..metrics.statistics import VersionStats
 from ..protocol.dtypes import from_numpy
 from ..repository.ensemble_graph import Graph, Step
 from ..runtime.kernel import InlineActor, Reply
 from ..runtime.response_channel import STREAM_MAX_BYTES, STREAM_MAX_RESPONSES, BoundedResponseChannel, ResponseChannel
 from ..runtime.wake_timer import Wake, WakeTimer
-from ..statistics import VersionStats
 from .scheduler import Drain, Enqueue, GetStats, GetStatus
 
 Routes = Callable[[], Mapping[str, Any]]  # name → ModelHandle (the repository's routing table, read live)

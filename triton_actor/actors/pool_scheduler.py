@@ -35,9 +35,9 @@ from collections.abc import Callable, Hashable
 import gevent
 
 from ..errors import TritonError
+from ..metrics.statistics import VersionStats
 from ..runtime.kernel import InlineActor, Reply
 from ..runtime.wake_timer import Wake, WakeTimer
-from ..statistics import VersionStats
 from .instance import ModelInstance
 from .instance_pool import Down, InstanceHealth, InstancePool
 from .scheduler_messages import Drain, Enqueue, GetStats, GetStatus

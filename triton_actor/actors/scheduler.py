@@ -41,10 +41,10 @@ from typing import Any
 from ..backends.base import RESCHEDULE
 from ..errors import TritonError
 from ..inference import InferRequest, InferResponse
+from ..metrics.statistics import VersionStats
 from ..observability.tracing import VersionTrace
 from ..runtime import fastpath
 from ..runtime.bridge import CancelWatch
-from ..statistics import VersionStats
 from .batch_queue import BatchPolicy, BatchQueue, timeout_error
 from .instance import ModelInstance
 from .instance_pool import Down

@@ -38,8 +38,8 @@ import numpy as np
 from ..backends.base import RESCHEDULE
 from ..errors import Code, TritonError
 from ..inference import InferInput, InferRequest, InferResponse
+from ..metrics.statistics import VersionStats
 from ..runtime.bridge import CancelWatch
-from ..statistics import VersionStats
 from .instance import ModelInstance
 from .instance_pool import Down
 from .pool_scheduler import INLINE_PER_TURN, PoolScheduler, Turn

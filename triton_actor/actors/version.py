@@ -18,13 +18,13 @@ from typing import Any
 from ..backends.base import Backend, InstanceContext
 from ..errors import TritonError
 from ..metrics.latency import LatencyRecorder
+from ..metrics.statistics import VersionStats
 from ..observability.tracing import TRACER
 from ..repository import layout
 from ..repository.config import ModelConfig
 from ..repository.ensemble_graph import Graph
 from ..repository.snapshot import FileEntry
 from ..runtime.kernel import Reply
-from ..statistics import VersionStats
 from ..validation import RequestValidator
 from .batch_queue import BatchPolicy
 from .ensemble import EnsembleScheduler, Routes

@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 from prometheus_client.core import Metric
 
-from ..statistics import FAILURE_REASONS
 from .config import MetricsConfig
 from .latency import STAGES as _STAGE_NAMES
+from .statistics import FAILURE_REASONS
 
 _COUNTERS = (  # family, help, snapshot field
     ("nv_inference_request_success", "Number of successful inference requests, all batch sizes", "success"),

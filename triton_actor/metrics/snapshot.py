@@ -1,7 +1,7 @@
 """One worker's metrics as plain, JSON-able data: the answer to ``host.gather("metrics")``.
 
 Runs in the greenlet the host gives the handler (on the hub): it asks each READY version's scheduler for
-its :class:`~triton_actor.statistics.VersionStats` snapshot (one mailbox round trip per version, nothing
+its :class:`~triton_actor.metrics.statistics.VersionStats` snapshot (one mailbox round trip per version, nothing
 on the hot path) and reads the models' own ``pb_utils`` metric families. Owner of nothing: the counters
 stay with the schedulers, the custom series with the models that update them (on their instance
 threads; a float read under the GIL is whole, so a scrape sees a value before or after an update).
