@@ -10,8 +10,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from . import __version__, compat_flags
-from .cli_flags import (
+from . import __version__
+from .config import compat_flags
+from .config.flags import (
     GRPC_KEEPALIVE,
     bool_flag,
     boolean,
@@ -25,10 +26,10 @@ from .cli_flags import (
     triton_flags,
     triton_settings,
 )
+from .config.settings import Settings
 from .observability import log_format
 from .repository import remote
 from .runtime import fastpath
-from .settings import Settings
 
 
 def _backend_config(values: list[str]) -> dict[str, dict[str, str]]:

@@ -23,6 +23,7 @@ from .backends.base import Backend
 from .backends.onnxruntime import OnnxRuntimeBackend
 from .backends.python.backend import PythonBackend
 from .backends.pytorch import PyTorchBackend
+from .config.settings import Settings
 from .dataplane import DataPlane
 from .devices import gpu_count
 from .errors import TritonError
@@ -45,7 +46,6 @@ from .repository import remote
 from .repository.remote import RemoteRepository
 from .runtime import gc_settle, hub_errors
 from .server_calls import ServerCalls
-from .settings import Settings
 from .shared_memory import SharedMemoryRegistry
 
 log = logging.getLogger("triton_actor.server")

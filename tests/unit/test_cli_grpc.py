@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from triton_actor.cli import parse
-from triton_actor.settings import default_grpc_max_connections
+from triton_actor.config.settings import default_grpc_max_connections
 
 
 def test_grpc_defaults_are_tritons() -> None:

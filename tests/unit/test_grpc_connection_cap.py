@@ -8,7 +8,7 @@ import resource
 import pytest
 
 from triton_actor.cli import parse
-from triton_actor.settings import Settings
+from triton_actor.config.settings import Settings
 
 
 @pytest.mark.parametrize(("soft", "cap"), [(1024, 512), (256, 128), (100_000, 1000), (resource.RLIM_INFINITY, 1000)])

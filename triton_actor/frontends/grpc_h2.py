@@ -33,12 +33,12 @@ import gevent.event
 import gevent.lock
 import gevent.pool
 
+from ..config.settings import Settings, default_grpc_max_connections
 from ..errors import TritonError
 from ..protocol import codings, header_forward, restricted
 from ..protocol import h2_connection as h2c
 from ..protocol.http2 import CANCEL, parse_timeout
 from ..protocol.restricted import Restrictions
-from ..settings import Settings, default_grpc_max_connections
 from . import tls
 from .budget import ByteBudget
 from .descriptors import ConnectionSlots, Listener, Reusable, bind, descriptor_cap

@@ -69,7 +69,7 @@ class SeverityFilter(logging.Filter):
 
 
 def start_settings(settings: Any) -> dict[str, Any]:
-    """The log settings of a :class:`~..settings.Settings`, as ``/v2/logging`` names them."""
+    """The log settings of a :class:`~..config.settings.Settings`, as ``/v2/logging`` names them."""
     return {"log_file": settings.log_file, "log_info": settings.log_info, "log_warning": settings.log_warning,
             "log_error": settings.log_error, "log_verbose_level": settings.log_verbose,
             "log_format": settings.log_format}

@@ -27,8 +27,8 @@ from typing import Any
 from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
 
+from ..config.settings import Settings
 from ..frontends.gunicorn_worker import ARGS_ENV, RUN_DIR_ENV
-from ..settings import Settings
 
 WORKER_CLASS = "triton_actor.frontends.gunicorn_worker.TritonWorker"
 READY_WAIT_S = 600.0  # a new worker loads every model before it serves

@@ -6,7 +6,7 @@ import resource
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .metrics.config import MetricsConfig
+from ..metrics.config import MetricsConfig
 
 
 def default_grpc_max_connections() -> int:
@@ -103,5 +103,5 @@ class Settings:
     http_restricted_api: tuple[str, ...] = ()  # --http-restricted-api specs (protocol/restricted.py)
     grpc_restricted_protocol: tuple[str, ...] = ()  # --grpc-restricted-protocol specs
     workers: int = 1  # --workers: processes under gunicorn's arbiter (triton_actor/workers/)
-    # tritonserver flags given that have no effect here: (flag, why), logged once at start (compat_flags.py)
+    # tritonserver flags given that have no effect here: (flag, why), logged once at start (config/compat_flags.py)
     ignored_flags: tuple[tuple[str, str], ...] = ()

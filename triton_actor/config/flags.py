@@ -1,16 +1,16 @@
-"""tritonserver's flag groups for ``triton-actor`` (:mod:`.cli` builds the parser and the Settings): how
+"""tritonserver's flag groups for ``triton-actor`` (:mod:`..cli` builds the parser and the Settings): how
 each group is added to the parser, and the Settings fields its values become, checked (docs/command-line.md)."""
 
 from __future__ import annotations
 
 import argparse
 
+from ..metrics.config import parse_metrics_config
+from ..observability import log_format
+from ..observability import log_trace_settings as runtime_settings
+from ..protocol import header_forward
+from ..protocol.codings import GRPC_LEVELS
 from . import compat_flags
-from .metrics.config import parse_metrics_config
-from .observability import log_format
-from .observability import log_trace_settings as runtime_settings
-from .protocol import header_forward
-from .protocol.codings import GRPC_LEVELS
 from .settings import default_grpc_max_connections
 
 _TRUE = {"true", "1", "yes", "on"}
