@@ -44,8 +44,8 @@ VARIANTS = {"in_process": (), "isolated": ("--backend-config=python,isolation=pr
 def frames() -> int:
     import numpy as np
 
+    from triton_actor.backends.python.isolation_frames import FrameDecoder, encode
     from triton_actor.protocol import bytes_codec
-    from triton_actor.protocol.isolation_frames import FrameDecoder, encode
 
     def cross(message: object) -> object:
         return FrameDecoder().feed(b"".join(bytes(p) for p in encode(message)))[0]

@@ -20,12 +20,12 @@ from . import hostwide, live_status
 from .actors.model import LoadSettings
 from .actors.repository import RepositoryActor
 from .backends.base import Backend
+from .backends.devices import gpu_count
 from .backends.onnxruntime import OnnxRuntimeBackend
 from .backends.python.backend import PythonBackend
 from .backends.pytorch import PyTorchBackend
 from .config.settings import Settings
 from .dataplane import DataPlane
-from .devices import gpu_count
 from .errors import TritonError
 from .frontends.budget import ByteBudget
 from .frontends.descriptors import ConnectionSlots, region_total

@@ -13,7 +13,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from scripts import modelgen
-from triton_actor.devices import gpu_count
+from triton_actor.backends.devices import gpu_count
 
 from .server import IDENTITY_CONFIG, IDENTITY_PY, add_model
 

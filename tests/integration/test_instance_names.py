@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from triton_actor.devices import gpu_count
+from triton_actor.backends.devices import gpu_count
 
 from .clients import PROTOCOLS, Client
 from .server import ServerProcess, add_model

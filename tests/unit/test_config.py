@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from triton_actor.devices import runtime_gpu_support
+from triton_actor.backends.devices import runtime_gpu_support
 from triton_actor.errors import Code, TritonError
 from triton_actor.protocol._generated import model_config_pb2 as mc
 from triton_actor.repository import config as cm

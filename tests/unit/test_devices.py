@@ -1,4 +1,4 @@
-"""GPUs and runtimes (``triton_actor/devices.py``): the GPU count from a fake driver folder, each
+"""GPUs and runtimes (``triton_actor/backends/devices.py``): the GPU count from a fake driver folder, each
 runtime's own answer, and a model actor on a (pretended) GPU host with this machine's CPU runtimes
 (KIND_AUTO and models without instance_group must not fail to load there)."""
 
@@ -15,7 +15,7 @@ from triton_actor.actors.handles import ModelHandle
 from triton_actor.actors.model import LoadSettings, ModelActor
 from triton_actor.backends import onnxruntime as ort_backend
 from triton_actor.backends import pytorch as torch_backend
-from triton_actor.devices import gpu_count, runtime_gpu_support
+from triton_actor.backends.devices import gpu_count, runtime_gpu_support
 from triton_actor.errors import TritonError
 from triton_actor.inference import InferInput, InferRequest
 from triton_actor.protocol.dtypes import BY_WIRE

@@ -1,4 +1,4 @@
-"""The isolation frames (protocol/isolation_frames.py): byte for byte, no processes."""
+"""The isolation frames (backends/python/isolation_frames.py): byte for byte, no processes."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pickle
 import numpy as np
 import pytest
 
+from triton_actor.backends.python.isolation_frames import OUT_OF_BAND_MIN, FrameDecoder, encode
 from triton_actor.backends.python.isolation_wire import pack, unpack
-from triton_actor.protocol.isolation_frames import OUT_OF_BAND_MIN, FrameDecoder, encode
 
 
 def _message() -> tuple[object, ...]:

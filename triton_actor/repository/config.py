@@ -15,7 +15,7 @@ from typing import Any
 from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import FieldDescriptor
 
-from ..devices import runtime_gpu_support
+from ..backends.devices import runtime_gpu_support
 from ..errors import TritonError
 from ..protocol._generated import model_config_pb2 as mc
 from .layout import is_plain_file_name
@@ -137,7 +137,7 @@ def normalize(cfg: ModelConfig, model: str, gpu_count: int,
     """Triton's ``NormalizeModelConfig`` / ``NormalizeInstanceGroup``: what /config shows after load.
 
     A kind left to the server (KIND_AUTO) is KIND_GPU only when the host has a GPU and the backend's
-    runtime can use it (``gpu_support(backend)`` is None, see :mod:`triton_actor.devices`), else KIND_CPU:
+    runtime can use it (``gpu_support(backend)`` is None, see :mod:`triton_actor.backends.devices`), else KIND_CPU:
     the CPU wheel of onnxruntime on a GPU host serves on the CPU instead of failing to load."""
     if not cfg.HasField("version_policy"):
         cfg.version_policy.latest.num_versions = 1

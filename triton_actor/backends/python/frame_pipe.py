@@ -16,7 +16,7 @@ import select
 import threading
 from typing import Any
 
-from ...protocol.isolation_frames import FrameDecoder, encode
+from .isolation_frames import FrameDecoder, encode
 
 READ_CHUNK = 1 << 18
 _IOV_MAX = 512  # below every platform's IOV_MAX

@@ -37,9 +37,9 @@ def _probe(backend: str) -> Callable[[], str | None] | None:
     """The backend's own ``gpu_support()``; imported on first use (the backends import the repository
     layer, which imports this module). Backends without one (python) run wherever they are put."""
     if backend == "onnxruntime":
-        from .backends import onnxruntime as module
+        from . import onnxruntime as module
     elif backend == "pytorch":
-        from .backends import pytorch as module  # type: ignore[no-redef]
+        from . import pytorch as module  # type: ignore[no-redef]
     else:
         return None
     return module.gpu_support
@@ -58,7 +58,7 @@ def runtime_gpu_support(backend: str) -> str | None:
         probe = _probe(backend)
         if probe is None:
             return None
-        from .runtime.bridge import call_in_thread  # lazy, for the same reason
+        from ..runtime.bridge import call_in_thread  # lazy, for the same reason
 
         _answers[backend] = call_in_thread(probe)
     return _answers[backend]
