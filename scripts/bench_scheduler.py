@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 
 from triton_actor import bootstrap  # noqa: F401  (gevent patching first)
-from triton_actor.actors.scheduler import Enqueue, SchedulerActor
+from triton_actor.actors.scheduling.scheduler import Enqueue, SchedulerActor
 from triton_actor.inference import InferInput, InferRequest, InferResponse
 from triton_actor.metrics.statistics import VersionStats
 from triton_actor.protocol.dtypes import BY_WIRE
@@ -30,7 +30,7 @@ class _Instant:
     """A ModelInstance stand-in that answers every batch at once, in the caller."""
 
     observes_cancellation = False
-    inline = False  # True: counted per hub turn, and this loop, one turn, would start 64 a turn (actors/pool_scheduler.py)
+    inline = False  # True: counted per hub turn, and this loop, one turn, would start 64 a turn (actors/scheduling/pool_scheduler.py)
     health, reason = "UP", ""
 
     def __init__(self, name: str) -> None:

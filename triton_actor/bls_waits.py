@@ -12,7 +12,7 @@ per version, not per request: a request already dispatched to an instance whose 
 not seen (that instance is waiting too, so the next call in the cycle is refused, which breaks it).
 
 An ensemble has no instances: it makes progress when the composing versions its request still needs
-do (:class:`Composite`, ``actors/ensemble.py``), so a model calling an ensemble that runs that same
+do (:class:`Composite`, ``actors/scheduling/ensemble.py``), so a model calling an ensemble that runs that same
 model, directly, through a nested ensemble or through a step that calls back by BLS, is refused as
 a direct cycle is (before, the ensemble counted as "not ours" and the caller hung for good, its
 version stuck UNLOADING on unload). A new request needs every step; a request in flight only the
@@ -22,7 +22,7 @@ does not know which request a caller waits for): that may miss a cycle, never in
 after a decoupled step counts as needed though it runs once per response, possibly never.
 
 Owner: :class:`~.server_calls.ServerCalls`; touched only in the hub thread (no locks). Instances are
-found through their native workers' tags (``(model, version)``, set by ``actors/instance.py``).
+found through their native workers' tags (``(model, version)``, set by ``actors/scheduling/instance.py``).
 """
 
 from __future__ import annotations

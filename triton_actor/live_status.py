@@ -2,7 +2,7 @@
 
 :func:`local_status` is this process's ``"status"`` host handler (registered by the server): the repository
 index (every model version with its state and reason) and, for each READY version, its scheduler's
-:class:`~.actors.scheduler.GetStatus` answer, and ``streams``: what streaming requests hold that their
+:class:`~.actors.scheduling.scheduler.GetStatus` answer, and ``streams``: what streaming requests hold that their
 clients have not taken yet (:func:`~.runtime.response_channel.stream_totals`). :func:`merge` sums the answers of every worker into what
 ``/status.json`` serves: counts and latency histograms are added first, then percentiles are read from
 the summed histogram (percentiles of workers cannot be averaged).

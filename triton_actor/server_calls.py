@@ -10,7 +10,7 @@ started, or the instance's asyncio loop for ``async_exec``); the work runs in a 
 (:class:`~.runtime.bridge.HubCalls`) and the answer comes back through a
 :class:`~.runtime.bridge.ThreadInbox` (or the asyncio loop's ``call_soon_threadsafe``). Called on the
 hub itself (a model promoted to run inline) a hook raises :class:`~.runtime.bridge.RunOnThread`: the
-instance re-runs the batch on its thread and keeps it (actors/instance.py), so the hub never waits
+instance re-runs the batch on its thread and keeps it (actors/scheduling/instance.py), so the hub never waits
 for itself. Owner: the server creates one, installs the hooks at start and removes them at stop.
 Failure: an inference error becomes ``response.has_error()`` with Triton's text; a BLS call that
 would wait for itself forever (see :mod:`.bls_waits`) gets an UNAVAILABLE error instead of hanging;
@@ -28,7 +28,7 @@ from typing import Any
 import gevent
 import gevent.event
 
-from .actors.ensemble import ensemble_of
+from .actors.scheduling.ensemble import ensemble_of
 from .backends.python import triton_python_backend_utils as pb_utils
 from .backends.python.triton_python_backend_utils import server_calls as hooks
 from .bls_waits import WaitGraph

@@ -244,7 +244,7 @@ class TritonPythonModel:
 
 def test_a_greenlet_exiting_from_a_model_promoted_to_the_hub_does_not_end_the_server(
         tmp_path: Path, start_server, connect) -> None:
-    """A fast model is promoted to run on the hub (fast paths on; actors/instance.py); a greenlet it
+    """A fast model is promoted to run on the hub (fast paths on; actors/scheduling/instance.py); a greenlet it
     spawns there then runs on the server's own loop, whose SystemExit ended the process (runtime/hub_errors.py)."""
     add_model(tmp_path, "late", IDENTITY_CONFIG, LATE_STRAY_PY)
     server = start_server(tmp_path, flags=("--log-verbose=1",))  # the promotion is logged at debug level

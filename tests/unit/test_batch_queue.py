@@ -1,4 +1,4 @@
-"""BatchQueue (``triton_actor/actors/batch_queue.py``): batch formation with a manual clock.
+"""BatchQueue (``triton_actor/actors/scheduling/batch_queue.py``): batch formation with a manual clock.
 
 Every test drives ``poll(now_ns)`` with explicit times, so nothing here depends on the machine's speed.
 Items are strings; a request's batch size, shape key, priority and timeout are given to ``add``.
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from triton_actor.actors.batch_queue import BatchPolicy, BatchQueue, QueuePolicy
-from triton_actor.actors.scheduler import _shape_key
+from triton_actor.actors.scheduling.batch_queue import BatchPolicy, BatchQueue, QueuePolicy
+from triton_actor.actors.scheduling.scheduler import _shape_key
 from triton_actor.errors import Code, TritonError
 from triton_actor.inference import InferInput, InferRequest
 from triton_actor.repository.config import parse_text

@@ -1,4 +1,4 @@
-"""The ensemble scheduler (actors/ensemble.py) with fake composing models: steps start a few per hub
+"""The ensemble scheduler (actors/scheduling/ensemble.py) with fake composing models: steps start a few per hub
 turn, forks wait for the steps their table has not started yet, and what the BLS wait graph reads."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from google.protobuf import text_format
 
-from triton_actor.actors.ensemble import EnsembleScheduler
-from triton_actor.actors.scheduler import Enqueue
+from triton_actor.actors.scheduling.ensemble import EnsembleScheduler
+from triton_actor.actors.scheduling.scheduler import Enqueue
 from triton_actor.inference import InferInput, InferRequest, InferResponse
 from triton_actor.metrics.statistics import VersionStats
 from triton_actor.protocol.dtypes import BY_WIRE

@@ -1,4 +1,4 @@
-"""InstancePool (``triton_actor/actors/instance_pool.py``): the spec of its transitions.
+"""InstancePool (``triton_actor/actors/scheduling/instance_pool.py``): the spec of its transitions.
 
 A fake owner records what the pool calls back (joined, left, gone, then the model actor's on_down) and
 what it is told; fake instances have a health and a watcher, as ModelInstance does. No actors, no gevent.
@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from triton_actor.actors.instance import DOWN, RESTARTING, UP
-from triton_actor.actors.instance_pool import InstanceHealth, InstancePool, version_text
+from triton_actor.actors.scheduling.instance import DOWN, RESTARTING, UP
+from triton_actor.actors.scheduling.instance_pool import InstanceHealth, InstancePool, version_text
 from triton_actor.errors import Code, TritonError
 
 

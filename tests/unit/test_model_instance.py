@@ -10,7 +10,7 @@ import gevent.event
 import numpy as np
 from gevent import monkey
 
-from triton_actor.actors.instance import DOWN, NEVER, RESTARTING, UP, ModelInstance
+from triton_actor.actors.scheduling.instance import DOWN, NEVER, RESTARTING, UP, ModelInstance
 from triton_actor.backends.base import InstanceContext
 from triton_actor.errors import Code, TritonError
 from triton_actor.inference import InferInput, InferRequest, InferResponse
@@ -104,7 +104,7 @@ def _run(inst: ModelInstance) -> None:
 def test_one_slow_inline_run_does_not_demote_but_a_few_in_a_row_do() -> None:
     """A garbage collection or an OS preemption on a busy host is one slow run; a model that yields
     or computes for long does it every time."""
-    from triton_actor.actors import instance as mod
+    from triton_actor.actors.scheduling import instance as mod
 
     inst, model = _instance()
     model.sleep = (mod.DEMOTE_WALL_NS + mod.DEMOTE_AT_ONCE_WALL_NS) / 2e9  # slow, not far over
@@ -122,7 +122,7 @@ def test_one_slow_inline_run_does_not_demote_but_a_few_in_a_row_do() -> None:
 
 
 def test_one_run_far_over_the_limit_demotes_at_once() -> None:
-    from triton_actor.actors import instance as mod
+    from triton_actor.actors.scheduling import instance as mod
 
     inst, model = _instance()
     model.sleep = mod.DEMOTE_AT_ONCE_WALL_NS / 1e9 + 0.01

@@ -1,10 +1,10 @@
-"""ReplyOrder (``triton_actor/actors/reply_order.py``): preserve_ordering's release of replies, as a spec."""
+"""ReplyOrder (``triton_actor/actors/scheduling/reply_order.py``): preserve_ordering's release of replies, as a spec."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from triton_actor.actors.reply_order import ReplyOrder
+from triton_actor.actors.scheduling.reply_order import ReplyOrder
 
 
 def make() -> tuple[ReplyOrder[str], list[tuple[str, bool, Any]]]:

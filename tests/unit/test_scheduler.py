@@ -1,4 +1,4 @@
-"""SchedulerActor (``triton_actor/actors/scheduler.py``) driven with fake instances.
+"""SchedulerActor (``triton_actor/actors/scheduling/scheduler.py``) driven with fake instances.
 
 A fake instance records each ``execute(requests, done)``; the test completes batches by calling ``done``
 itself. An ``ask(GetStats())`` is the barrier that makes sure the scheduler has handled every message told
@@ -15,9 +15,9 @@ import gevent
 import numpy as np
 import pytest
 
-from triton_actor.actors.batch_queue import BatchPolicy, QueuePolicy
-from triton_actor.actors.instance import DOWN, RESTARTING, UP
-from triton_actor.actors.scheduler import Drain, Enqueue, GetStats, GetStatus, SchedulerActor
+from triton_actor.actors.scheduling.batch_queue import BatchPolicy, QueuePolicy
+from triton_actor.actors.scheduling.instance import DOWN, RESTARTING, UP
+from triton_actor.actors.scheduling.scheduler import Drain, Enqueue, GetStats, GetStatus, SchedulerActor
 from triton_actor.backends.base import RESCHEDULE
 from triton_actor.errors import Code, TritonError
 from triton_actor.inference import InferInput, InferRequest, InferResponse
@@ -61,7 +61,7 @@ class FakeInstance:
         self.watcher = watcher
 
     def become(self, health: str, reason: str = "") -> None:
-        """What ModelInstance does when its thread dies, restarts or gives up (actors/instance.py)."""
+        """What ModelInstance does when its thread dies, restarts or gives up (actors/scheduling/instance.py)."""
         self.health, self.reason = health, reason
         assert self.watcher is not None
         self.watcher(self, health, reason)
@@ -581,7 +581,7 @@ def test_a_rescheduled_request_refused_by_a_full_queue_counts_as_rejected(make) 
 
 
 class InlineInstance(FakeInstance):
-    """A model promoted to run in the caller (actors/instance.py): each batch is answered before execute returns."""
+    """A model promoted to run in the caller (actors/scheduling/instance.py): each batch is answered before execute returns."""
 
     inline = True
 

@@ -1,4 +1,4 @@
-"""SequenceSchedulerActor (``triton_actor/actors/sequence_scheduler.py``) driven with fake instances
+"""SequenceSchedulerActor (``triton_actor/actors/scheduling/sequence_scheduler.py``) driven with fake instances
 (``FakeInstance`` of test_scheduler.py: records each execution, completes it when the test says)."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.unit.test_scheduler import WAIT, FakeInstance, _request
-from triton_actor.actors import sequence_slots
-from triton_actor.actors.scheduler_messages import Enqueue, GetStats
-from triton_actor.actors.sequence_controls import SequenceTensors
-from triton_actor.actors.sequence_scheduler import SequenceSchedulerActor
-from triton_actor.actors.sequence_slots import SEQUENCE_START, SlotPolicy
+from triton_actor.actors.scheduling import sequence_slots
+from triton_actor.actors.scheduling.messages import Enqueue, GetStats
+from triton_actor.actors.scheduling.sequence_controls import SequenceTensors
+from triton_actor.actors.scheduling.sequence_scheduler import SequenceSchedulerActor
+from triton_actor.actors.scheduling.sequence_slots import SEQUENCE_START, SlotPolicy
 from triton_actor.errors import Code, TritonError
 from triton_actor.inference import InferResponse
 from triton_actor.metrics.statistics import VersionStats

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from triton_actor.actors.sequence_controls import SequenceTensors
-from triton_actor.actors.sequence_slots import SEQUENCE_END, SEQUENCE_START, SequenceSlots, SlotPolicy
+from triton_actor.actors.scheduling.sequence_controls import SequenceTensors
+from triton_actor.actors.scheduling.sequence_slots import SEQUENCE_END, SEQUENCE_START, SequenceSlots, SlotPolicy
 from triton_actor.errors import Code, TritonError
 from triton_actor.inference import InferResponse
 from triton_actor.repository.config import parse_text
@@ -33,7 +33,7 @@ def test_first_request_needs_start() -> None:
 
 def test_queued_requests_are_bounded_across_sequences(monkeypatch: pytest.MonkeyPatch) -> None:
     """A client opening sequences faster than they run fills the backlog only up to the bound."""
-    from triton_actor.actors import sequence_slots
+    from triton_actor.actors.scheduling import sequence_slots
 
     monkeypatch.setattr(sequence_slots, "MAX_QUEUED", 3)
     slots = _slots()

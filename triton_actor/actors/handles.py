@@ -15,7 +15,7 @@ from ..inference import InferRequest, InferResponse
 from ..repository.config import ModelConfig
 from ..runtime.kernel import Reply
 from ..validation import RequestValidator
-from .scheduler import Enqueue, GetStats, GetStatus, SchedulerActor
+from .scheduling.scheduler import Enqueue, GetStats, GetStatus, SchedulerActor
 
 
 class ReadyState(str, enum.Enum):

@@ -50,8 +50,8 @@ from ..repository import ensemble_graph, layout, snapshot
 from ..repository.config import ModelConfig
 from ..runtime.bridge import call_in_thread
 from ..runtime.kernel import Actor, ActorRef, Reply
-from .ensemble import Routes
 from .handles import LOADING, READY, UNAVAILABLE, UNLOADING, ModelHandle
+from .scheduling.ensemble import Routes
 from .version import Version, VersionSource, start_version, stop_version
 
 log = logging.getLogger(__name__)

@@ -26,14 +26,14 @@ from ..repository.ensemble_graph import Graph
 from ..repository.snapshot import FileEntry
 from ..runtime.kernel import Reply
 from ..validation import RequestValidator
-from .batch_queue import BatchPolicy
-from .ensemble import EnsembleScheduler, Routes
 from .handles import LOADING, READY, UNAVAILABLE, UNKNOWN, ReadyState, VersionHandle, check_transition
-from .instance import ModelInstance
-from .scheduler import Drain, SchedulerActor
-from .sequence_controls import SequenceTensors
-from .sequence_scheduler import SequenceSchedulerActor
-from .sequence_slots import SlotPolicy
+from .scheduling.batch_queue import BatchPolicy
+from .scheduling.ensemble import EnsembleScheduler, Routes
+from .scheduling.instance import ModelInstance
+from .scheduling.scheduler import Drain, SchedulerActor
+from .scheduling.sequence_controls import SequenceTensors
+from .scheduling.sequence_scheduler import SequenceSchedulerActor
+from .scheduling.sequence_slots import SlotPolicy
 from .warmup import warm_up
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ from ..repository import layout
 from ..repository.config import ModelConfig
 from ..runtime.kernel import Reply
 from ..runtime.response_channel import ResponseChannel
-from .instance import ModelInstance
+from .scheduling.instance import ModelInstance
 
 WARMUP_TIMEOUT_S = 600.0
 

@@ -56,7 +56,7 @@ IMPORT_LOCK = monkey.get_original("_thread", "RLock")()
 
 class BackendInstance(Protocol):
     """One loaded copy of a model. Every method runs in the instance's native thread, except that
-    ``execute`` may run in the calling greenlet when ``inline_ok`` is True (see actors/instance.py)."""
+    ``execute`` may run in the calling greenlet when ``inline_ok`` is True (see actors/scheduling/instance.py)."""
 
     inline_ok: bool
 
@@ -83,7 +83,7 @@ class Backend(Protocol):
 
 def sequence_io(cfg: ModelConfig) -> tuple[dict[str, int], list[str]]:
     """The inputs the sequence batcher adds to a model's requests (control and implicit-state inputs,
-    name → data type enum) and the state outputs it reads back (actors/sequence_controls.py); a backend
+    name → data type enum) and the state outputs it reads back (actors/scheduling/sequence_controls.py); a backend
     that binds tensors by the config's names adds these. None without ``sequence_batching``."""
     if not cfg.HasField("sequence_batching"):
         return {}, []

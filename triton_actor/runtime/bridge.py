@@ -82,7 +82,7 @@ class NativeWorker(Generic[S]):
         self._hub_waiting = False
         # True once code on this thread called into the server (BLS, model control): such a call
         # waits for the hub, so the model must never be promoted to run on the hub itself (see
-        # actors/instance.py). Written by the native thread, read by the hub; never goes back.
+        # actors/scheduling/instance.py). Written by the native thread, read by the hub; never goes back.
         self.calls_server = False
         self.busy = False  # the native thread is running a submitted call (read by the BLS wait graph)
         self.tag: Any = None  # what the owner says this worker serves, e.g. (model, version)
@@ -381,7 +381,7 @@ def current_worker() -> NativeWorker[Any] | None:
 class RunOnThread(BaseException):
     """Raised into model code that called the server while running on the hub (an inline execution):
     the call would have to wait for the hub it is blocking. A BaseException so that a model's
-    ``except Exception`` does not swallow it; :class:`~..actors.instance.ModelInstance` catches it, runs the
+    ``except Exception`` does not swallow it; :class:`~..actors.scheduling.instance.ModelInstance` catches it, runs the
     batch again on the instance's own thread and never promotes that instance again."""
 
 

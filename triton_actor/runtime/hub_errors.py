@@ -3,7 +3,7 @@
 gevent's hub treats both as *system* errors: raised in any greenlet, they are thrown into the main
 greenlet, and the process exits. The server's own greenlets never end that way (it stops on SIGTERM /
 SIGINT through ``Server.stop``, and our gunicorn worker's quit only ends its serving loop), so such a
-greenlet is model code: a Python model promoted to run on the hub (``actors/instance.py``) that spawned
+greenlet is model code: a Python model promoted to run on the hub (``actors/scheduling/instance.py``) that spawned
 a greenlet calling ``sys.exit()``. Like the model's own exceptions, it is logged, and the server keeps
 serving (models on their own thread have their own hub, where ``runtime/bridge.py`` does the same).
 Exceptions raised by the event loop itself (a signal handler, a callback) keep gevent's handling.

@@ -1,6 +1,6 @@
 """The restart budget of a supervisor: how often a child may fail before it is given up on.
 
-Pure policy with an injected clock (as :mod:`..actors.batch_queue`): the RepositoryActor asks
+Pure policy with an injected clock (as :mod:`..actors.scheduling.batch_queue`): the RepositoryActor asks
 :meth:`RestartBudget.allow` each time one of its ModelActors fails in a tell; ``True`` means restart it
 (the replacement reloads what was serving), ``False`` means give up (every version of the model
 UNAVAILABLE with the reason in the index, until a load or a POLL change loads it again). Same shape as

@@ -222,7 +222,7 @@ class PythonBackend:
 
 
 def _may_run_inline(ctx: InstanceContext, model: Any, decoupled: bool) -> bool:
-    """Whether short executions of this model may run in the calling greenlet (actors/instance.py).
+    """Whether short executions of this model may run in the calling greenlet (actors/scheduling/instance.py).
 
     Decided from what the model is, with no parameter needed: a CPU instance whose ``execute`` is a
     plain function and which answers within ``execute`` (not decoupled: a decoupled model's threads

@@ -29,7 +29,7 @@ its custom metrics come back with each reply and when a scrape asks (``metrics_m
 Crash handling (the Triton python backend's stub restart, bounded): when the process dies, the batch
 in flight fails INTERNAL ("... the model's process exited with signal 11 (SIGSEGV)"), and so does
 every decoupled request still open; a fresh process starts at once (:meth:`IsolatedInstance.revive`,
-asked by actors/instance.py, which reads :attr:`IsolatedInstance.health` after a failed batch and keeps
+asked by actors/scheduling/instance.py, which reads :attr:`IsolatedInstance.health` after a failed batch and keeps
 the instance out of its scheduler's pool meanwhile) and runs ``initialize`` again; a process killed
 while idle is restarted by the next batch. After :data:`MAX_RESTARTS` failed starts in a row (waiting
 :data:`RESTART_BACKOFF_S`, doubled each time, between them) the instance stops trying: it is DOWN (out

@@ -2,7 +2,7 @@
 
 An :class:`InlineActor`: its handlers never block, so while fast paths are on a message is handled on
 the sender's stack when the actor is idle (no loop greenlet, no switch); with them off it is a plain
-actor with its loop greenlet. Messages: those of every scheduler (:mod:`.scheduler_messages`: Enqueue,
+actor with its loop greenlet. Messages: those of every scheduler (:mod:`.messages`: Enqueue,
 Drain, GetStats, GetStatus), :class:`BatchDone` (event from an instance's completion, in the hub or the
 caller), :class:`~.instance_pool.InstanceHealth` (event from an instance's watcher).
 State owned: the request queue, the :class:`~.instance_pool.InstancePool` of the version's instances
@@ -21,11 +21,11 @@ new requests, and ``on_down(self, reason)`` tells the model actor, which owns th
 Policy: the version's :class:`~.batch_queue.BatchQueue` (https://github.com/triton-inference-server/server/blob/main/docs/user_guide/batcher.md) decides what runs next
 whenever an instance is idle; without a scheduling block each request runs alone. No idle instance:
 requests wait in the queue (backpressure), so N instances keep at most N batches in flight. Time
-enters through one :class:`~..runtime.wake_timer.WakeTimer` (the batcher's delay, request timeouts), which tells
-the actor :class:`~..runtime.wake_timer.Wake`; with ``preserve_ordering`` a :class:`~.reply_order.ReplyOrder`
+enters through one :class:`~...runtime.wake_timer.WakeTimer` (the batcher's delay, request timeouts), which tells
+the actor :class:`~...runtime.wake_timer.Wake`; with ``preserve_ordering`` a :class:`~.reply_order.ReplyOrder`
 releases replies in the order the requests were dispatched.
 
-Rescheduling: a backend result :data:`~..backends.base.RESCHEDULE` (a Python model released the
+Rescheduling: a backend result :data:`~...backends.base.RESCHEDULE` (a Python model released the
 request with ``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE``) puts the request back in the queue as a new
 arrival instead of answering it; its reply completes when a later execution answers it.
 """
@@ -38,19 +38,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..backends.base import RESCHEDULE
-from ..errors import TritonError
-from ..inference import InferRequest, InferResponse
-from ..metrics.statistics import VersionStats
-from ..observability.tracing import VersionTrace
-from ..runtime import fastpath
-from ..runtime.bridge import CancelWatch
+from ...backends.base import RESCHEDULE
+from ...errors import TritonError
+from ...inference import InferRequest, InferResponse
+from ...metrics.statistics import VersionStats
+from ...observability.tracing import VersionTrace
+from ...runtime import fastpath
+from ...runtime.bridge import CancelWatch
 from .batch_queue import BatchPolicy, BatchQueue, timeout_error
 from .instance import ModelInstance
 from .instance_pool import Down
+from .messages import Drain, Enqueue, GetStats, GetStatus
 from .pool_scheduler import INLINE_PER_TURN, PoolScheduler, Turn
 from .reply_order import ReplyOrder
-from .scheduler_messages import Drain, Enqueue, GetStats, GetStatus
 
 __all__ = ["BatchDone", "Drain", "Enqueue", "GetStats", "GetStatus", "SchedulerActor"]
 

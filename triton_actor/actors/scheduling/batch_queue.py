@@ -34,7 +34,7 @@ from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, NamedTuple, TypeVar
 
-from ..errors import TritonError
+from ...errors import TritonError
 
 T = TypeVar("T")
 

@@ -8,7 +8,7 @@ owner's other messages.
 
 State: ``idle`` (UP and not running a batch; the owner reads it, :meth:`~InstancePool.take` and
 :meth:`~InstancePool.release` change it), the running instances, the instances out of the pool with their
-health (RESTARTING or DOWN, see actors/instance.py), and ``gone`` (every instance is DOWN: the error each
+health (RESTARTING or DOWN, see actors/scheduling/instance.py), and ``gone`` (every instance is DOWN: the error each
 request is answered with from then on).
 
 Invariants: an instance is idle or running or neither, never both; one out of the pool is never idle; once
@@ -29,8 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..errors import TritonError
-from ..runtime.kernel import ActorRef
+from ...errors import TritonError
+from ...runtime.kernel import ActorRef
 from .instance import DOWN, UP, ModelInstance
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ Down = Callable[[Any, str], None]  # on_down(scheduler, reason): every instance 
 
 @dataclass(frozen=True, slots=True)
 class InstanceHealth:
-    """Event from an instance's watcher (hub): it is UP, RESTARTING or DOWN (see actors/instance.py)."""
+    """Event from an instance's watcher (hub): it is UP, RESTARTING or DOWN (see actors/scheduling/instance.py)."""
 
     instance: ModelInstance
     health: str

@@ -13,7 +13,7 @@ calls, which a helper would leave as a delegating method in each scheduler. A su
 policy through four methods: :meth:`_waiting` (how many requests wait), :meth:`_clear_waiting` (take them
 all out), :meth:`_dispatch` (run what can run) and the pool's ``instance_joined`` / ``instance_left``.
 
-Inline batches (a model promoted to run in the calling greenlet, actors/instance.py): a batch that
+Inline batches (a model promoted to run in the calling greenlet, actors/scheduling/instance.py): a batch that
 finishes at once is answered at once, and that answer dispatches the next queued batch, so a long queue
 used to run back to back in one hub turn (the promotion of a model with 1952 requests queued held the
 hub 29 ms; the monitor's ``GEVENT_MAX_BLOCKING_TIME`` saw it). At most :data:`INLINE_PER_TURN` inline
@@ -24,7 +24,7 @@ so separate requests in separate turns never wait; the count costs a ``loop.now(
 per inline batch.
 
 Owner: the subclass actor; everything here runs in its handlers. State owned here: the pool, the
-statistics, the clock, the waiting drains, the count of requests running, the :class:`~..runtime.wake_timer.WakeTimer`.
+statistics, the clock, the waiting drains, the count of requests running, the :class:`~...runtime.wake_timer.WakeTimer`.
 Failure: as the subclass says; nothing here raises.
 """
 
@@ -34,13 +34,13 @@ from collections.abc import Callable, Hashable
 
 import gevent
 
-from ..errors import TritonError
-from ..metrics.statistics import VersionStats
-from ..runtime.kernel import InlineActor, Reply
-from ..runtime.wake_timer import Wake, WakeTimer
+from ...errors import TritonError
+from ...metrics.statistics import VersionStats
+from ...runtime.kernel import InlineActor, Reply
+from ...runtime.wake_timer import Wake, WakeTimer
 from .instance import ModelInstance
 from .instance_pool import Down, InstanceHealth, InstancePool
-from .scheduler_messages import Drain, Enqueue, GetStats, GetStatus
+from .messages import Drain, Enqueue, GetStats, GetStatus
 
 # Inline batches started in one hub turn (~15 µs each for a small Python model: ~1 ms of hub time).
 INLINE_PER_TURN = 64

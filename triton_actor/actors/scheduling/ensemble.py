@@ -1,13 +1,13 @@
 """EnsembleScheduler: runs the requests of one ensemble version through its graph (https://github.com/triton-inference-server/server/blob/main/docs/user_guide/ensemble_models.md).
 
 An :class:`InlineActor` in the place a version's SchedulerActor takes for other models (the routing
-table's :class:`~.handles.VersionHandle` tells it :class:`~.scheduler.Enqueue` the same way). Messages:
+table's :class:`~..handles.VersionHandle` tells it :class:`~.scheduler.Enqueue` the same way). Messages:
 ``Enqueue`` (a request), :class:`_StepAnswered` (a composing model answered a step, from the hub),
 :class:`_StepStreamed` (one response of a decoupled composing model, from the step's reader greenlet),
 ``GetStats`` and ``GetStatus`` (asks), ``Drain`` (completed once no request is in flight),
-:class:`~..runtime.wake_timer.Wake` (the next hub turn: start more of the steps that wait).
+:class:`~...runtime.wake_timer.Wake` (the next hub turn: start more of the steps that wait).
 State owned: the requests in flight (:class:`_Run`, each with its tensor tables) and the ensemble's
-:class:`~..metrics.statistics.VersionStats`. Composing models are not owned: each step is routed through the
+:class:`~...metrics.statistics.VersionStats`. Composing models are not owned: each step is routed through the
 repository's routing table when it starts (``routes()``), so it goes through that model's own scheduler
 (its dynamic batcher sees ensemble traffic) and a reloaded composing model is picked up by the next step.
 
@@ -21,7 +21,7 @@ decoupled composing model's responses each fork the request's tensor table and d
 downstream once per response; every table that completes the ensemble outputs is one response of a
 decoupled ensemble. ``max_inflight_requests`` bounds the forks of one decoupled step in flight per
 request: its reader greenlet stops reading the composing model's responses until forks finish, and the
-step's :class:`~..runtime.response_channel.BoundedResponseChannel` then makes the producing model's thread wait,
+step's :class:`~...runtime.response_channel.BoundedResponseChannel` then makes the producing model's thread wait,
 so a slow step cannot make memory grow without bound (https://github.com/triton-inference-server/server/pull/8458). The reader stops as well while
 the ensemble's client has not taken its stream's bound of responses.
 Failure: a request whose step cannot be routed or fails is answered with that error; stopping the
@@ -39,14 +39,14 @@ from typing import Any
 import gevent
 import gevent.lock
 
-from ..errors import Code, TritonError
-from ..inference import InferInput, InferRequest, InferResponse, RequestedOutput
-from ..metrics.statistics import VersionStats
-from ..protocol.dtypes import from_numpy
-from ..repository.ensemble_graph import Graph, Step
-from ..runtime.kernel import InlineActor, Reply
-from ..runtime.response_channel import STREAM_MAX_BYTES, STREAM_MAX_RESPONSES, BoundedResponseChannel, ResponseChannel
-from ..runtime.wake_timer import Wake, WakeTimer
+from ...errors import Code, TritonError
+from ...inference import InferInput, InferRequest, InferResponse, RequestedOutput
+from ...metrics.statistics import VersionStats
+from ...protocol.dtypes import from_numpy
+from ...repository.ensemble_graph import Graph, Step
+from ...runtime.kernel import InlineActor, Reply
+from ...runtime.response_channel import STREAM_MAX_BYTES, STREAM_MAX_RESPONSES, BoundedResponseChannel, ResponseChannel
+from ...runtime.wake_timer import Wake, WakeTimer
 from .scheduler import Drain, Enqueue, GetStats, GetStatus
 
 Routes = Callable[[], Mapping[str, Any]]  # name → ModelHandle (the repository's routing table, read live)

@@ -1,9 +1,9 @@
 """ModelInstance: one model instance = one native OS thread running one backend instance.
 
-Not an actor (see the vocabulary in :mod:`..runtime.kernel`): a **single-owner hub object**. It has no mailbox
+Not an actor (see the vocabulary in :mod:`...runtime.kernel`): a **single-owner hub object**. It has no mailbox
 or loop of ours; its one owner (the scheduler of its version, and the version's start/stop code before
 and after that) calls ``execute`` and ``close`` from the hub thread, and the queue of its
-:class:`~..runtime.bridge.NativeWorker` plays the mailbox: ``execute`` queues a batch there and the completion
+:class:`~...runtime.bridge.NativeWorker` plays the mailbox: ``execute`` queues a batch there and the completion
 callback runs in the hub. State it owns: the backend instance, its placement, and its execution mode.
 Failure: a load error fails :meth:`wait_ready`; an error raised by the backend while executing fails
 that batch only; the instance keeps serving. A thread whose loop fails (a bug, not a model error:
@@ -34,7 +34,7 @@ crossings. A fast path: with :mod:`triton_actor.runtime.fastpath` off, every bat
 
 A model that calls the server from ``execute`` (BLS, model control) waits for the hub, so it must
 not run on the hub: once it did so on its thread it is never promoted (``NativeWorker.calls_server``),
-and a promoted model whose first such call happens inline gets :class:`~..runtime.bridge.RunOnThread` raised
+and a promoted model whose first such call happens inline gets :class:`~...runtime.bridge.RunOnThread` raised
 into it; the batch then runs again on its thread (the part of ``execute`` before the call runs twice,
 once in the model's life) and the model stays there.
 """
@@ -48,12 +48,12 @@ from typing import Any
 
 import gevent
 
-from ..backends.base import Backend, BackendInstance, InstanceContext, Result
-from ..errors import Code, TritonError
-from ..inference import InferRequest
-from ..runtime import fastpath
-from ..runtime.bridge import NativeWorker, RunOnThread
-from ..runtime.supervisor import RestartBudget
+from ...backends.base import Backend, BackendInstance, InstanceContext, Result
+from ...errors import Code, TritonError
+from ...inference import InferRequest
+from ...runtime import fastpath
+from ...runtime.bridge import NativeWorker, RunOnThread
+from ...runtime.supervisor import RestartBudget
 
 log = logging.getLogger(__name__)
 Timings = tuple[int, int, int]  # compute_input, compute_infer, compute_output (ns)
@@ -141,7 +141,7 @@ class ModelInstance:
         restart: the instance is DOWN. Its loop failed (``NativeWorker.died``; the work it held was
         answered UNAVAILABLE): a new thread with a fresh backend instance takes over (RESTARTING, then UP
         once loaded), as Triton restarts a Python stub that died, within the restart budget of
-        :mod:`..runtime.supervisor`; past it the instance is DOWN and answers UNAVAILABLE."""
+        :mod:`...runtime.supervisor`; past it the instance is DOWN and answers UNAVAILABLE."""
         died = self._worker.died
         if self._closing or stopped is not self._worker.stopped:
             return

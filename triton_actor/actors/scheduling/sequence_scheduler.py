@@ -1,9 +1,9 @@
 """SequenceSchedulerActor: the sequence batcher of one model version (https://github.com/triton-inference-server/server/blob/main/docs/user_guide/batcher.md).
 
 An :class:`InlineActor` like :class:`~.scheduler.SchedulerActor`, with the same messages, so a
-version handle queues to either the same way (:mod:`.scheduler_messages`: Enqueue, Drain, GetStats),
+version handle queues to either the same way (:mod:`.messages`: Enqueue, Drain, GetStats),
 :class:`_SeqBatchDone` (event from an instance's completion), :class:`~.instance_pool.InstanceHealth`
-(event from an instance's watcher), :class:`~..runtime.wake_timer.Wake` (its timer). State owned: the
+(event from an instance's watcher), :class:`~...runtime.wake_timer.Wake` (its timer). State owned: the
 :class:`SequenceSlots` (which sequence holds which slot of which instance, the backlog, the queued
 requests), the implicit state of each live sequence, the :class:`~.instance_pool.InstancePool`, the
 version's statistics (those last two, drains, ``GetStatus`` and ``Wake`` through
@@ -18,7 +18,7 @@ requests fail UNAVAILABLE, new sequences go to the others; UP again, it takes se
 instance DOWN: requests fail UNAVAILABLE and ``on_down`` tells the model actor (as the default scheduler).
 
 ``iterative_sequence`` (Triton 2.51 python backend): a request without a correlation id gets one
-(1, 2, ...) and START; a backend result :data:`~..backends.base.RESCHEDULE` puts the request back at
+(1, 2, ...) and START; a backend result :data:`~...backends.base.RESCHEDULE` puts the request back at
 the head of its sequence with neither START nor END (Triton's ``GenerativeSequencer``); the sequence
 ends when its request is released for good. Unlike Triton 2.51, a client's END on that request does
 not end the sequence before the request is released (2.51 then fails the rescheduled request with
@@ -35,15 +35,15 @@ from typing import Any
 
 import numpy as np
 
-from ..backends.base import RESCHEDULE
-from ..errors import Code, TritonError
-from ..inference import InferInput, InferRequest, InferResponse
-from ..metrics.statistics import VersionStats
-from ..runtime.bridge import CancelWatch
+from ...backends.base import RESCHEDULE
+from ...errors import Code, TritonError
+from ...inference import InferInput, InferRequest, InferResponse
+from ...metrics.statistics import VersionStats
+from ...runtime.bridge import CancelWatch
 from .instance import ModelInstance
 from .instance_pool import Down
+from .messages import Enqueue
 from .pool_scheduler import INLINE_PER_TURN, PoolScheduler, Turn
-from .scheduler_messages import Enqueue
 from .sequence_controls import SequenceTensors
 from .sequence_slots import SEQUENCE_END, SEQUENCE_START, SequenceSlots, Slot, SlotPolicy
 

@@ -30,7 +30,7 @@ import collections
 from dataclasses import dataclass, field
 from typing import Any, Generic, NamedTuple, TypeVar
 
-from ..errors import TritonError
+from ...errors import TritonError
 
 T = TypeVar("T")
 

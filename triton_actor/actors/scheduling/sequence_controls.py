@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import TritonError
-from ..inference import InferInput, InferResponse
-from ..protocol.dtypes import BY_ENUM_VALUE, DType
-from ..repository import layout
+from ...errors import TritonError
+from ...inference import InferInput, InferResponse
+from ...protocol.dtypes import BY_ENUM_VALUE, DType
+from ...repository import layout
 from .sequence_slots import SEQUENCE_END, SEQUENCE_START
 
 START, READY, END, CORRID = 0, 1, 2, 3
