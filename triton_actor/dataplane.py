@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import hostwide
-from .actors.handles import READY, ModelHandle, VersionHandle
+from .actors.model.handles import READY, ModelHandle, VersionHandle
 from .actors.repository import RepositoryActor
 from .errors import TritonError
 from .host import Host, LocalHost

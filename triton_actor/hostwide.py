@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import gevent
 
-from .actors.handles import READY
-from .actors.model import SUPERSEDED
+from .actors.model.actor import SUPERSEDED
+from .actors.model.handles import READY
 from .errors import TritonError
 from .host import Host
 from .observability.log_trace_settings import RuntimeSettings

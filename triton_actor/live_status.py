@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .actors.handles import READY
+from .actors.model.handles import READY
 from .dataplane import DataPlane
 from .errors import TritonError
 from .metrics.statistics import LATENCY_BUCKETS, percentile_ns

@@ -17,7 +17,7 @@ import gevent
 import gevent.event
 
 from . import hostwide, live_status
-from .actors.model import LoadSettings
+from .actors.model.actor import LoadSettings
 from .actors.repository import RepositoryActor
 from .backends.base import Backend
 from .backends.devices import gpu_count

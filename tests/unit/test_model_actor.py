@@ -1,4 +1,4 @@
-"""ModelActor reloads (``triton_actor/actors/model.py``) with a fake backend: load-then-swap ordering,
+"""ModelActor reloads (``triton_actor/actors/model/actor.py``) with a fake backend: load-then-swap ordering,
 in-flight requests finishing on the old version, broken updates, version-policy changes."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from gevent import monkey
 
-from triton_actor.actors.handles import READY, ModelHandle
-from triton_actor.actors.model import LoadSettings, ModelActor
+from triton_actor.actors.model.actor import LoadSettings, ModelActor
+from triton_actor.actors.model.handles import READY, ModelHandle
 from triton_actor.backends.base import InstanceContext
 from triton_actor.errors import TritonError
 from triton_actor.inference import InferInput, InferRequest, InferResponse
@@ -176,8 +176,8 @@ def test_version_down_from_a_replaced_scheduler_is_ignored(tmp_path: Path, model
     the same event from the scheduler of a version replaced since is stale and changes nothing."""
     import gevent
 
-    from triton_actor.actors.handles import UNAVAILABLE
-    from triton_actor.actors.model import VersionDown
+    from triton_actor.actors.model.actor import VersionDown
+    from triton_actor.actors.model.handles import UNAVAILABLE
 
     actor, _backend, published = model
     _version(tmp_path, 1, 1)
@@ -202,7 +202,7 @@ def test_mark_down_from_another_worker_takes_down_the_same_load_only(tmp_path: P
     with that reason; files that differ (POLL: this worker loaded a change since) leave it serving. In the
     worker that lost it (``here``) it only checks that nothing loaded the version again: its reply fails
     then, which stops the host's broadcast."""
-    from triton_actor.actors.handles import UNAVAILABLE
+    from triton_actor.actors.model.handles import UNAVAILABLE
     from triton_actor.repository import snapshot
 
     actor, backend, published = model
@@ -240,7 +240,7 @@ def test_a_version_that_lost_its_instances_is_announced(tmp_path: Path) -> None:
     host to tell the other workers."""
     import gevent
 
-    from triton_actor.actors.model import VersionDown
+    from triton_actor.actors.model.actor import VersionDown
     from triton_actor.repository import snapshot
 
     published: list[ModelHandle] = []

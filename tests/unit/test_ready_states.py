@@ -1,4 +1,4 @@
-"""Ready states (``actors/handles.py``): the enum, its transition table, and the one place it is enforced."""
+"""Ready states (``actors/model/handles.py``): the enum, its transition table, and the one place it is enforced."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from triton_actor.actors.handles import (
+from triton_actor.actors.model.handles import (
     LOADING,
     READY,
     TRANSITIONS,
@@ -18,7 +18,7 @@ from triton_actor.actors.handles import (
     ReadyState,
     check_transition,
 )
-from triton_actor.actors.version import Version
+from triton_actor.actors.model.version import Version
 from triton_actor.errors import TritonError
 from triton_actor.protocol import v2_grpc
 

@@ -1,4 +1,4 @@
-"""Request checks against the model config (``triton_actor/validation.py``): Triton's exact messages.
+"""Request checks against the model config (``triton_actor/actors/model/validation.py``): Triton's exact messages.
 
 Expected texts are Triton 2.51's (``infer_request.cc`` ``InferenceRequest::Normalize``), as captured from a
 real server in ``tests/integration/test_bad_input.py``.
@@ -9,11 +9,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from triton_actor.actors.model.validation import RequestValidator
 from triton_actor.errors import Code, TritonError
 from triton_actor.inference import InferInput, InferRequest, RequestedOutput
 from triton_actor.protocol.dtypes import BY_WIRE, DType
 from triton_actor.repository.config import parse_text
-from triton_actor.validation import RequestValidator
 
 FP32, FP64 = BY_WIRE["FP32"], BY_WIRE["FP64"]
 NO_ID = "[request id: <id_unknown>] "

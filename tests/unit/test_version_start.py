@@ -1,4 +1,4 @@
-"""start_version (actors/version.py): a load that fails part-way leaves nothing running."""
+"""start_version (actors/model/version.py): a load that fails part-way leaves nothing running."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from triton_actor.actors import version as version_module
-from triton_actor.actors.handles import UNAVAILABLE
-from triton_actor.actors.version import VersionSource, start_version
+from triton_actor.actors.model import version as version_module
+from triton_actor.actors.model.handles import UNAVAILABLE
+from triton_actor.actors.model.version import VersionSource, start_version
 from triton_actor.protocol._generated import model_config_pb2 as mc
 
 

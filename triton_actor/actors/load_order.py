@@ -13,7 +13,7 @@ from pathlib import Path
 from ..errors import TritonError
 from ..repository.config import ModelConfig
 from ..runtime.kernel import Reply
-from .model import ModelRef
+from .model.actor import ModelRef
 
 log = logging.getLogger(__name__)
 

@@ -55,9 +55,9 @@ from ..runtime import gc_settle
 from ..runtime.bridge import call_in_thread
 from ..runtime.kernel import Actor, ActorRef, Reply
 from ..runtime.supervisor import RestartBudget
-from .handles import READY, UNAVAILABLE, ModelHandle, VersionHandle
 from .load_order import Start, loader, start_after, unload_after
-from .model import Announce, LoadSettings, ModelActor, Restart
+from .model.actor import Announce, LoadSettings, ModelActor, Restart
+from .model.handles import READY, UNAVAILABLE, ModelHandle, VersionHandle
 from .watcher import Watcher
 
 log = logging.getLogger(__name__)
@@ -131,7 +131,7 @@ class ModelChanged:
 
 @dataclass(frozen=True, slots=True)
 class MarkVersionDown:
-    """See :class:`~.model.MarkDown`; the files check applies in POLL only (elsewhere loads are host-wide
+    """See :class:`~.model.actor.MarkDown`; the files check applies in POLL only (elsewhere loads are host-wide
     changes, ordered by the host's control lock)."""
 
     name: str

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..actors.handles import READY
+from ..actors.model.handles import READY
 from ..backends.python.metrics_mirror import flush_isolated
 from ..backends.python.triton_python_backend_utils import metrics as custom
 from ..errors import TritonError

@@ -1,7 +1,7 @@
 """EnsembleScheduler: runs the requests of one ensemble version through its graph (https://github.com/triton-inference-server/server/blob/main/docs/user_guide/ensemble_models.md).
 
 An :class:`InlineActor` in the place a version's SchedulerActor takes for other models (the routing
-table's :class:`~..handles.VersionHandle` tells it :class:`~.scheduler.Enqueue` the same way). Messages:
+table's :class:`~..model.handles.VersionHandle` tells it :class:`~.scheduler.Enqueue` the same way). Messages:
 ``Enqueue`` (a request), :class:`_StepAnswered` (a composing model answered a step, from the hub),
 :class:`_StepStreamed` (one response of a decoupled composing model, from the step's reader greenlet),
 ``GetStats`` and ``GetStatus`` (asks), ``Drain`` (completed once no request is in flight),

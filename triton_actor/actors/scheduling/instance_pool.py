@@ -152,6 +152,6 @@ class InstancePool:
 
 
 def version_text(name: str) -> str:
-    """``model 'm' version 1`` from a scheduler's name ``scheduler:m:1`` (actors/version.py names it)."""
+    """``model 'm' version 1`` from a scheduler's name ``scheduler:m:1`` (actors/model/version.py names it)."""
     model, _, version = name.partition(":")[2].rpartition(":")
     return f"model '{model}' version {version}"

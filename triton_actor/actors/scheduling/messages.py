@@ -1,6 +1,6 @@
 """The messages every scheduler of a model version handles: the default and dynamic batcher
 (:mod:`.scheduler`), the sequence batcher (:mod:`.sequence_scheduler`) and the ensemble (:mod:`.ensemble`).
-A :class:`~..handles.VersionHandle` and the version's lifecycle (:mod:`..version`) send them the same way
+A :class:`~..model.handles.VersionHandle` and the version's lifecycle (:mod:`..model.version`) send them the same way
 whichever scheduler the version has.
 
 :class:`Enqueue` (tell, carries its Reply), :class:`Drain` (tell, carries its Reply: completed once nothing

@@ -10,12 +10,12 @@ import enum
 import time
 from dataclasses import dataclass, field
 
-from ..errors import TritonError
-from ..inference import InferRequest, InferResponse
-from ..repository.config import ModelConfig
-from ..runtime.kernel import Reply
-from ..validation import RequestValidator
-from .scheduling.scheduler import Enqueue, GetStats, GetStatus, SchedulerActor
+from ...errors import TritonError
+from ...inference import InferRequest, InferResponse
+from ...repository.config import ModelConfig
+from ...runtime.kernel import Reply
+from ..scheduling.scheduler import Enqueue, GetStats, GetStatus, SchedulerActor
+from .validation import RequestValidator
 
 
 class ReadyState(str, enum.Enum):

@@ -11,7 +11,7 @@ then *announces* it, so that with several worker processes every worker does the
 :class:`MarkDown` (from the host: a version lost its instances in another worker process; it turns
 UNAVAILABLE here too, with the same reason, unless this worker loaded it again since).
 State owned: the version records (state, reason, scheduler, instances), the serving config, where it
-was loaded from (directory and :class:`~..repository.snapshot.Stamp`), and a private override
+was loaded from (directory and :class:`~...repository.snapshot.Stamp`), and a private override
 directory when the load API supplied files. After every change it publishes an immutable
 :class:`ModelHandle`; the front ends route through the handle without a round trip to this actor.
 
@@ -24,7 +24,7 @@ adds and removes. Lifecycle operations on one model are serialized by this actor
 different models share the repository's gate (``--model-load-thread-count``).
 Failure: a version that fails its first load is UNAVAILABLE with the reason; the other versions serve.
 An unexpected error (not a TritonError) in a tell goes to the RepositoryActor, which restarts this
-actor within a budget (:mod:`..runtime.supervisor`): :meth:`ModelActor.hand_over` stops it without unloading,
+actor within a budget (:mod:`...runtime.supervisor`): :meth:`ModelActor.hand_over` stops it without unloading,
 and the replacement reloads what was serving (load-then-swap, the old routing snapshot serving
 meanwhile); past the budget the replacement marks every version UNAVAILABLE with the reason and
 unloads them. Messages still queued in the failed actor fail UNAVAILABLE ("actor stopped").
@@ -43,15 +43,15 @@ from pathlib import Path
 import gevent
 import gevent.lock
 
-from ..backends.base import Backend
-from ..errors import TritonError
-from ..repository import config as config_mod
-from ..repository import ensemble_graph, layout, snapshot
-from ..repository.config import ModelConfig
-from ..runtime.bridge import call_in_thread
-from ..runtime.kernel import Actor, ActorRef, Reply
+from ...backends.base import Backend
+from ...errors import TritonError
+from ...repository import config as config_mod
+from ...repository import ensemble_graph, layout, snapshot
+from ...repository.config import ModelConfig
+from ...runtime.bridge import call_in_thread
+from ...runtime.kernel import Actor, ActorRef, Reply
+from ..scheduling.ensemble import Routes
 from .handles import LOADING, READY, UNAVAILABLE, UNLOADING, ModelHandle
-from .scheduling.ensemble import Routes
 from .version import Version, VersionSource, start_version, stop_version
 
 log = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ class MarkDown:
     """From the host: version ``version`` lost its instances with ``reason`` in a worker process. ``here``:
     this worker is that one (its reply fails when the version was loaded again since, so the host stops
     the broadcast); else the version turns UNAVAILABLE here if it is the same load: ``files`` (a
-    :meth:`~..repository.snapshot.Stamp.digest`, "" to skip the check) equal to this worker's. The reply
+    :meth:`~...repository.snapshot.Stamp.digest`, "" to skip the check) equal to this worker's. The reply
     completes with whether it changed anything, once the routing table shows it."""
 
     version: int

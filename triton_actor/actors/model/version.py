@@ -15,25 +15,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..backends.base import Backend, InstanceContext
-from ..errors import TritonError
-from ..metrics.latency import LatencyRecorder
-from ..metrics.statistics import VersionStats
-from ..observability.tracing import TRACER
-from ..repository import layout
-from ..repository.config import ModelConfig
-from ..repository.ensemble_graph import Graph
-from ..repository.snapshot import FileEntry
-from ..runtime.kernel import Reply
-from ..validation import RequestValidator
+from ...backends.base import Backend, InstanceContext
+from ...errors import TritonError
+from ...metrics.latency import LatencyRecorder
+from ...metrics.statistics import VersionStats
+from ...observability.tracing import TRACER
+from ...repository import layout
+from ...repository.config import ModelConfig
+from ...repository.ensemble_graph import Graph
+from ...repository.snapshot import FileEntry
+from ...runtime.kernel import Reply
+from ..scheduling.batch_queue import BatchPolicy
+from ..scheduling.ensemble import EnsembleScheduler, Routes
+from ..scheduling.instance import ModelInstance
+from ..scheduling.scheduler import Drain, SchedulerActor
+from ..scheduling.sequence_controls import SequenceTensors
+from ..scheduling.sequence_scheduler import SequenceSchedulerActor
+from ..scheduling.sequence_slots import SlotPolicy
 from .handles import LOADING, READY, UNAVAILABLE, UNKNOWN, ReadyState, VersionHandle, check_transition
-from .scheduling.batch_queue import BatchPolicy
-from .scheduling.ensemble import EnsembleScheduler, Routes
-from .scheduling.instance import ModelInstance
-from .scheduling.scheduler import Drain, SchedulerActor
-from .scheduling.sequence_controls import SequenceTensors
-from .scheduling.sequence_scheduler import SequenceSchedulerActor
-from .scheduling.sequence_slots import SlotPolicy
+from .validation import RequestValidator
 from .warmup import warm_up
 
 log = logging.getLogger(__name__)

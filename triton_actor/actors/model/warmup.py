@@ -12,15 +12,15 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import TritonError
-from ..inference import InferInput, InferRequest
-from ..protocol import bytes_codec
-from ..protocol.dtypes import BY_ENUM_VALUE, BYTES
-from ..repository import layout
-from ..repository.config import ModelConfig
-from ..runtime.kernel import Reply
-from ..runtime.response_channel import ResponseChannel
-from .scheduling.instance import ModelInstance
+from ...errors import TritonError
+from ...inference import InferInput, InferRequest
+from ...protocol import bytes_codec
+from ...protocol.dtypes import BY_ENUM_VALUE, BYTES
+from ...repository import layout
+from ...repository.config import ModelConfig
+from ...runtime.kernel import Reply
+from ...runtime.response_channel import ResponseChannel
+from ..scheduling.instance import ModelInstance
 
 WARMUP_TIMEOUT_S = 600.0
 

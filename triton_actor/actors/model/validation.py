@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import TritonError
-from .inference import InferRequest
-from .protocol.dtypes import BY_ENUM_VALUE, DType
-from .repository.config import ModelConfig
+from ...errors import TritonError
+from ...inference import InferRequest
+from ...protocol.dtypes import BY_ENUM_VALUE, DType
+from ...repository.config import ModelConfig
 
 
 @dataclass(frozen=True, slots=True)
