@@ -2,7 +2,7 @@
 
 Front ends (HTTP now, gRPC later) turn wire messages into these calls and the results back into wire
 messages. It reads the repository actor's published routing table (no round trip on the hot path);
-lifecycle calls and the index go through the typed :class:`~.actors.repository.RepositoryRef`.
+lifecycle calls and the index go through the typed :class:`~.actors.repository.actor.RepositoryRef`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from . import hostwide
 from .actors.model.handles import READY, ModelHandle, VersionHandle
-from .actors.repository import RepositoryActor
+from .actors.repository.actor import RepositoryActor
 from .errors import TritonError
 from .host import Host, LocalHost
 from .inference import InferRequest, InferResponse

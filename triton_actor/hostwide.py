@@ -29,7 +29,7 @@ from .observability.log_trace_settings import RuntimeSettings
 from .shared_memory import SharedMemoryRegistry
 
 if TYPE_CHECKING:
-    from .actors.repository import RepositoryActor
+    from .actors.repository.actor import RepositoryActor
 
 log = logging.getLogger("triton_actor.workers")
 

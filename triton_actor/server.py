@@ -2,7 +2,7 @@
 
 Ownership tree: Server → RepositoryActor → ModelActors → per version a SchedulerActor and its
 ModelInstances; the RepositoryActor supervises the ModelActors (restart within a budget, see
-``actors/repository.py``). Shutdown (SIGINT/SIGTERM): stop accepting, let in-flight requests finish (up to
+``actors/repository/actor.py``). Shutdown (SIGINT/SIGTERM): stop accepting, let in-flight requests finish (up to
 ``--exit-timeout-secs``), ``finalize()`` every model, exit 0.
 """
 
@@ -18,7 +18,7 @@ import gevent.event
 
 from . import hostwide, live_status
 from .actors.model.actor import LoadSettings
-from .actors.repository import RepositoryActor
+from .actors.repository.actor import RepositoryActor
 from .backends.base import Backend
 from .backends.devices import gpu_count
 from .backends.onnxruntime import OnnxRuntimeBackend

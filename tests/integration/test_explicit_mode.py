@@ -153,7 +153,7 @@ def test_config_and_file_overrides(tmp_path: Path, start_server) -> None:
     assert sorted(p.name for p in model_dir.rglob("*")) == before  # the repository is untouched
     client.load_model("m")  # without overrides: back to the repository's files
     assert ask(client, "m") == 101
-    # past 64 KiB, the config is parsed and the files written on a native thread (actors/repository.py)
+    # past 64 KiB, the config is parsed and the files written on a native thread (actors/repository/actor.py)
     big = json.loads(config)
     big["parameters"].update({f"p{i}": {"string_value": "x" * 64} for i in range(2000)})
     padding = b"#" + b"x" * 100_000 + b"\n"

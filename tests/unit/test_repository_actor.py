@@ -1,4 +1,4 @@
-"""RepositoryActor's load API guards (``triton_actor/actors/repository.py``): names and modes, as the gRPC
+"""RepositoryActor's load API guards (``triton_actor/actors/repository/actor.py``): names and modes, as the gRPC
 front end reaches them too (no URL routing in front of it)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from triton_actor.actors.model.actor import LoadSettings
-from triton_actor.actors.repository import RepositoryActor
+from triton_actor.actors.repository.actor import RepositoryActor
 from triton_actor.errors import Code, TritonError
 
 

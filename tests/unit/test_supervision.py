@@ -1,4 +1,4 @@
-"""Supervision of ModelActors by the RepositoryActor (``actors/repository.py``, ``runtime/supervisor.py``):
+"""Supervision of ModelActors by the RepositoryActor (``actors/repository/actor.py``, ``runtime/supervisor.py``):
 restart within a budget (the replacement reloads what was serving, load-then-swap), give up past it
 (every version UNAVAILABLE with the reason in the index). A fake backend whose ``auto_complete`` raises
 a plain exception plays the bug; the budget runs on a manual clock. Waits are on queues and replies.
@@ -17,7 +17,7 @@ from gevent import monkey
 
 from triton_actor.actors.model.actor import Load, LoadSettings
 from triton_actor.actors.model.handles import READY, UNAVAILABLE, ModelHandle
-from triton_actor.actors.repository import RepositoryActor
+from triton_actor.actors.repository.actor import RepositoryActor
 from triton_actor.backends.base import InstanceContext
 from triton_actor.inference import InferInput, InferRequest, InferResponse
 from triton_actor.protocol.dtypes import BY_WIRE

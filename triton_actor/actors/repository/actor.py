@@ -8,15 +8,15 @@ it when the load finished; the UnloadModel reply completes once the unload start
 its new handle), :class:`MarkVersionDown` (from the host: a version lost its instances in a worker
 process; handed to that model's actor), :class:`Index` (ask), :class:`UnloadAll` (reply completes when
 every model is gone),
-:class:`~..runtime.kernel.ChildFailed` (a ModelActor failed in a tell).
+:class:`~...runtime.kernel.ChildFailed` (a ModelActor failed in a tell).
 State owned: repository paths, control mode, model actors, the POLL bookkeeping
-(:class:`~..repository.reconcile.Reconciler`), and the routing table ``routes`` (name →
+(:class:`~...repository.reconcile.Reconciler`), and the routing table ``routes`` (name →
 :class:`ModelHandle`), an immutable mapping replaced on every change, so front ends read it with no
 round trip. Failure: a model that fails to load is UNAVAILABLE with its reason in the index (or keeps
 serving its previous version); the others serve. Supervision: a ModelActor that fails in a tell (an
 error that is not a TritonError, i.e. a bug or a backend breaking its contract) is replaced by a new
 one that reloads what was serving, while the old routing snapshot keeps serving, at most
-:data:`~..runtime.supervisor.MAX_RESTARTS` times in :data:`~..runtime.supervisor.RESTART_WINDOW_S`; the next failure
+:data:`~...runtime.supervisor.MAX_RESTARTS` times in :data:`~...runtime.supervisor.RESTART_WINDOW_S`; the next failure
 gives up: every version of that model UNAVAILABLE with the reason in the index and unloaded (a later
 load API call or POLL change loads it afresh).
 
@@ -24,7 +24,7 @@ Ensembles (https://github.com/triton-inference-server/server/blob/main/docs/user
 load only once the loads of its composing models in the same batch finished (:meth:`_load_in_order`,
 helper greenlets of :mod:`.load_order`); ensembles that contain each other fail at once with Triton's
 text. In EXPLICIT mode loading an ensemble loads what it needs first, and ``unload_dependents`` unloads
-what was loaded only for it (:class:`~..repository.dependencies.Dependencies`, owned here).
+what was loaded only for it (:class:`~...repository.dependencies.Dependencies`, owned here).
 
 POLL is reconciliation (docs/architecture.md, "Lifecycle"): each rescan (every ``--repository-poll-secs``,
 sooner when :mod:`.watcher` nudges) feeds the stamps on disk to the reconciler and carries out the
@@ -44,20 +44,20 @@ from typing import Any, TypeVar
 import gevent
 import gevent.lock
 
-from ..backends.base import Backend
-from ..errors import TritonError
-from ..repository import layout, overrides, snapshot
-from ..repository.config import ModelConfig
-from ..repository.dependencies import Dependencies, read_deps
-from ..repository.ensemble_graph import dependencies
-from ..repository.reconcile import Reconciler
-from ..runtime import gc_settle
-from ..runtime.bridge import call_in_thread
-from ..runtime.kernel import Actor, ActorRef, Reply
-from ..runtime.supervisor import RestartBudget
+from ...backends.base import Backend
+from ...errors import TritonError
+from ...repository import layout, overrides, snapshot
+from ...repository.config import ModelConfig
+from ...repository.dependencies import Dependencies, read_deps
+from ...repository.ensemble_graph import dependencies
+from ...repository.reconcile import Reconciler
+from ...runtime import gc_settle
+from ...runtime.bridge import call_in_thread
+from ...runtime.kernel import Actor, ActorRef, Reply
+from ...runtime.supervisor import RestartBudget
+from ..model.actor import Announce, LoadSettings, ModelActor, Restart
+from ..model.handles import READY, UNAVAILABLE, ModelHandle, VersionHandle
 from .load_order import Start, loader, start_after, unload_after
-from .model.actor import Announce, LoadSettings, ModelActor, Restart
-from .model.handles import READY, UNAVAILABLE, ModelHandle, VersionHandle
 from .watcher import Watcher
 
 log = logging.getLogger(__name__)
@@ -131,7 +131,7 @@ class ModelChanged:
 
 @dataclass(frozen=True, slots=True)
 class MarkVersionDown:
-    """See :class:`~.model.actor.MarkDown`; the files check applies in POLL only (elsewhere loads are host-wide
+    """See :class:`~..model.actor.MarkDown`; the files check applies in POLL only (elsewhere loads are host-wide
     changes, ordered by the host's control lock)."""
 
     name: str

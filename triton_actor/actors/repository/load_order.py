@@ -1,7 +1,7 @@
 """The helpers the RepositoryActor uses to load an ensemble after its composing models and to unload
 what it alone needed (``unload_dependents``). They run in helper greenlets the actor spawns and only
 tell model actors (a tell is safe from any greenlet); the decisions are the actor's
-(:class:`~..repository.dependencies.Dependencies`).
+(:class:`~...repository.dependencies.Dependencies`).
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from ..errors import TritonError
-from ..repository.config import ModelConfig
-from ..runtime.kernel import Reply
-from .model.actor import ModelRef
+from ...errors import TritonError
+from ...repository.config import ModelConfig
+from ...runtime.kernel import Reply
+from ..model.actor import ModelRef
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 watchdog's own Observer breaks under our patching (its ``SkipRepeatsQueue`` subclasses the patched
 ``queue.Queue``, so no events arrive; docs/architecture.md#threads), so the observer is not used: one native thread per
 repository runs an ``InotifyEmitter`` loop directly (its helper "threads" become greenlets of that
-thread's own hub, never the server's), and every event only sends a :class:`~..runtime.bridge.HubSignal`.
+thread's own hub, never the server's), and every event only sends a :class:`~...runtime.bridge.HubSignal`.
 The repository actor's periodic rescan stays the ground truth; a lost or coalesced event costs at
 most one poll period. Without inotify (or watchdog) the watcher logs once and does nothing.
 """
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..runtime.bridge import HubSignal, start_native_thread
+from ...runtime.bridge import HubSignal, start_native_thread
 
 log = logging.getLogger(__name__)
 _WAIT_S = 0.5  # how often a watcher thread checks whether it should stop
