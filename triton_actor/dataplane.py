@@ -11,11 +11,12 @@ from collections.abc import Container, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from . import hostwide
 from .actors.model.handles import READY, ModelHandle, VersionHandle
 from .actors.repository.actor import RepositoryActor
 from .errors import TritonError
-from .host import Host, LocalHost
+from .host import handlers as hostwide
+from .host.base import Host, LocalHost
+from .host.shared_memory import SharedMemoryRegistry
 from .inference import InferRequest, InferResponse
 from .observability.log_trace_settings import RuntimeSettings
 from .protocol import payloads
@@ -30,7 +31,6 @@ from .runtime.response_channel import (
     ChannelResponses,
     StreamAccount,
 )
-from .shared_memory import SharedMemoryRegistry
 
 SERVER_VERSION = "2.51.0"  # the Triton release whose protocol we speak (clients compare versions)
 
@@ -88,7 +88,7 @@ class DataPlane:
         self.live = False  # flipped by the server on start / shutdown
         self.runtime = runtime or RuntimeSettings()  # log and trace settings, shared by HTTP and gRPC
         self.accepting = False
-        self.host: Host = host or LocalHost()  # host-wide reads and changes go through it (host.py)
+        self.host: Host = host or LocalHost()  # host-wide reads and changes go through it (host/base.py)
 
     # -- health and metadata ----------------------------------------------------------------------
     def is_live(self) -> bool:

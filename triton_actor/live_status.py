@@ -1,4 +1,4 @@
-"""What the live status page shows: gathered per process, summed host-wide (host.py), as plain data.
+"""What the live status page shows: gathered per process, summed host-wide (host/base.py), as plain data.
 
 :func:`local_status` is this process's ``"status"`` host handler (registered by the server): the repository
 index (every model version with its state and reason) and, for each READY version, its scheduler's

@@ -16,7 +16,7 @@ from typing import Any
 import gevent
 import gevent.event
 
-from . import hostwide, live_status
+from . import live_status
 from .actors.model.actor import LoadSettings
 from .actors.repository.actor import RepositoryActor
 from .backends.base import Backend
@@ -35,8 +35,10 @@ from .frontends.http import HttpFrontend
 from .frontends.http_routes import create_app
 from .frontends.http_server import HttpServer
 from .frontends.metrics_server import MetricsServer
-from .host import Host, LocalHost
-from .metrics.snapshot import MetricsSource
+from .host import handlers as hostwide
+from .host.base import Host, LocalHost
+from .host.metrics_snapshot import MetricsSource
+from .host.shared_memory import SharedMemoryRegistry
 from .metrics.statsd_push import StatsdPusher
 from .observability import log_format
 from .observability.log_trace_settings import RuntimeSettings
@@ -46,7 +48,6 @@ from .repository import remote
 from .repository.remote import RemoteRepository
 from .runtime import gc_settle, hub_errors
 from .server_calls import ServerCalls
-from .shared_memory import SharedMemoryRegistry
 
 log = logging.getLogger("triton_actor.server")
 
@@ -71,7 +72,7 @@ class Server:
                  host: Host | None = None) -> None:
         self.settings = settings
         hub_errors.install()  # a greenlet's SystemExit is model code's, not a way to end the server
-        self.host: Host = host or LocalHost()  # what is host-wide with several workers (host.py)
+        self.host: Host = host or LocalHost()  # what is host-wide with several workers (host/base.py)
         load = LoadSettings(
             gpu_count=gpu_count(),
             auto_complete=settings.auto_complete,

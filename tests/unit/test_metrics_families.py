@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 
 from triton_actor.frontends.metrics_server import MetricsServer
-from triton_actor.host import LocalHost
+from triton_actor.host.base import LocalHost
 from triton_actor.metrics.config import MetricsConfig, parse_metrics_config
 from triton_actor.metrics.exposition import render
 from triton_actor.metrics.families import TritonCollector, merge_custom, merge_models

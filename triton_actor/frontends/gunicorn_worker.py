@@ -69,7 +69,7 @@ class TritonWorker(Worker):
         from gunicorn.arbiter import Arbiter
 
         from ..cli import configure_logging, log_ignored_flags, parse
-        from ..hostwide import replay
+        from ..host.handlers import replay
         from ..runtime import fastpath, gc_settle
         from ..server import Server, StartupError
         from ..workers.host import WorkerHost

@@ -27,7 +27,7 @@ from collections.abc import Callable
 import gevent
 from gevent.event import AsyncResult
 
-from ..host import Host
+from ..host.base import Host
 from ..metrics.config import MetricsConfig
 from ..metrics.exposition import CONTENT_TYPE, render
 from ..metrics.families import TritonCollector

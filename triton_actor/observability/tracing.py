@@ -133,7 +133,7 @@ class Tracer:
         self._suffix = ""  # ".worker<N>" for worker N > 0: one writer per file (see for_worker)
 
     def for_worker(self, worker_id: int) -> None:
-        """Several worker processes (host.py): trace ids stay unique host-wide (worker N counts from
+        """Several worker processes (host/base.py): trace ids stay unique host-wide (worker N counts from
         N * 10**12) and worker N > 0 writes ``<trace_file>.worker<N>``, so no two processes write one file."""
         self._last_id = max(self._last_id, worker_id * 10**12)
         self._suffix = f".worker{worker_id}" if worker_id else ""

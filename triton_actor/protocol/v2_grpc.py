@@ -16,9 +16,9 @@ import numpy as np
 from google.protobuf import json_format
 
 from ..errors import TritonError
+from ..host.shared_memory import parse_window, write_output
 from ..inference import InferInput, InferRequest, InferResponse, RequestedOutput
 from ..runtime import fastpath
-from ..shared_memory import parse_window, write_output
 from . import bytes_codec
 from ._generated import grpc_service_pb2 as pb
 from .classification import selected_outputs
@@ -26,7 +26,7 @@ from .dtypes import BY_WIRE, BYTES, DType, from_numpy
 from .v2_http import MANY_INPUTS, SLICE, element_count, refuse_unknown_inputs, tensor_from_bytes
 
 if TYPE_CHECKING:
-    from ..shared_memory import SharedMemoryRegistry
+    from ..host.shared_memory import SharedMemoryRegistry
 
 SEQUENCE_START, SEQUENCE_END = 1, 2
 # The only ``triton_`` request parameter a gRPC client may set (https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_parameters.md).

@@ -13,15 +13,15 @@ import numpy as np
 import orjson
 
 from ..errors import TritonError
+from ..host.shared_memory import parse_window, write_output
 from ..inference import InferInput, InferRequest, InferResponse, RequestedOutput
 from ..runtime import fastpath
-from ..shared_memory import parse_window, write_output
 from . import bytes_codec
 from .classification import selected_outputs
 from .dtypes import BF16, BF16_NUMPY, BY_WIRE, BYTES, DType, from_numpy
 
 if TYPE_CHECKING:
-    from ..shared_memory import SharedMemoryRegistry
+    from ..host.shared_memory import SharedMemoryRegistry
 
 # Request parameters Triton consumes itself; everything else (except triton_*) goes to the model.
 _CONSUMED = frozenset({"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "binary_data_output"})

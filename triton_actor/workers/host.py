@@ -1,4 +1,4 @@
-"""The multi-worker :class:`~..host.Host`: gathers and broadcasts over the workers' control sockets.
+"""The multi-worker :class:`~..host.base.Host`: gathers and broadcasts over the workers' control sockets.
 
 Owner: one per worker process, made by the gunicorn worker class before the server starts. Peers are the
 sockets in ``<run_dir>/workers/``; a socket nobody answers on belongs to a worker that died (the arbiter
@@ -22,7 +22,7 @@ import gevent.event
 import gevent.pool
 
 from ..errors import Code, TritonError
-from ..host import LocalHost
+from ..host.base import LocalHost
 from . import control
 from .journal import Journal, change_key, locked
 

@@ -212,7 +212,7 @@ class RepositoryActor(Actor):
                  load_threads: int = 4, restarts: RestartBudget | None = None,
                  refresh: Callable[[], object] | None = None, announce: Announce | None = None) -> None:
         super().__init__("repository")
-        self._announce = announce  # the model actors' word that a version lost its instances (hostwide.py)
+        self._announce = announce  # the model actors' word that a version lost its instances (host/handlers.py)
         self._refresh = refresh  # re-syncs object-store mirrors (repository/remote.py) before a load
         self._restarts = restarts or RestartBudget()
         self.repositories = repositories

@@ -1,6 +1,6 @@
 """The server's side of isolated models' custom metrics (``metrics_forwarding.py`` is the model's side):
 their families and series live in the server's own ``pb_utils`` registry, where ``/metrics`` reads
-every model's (``metrics/snapshot.py``), so an isolated model's series look as an in-process one's,
+every model's (``host/metrics_snapshot.py``), so an isolated model's series look as an in-process one's,
 and a series shared with other models (same family name and labels) adds up with theirs.
 
 :class:`MetricsMirror` (one per model process) creates what the model registers and applies the

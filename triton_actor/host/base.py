@@ -10,7 +10,7 @@ settings reach every worker. Everything that needs that goes through a :class:`H
 * ``host.gather(kind, args)`` -- every live worker's answer, this worker's first: for reads that are summed
   (``statistics``, ``metrics``). A worker that does not answer in time is left out of the sum and logged.
 * ``host.broadcast(kind, args)`` -- run a command on every worker and return their answers, this worker's
-  first; a worker's error is raised here as :class:`~.errors.TritonError` (the caller decides how to undo).
+  first; a worker's error is raised here as :class:`~..errors.TritonError` (the caller decides how to undo).
 
 :class:`LocalHost` is the one-process host (no workers): it calls the local handler and nothing else, so the
 code that uses it is the same with and without workers. The multi-worker host lives in
@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from .errors import TritonError
+from ..errors import TritonError
 
 Handler = Callable[[dict[str, Any]], Any]
 

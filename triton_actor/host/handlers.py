@@ -1,4 +1,4 @@
-"""This process's side of what is host-wide: the handlers a :class:`~.host.Host` runs here, and the
+"""This process's side of what is host-wide: the handlers a :class:`~.base.Host` runs here, and the
 proxies that send changes through the host.
 
 * :func:`register_handlers` -- statistics (this process's raw per-version counters), model control, model
@@ -21,15 +21,15 @@ from typing import TYPE_CHECKING, Any
 
 import gevent
 
-from .actors.model.actor import SUPERSEDED
-from .actors.model.handles import READY
-from .errors import TritonError
-from .host import Host
-from .observability.log_trace_settings import RuntimeSettings
+from ..actors.model.actor import SUPERSEDED
+from ..actors.model.handles import READY
+from ..errors import TritonError
+from ..observability.log_trace_settings import RuntimeSettings
+from .base import Host
 from .shared_memory import SharedMemoryRegistry
 
 if TYPE_CHECKING:
-    from .actors.repository.actor import RepositoryActor
+    from ..actors.repository.actor import RepositoryActor
 
 log = logging.getLogger("triton_actor.workers")
 
