@@ -16,7 +16,6 @@ from typing import Any
 import gevent
 import gevent.event
 
-from . import live_status
 from .actors.model.actor import LoadSettings
 from .actors.repository.actor import RepositoryActor
 from .backends.base import Backend
@@ -25,7 +24,6 @@ from .backends.onnxruntime import OnnxRuntimeBackend
 from .backends.python.backend import PythonBackend
 from .backends.pytorch import PyTorchBackend
 from .config.settings import Settings
-from .dataplane import DataPlane
 from .errors import TritonError
 from .frontends.budget import ByteBudget
 from .frontends.descriptors import ConnectionSlots, region_total
@@ -42,12 +40,14 @@ from .host.shared_memory import SharedMemoryRegistry
 from .metrics.statsd_push import StatsdPusher
 from .observability import log_format
 from .observability.log_trace_settings import RuntimeSettings
+from .plane import live_status
+from .plane.calls_from_models import ServerCalls
+from .plane.dataplane import DataPlane
 from .protocol import header_forward, http1
 from .protocol.restricted import Restrictions
 from .repository import remote
 from .repository.remote import RemoteRepository
 from .runtime import gc_settle, hub_errors
-from .server_calls import ServerCalls
 
 log = logging.getLogger("triton_actor.server")
 

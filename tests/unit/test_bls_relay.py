@@ -171,7 +171,7 @@ class _Inbox:
 
 def test_the_server_iterator_counts_what_the_relay_forwards_only_when_the_model_took_it() -> None:
     from triton_actor.inference import InferResponse
-    from triton_actor.server_calls import _END, ResponseIterator, _Reading
+    from triton_actor.plane.calls_from_models import _END, ResponseIterator, _Reading
 
     reading = _Reading()
     items = [(InferResponse([("INDEX", np.array([i], np.int32))]), False, 100 + i) for i in range(3)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from triton_actor.bls_waits import WaitGraph
+from triton_actor.plane.bls_waits import WaitGraph
 
 
 @dataclass(eq=False)

@@ -11,7 +11,6 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from triton_actor import live_status
 from triton_actor.inference import InferInput, InferRequest, InferResponse
 from triton_actor.metrics.statistics import (
     LATENCY_BUCKETS,
@@ -22,6 +21,7 @@ from triton_actor.metrics.statistics import (
 )
 from triton_actor.observability.log_trace_settings import RuntimeSettings, trace_config
 from triton_actor.observability.tracing import Tracer
+from triton_actor.plane import live_status
 from triton_actor.protocol import trace_json
 from triton_actor.protocol.dtypes import BY_WIRE
 

@@ -15,9 +15,9 @@ from typing import Any, NamedTuple
 import gevent
 import gevent.lock
 
-from ..dataplane import DataPlane, Pending
 from ..errors import Code, TritonError
 from ..inference import InferRequest
+from ..plane.dataplane import DataPlane, Pending
 from ..protocol import header_forward, v2_grpc
 from ..protocol._generated import grpc_service_pb2 as pb
 from ..protocol._generated import health_pb2

@@ -18,9 +18,9 @@ import gevent.lock
 import orjson
 from flask import Flask
 
-from ..dataplane import DataPlane, Streamed
 from ..errors import Code, TritonError
 from ..inference import InferRequest, InferResponse
+from ..plane.dataplane import DataPlane, Streamed
 from ..protocol import codings, generate, header_forward, payloads, repository_http, v2_http
 from ..runtime.bridge import call_in_thread
 from ..runtime.kernel import Reply as Reply_

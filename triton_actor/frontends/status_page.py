@@ -1,7 +1,7 @@
 """The live status page on the HTTP port: ``/status`` (and ``/``) serve one self-contained HTML page whose
 script polls ``/status.json`` every second; no build step, nothing fetched from elsewhere.
 
-``/status.json`` is :func:`~..live_status.merge` over ``host.gather("status")``: host-wide with several
+``/status.json`` is :func:`~..plane.live_status.merge` over ``host.gather("status")``: host-wide with several
 workers. The request rate is computed by the page from two answers (the server's clock in each), so the
 server keeps no rate state. Views run in the request's greenlet.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from flask import Flask
 
-from .. import live_status
-from ..dataplane import DataPlane
+from ..plane import live_status
+from ..plane.dataplane import DataPlane
 from .http import HttpRequest, Reply, json_reply
 
 _HTML_HEADERS = [("Content-Type", "text/html; charset=utf-8"), ("Cache-Control", "no-store")]

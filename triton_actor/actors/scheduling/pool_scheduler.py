@@ -104,7 +104,7 @@ class PoolScheduler(InlineActor):
         return snap
 
     def on_GetStatus(self, _msg: GetStatus) -> dict[str, object]:
-        """The status page's view (live_status.py), as every scheduler answers it."""
+        """The status page's view (plane/live_status.py), as every scheduler answers it."""
         return {"stats": self._stats.snapshot(), "queued": self._waiting(), "running": self._running,
                 **self._pool.status()}
 

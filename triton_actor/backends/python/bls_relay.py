@@ -1,7 +1,7 @@
 """Decoupled BLS streams of an isolated Python model, server side: ``exec(decoupled=True)`` and
 ``async_exec(decoupled=True)`` made in the model's process (``isolated_child_bls.py`` is the other side).
 
-The server runs the call with its own hooks (``server_calls.py``: the data plane, the BLS wait graph,
+The server runs the call with its own hooks (``plane/calls_from_models.py``: the data plane, the BLS wait graph,
 the pump that keeps a stream's bound) and a :class:`BlsRelay` forwards the responses over the pipe.
 The pump's bound counts what the *model* took, not what the relay forwarded: the model's process
 says what its iterator took, ``("call_taken", id, responses, bytes)``, once half the stream's window

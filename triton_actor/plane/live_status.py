@@ -2,8 +2,8 @@
 
 :func:`local_status` is this process's ``"status"`` host handler (registered by the server): the repository
 index (every model version with its state and reason) and, for each READY version, its scheduler's
-:class:`~.actors.scheduling.scheduler.GetStatus` answer, and ``streams``: what streaming requests hold that their
-clients have not taken yet (:func:`~.runtime.response_channel.stream_totals`). :func:`merge` sums the answers of every worker into what
+:class:`~..actors.scheduling.scheduler.GetStatus` answer, and ``streams``: what streaming requests hold that their
+clients have not taken yet (:func:`~..runtime.response_channel.stream_totals`). :func:`merge` sums the answers of every worker into what
 ``/status.json`` serves: counts and latency histograms are added first, then percentiles are read from
 the summed histogram (percentiles of workers cannot be averaged).
 
@@ -16,12 +16,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .actors.model.handles import READY
+from ..actors.model.handles import READY
+from ..errors import TritonError
+from ..metrics.statistics import LATENCY_BUCKETS, percentile_ns
+from ..runtime import gc_settle
+from ..runtime.response_channel import stream_totals
 from .dataplane import DataPlane
-from .errors import TritonError
-from .metrics.statistics import LATENCY_BUCKETS, percentile_ns
-from .runtime import gc_settle
-from .runtime.response_channel import stream_totals
 
 _SUMMED = ("queued", "running", "busy_instances", "success", "fail", "inference_count", "execution_count",
            "success_ns", "queue_ns", "compute_ns")

@@ -7,9 +7,9 @@ validation, the target's own scheduler and batching), so any model that plane se
 
 Threads: the hooks are called on the calling model's instance thread (or a thread or greenlet it
 started, or the instance's asyncio loop for ``async_exec``); the work runs in a greenlet on the hub
-(:class:`~.runtime.bridge.HubCalls`) and the answer comes back through a
-:class:`~.runtime.bridge.ThreadInbox` (or the asyncio loop's ``call_soon_threadsafe``). Called on the
-hub itself (a model promoted to run inline) a hook raises :class:`~.runtime.bridge.RunOnThread`: the
+(:class:`~..runtime.bridge.HubCalls`) and the answer comes back through a
+:class:`~..runtime.bridge.ThreadInbox` (or the asyncio loop's ``call_soon_threadsafe``). Called on the
+hub itself (a model promoted to run inline) a hook raises :class:`~..runtime.bridge.RunOnThread`: the
 instance re-runs the batch on its thread and keeps it (actors/scheduling/instance.py), so the hub never waits
 for itself. Owner: the server creates one, installs the hooks at start and removes them at stop.
 Failure: an inference error becomes ``response.has_error()`` with Triton's text; a BLS call that
@@ -28,15 +28,13 @@ from typing import Any
 import gevent
 import gevent.event
 
-from .actors.scheduling.ensemble import ensemble_of
-from .backends.python import triton_python_backend_utils as pb_utils
-from .backends.python.triton_python_backend_utils import server_calls as hooks
-from .bls_waits import WaitGraph
-from .dataplane import DataPlane
-from .errors import TritonError
-from .inference import InferInput, InferRequest, InferResponse, RequestedOutput
-from .protocol.dtypes import BY_ENUM_VALUE, from_numpy
-from .runtime.bridge import (
+from ..actors.scheduling.ensemble import ensemble_of
+from ..backends.python import triton_python_backend_utils as pb_utils
+from ..backends.python.triton_python_backend_utils import server_calls as hooks
+from ..errors import TritonError
+from ..inference import InferInput, InferRequest, InferResponse, RequestedOutput
+from ..protocol.dtypes import BY_ENUM_VALUE, from_numpy
+from ..runtime.bridge import (
     HubCalls,
     HubSignal,
     NativeWorker,
@@ -47,7 +45,9 @@ from .runtime.bridge import (
     this_thread_hub,
     wait_on_hub,
 )
-from .runtime.response_channel import STREAM_MAX_BYTES, STREAM_MAX_RESPONSES, ChannelResponses
+from ..runtime.response_channel import STREAM_MAX_BYTES, STREAM_MAX_RESPONSES, ChannelResponses
+from .bls_waits import WaitGraph
+from .dataplane import DataPlane
 
 _END = object()  # the end of a decoupled BLS stream in its inbox
 

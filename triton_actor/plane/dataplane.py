@@ -2,7 +2,7 @@
 
 Front ends (HTTP now, gRPC later) turn wire messages into these calls and the results back into wire
 messages. It reads the repository actor's published routing table (no round trip on the hot path);
-lifecycle calls and the index go through the typed :class:`~.actors.repository.actor.RepositoryRef`.
+lifecycle calls and the index go through the typed :class:`~..actors.repository.actor.RepositoryRef`.
 """
 
 from __future__ import annotations
@@ -11,20 +11,20 @@ from collections.abc import Container, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .actors.model.handles import READY, ModelHandle, VersionHandle
-from .actors.repository.actor import RepositoryActor
-from .errors import TritonError
-from .host import handlers as hostwide
-from .host.base import Host, LocalHost
-from .host.shared_memory import SharedMemoryRegistry
-from .inference import InferRequest, InferResponse
-from .observability.log_trace_settings import RuntimeSettings
-from .protocol import payloads
-from .protocol.dtypes import BY_ENUM_VALUE, DType
-from .repository import config as config_mod
-from .repository.overrides import FILE_PREFIX
-from .runtime.kernel import Reply
-from .runtime.response_channel import (
+from ..actors.model.handles import READY, ModelHandle, VersionHandle
+from ..actors.repository.actor import RepositoryActor
+from ..errors import TritonError
+from ..host import handlers as hostwide
+from ..host.base import Host, LocalHost
+from ..host.shared_memory import SharedMemoryRegistry
+from ..inference import InferRequest, InferResponse
+from ..observability.log_trace_settings import RuntimeSettings
+from ..protocol import payloads
+from ..protocol.dtypes import BY_ENUM_VALUE, DType
+from ..repository import config as config_mod
+from ..repository.overrides import FILE_PREFIX
+from ..runtime.kernel import Reply
+from ..runtime.response_channel import (
     STREAM_MAX_BYTES,
     STREAM_MAX_RESPONSES,
     BoundedResponseChannel,

@@ -21,7 +21,7 @@ A version waited on through requests in flight is stuck only if every one of the
 does not know which request a caller waits for): that may miss a cycle, never invents one. A step
 after a decoupled step counts as needed though it runs once per response, possibly never.
 
-Owner: :class:`~.server_calls.ServerCalls`; touched only in the hub thread (no locks). Instances are
+Owner: :class:`~.calls_from_models.ServerCalls`; touched only in the hub thread (no locks). Instances are
 found through their native workers' tags (``(model, version)``, set by ``actors/scheduling/instance.py``).
 """
 
@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from .runtime.bridge import NativeWorker, workers_tagged
+from ..runtime.bridge import NativeWorker, workers_tagged
 
 VersionKey = tuple[str, int]
 
