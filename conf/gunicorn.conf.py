@@ -18,4 +18,4 @@ from triton_actor.workers.arbiter import gunicorn_options
 _argv = shlex.split(os.environ.get("TRITON_ACTOR_ARGS", "--model-repository model_repository"))
 _settings = parse([*_argv, "--workers", os.environ.get("TRITON_ACTOR_WORKERS", "2")])
 globals().update(gunicorn_options(_settings, _argv))
-wsgi_app = "triton_actor.frontends.gunicorn_worker:unused_app"  # required by gunicorn; not served
+wsgi_app = "triton_actor.workers.gunicorn_worker:unused_app"  # required by gunicorn; not served

@@ -28,8 +28,8 @@ from triton_actor.actors.model.actor import VersionDown
 from triton_actor.actors.model.handles import READY, UNAVAILABLE
 from triton_actor.cli import parse
 from triton_actor.server import Server
-from triton_actor.workers.host import WorkerHost
 from triton_actor.workers.journal import locked
+from triton_actor.workers.worker_host import WorkerHost
 
 from .gunicorn_server import PID_CONFIG, PID_PY, Gunicorn
 from .model_control import index, wait_for

@@ -28,9 +28,9 @@ from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
 
 from ..config.settings import Settings
-from ..frontends.gunicorn_worker import ARGS_ENV, RUN_DIR_ENV
+from .gunicorn_worker import ARGS_ENV, RUN_DIR_ENV
 
-WORKER_CLASS = "triton_actor.frontends.gunicorn_worker.TritonWorker"
+WORKER_CLASS = "triton_actor.workers.gunicorn_worker.TritonWorker"
 READY_WAIT_S = 600.0  # a new worker loads every model before it serves
 
 
@@ -162,7 +162,7 @@ class _Application(BaseApplication):
                 self.cfg.set(key, value)
 
     def load(self) -> Any:
-        from ..frontends.gunicorn_worker import unused_app
+        from .gunicorn_worker import unused_app
 
         return unused_app
 

@@ -5,7 +5,7 @@ arbiter (in that order: ``bind = [http, grpc]``) and forks workers of this class
 
 1. patches gevent (``triton_actor.bootstrap``, after the fork: the arbiter stays unpatched),
 2. builds the server from ``TRITON_ACTOR_ARGS`` (the ``triton-actor`` flags) and a
-   :class:`~..workers.host.WorkerHost` on the arbiter's run directory (``TRITON_ACTOR_RUN_DIR``),
+   :class:`~.worker_host.WorkerHost` on the arbiter's run directory (``TRITON_ACTOR_RUN_DIR``),
 3. joins the host (registers its control socket, reads the journal), loads its models and replays the
    journal, and only then serves the arbiter's listening sockets -- a worker never accepts a connection it
    cannot answer, so a rolling restart fails no request,
@@ -72,7 +72,7 @@ class TritonWorker(Worker):
         from ..host.handlers import replay
         from ..runtime import fastpath, gc_settle
         from ..server import Server, StartupError
-        from ..workers.host import WorkerHost
+        from .worker_host import WorkerHost
 
         settings = parse(shlex.split(os.environ.get(ARGS_ENV, "")))
         settings = dataclasses.replace(settings, workers=self.cfg.workers)  # instance counts are per host
