@@ -27,7 +27,7 @@ from ..protocol.restricted import Restrictions
 from ..runtime import fastpath
 from . import compression
 from .compression import Hold
-from .status import HTTP_STATUS, status_line
+from .http_status import HTTP_STATUS, status_line
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 :func:`create_app` builds the Flask app whose url map :class:`.http.HttpFrontend` routes every request
 with. A view takes an :class:`.http.HttpRequest` and the url arguments and returns a
 :data:`.http.Reply`: decode → data-plane call → encode; a :class:`TritonError` it raises becomes
-``{"error": "..."}`` with the status of :mod:`.status`.
+``{"error": "..."}`` with the status of :mod:`.http_status`.
 """
 
 from __future__ import annotations
