@@ -1,1 +1,1 @@
-"""The actor core: kernel, thread bridge, and the repository / model / scheduler / instance actors."""
+"""The actors of the supervision tree, one package per level: repository → model → scheduling (the kernel is in runtime/)."""
