@@ -34,8 +34,8 @@ def gpu_count(environ: dict[str, str] | None = None, proc: Path = _PROC) -> int:
 
 
 def _probe(backend: str) -> Callable[[], str | None] | None:
-    """The backend's own ``gpu_support()``; imported on first use (the backends import the repository
-    layer, which imports this module). Backends without one (python) run wherever they are put."""
+    """The backend's own ``gpu_support()``, its module imported on first use (only hosts with a GPU ask).
+    Backends without one (python) run wherever they are put."""
     if backend == "onnxruntime":
         from . import onnxruntime as module
     elif backend == "pytorch":
@@ -58,7 +58,7 @@ def runtime_gpu_support(backend: str) -> str | None:
         probe = _probe(backend)
         if probe is None:
             return None
-        from ..runtime.bridge import call_in_thread  # lazy, for the same reason
+        from ..runtime.bridge import call_in_thread  # lazy: only hosts with a GPU get here
 
         _answers[backend] = call_in_thread(probe)
     return _answers[backend]

@@ -15,7 +15,6 @@ from typing import Any
 from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import FieldDescriptor
 
-from ..backends.devices import runtime_gpu_support
 from ..errors import TritonError
 from ..protocol._generated import model_config_pb2 as mc
 from .layout import is_plain_file_name
@@ -132,12 +131,19 @@ def fill_backend_fields(cfg: ModelConfig, model: str, first_version_dir: Path | 
         cfg.backend = model.rsplit(".", 1)[1]
 
 
+def any_runtime(backend: str) -> str | None:
+    """The GPU support of a caller that names none: every backend's runtime is taken to use a GPU (model
+    actors pass the real probe, ``LoadSettings.gpu_support``)."""
+    return None
+
+
 def normalize(cfg: ModelConfig, model: str, gpu_count: int,
-              gpu_support: Callable[[str], str | None] = runtime_gpu_support) -> None:
+              gpu_support: Callable[[str], str | None] = any_runtime) -> None:
     """Triton's ``NormalizeModelConfig`` / ``NormalizeInstanceGroup``: what /config shows after load.
 
     A kind left to the server (KIND_AUTO) is KIND_GPU only when the host has a GPU and the backend's
-    runtime can use it (``gpu_support(backend)`` is None, see :mod:`triton_actor.backends.devices`), else KIND_CPU:
+    runtime can use it (``gpu_support(backend)`` is None: a model actor passes
+    ``LoadSettings.gpu_support``, :func:`triton_actor.backends.devices.runtime_gpu_support`), else KIND_CPU:
     the CPU wheel of onnxruntime on a GPU host serves on the CPU instead of failing to load."""
     if not cfg.HasField("version_policy"):
         cfg.version_policy.latest.num_versions = 1
@@ -167,7 +173,7 @@ def normalize(cfg: ModelConfig, model: str, gpu_count: int,
 
 
 def validate(cfg: ModelConfig, model: str, gpu_count: int,
-             gpu_support: Callable[[str], str | None] = runtime_gpu_support) -> None:
+             gpu_support: Callable[[str], str | None] = any_runtime) -> None:
     """The invalid combinations (https://github.com/triton-inference-server/server/blob/main/docs/user_guide/model_configuration.md) that apply to any model; raise on the first.
     An explicit KIND_GPU needs a GPU on the host and a runtime that can use it (``gpu_support``)."""
     if cfg.name != model:

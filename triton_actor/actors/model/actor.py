@@ -44,6 +44,7 @@ import gevent
 import gevent.lock
 
 from ...backends.base import Backend
+from ...backends.devices import runtime_gpu_support
 from ...errors import TritonError
 from ...repository import config as config_mod
 from ...repository import ensemble_graph, layout, snapshot
@@ -70,6 +71,9 @@ class LoadSettings:
     auto_complete: bool = True
     config_name: str = ""
     gpu_count: int = 0
+    # None when a backend's runtime can use a GPU, else why not: the model actor hands it to the config
+    # checks, so the repository's files need not import the backends
+    gpu_support: Callable[[str], str | None] = runtime_gpu_support
     backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
     load_timeout_s: float = 600.0
     latency_metrics: tuple[bool, bool] = (False, False)  # (summary_latencies, histogram_latencies)
@@ -373,16 +377,16 @@ class ModelActor(Actor):
             )
         if s.auto_complete:
             call_in_thread(backend.auto_complete, cfg, model_dir, first, explicit)
-        config_mod.normalize(cfg, self.model, s.gpu_count)
-        config_mod.validate(cfg, self.model, s.gpu_count)
+        config_mod.normalize(cfg, self.model, s.gpu_count, s.gpu_support)
+        config_mod.validate(cfg, self.model, s.gpu_count, s.gpu_support)
         return _Plan(model_dir, stamp, cfg, backend, self._select(cfg, available))
 
     def _prepare_ensemble(self, model_dir: Path, cfg: ModelConfig, stamp: snapshot.Stamp,
                           available: dict[int, Path]) -> _Plan:
         """An ensemble: no backend; its graph is checked, then against the composing models as the
         routing table shows them now (the repository loads them first)."""
-        config_mod.normalize(cfg, self.model, self._settings.gpu_count)
-        config_mod.validate(cfg, self.model, self._settings.gpu_count)
+        config_mod.normalize(cfg, self.model, self._settings.gpu_count, self._settings.gpu_support)
+        config_mod.validate(cfg, self.model, self._settings.gpu_count, self._settings.gpu_support)
         graph = ensemble_graph.check_scheduling(cfg)
         routes = self._routes()
         models = {}
