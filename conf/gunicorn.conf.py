@@ -12,7 +12,7 @@ replaced. What is host-wide and who owns it: ``triton_actor/workers/__init__.py`
 import os
 import shlex
 
-from triton_actor.cli import parse
+from triton_actor.config.command_line import parse
 from triton_actor.workers.arbiter import gunicorn_options
 
 _argv = shlex.split(os.environ.get("TRITON_ACTOR_ARGS", "--model-repository model_repository"))

@@ -26,7 +26,7 @@ from tritonclient.utils import InferenceServerException
 
 from triton_actor.actors.model.actor import VersionDown
 from triton_actor.actors.model.handles import READY, UNAVAILABLE
-from triton_actor.cli import parse
+from triton_actor.config.command_line import parse
 from triton_actor.server import Server
 from triton_actor.workers.journal import locked
 from triton_actor.workers.worker_host import WorkerHost

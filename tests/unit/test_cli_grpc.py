@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from triton_actor.cli import parse
+from triton_actor.config.command_line import parse
 from triton_actor.config.settings import default_grpc_max_connections
 
 

@@ -8,7 +8,7 @@ import shlex
 
 import pytest
 
-from triton_actor.cli import parse
+from triton_actor.config.command_line import parse
 from triton_actor.errors import TritonError
 from triton_actor.inference import InferRequest
 from triton_actor.observability import log_format

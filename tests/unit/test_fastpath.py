@@ -62,7 +62,7 @@ def test_a_cache_needs_room_for_one_entry() -> None:
 
 
 def test_the_command_line_switch_wins_over_the_environment() -> None:
-    from triton_actor.cli import parse
+    from triton_actor.config.command_line import parse
 
     assert parse(["--model-repository", "x", "--fast-paths=false"]).fast_paths is False
     assert parse(["--model-repository", "x", "--fast-paths"]).fast_paths is True

@@ -7,7 +7,7 @@ import resource
 
 import pytest
 
-from triton_actor.cli import parse
+from triton_actor.config.command_line import parse
 from triton_actor.config.settings import Settings
 
 

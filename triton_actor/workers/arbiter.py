@@ -69,7 +69,7 @@ def preload(arbiter: Arbiter) -> None:
 
 
 def parse_args() -> Settings:
-    from ..cli import parse
+    from ..config.command_line import parse
 
     return parse(shlex.split(os.environ.get(ARGS_ENV, "")))
 

@@ -68,7 +68,7 @@ class TritonWorker(Worker):
         import gevent
         from gunicorn.arbiter import Arbiter
 
-        from ..cli import configure_logging, log_ignored_flags, parse
+        from ..config.command_line import configure_logging, log_ignored_flags, parse
         from ..host.handlers import replay
         from ..runtime import fastpath, gc_settle
         from ..server import Server, StartupError
