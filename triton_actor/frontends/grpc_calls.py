@@ -16,7 +16,7 @@ import logging
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import gevent
 import gevent.lock
@@ -29,17 +29,38 @@ from ..protocol import codings
 from ..protocol import http2 as h2
 from ..protocol._generated import grpc_service_pb2 as pb
 from ..protocol._generated import health_pb2
-from ..protocol.h2_connection import H2Stream, StreamClosedError
+from ..protocol.h2_connection import H2Connection, H2Stream, StreamClosedError
 from ..runtime import fastpath
 from ..runtime.response_channel import StreamAccount
 from . import compression
-from .budget import with_room
+from .budget import ByteBudget, with_room
 from .grpc import GrpcServicer, StreamError
 
-if TYPE_CHECKING:
-    from .grpc_h2 import Connection
-
 log = logging.getLogger(__name__)
+
+
+class CallServer(Protocol):
+    """What a call reads of the server its connection belongs to (``grpc_h2.GrpcH2Server``)."""
+
+    servicer: GrpcServicer
+    budget: ByteBudget  # request bytes held by all calls
+    max_receive: int  # bytes of one request message
+    max_send: int  # bytes of one response message
+
+
+class CallConnection(Protocol):
+    """What a call needs of its connection (``grpc_h2.Connection``; the driver hands each stream's events to
+    the calls, so the calls know the connection by this seam only). Every method runs in a hub greenlet."""
+
+    server: CallServer
+    h2: H2Connection  # the connection's state machine
+    writer: gevent.Greenlet | None  # the greenlet inside sendall, if any
+
+    def flush(self) -> bool: ...
+
+    def wait_window(self, stream: H2Stream) -> int: ...
+
+    def call_finished(self) -> None: ...
 
 # grpc status codes (numbers are the wire values)
 OK, CANCELLED, UNKNOWN, INVALID_ARGUMENT, DEADLINE_EXCEEDED, NOT_FOUND, ALREADY_EXISTS = 0, 1, 2, 3, 4, 5, 6
@@ -114,7 +135,7 @@ class Call:
 
     STREAM_REQUESTS = 128  # ModelStreamInfer requests running at once on one stream; more wait in the inbox
 
-    def __init__(self, conn: Connection, stream: H2Stream, method: Method, encoding: bytes | None) -> None:
+    def __init__(self, conn: CallConnection, stream: H2Stream, method: Method, encoding: bytes | None) -> None:
         self.conn = conn
         self.stream = stream
         self.sid = stream.id
