@@ -9,7 +9,8 @@ from multiprocessing import shared_memory
 import pytest
 
 from triton_actor.errors import Code, TritonError
-from triton_actor.host.shared_memory import SharedMemoryRegistry, parse_window, write_output
+from triton_actor.host.shared_memory import SharedMemoryRegistry
+from triton_actor.protocol.shm_windows import parse_window, write_output
 
 
 @pytest.fixture

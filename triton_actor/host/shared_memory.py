@@ -219,28 +219,3 @@ class SharedMemoryRegistry:
     def close(self) -> None:
         for region in self._pop_all():
             self._release(region)
-
-
-def write_output(shm: SharedMemoryRegistry | None, window: tuple[str, int, int], data: bytes,
-                 what: str) -> dict[str, Any]:
-    """Write an output's bytes to its window; returns the parameters its response entry carries."""
-    if shm is None:
-        raise TritonError.unsupported(f"{what}: shared memory is not available on this endpoint")
-    region, offset, size = window
-    shm.write(region, offset, size, data, what)
-    params: dict[str, Any] = {"shared_memory_region": region, "shared_memory_byte_size": len(data)}
-    if offset:
-        params["shared_memory_offset"] = offset
-    return params
-
-
-def parse_window(region: Any, offset: Any, byte_size: Any, what: str) -> tuple[str, int, int]:
-    """(region, offset, byte size) from a tensor's ``shared_memory_*`` parameters (HTTP or gRPC values)."""
-    offset = 0 if offset is None else offset
-    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (offset, byte_size))
-    if not isinstance(region, str) or not ints:
-        raise TritonError.invalid_arg(f"{what}: 'shared_memory_region' (string) and 'shared_memory_byte_size' "
-                                      "(integer) must be given together, with an optional 'shared_memory_offset'")
-    return region, offset, byte_size
-
-

@@ -16,17 +16,17 @@ import numpy as np
 from google.protobuf import json_format
 
 from ..errors import TritonError
-from ..host.shared_memory import parse_window, write_output
 from ..inference import InferInput, InferRequest, InferResponse, RequestedOutput
 from ..runtime import fastpath
 from . import bytes_codec
 from ._generated import grpc_service_pb2 as pb
 from .classification import selected_outputs
 from .dtypes import BY_WIRE, BYTES, DType, from_numpy
+from .shm_windows import parse_window, write_output
 from .v2_http import MANY_INPUTS, SLICE, element_count, refuse_unknown_inputs, tensor_from_bytes
 
 if TYPE_CHECKING:
-    from ..host.shared_memory import SharedMemoryRegistry
+    from .shm_windows import SharedMemoryAccess
 
 SEQUENCE_START, SEQUENCE_END = 1, 2
 # The only ``triton_`` request parameter a gRPC client may set (https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_parameters.md).
@@ -68,7 +68,7 @@ def parse_version(text: str) -> int:
 
 
 # -- ModelInfer request ---------------------------------------------------------------------------
-def decode_infer_request(msg: pb.ModelInferRequest, shm: SharedMemoryRegistry | None = None,
+def decode_infer_request(msg: pb.ModelInferRequest, shm: SharedMemoryAccess | None = None,
                          known_inputs: Callable[[], Container[str] | None] | None = None) -> InferRequest:
     """Decode a ``ModelInferRequest``; raw contents become zero-copy numpy views. Inputs naming a
     shared-memory region are read from ``shm``; they take no ``raw_input_contents`` entry.
@@ -127,7 +127,7 @@ def decode_infer_request(msg: pb.ModelInferRequest, shm: SharedMemoryRegistry | 
     return InferRequest(model, version, request_id, inputs, outputs, forwarded, **kwargs)
 
 
-def _shm_window(params: Any, what: str, shm: SharedMemoryRegistry | None) -> tuple[str, int, int] | None:
+def _shm_window(params: Any, what: str, shm: SharedMemoryAccess | None) -> tuple[str, int, int] | None:
     """(region, offset, byte size) from ``shared_memory_*`` tensor parameters; None when absent."""
     if not params or "shared_memory_region" not in params:
         return None
@@ -241,7 +241,7 @@ def _decode_parameters(params: Any, prefix: str) -> tuple[dict[str, Any], dict[s
     return forwarded, kwargs
 
 
-def _decode_outputs(outputs: Any, prefix: str, shm: SharedMemoryRegistry | None) -> tuple[RequestedOutput, ...]:
+def _decode_outputs(outputs: Any, prefix: str, shm: SharedMemoryAccess | None) -> tuple[RequestedOutput, ...]:
     result = []
     for o in outputs:
         params = o.parameters
@@ -264,7 +264,7 @@ def _decode_outputs(outputs: Any, prefix: str, shm: SharedMemoryRegistry | None)
 # -- ModelInfer response --------------------------------------------------------------------------
 def encode_infer_response(request: InferRequest, response: InferResponse, model_version: int,
                           labels: dict[str, list[str]], batching: bool,
-                          shm: SharedMemoryRegistry | None = None) -> pb.ModelInferResponse:
+                          shm: SharedMemoryAccess | None = None) -> pb.ModelInferResponse:
     """Outputs in the model's order (only the requested ones), as ``raw_output_contents``; an output
     sent to shared memory is written there and gets an empty raw entry."""
     msg = pb.ModelInferResponse(model_name=request.model_name, model_version=str(model_version), id=request.id)

@@ -13,15 +13,15 @@ import numpy as np
 import orjson
 
 from ..errors import TritonError
-from ..host.shared_memory import parse_window, write_output
 from ..inference import InferInput, InferRequest, InferResponse, RequestedOutput
 from ..runtime import fastpath
 from . import bytes_codec
 from .classification import selected_outputs
 from .dtypes import BF16, BF16_NUMPY, BY_WIRE, BYTES, DType, from_numpy
+from .shm_windows import parse_window, write_output
 
 if TYPE_CHECKING:
-    from ..host.shared_memory import SharedMemoryRegistry
+    from .shm_windows import SharedMemoryAccess
 
 # Request parameters Triton consumes itself; everything else (except triton_*) goes to the model.
 _CONSUMED = frozenset({"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "binary_data_output"})
@@ -67,7 +67,7 @@ _PLAN_HEADER_MAX = 4096
 
 
 def decode_infer_request(body: bytes, header_length: int | None, model_name: str, model_version: int,
-                         shm: SharedMemoryRegistry | None = None,
+                         shm: SharedMemoryAccess | None = None,
                          known_inputs: Callable[[], Container[str] | None] | None = None) -> InferRequest:
     """Decode an ``/infer`` body; binary tensors become zero-copy views of ``body``; tensors naming a
     system shared-memory region are read from ``shm``. ``known_inputs``: the model's input names
@@ -125,7 +125,7 @@ def _plan_of(header: dict[str, Any], request: InferRequest) -> _Plan | None:
 
 
 def _decode(body: bytes, header_length: int | None, model_name: str, model_version: int,
-            shm: SharedMemoryRegistry | None,
+            shm: SharedMemoryAccess | None,
             known_inputs: Callable[[], Container[str] | None] | None = None) -> tuple[InferRequest, dict[str, Any]]:
     if header_length is None:
         header, binary, offset = _loads(body), body, len(body)
@@ -181,7 +181,7 @@ def refuse_unknown_inputs(names: list[Any], known: Container[str] | None, model_
 
 
 def _decode_input(item: Any, body: bytes, offset: int, model_name: str, prefix: str,
-                  shm: SharedMemoryRegistry | None) -> tuple[InferInput, int]:
+                  shm: SharedMemoryAccess | None) -> tuple[InferInput, int]:
     if not isinstance(item, dict):
         raise TritonError.invalid_arg(prefix + "each entry of 'inputs' must be an object")
     name, wire, shape = item.get("name"), item.get("datatype"), item.get("shape")
@@ -398,7 +398,7 @@ def _bool(value: Any, key: str, prefix: str) -> bool:
     return value
 
 
-def _shm_window(params: Any, what: str, shm: SharedMemoryRegistry | None) -> tuple[str, int, int] | None:
+def _shm_window(params: Any, what: str, shm: SharedMemoryAccess | None) -> tuple[str, int, int] | None:
     if not isinstance(params, dict) or "shared_memory_region" not in params:
         return None
     if shm is None:
@@ -407,7 +407,7 @@ def _shm_window(params: Any, what: str, shm: SharedMemoryRegistry | None) -> tup
                         params.get("shared_memory_byte_size"), what)
 
 
-def _decode_outputs(outputs: Any, prefix: str, shm: SharedMemoryRegistry | None) -> tuple[RequestedOutput, ...] | None:
+def _decode_outputs(outputs: Any, prefix: str, shm: SharedMemoryAccess | None) -> tuple[RequestedOutput, ...] | None:
     if outputs is None:
         return None
     if not isinstance(outputs, list):
@@ -441,7 +441,7 @@ def encode_infer_response(
     model_version: int,
     labels: dict[str, list[str]],
     batching: bool,
-    shm: SharedMemoryRegistry | None = None,
+    shm: SharedMemoryAccess | None = None,
 ) -> tuple[list[bytes], int | None]:
     """Encode the response; returns the body chunks and the JSON header length (None: pure JSON).
     Outputs requested in shared memory are written there; their entries carry no data."""
