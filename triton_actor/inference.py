@@ -8,11 +8,12 @@ copies); backends answer each request with an :class:`InferResponse` or a ``Trit
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from .protocol.dtypes import DType
+if TYPE_CHECKING:  # core values import no layer above them; protocol's dtypes table is one
+    from .protocol.dtypes import DType
 
 
 class InferInput(NamedTuple):
