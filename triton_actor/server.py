@@ -22,6 +22,7 @@ from .backends.base import Backend
 from .backends.devices import gpu_count
 from .backends.onnxruntime import OnnxRuntimeBackend
 from .backends.python.backend import PythonBackend
+from .backends.python.triton_python_backend_utils.serving import MetricRegistry, ServerHooks
 from .backends.pytorch import PyTorchBackend
 from .config.settings import Settings
 from .errors import TritonError
@@ -40,6 +41,7 @@ from .host.shared_memory import SharedMemoryRegistry
 from .metrics.statsd_push import StatsdPusher
 from .observability import log_format
 from .observability.log_trace_settings import RuntimeSettings
+from .observability.tracing import Tracer
 from .plane import live_status
 from .plane.calls_from_models import ServerCalls
 from .plane.dataplane import DataPlane
@@ -73,6 +75,10 @@ class Server:
         self.settings = settings
         hub_errors.install()  # a greenlet's SystemExit is model code's, not a way to end the server
         self.host: Host = host or LocalHost()  # what is host-wide with several workers (host/base.py)
+        # this server's own, handed down rather than kept in modules, so two servers in one process share
+        # none: the tracer (to every scheduler), the hooks and custom metric families of its Python models
+        self.tracer = Tracer()
+        self.model_hooks = ServerHooks(metrics=MetricRegistry())
         load = LoadSettings(
             gpu_count=gpu_count(),
             auto_complete=settings.auto_complete,
@@ -81,6 +87,8 @@ class Server:
             latency_metrics=(settings.metrics_config.summary_latencies, settings.metrics_config.histogram_latencies),
             workers=settings.workers,
             load_retries=settings.model_load_retry_count,
+            tracer=self.tracer,
+            server_hooks=self.model_hooks,
         )
         backends = backends or default_backends(settings.backend_config)
         # object-store repositories are mirrored into local folders the repository actor reads (remote.py)
@@ -94,16 +102,18 @@ class Server:
                                           refresh=refresh, announce=lost.announce)
         lost.register(self.repository)
         shm = SharedMemoryRegistry(settings.allow_client_shm, load.gpu_count, region_total())
-        runtime = RuntimeSettings(trace=settings.trace_config, log=log_format.start_settings(settings))
+        runtime = RuntimeSettings(trace=settings.trace_config, tracer=self.tracer,
+                                  log=log_format.start_settings(settings))
         runtime.tracer.for_worker(self.host.worker_id)  # trace ids and files apart per worker (observability/tracing.py)
         hostwide.register_handlers(self.host, self.repository, shm, runtime)
         self.plane = DataPlane(self.repository, settings.server_id, settings.strict_readiness,
                                hostwide.HostSharedMemory(shm, self.host),  # type: ignore[arg-type]
                                hostwide.HostRuntimeSettings(runtime, self.host),  # type: ignore[arg-type]
                                self.host)
-        self.server_calls = ServerCalls(self.plane)  # BLS and model control from Python models
+        self.server_calls = ServerCalls(self.plane, self.model_hooks)  # BLS and model control from Python models
         self.host.register("status", lambda args: live_status.local_status(self.plane, args))  # the status page
-        self.metrics_source = MetricsSource(self.repository)  # this process's share of /metrics
+        # this process's share of /metrics: its models' statistics and custom metric families
+        self.metrics_source = MetricsSource(self.repository, self.model_hooks.metrics)
         self.host.register("metrics", self.metrics_source)
         self.metrics: MetricsServer | None = None
         self._slots: ConnectionSlots | None = None  # made by serve(), for every port

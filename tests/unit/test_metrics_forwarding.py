@@ -12,6 +12,7 @@ import pytest
 from triton_actor.backends.python.metrics_forwarding import ADD, SET, MetricsForwarder
 from triton_actor.backends.python.metrics_mirror import MetricsMirror
 from triton_actor.backends.python.triton_python_backend_utils import metrics as pb_metrics
+from triton_actor.backends.python.triton_python_backend_utils import serving
 
 _names = itertools.count()
 
@@ -108,4 +109,4 @@ def test_the_server_refuses_what_it_refuses_in_process() -> None:
             pb_metrics.MetricFamily(name, "d", pb_metrics.MetricFamily.COUNTER)
     finally:
         pb_metrics._forward = None
-    assert all(f._name != name for f in pb_metrics._metric_families)  # not created in the process either
+    assert all(f._name != name for f in serving.current().metrics.families)  # not created in the process either

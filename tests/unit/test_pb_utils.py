@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from triton_actor.backends.python import triton_python_backend_utils as pb_utils
+from triton_actor.backends.python.triton_python_backend_utils import serving
 
 ALL_TYPES = [
     ("TYPE_BOOL", 1, np.bool_),
@@ -33,21 +34,18 @@ ALL_TYPES = [
 
 @pytest.fixture
 def hooks():
-    """Restore the server hooks (``pb_utils.server_calls``) after a test."""
-    calls = pb_utils.server_calls
-    saved = (calls.bls_executor, calls.bls_async_executor, calls.model_control)
-    yield calls
-    calls.bls_executor, calls.bls_async_executor, calls.model_control = saved
+    """A server's hooks (``pb_utils.serving.ServerHooks``), current while the test runs."""
+    server = serving.ServerHooks()
+    with serving.using(server):
+        yield server
 
 
 @pytest.fixture
 def metric_registry():
-    """Give each test a clean metric family registry."""
-    families = pb_utils.metrics._metric_families
-    saved = list(families)
-    families.clear()
-    yield families
-    families[:] = saved
+    """A clean metric family registry: a server of the test's own, current while it runs."""
+    server = serving.ServerHooks()
+    with serving.using(server):
+        yield server.metrics.families
 
 
 def _config(**extra):
@@ -918,3 +916,51 @@ def test_model_control_with_hook(hooks):
         ("ready", "up", "1"),
         ("ready", "down", ""),
     ]
+
+
+# ---------------------------------------------------------------------------- which server a call belongs to
+
+
+def test_a_call_goes_to_the_server_whose_model_runs() -> None:
+    """The context names the server; a thread without one gets the process's only installed server,
+    and with two installed it is refused rather than sent to either."""
+    a, b = serving.ServerHooks(model_control="a"), serving.ServerHooks(model_control="b")
+    seen: list[object] = []
+
+    def from_a_thread_of_the_model() -> None:
+        try:
+            seen.append(serving.current().model_control)
+        except pb_utils.TritonModelException as e:
+            seen.append(str(e))
+
+    def in_a_thread() -> None:
+        t = threading.Thread(target=from_a_thread_of_the_model)
+        t.start()
+        t.join()
+
+    serving.install(a)
+    try:
+        with serving.using(b):
+            assert serving.current() is b
+        assert serving.current() is a
+        in_a_thread()
+        serving.install(b)
+        with serving.using(a):
+            assert serving.current() is a
+        in_a_thread()
+    finally:
+        serving.uninstall(a)
+        serving.uninstall(b)
+    assert serving.current() is serving._UNSERVED
+    assert seen[0] == "a"
+    assert "2 servers run in this process" in seen[1]
+
+
+def test_metric_families_of_two_servers_are_apart() -> None:
+    a, b = serving.ServerHooks(), serving.ServerHooks()
+    with serving.using(a):
+        pb_utils.MetricFamily("apart", "d", pb_utils.MetricFamily.COUNTER).Metric().increment(2)
+    with serving.using(b):
+        pb_utils.MetricFamily("apart", "other description", pb_utils.MetricFamily.GAUGE).Metric().set(7)
+    assert [(f._name, f._kind) for f in a.metrics.families] == [("apart", 0)]
+    assert [(f._name, f._kind) for f in b.metrics.families] == [("apart", 1)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from gevent import monkey
 
@@ -28,6 +28,9 @@ class InstanceContext:
     device_id: int
     index: int  # position among all instances of this model version
     backend_config: dict[str, str] = field(default_factory=dict)
+    # what the server that loads it gives its Python models (pb_utils ``serving.ServerHooks``: BLS, model
+    # control, custom metrics); None outside a server (unit tests, an isolated model's own process)
+    server_hooks: Any = None
 
 
 Result = InferResponse | TritonError

@@ -2,7 +2,8 @@
 
 Runs in the greenlet the host gives the handler (on the hub): it asks each READY version's scheduler for
 its :class:`~triton_actor.metrics.statistics.VersionStats` snapshot (one mailbox round trip per version, nothing
-on the hot path) and reads the models' own ``pb_utils`` metric families. Owner of nothing: the counters
+on the hot path) and reads the custom metric families of this server's models (the ``pb_utils``
+:class:`~..backends.python.triton_python_backend_utils.serving.MetricRegistry` the server hands it). Owner of nothing: the counters
 stay with the schedulers, the custom series with the models that update them (on their instance
 threads; a float read under the GIL is whole, so a scrape sees a value before or after an update).
 Failure: a version that does not answer (stopped meanwhile) is left out of this scrape.
@@ -15,7 +16,7 @@ from typing import Any
 
 from ..actors.model.handles import READY
 from ..backends.python.metrics_mirror import flush_isolated
-from ..backends.python.triton_python_backend_utils import metrics as custom
+from ..backends.python.triton_python_backend_utils.serving import MetricRegistry
 from ..errors import TritonError
 
 log = logging.getLogger(__name__)
@@ -54,21 +55,22 @@ def _series(metric: Any) -> dict[str, Any]:
             "sum": metric._sum, "count": metric._count}
 
 
-def custom_families() -> list[dict[str, Any]]:
-    """Every ``pb_utils.MetricFamily`` the models of this process created, with its series' values."""
+def custom_families(registry: MetricRegistry) -> list[dict[str, Any]]:
+    """Every ``pb_utils.MetricFamily`` the models of ``registry``'s server created, with its series' values."""
     kinds = {0: "counter", 1: "gauge", 2: "histogram"}
     return [
         {"name": f._name, "description": f._description, "kind": kinds[f._kind],
          "series": [_series(m) for m in list(f._metrics.values())]}
-        for f in list(custom._metric_families)
+        for f in list(registry.families)
     ]
 
 
 class MetricsSource:
     """This process's ``metrics`` host handler (registered by the server)."""
 
-    def __init__(self, repository: Any) -> None:
+    def __init__(self, repository: Any, registry: MetricRegistry) -> None:
         self.repository = repository
+        self.registry = registry  # the server's custom metric families (its Python models')
 
     def __call__(self, _args: dict[str, Any]) -> dict[str, Any]:
         models = []
@@ -81,5 +83,5 @@ class MetricsSource:
                     models.append(version_entry(vh.statistics()))
                 except TritonError as e:  # unloaded between the table read and the ask
                     log.debug("metrics: %s version %d left out: %s", handle.name, v, e)
-        flush_isolated()  # isolated Python models' custom metrics, current (nothing to do without one)
-        return {"models": models, "custom": custom_families()}
+        flush_isolated(self.registry)  # isolated Python models' custom metrics, current (nothing to do without one)
+        return {"models": models, "custom": custom_families(self.registry)}

@@ -3,7 +3,7 @@
 One owner for both front ends. Every method runs in a hub greenlet and completes without switching,
 so updates are atomic. Log settings act on the process's log handler (``observability/log_format.py``: levels, line
 format, per-severity switches), seeded from the command line; every trace settings change is
-pushed into the process's :class:`~.tracing.Tracer`, which records the traces (``observability/tracing.py``).
+pushed into the server's :class:`~.tracing.Tracer`, which records the traces (``observability/tracing.py``).
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ class RuntimeSettings:
         self.log.update(log or {})
         self.trace: dict[str, list[str]] = {k: list(v) for k, v in _TRACE_DEFAULTS.items()}
         self.model_trace: dict[str, dict[str, list[str]]] = {}
-        if tracer is None:
-            from .tracing import TRACER  # here, not at import: the CLI imports this module before gevent is patched
+        if tracer is None:  # a settings object of its own (tests); a server passes the one its schedulers use
+            from .tracing import Tracer  # here, not at import: the CLI imports this module before gevent is patched
 
-            tracer = TRACER
+            tracer = Tracer()
         self.tracer = tracer
         if trace:  # --trace-config at start-up (trace_file may be set here, and only here)
             self.trace.update({k: list(v) for k, v in trace.items() if k in _TRACE_DEFAULTS})

@@ -1,8 +1,9 @@
 """Request traces in Triton's trace-file format, driven by the trace settings (https://github.com/triton-inference-server/server/blob/main/docs/user_guide/trace.md).
 
-Who owns what: one :class:`Tracer` per process (:data:`TRACER`, process-wide like :mod:`..runtime.fastpath`'s
-switch, because schedulers are built deep in the actor tree); :class:`~.log_trace_settings.RuntimeSettings`
-pushes every settings change into it with :meth:`Tracer.configure`. Each scheduler holds the
+Who owns what: one :class:`Tracer` per server (the ``Server`` makes it, its
+:class:`~.log_trace_settings.RuntimeSettings` pushes every settings change into it with :meth:`Tracer.configure`,
+and ``LoadSettings.tracer`` carries it down the actor tree to the schedulers it builds); two servers in one
+process trace apart. Each scheduler holds the
 :class:`VersionTrace` of its model version and reads ``trace.on`` once per finished batch: that one
 attribute check is all the hot path pays while tracing is off.
 
@@ -117,7 +118,7 @@ class VersionTrace:
 
 
 class Tracer:
-    """The process's samplers, version traces and trace-file writer (hub only; see the module doc)."""
+    """One server's samplers, version traces and trace-file writer (hub only; see the module doc)."""
 
     def __init__(self) -> None:
         self._global = Sampler({})
@@ -232,5 +233,3 @@ def _write(path: str, entries: list[dict[str, Any]], append: bool) -> None:
         f.write(b"[" + body + b"]")
     os.replace(partial, path)
 
-
-TRACER = Tracer()

@@ -1,8 +1,9 @@
 """What Python models ask of the server (Triton's BLS and model control), served through the data plane.
 
 ``pb_utils.InferenceRequest.exec()`` / ``async_exec()`` and ``pb_utils.load_model`` / ``unload_model`` /
-``is_model_ready`` reach the hooks of ``triton_python_backend_utils.server_calls``; :class:`ServerCalls`
-fills them. A BLS request goes through :class:`~.dataplane.DataPlane` like a client's (routing table,
+``is_model_ready`` reach the calling model's server's hooks (``triton_python_backend_utils.serving``:
+a :class:`ServerHooks` per server, which the server hands to the models it loads); :class:`ServerCalls`
+fills its server's. A BLS request goes through :class:`~.dataplane.DataPlane` like a client's (routing table,
 validation, the target's own scheduler and batching), so any model that plane serves can be called.
 
 Threads: the hooks are called on the calling model's instance thread (or a thread or greenlet it
@@ -11,7 +12,7 @@ started, or the instance's asyncio loop for ``async_exec``); the work runs in a 
 :class:`~..runtime.bridge.ThreadInbox` (or the asyncio loop's ``call_soon_threadsafe``). Called on the
 hub itself (a model promoted to run inline) a hook raises :class:`~..runtime.bridge.RunOnThread`: the
 instance re-runs the batch on its thread and keeps it (actors/scheduling/instance.py), so the hub never waits
-for itself. Owner: the server creates one, installs the hooks at start and removes them at stop.
+for itself. Owner: the server creates one with its hooks, fills them at start and empties them at stop.
 Failure: an inference error becomes ``response.has_error()`` with Triton's text; a BLS call that
 would wait for itself forever (see :mod:`.bls_waits`) gets an UNAVAILABLE error instead of hanging;
 model-control errors raise ``TritonModelException``.
@@ -30,7 +31,8 @@ import gevent.event
 
 from ..actors.scheduling.ensemble import ensemble_of
 from ..backends.python import triton_python_backend_utils as pb_utils
-from ..backends.python.triton_python_backend_utils import server_calls as hooks
+from ..backends.python.triton_python_backend_utils import serving
+from ..backends.python.triton_python_backend_utils.serving import ServerHooks
 from ..errors import TritonError
 from ..inference import InferInput, InferRequest, InferResponse, RequestedOutput
 from ..protocol.dtypes import BY_ENUM_VALUE, from_numpy
@@ -55,22 +57,26 @@ _END = object()  # the end of a decoupled BLS stream in its inbox
 class ServerCalls:
     """The hooks a Python model calls: BLS and model control, on the hub of this process."""
 
-    def __init__(self, plane: DataPlane) -> None:
+    def __init__(self, plane: DataPlane, hooks: ServerHooks | None = None) -> None:
         self.plane = plane
+        self.hooks = hooks if hooks is not None else ServerHooks()  # this server's, handed to its models
         self._calls: HubCalls | None = None  # its watcher exists while the hooks are installed
         self._hub = this_thread_hub()
         self._waits = WaitGraph(composite_of=partial(ensemble_of, lambda: plane.repository.routes))
 
     def install(self) -> None:
-        """Hub thread: fill the hooks of ``pb_utils.server_calls``."""
+        """Hub thread: fill this server's hooks (and answer threads without a server when alone)."""
         self._calls = HubCalls()
+        hooks = self.hooks
         hooks.bls_executor = self.exec
         hooks.bls_async_executor = self.async_exec
         hooks.model_control = self
+        serving.install(hooks)
 
     def uninstall(self) -> None:
-        if hooks.bls_executor == self.exec:
-            hooks.bls_executor = hooks.bls_async_executor = hooks.model_control = None
+        hooks = self.hooks
+        serving.uninstall(hooks)
+        hooks.bls_executor = hooks.bls_async_executor = hooks.model_control = None
         if self._calls is not None:
             self._calls.close()
             self._calls = None

@@ -39,6 +39,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import gevent
 import gevent.lock
@@ -46,6 +47,7 @@ import gevent.lock
 from ...backends.base import Backend
 from ...backends.devices import runtime_gpu_support
 from ...errors import TritonError
+from ...observability.tracing import Tracer
 from ...repository import config as config_mod
 from ...repository import ensemble_graph, layout, snapshot
 from ...repository.config import ModelConfig
@@ -79,6 +81,10 @@ class LoadSettings:
     latency_metrics: tuple[bool, bool] = (False, False)  # (summary_latencies, histogram_latencies)
     workers: int = 1  # worker processes on this host (instance counts are divided among them)
     load_retries: int = 0  # --model-load-retry-count: a version whose load fails is started again this often
+    tracer: Tracer | None = None  # the server's (observability/tracing.py); None: versions are not traced
+    # what the server gives its Python models (pb_utils ``serving.ServerHooks``: BLS, model control, custom
+    # metrics), handed to every instance; None: the process's only server, if any
+    server_hooks: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -479,7 +485,7 @@ class ModelActor(Actor):
             v: gevent.spawn(start_version, VersionSource(
                 self.model, v, plan.model_dir, plan.selected[v], plan.config, config_json, plan.backend,
                 backend_config, plan.stamp.part(plan.selected[v].name), self._settings.workers, plan.graph,
-                self._routes, self._version_down),
+                self._routes, self._version_down, self._settings.tracer, self._settings.server_hooks),
                 self._settings.load_timeout_s, self._settings.latency_metrics, self._settings.load_retries)
             for v in versions
         }

@@ -19,7 +19,7 @@ from ...backends.base import Backend, InstanceContext
 from ...errors import TritonError
 from ...metrics.latency import LatencyRecorder
 from ...metrics.statistics import VersionStats
-from ...observability.tracing import TRACER
+from ...observability.tracing import Tracer
 from ...repository import layout
 from ...repository.config import ModelConfig
 from ...repository.ensemble_graph import Graph
@@ -89,6 +89,8 @@ class VersionSource:
     routes: Routes | None = None  # the routing table an ensemble's steps are routed through
     # told when every instance is DOWN: on_down(version, scheduler, reason) (the model actor's event)
     on_down: Callable[[int, Any, str], None] | None = None
+    tracer: Tracer | None = None  # the server's (LoadSettings.tracer): the scheduler's VersionTrace comes from it
+    server_hooks: Any = None  # the server's pb_utils ServerHooks, for every instance (LoadSettings.server_hooks)
 
 
 def start_version(src: VersionSource, load_timeout_s: float,
@@ -154,7 +156,8 @@ def _scheduler(src: VersionSource, instances: list[ModelInstance],
                                       SequenceTensors.from_config(cfg, src.model_dir),
                                       decoupled=cfg.model_transaction_policy.decoupled, on_down=on_down)
     return SchedulerActor(name, instances, stats, BatchPolicy.from_config(cfg),
-                          trace=TRACER.version(src.model, src.version), on_down=on_down)
+                          trace=src.tracer.version(src.model, src.version) if src.tracer is not None else None,
+                          on_down=on_down)
 
 
 def _start_ensemble(src: VersionSource, rec: Version) -> Version:
@@ -195,7 +198,7 @@ def _contexts(src: VersionSource) -> list[InstanceContext]:
                 out.append(InstanceContext(
                     src.model, src.version, src.model_dir, src.version_dir, src.config, src.config_json,
                     _instance_name(group.name, i),
-                    _KIND_NAMES.get(group.kind, "CPU"), device, len(out), src.backend_config,
+                    _KIND_NAMES.get(group.kind, "CPU"), device, len(out), src.backend_config, src.server_hooks,
                 ))
     return out
 

@@ -35,6 +35,7 @@ from ...repository.config import ModelConfig
 from ...repository.layout import model_file
 from ..base import IMPORT_LOCK, RESCHEDULE, BackendInstance, InstanceContext, Result
 from . import triton_python_backend_utils as pb_utils
+from .triton_python_backend_utils import serving
 
 # model.py files do `import triton_python_backend_utils as pb_utils`: serve them our module.
 sys.modules.setdefault("triton_python_backend_utils", pb_utils)
@@ -243,16 +244,19 @@ class PythonInstance:
 
     def __init__(self, ctx: InstanceContext) -> None:
         self.ctx = ctx
+        # model code runs as its server's: pb_utils calls (BLS, model control, MetricFamily) reach that server
+        self._server = ctx.server_hooks
         filename = ctx.config.default_model_filename or "model.py"
         # the module's top-level code runs under the backends' import lock (inside import_model);
         # initialize() runs in parallel with other models' loads (--model-load-thread-count)
-        module = import_model(ctx.model_name, ctx.version_dir, filename, f"v{ctx.version}_i{ctx.index}")
-        self._package = module.__name__.rpartition(".")[0]
-        try:
-            self._init(module)
-        except BaseException:
-            forget_package(self._package)
-            raise
+        with serving.using(self._server):
+            module = import_model(ctx.model_name, ctx.version_dir, filename, f"v{ctx.version}_i{ctx.index}")
+            self._package = module.__name__.rpartition(".")[0]
+            try:
+                self._init(module)
+            except BaseException:
+                forget_package(self._package)
+                raise
 
     def _init(self, module: types.ModuleType) -> None:
         ctx = self.ctx
@@ -285,8 +289,15 @@ class PythonInstance:
         return value
 
     def execute(self, requests: list[InferRequest]) -> list[Result]:
-        if self.decoupled:
-            return self._execute_decoupled(requests)
+        token = _enter(self._server)  # on the instance's thread, or inline in a hub greenlet
+        try:
+            if self.decoupled:
+                return self._execute_decoupled(requests)
+            return self._execute(requests)
+        finally:
+            _leave(token)
+
+    def _execute(self, requests: list[InferRequest]) -> list[Result]:
         pb_requests = [_to_pb(r, _default_mode_sender) for r in requests]
         try:
             responses = self.model.execute(pb_requests)
@@ -375,7 +386,8 @@ class PythonInstance:
         fin = getattr(self.model, "finalize", None)
         try:
             if fin is not None:
-                self._await(fin())
+                with serving.using(self._server):
+                    self._await(fin())
         finally:
             if self._loop is not None:
                 self._loop.close()
@@ -405,6 +417,7 @@ def _output_array(tensor: Any) -> np.ndarray:
 
 
 _RELEASE_RESCHEDULE = pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
+_enter, _leave = serving.enter, serving.leave
 _trusted = pb_utils.Tensor._trusted
 _from_server = pb_utils.InferenceRequest._from_server
 _Response = pb_utils.InferenceResponse

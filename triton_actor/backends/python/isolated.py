@@ -61,6 +61,8 @@ from .bls_relay import BlsRelay
 from .child_process import ChildProcess, native_sleep
 from .metrics_mirror import MetricsMirror
 from .triton_python_backend_utils import server_calls as hooks
+from .triton_python_backend_utils import serving
+from .triton_python_backend_utils.serving import MetricRegistry, ServerHooks
 
 log = logging.getLogger(__name__)
 _root = logging.getLogger()
@@ -93,7 +95,10 @@ class _Session:
     their replies (serving the model's calls meanwhile); the reader thread (``on_message``,
     ``on_exit``) feeds the decoupled requests' channels and the log."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, server: ServerHooks | None = None) -> None:
+        self.server = server  # whose model this is: its calls and its metric registry
+        # the registry its custom metrics are scraped from (no server: an auto_complete's, nobody scrapes it)
+        self._registry = server.metrics if server is not None else MetricRegistry()
         self._lock = threading.Lock()  # channels: registered by the instance's thread, used by the reader's
         self._channels: dict[int, Any] = {}
         self._keys: dict[Any, int] = {}
@@ -104,14 +109,14 @@ class _Session:
         self._accounts: weakref.WeakKeyDictionary[Any, tuple[int, CreditReturn]] = weakref.WeakKeyDictionary()
         self._next_account = itertools.count(1)
         self._refunds: dict[int, list[int]] = {}  # account → [responses, bytes] dropped on arrival, not yet told
-        self.metrics = MetricsMirror()
+        self.metrics = MetricsMirror(server)
         self._flushes: dict[int, Callable[[], None]] = {}  # token → a scrape's done(), until the answer came
         self._flush_ids = itertools.count(1)
         try:
             self.child = ChildProcess(name, self.on_message, self.on_exit)
         except OSError as e:
             raise TritonError.internal(f"could not start the model's process for '{name}': {e}") from None
-        metrics_mirror.register(self)
+        metrics_mirror.register(self, self._registry)
 
     @property
     def alive(self) -> bool:
@@ -340,7 +345,7 @@ class _Session:
             self._relays.pop(call_id, None)
 
     def on_exit(self, text: str) -> None:
-        metrics_mirror.unregister(self)
+        metrics_mirror.unregister(self, self._registry)
         self._flush_done(None)  # every flush it owed: it has nothing more to say
         with self._lock:
             open_channels = list(self._channels.values())
@@ -367,23 +372,12 @@ def serve_call(session: _Session, call_id: int, op: str, args: tuple[Any, ...]) 
     made here (on the instance's thread the BLS wait graph sees the instance waiting; this thread runs
     no model code, so the iterator's inbox is a plain queue that the relay's thread may read) and its
     responses go on a relay's thread (:mod:`.bls_relay`): ``call_stream``, ``call_item``s, ``call_end``."""
-    pipe, metrics = session.child.to_child, session.metrics
+    pipe = session.child.to_child
     try:
-        if op == "bls":
-            request, decoupled = args
-            result = hooks.bls_exec(wire.pb_request_from_wire(request), decoupled)
-            if decoupled:
-                session.relay(call_id, result)
-                return
-            answer: tuple[Any, ...] = ("ok", wire.pb_response_to_wire(result))
-        elif op in ("load_model", "unload_model", "is_model_ready"):
-            answer = ("ok", getattr(hooks, op)(*args))
-        elif op == "metric_family":
-            answer = ("ok", metrics.family(*args))
-        elif op == "metric_series":
-            answer = ("ok", metrics.series(*args))
-        else:
-            answer = ("raise", f"unknown call '{op}'")
+        with serving.using(session.server):
+            answer = _call(session, call_id, op, args)
+        if answer is None:
+            return  # a decoupled BLS stream: its relay answers
     except OSError:
         return  # the model's process is gone
     except Exception as e:  # noqa: BLE001 - the model sees it raised, as in-process
@@ -392,6 +386,24 @@ def serve_call(session: _Session, call_id: int, op: str, args: tuple[Any, ...]) 
         pipe.send(("call_reply", call_id, answer))
     except OSError:
         pass
+
+
+def _call(session: _Session, call_id: int, op: str, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """``serve_call``'s work, as the session's server: the answer (None when a relay answers)."""
+    if op == "bls":
+        request, decoupled = args
+        result = hooks.bls_exec(wire.pb_request_from_wire(request), decoupled)
+        if decoupled:
+            session.relay(call_id, result)
+            return None
+        return ("ok", wire.pb_response_to_wire(result))
+    if op in ("load_model", "unload_model", "is_model_ready"):
+        return ("ok", getattr(hooks, op)(*args))
+    if op == "metric_family":
+        return ("ok", session.metrics.family(*args))
+    if op == "metric_series":
+        return ("ok", session.metrics.series(*args))
+    return ("raise", f"unknown call '{op}'")
 
 
 def auto_complete(config: ModelConfig, version_dir: Path, filename: str) -> None:
@@ -425,7 +437,7 @@ class IsolatedInstance:
 
     def _start(self) -> _Session:
         ctx = self.ctx
-        session = _Session(ctx.instance_name)
+        session = _Session(ctx.instance_name, ctx.server_hooks)
         init = (ctx.model_name, ctx.version, str(ctx.model_dir), str(ctx.version_dir),
                 ctx.config.SerializeToString(), ctx.config_json, ctx.instance_name, ctx.kind, ctx.device_id,
                 ctx.index, dict(ctx.backend_config))

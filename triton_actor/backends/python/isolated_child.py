@@ -71,7 +71,7 @@ from .frame_pipe import FrameReader, FrameWriter
 from .isolated_child_bls import BlsStreams
 from .metrics_forwarding import MetricsForwarder
 from .triton_python_backend_utils import metrics as custom_metrics
-from .triton_python_backend_utils import server_calls as hooks
+from .triton_python_backend_utils import serving
 
 EOF_GRACE_S = 10.0
 _root = logging.getLogger()
@@ -363,7 +363,7 @@ class ModelProcess:
         return call_id, waiter
 
     def bls(self, request: Any, decoupled: bool) -> Any:
-        """``pb_utils.server_calls.bls_executor`` in this process."""
+        """The ``bls_executor`` of this process's ``ServerHooks`` (``pb_utils.serving``)."""
         if not decoupled:
             return wire.pb_response_from_wire(self.call("bls", wire.pb_request_to_wire(request), False))
         call_id, waiter = self._open_call("bls", (wire.pb_request_to_wire(request), True))
@@ -414,9 +414,9 @@ def main(argv: list[str]) -> int:
     root = logging.getLogger()
     root.setLevel(int(argv[5]) if len(argv) > 5 else logging.INFO)
     root.addHandler(_ForwardLogs(process))
-    hooks.bls_executor = process.bls
+    # this process runs one model for one server: its hooks answer every thread of the model
+    serving.install(serving.ServerHooks(bls_executor=process.bls, model_control=_ModelControl(process)))
     custom_metrics._forward = process.metrics
-    hooks.model_control = _ModelControl(process)
     threading.Thread(target=process.read, name="isolation-reader", daemon=True).start()
     process.serve()
     return 0

@@ -1,6 +1,7 @@
 """The server's side of isolated models' custom metrics (``metrics_forwarding.py`` is the model's side):
-their families and series live in the server's own ``pb_utils`` registry, where ``/metrics`` reads
-every model's (``host/metrics_snapshot.py``), so an isolated model's series look as an in-process one's,
+their families and series live in the registry of the server that runs the model (its
+``pb_utils`` :class:`~.triton_python_backend_utils.serving.MetricRegistry`), where that server's ``/metrics``
+reads every model's (``host/metrics_snapshot.py``), so an isolated model's series look as an in-process one's,
 and a series shared with other models (same family name and labels) adds up with theirs.
 
 :class:`MetricsMirror` (one per model process) creates what the model registers and applies the
@@ -8,9 +9,10 @@ updates it sends: on the instance's thread (those with a command's reply) or on 
 reader thread (those answering a flush); a lock keeps them one at a time. :func:`flush_isolated`,
 called by a scrape in its hub greenlet, asks every live model process for what it has not sent yet
 and waits (at most :data:`FLUSH_WAIT_S`) until each answered or died: values a scrape shows are
-current, and nothing is sent while nobody scrapes. Owner of the registry of live processes
-(:func:`register`, any thread). Failure: a process that does not answer in time is left as it was
-last flushed (logged); one that died answers at once (its session ends the flushes it owed).
+current, and nothing is sent while nobody scrapes. The live processes are listed in their server's
+registry (:func:`register`, any thread), so a scrape asks only its own server's. Failure: a process
+that does not answer in time is left as it was last flushed (logged); one that died answers at once
+(its session ends the flushes it owed).
 """
 
 from __future__ import annotations
@@ -26,15 +28,18 @@ import gevent.event
 from ...runtime.bridge import HubSignal, start_native_thread
 from . import triton_python_backend_utils as pb_utils
 from .metrics_forwarding import ADD, OBSERVE, SET
+from .triton_python_backend_utils import serving
+from .triton_python_backend_utils.serving import MetricRegistry, ServerHooks
 
 log = logging.getLogger(__name__)
 FLUSH_WAIT_S = 2.0
 
 
 class MetricsMirror:
-    """One model process's series, by the ids the server gave them."""
+    """One model process's series, by the ids the server gave them, in ``server``'s registry."""
 
-    def __init__(self) -> None:
+    def __init__(self, server: ServerHooks | None = None) -> None:
+        self.server = server  # None: the process's only server (serving.current())
         self._series: dict[int, Any] = {}
         self._set_seq: dict[int, int] = {}  # a gauge's last applied SET: a later frame on the other pipe wins
         self._ids = itertools.count(1)
@@ -42,12 +47,14 @@ class MetricsMirror:
 
     def family(self, name: str, description: str, kind: int) -> None:
         """The model created ``MetricFamily(name, description, kind)``: create it here (or refuse it)."""
-        pb_utils.MetricFamily(name, description, kind)
+        with serving.using(self.server):
+            pb_utils.MetricFamily(name, description, kind)
 
     def series(self, name: str, description: str, kind: int, labels: dict[str, str],
                buckets: list[float] | None) -> int:
         """The model created a series: create it here (or refuse it); its id."""
-        metric = pb_utils.MetricFamily(name, description, kind).Metric(labels, buckets)
+        with serving.using(self.server):
+            metric = pb_utils.MetricFamily(name, description, kind).Metric(labels, buckets)
         with self._lock:
             sid = next(self._ids)
             self._series[sid] = metric
@@ -80,26 +87,23 @@ class Flushable(Protocol):
         """Any native thread: ask the process for its updates; ``done()`` once applied (or it died)."""
 
 
-_live: dict[int, Flushable] = {}
-_live_lock = threading.Lock()
+def register(process: Flushable, registry: MetricRegistry) -> None:
+    with registry.lock:
+        registry.processes[id(process)] = process
 
 
-def register(process: Flushable) -> None:
-    with _live_lock:
-        _live[id(process)] = process
+def unregister(process: Flushable, registry: MetricRegistry) -> None:
+    with registry.lock:
+        registry.processes.pop(id(process), None)
 
 
-def unregister(process: Flushable) -> None:
-    with _live_lock:
-        _live.pop(id(process), None)
-
-
-def flush_isolated(timeout_s: float = FLUSH_WAIT_S) -> None:
-    """Hub greenlet (a scrape): every live model process's unsent updates, applied before this returns."""
-    if not _live:
+def flush_isolated(registry: MetricRegistry, timeout_s: float = FLUSH_WAIT_S) -> None:
+    """Hub greenlet (a scrape): the unsent updates of every live model process of ``registry``'s server,
+    applied before this returns."""
+    if not registry.processes:
         return
-    with _live_lock:
-        processes = list(_live.values())
+    with registry.lock:
+        processes = list(registry.processes.values())
     answered = gevent.event.Event()
     signal = HubSignal(answered.set)
     left: list[int | None] = [len(processes)]  # None once the scrape stopped waiting (the signal is closed then)

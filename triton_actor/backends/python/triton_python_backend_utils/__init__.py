@@ -14,9 +14,10 @@ run unchanged. This module only re-exports; each name lives in the submodule tha
 * ``parameters`` -- the parameters check and ``parameters()`` of both
 * ``model_config`` -- ``ModelConfig`` and the config lookups
 * ``logger`` -- ``Logger``, ``LogLevel``
-* ``metrics`` -- ``MetricFamily``, ``Metric`` (kept in memory: ``metrics._metric_families``)
-* ``server_calls`` -- BLS and model control, through hooks the server assigns (none yet: "not
+* ``metrics`` -- ``MetricFamily``, ``Metric`` (kept in memory, in the calling server's registry)
+* ``server_calls`` -- BLS and model control, through the calling server's hooks (none: "not
   supported by this server yet")
+* ``serving`` -- which server a call belongs to: each server's ``ServerHooks`` (not Triton's API)
 
 Only numpy and the standard library are used.
 """

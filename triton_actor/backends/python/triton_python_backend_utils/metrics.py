@@ -1,7 +1,9 @@
 """Custom metrics: ``MetricFamily`` and its labelled ``Metric`` series (counter, gauge, histogram).
 
-Owner: the values are kept in memory in this module; ``_metric_families`` lists every distinct family
-(a family created twice with the same name, kind and description shares its series). A series is
+Owner: the values are kept in memory, in the registry of the server whose model created the family
+(``serving.current().metrics.families``, :class:`~.serving.MetricRegistry`: one per server, read by that
+server's ``/metrics``); it lists every distinct family (a family created twice with the same name, kind
+and description shares its series). A series is
 updated by the model that holds it, on its instance thread. Failure: bad names, labels, buckets or
 values raise ``TypeError``/``ValueError`` that are also ``TritonModelException``; an operation its
 kind does not support (``set`` on a counter) raises ``TritonModelException``.
@@ -22,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from .errors import TritonModelException, _ArgTypeError, _ArgValueError
+from .serving import current
 
 _METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -136,7 +139,8 @@ class MetricFamily:
         self._description = description
         self._kind = int(kind)
         self._metrics: dict[tuple[tuple[str, str], ...], Metric] = {}
-        for family in _metric_families:
+        families = current().metrics.families
+        for family in families:
             if family._name != name:
                 continue
             if family._kind != self._kind or family._description != description:
@@ -146,7 +150,7 @@ class MetricFamily:
                 )
             self._metrics = family._metrics  # same family: share its series
             return
-        _metric_families.append(self)
+        families.append(self)
 
     def Metric(
         self, labels: dict[str, str] | None = None, buckets: list[float] | None = None
@@ -187,5 +191,3 @@ class MetricFamily:
     def __repr__(self) -> str:
         return f"MetricFamily({self._name!r}, kind={_KIND_NAMES[self._kind]})"
 
-
-_metric_families: list[MetricFamily] = []

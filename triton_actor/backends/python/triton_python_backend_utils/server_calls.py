@@ -1,8 +1,8 @@
 """What a model asks of the server: BLS (``InferenceRequest.exec`` / ``async_exec``) and model control
 (``load_model``, ``unload_model``, ``is_model_ready``).
 
-Owner: this module owns three hooks that the server assigns once, before models run
-(``triton_actor/server_calls.py``, installed by the server at start, removed at stop):
+Owner: each server's :class:`~.serving.ServerHooks` (``serving.py``: how a call finds the server whose
+model made it), which the server fills at start and empties at stop (``triton_actor/plane/calls_from_models.py``):
 
 * ``bls_executor(request, decoupled)`` -- runs ``InferenceRequest.exec``; returns an
   ``InferenceResponse`` (or an iterator of them when ``decoupled`` is true).
@@ -22,19 +22,15 @@ model unchanged (through the future for ``async_exec``).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any
 
 from .errors import TritonModelException
-
-bls_executor: Callable[..., Any] | None = None
-bls_async_executor: Callable[..., Any] | None = None
-model_control: Any = None
+from .serving import current
 
 
 def bls_exec(request: Any, decoupled: bool) -> Any:
     """``InferenceRequest.exec``: run ``request`` on its ``model_name`` through the server."""
-    executor = bls_executor
+    executor = current().bls_executor
     if executor is None:
         raise TritonModelException("BLS is not supported by this server yet")
     return executor(request, decoupled)
@@ -42,10 +38,11 @@ def bls_exec(request: Any, decoupled: bool) -> Any:
 
 def bls_async_exec(request: Any, decoupled: bool) -> Any:
     """``InferenceRequest.async_exec``: an awaitable of what ``bls_exec`` returns."""
-    async_executor = bls_async_executor
+    hooks = current()
+    async_executor = hooks.bls_async_executor
     if async_executor is not None:
         return async_executor(request, decoupled)
-    executor = bls_executor
+    executor = hooks.bls_executor
     if executor is None:
         raise TritonModelException("BLS is not supported by this server yet")
     # No executor threads: under gevent's patching they would be greenlets that the asyncio loop
@@ -59,7 +56,7 @@ def bls_async_exec(request: Any, decoupled: bool) -> Any:
 
 
 def _model_controller() -> Any:
-    control = model_control
+    control = current().model_control
     if control is None:
         raise TritonModelException(
             "model control from python models is not supported by this server yet"
