@@ -128,7 +128,7 @@ class _Pipe:
 def test_the_relay_sends_the_window_then_each_response_with_its_size_then_the_end() -> None:
     pipe, done = _Pipe(), []
     responses = _Iterator([(_response(0), 11), (_response(1), 12)])
-    relay = BlsRelay(pipe, 3, responses, done.append)
+    relay = BlsRelay(pipe.send, 3, responses, done.append)
     relay.run()
     kinds = [(f[0], f[-1]) if f[0] == "call_item" else f for f in pipe.frames]
     assert kinds == [("call_stream", 3, 1024, 4 << 20), ("call_item", 11), ("call_item", 12), ("call_end", 3)]
@@ -146,7 +146,7 @@ def test_a_cancel_stops_the_relay_and_the_target() -> None:
             relay.cancel()
 
     pipe, done = _Pipe(on_send=cancel_after_the_first), []
-    relay = BlsRelay(pipe, 3, responses, done.append)
+    relay = BlsRelay(pipe.send, 3, responses, done.append)
     relay.run()
     assert [f[0] for f in pipe.frames] == ["call_stream", "call_item"]
     assert responses.stopped == 1 and done == [3]
@@ -154,7 +154,7 @@ def test_a_cancel_stops_the_relay_and_the_target() -> None:
 
 def test_a_process_gone_stops_the_target() -> None:
     responses, done = _Iterator([(_response(i), 1) for i in range(5)]), []
-    BlsRelay(_Pipe(fail_at=2), 3, responses, done.append).run()
+    BlsRelay(_Pipe(fail_at=2).send, 3, responses, done.append).run()
     assert responses.stopped == 1 and done == [3]
 
 
@@ -224,7 +224,7 @@ def test_a_response_that_cannot_be_sent_ends_the_models_stream_with_an_error() -
     ended the relay thread without a frame, and the model's iterator waited for ever."""
     responses, done = _Iterator([(_response(0), 1), (object(), 1), (_response(2), 1)]), []
     pipe = _Pipe()
-    BlsRelay(pipe, 3, responses, done.append).run()
+    BlsRelay(pipe.send, 3, responses, done.append).run()
     assert [f[0] for f in pipe.frames] == ["call_stream", "call_item", "call_reply"]
     assert pipe.frames[-1][2][0] == "raise" and "BLS stream failed" in pipe.frames[-1][2][1]
     assert responses.stopped == 1 and done == [3]

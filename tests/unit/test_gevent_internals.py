@@ -3,7 +3,7 @@
 If a gevent release moves one of them, this test names it, before anything hangs: the thread bridge
 asks whether a native thread has a hub (``gevent._hub_local.get_hub_if_exists``, thread-local, never
 creating one), and the socket shortcuts behind the fast-path switch use a gevent socket's ``_sock``,
-``_wait`` and ``_read_event`` (frontends/socket_io.py).
+``_wait`` and ``_read_event`` (runtime/socket_io.py).
 """
 
 from __future__ import annotations

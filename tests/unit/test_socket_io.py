@@ -1,11 +1,11 @@
-"""frontends/socket_io.py against a real (gevent) socket pair."""
+"""runtime/socket_io.py against a real (gevent) socket pair."""
 
 from __future__ import annotations
 
 import gevent
 from gevent import socket
 
-from triton_actor.frontends.socket_io import Woken, recv_when_readable, send_all, wake_reader
+from triton_actor.runtime.socket_io import Woken, recv_when_readable, send_all, wake_reader
 
 
 def test_send_all_more_than_the_kernel_takes_at_once() -> None:

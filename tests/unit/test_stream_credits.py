@@ -381,10 +381,10 @@ def test_the_server_grants_back_a_stream_response_that_arrived_after_its_channel
     forgotten) is granted back to the account at once; one of a request's own window is not (its
     window ends with it); a final never is (never charged)."""
     session = _Session.__new__(_Session)  # no process: what _deliver needs of one
-    session._lock, session._channels, session._keys, session._refunds = threading.Lock(), {}, {}, {}
+    session._lock, session._channels, session._keys = threading.Lock(), {}, {}
     session._cancel_told = set()
     pipe = _Pipe(2)
-    session.child = types.SimpleNamespace(to_child=pipe)
+    session.child = types.SimpleNamespace(to_child=types.SimpleNamespace(submit=pipe.send))
     channel = BoundedResponseChannel(0, None, StreamAccount())
     session._channels[1] = channel
     channel.close()
@@ -394,4 +394,3 @@ def test_the_server_grants_back_a_stream_response_that_arrived_after_its_channel
     session._deliver(1, None, True, 0, 5)  # the final: never charged
     assert pipe.wait(), f"granted back: {pipe.frames}"
     assert {f[:2] for f in pipe.frames} == {("stream_credit", 5)} and sum(f[3] for f in pipe.frames) == 50
-    assert not session._refunds

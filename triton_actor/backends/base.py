@@ -6,11 +6,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from gevent import monkey
-
 from ..errors import TritonError
 from ..inference import InferRequest, InferResponse
 from ..repository.config import ModelConfig
+from ..runtime.threads import native_rlock
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +53,7 @@ RESCHEDULE = _Reschedule()
 # one module on two load threads failed or hung). On top of that, backends import runtimes and a Python
 # model's top-level code under this one native, re-entrant lock, so heavy first imports happen one at a
 # time instead of contending.
-IMPORT_LOCK = monkey.get_original("_thread", "RLock")()
+IMPORT_LOCK = native_rlock()
 
 
 class BackendInstance(Protocol):

@@ -39,13 +39,13 @@ from ..protocol import codings, header_forward, restricted
 from ..protocol import h2_connection as h2c
 from ..protocol.http2 import CANCEL, parse_timeout
 from ..protocol.restricted import Restrictions
+from ..runtime.socket_io import plain_recv, plain_send_all, recv_when_readable, send_all
 from . import tls
 from .budget import ByteBudget
 from .descriptors import ConnectionSlots, Listener, Reusable, bind, descriptor_cap
 from .grpc import GrpcServicer
 from .grpc_calls import DEADLINE_EXCEEDED, GRPC_STATUS, UNAVAILABLE, UNIMPLEMENTED, Call, Refused, method_table, route
 from .slow_requests import SlowRequestLog
-from .socket_io import plain_recv, plain_send_all, recv_when_readable, send_all
 
 log = logging.getLogger(__name__)
 

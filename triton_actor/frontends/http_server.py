@@ -37,12 +37,12 @@ from gevent.socket import wait_read
 
 from ..errors import TritonError
 from ..protocol import http1
+from ..runtime.socket_io import Woken, recv_when_readable, send_all, send_now, wake_reader
 from .budget import FIRST_INSTALLMENT, ByteBudget, with_room
 from .descriptors import ConnectionSlots, Listener, Reusable, bind, close_longest_waiting, descriptor_cap
 from .http import JSON_HEADERS, HttpFrontend, Reply, error_response, too_large
 from .http_status import status_line
 from .slow_requests import SlowRequestLog
-from .socket_io import Woken, recv_when_readable, send_all, send_now, wake_reader
 
 log = logging.getLogger(__name__)
 

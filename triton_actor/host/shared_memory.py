@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import TritonError
-from ..runtime.bridge import native_lock
+from ..runtime.threads import native_lock
 
 # A POSIX shared-memory object name: an optional leading "/" and no other "/" (shm_open's rule),
 # so a key can only name an object under /dev/shm, never a path.

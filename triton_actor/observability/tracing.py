@@ -17,7 +17,7 @@ N > 0 writes each N traces to ``<trace_file>.<index>`` and what is left at shutd
 Sampling happens when a request's batch completes, so requests that never executed (rejected, timed out
 in the queue, cancelled before running) are neither counted nor traced.
 
-Threads: everything here runs on the hub, except the file writes, which run in gevent's thread pool,
+Threads: everything here runs on the hub, except the file writes, which run in gevent's thread pool (``bridge.call_in_thread``),
 one at a time, from the writer greenlet (the hot path never touches a file). A write that fails is logged
 and dropped.
 """
@@ -34,6 +34,7 @@ import gevent.event
 import orjson
 
 from ..protocol import trace_json
+from ..runtime.bridge import call_in_thread
 
 log = logging.getLogger(__name__)
 _LEVELS = ("TIMESTAMPS", "TENSORS")
@@ -193,7 +194,6 @@ class Tracer:
         self._wake.set()
 
     def _write_loop(self) -> None:
-        pool = gevent.get_hub().threadpool
         while True:
             self._wake.wait()
             self._wake.clear()
@@ -207,7 +207,7 @@ class Tracer:
                     target, append = path, path in self._files
                     self._files.setdefault(path, 0)
                 try:
-                    pool.apply(_write, (target, entries, append))
+                    call_in_thread(_write, target, entries, append)
                 except Exception as e:  # noqa: BLE001 - a trace file that cannot be written must not stop serving
                     log.error("writing traces to %s: %s", target, e)
             if not self._pending:

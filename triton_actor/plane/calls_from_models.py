@@ -43,11 +43,11 @@ from ..runtime.bridge import (
     RunOnThread,
     ThreadInbox,
     current_worker,
-    native_lock,
     this_thread_hub,
     wait_on_hub,
 )
 from ..runtime.response_channel import STREAM_MAX_BYTES, STREAM_MAX_RESPONSES, ChannelResponses
+from ..runtime.threads import native_lock
 from .bls_waits import WaitGraph
 from .dataplane import DataPlane
 

@@ -1,6 +1,6 @@
 """The thread bridge: the only place native OS threads meet the gevent hub.
 
-Each :class:`NativeWorker` owns exactly one native thread (started with the *original*
+Each :class:`NativeWorker` owns exactly one native thread (:func:`.threads.start_native_thread`: the *original*
 ``_thread.start_new_thread`` — after monkey-patching ``threading.Thread`` would be a greenlet).
 Work goes in through a C ``_queue.SimpleQueue`` (untouched by patching); results come back through a
 deque plus one started ``loop.async_()`` watcher, whose callback completes the :class:`Reply` objects
@@ -19,21 +19,14 @@ from typing import Any, Generic, TypeVar
 
 import gevent
 import gevent.event
-from gevent import monkey
 from gevent._hub_local import get_hub_if_exists
 
 from .kernel import Reply
+from .threads import native_thread_id as _get_ident
+from .threads import start_native_thread
 
 log = logging.getLogger(__name__)
 S = TypeVar("S")
-_start_native = monkey.get_original("_thread", "start_new_thread")
-_get_ident = monkey.get_original("_thread", "get_ident")
-_allocate_native_lock = monkey.get_original("_thread", "allocate_lock")
-
-
-def native_lock() -> Any:
-    """A lock of the OS thread library, not gevent's: for state shared with native threads (held briefly)."""
-    return _allocate_native_lock()
 _workers: dict[int, NativeWorker[Any]] = {}  # native thread id → its worker (written by that thread)
 MAX_INTERRUPTIONS = 100  # system errors thrown into an idle worker in a row before it counts as dead
 
@@ -91,7 +84,7 @@ class NativeWorker(Generic[S]):
         self.died: BaseException | None = None
         self._current: Any = None  # the work item the native thread is running
         self.stopped.link(self._fail_unread)
-        _start_native(self._run, (setup, teardown))
+        start_native_thread(self._run, setup, teardown)
 
     # -- native thread ----------------------------------------------------------------------------
     def _run(self, setup: Callable[[], S], teardown: Callable[[S], None] | None) -> None:
@@ -338,7 +331,7 @@ class CancelWatch:
     in a process of its own): called, it answers as the plain probe does (True once the request's
     reply completed while it ran, i.e. its client cancelled it); :attr:`callback`, set and cleared by
     the backend's native thread around the run, is called in the hub when that happens. It must not
-    block the hub (start a native thread to do the telling). Created in the hub (the scheduler), one
+    block the hub (a write to a pipe goes to a ``threads.SerialWriter``). Created in the hub (the scheduler), one
     per request of a batch; nothing runs while nobody cancels but the reply's completion callback."""
 
     __slots__ = ("_reply", "callback")
@@ -355,12 +348,6 @@ class CancelWatch:
         callback = self.callback  # None once the run ended: the usual answer, not a cancellation
         if callback is not None:
             callback()
-
-
-def start_native_thread(fn: Callable[..., None], *args: Any) -> None:
-    """Run ``fn(*args)`` on a new native OS thread (not a greenlet, whatever the patching). It must
-    not touch the hub's gevent objects; a :class:`HubSignal` is how it reaches the hub."""
-    _start_native(fn, args)
 
 
 def workers_tagged(tag: Any) -> list[NativeWorker[Any]]:

@@ -43,13 +43,12 @@ from typing import Any
 
 import gevent
 import gevent.event
-from gevent import monkey
 
 from ..inference import response_bytes
-from .bridge import native_lock, this_thread_hub
+from .bridge import this_thread_hub
 from .stream_credits import Window
-
-_get_ident = monkey.get_original("_thread", "get_ident")
+from .threads import native_lock
+from .threads import native_thread_id as _get_ident
 
 STREAM_MAX_RESPONSES = 1024  # responses of one request a client's stream holds before the model's send() waits
 STREAM_MAX_BYTES = 4 << 20  # or bytes of their outputs (a larger response is let through alone)

@@ -15,7 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ...runtime.bridge import HubSignal, start_native_thread
+from ...runtime.bridge import HubSignal
+from ...runtime.threads import start_native_thread
 
 log = logging.getLogger(__name__)
 _WAIT_S = 0.5  # how often a watcher thread checks whether it should stop

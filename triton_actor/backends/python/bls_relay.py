@@ -16,12 +16,13 @@ The iterator cancelled or dropped in the model's process, ``("call_cancel", id)`
 dropped. Frames: ``("call_stream", ...)``, then ``("call_item", id, response, size)`` (``size``: the
 bytes the pump counted, which the process gives back in its credits), then ``("call_end", id)``.
 
-Threads: :meth:`BlsRelay.run` on a native thread of its own (its pipe writes may wait for the
-process's reader; never the hub, never the session's reader thread, never the instance's thread,
-which must go on serving the model's other calls while the model reads the stream); :meth:`took`
+Threads: :meth:`BlsRelay.run` on a native thread of its own (it waits for the server's iterator;
+never on the hub, the session's reader thread or the instance's thread, which must go on serving the
+model's other calls while the model reads the stream); its frames go to the process's one writer
+(``ChildProcess.to_child``), in order, and the pump's bound keeps what waits there bounded; :meth:`took`
 and :meth:`cancel` on the session's reader thread (the one writer of the iterator's taken counts);
 :meth:`cancel` also from ``on_exit``. Owner: the session (``isolated._Session``) holds its relays by
-call id, from the call until ``run`` ends. Failure: the process gone (a pipe write fails, or it
+call id, from the call until ``run`` ends. Failure: the process gone (its writer is closed or broken, or it
 exited) cancels the target.
 """
 
@@ -40,11 +41,11 @@ log = logging.getLogger(__name__)
 class BlsRelay:
     """One decoupled BLS stream from the server's iterator (``server_calls.ResponseIterator``) to the model's process."""
 
-    __slots__ = ("call_id", "_pipe", "_responses", "_done", "_stopped")
+    __slots__ = ("call_id", "_send", "_responses", "_done", "_stopped")
 
-    def __init__(self, pipe: Any, call_id: int, responses: Any, done: Callable[[int], None]) -> None:
+    def __init__(self, send: Callable[[Any], None], call_id: int, responses: Any, done: Callable[[int], None]) -> None:
         self.call_id = call_id
-        self._pipe = pipe
+        self._send = send  # a frame to the process (never waits; OSError once it is gone)
         self._responses = responses
         self._done = done  # the session forgets the relay
         self._stopped = False  # set by the reader thread (a plain flag: read here once per response)
@@ -53,22 +54,22 @@ class BlsRelay:
         """Its own native thread: forward every response until the end, or a cancel."""
         call_id, responses = self.call_id, self._responses
         try:
-            self._pipe.send(("call_stream", call_id, STREAM_MAX_RESPONSES, STREAM_MAX_BYTES))
+            self._send(("call_stream", call_id, STREAM_MAX_RESPONSES, STREAM_MAX_BYTES))
             while not self._stopped:
                 try:
                     response, size = responses.next_sized()
                 except StopIteration:
-                    self._pipe.send(("call_end", call_id))
+                    self._send(("call_end", call_id))
                     return
                 if not self._stopped:
-                    self._pipe.send(("call_item", call_id, wire.pb_response_to_wire(response), size))
+                    self._send(("call_item", call_id, wire.pb_response_to_wire(response), size))
         except OSError:
             responses.stop()  # the process is gone: nobody reads on
         except Exception as e:
             log.exception("BLS stream %d to the model's process failed", call_id)  # iterator must not wait for ever
             responses.stop()  # (the target is cancelled)
             try:
-                self._pipe.send(("call_reply", call_id, ("raise", f"the BLS stream failed: {e!r}")))
+                self._send(("call_reply", call_id, ("raise", f"the BLS stream failed: {e!r}")))
             except OSError:
                 pass
         finally:

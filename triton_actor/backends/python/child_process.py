@@ -11,8 +11,11 @@ crash's ``faulthandler`` traceback lands there). It gets a session of its own, s
 terminal reaches the server, which then finalizes it, rather than killing it first.
 
 Threads: :class:`ChildProcess` is created and stopped on the instance's native thread, which alone
-sends :attr:`~ChildProcess.commands` and reads :attr:`~ChildProcess.replies`; one native reader thread
-per process (``bridge.start_native_thread``) reads the other frames and the output, calls
+sends :attr:`~ChildProcess.commands` and reads :attr:`~ChildProcess.replies`. Every other frame to the
+process goes through :attr:`~ChildProcess.to_child`, one writer thread per process
+(``runtime.threads.SerialWriter``) that writes the frames in the order they were submitted, from any
+thread, the hub's included, which never waits for the pipe. One native reader thread
+per process (``runtime.threads.start_native_thread``) reads the other frames and the output, calls
 ``on_message(message)`` for each frame in order (:meth:`ChildProcess.wait_delivered` lets the
 instance's thread wait until a given number were handled: a reply then never overtakes what the
 model sent before it) and, once the process is gone and reaped (no zombies), ``on_exit(text)`` last.
@@ -28,14 +31,11 @@ import select
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gevent import monkey
-
-from ...runtime.bridge import start_native_thread
+from ...runtime.threads import NativeCondition, NativeEvent, SerialWriter, native_sleep, start_native_thread
 from .frame_pipe import FrameReader, FrameWriter
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,6 @@ _PACKAGE_ROOT = str(Path(__file__).resolve().parents[3])  # the folder holding t
 STUB_MODULE = "triton_actor.backends.python.isolated_child"
 OUTPUT_DRAIN_S = 2.0  # after the frames end, how long the output may still trickle in (a grandchild may hold it)
 REAP_WAIT_S = 5.0
-native_sleep = monkey.get_original("time", "sleep")  # ``time`` is patched: its sleep would start a hub here
 
 
 def describe_exit(returncode: int) -> str:
@@ -65,10 +64,10 @@ class ChildProcess:
         self.name = name
         self._on_message = on_message
         self._on_exit = on_exit
-        self.exited = threading.Event()  # set by the reader once the process is reaped
+        self.exited = NativeEvent()  # set by the reader once the process is reaped
         self.exit_text: str | None = None
         self._delivered = 0  # frames of the child's async pipe handled so far (reader thread)
-        self._progress = threading.Condition(threading.Lock())
+        self._progress = NativeCondition()
         pipes = [os.pipe() for _ in range(6)]  # commands, to child, replies, from child, stdout, stderr
         (cmd_r, cmd_w), (in_r, in_w), (reply_r, reply_w), (out_r, out_w), (so_r, so_w), (se_r, se_w) = pipes
         theirs = (cmd_r, in_r, reply_w, out_w, so_w, se_w)
@@ -88,7 +87,8 @@ class ChildProcess:
         self.pid = self.proc.pid
         self.commands = FrameWriter(cmd_w)  # the instance's thread only
         self.replies = FrameReader(reply_r)  # the instance's thread only
-        self.to_child = FrameWriter(in_w)  # any thread
+        inbox = FrameWriter(in_w)  # the writer's thread only
+        self.to_child = SerialWriter(f"frames to model process {name}", inbox.send, inbox.close)  # any thread
         start_native_thread(self._read, FrameReader(out_r), so_r, se_r)
 
     # -- reader thread ----------------------------------------------------------------------------
@@ -158,7 +158,8 @@ class ChildProcess:
 
     def stop(self, grace_s: float) -> None:
         """Close its input (it exits at end of file), then SIGTERM, then SIGKILL, ``grace_s`` apart;
-        return once the reader has reaped it."""
+        return once the reader has reaped it and the writer's thread ended (its writes fail once the
+        process is gone; a grandchild that kept the pipe open and reads nothing holds it up to ``grace_s``)."""
         self.commands.close()
         self.to_child.close()
         for escalate in (self.proc.terminate, self.proc.kill):
@@ -172,6 +173,9 @@ class ChildProcess:
                 pass
         self.exited.wait()
         self.replies.close()
+        if not self.to_child.stopped.wait(grace_s):
+            log.warning("model process %s (pid %d): its pipe's writer did not stop within %.0f s", self.name,
+                        self.pid, grace_s)
 
 
 MAX_LINE = 64 * 1024  # bytes of one line of the model's output held before it is logged anyway

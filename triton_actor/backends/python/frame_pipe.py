@@ -3,7 +3,9 @@
 Used on both sides (``isolated_child.py`` in the model's process, ``child_process.py`` and
 ``isolated.py`` in the server), on native threads only: blocking ``os.read`` / ``os.writev`` on plain
 pipe descriptors, no gevent. Owner: a :class:`FrameReader` belongs to the one thread that reads its
-pipe; any thread may :meth:`FrameWriter.send` (a lock keeps frames whole). Failure: ``send`` to a
+pipe; a :class:`FrameWriter` to the one thread that writes it, unless it was given a lock, which keeps
+frames whole when several threads send (the model's process does; the server gives each pipe one writer:
+the instance's thread for commands, a ``runtime.threads.SerialWriter`` for the rest). Failure: ``send`` to a
 peer that is gone raises ``BrokenPipeError`` (Python ignores SIGPIPE; a closed writer raises it too);
 a reader returns None at end of file.
 """
@@ -11,9 +13,9 @@ a reader returns None at end of file.
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import select
-import threading
 from typing import Any
 
 from .isolation_frames import FrameDecoder, encode
@@ -55,12 +57,13 @@ class FrameReader:
 
 
 class FrameWriter:
-    """Frames into one pipe, from any thread; ``sent`` counts the frames written so far."""
+    """Frames into one pipe, from its one writer thread, or from any thread with a ``lock`` (a native
+    one: it is held while the pipe is full); ``sent`` counts the frames written so far."""
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, lock: Any = None) -> None:
         self.fd = fd
         self.sent = 0
-        self._lock = threading.Lock()  # native here and in the server (bootstrap leaves threading unpatched)
+        self._lock = contextlib.nullcontext() if lock is None else lock
         self._closed = False
 
     def send(self, message: Any) -> None:

@@ -10,11 +10,14 @@ methods run on the instance's native thread, as every backend's do. It sends the
 answer itself (:mod:`.child_process`); meanwhile it serves the BLS and model-control calls the model
 makes, on this same thread (so the BLS wait graph sees the instance waiting, as in-process). Calls
 made while no command runs (a decoupled model's own threads) are served on a short-lived native
-thread each. Decoupled responses go from the process's reader thread straight into the requests'
+thread each. Every other frame to the process (credits, cancels, call answers, BLS streams, metric
+flushes) goes through the process's one writer (``ChildProcess.to_child``, a ``SerialWriter``), in the
+order it was submitted: the hub submits and goes on, the writer's thread waits for the pipe. Decoupled
+responses go from the process's reader thread straight into the requests'
 channels, never waiting there: each request's stream bound (1024 responses or 4 MiB not taken by its
 client, ``runtime/response_channel.py``) is kept in the child by credits (``runtime/stream_credits.py``):
 the model's ``send()`` waits there, on the model's thread, and the hub grants credit back as the client
-takes responses (``("credit", key, responses, bytes)``, from a native thread). The requests of one gRPC
+takes responses (``("credit", key, responses, bytes)``). The requests of one gRPC
 stream share its bound (``StreamAccount``), so they share one window in the child, keyed by an account id
 sent with ``execute``, and get credit back per account (``("stream_credit", account, responses, bytes)``)
 as the client takes a response of any of them, or their channels drop responses unread when they close
@@ -42,7 +45,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import threading
 import weakref
 from collections.abc import Callable
 from functools import partial
@@ -52,13 +54,14 @@ from typing import Any
 from ...errors import TritonError
 from ...inference import InferRequest
 from ...repository.config import ModelConfig
-from ...runtime.bridge import CancelWatch, start_native_thread
+from ...runtime.bridge import CancelWatch
 from ...runtime.stream_credits import CreditReturn, Window
+from ...runtime.threads import native_lock, native_sleep, start_native_thread
 from ..base import InstanceContext, Result
 from . import isolation_wire as wire
 from . import metrics_mirror
 from .bls_relay import BlsRelay
-from .child_process import ChildProcess, native_sleep
+from .child_process import ChildProcess
 from .metrics_mirror import MetricsMirror
 from .triton_python_backend_utils import server_calls as hooks
 from .triton_python_backend_utils import serving
@@ -93,13 +96,14 @@ class _Exited(Exception):
 class _Session:
     """One model process and what is in flight with it. The instance's thread sends commands and reads
     their replies (serving the model's calls meanwhile); the reader thread (``on_message``,
-    ``on_exit``) feeds the decoupled requests' channels and the log."""
+    ``on_exit``) feeds the decoupled requests' channels and the log; the hub tells cancels and grants
+    credit. Frames to the process go through ``child.to_child`` (:meth:`send`), whoever sends them."""
 
     def __init__(self, name: str, server: ServerHooks | None = None) -> None:
         self.server = server  # whose model this is: its calls and its metric registry
         # the registry its custom metrics are scraped from (no server: an auto_complete's, nobody scrapes it)
         self._registry = server.metrics if server is not None else MetricRegistry()
-        self._lock = threading.Lock()  # channels: registered by the instance's thread, used by the reader's
+        self._lock = native_lock()  # channels: registered by the instance's thread, used by the reader's
         self._channels: dict[int, Any] = {}
         self._keys: dict[Any, int] = {}
         self._cancel_told: set[int] = set()
@@ -108,7 +112,6 @@ class _Session:
         # a stream's account → its id in the child and what its client took (weak: a stream's, no longer)
         self._accounts: weakref.WeakKeyDictionary[Any, tuple[int, CreditReturn]] = weakref.WeakKeyDictionary()
         self._next_account = itertools.count(1)
-        self._refunds: dict[int, list[int]] = {}  # account → [responses, bytes] dropped on arrival, not yet told
         self.metrics = MetricsMirror(server)
         self._flushes: dict[int, Callable[[], None]] = {}  # token → a scrape's done(), until the answer came
         self._flush_ids = itertools.count(1)
@@ -121,6 +124,14 @@ class _Session:
     @property
     def alive(self) -> bool:
         return self.child.exit_text is None
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        """Any thread, never waits: ``message`` goes to the process after every frame sent before it
+        (dropped when the process is gone: nothing there waits for it any more)."""
+        try:
+            self.child.to_child.submit(message)
+        except OSError:
+            pass
 
     # -- the instance's thread --------------------------------------------------------------------
     def ask(self, message: tuple[Any, ...], timeout: float | None = None) -> Any:
@@ -163,7 +174,7 @@ class _Session:
             if key is None:
                 key = next(self._next_key)
                 self._keys[channel], self._channels[key] = key, channel
-                channel.on_cancel = partial(start_native_thread, self._cancel_once, key)
+                channel.on_cancel = partial(self._cancel_once, key)
                 if account is not None:  # shared: granted back per account, also what its channel drops
                     channel.on_taken = partial(self._taken, ("stream_credit", account[0]), account[1])
                     channel.on_closed = partial(self._released, key, account[0], account[1])
@@ -185,43 +196,34 @@ class _Session:
 
     def _taken(self, target: tuple[str, int], credits: CreditReturn, size: int, final: bool) -> None:
         """The hub (the greenlet that takes the request's responses): the client took one; once half its
-        window was taken (the request's, or its stream's, shared), the child is told on a native thread
-        (a pipe write may block: never on the hub), which lets a send waiting for credit there go on."""
+        window was taken (the request's, or its stream's, shared), the child is told, which lets a send
+        waiting for credit there go on."""
         grant = None if final else credits.taken(size)
         if grant is not None:
-            start_native_thread(self._grant, *target, *grant)
+            self.send((*target, *grant))
 
     def _released(self, key: int, account: int, credits: CreditReturn, responses: int, size: int) -> None:
         """The hub: a channel of a stream's account closed, dropping what its client never took; that
         and what was taken but not yet told goes back at once (a shared window must get back all it
-        was charged, or it shrinks for the stream's other requests)."""
+        was charged, or it shrinks for the stream's other requests). A cancelled request's cancel goes
+        before the credit: the credit must not let its waiting send go on before the child knows."""
         grant = credits.release(responses, size)
-        if grant is not None:
-            with self._lock:
-                channel = self._channels.get(key)
-            cancelled = channel is not None and channel.is_cancelled()
-            start_native_thread(self._release_grant, key if cancelled else None, account, grant)
-
-    def _release_grant(self, cancelled: int | None, account: int, grant: tuple[int, int]) -> None:
-        """A native thread: the grant of a closed channel, after its cancel when it was cancelled (the
-        cancel's own thread may write later: the credit must not let the request's waiting send go on
-        before the child knows the request is cancelled; a second cancel frame changes nothing there)."""
-        if cancelled is not None:
-            self.tell_cancel(cancelled)
-        self._grant("stream_credit", account, *grant)
-
-    def _grant(self, kind: str, target: int, responses: int, size: int) -> None:
-        try:
-            self.child.to_child.send((kind, target, responses, size))
-        except OSError:
-            pass  # gone: nothing waits there any more
+        if grant is None:
+            return
+        with self._lock:
+            channel = self._channels.get(key)
+        if channel is not None and channel.is_cancelled():
+            self._cancel_once(key)  # sent already, normally (on_cancel): then this sends nothing
+        self.send(("stream_credit", account, *grant))
 
     def _cancel_once(self, key: int) -> None:
+        """Any thread: tell the child once that the request ``key`` names was cancelled. Sent under the
+        lock, so that whoever finds it told knows its frame is queued ahead of what they send next."""
         with self._lock:
             if key in self._cancel_told or key not in self._channels:
                 return
             self._cancel_told.add(key)
-        self.tell_cancel(key)
+            self.tell_cancel(key)
 
     def forget(self, key: int) -> None:
         with self._lock:
@@ -282,38 +284,22 @@ class _Session:
             self._cancel_once(key)
 
     def _refund(self, account: int, size: int) -> None:
-        """Reader thread: a response charged to ``account`` arrived after its channel closed; granted back
-        from a native thread, one at a time per account (what arrives meanwhile goes with it)."""
-        with self._lock:
-            pending = self._refunds.get(account)
-            if pending is not None:
-                pending[0] += 1
-                pending[1] += size
-                return
-            self._refunds[account] = [1, size]
-        start_native_thread(self._send_refund, account)
-
-    def _send_refund(self, account: int) -> None:
-        with self._lock:
-            responses, size = self._refunds.pop(account)
-        self._grant("stream_credit", account, responses, size)
+        """Reader thread: a response charged to ``account`` arrived after its channel closed: granted back."""
+        self.send(("stream_credit", account, 1, size))
 
     def tell_cancel(self, key: int) -> None:
-        """Any native thread: the request ``key`` names was cancelled (its ``is_cancelled()`` turns true)."""
-        try:
-            self.child.to_child.send(("cancel", key))
-        except OSError:
-            pass  # gone: nothing runs there any more
+        """Any thread: the request ``key`` names was cancelled (its ``is_cancelled()`` turns true)."""
+        self.send(("cancel", key))
 
     def request_flush(self, done: Callable[[], None]) -> None:
-        """Any native thread (a scrape's helper): ask for the model's unsent metric updates; ``done()``
-        once they are applied, or the process is gone."""
+        """Any thread, never waits (a scrape, on the hub): ask for the model's unsent metric updates;
+        ``done()`` once they are applied, or the process is gone (on the reader's thread, or here)."""
         token = next(self._flush_ids)
         with self._lock:
             self._flushes[token] = done
         try:
-            self.child.to_child.send(("flush_metrics", token))
-        except OSError:
+            self.child.to_child.submit(("flush_metrics", token))
+        except OSError:  # closed: on_exit, which answers every flush, ran or runs after this token was added
             self._flush_done(token)
 
     def _flush_done(self, token: int | None) -> None:
@@ -331,7 +317,7 @@ class _Session:
         """The thread serving the model's decoupled BLS call: forward ``responses`` (the server's iterator)
         to the process on a native thread of its own (:mod:`.bls_relay`), so that the thread serving
         calls goes on (the model may make other calls while it reads the stream)."""
-        relay = BlsRelay(self.child.to_child, call_id, responses, self._relay_done)
+        relay = BlsRelay(self.child.to_child.submit, call_id, responses, self._relay_done)
         with self._lock:
             gone = self.child.exit_text is not None
             if not gone:
@@ -372,7 +358,6 @@ def serve_call(session: _Session, call_id: int, op: str, args: tuple[Any, ...]) 
     made here (on the instance's thread the BLS wait graph sees the instance waiting; this thread runs
     no model code, so the iterator's inbox is a plain queue that the relay's thread may read) and its
     responses go on a relay's thread (:mod:`.bls_relay`): ``call_stream``, ``call_item``s, ``call_end``."""
-    pipe = session.child.to_child
     try:
         with serving.using(session.server):
             answer = _call(session, call_id, op, args)
@@ -382,10 +367,7 @@ def serve_call(session: _Session, call_id: int, op: str, args: tuple[Any, ...]) 
         return  # the model's process is gone
     except Exception as e:  # noqa: BLE001 - the model sees it raised, as in-process
         answer = ("raise", str(e))
-    try:
-        pipe.send(("call_reply", call_id, answer))
-    except OSError:
-        pass
+    session.send(("call_reply", call_id, answer))
 
 
 def _call(session: _Session, call_id: int, op: str, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
@@ -530,9 +512,9 @@ class IsolatedInstance:
 
     @staticmethod
     def _watch_cancellation(session: _Session, requests: list[InferRequest]) -> tuple[list[int | None], list[CancelWatch]]:
-        """Keys for the requests whose cancellation the child must hear of (``("cancel", key)``, sent from a
-        native thread the hub starts when the client cancels; one already cancelled is told at once: the
-        child keeps a cancel that overtakes its request). Nothing is polled."""
+        """Keys for the requests whose cancellation the child must hear of (``("cancel", key)``, sent by the
+        hub when the client cancels; one already cancelled is told at once: the child keeps a cancel that
+        overtakes its request). Nothing is polled."""
         keys: list[int | None] = []
         watches = []
         for request in requests:
@@ -541,7 +523,7 @@ class IsolatedInstance:
                 keys.append(None)
                 continue
             key = session.new_key()
-            watch.callback = partial(start_native_thread, session.tell_cancel, key)
+            watch.callback = partial(session.tell_cancel, key)
             if watch():
                 session.tell_cancel(key)
             keys.append(key)

@@ -410,7 +410,8 @@ class _ForwardLogs(logging.Handler):
 def main(argv: list[str]) -> int:
     faulthandler.enable()  # a segfault's traceback goes to stderr, which the server logs
     commands, inbox, replies, outbox = (int(fd) for fd in argv[1:5])
-    process = ModelProcess(FrameReader(commands), FrameReader(inbox), FrameWriter(replies), FrameWriter(outbox))
+    process = ModelProcess(FrameReader(commands), FrameReader(inbox), FrameWriter(replies, threading.Lock()),
+                           FrameWriter(outbox, threading.Lock()))  # the model's threads, the main and the reader send
     root = logging.getLogger()
     root.setLevel(int(argv[5]) if len(argv) > 5 else logging.INFO)
     root.addHandler(_ForwardLogs(process))

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import itertools
 import logging
-import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import gevent.event
 
-from ...runtime.bridge import HubSignal, start_native_thread
+from ...runtime.bridge import HubSignal
+from ...runtime.threads import native_lock
 from . import triton_python_backend_utils as pb_utils
 from .metrics_forwarding import ADD, OBSERVE, SET
 from .triton_python_backend_utils import serving
@@ -43,7 +43,7 @@ class MetricsMirror:
         self._series: dict[int, Any] = {}
         self._set_seq: dict[int, int] = {}  # a gauge's last applied SET: a later frame on the other pipe wins
         self._ids = itertools.count(1)
-        self._lock = threading.Lock()
+        self._lock = native_lock()
 
     def family(self, name: str, description: str, kind: int) -> None:
         """The model created ``MetricFamily(name, description, kind)``: create it here (or refuse it)."""
@@ -84,7 +84,7 @@ class MetricsMirror:
 
 class Flushable(Protocol):
     def request_flush(self, done: Callable[[], None]) -> None:
-        """Any native thread: ask the process for its updates; ``done()`` once applied (or it died)."""
+        """Any thread, never waits: ask the process for its updates; ``done()`` once applied (or it died)."""
 
 
 def register(process: Flushable, registry: MetricRegistry) -> None:
@@ -107,9 +107,9 @@ def flush_isolated(registry: MetricRegistry, timeout_s: float = FLUSH_WAIT_S) ->
     answered = gevent.event.Event()
     signal = HubSignal(answered.set)
     left: list[int | None] = [len(processes)]  # None once the scrape stopped waiting (the signal is closed then)
-    count_lock = threading.Lock()
+    count_lock = native_lock()
 
-    def done() -> None:  # a native thread
+    def done() -> None:  # a native thread (the process's reader), or here when it is gone
         with count_lock:
             if left[0] is None:
                 return
@@ -117,7 +117,8 @@ def flush_isolated(registry: MetricRegistry, timeout_s: float = FLUSH_WAIT_S) ->
             if left[0] == 0:
                 signal.send()
 
-    start_native_thread(_ask_all, processes, done)  # pipe writes stay off the hub
+    for process in processes:
+        process.request_flush(done)  # queued for the process's writer: the hub does not wait for a pipe
     try:
         if not answered.wait(timeout_s):
             log.warning("custom metrics: %s isolated model process(es) did not flush within %.0f s", left[0],
@@ -127,7 +128,3 @@ def flush_isolated(registry: MetricRegistry, timeout_s: float = FLUSH_WAIT_S) ->
             left[0] = None
             signal.close()
 
-
-def _ask_all(processes: list[Flushable], done: Callable[[], None]) -> None:
-    for process in processes:
-        process.request_flush(done)

@@ -1,4 +1,5 @@
-"""Two socket calls on the hot path, cheaper than gevent's generic ones for how we use them.
+"""Two socket calls on the hot path, cheaper than gevent's generic ones for how we use them (the front
+ends' drivers call them; they live here because gevent's internals are the runtime's alone).
 
 gevent's ``recv`` tries the read first and, on EAGAIN, waits and tries again; a connection between
 requests has nothing to read yet, so that first try only costs a raised exception. gevent's
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..runtime import fastpath
+from . import fastpath
 
 
 def send_all(sock: Any, data: bytes) -> None:
