@@ -17,11 +17,11 @@ what a model object used outside any server (a unit test) gets.
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar, Token
 from typing import Any
 
+from ....runtime.threads import native_lock
 from .errors import TritonModelException
 
 
@@ -32,7 +32,7 @@ class MetricRegistry:
     def __init__(self) -> None:
         self.families: list[Any] = []  # MetricFamily, one per distinct name (models' threads append)
         self.processes: dict[int, Any] = {}  # id → a live isolated model process (metrics_mirror.Flushable)
-        self.lock = threading.Lock()  # for ``processes`` (native threads register and leave)
+        self.lock = native_lock()  # for ``processes`` (native threads register and leave)
 
 
 class ServerHooks:
