@@ -2,7 +2,7 @@
 proxies that send changes through the host.
 
 * :func:`register_handlers` -- statistics (this process's raw per-version counters), model control, model
-  readiness, shared-memory registration and the log / trace settings, each as a host handler.
+  readiness and whether a model is known, shared-memory registration and the log / trace settings, each as a host handler.
 * :class:`HostSharedMemory` and :class:`HostRuntimeSettings` stand where the front ends use the registry and
   the settings (``plane.shm``, ``plane.runtime``): reads are local, changes go to ``host.broadcast`` so every
   worker makes them (in one process, ``LocalHost`` calls the local handler: the same code path).
@@ -63,6 +63,9 @@ def register_handlers(host: Host, repository: RepositoryActor, shm: SharedMemory
     host.register("model.load", lambda a: repository.ref.load(a["name"], a.get("config"), a.get("files")).get())
     host.register("model.unload", lambda a: repository.ref.unload(a["name"], a["unload_dependents"]).get(timeout=60))
     host.register("model.ready", model_ready)
+    # a model this process has a handle for, in any state: an unload of any other name changes nothing
+    # (the workers' journal keeps no entry for it)
+    host.register("model.known", lambda a: a["name"] in repository.routes)
     host.register("shm.register", shm_register)
     host.register("shm.unregister", shm_unregister)
     host.register("runtime.log", lambda a: runtime.update_log(a["changes"]))

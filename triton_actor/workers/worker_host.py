@@ -6,8 +6,9 @@ replaces it and the new one replays the journal), so it is removed and left out.
 
 Changes (``broadcast`` of a journaled kind, see ``journal.change_key``) run under the control lock: this
 worker first (its error fails the request before anything changed elsewhere), then every peer; if a peer
-fails, the change is undone where it was applied and the peer's error is raised. Reads (``gather``) take
-no lock.
+fails, the change is undone where it was applied and the peer's error is raised. The journal is read
+and its next contents made (refused when over its bound) before the change, written after it, both on
+a native thread. Reads (``gather``) take no lock.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ import gevent.pool
 
 from ..errors import Code, TritonError
 from ..host.base import LocalHost
+from ..runtime.bridge import call_in_thread
 from . import control
-from .journal import Journal, change_key, locked
+from .journal import Change, Journal, change_key, latest, locked
 
 log = logging.getLogger("triton_actor.workers")
 
@@ -54,7 +56,7 @@ class WorkerHost(LocalHost):
         with locked(self.run_dir, CHANGE_TIMEOUT_S):
             self._server = control.ControlServer(self.socket_path, self._dispatch)
             self._server.start()
-            return self.journal.read()
+            return call_in_thread(self.journal.read)
 
     def mark_ready(self) -> None:
         self.booted.set()
@@ -108,7 +110,10 @@ class WorkerHost(LocalHost):
         if change_key(kind, args) is None:
             return [self.local(kind, args), *(a for _, ok, a in self._fan_out(kind, args, CHANGE_TIMEOUT_S) if ok)]
         with locked(self.run_dir, CHANGE_TIMEOUT_S):
-            undo = self._undo_for(kind, args)
+            known = kind != "model.unload" or self.local("model.known", {"name": args["name"]})
+            # the journal's file work on a native thread: a big journal must not hold the hub
+            journal, data = call_in_thread(self.journal.prepare, kind, args, known)  # refused: nothing changed
+            undo = self._undo_for(kind, args, journal)
             answers = [self.local(kind, args)]  # raises before any other worker changed
             results = self._fan_out(kind, args, CHANGE_TIMEOUT_S)
             failed = [(p, a) for p, ok, a in results if ok and isinstance(a, TritonError)]
@@ -117,14 +122,14 @@ class WorkerHost(LocalHost):
                 path, error = failed[0]
                 raise TritonError(error.code, f"{error.message} (worker {Path(path).stem}; "
                                               f"the change was undone on every worker)")
-            self.journal.record(kind, args)
+            call_in_thread(self.journal.commit, data)
             answers += [a for _, ok, a in results if ok]
             return answers
 
-    def _undo_for(self, kind: str, args: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    def _undo_for(self, kind: str, args: dict[str, Any], journal: list[Change]) -> tuple[str, dict[str, Any]] | None:
         """The change that puts a worker back as it is now, for the kinds a worker can fail alone."""
         if kind == "model.load":
-            previous = self.journal.latest(f"model:{args['name']}")
+            previous = latest(journal, f"model:{args['name']}")
             if previous is not None and previous[1] == "model.load":
                 return previous[1], previous[2]
             if self.local("model.ready", {"name": args["name"]}):
