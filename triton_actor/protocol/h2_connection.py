@@ -8,43 +8,8 @@ seconds) where time matters. :mod:`..frontends.grpc_h2` drives it for gRPC.
 It owns the whole protocol state: stream states, flow-control windows both ways (connection and
 stream), SETTINGS (ours, the peer's, the ACKs), PING and keepalive, CONTINUATION assembly, padding,
 HPACK (through :class:`.http2.HeaderDecoder` and its cache), GOAWAY and RST_STREAM with the error
-code each violation calls for, and every limit a hostile client meets (:class:`Limits`):
-
-* ``max_concurrent_streams`` is advertised and enforced (REFUSED_STREAM past it), which also bounds
-  the streams an INITIAL_WINDOW_SIZE change walks;
-* control frames and frames that do no work (SETTINGS and PING, ACKs too, RST_STREAM,
-  WINDOW_UPDATE, PRIORITY, unknown types, empty DATA, HEADERS on closed streams, the frames our
-  stream errors answer) spend a token bucket (``control_frame_burst`` refilled at
-  ``control_frame_rate`` per second and by each DATA frame we send, as nghttp2's "glitch" limit); a
-  flood ends the connection with GOAWAY(ENHANCE_YOUR_CALM);
-* rapid reset (CVE-2023-44487): each stream reset before we answered it — by the peer, or by us
-  for its stream error or past the stream limit — adds one to a debt that each stream we complete
-  with DATA pays back (refusals and trailers-only statuses pay nothing back); past
-  ``max_reset_debt`` → GOAWAY(ENHANCE_YOUR_CALM);
-* header blocks past ``max_header_list`` (compressed: one HEADERS frame or CONTINUATION-assembled,
-  checked before HPACK; or decoded) → GOAWAY(ENHANCE_YOUR_CALM); a block that starts with more
-  than two dynamic-table size updates (RFC 7541 §4.2) → GOAWAY(COMPRESSION_ERROR);
-* a preface, first SETTINGS or header block not complete within ``header_timeout``, and a connection
-  without streams for ``idle_timeout``, are closed by :meth:`tick`; a stream whose request makes no
-  progress (HEADERS or DATA) for ``stream_timeout`` is reset (CANCEL) there, its :class:`StreamReset`
-  left in ``expired`` for the driver (unless the driver marked it ``long_lived``);
-* a request body that arrives under ``min_rate`` on average (its clock starts at its first DATA, and
-  it must have ``min_rate`` x (elapsed - ``body_grace``) bytes at any time, Apache mod_reqtimeout's
-  MinRate), or that takes more than ``body_max_time`` in all (mod_reqtimeout's maxtimeout: without it,
-  a message of X bytes sent at once bought X / ``min_rate`` seconds of trickling, so one stream held
-  a gigabyte for a megabyte a second), gets a :class:`StreamTooSlow` in ``expired`` from :meth:`tick`;
-  the driver answers it (a gRPC status) and closes the stream. The driver stops the clock with
-  :meth:`H2Connection.body_idle` at the end of each message of a bidirectional call (the next DATA
-  starts it again);
-* ping strikes (grpc's policy: pings without data closer than ``min_ping_interval``);
-* a connection older than ``max_connection_age`` gets GOAWAY (NO_ERROR, ``max_age``: its open streams run
-  on, new ones are refused) and ``aged`` is set for the driver to close it once its calls are done; it is
-  closed at ``max_connection_age_grace`` after that whatever runs (grpc-core's channel arguments, without
-  their jitter);
-* a peer that stops reading: the driver marks its writes (``writing_since``) and :meth:`tick` closes
-  the connection when one takes ``write_timeout``; DATA waits (:meth:`local_flow_control_window`
-  is 0, :meth:`send_response` declines) while ``max_send_buffer`` bytes are queued unwritten;
-  ``window_timeout`` is how long the driver lets a stream wait for the peer's window.
+code each violation calls for, and every limit a hostile client meets (each is described on
+:class:`Limits`).
 
 Events (see the classes below) name the stream by ``stream_id`` and carry its :class:`H2Stream`,
 whose ``call`` slot is the driver's own. Unlike ``h2``, the end of a request is the ``end_stream``
@@ -73,7 +38,44 @@ _TOKENS_PER_DATA = 4  # control frames a client may send in answer to one DATA f
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """What we advertise and enforce on one connection (defaults: grpc-go's and nginx's choices)."""
+    """What we advertise and enforce on one connection (defaults: grpc-go's and nginx's choices).
+
+    * ``max_concurrent_streams`` is advertised and enforced (REFUSED_STREAM past it), which also bounds
+      the streams an INITIAL_WINDOW_SIZE change walks;
+    * control frames and frames that do no work (SETTINGS and PING, ACKs too, RST_STREAM,
+      WINDOW_UPDATE, PRIORITY, unknown types, empty DATA, HEADERS on closed streams, the frames our
+      stream errors answer) spend a token bucket (``control_frame_burst`` refilled at
+      ``control_frame_rate`` per second and by each DATA frame we send, as nghttp2's "glitch" limit); a
+      flood ends the connection with GOAWAY(ENHANCE_YOUR_CALM);
+    * rapid reset (CVE-2023-44487): each stream reset before we answered it — by the peer, or by us
+      for its stream error or past the stream limit — adds one to a debt that each stream we complete
+      with DATA pays back (refusals and trailers-only statuses pay nothing back); past
+      ``max_reset_debt`` → GOAWAY(ENHANCE_YOUR_CALM);
+    * header blocks past ``max_header_list`` (compressed: one HEADERS frame or CONTINUATION-assembled,
+      checked before HPACK; or decoded) → GOAWAY(ENHANCE_YOUR_CALM); a block that starts with more
+      than two dynamic-table size updates (RFC 7541 §4.2) → GOAWAY(COMPRESSION_ERROR);
+    * a preface, first SETTINGS or header block not complete within ``header_timeout``, and a connection
+      without streams for ``idle_timeout``, are closed by :meth:`tick`; a stream whose request makes no
+      progress (HEADERS or DATA) for ``stream_timeout`` is reset (CANCEL) there, its :class:`StreamReset`
+      left in ``expired`` for the driver (unless the driver marked it ``long_lived``);
+    * a request body that arrives under ``min_rate`` on average (its clock starts at its first DATA, and
+      it must have ``min_rate`` x (elapsed - ``body_grace``) bytes at any time, Apache mod_reqtimeout's
+      MinRate), or that takes more than ``body_max_time`` in all (mod_reqtimeout's maxtimeout: without it,
+      a message of X bytes sent at once bought X / ``min_rate`` seconds of trickling, so one stream held
+      a gigabyte for a megabyte a second), gets a :class:`StreamTooSlow` in ``expired`` from :meth:`tick`;
+      the driver answers it (a gRPC status) and closes the stream. The driver stops the clock with
+      :meth:`H2Connection.body_idle` at the end of each message of a bidirectional call (the next DATA
+      starts it again);
+    * ping strikes (grpc's policy: pings without data closer than ``min_ping_interval``);
+    * a connection older than ``max_connection_age`` gets GOAWAY (NO_ERROR, ``max_age``: its open streams run
+      on, new ones are refused) and ``aged`` is set for the driver to close it once its calls are done; it is
+      closed at ``max_connection_age_grace`` after that whatever runs (grpc-core's channel arguments, without
+      their jitter);
+    * a peer that stops reading: the driver marks its writes (``writing_since``) and :meth:`tick` closes
+      the connection when one takes ``write_timeout``; DATA waits (:meth:`local_flow_control_window`
+      is 0, :meth:`send_response` declines) while ``max_send_buffer`` bytes are queued unwritten;
+      ``window_timeout`` is how long the driver lets a stream wait for the peer's window.
+    """
 
     max_concurrent_streams: int = 128  # nginx's http2_max_concurrent_streams
     initial_window: int = 16 * 1024 * 1024  # a 16 MiB tensor needs no WINDOW_UPDATE round trip

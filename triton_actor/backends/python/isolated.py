@@ -20,11 +20,9 @@ the model's ``send()`` waits there, on the model's thread, and the hub grants cr
 takes responses (``("credit", key, responses, bytes)``). The requests of one gRPC
 stream share its bound (``StreamAccount``), so they share one window in the child, keyed by an account id
 sent with ``execute``, and get credit back per account (``("stream_credit", account, responses, bytes)``)
-as the client takes a response of any of them, or their channels drop responses unread when they close
-(before, each had the whole stream's window: 8 requests on a stream that reads nothing held 512
-responses, 32 MiB, and pushed the account past its bound). Before, the reader thread
-itself waited for a client that did not read, and every other request of the process, its logs and its
-call answers waited behind it (up to the 60 s window_timeout). A reply is handled only after what the
+as the client takes a response of any of them, or their channels drop responses unread when they close.
+The reader thread never waits for a client that does not read, so one slow client cannot hold up the
+other requests of the process, its logs or its call answers. A reply is handled only after what the
 model sent before it. A request's cancellation
 (``request.is_cancelled()``) reaches the process as a frame (``bridge.CancelWatch``: nothing polls);
 its custom metrics come back with each reply and when a scrape asks (``metrics_mirror.py``).

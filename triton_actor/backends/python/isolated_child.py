@@ -4,34 +4,8 @@ COMMANDS_FD INBOX_FD REPLIES_FD OUTBOX_FD LOG_LEVEL``, started by :mod:`.child_p
 It is a plain Python process (no gevent, no server): it imports ``model.py`` with the rules of the
 in-process backend and runs the very same :class:`~.backend.PythonInstance`, so the ``args`` of
 ``initialize``, the requests ``execute`` sees and the texts of the errors are those of a model run
-in-process. Frames (:mod:`.isolation_wire` for the values):
-
-* commands, read by the main thread itself: ``("init", ctx)``, ``("execute", requests, log_level, windows)``
-  (the server's level now: a change of its log settings reaches the model's logging; ``windows``: key →
-  ``(responses, bytes, account)``, the bound of each decoupled request's stream, None for none; the
-  requests of one ``account`` (a gRPC stream's) share one window, None: a window of its own),
-  ``("finalize",)``, ``("auto_complete", config, version_dir, filename)``;
-* replies, one per command: ``("reply", ("ok", value) | ("error", code, message), sent_before,
-  metric_updates)``, where ``sent_before`` counts the outbox frames written before it (the server
-  handles those first) and ``metric_updates`` are the custom metrics' changes since the last flush
-  (None if none; ``metrics_forwarding.py``); calls made while a command runs go here too, so that the
-  thread waiting for the reply serves them;
-* outbox: ``("response", key, result, final, size, account)`` for a decoupled request (``size``: the bytes
-  its credit, or its ``account``'s, was charged, ``runtime/stream_credits.py``; the final is never charged), ``("waiting", key, bool)`` when a send for it
-  starts or stops waiting for credit, ``("log", record)`` for the
-  stdlib logging (``pb_utils.Logger`` included), ``("call", id, op, args)`` made while no command
-  runs (BLS, model control, a new custom metric), ``("metrics", token, updates)``, and for a decoupled
-  BLS stream ``("call_taken", id, responses, bytes)`` (what the model took of it: the server sends on)
-  and ``("call_cancel", id)`` (the model cancelled or dropped it: the target is cancelled; sent once
-  its ``call_stream`` came, so that it never overtakes the call);
-* inbox, read by a reader thread: the answers to calls, ``("call_reply", id, answer)`` (a streamed BLS:
-  ``("call_stream", id, responses, bytes)``, ``("call_item", id, response, size)`` ... ``("call_end", id)``,
-  sent only while the model has not taken that window: see :mod:`.isolated_child_bls`),
-  ``("cancel", key)`` (a decoupled request's client went away, or any other request's client cancelled
-  it while it runs: its ``is_cancelled()`` turns true, and a send waiting for credit returns),
-  ``("credit", key, responses, bytes)`` (the client took that much of a decoupled request's responses:
-  a send waiting for it goes on), ``("stream_credit", account, responses, bytes)`` (the same for the
-  requests of a stream's account: its client took them, or the server dropped them unread) and ``("flush_metrics", token)`` (a scrape: answered with ``("metrics", ...)``).
+in-process. The frames on its four pipes are listed in ``docs/isolation.md`` (section "Frames");
+:mod:`.isolation_wire` encodes their values.
 
 Threads: the main thread runs the commands one at a time; the reader thread routes call answers to
 their waiters, cancellations and credits to their requests (a cancel that overtakes its request, which
