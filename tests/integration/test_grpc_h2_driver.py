@@ -14,8 +14,9 @@ import hpack
 import pytest
 
 from scripts.bench_grpc_transport import StubServicer
-from triton_actor.frontends.grpc_calls import Call, method_table
+from triton_actor.frontends.grpc_calls import Call
 from triton_actor.frontends.grpc_h2 import GrpcH2Server
+from triton_actor.frontends.grpc_methods import method_table
 from triton_actor.protocol import http2 as h2
 from triton_actor.protocol._generated import grpc_service_pb2 as pb
 from triton_actor.protocol.h2_connection import Limits

@@ -1,10 +1,10 @@
-"""gRPC calls over our HTTP/2 connection: the method table, one :class:`Call` per stream, statuses.
+"""gRPC calls over our HTTP/2 connection: one :class:`Call` per stream.
 
 The connection driver (:mod:`.grpc_h2`) hands each stream's events here; a call decodes its
 messages (``grpc-encoding`` gzip/deflate, size limits → RESOURCE_EXHAUSTED), runs the servicer
 method (:mod:`.grpc`) and answers: a unary call with HEADERS + DATA + trailers in one write when the
 windows allow, a ``ModelStreamInfer`` call with a greenlet per request. Status codes are mapped
-here and only here; ``grpc-message`` is percent-encoded.
+in :mod:`.grpc_methods` (with the method table); ``grpc-message`` is percent-encoded here.
 
 Runs in the connection's greenlets on the hub: the reader (the driver's, for the events) and a
 greenlet per call; one :class:`Call` is touched by no other connection.
@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import gevent
@@ -24,17 +23,30 @@ import gevent.pool
 import gevent.queue
 from google.protobuf.message import DecodeError
 
-from ..errors import Code, TritonError
+from ..errors import TritonError
 from ..protocol import codings
 from ..protocol import http2 as h2
 from ..protocol._generated import grpc_service_pb2 as pb
-from ..protocol._generated import health_pb2
 from ..protocol.h2_connection import H2Connection, H2Stream, StreamClosedError
 from ..runtime import fastpath
 from ..runtime.response_channel import StreamAccount
 from . import compression
 from .budget import ByteBudget, with_room
 from .grpc import GrpcServicer, StreamError
+from .grpc_methods import (
+    CANCELLED,
+    CODED_HEADS,
+    DEADLINE_EXCEEDED,
+    GRPC_STATUS,
+    INTERNAL,
+    OK,
+    OK_TRAILERS,
+    RESOURCE_EXHAUSTED,
+    RESPONSE_HEAD,
+    UNIMPLEMENTED,
+    Method,
+    Refused,
+)
 
 log = logging.getLogger(__name__)
 
@@ -62,64 +74,9 @@ class CallConnection(Protocol):
 
     def call_finished(self) -> None: ...
 
-# grpc status codes (numbers are the wire values)
-OK, CANCELLED, UNKNOWN, INVALID_ARGUMENT, DEADLINE_EXCEEDED, NOT_FOUND, ALREADY_EXISTS = 0, 1, 2, 3, 4, 5, 6
-RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL, UNAVAILABLE = 8, 12, 13, 14
-GRPC_STATUS: dict[Code, int] = {
-    Code.INTERNAL: INTERNAL, Code.NOT_FOUND: NOT_FOUND, Code.UNAVAILABLE: UNAVAILABLE,
-    Code.UNSUPPORTED: UNIMPLEMENTED, Code.INVALID_ARG: INVALID_ARGUMENT, Code.UNKNOWN: UNKNOWN,
-    Code.ALREADY_EXISTS: ALREADY_EXISTS, Code.CANCELLED: CANCELLED,
-}
 
-RESPONSE_HEAD = h2.encode_headers([(b":status", b"200"), (b"content-type", b"application/grpc"),
-                                   (b"grpc-accept-encoding", b"identity,deflate,gzip")])
-OK_TRAILERS = h2.encode_headers([(b"grpc-status", b"0")])
-CODED_HEADS = {coding: h2.encode_headers([(b":status", b"200"), (b"content-type", b"application/grpc"),
-                                          (b"grpc-encoding", coding.encode()),
-                                          (b"grpc-accept-encoding", b"identity,deflate,gzip")])
-               for coding in codings.CODINGS}
 _END = object()  # the client closed its side of a stream
 _GONE = object()  # the stream is over (reset, or the connection closed)
-
-
-class Refused(Exception):
-    """A call ends with a gRPC status before (or instead of) reaching the servicer."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-@dataclass(frozen=True, slots=True)
-class Method:
-    parse: Callable[[bytes], Any]
-    call: Callable[[Any], Any]
-    streaming: bool
-    infer: bool = False  # ModelInfer: started in the reader, answered there when the model already has
-
-
-def method_table(servicer: GrpcServicer) -> dict[bytes, Method]:
-    """``:path`` → method, for ``inference.GRPCInferenceService`` and ``grpc.health.v1.Health/Check``."""
-    methods = {}
-    for method in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
-        request_type = getattr(pb, method.input_type.name)
-        streaming = method.name == "ModelStreamInfer"
-        call = servicer.stream_infer if streaming else getattr(servicer, method.name)
-        path = f"/inference.GRPCInferenceService/{method.name}".encode()
-        methods[path] = Method(request_type.FromString, call, streaming, method.name == "ModelInfer")
-    methods[b"/grpc.health.v1.Health/Check"] = Method(health_pb2.HealthCheckRequest.FromString, servicer.Check, False)
-    return methods
-
-
-def route(methods: dict[bytes, Method], headers: h2.HeaderBlock) -> tuple[Method | None, bytes | None, bool]:
-    """(method, grpc-encoding, is a gRPC request) of a header block, kept on the (cached) block."""
-    found = headers.route
-    if found is None:
-        is_grpc = headers.get(b":method") == b"POST" and \
-            headers.get(b"content-type", b"").startswith(b"application/grpc")
-        found = headers.route = (methods.get(headers.get(b":path", b"")), headers.get(b"grpc-encoding"), is_grpc)
-    return found
 
 
 _DEADLINE = Refused(DEADLINE_EXCEEDED, "Deadline Exceeded")  # grpc-core's status text

@@ -44,7 +44,8 @@ from . import tls
 from .budget import ByteBudget
 from .descriptors import ConnectionSlots, Listener, Reusable, bind, descriptor_cap
 from .grpc import GrpcServicer
-from .grpc_calls import DEADLINE_EXCEEDED, GRPC_STATUS, UNAVAILABLE, UNIMPLEMENTED, Call, Refused, method_table, route
+from .grpc_calls import Call
+from .grpc_methods import DEADLINE_EXCEEDED, GRPC_STATUS, UNAVAILABLE, UNIMPLEMENTED, Refused, method_table, route
 from .slow_requests import SlowRequestLog
 
 log = logging.getLogger(__name__)

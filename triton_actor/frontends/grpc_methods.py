@@ -1,0 +1,77 @@
+"""The gRPC method table and statuses: which servicer method a ``:path`` names (:func:`method_table`,
+:func:`route`), the gRPC status codes on the wire and :data:`GRPC_STATUS`, the one map from our error
+codes to them, :class:`Refused`, a call's end with a status before it reaches the servicer, and the
+encoded response heads and OK trailers.
+
+:mod:`.grpc_calls` runs the calls; :mod:`.grpc_h2` routes each new stream here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import Code
+from ..protocol import codings
+from ..protocol import http2 as h2
+from ..protocol._generated import grpc_service_pb2 as pb
+from ..protocol._generated import health_pb2
+from .grpc import GrpcServicer
+
+# grpc status codes (numbers are the wire values)
+OK, CANCELLED, UNKNOWN, INVALID_ARGUMENT, DEADLINE_EXCEEDED, NOT_FOUND, ALREADY_EXISTS = 0, 1, 2, 3, 4, 5, 6
+RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL, UNAVAILABLE = 8, 12, 13, 14
+GRPC_STATUS: dict[Code, int] = {
+    Code.INTERNAL: INTERNAL, Code.NOT_FOUND: NOT_FOUND, Code.UNAVAILABLE: UNAVAILABLE,
+    Code.UNSUPPORTED: UNIMPLEMENTED, Code.INVALID_ARG: INVALID_ARGUMENT, Code.UNKNOWN: UNKNOWN,
+    Code.ALREADY_EXISTS: ALREADY_EXISTS, Code.CANCELLED: CANCELLED,
+}
+
+RESPONSE_HEAD = h2.encode_headers([(b":status", b"200"), (b"content-type", b"application/grpc"),
+                                   (b"grpc-accept-encoding", b"identity,deflate,gzip")])
+OK_TRAILERS = h2.encode_headers([(b"grpc-status", b"0")])
+CODED_HEADS = {coding: h2.encode_headers([(b":status", b"200"), (b"content-type", b"application/grpc"),
+                                          (b"grpc-encoding", coding.encode()),
+                                          (b"grpc-accept-encoding", b"identity,deflate,gzip")])
+               for coding in codings.CODINGS}
+
+
+class Refused(Exception):
+    """A call ends with a gRPC status before (or instead of) reaching the servicer."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class Method:
+    parse: Callable[[bytes], Any]
+    call: Callable[[Any], Any]
+    streaming: bool
+    infer: bool = False  # ModelInfer: started in the reader, answered there when the model already has
+
+
+def method_table(servicer: GrpcServicer) -> dict[bytes, Method]:
+    """``:path`` → method, for ``inference.GRPCInferenceService`` and ``grpc.health.v1.Health/Check``."""
+    methods = {}
+    for method in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
+        request_type = getattr(pb, method.input_type.name)
+        streaming = method.name == "ModelStreamInfer"
+        call = servicer.stream_infer if streaming else getattr(servicer, method.name)
+        path = f"/inference.GRPCInferenceService/{method.name}".encode()
+        methods[path] = Method(request_type.FromString, call, streaming, method.name == "ModelInfer")
+    methods[b"/grpc.health.v1.Health/Check"] = Method(health_pb2.HealthCheckRequest.FromString, servicer.Check, False)
+    return methods
+
+
+def route(methods: dict[bytes, Method], headers: h2.HeaderBlock) -> tuple[Method | None, bytes | None, bool]:
+    """(method, grpc-encoding, is a gRPC request) of a header block, kept on the (cached) block."""
+    found = headers.route
+    if found is None:
+        is_grpc = headers.get(b":method") == b"POST" and \
+            headers.get(b"content-type", b"").startswith(b"application/grpc")
+        found = headers.route = (methods.get(headers.get(b":path", b"")), headers.get(b"grpc-encoding"), is_grpc)
+    return found
