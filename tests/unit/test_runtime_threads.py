@@ -8,7 +8,7 @@ import types
 import pytest
 
 from triton_actor.backends.python.frame_pipe import FrameReader, FrameWriter
-from triton_actor.backends.python.isolated import _Session
+from triton_actor.backends.python.isolated_session import _Session
 from triton_actor.runtime.threads import NativeCondition, NativeEvent, SerialWriter, native_lock, start_native_thread
 
 

@@ -16,8 +16,8 @@ import pytest
 from gevent import monkey
 
 from triton_actor.backends.python import isolation_wire as wire
-from triton_actor.backends.python.isolated import _Session
 from triton_actor.backends.python.isolated_child import ChildChannel, ModelProcess
+from triton_actor.backends.python.isolated_session import _Session
 from triton_actor.inference import InferResponse
 from triton_actor.runtime.response_channel import BoundedResponseChannel, StreamAccount
 from triton_actor.runtime.stream_credits import CreditReturn, SendCredit, SharedCredits, Window

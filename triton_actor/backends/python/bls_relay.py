@@ -21,7 +21,7 @@ never on the hub, the session's reader thread or the instance's thread, which mu
 model's other calls while the model reads the stream); its frames go to the process's one writer
 (``ChildProcess.to_child``), in order, and the pump's bound keeps what waits there bounded; :meth:`took`
 and :meth:`cancel` on the session's reader thread (the one writer of the iterator's taken counts);
-:meth:`cancel` also from ``on_exit``. Owner: the session (``isolated._Session``) holds its relays by
+:meth:`cancel` also from ``on_exit``. Owner: the session (``isolated_session._Session``) holds its relays by
 call id, from the call until ``run`` ends. Failure: the process gone (its writer is closed or broken, or it
 exited) cancels the target.
 """
