@@ -16,7 +16,7 @@ from typing import Any
 import gevent
 import gevent.event
 
-from .actors.model.actor import LoadSettings
+from .actors.model.messages import LoadSettings
 from .actors.repository.actor import RepositoryActor
 from .backends.base import Backend
 from .backends.devices import gpu_count

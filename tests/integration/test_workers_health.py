@@ -24,8 +24,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from triton_actor.actors.model.actor import VersionDown
 from triton_actor.actors.model.handles import READY, UNAVAILABLE
+from triton_actor.actors.model.messages import VersionDown
 from triton_actor.config.command_line import parse
 from triton_actor.server import Server
 from triton_actor.workers.journal import locked

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from scripts import modelgen
-from triton_actor.actors.model.actor import LoadSettings, ModelActor
+from triton_actor.actors.model.actor import ModelActor
 from triton_actor.actors.model.handles import ModelHandle
+from triton_actor.actors.model.messages import LoadSettings
 from triton_actor.backends import onnxruntime as ort_backend
 from triton_actor.backends import pytorch as torch_backend
 from triton_actor.backends.devices import gpu_count, runtime_gpu_support

@@ -460,7 +460,7 @@ def test_a_message_whose_reply_is_left_out_is_still_refused_by_ask(actors) -> No
     answering, so an ask would return None for a failed load. Refused, whatever the field holds."""
     from pathlib import Path
 
-    from triton_actor.actors.model.actor import Load
+    from triton_actor.actors.model.messages import Load
 
     ref = actors(Answering("answering"))
     with pytest.raises(TypeError, match="carries its own reply"):

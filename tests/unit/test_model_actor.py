@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from gevent import monkey
 
-from triton_actor.actors.model.actor import LoadSettings, ModelActor
+from triton_actor.actors.model.actor import ModelActor
 from triton_actor.actors.model.handles import READY, ModelHandle
+from triton_actor.actors.model.messages import LoadSettings
 from triton_actor.backends.base import InstanceContext
 from triton_actor.errors import TritonError
 from triton_actor.inference import InferInput, InferRequest, InferResponse
@@ -176,8 +177,8 @@ def test_version_down_from_a_replaced_scheduler_is_ignored(tmp_path: Path, model
     the same event from the scheduler of a version replaced since is stale and changes nothing."""
     import gevent
 
-    from triton_actor.actors.model.actor import VersionDown
     from triton_actor.actors.model.handles import UNAVAILABLE
+    from triton_actor.actors.model.messages import VersionDown
 
     actor, _backend, published = model
     _version(tmp_path, 1, 1)
@@ -240,7 +241,7 @@ def test_a_version_that_lost_its_instances_is_announced(tmp_path: Path) -> None:
     host to tell the other workers."""
     import gevent
 
-    from triton_actor.actors.model.actor import VersionDown
+    from triton_actor.actors.model.messages import VersionDown
     from triton_actor.repository import snapshot
 
     published: list[ModelHandle] = []

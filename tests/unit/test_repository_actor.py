@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from triton_actor.actors.model.actor import LoadSettings
+from triton_actor.actors.model.messages import LoadSettings
 from triton_actor.actors.repository.actor import RepositoryActor
 from triton_actor.errors import Code, TritonError
 

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from gevent import monkey
 
-from triton_actor.actors.model.actor import Load, LoadSettings
 from triton_actor.actors.model.handles import READY, UNAVAILABLE, ModelHandle
+from triton_actor.actors.model.messages import Load, LoadSettings
 from triton_actor.actors.repository.actor import RepositoryActor
 from triton_actor.backends.base import InstanceContext
 from triton_actor.inference import InferInput, InferRequest, InferResponse

@@ -55,8 +55,9 @@ from ...runtime import gc_settle
 from ...runtime.bridge import call_in_thread
 from ...runtime.kernel import Actor, ActorRef, Reply
 from ...runtime.supervisor import RestartBudget
-from ..model.actor import Announce, LoadSettings, ModelActor, Restart
+from ..model.actor import Announce, ModelActor
 from ..model.handles import READY, UNAVAILABLE, ModelHandle, VersionHandle
+from ..model.messages import LoadSettings, Restart
 from .load_order import Start, loader, start_after, unload_after
 from .watcher import Watcher
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from ...errors import TritonError
 from ...repository.config import ModelConfig
 from ...runtime.kernel import Reply
-from ..model.actor import ModelRef
+from ..model.messages import ModelRef
 
 log = logging.getLogger(__name__)
 

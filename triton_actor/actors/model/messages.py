@@ -1,0 +1,124 @@
+"""What a :class:`~.actor.ModelActor` is told, and how: its messages (:class:`Load`, :class:`Unload`,
+:class:`Restart`, :class:`VersionDown`, :class:`MarkDown`; their meaning is on the actor), the
+:class:`Handover` a failed actor leaves to its replacement, the server's :class:`LoadSettings`, and
+:class:`ModelRef`, the actor's typed facade.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ...backends.devices import runtime_gpu_support
+from ...observability.tracing import Tracer
+from ...repository import snapshot
+from ...repository.config import ModelConfig
+from ...runtime.kernel import ActorRef, Reply
+from .version import Version
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSettings:
+    """What the server tells every model actor about how to load."""
+
+    auto_complete: bool = True
+    config_name: str = ""
+    gpu_count: int = 0
+    # None when a backend's runtime can use a GPU, else why not: the model actor hands it to the config
+    # checks, so the repository's files need not import the backends
+    gpu_support: Callable[[str], str | None] = runtime_gpu_support
+    backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
+    load_timeout_s: float = 600.0
+    latency_metrics: tuple[bool, bool] = (False, False)  # (summary_latencies, histogram_latencies)
+    workers: int = 1  # worker processes on this host (instance counts are divided among them)
+    load_retries: int = 0  # --model-load-retry-count: a version whose load fails is started again this often
+    tracer: Tracer | None = None  # the server's (observability/tracing.py); None: versions are not traced
+    # what the server gives its Python models (pb_utils ``serving.ServerHooks``: BLS, model control, custom
+    # metrics), handed to every instance; None: the process's only server, if any
+    server_hooks: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    model_dir: Path
+    config: ModelConfig | None = None  # load-API override, used instead of config.pbtxt (always reloads)
+    owned: bool = False  # model_dir is a private temporary directory this actor deletes when done with it
+    reply: Reply[None] | None = None  # None: told by POLL, nobody waits; failures are logged
+    reload: bool = False  # load every selected version again even if nothing changed (after a restart)
+
+
+@dataclass(frozen=True, slots=True)
+class Unload:
+    reply: Reply[None]
+    stopping: Reply[None] | None = None  # set once no new request reaches the model (UNLOADING published)
+
+
+@dataclass(frozen=True, slots=True)
+class Handover:
+    """What a failed ModelActor leaves to its replacement (its state, owned from then on by the new one)."""
+
+    versions: dict[int, Version]
+    config: ModelConfig | None
+    source: tuple[Path, snapshot.Stamp] | None
+    owned_dir: Path | None
+    serving: Load | None  # the load whose result serves (replayed by the restart)
+
+
+@dataclass(frozen=True, slots=True)
+class Restart:
+    """From the supervisor: adopt the failed actor's state once ``handover`` completes; reload what was
+    serving, or (``give_up`` set: past the restart budget) mark every version UNAVAILABLE and unload."""
+
+    handover: Reply[Handover]
+    error: str
+    give_up: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class VersionDown:
+    """From a version's scheduler: none of its instances can serve any more (past their restart budget)."""
+
+    version: int
+    scheduler: object  # the scheduler that said it: an event of a version replaced since is stale
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class MarkDown:
+    """From the host: version ``version`` lost its instances with ``reason`` in a worker process. ``here``:
+    this worker is that one (its reply fails when the version was loaded again since, so the host stops
+    the broadcast); else the version turns UNAVAILABLE here if it is the same load: ``files`` (a
+    :meth:`~...repository.snapshot.Stamp.digest`, "" to skip the check) equal to this worker's. The reply
+    completes with whether it changed anything, once the routing table shows it."""
+
+    version: int
+    reason: str
+    files: str
+    here: bool
+    reply: Reply[bool]
+
+
+class ModelRef(ActorRef):
+    """Typed facade of a :class:`ModelActor`."""
+
+    __slots__ = ()
+
+    def load(self, model_dir: Path, config: ModelConfig | None = None, owned: bool = False,
+             reply: Reply[None] | None = None) -> Reply[None]:
+        """Load (or reload) from ``model_dir``; the reply (``reply`` if given) completes when done."""
+        done: Reply[None] = Reply() if reply is None else reply
+        self.tell(Load(model_dir, config, owned, done))
+        return done
+
+    def unload(self, stopping: Reply[None] | None = None) -> Reply[None]:
+        """Drain and finalize every version; the reply completes when they are gone (``stopping``, when
+        given, as soon as no new request reaches the model)."""
+        done: Reply[None] = Reply()
+        self.tell(Unload(done, stopping))
+        return done
+
+    def mark_down(self, version: int, reason: str, files: str, here: bool, reply: Reply[bool]) -> None:
+        """See :class:`MarkDown`; ``reply`` completes once the routing table shows it."""
+        self.tell(MarkDown(version, reason, files, here, reply))
