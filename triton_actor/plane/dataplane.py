@@ -2,7 +2,7 @@
 
 Front ends (HTTP now, gRPC later) turn wire messages into these calls and the results back into wire
 messages. It reads the repository actor's published routing table (no round trip on the hot path);
-lifecycle calls and the index go through the typed :class:`~..actors.repository.actor.RepositoryRef`.
+lifecycle calls and the index go through the typed :class:`~..actors.repository.messages.RepositoryRef`.
 """
 
 from __future__ import annotations
