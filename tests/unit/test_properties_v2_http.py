@@ -38,6 +38,7 @@ from triton_actor.errors import TritonError
 from triton_actor.inference import InferRequest, InferResponse, RequestedOutput
 from triton_actor.protocol import bytes_codec
 from triton_actor.protocol import v2_http as v2
+from triton_actor.protocol import v2_http_response as v2r
 from triton_actor.protocol.dtypes import BF16_NUMPY, BY_WIRE
 
 
@@ -219,9 +220,9 @@ def test_response_round_trip(produced: list[Tensor], data: st.DataObject) -> Non
     json_sent = [t for t in selected if not binary_of(t)]
     if any(t.wire in ("FP16", "BF16") for t in json_sent):
         with pytest.raises(TritonError, match="via JSON is not supported"):
-            v2.encode_infer_response(request, response, 7, {}, False)
+            v2r.encode_infer_response(request, response, 7, {}, False)
         return
-    chunks, length = v2.encode_infer_response(request, response, 7, {}, False)
+    chunks, length = v2r.encode_infer_response(request, response, 7, {}, False)
     header, result = decode_response(chunks, length)
     assert header.get("id", "") == rid and header["model_name"] == "m" and header["model_version"] == "7"
     assert header.get("parameters", {}) == response.parameters

@@ -14,6 +14,7 @@ from triton_actor.errors import Code, TritonError
 from triton_actor.inference import InferInput, InferRequest, InferResponse, RequestedOutput
 from triton_actor.protocol import bytes_codec
 from triton_actor.protocol import v2_http as v2
+from triton_actor.protocol import v2_http_response as v2r
 from triton_actor.protocol.classification import classify
 from triton_actor.protocol.dtypes import BY_WIRE
 from triton_actor.runtime import fastpath
@@ -293,7 +294,7 @@ DIFF = np.array([-1, 0, 1, 2], dtype=np.int64)
 
 def _encode(request: InferRequest, outputs: list[tuple[str, np.ndarray]], labels: dict[str, list[str]] | None = None,
             batching: bool = False, parameters: dict[str, Any] | None = None) -> tuple[list[bytes], int | None]:
-    return v2.encode_infer_response(request, InferResponse(outputs, parameters or {}), 3, labels or {}, batching)
+    return v2r.encode_infer_response(request, InferResponse(outputs, parameters or {}), 3, labels or {}, batching)
 
 
 def test_encode_json_outputs() -> None:
@@ -594,8 +595,8 @@ def test_big_json_outputs_in_slices_are_the_same_text(dtype: str, monkeypatch: p
     texts = []
     for enabled in (True, False):
         monkeypatch.setattr(fastpath, "enabled", enabled)
-        chunks, json_length = v2.encode_infer_response(request, InferResponse([("y", array.reshape(10, 100))]), 1, {}, False)
+        chunks, json_length = v2r.encode_infer_response(request, InferResponse([("y", array.reshape(10, 100))]), 1, {}, False)
         assert json_length is None
         texts.append(b"".join(chunks))
     assert texts[0] == texts[1] and orjson.loads(texts[0])["outputs"][0]["shape"] == [10, 100]
-    assert v2.json_output_elements(request, InferResponse([("y", array)]), {}, False) == 1000
+    assert v2r.json_output_elements(request, InferResponse([("y", array)]), {}, False) == 1000

@@ -21,7 +21,7 @@ from flask import Flask
 from ..errors import Code, TritonError
 from ..inference import InferRequest, InferResponse
 from ..plane.dataplane import DataPlane, Streamed
-from ..protocol import codings, generate, header_forward, payloads, repository_http, v2_http
+from ..protocol import codings, generate, header_forward, payloads, repository_http, v2_http, v2_http_response
 from ..runtime.bridge import call_in_thread
 from ..runtime.kernel import Reply as Reply_
 from . import compression
@@ -113,12 +113,12 @@ def _infer_routes(app: Flask, plane: DataPlane, forward: re.Pattern[str] | None 
         pending = plane.infer_start(request)
         response = _answer(pending.reply, req)
         args = (request, response, pending.version, pending.labels, pending.batching, plane.shm)
-        if (sum(a.size for _, a in response.outputs) <= v2_http.SLICE or v2_http.json_output_elements(
+        if (sum(a.size for _, a in response.outputs) <= v2_http.SLICE or v2_http_response.json_output_elements(
                 request, response, pending.labels, pending.batching) <= v2_http.SLICE):
-            chunks, json_length = v2_http.encode_infer_response(*args)
+            chunks, json_length = v2_http_response.encode_infer_response(*args)
         else:  # written as JSON, a big output is seconds of text: on a native thread, one at a time
             with big_json:
-                chunks, json_length = call_in_thread(v2_http.encode_infer_response, *args)
+                chunks, json_length = call_in_thread(v2_http_response.encode_infer_response, *args)
         return _infer_reply(chunks, json_length, req.headers.get("accept-encoding"))
 
 

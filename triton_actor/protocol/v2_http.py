@@ -1,7 +1,8 @@
 """KServe V2 REST inference payloads with Triton's binary tensor extension (https://github.com/kserve/kserve/blob/master/docs/predict-api/v2/required_api.md, https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_binary_data.md).
 
-Sans-I/O: bytes in, :class:`InferRequest` out; :class:`InferResponse` in, bytes out. No web framework
-here. Error texts follow Triton's ``http_server.cc`` so clients see the same messages.
+Sans-I/O: bytes in, :class:`InferRequest` out (responses, :class:`InferResponse` in, bytes out, are
+:mod:`.v2_http_response`'s). No web framework here. Error texts follow Triton's ``http_server.cc`` so
+clients see the same messages.
 """
 
 from __future__ import annotations
@@ -13,12 +14,11 @@ import numpy as np
 import orjson
 
 from ..errors import TritonError
-from ..inference import InferInput, InferRequest, InferResponse, RequestedOutput
+from ..inference import InferInput, InferRequest, RequestedOutput
 from ..runtime import fastpath
 from . import bytes_codec
-from .classification import selected_outputs
-from .dtypes import BF16, BF16_NUMPY, BY_WIRE, BYTES, DType, from_numpy
-from .shm_windows import parse_window, write_output
+from .dtypes import BF16, BF16_NUMPY, BY_WIRE, BYTES, DType
+from .shm_windows import parse_window
 
 if TYPE_CHECKING:
     from .shm_windows import SharedMemoryAccess
@@ -433,136 +433,6 @@ def _decode_outputs(outputs: Any, prefix: str, shm: SharedMemoryAccess | None) -
         window = _shm_window(params, f"{prefix}output '{item['name']}'", shm)
         result.append(RequestedOutput(item["name"], binary, cls, window))
     return tuple(result)
-
-
-def encode_infer_response(
-    request: InferRequest,
-    response: InferResponse,
-    model_version: int,
-    labels: dict[str, list[str]],
-    batching: bool,
-    shm: SharedMemoryAccess | None = None,
-) -> tuple[list[bytes], int | None]:
-    """Encode the response; returns the body chunks and the JSON header length (None: pure JSON).
-    Outputs requested in shared memory are written there; their entries carry no data."""
-    if fastpath.enabled and not response.parameters:
-        fast = _encode_binary(request, response, model_version, labels, batching)
-        if fast is not None:
-            return fast
-    out_json: list[dict[str, Any]] = []
-    blobs: list[bytes] = []
-    for name, array, spec in selected_outputs(request, response, labels, batching):
-        if spec is not None and spec.shm is not None:
-            dtype = _wire_dtype(array)
-            data = bytes_codec.serialize(array) if dtype is BYTES else np.ascontiguousarray(array).tobytes()
-            write_output(shm, spec.shm, data, f"output '{name}'")
-            # Triton's HTTP entry for an output in shared memory has no "parameters": its C++ client
-            # (perf_analyzer --shared-memory) reads "binary_data_size" from any output that has them
-            out_json.append({"name": name, "datatype": dtype.wire, "shape": list(array.shape)})
-            continue
-        binary = request.binary_output if spec is None or spec.binary is None else spec.binary
-        out_json.append(_encode_output(name, array, binary, blobs))
-    header: dict[str, Any] = {}
-    if request.id:
-        header["id"] = request.id
-    header["model_name"] = request.model_name
-    header["model_version"] = str(model_version)
-    if response.parameters:
-        header["parameters"] = response.parameters
-    header["outputs"] = out_json
-    head = orjson.dumps(header, option=orjson.OPT_SERIALIZE_NUMPY)
-    if not blobs:
-        return [head], None
-    return [head, *blobs], len(head)
-
-
-# The JSON header of an all-binary response depends only on the request id, the model, and each
-# output's name, dtype and shape: headers built once are kept by those, so the steady state builds
-# no JSON (a repeated request from perf_analyzer or a client loop).
-_RESPONSE_HEADS = fastpath.cache("v2_http.response_heads", 256)
-
-
-def _encode_binary(request: InferRequest, response: InferResponse, model_version: int,
-                   labels: dict[str, list[str]], batching: bool) -> tuple[list[bytes], int] | None:
-    """The all-binary case (no shared memory, classification, BYTES or response parameters) from a
-    kept JSON header; None when the response is not of that kind."""
-    if len(request.id) > 256:
-        return None  # not worth a cache entry (and ids are client-chosen)
-    key: list[Any] = [request.id, request.model_name, model_version]
-    chunks: list[bytes] = [b""]
-    default = request.binary_output
-    for name, array, spec in selected_outputs(request, response, labels, batching):
-        if spec is not None and (spec.shm is not None or spec.classification):
-            return None
-        if not (default if spec is None or spec.binary is None else spec.binary) or array.dtype.kind in "OSU":
-            return None  # JSON data, or BYTES (length-prefixed elements: the general encoder)
-        key += (name, array.dtype, array.shape)
-        chunks.append(array.tobytes())
-    if len(chunks) == 1:
-        return None  # no output selected: a pure JSON answer
-    cache_key = tuple(key)
-    head = _RESPONSE_HEADS.get(cache_key)
-    if head is None:
-        outputs = []
-        for name, array, _ in selected_outputs(request, response, labels, batching):
-            dtype = _wire_dtype(array)
-            outputs.append({"name": name, "datatype": dtype.wire, "shape": list(array.shape),
-                            "parameters": {"binary_data_size": array.nbytes}})
-        header: dict[str, Any] = {"id": request.id} if request.id else {}
-        header.update(model_name=request.model_name, model_version=str(model_version), outputs=outputs)
-        head = orjson.dumps(header)
-        _RESPONSE_HEADS.put(cache_key, head)
-    chunks[0] = head
-    return chunks, len(head)
-
-
-def json_output_elements(request: InferRequest, response: InferResponse, labels: dict[str, list[str]],
-                         batching: bool) -> int:
-    """Elements the response will write as JSON text (what encoding it costs); 0 when an output goes to
-    shared memory (written by the hub, which owns the regions)."""
-    total = 0
-    default = request.binary_output
-    for _name, array, spec in selected_outputs(request, response, labels, batching):
-        if spec is not None and spec.shm is not None:
-            return 0
-        if not (default if spec is None or spec.binary is None else spec.binary):
-            total += array.size
-    return total
-
-
-def _encode_output(name: str, array: np.ndarray, binary: bool, blobs: list[bytes]) -> dict[str, Any]:
-    dtype = _wire_dtype(array)
-    entry: dict[str, Any] = {"name": name, "datatype": dtype.wire, "shape": list(array.shape)}
-    if binary:
-        raw = bytes_codec.serialize(array) if dtype is BYTES else np.ascontiguousarray(array).tobytes()
-        entry["parameters"] = {"binary_data_size": len(raw)}
-        blobs.append(raw)
-    elif dtype is BYTES:
-        entry["data"] = [x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x) for x in array.reshape(-1)]
-    elif dtype.wire in ("FP16", "BF16"):
-        raise TritonError.invalid_arg(
-            f"sending {dtype.wire} data via JSON is not supported. Please use the binary data format for output '{name}'"
-        )
-    elif fastpath.enabled and array.size > SLICE:
-        entry["data"] = _json_numbers_in_slices(array.reshape(-1))
-    else:
-        entry["data"] = array.reshape(-1).tolist()
-    return entry
-
-
-def _json_numbers_in_slices(flat: np.ndarray) -> orjson.Fragment:
-    """A big numeric output as JSON text, converted and written ``SLICE`` elements at a time, so an
-    encode on a native thread lets the hub in between (``tolist`` then one ``dumps`` of 14 M floats were
-    two C calls of 0.3 and 0.7 s). The same text as the general path, which it is checked against."""
-    parts = [orjson.dumps(flat[i:i + SLICE].tolist())[1:-1] for i in range(0, flat.size, SLICE)]
-    return orjson.Fragment(b"[" + b",".join(parts) + b"]")
-
-
-def _wire_dtype(array: np.ndarray) -> DType:
-    dtype = from_numpy(array.dtype)
-    if dtype is None:
-        raise TritonError.internal(f"unsupported output data type {array.dtype}")
-    return dtype
 
 
 def decode_raw_request(
