@@ -124,6 +124,7 @@ def _with_sid(template: bytes, sid: int) -> bytes:
 
 def bench_machine(number: int, repeat: int) -> float:
     from triton_actor.protocol import h2_connection as h2c
+    from triton_actor.protocol import h2_events as h2e
     from triton_actor.protocol.http2 import grpc_message
 
     conn = h2c.H2Connection()
@@ -142,7 +143,7 @@ def bench_machine(number: int, repeat: int) -> float:
         for _ in range(number):
             sid += 2
             for event in conn.receive_data(_with_sid(template, sid)):
-                if type(event) is h2c.DataReceived and event.end_stream:
+                if type(event) is h2e.DataReceived and event.end_stream:
                     conn.send_response(event.stream_id, head, answer, trailers)
             conn.data_to_send()
         best = min(best, (time.perf_counter() - started) / number)

@@ -79,7 +79,8 @@ def _make_targets() -> dict[str, Callable[[bytes], None]]:
     from triton_actor.protocol import http1, v2_grpc, v2_http  # imported here to be instrumented
     from triton_actor.protocol import http2 as h2
     from triton_actor.protocol._generated import grpc_service_pb2 as pb
-    from triton_actor.protocol.h2_connection import DataReceived, H2Connection, StreamClosedError, WindowUpdated
+    from triton_actor.protocol.h2_connection import H2Connection
+    from triton_actor.protocol.h2_events import DataReceived, StreamClosedError, WindowUpdated
 
     def fuzz_http1(data: bytes) -> None:
         whole, pieces = _pieces(data)

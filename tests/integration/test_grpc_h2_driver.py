@@ -19,7 +19,7 @@ from triton_actor.frontends.grpc_h2 import GrpcH2Server
 from triton_actor.frontends.grpc_methods import method_table
 from triton_actor.protocol import http2 as h2
 from triton_actor.protocol._generated import grpc_service_pb2 as pb
-from triton_actor.protocol.h2_connection import Limits
+from triton_actor.protocol.h2_events import Limits
 
 from .test_grpc_transport import _PREFACE, _frame, _read_frames
 

@@ -14,6 +14,7 @@ from triton_actor.inference import InferRequest
 from triton_actor.observability import log_format
 from triton_actor.observability.log_trace_settings import RuntimeSettings
 from triton_actor.protocol import h2_connection as h2c
+from triton_actor.protocol import h2_events as h2e
 from triton_actor.protocol import header_forward
 from triton_actor.protocol import http2 as h2
 
@@ -141,7 +142,7 @@ def test_header_forwarding_rule() -> None:
 
 # -- connection age -----------------------------------------------------------------------------
 def test_an_old_connection_gets_goaway_and_is_closed_after_the_grace() -> None:
-    conn = h2c.H2Connection(h2c.Limits(max_connection_age=10.0, max_connection_age_grace=2.0), 100.0)
+    conn = h2c.H2Connection(h2e.Limits(max_connection_age=10.0, max_connection_age_grace=2.0), 100.0)
     conn.initiate_connection()
     conn.data_to_send()
     assert conn.tick(105.0) <= 110.0 and not conn.going_away  # woken at the age
@@ -157,7 +158,7 @@ def test_an_old_connection_gets_goaway_and_is_closed_after_the_grace() -> None:
 def test_an_aged_connection_without_grace_does_not_wake_the_tick_at_once() -> None:
     """Found by review: with no grace (the default) the deadline after the GOAWAY was the age itself,
     already past, so the driver's tick looped with sleep(0) at 100 % CPU for as long as a stream stayed open."""
-    conn = h2c.H2Connection(h2c.Limits(max_connection_age=1.0), 0.0)
+    conn = h2c.H2Connection(h2e.Limits(max_connection_age=1.0), 0.0)
     conn.initiate_connection()
     conn.receive_data(h2.PREFACE + h2.frame(h2.SETTINGS, 0, 0), 0.0)  # past the handshake (its timeout)
     conn.tick(1.0)

@@ -10,10 +10,10 @@ import hpack
 import pytest
 
 from triton_actor.protocol import http2 as h2
-from triton_actor.protocol.h2_connection import (
+from triton_actor.protocol.h2_connection import H2Connection
+from triton_actor.protocol.h2_events import (
     ConnectionTerminated,
     DataReceived,
-    H2Connection,
     Limits,
     RequestReceived,
     StreamClosedError,

@@ -29,6 +29,7 @@ from tests.unit.test_h2_connection import frames as sent_frames
 from triton_actor.errors import TritonError
 from triton_actor.protocol import control, generate, http1
 from triton_actor.protocol import h2_connection as hc
+from triton_actor.protocol import h2_events as he
 from triton_actor.protocol import http2 as h2
 from triton_actor.protocol.dtypes import BY_WIRE
 
@@ -126,7 +127,7 @@ def test_http1_empty_lines_split_inside_a_crlf(data: bytes, cut: int) -> None:
 # -- HTTP/2 -----------------------------------------------------------------------------------------
 REQUEST = [(":method", "POST"), (":scheme", "http"), (":path", "/inference.GRPCInferenceService/ModelInfer"),
            (":authority", "x"), ("content-type", "application/grpc"), ("te", "trailers")]
-H2_LIMITS = hc.Limits(max_concurrent_streams=3, initial_window=100, connection_window=300, max_frame=16_384,
+H2_LIMITS = he.Limits(max_concurrent_streams=3, initial_window=100, connection_window=300, max_frame=16_384,
                    max_header_list=400, max_continuations=3, control_frame_burst=40, max_reset_debt=4,
                    max_send_buffer=2000, max_unconsumed=250)
 
@@ -185,17 +186,17 @@ class Driver:
 
     def feed(self, data: bytes) -> None:
         for event in self.conn.receive_data(data, 1.0):
-            assert isinstance(event, (hc.RequestReceived, hc.DataReceived, hc.StreamEnded, hc.StreamReset,
-                                      hc.WindowUpdated, hc.ConnectionTerminated))
-            if type(event) is not hc.WindowUpdated:
+            assert isinstance(event, (he.RequestReceived, he.DataReceived, he.StreamEnded, he.StreamReset,
+                                      he.WindowUpdated, he.ConnectionTerminated))
+            if type(event) is not he.WindowUpdated:
                 self.log.append(event)
-            if isinstance(event, hc.ConnectionTerminated):
+            if isinstance(event, he.ConnectionTerminated):
                 assert self.conn.going_away or self.conn.closed
             elif self.conn.closed:
                 continue
-            if isinstance(event, hc.DataReceived):
+            if isinstance(event, he.DataReceived):
                 self.conn.consumed(event.stream)
-            if self.answering and isinstance(event, (hc.RequestReceived, hc.DataReceived)) and event.end_stream:
+            if self.answering and isinstance(event, (he.RequestReceived, he.DataReceived)) and event.end_stream:
                 self._answer(event.stream_id)
         self.sent += self.conn.data_to_send()
 
@@ -211,7 +212,7 @@ class Driver:
                 self.conn.send_headers(sid, [(b"grpc-status", b"0")], end_stream=True)
             else:
                 self.conn.reset_stream(sid)
-        except hc.StreamClosedError:
+        except he.StreamClosedError:
             self.log.append(("closed", sid))
 
 
@@ -267,10 +268,10 @@ def test_h2_no_answer_behind_an_error_goaway() -> None:
         + frame(h2.DATA, 0, 0, b"x")
     conn = hc.H2Connection()
     events = conn.receive_data(data, 1.0)
-    assert [type(e) for e in events] == [hc.RequestReceived, hc.ConnectionTerminated] and conn.closed
-    with pytest.raises(hc.StreamClosedError):
+    assert [type(e) for e in events] == [he.RequestReceived, he.ConnectionTerminated] and conn.closed
+    with pytest.raises(he.StreamClosedError):
         conn.send_response(1, b"\x88", b"\0\0\0\0\1x", b"\x00\x0bgrpc-status\x010")
-    with pytest.raises(hc.StreamClosedError):
+    with pytest.raises(he.StreamClosedError):
         conn.send_headers(1, [(b":status", b"200")])
     conn.reset_stream(1)
     assert sent_frames(conn.data_to_send())[-1][0] == h2.GOAWAY

@@ -27,7 +27,8 @@ from ..errors import TritonError
 from ..protocol import codings
 from ..protocol import http2 as h2
 from ..protocol._generated import grpc_service_pb2 as pb
-from ..protocol.h2_connection import H2Connection, H2Stream, StreamClosedError
+from ..protocol.h2_connection import H2Connection
+from ..protocol.h2_events import H2Stream, StreamClosedError
 from ..runtime import fastpath
 from ..runtime.response_channel import StreamAccount
 from . import compression

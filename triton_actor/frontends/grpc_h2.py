@@ -37,6 +37,7 @@ from ..config.settings import Settings, default_grpc_max_connections
 from ..errors import TritonError
 from ..protocol import codings, header_forward, restricted
 from ..protocol import h2_connection as h2c
+from ..protocol import h2_events as h2e
 from ..protocol.http2 import CANCEL, parse_timeout
 from ..protocol.restricted import Restrictions
 from ..runtime.socket_io import plain_recv, plain_send_all, recv_when_readable, send_all
@@ -72,7 +73,7 @@ class GrpcH2Server:
     open-file limit; ``ssl_context`` turns on TLS."""
 
     def __init__(self, servicer: GrpcServicer, address: str, port: int, options: dict[str, Any] | None = None,
-                 limits: h2c.Limits | None = None, max_connections: int = 0,
+                 limits: h2e.Limits | None = None, max_connections: int = 0,
                  ssl_context: ssl.SSLContext | None = None, restrictions: Restrictions | None = None,
                  budget: ByteBudget | None = None, slots: ConnectionSlots | None = None,
                  response_compression: str = "none", forward: re.Pattern[str] | None = None) -> None:
@@ -89,7 +90,7 @@ class GrpcH2Server:
         self.max_send = int(opts.get("grpc.max_send_message_length", MAX_MESSAGE))
         self.reuse_port = bool(opts.get("grpc.so_reuseport", 0))
         self.limits = replace(
-            limits or h2c.Limits(),
+            limits or h2e.Limits(),
             keepalive_time=int(opts.get("grpc.keepalive_time_ms", 7_200_000)) / 1000,
             keepalive_timeout=int(opts.get("grpc.keepalive_timeout_ms", 20_000)) / 1000,
             keepalive_permit_without_calls=bool(opts.get("grpc.keepalive_permit_without_calls", 0)),
@@ -111,7 +112,7 @@ class GrpcH2Server:
     @classmethod
     def from_settings(cls, servicer: GrpcServicer, s: Settings, budget: ByteBudget | None = None,
                       slots: ConnectionSlots | None = None) -> GrpcH2Server:
-        limits = h2c.Limits(max_concurrent_streams=s.grpc_max_concurrent_streams,
+        limits = h2e.Limits(max_concurrent_streams=s.grpc_max_concurrent_streams,
                             header_timeout=s.grpc_header_timeout_secs, idle_timeout=s.grpc_idle_timeout_secs,
                             min_rate=s.request_body_min_rate, body_grace=s.request_body_grace_secs,
                             body_max_time=body_max_time(s), max_connection_age=s.grpc_max_connection_age_secs,
@@ -239,7 +240,7 @@ class Connection:
                     self._windows_moved()  # senders held by max_send_buffer may go on
         return True
 
-    def wait_window(self, stream: h2c.H2Stream) -> int:
+    def wait_window(self, stream: h2e.H2Stream) -> int:
         """Bytes ``stream`` may send now (waits for the peer's WINDOW_UPDATE); 0 once it is gone.
         A peer that keeps the window shut for ``window_timeout`` gets the stream reset (CANCEL)."""
         deadline = None
@@ -285,31 +286,31 @@ class Connection:
             if e.errno not in (errno.ECONNRESET, errno.EBADF, errno.EPIPE, None):
                 log.debug("gRPC connection: %s", e)
 
-    def _on_event(self, event: h2c.Event) -> None:
+    def _on_event(self, event: h2e.Event) -> None:
         kind = type(event)
-        if self.h2.closed and kind is not h2c.StreamReset and kind is not h2c.ConnectionTerminated:
+        if self.h2.closed and kind is not h2e.StreamReset and kind is not h2e.ConnectionTerminated:
             return  # a connection error later in the same read: no new work, no answer behind the GOAWAY
-        if kind is h2c.DataReceived:
+        if kind is h2e.DataReceived:
             call = event.stream.call
             if call is not None and not call.input_done:
                 call.on_data(event.data, event.end_stream)
-        elif kind is h2c.RequestReceived:
+        elif kind is h2e.RequestReceived:
             self._on_request(event)
-        elif kind is h2c.StreamReset:
+        elif kind is h2e.StreamReset:
             self._windows_moved()
             if event.stream.call is not None:
                 event.stream.call.cancel()
-        elif kind is h2c.StreamEnded:
+        elif kind is h2e.StreamEnded:
             if event.stream.call is not None:
                 event.stream.call.end_input()
-        elif kind is h2c.WindowUpdated:
+        elif kind is h2e.WindowUpdated:
             self._windows_moved()
-        elif kind is h2c.StreamTooSlow:
+        elif kind is h2e.StreamTooSlow:
             self._too_slow(event)
-        elif kind is h2c.ConnectionTerminated:
+        elif kind is h2e.ConnectionTerminated:
             log.debug("gRPC connection ends: code %d %r", event.error_code, event.additional_data)
 
-    def _too_slow(self, event: h2c.StreamTooSlow) -> None:
+    def _too_slow(self, event: h2e.StreamTooSlow) -> None:
         """A request body under the minimum rate: its call ends with DEADLINE_EXCEEDED and what it held of
         the request memory budget is freed (a stream without a call is reset)."""
         self.server.slow_log.report(self.peer, event.message)
@@ -319,11 +320,11 @@ class Connection:
         else:
             self.h2.reset_stream(event.stream_id, CANCEL)
 
-    def _on_request(self, event: h2c.RequestReceived) -> None:
+    def _on_request(self, event: h2e.RequestReceived) -> None:
         method, encoding, is_grpc = route(self.server.methods, event.headers)
         sid = event.stream_id
         if not is_grpc:
-            with contextlib.suppress(h2c.StreamClosedError):  # reset in the same read
+            with contextlib.suppress(h2e.StreamClosedError):  # reset in the same read
                 self.h2.send_headers(sid, _NOT_GRPC, end_stream=True)
             return
         call = event.stream.call = Call(self, event.stream, method, encoding)

@@ -9,11 +9,11 @@ It owns the whole protocol state: stream states, flow-control windows both ways 
 stream), SETTINGS (ours, the peer's, the ACKs), PING and keepalive, CONTINUATION assembly, padding,
 HPACK (through :class:`.http2.HeaderDecoder` and its cache), GOAWAY and RST_STREAM with the error
 code each violation calls for, and every limit a hostile client meets (each is described on
-:class:`Limits`).
+:class:`~.h2_events.Limits`); the frame handlers are :mod:`.h2_frames`'s.
 
-Events (see the classes below) name the stream by ``stream_id`` and carry its :class:`H2Stream`,
+Events (:mod:`.h2_events`) name the stream by ``stream_id`` and carry its :class:`~.h2_events.H2Stream`,
 whose ``call`` slot is the driver's own. Unlike ``h2``, the end of a request is the ``end_stream``
-attribute of :class:`RequestReceived` / :class:`DataReceived` (``StreamEnded`` only follows
+attribute of ``RequestReceived`` / ``DataReceived`` (``StreamEnded`` only follows
 trailers), and received data is acknowledged (WINDOW_UPDATE) as it arrives: what the driver has
 not consumed yet (:meth:`H2Connection.consumed`; a stream that ends gives its share back) is bounded
 by ``max_unconsumed`` per connection — past it the stream that brought the DATA is reset
@@ -22,199 +22,27 @@ by ``max_unconsumed`` per connection — past it the stream that brought the DAT
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 from . import http2 as h2
+from .h2_events import (
+    ConnectionTerminated,
+    Event,
+    H2Stream,
+    Limits,
+    StreamClosedError,
+    StreamReset,
+    StreamTooSlow,
+)
+from .h2_frames import _MASK, H2FrameHandlers
 from .http1 import slow_body_message
 from .http2 import ProtocolError
 
-_MASK = 0x7FFF_FFFF
 _NEVER = float("inf")
 
 
 _TOKENS_PER_DATA = 4  # control frames a client may send in answer to one DATA frame of ours
 
 
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """What we advertise and enforce on one connection (defaults: grpc-go's and nginx's choices).
-
-    * ``max_concurrent_streams`` is advertised and enforced (REFUSED_STREAM past it), which also bounds
-      the streams an INITIAL_WINDOW_SIZE change walks;
-    * control frames and frames that do no work (SETTINGS and PING, ACKs too, RST_STREAM,
-      WINDOW_UPDATE, PRIORITY, unknown types, empty DATA, HEADERS on closed streams, the frames our
-      stream errors answer) spend a token bucket (``control_frame_burst`` refilled at
-      ``control_frame_rate`` per second and by each DATA frame we send, as nghttp2's "glitch" limit); a
-      flood ends the connection with GOAWAY(ENHANCE_YOUR_CALM);
-    * rapid reset (CVE-2023-44487): each stream reset before we answered it — by the peer, or by us
-      for its stream error or past the stream limit — adds one to a debt that each stream we complete
-      with DATA pays back (refusals and trailers-only statuses pay nothing back); past
-      ``max_reset_debt`` → GOAWAY(ENHANCE_YOUR_CALM);
-    * header blocks past ``max_header_list`` (compressed: one HEADERS frame or CONTINUATION-assembled,
-      checked before HPACK; or decoded) → GOAWAY(ENHANCE_YOUR_CALM); a block that starts with more
-      than two dynamic-table size updates (RFC 7541 §4.2) → GOAWAY(COMPRESSION_ERROR);
-    * a preface, first SETTINGS or header block not complete within ``header_timeout``, and a connection
-      without streams for ``idle_timeout``, are closed by :meth:`tick`; a stream whose request makes no
-      progress (HEADERS or DATA) for ``stream_timeout`` is reset (CANCEL) there, its :class:`StreamReset`
-      left in ``expired`` for the driver (unless the driver marked it ``long_lived``);
-    * a request body that arrives under ``min_rate`` on average (its clock starts at its first DATA, and
-      it must have ``min_rate`` x (elapsed - ``body_grace``) bytes at any time, Apache mod_reqtimeout's
-      MinRate), or that takes more than ``body_max_time`` in all (mod_reqtimeout's maxtimeout: without it,
-      a message of X bytes sent at once bought X / ``min_rate`` seconds of trickling, so one stream held
-      a gigabyte for a megabyte a second), gets a :class:`StreamTooSlow` in ``expired`` from :meth:`tick`;
-      the driver answers it (a gRPC status) and closes the stream. The driver stops the clock with
-      :meth:`H2Connection.body_idle` at the end of each message of a bidirectional call (the next DATA
-      starts it again);
-    * ping strikes (grpc's policy: pings without data closer than ``min_ping_interval``);
-    * a connection older than ``max_connection_age`` gets GOAWAY (NO_ERROR, ``max_age``: its open streams run
-      on, new ones are refused) and ``aged`` is set for the driver to close it once its calls are done; it is
-      closed at ``max_connection_age_grace`` after that whatever runs (grpc-core's channel arguments, without
-      their jitter);
-    * a peer that stops reading: the driver marks its writes (``writing_since``) and :meth:`tick` closes
-      the connection when one takes ``write_timeout``; DATA waits (:meth:`local_flow_control_window`
-      is 0, :meth:`send_response` declines) while ``max_send_buffer`` bytes are queued unwritten;
-      ``window_timeout`` is how long the driver lets a stream wait for the peer's window.
-    """
-
-    max_concurrent_streams: int = 128  # nginx's http2_max_concurrent_streams
-    initial_window: int = 16 * 1024 * 1024  # a 16 MiB tensor needs no WINDOW_UPDATE round trip
-    connection_window: int = 64 * 1024 * 1024
-    max_frame: int = 1024 * 1024
-    max_header_list: int = 64 * 1024
-    max_continuations: int = 64  # CONTINUATION frames in one header block
-    control_frame_burst: int = 1000  # nghttp2's glitch burst
-    control_frame_rate: float = 100.0  # tokens per second
-    max_reset_debt: int = 256  # streams reset by the peer and not made up for by completed ones
-    header_timeout: float = 60.0  # nginx's client_header_timeout: preface, SETTINGS, a header block
-    idle_timeout: float = 180.0  # nginx's http2_idle_timeout: no stream open; 0 = never
-    stream_timeout: float = 60.0  # nginx's client_body_timeout: a request's HEADERS/DATA apart; 0 = never
-    min_rate: float = 1024 * 1024  # bytes/s a request body must average after body_grace; 0 = no minimum
-    body_grace: float = 10.0
-    body_max_time: float = 0.0  # with min_rate: the most a body may take in all; 0 = no cap
-    window_timeout: float = 60.0  # a stream waits this long for the peer to open its send window
-    write_timeout: float = 60.0  # nginx's send_timeout: one write to a peer that stopped reading
-    max_send_buffer: int = 4 * 1024 * 1024  # bytes queued and not written yet, past which DATA waits
-    max_unconsumed: int = 64 * 1024 * 1024  # DATA received and not taken by the driver (all streams)
-    keepalive_time: float = 7200.0  # grpc.keepalive_time_ms; 0 = no keepalive pings
-    keepalive_timeout: float = 20.0  # grpc.keepalive_timeout_ms
-    keepalive_permit_without_calls: bool = False
-    min_ping_interval: float = 300.0  # grpc.http2.min_recv_ping_interval_without_data_ms
-    max_ping_strikes: int = 2  # grpc.http2.max_ping_strikes; 0 = unlimited
-    max_connection_age: float = 0.0  # grpc.max_connection_age_ms; 0 = no limit
-    max_connection_age_grace: float = 0.0  # grpc.max_connection_age_grace_ms; 0 = no limit
-
-
-# -- events ---------------------------------------------------------------------------------------
-class Event:
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__ if k != "stream")
-        return f"{type(self).__name__}({fields})"
-
-    def __eq__(self, other: object) -> bool:
-        return type(self) is type(other) and all(
-            getattr(self, k) == getattr(other, k) for k in self.__slots__ if k != "stream")
-
-    __hash__ = None  # type: ignore[assignment]
-
-
-class RequestReceived(Event):
-    """A new stream's header block (decoded, possibly a cached :class:`.http2.HeaderBlock`)."""
-
-    __slots__ = ("stream_id", "stream", "headers", "end_stream")
-
-    def __init__(self, stream: H2Stream, headers: h2.HeaderBlock, end_stream: bool) -> None:
-        self.stream_id, self.stream, self.headers, self.end_stream = stream.id, stream, headers, end_stream
-
-
-class DataReceived(Event):
-    """DATA on an open stream (padding removed; its bytes are acknowledged already)."""
-
-    __slots__ = ("stream_id", "stream", "data", "end_stream")
-
-    def __init__(self, stream: H2Stream, data: bytes, end_stream: bool) -> None:
-        self.stream_id, self.stream, self.data, self.end_stream = stream.id, stream, data, end_stream
-
-
-class StreamEnded(Event):
-    """The peer closed its side with trailers (a HEADERS block with END_STREAM)."""
-
-    __slots__ = ("stream_id", "stream")
-
-    def __init__(self, stream: H2Stream) -> None:
-        self.stream_id, self.stream = stream.id, stream
-
-
-class StreamReset(Event):
-    """The stream is over before its end: the peer reset it (``remote``) or we did for a violation."""
-
-    __slots__ = ("stream_id", "stream", "error_code", "remote")
-
-    def __init__(self, stream: H2Stream, error_code: int, remote: bool) -> None:
-        self.stream_id, self.stream, self.error_code, self.remote = stream.id, stream, error_code, remote
-
-
-class StreamTooSlow(Event):
-    """:meth:`H2Connection.tick` found the stream's request body under ``min_rate`` (``message`` says how).
-    Nothing is sent yet: the driver answers (a status) and closes the stream."""
-
-    __slots__ = ("stream_id", "stream", "message")
-
-    def __init__(self, stream: H2Stream, message: str) -> None:
-        self.stream_id, self.stream, self.message = stream.id, stream, message
-
-
-class WindowUpdated(Event):
-    """Send windows opened (WINDOW_UPDATE or SETTINGS); at most one per :meth:`receive_data`."""
-
-    __slots__ = ("stream_id",)
-
-    def __init__(self, stream_id: int = 0) -> None:
-        self.stream_id = stream_id
-
-
-class ConnectionTerminated(Event):
-    """The connection ends: the peer's GOAWAY (``remote``; running streams may finish), or ours
-    for a violation (``data_to_send`` holds the GOAWAY; close once it is written)."""
-
-    __slots__ = ("error_code", "last_stream_id", "additional_data", "remote")
-
-    def __init__(self, error_code: int, last_stream_id: int, additional_data: bytes, remote: bool) -> None:
-        self.error_code, self.last_stream_id = error_code, last_stream_id
-        self.additional_data, self.remote = additional_data, remote
-
-
-# -- streams --------------------------------------------------------------------------------------
-class H2Stream:
-    """One open stream: its windows and half-close states; ``call`` belongs to the driver."""
-
-    __slots__ = ("id", "send_window", "recv_window", "remote_closed", "local_closed", "headers_sent", "answered",
-                 "progress_at", "long_lived", "unconsumed", "rate_since", "rate_bytes", "too_slow", "call")
-
-    def __init__(self, stream_id: int, send_window: int, recv_window: int, now: float = 0.0) -> None:
-        self.id = stream_id
-        self.send_window = send_window  # what the peer lets us send
-        self.recv_window = recv_window  # what we let the peer send before our next WINDOW_UPDATE
-        self.remote_closed = False
-        self.local_closed = False
-        self.headers_sent = False
-        self.answered = False  # we sent DATA: a completed answer, not a refusal
-        self.progress_at = now  # the peer's last HEADERS or DATA on it
-        self.long_lived = False  # the driver's: no stream_timeout (a bidirectional call may idle)
-        self.unconsumed = 0  # DATA bytes delivered and not yet consumed (H2Connection.consumed)
-        self.rate_since: float | None = None  # the body's rate clock started then (None: not running)
-        self.rate_bytes = 0  # DATA bytes since rate_since
-        self.too_slow = False  # StreamTooSlow was reported: the clock stays off
-        self.call: Any = None
-
-
-class StreamClosedError(Exception):
-    """A send on a stream that is closed on our side (answered or reset)."""
-
-
-class H2Connection:
+class H2Connection(H2FrameHandlers):
     """One server-side connection. Single owner (the driver's reader and the calls it runs, never
     two threads): every method is synchronous and only queues bytes."""
 
@@ -341,235 +169,6 @@ class H2Connection:
         self._tokens -= 1
         if self._tokens < 0:
             raise ProtocolError("too_many_control_frames", h2.ENHANCE_YOUR_CALM)
-
-    # -- frames ---------------------------------------------------------------------------------
-    def _on_data(self, flags: int, sid: int, payload: bytes, events: list[Event], now: float) -> None:
-        if sid == 0:
-            raise ProtocolError("DATA on stream 0")
-        n = len(payload)
-        if n > self.recv_window:
-            raise ProtocolError("DATA beyond the connection window", h2.FLOW_CONTROL_ERROR)
-        self.recv_window -= n
-        if self.recv_window <= self.limits.connection_window // 2:
-            self._out.append(h2.window_update(0, self.limits.connection_window - self.recv_window))
-            self.recv_window = self.limits.connection_window
-        stream = self.streams.get(sid)
-        end = flags & h2.END_STREAM
-        if stream is None or stream.remote_closed:
-            if sid > self.last_stream_id:
-                raise ProtocolError("DATA on an idle stream")
-            if stream is not None:  # half-closed (remote): a stream error
-                self._reset(stream, h2.STREAM_CLOSED, events)
-            elif not n:
-                self._spend()
-            return  # a stream we answered or reset already: its data is dropped
-        if n > stream.recv_window:
-            self._reset(stream, h2.FLOW_CONTROL_ERROR, events)
-            return
-        data = h2.strip_padding(flags, payload) if flags & h2.PADDED else payload
-        if not n and not end:
-            self._spend()
-        if data:
-            self.unconsumed += len(data)
-            stream.unconsumed += len(data)
-            if self.unconsumed > self.limits.max_unconsumed:  # the windows are opened as DATA arrives
-                self._reset(stream, h2.ENHANCE_YOUR_CALM, events)
-                return
-        stream.progress_at = now
-        if stream.rate_since is None and not stream.too_slow:
-            stream.rate_since, stream.rate_bytes = now, 0
-        stream.rate_bytes += n
-        if end:
-            stream.remote_closed = True
-        else:
-            stream.recv_window -= n
-            if stream.recv_window <= self.limits.initial_window // 2:
-                self._out.append(h2.window_update(sid, self.limits.initial_window - stream.recv_window))
-                stream.recv_window = self.limits.initial_window
-        events.append(DataReceived(stream, data, bool(end)))
-        if end and stream.local_closed:
-            self._forget(stream)
-
-    def _on_headers(self, flags: int, sid: int, payload: bytes, events: list[Event], now: float) -> None:
-        if sid == 0 or not sid & 1:
-            raise ProtocolError("HEADERS on a stream a client may not open")
-        block = h2.strip_padding(flags, payload) if flags & h2.PADDED else payload
-        if flags & h2.PRIORITY_FLAG:
-            if len(block) < 5:
-                raise ProtocolError("HEADERS too short for its priority", h2.FRAME_SIZE_ERROR)
-            block = block[5:]
-        if len(block) > self.limits.max_header_list:  # before hpack: a frame of size updates costs time, no size
-            raise ProtocolError("header block too large", h2.ENHANCE_YOUR_CALM)
-        if not flags & h2.END_HEADERS:
-            self._continuation = (sid, flags, [block], len(block))
-            self._header_since = now
-            return
-        self._headers_done(sid, flags, block, events, now)
-
-    def _on_continuation(self, flags: int, sid: int, payload: bytes, events: list[Event], now: float) -> None:
-        if self._continuation is None or self._continuation[0] != sid:
-            raise ProtocolError("unexpected CONTINUATION")
-        _, first_flags, parts, size = self._continuation
-        parts.append(payload)
-        size += len(payload)
-        if size > self.limits.max_header_list or len(parts) > self.limits.max_continuations:
-            raise ProtocolError("header block too large", h2.ENHANCE_YOUR_CALM)
-        self._continuation = (sid, first_flags, parts, size)
-        if flags & h2.END_HEADERS:
-            self._continuation = None
-            self._header_since = None
-            self._headers_done(sid, first_flags, b"".join(parts), events, now)
-
-    def _headers_done(self, sid: int, flags: int, block: bytes, events: list[Event], now: float) -> None:
-        try:
-            headers: h2.HeaderBlock | None = self.decoder.decode(block)  # always: the table follows the peer
-        except h2.MalformedHeaders:
-            headers = None
-        end = bool(flags & h2.END_STREAM)
-        stream = self.streams.get(sid)
-        if stream is not None:  # trailers
-            if stream.remote_closed or not end or headers is None or headers.has_pseudo():
-                closed = end and stream.remote_closed
-                self._reset(stream, h2.STREAM_CLOSED if closed else h2.PROTOCOL_ERROR, events)
-                return
-            stream.remote_closed = True
-            events.append(StreamEnded(stream))
-            if stream.local_closed:
-                self._forget(stream)
-            return
-        if sid <= self.last_stream_id:
-            self._spend()  # trailers of a stream we answered or reset already (RFC 9113 §5.1): ignored
-            return
-        self.last_stream_id = sid
-        if self.going_away or len(self.streams) >= self.limits.max_concurrent_streams:
-            self._spend()
-            self._out.append(h2.rst_stream(sid, h2.REFUSED_STREAM))
-            if not self.going_away:
-                self._add_reset_debt()  # past the limit we advertised
-            return
-        if headers is None or not headers.is_request():
-            self._spend()  # a malformed request (RFC 9113 §8.1.1): a stream error, counted as a reset
-            self._out.append(h2.rst_stream(sid, h2.PROTOCOL_ERROR))
-            self._add_reset_debt()
-            return
-        stream = H2Stream(sid, self.peer_initial_window, self.limits.initial_window, now)
-        stream.remote_closed = end
-        self.streams[sid] = stream
-        self._idle_since = None
-        events.append(RequestReceived(stream, headers, end))
-
-    def _on_priority(self, flags: int, sid: int, payload: bytes, events: list[Event], now: float) -> None:
-        if sid == 0:
-            raise ProtocolError("PRIORITY on stream 0")
-        self._spend()  # priorities are advisory (RFC 9113 §5.3.2): ignored
-
-    def _on_rst_stream(self, flags: int, sid: int, payload: bytes, events: list[Event], now: float) -> None:
-        code = h2.parse_u32(payload)
-        if sid == 0 or sid > self.last_stream_id:
-            raise ProtocolError("RST_STREAM on an idle stream")
-        self._spend()
-        stream = self.streams.get(sid)
-        if stream is None:
-            return
-        self._forget(stream)
-        stream.local_closed = stream.remote_closed = True
-        events.append(StreamReset(stream, code, True))
-        self._add_reset_debt()
-
-    def _add_reset_debt(self) -> None:
-        """A stream reset by either side for the peer's doing (CVE-2023-44487 and its variants)."""
-        self._reset_debt += 1
-        if self._reset_debt > self.limits.max_reset_debt:
-            raise ProtocolError("too_many_resets", h2.ENHANCE_YOUR_CALM)
-
-    def _on_settings(self, flags: int, sid: int, payload: bytes, events: list[Event], now: float) -> None:
-        if sid:
-            raise ProtocolError("SETTINGS on a stream")
-        if flags & h2.ACK:
-            if payload:
-                raise ProtocolError("SETTINGS ACK with a payload", h2.FRAME_SIZE_ERROR)
-            self._spend()
-            return
-        self._spend()
-        values = h2.parse_settings(payload)
-        if values.get(h2.ENABLE_PUSH, 0) > 1:
-            raise ProtocolError("bad ENABLE_PUSH")
-        if h2.MAX_FRAME_SIZE in values:
-            size = values[h2.MAX_FRAME_SIZE]
-            if not h2.DEFAULT_MAX_FRAME <= size <= 2**24 - 1:
-                raise ProtocolError("bad MAX_FRAME_SIZE")
-            self.peer_max_frame = size
-        if h2.INITIAL_WINDOW_SIZE in values:
-            new = values[h2.INITIAL_WINDOW_SIZE]
-            if new > h2.MAX_WINDOW:
-                raise ProtocolError("INITIAL_WINDOW_SIZE too large", h2.FLOW_CONTROL_ERROR)
-            delta, self.peer_initial_window = new - self.peer_initial_window, new
-            if delta:
-                for stream in self.streams.values():  # at most max_concurrent_streams
-                    stream.send_window += delta
-                    if stream.send_window > h2.MAX_WINDOW:
-                        raise ProtocolError("a stream window past 2^31-1", h2.FLOW_CONTROL_ERROR)
-                self._window_event(events)
-        self._out.append(_SETTINGS_ACK)
-        if not self._settings_seen:  # the handshake is complete
-            self._settings_seen = True
-            self._header_since = None
-
-    def _on_push_promise(self, flags: int, sid: int, payload: bytes, events: list[Event], now: float) -> None:
-        raise ProtocolError("PUSH_PROMISE from a client")
-
-    def _on_ping(self, flags: int, sid: int, payload: bytes, events: list[Event], now: float) -> None:
-        if sid:
-            raise ProtocolError("PING on a stream")
-        if len(payload) != 8:
-            raise ProtocolError("PING payload must be 8 bytes", h2.FRAME_SIZE_ERROR)
-        if flags & h2.ACK:
-            self._spend()
-            self._ping_sent_at = None
-            return
-        self._spend()
-        lim = self.limits
-        if not self._ping_ok and not self.streams and now - self._last_ping < lim.min_ping_interval:
-            self._ping_strikes += 1
-            if lim.max_ping_strikes and self._ping_strikes > lim.max_ping_strikes:
-                raise ProtocolError("too_many_pings", h2.ENHANCE_YOUR_CALM)
-        self._ping_ok, self._last_ping = False, now
-        self._out.append(h2.frame(h2.PING, h2.ACK, 0, payload))
-
-    def _on_goaway(self, flags: int, sid: int, payload: bytes, events: list[Event], now: float) -> None:
-        if sid:
-            raise ProtocolError("GOAWAY on a stream")
-        if len(payload) < 8:
-            raise ProtocolError("GOAWAY shorter than 8 bytes", h2.FRAME_SIZE_ERROR)
-        last, code = h2.GOAWAY_HEAD.unpack_from(payload)
-        self.going_away = True
-        events.append(ConnectionTerminated(code, last & _MASK, payload[8:], True))
-
-    def _on_window_update(self, flags: int, sid: int, payload: bytes, events: list[Event], now: float) -> None:
-        increment = h2.parse_u32(payload)
-        self._spend()
-        if sid == 0:
-            if not increment:
-                raise ProtocolError("WINDOW_UPDATE of 0")
-            self.send_window += increment
-            if self.send_window > h2.MAX_WINDOW:
-                raise ProtocolError("connection window past 2^31-1", h2.FLOW_CONTROL_ERROR)
-            self._window_event(events)
-            return
-        stream = self.streams.get(sid)
-        if stream is None:
-            if sid > self.last_stream_id:
-                raise ProtocolError("WINDOW_UPDATE on an idle stream")
-            return
-        stream.send_window += increment
-        if not increment or stream.send_window > h2.MAX_WINDOW:
-            self._reset(stream, h2.PROTOCOL_ERROR if not increment else h2.FLOW_CONTROL_ERROR, events)
-            return
-        self._window_event(events)
-
-    def _window_event(self, events: list[Event]) -> None:
-        if not events or type(events[-1]) is not WindowUpdated:
-            events.append(_WINDOW_UPDATED)
 
     # -- sending --------------------------------------------------------------------------------
     def _open(self, sid: int) -> H2Stream:
@@ -809,6 +408,3 @@ def _tick_step_of(limits: Limits) -> float:
              limits.body_grace if limits.min_rate else 0.0)
     return min(t / 4 for t in times if t > 0)
 
-
-_SETTINGS_ACK = h2.frame(h2.SETTINGS, h2.ACK, 0)
-_WINDOW_UPDATED = WindowUpdated(0)
