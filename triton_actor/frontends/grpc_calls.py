@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import zlib
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import gevent
 import gevent.lock
@@ -27,13 +27,12 @@ from ..errors import TritonError
 from ..protocol import codings
 from ..protocol import http2 as h2
 from ..protocol._generated import grpc_service_pb2 as pb
-from ..protocol.h2_connection import H2Connection
 from ..protocol.h2_events import H2Stream, StreamClosedError
 from ..runtime import fastpath
 from ..runtime.response_channel import StreamAccount
 from . import compression
-from .budget import ByteBudget, with_room
-from .grpc import GrpcServicer, StreamError
+from .budget import with_room
+from .grpc import StreamError
 from .grpc_methods import (
     CANCELLED,
     CODED_HEADS,
@@ -45,6 +44,7 @@ from .grpc_methods import (
     RESOURCE_EXHAUSTED,
     RESPONSE_HEAD,
     UNIMPLEMENTED,
+    CallConnection,
     Method,
     Refused,
 )
@@ -52,28 +52,6 @@ from .grpc_methods import (
 log = logging.getLogger(__name__)
 
 
-class CallServer(Protocol):
-    """What a call reads of the server its connection belongs to (``grpc_h2.GrpcH2Server``)."""
-
-    servicer: GrpcServicer
-    budget: ByteBudget  # request bytes held by all calls
-    max_receive: int  # bytes of one request message
-    max_send: int  # bytes of one response message
-
-
-class CallConnection(Protocol):
-    """What a call needs of its connection (``grpc_h2.Connection``; the driver hands each stream's events to
-    the calls, so the calls know the connection by this seam only). Every method runs in a hub greenlet."""
-
-    server: CallServer
-    h2: H2Connection  # the connection's state machine
-    writer: gevent.Greenlet | None  # the greenlet inside sendall, if any
-
-    def flush(self) -> bool: ...
-
-    def wait_window(self, stream: H2Stream) -> int: ...
-
-    def call_finished(self) -> None: ...
 
 
 _END = object()  # the client closed its side of a stream

@@ -1,7 +1,8 @@
 """The gRPC method table and statuses: which servicer method a ``:path`` names (:func:`method_table`,
 :func:`route`), the gRPC status codes on the wire and :data:`GRPC_STATUS`, the one map from our error
 codes to them, :class:`Refused`, a call's end with a status before it reaches the servicer, and the
-encoded response heads and OK trailers.
+encoded response heads and OK trailers; and the seams between a call and its connection
+(:class:`CallServer`, :class:`CallConnection`: what a call needs of them, which :mod:`.grpc_h2` provides).
 
 :mod:`.grpc_calls` runs the calls; :mod:`.grpc_h2` routes each new stream here.
 """
@@ -10,13 +11,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
+
+import gevent
 
 from ..errors import Code
 from ..protocol import codings
 from ..protocol import http2 as h2
 from ..protocol._generated import grpc_service_pb2 as pb
 from ..protocol._generated import health_pb2
+from ..protocol.h2_connection import H2Connection
+from ..protocol.h2_events import H2Stream
+from .budget import ByteBudget
 from .grpc import GrpcServicer
 
 # grpc status codes (numbers are the wire values)
@@ -35,6 +41,30 @@ CODED_HEADS = {coding: h2.encode_headers([(b":status", b"200"), (b"content-type"
                                           (b"grpc-encoding", coding.encode()),
                                           (b"grpc-accept-encoding", b"identity,deflate,gzip")])
                for coding in codings.CODINGS}
+
+
+class CallServer(Protocol):
+    """What a call reads of the server its connection belongs to (``grpc_h2.GrpcH2Server``)."""
+
+    servicer: GrpcServicer
+    budget: ByteBudget  # request bytes held by all calls
+    max_receive: int  # bytes of one request message
+    max_send: int  # bytes of one response message
+
+
+class CallConnection(Protocol):
+    """What a call needs of its connection (``grpc_h2.Connection``; the driver hands each stream's events to
+    the calls, so the calls know the connection by this seam only). Every method runs in a hub greenlet."""
+
+    server: CallServer
+    h2: H2Connection  # the connection's state machine
+    writer: gevent.Greenlet | None  # the greenlet inside sendall, if any
+
+    def flush(self) -> bool: ...
+
+    def wait_window(self, stream: H2Stream) -> int: ...
+
+    def call_finished(self) -> None: ...
 
 
 class Refused(Exception):
