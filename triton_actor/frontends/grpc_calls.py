@@ -169,7 +169,7 @@ class Call:
     def refuse(self, refused: Refused) -> None:
         """End the call's input with ``refused`` (its status): what else comes on the stream is dropped.
         The reader calls it for a message over a limit, and for a request body under the minimum rate
-        (``h2_connection.StreamTooSlow``: DEADLINE_EXCEEDED, as HTTP/1 answers 408)."""
+        (``h2_events.StreamTooSlow``: DEADLINE_EXCEEDED, as HTTP/1 answers 408)."""
         self.input_done = True
         self.buf = bytearray()
         self.conn.h2.consumed(self.stream)

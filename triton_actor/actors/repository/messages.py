@@ -48,7 +48,7 @@ class ModelChanged:
 
 @dataclass(frozen=True, slots=True)
 class MarkVersionDown:
-    """See :class:`~..model.actor.MarkDown`; the files check applies in POLL only (elsewhere loads are host-wide
+    """See :class:`~..model.messages.MarkDown`; the files check applies in POLL only (elsewhere loads are host-wide
     changes, ordered by the host's control lock)."""
 
     name: str
