@@ -235,3 +235,20 @@ def test_few_modules_at_the_top() -> None:
     assert len(TOP_LEVEL) <= 8
     extra = sorted(top - TOP_LEVEL)
     assert not extra, f"modules at the top of {PACKAGE}/ outside the allowed list: {extra} (give them a package)"
+
+
+MAX_LINES = 500  # a module past this holds more than one thing (generated code excepted)
+MAX_DOC_LINES = 40  # a module docstring is its contract; the rest goes to docs/
+
+
+def test_modules_stay_small_and_their_docstrings_short() -> None:
+    too_long, long_docs = [], []
+    for module, path in MODULES.items():
+        text = path.read_text(encoding="utf-8")
+        if len(text.splitlines()) > MAX_LINES:
+            too_long.append(f"{path.relative_to(ROOT.parent)}: {len(text.splitlines())} lines")
+        doc = ast.get_docstring(ast.parse(text), clean=False)
+        if doc and doc.count("\n") + 1 > MAX_DOC_LINES:
+            long_docs.append(f"{path.relative_to(ROOT.parent)}: a docstring of {doc.count(chr(10)) + 1} lines")
+    assert not too_long, f"modules over {MAX_LINES} lines (split them along what they own):\n" + "\n".join(too_long)
+    assert not long_docs, f"module docstrings over {MAX_DOC_LINES} lines (keep the contract):\n" + "\n".join(long_docs)
