@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -58,8 +60,26 @@ def wait_for(condition: Callable[[], bool], timeout: float = 30.0, what: str = "
     while not condition():
         if time.monotonic() - start > timeout:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        gevent.sleep(0.02)
+        gevent.sleep(0.02)  # the wait-for helper's poll
     return time.monotonic() - start
+
+
+def live_status(url: str) -> dict:
+    """``GET /status.json`` (plane/live_status.py): per model version its state, the requests ``queued``
+    and ``running`` in its scheduler now, and its counts."""
+    with urllib.request.urlopen(f"http://{url}/status.json", timeout=30) as answer:  # gevent-patched socket
+        return json.loads(answer.read())
+
+
+def version_status(url: str, model: str, version: int = 1) -> dict:
+    """``model`` ``version``'s row of ``/status.json`` ({} while it has none)."""
+    return next((v for v in live_status(url)["versions"] if v["name"] == model and v["version"] == version), {})
+
+
+def wait_queued(url: str, model: str, queued: int, version: int = 1, timeout: float = 30.0) -> None:
+    """Wait until ``queued`` requests of ``model`` wait in its scheduler's queue (what the server shows)."""
+    wait_for(lambda: version_status(url, model, version).get("queued") == queued, timeout,
+             f"{queued} request(s) of '{model}' in its queue")
 
 
 class Hammer:

@@ -152,7 +152,7 @@ class TritonPythonModel:
                 f.write(f"{{x.flat[0]}}\\n")
             deadline = time.monotonic() + {hold_s}  # bounded: a test that fails never opens the gate
             while x.flat[0] == 1.0 and not os.path.exists(GATE) and time.monotonic() < deadline:
-                time.sleep(0.01)
+                time.sleep(0.01)  # model code polling the test's gate file
             out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)]))
         return out
 """

@@ -15,6 +15,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from .model_control import wait_queued
 from .server import add_model
 
 GATED_PY = """
@@ -34,7 +35,7 @@ class TritonPythonModel:
         open(os.path.join(self.dir, "running"), "w").close()
         deadline = time.time() + 30
         while not os.path.exists(os.path.join(self.dir, "gate")) and time.time() < deadline:
-            time.sleep(0.005)
+            time.sleep(0.005)  # model code polling the test's gate file
         self.executions += 1
         responses = []
         for r in requests:
@@ -75,7 +76,7 @@ def _call(url: str, model: str, value: float = 0.0, **kw: object) -> httpclient.
 def _wait_for(path: Path, timeout: float = 30) -> None:
     with gevent.Timeout(timeout, AssertionError(f"{path.name} never appeared")):
         while not path.exists():
-            gevent.sleep(0.01)
+            gevent.sleep(0.01)  # a file a model writes: polled under a deadline
 
 
 def _stats(url: str, model: str) -> dict:
@@ -116,7 +117,7 @@ def test_full_queue_is_refused_with_503_and_the_others_are_served(tmp_path: Path
     server = start_server(tmp_path)
     first = _hold_one(server, model_dir, "gated")
     queued = gevent.spawn(_call, server.url, "gated", 1.0)
-    gevent.sleep(0.2)  # let it reach the queue
+    wait_queued(server.url, "gated", 1)  # the queue is full
     with pytest.raises(InferenceServerException) as e:
         _call(server.url, "gated", 2.0, request_id="too-many")
     assert e.value.status() == "503"
@@ -135,7 +136,7 @@ def test_queued_request_times_out_with_its_error_and_its_slot_is_freed(tmp_path:
         _call(server.url, "gated", 1.0)  # waits behind the held request until its 200 ms are up
     assert e.value.status() == "503" and "Request timeout expired" in e.value.message()
     late = gevent.spawn(_call, server.url, "gated", 2.0)  # the slot is free again
-    gevent.sleep(0.05)
+    wait_queued(server.url, "gated", 1)  # taken while the first request still holds the instance
     (model_dir / "gate").touch()
     gevent.joinall([first, late], timeout=60, raise_error=True)
     assert late.value.as_numpy("OUTPUT0")[0, 0] == 2.0
@@ -151,9 +152,10 @@ def test_request_priority_and_timeout_parameters(tmp_path: Path, start_server) -
     server = start_server(tmp_path)
     first = _hold_one(server, model_dir, "gated")
     normal = gevent.spawn(_call, server.url, "gated", 1.0)
-    gevent.sleep(0.1)
+    wait_queued(server.url, "gated", 1)  # normal came first
     urgent = gevent.spawn(_call, server.url, "gated", 2.0, priority=1)
     beyond = gevent.spawn(_call, server.url, "gated", 3.0, priority=7)  # outside the levels: the default, 2
+    wait_queued(server.url, "gated", 3)
     with pytest.raises(InferenceServerException) as e:
         _call(server.url, "gated", 4.0, timeout=100_000)  # its own timeout: 100 ms
     assert "Request timeout expired" in e.value.message()
@@ -172,7 +174,7 @@ def test_concurrent_load_is_batched(tmp_path: Path, start_server) -> None:
     server = start_server(tmp_path)
     first = _hold_one(server, model_dir, "gated")
     rest = [gevent.spawn(_call, server.url, "gated", float(i)) for i in range(6)]
-    gevent.sleep(0.3)
+    wait_queued(server.url, "gated", 6)  # all six wait while the instance is held
     (model_dir / "gate").touch()
     gevent.joinall([first, *rest], timeout=60, raise_error=True)
     stats = _stats(server.url, "gated")

@@ -43,7 +43,7 @@ class TritonPythonModel:
             while not os.path.exists(os.path.join(self.meet, self.other)):
                 if time.time() > deadline:
                     raise pb_utils.TritonModelException(self.other + " never ran while " + self.name + " ran")
-                time.sleep(0.005)
+                time.sleep(0.005)  # model code polling a file the other step writes
         out = []
         for r in requests:
             x = pb_utils.get_input_tensor_by_name(r, "X").as_numpy()
@@ -336,7 +336,7 @@ class TritonPythonModel:
         deadline = time.time() + 0.2
         while time.time() < deadline and not overlap:
             overlap = float(len(os.listdir(self.dir)) > 1)
-            time.sleep(0.01)
+            time.sleep(0.01)  # model code: a 0.2 s watch window
         os.remove(mine)
         out = []
         for r in requests:
@@ -502,7 +502,7 @@ class TritonPythonModel:
             while time.time() < deadline:
                 if os.path.exists(self.sent + ".done"):
                     break
-                time.sleep(0.005)
+                time.sleep(0.005)  # model code polling a file the test writes
             out.append(pb_utils.InferenceResponse([pb_utils.Tensor("B", x * 10)]))
         return out
 """

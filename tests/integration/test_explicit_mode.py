@@ -218,7 +218,7 @@ import time
 class TritonPythonModel:
     def initialize(self, args):
         while not os.path.exists(os.path.join(args["model_repository"], "release")):
-            time.sleep(0.02)
+            time.sleep(0.02)  # model code polling a file the test writes
 
     def execute(self, requests):
         return []
@@ -288,7 +288,7 @@ class TritonPythonModel:
     def initialize(self, args):
         with open(os.path.join(os.path.dirname(args["model_repository"]), "spans"), "a") as f:
             start = time.time()
-            time.sleep(0.6)
+            time.sleep(0.6)  # model code: a slow load (the work)
             f.write("%f %f\\n" % (start, time.time()))
 
     def execute(self, requests):

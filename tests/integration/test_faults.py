@@ -502,7 +502,7 @@ class TritonPythonModel:
                         f.write(f"cancelled {{r.request_id()}} after {{i}}\\n")
                     break
                 sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("I", np.array([i], np.int32))]))
-                time.sleep(0.005)
+                time.sleep(0.005)  # the model's pace: cancelled midway
             else:
                 with open(LOG, "a") as f:
                     f.write(f"finished {{r.request_id()}}\\n")

@@ -122,7 +122,7 @@ class TritonPythonModel:
                 f.write("running\\n")
             deadline = time.monotonic() + 30  # bounded: a request never cancelled ends the wait
             while not r.is_cancelled() and time.monotonic() < deadline:
-                time.sleep(0.01)
+                time.sleep(0.01)  # model code polling is_cancelled()
             with open(LOG, "a") as f:
                 f.write("cancelled\\n" if r.is_cancelled() else "not cancelled\\n")
             x = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()

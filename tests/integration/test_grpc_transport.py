@@ -298,7 +298,7 @@ class TritonPythonModel:
             sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)]))
             deadline = time.monotonic() + 300
             while not sender.is_cancelled() and time.monotonic() < deadline:
-                time.sleep(0.02)
+                time.sleep(0.02)  # model code polling is_cancelled()
             sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
 """

@@ -60,7 +60,7 @@ class TritonPythonModel:
                 if not HUB:
                     raise ValueError("the victim fails")
             elif x[0] == -7:
-                time.sleep(0.2)
+                time.sleep(0.2)  # model code: holds -7 (see above)
             if x[0] < 0:
                 x = np.array([self.index], np.float32)
             out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)]))

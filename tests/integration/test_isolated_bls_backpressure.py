@@ -78,7 +78,7 @@ class TritonPythonModel:
         for _ in range(6000):
             if os.path.exists(path):
                 return
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # model code polling a file the test writes
 
     async def hold(self, how, rid):  # read 3 of 2000 x 1 MiB, wait for the gate, drop the rest unread
         responses = await self.stream(how, rid, 2000, 1 << 20)

@@ -150,7 +150,7 @@ class TritonPythonModel:
             f.write("running\\n")
         deadline = time.monotonic() + 30
         while not request.is_cancelled() and time.monotonic() < deadline:
-            time.sleep(0.01)
+            time.sleep(0.01)  # model code polling is_cancelled()
         with open(LOG, "a") as f:
             f.write("cancelled\\n" if request.is_cancelled() else "not cancelled\\n")
         request.get_response_sender().send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)

@@ -260,7 +260,7 @@ class TritonPythonModel:
         if os.path.exists(fifo):  # tell a waiting test that a request is inside execute
             with open(fifo, "w") as f:
                 f.write("started\\n")
-        time.sleep(0.5)
+        time.sleep(0.5)  # model code: the work that takes time
         end = time.time()
         return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", np.array([start, end], np.float64)),
                                             pb_utils.Tensor("NAME", np.array([self.name.encode()], np.object_))])

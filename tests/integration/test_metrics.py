@@ -120,7 +120,7 @@ def test_pending_while_a_gated_model_holds_requests_and_rejections(tmp_path: Pat
     queued = [gevent.spawn(_call, server.url, "gated", float(i)) for i in range(2)]
     with gevent.Timeout(30, AssertionError("the two requests never showed as pending")):
         while value(scrape(server), "nv_inference_pending_request_count", **m) != 2:
-            gevent.sleep(0.05)
+            gevent.sleep(0.05)  # polling the metrics under a deadline
     with pytest.raises(InferenceServerException, match="Exceeds maximum queue size"):
         _call(server.url, "gated", 5.0)
     (model_dir / "gate").touch()

@@ -78,7 +78,7 @@ def test_a_folder_still_being_written_is_loaded_once_it_settled(tmp_path: Path, 
              ("1/model.py", tagged(5))]
     for rel, text in steps:  # a slow copy: something changes every 0.4 s for 2 s
         (model_dir / rel).write_text(text)
-        gevent.sleep(0.4)
+        gevent.sleep(0.4)  # the writer's pace is what is tested, not a wait for the server
     wait_for(lambda: _answers(client, "slowcopy", 105), WITHIN, "the copied model to serve")
     assert server.log().count("poll: loading 'slowcopy'") == 1, server.log()
 
@@ -93,12 +93,16 @@ def test_reload_under_load(tmp_path: Path, start_server) -> None:
     (staging / "2" / "model.py").write_text(tagged(2))
     server = start_server(repo, flags=POLL)
     load = Hammer(server.url, "m")
-    gevent.sleep(1.5)
+    wait_for(lambda: len(load.answers) >= 50, WITHIN, "the load to be served by version 1")
     shutil.copytree(staging / "2", model_dir / "2")
     shutil.rmtree(model_dir / "1")
     landed = time.monotonic()
     wait_for(lambda: any(tag == 202 for _, tag in load.answers[-50:]), WITHIN, "version 2 to answer")
-    gevent.sleep(1.5)  # keep the load on while version 1 drains and unloads
+    client = httpclient.InferenceServerClient(server.url)
+    # the load stays on while version 1 drains and unloads, and a while after
+    wait_for(lambda: index(client)[("m", "1")].get("reason") == "unloaded", WITHIN, "version 1 to be unloaded")
+    after = len(load.answers)
+    wait_for(lambda: len(load.answers) >= after + 50, WITHIN, "answers after version 1 unloaded")
     load.stop()
     answers, failures = load.answers, load.failures
     first_new = min(t for t, tag in answers if tag == 202)
@@ -109,8 +113,6 @@ def test_reload_under_load(tmp_path: Path, start_server) -> None:
     assert {tag for _, tag in answers} == {101, 202}
     # after the swap only requests already in flight (at most one per client) finish on version 1
     assert sum(1 for t, tag in answers if tag == 101 and t > first_new) <= load.clients
-    client = httpclient.InferenceServerClient(server.url)
-    wait_for(lambda: index(client)[("m", "1")].get("reason") == "unloaded", WITHIN, "version 1 to be unloaded")
 
 
 def test_the_watcher_alone_notices_changes(tmp_path: Path, start_server) -> None:

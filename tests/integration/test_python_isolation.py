@@ -96,7 +96,7 @@ class TritonPythonModel:
             if sender.is_cancelled():
                 break
             sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([i], np.int32))]))
-            time.sleep(0.005)
+            time.sleep(0.005)  # the model's pace: cancelled midway
         with open(LOG, "w") as f:
             f.write("cancelled" if requests[0].is_cancelled() else "never cancelled")
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)

@@ -136,7 +136,7 @@ def test_a_client_that_sends_on_without_reading_still_gets_its_408(start_server:
         sock.sendall(f"{POST}Content-Length: {DECLARED}\r\n\r\n{{".encode())
         for _ in range(30):  # 3 s of a byte every 0.1 s, blind: well past the 1 s grace and the answer
             sock.sendall(b" ")
-            gevent.sleep(0.1)
+            gevent.sleep(0.1)  # the client's pace
         answer = b""
         while chunk := sock.recv(65536):
             answer += chunk

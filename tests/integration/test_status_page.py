@@ -64,7 +64,7 @@ def busy_server(tmp_path: Path, start_server: Callable[..., ServerProcess]) -> I
     try:
         with gevent.Timeout(30):  # traffic is flowing before the page opens
             while sum(_status(server)["versions"][i]["success"] for i in range(3)) < 20:
-                gevent.sleep(0.05)
+                gevent.sleep(0.05)  # polling /status.json under a deadline
         yield server
     finally:
         stop.set()

@@ -51,7 +51,7 @@ def _wait_for(path):
     for _ in range(2000):  # 20 s
         if os.path.exists(path):
             return True
-        time.sleep(0.01)
+        time.sleep(0.01)  # model code polling a file the test writes
     return False
 
 
@@ -443,7 +443,7 @@ class TritonPythonModel:
             for _ in range(6000):  # the test opens the gate once it saw the target held back (or done)
                 if os.path.exists(gate):
                     break
-                time.sleep(0.01)
+                time.sleep(0.01)  # model code polling a file
             first = [int(pb_utils.get_output_tensor_by_name(next(responses), "INDEX").as_numpy()[0])
                      for _ in range(3)]
             del responses  # dropped unread: the target is cancelled
@@ -521,7 +521,7 @@ class TritonPythonModel:
         for _ in range(6000):
             if os.path.exists(gate):
                 break
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # model code polling a file
         del responses
         return first
 

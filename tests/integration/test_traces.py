@@ -65,7 +65,7 @@ def _traces(path: Path) -> dict[int, dict]:
 def _wait_for(condition: Callable[[], bool], timeout: float = 20) -> None:
     with gevent.Timeout(timeout, AssertionError("condition not met in time")):
         while not condition():
-            gevent.sleep(0.02)
+            gevent.sleep(0.02)  # a wait-for helper's poll, under its deadline
 
 
 def _by_model(traces: dict[int, dict]) -> dict[str, int]:

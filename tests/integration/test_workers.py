@@ -130,7 +130,7 @@ def test_poll_change_is_seen_by_every_worker(repo: Path) -> None:
                     if pids_seen(g.url, workers, model="late", tries=40) == workers:
                         break
                 except Exception:
-                    gevent.sleep(0.2)
+                    gevent.sleep(0.2)  # retry pace under the deadline
     finally:
         assert g.stop() == 0
 
@@ -163,7 +163,7 @@ def test_hup_replaces_workers_one_at_a_time_with_no_failed_request(repo: Path) -
         clients = [gevent.spawn(_load, g.url, g.grpc_url, stop, failures, done) for _ in range(3)]
         with gevent.Timeout(30, AssertionError("no traffic")):
             while len(done) < 20:
-                gevent.sleep(0.05)
+                gevent.sleep(0.05)  # local counter polled under a deadline
         g.signal(signal.SIGHUP)
         new = set(g.wait_serving(4)) - old
         assert len(new) == 2
@@ -172,7 +172,7 @@ def test_hup_replaces_workers_one_at_a_time_with_no_failed_request(repo: Path) -
         n = len(done)
         with gevent.Timeout(30, AssertionError("traffic stopped after the reload")):
             while len(done) < n + 20:
-                gevent.sleep(0.05)
+                gevent.sleep(0.05)  # local counter polled under a deadline
         stop.set()
         gevent.joinall(clients, timeout=30)
         assert failures == [], failures[:5]
@@ -209,7 +209,7 @@ def test_a_killed_worker_is_replaced_and_replays_host_wide_changes(repo: Path, t
 def test_term_drains_requests_in_flight(repo: Path, tmp_path: Path) -> None:
     gate, entered = tmp_path / "gate", tmp_path / "entered"
     add_model(repo, "slow", PID_CONFIG + 'instance_group [ { count: 12, kind: KIND_CPU } ]\n', PID_PY.replace(
-        "    def execute(self, requests):\n",
+        "    def execute(self, requests):\n",  # the model then polls the gate file the test writes
         f"    def execute(self, requests):\n        import time\n"
         f"        with open({str(entered)!r}, 'a') as f:\n            f.write('x\\n')\n"
         f"        while not os.path.exists({str(gate)!r}):\n            time.sleep(0.01)\n"))
@@ -229,7 +229,8 @@ def test_term_drains_requests_in_flight(repo: Path, tmp_path: Path) -> None:
             while not entered.exists() or len(entered.read_text().split()) < 6:
                 gevent.sleep(0.05)  # polling a file another process writes: no event crosses processes
         g.signal(signal.SIGTERM)
-        gevent.sleep(0.5)  # the arbiter and workers are shutting down while the six are still running
+        assert g.stderr.wait(lambda: sum("shutting down: waiting up to" in line for line in g.stderr.lines) >= 2,
+                             60), "the workers never began to shut down:\n" + g.log()  # with the six still running
         gate.touch()
         gevent.joinall(calls, timeout=60)
         assert len(results) == 6 and all(isinstance(r, int) for r in results), results

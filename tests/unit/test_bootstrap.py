@@ -26,7 +26,7 @@ import triton_actor.bootstrap  # noqa: F401
 import sys, threading, tempfile, os
 d = tempfile.mkdtemp()
 with open(os.path.join(d, "slowmod.py"), "w") as f:
-    f.write("import time\\ntime.sleep(0.2)\\nVALUE = 42\\n")
+    f.write("import time\\ntime.sleep(0.2)\\nVALUE = 42\\n")  # a slow module body: the race's window
 sys.path.insert(0, d)
 results = []
 def first_import():

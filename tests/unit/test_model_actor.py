@@ -3,10 +3,11 @@ in-flight requests finishing on the old version, broken updates, version-policy 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import gevent
 import numpy as np
 import pytest
 from gevent import monkey
@@ -20,7 +21,8 @@ from triton_actor.inference import InferInput, InferRequest, InferResponse
 from triton_actor.protocol.dtypes import BY_WIRE
 from triton_actor.runtime.kernel import Reply
 
-_sleep = monkey.get_original("time", "sleep")  # the fake model runs on native instance threads
+WAIT = 10.0
+_native_lock = monkey.get_original("_thread", "allocate_lock")  # the fake model runs on native threads
 CONFIG = """
 backend: "fake"
 max_batch_size: 0
@@ -29,15 +31,44 @@ output [ { name: "Y", data_type: TYPE_FP32, dims: [ 1 ] } ]
 """
 
 
+class Gate:
+    """Holds the fake model's ``execute`` (on native instance threads: a native lock) while closed, so a
+    test knows a request is in flight for as long as it needs; ``reached`` counts the runs that came to it."""
+
+    def __init__(self) -> None:
+        self._open = _native_lock()
+        self.reached = 0
+
+    def close(self) -> None:
+        self._open.acquire()
+
+    def open(self) -> None:
+        self._open.release()
+
+    def passage(self) -> None:
+        self.reached += 1
+        if not self._open.acquire(timeout=WAIT):  # bounded: a failed test never opens it
+            raise RuntimeError("the gate never opened")
+        self._open.release()
+
+
+def _until(condition: Callable[[], bool], what: str) -> None:
+    """Re-check ``condition`` (state a native thread or an actor changes) every 10 ms, at most ``WAIT`` s."""
+    with gevent.Timeout(WAIT, AssertionError(f"timed out waiting for {what}")):
+        while not condition():
+            gevent.sleep(0.01)  # the wait-for helper's poll
+
+
 class FakeInstance:
     inline_ok = False
 
-    def __init__(self, ctx: InstanceContext, events: list[tuple[str, Any]]) -> None:
+    def __init__(self, ctx: InstanceContext, events: list[tuple[str, Any]], gate: Gate) -> None:
         self.tag = 100.0 * ctx.version + float((ctx.version_dir / "edition").read_text())
         self.events = events
+        self.gate = gate
 
     def execute(self, requests: list[InferRequest]) -> list[Any]:
-        _sleep(0.2)  # long enough for a reload to happen while the request is in flight
+        self.gate.passage()
         return [InferResponse([("Y", np.array([self.tag], np.float32))]) for _ in requests]
 
     def finalize(self) -> None:
@@ -49,6 +80,7 @@ class FakeBackend:
 
     def __init__(self) -> None:
         self.events: list[tuple[str, Any]] = []
+        self.gate = Gate()
 
     def auto_complete(self, *args: Any, **kw: Any) -> None:
         pass
@@ -56,7 +88,7 @@ class FakeBackend:
     def create(self, ctx: InstanceContext) -> FakeInstance:
         if (ctx.version_dir / "broken").exists():
             raise RuntimeError("broken on purpose")
-        return FakeInstance(ctx, self.events)
+        return FakeInstance(ctx, self.events, self.gate)
 
 
 @pytest.fixture
@@ -98,9 +130,15 @@ def test_new_version_swaps_in_after_loading_and_old_drains(tmp_path: Path, model
     actor, backend, published = model
     _version(tmp_path, 1, 1)
     actor.ref.load(tmp_path).get(10)
+    backend.gate.close()
     in_flight = _infer(published[-1])
+    _until(lambda: backend.gate.reached == 1, "the request to run on version 1")
     _version(tmp_path, 2, 2)
-    actor.ref.load(tmp_path).get(10)  # answered after the swap and the drain of version 1
+    loading = actor.ref.load(tmp_path)  # answered after the swap and the drain of version 1
+    _until(lambda: ("publish", (2,)) in backend.events, "the swap to version 2")
+    assert not in_flight.ready() and not loading.ready()  # version 1 still runs its request
+    backend.gate.open()
+    loading.get(10)
     assert _tag(in_flight) == 101  # finished on the old version
     assert _tag(_infer(published[-1])) == 202
     swap = backend.events.index(("publish", (2,)))
@@ -140,11 +178,17 @@ def test_unchanged_load_is_a_no_op_and_policy_change_touches_only_named_versions
 
 
 def test_unload_drains_then_reports_unloaded(tmp_path: Path, model) -> None:
-    actor, _backend, published = model
+    actor, backend, published = model
     _version(tmp_path, 1, 1)
     actor.ref.load(tmp_path).get(10)
+    backend.gate.close()
     in_flight = _infer(published[-1])
-    actor.ref.unload().get(10)
+    _until(lambda: backend.gate.reached == 1, "the request to run")
+    unloading = actor.ref.unload()
+    _until(lambda: published[-1].ready_versions == (), "version 1 to leave the routes")
+    assert not in_flight.ready() and not unloading.ready()  # it drains
+    backend.gate.open()
+    unloading.get(10)
     assert _tag(in_flight) == 101
     assert published[-1].versions[1].state == "UNAVAILABLE" and published[-1].versions[1].reason == "unloaded"
 
@@ -175,8 +219,6 @@ def test_override_directories_live_as_long_as_they_serve(tmp_path: Path, model) 
 def test_version_down_from_a_replaced_scheduler_is_ignored(tmp_path: Path, model) -> None:
     """VersionDown (a scheduler: no instance left) turns the version that scheduler serves UNAVAILABLE;
     the same event from the scheduler of a version replaced since is stale and changes nothing."""
-    import gevent
-
     from triton_actor.actors.model.handles import UNAVAILABLE
     from triton_actor.actors.model.messages import VersionDown
 
@@ -191,9 +233,7 @@ def test_version_down_from_a_replaced_scheduler_is_ignored(tmp_path: Path, model
     count = len(published)
     actor.ref.tell(VersionDown(1, old, "stale"))
     actor.ref.tell(VersionDown(1, current, "every instance is down"))  # handled after the stale one
-    with gevent.Timeout(10):
-        while published[-1].versions[1].state != UNAVAILABLE:
-            gevent.sleep(0.01)
+    _until(lambda: published[-1].versions[1].state == UNAVAILABLE, "version 1 to be UNAVAILABLE")
     assert [h.versions[1].reason for h in published[count:]] == ["no instance left: every instance is down"]
     assert published[-1].ready_versions == ()
 
@@ -239,8 +279,6 @@ def test_mark_down_from_another_worker_takes_down_the_same_load_only(tmp_path: P
 def test_a_version_that_lost_its_instances_is_announced(tmp_path: Path) -> None:
     """VersionDown: UNAVAILABLE here first, then announced (model, version, reason, files digest) for the
     host to tell the other workers."""
-    import gevent
-
     from triton_actor.actors.model.messages import VersionDown
     from triton_actor.repository import snapshot
 
@@ -261,9 +299,7 @@ def test_a_version_that_lost_its_instances_is_announced(tmp_path: Path) -> None:
         _version(tmp_path, 1, 1)
         actor.ref.load(tmp_path).get(10)
         actor.ref.tell(VersionDown(1, published[-1].versions[1].scheduler, "gone"))
-        with gevent.Timeout(10):
-            while not announced:
-                gevent.sleep(0.01)
+        _until(lambda: bool(announced), "the announcement")
         assert announced == [("m", 1, "no instance left: gone", snapshot.take(tmp_path).digest())]
         assert published[-1].ready_versions == ()
     finally:

@@ -27,10 +27,12 @@ class YieldingInstance:
         self.fail_inline = False
         self.sleep = 0.0
         self.thread: int | None = None  # the instance's native thread, set when created there
+        self.yielding = gevent.event.Event()  # set once a run is inside its yield
 
     def execute(self, requests: list[InferRequest]) -> list[Any]:
         if self.sleep:
-            gevent.sleep(self.sleep)
+            self.yielding.set()
+            gevent.sleep(self.sleep)  # the model's own yield (its run time is what is tested)
         if self.fail_inline and _native_ident() != self.thread:
             return [TritonError.internal("no thread state here") for _ in requests]
         return [InferResponse([("OUT", np.array([1]))], {}) for _ in requests]
@@ -69,7 +71,7 @@ def test_an_inline_run_killed_while_the_model_yields_still_answers_its_batch() -
     model.sleep = 5.0
     answers: list[tuple[bool, Any]] = []
     runner = gevent.spawn(inst.execute, [_request()], lambda ok, value: answers.append((ok, value)))
-    gevent.sleep(0.05)
+    assert model.yielding.wait(10)  # the inline run is inside the model
     runner.kill(timeout=5)
     assert len(answers) == 1 and answers[0][0] is False
     assert isinstance(answers[0][1], TritonError) and answers[0][1].code == Code.CANCELLED
@@ -167,10 +169,8 @@ def test_an_instance_whose_thread_dies_is_started_again(monkeypatch) -> None:
         _run(inst)  # wakes the loop, which breaks at its next wait
         assert worker.stopped.get(10) is True
         broken["on"] = False
-        for _ in range(100):  # the restart runs in a link of ``stopped``, after this greenlet woke
-            if inst._worker is not worker:
-                break
-            gevent.sleep(0.01)
+        # the restart (or, past the budget, DOWN) comes in a link of ``stopped``, after this greenlet woke
+        _wait(lambda r=restarts: events.count(RESTARTING) == r or events[-1:] == [DOWN])
         if restarts <= 3:  # the budget of runtime/supervisor.py: 3 restarts a minute
             assert inst._worker is not worker
             inst.wait_ready(10)
@@ -205,10 +205,7 @@ def test_an_instance_whose_restart_fails_to_load_is_down(monkeypatch) -> None:
     worker = inst._worker
     _run(inst)
     assert worker.stopped.get(10) is True
-    for _ in range(500):  # bounded: the restart loads and fails on a new thread
-        if inst.health == DOWN:
-            break
-        gevent.sleep(0.01)
+    _wait(lambda: inst.health == DOWN)  # the restart loads and fails on a new thread
     assert [h for h, _ in events] == [RESTARTING, DOWN]
     assert "failed to restart" in events[-1][1] and "the model cannot load again" in events[-1][1]
     inst.close(10)
@@ -262,7 +259,7 @@ def _wait(condition: Any) -> None:
     for _ in range(1000):  # bounded: the revive runs on the instance's thread
         if condition():
             return
-        gevent.sleep(0.01)
+        gevent.sleep(0.01)  # the wait-for helper's poll
     raise AssertionError("condition never held")
 
 

@@ -24,7 +24,7 @@ def _until(condition, what: str) -> None:
     for _ in range(2000):  # 10 s at most
         if condition():
             return
-        gevent.sleep(0.005)
+        gevent.sleep(0.005)  # the wait-for helper's poll
     raise AssertionError(f"timed out waiting for {what}")
 
 

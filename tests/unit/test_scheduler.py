@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import gevent
+import gevent.event
 import numpy as np
 import pytest
 
@@ -42,9 +43,11 @@ class FakeInstance:
         self.health, self.reason = UP, ""
         self.watcher: Callable[[Any, str, str], None] | None = None
         self.calls: list[tuple[list[InferRequest], Callable[[bool, Any], None]]] = []
+        self.called = gevent.event.Event()  # set by the first call
 
     def execute(self, requests: list[InferRequest], done: Callable[[bool, Any], None]) -> None:
         self.calls.append((list(requests), done))
+        self.called.set()
 
     def complete(self, index: int = -1, results: list[Any] | None = None) -> list[InferRequest]:
         """Answer call ``index`` with one response per request (tagged with the request id)."""
@@ -339,10 +342,12 @@ def _policy(**kw: Any) -> BatchPolicy:
 @pytest.mark.timeout(30)
 def test_queue_delay_holds_a_small_batch_until_the_timer_fires(make) -> None:
     sched, [inst], _ = make(policy=_policy(max_delay_ns=50_000_000))
+    start = time.perf_counter_ns()
     reply = _enqueue(sched, "a")
     _sync(sched)
     assert inst.calls == []  # below the preferred size: it waits for company
-    gevent.sleep(0.3)  # well past the 50 ms delay: the scheduler's own timer woke it
+    assert inst.called.wait(WAIT)  # nothing else is sent: the scheduler's own timer woke it
+    assert time.perf_counter_ns() - start >= 50_000_000  # not before the delay (counted from its arrival)
     assert len(inst.calls) == 1 and _ids(inst.calls[0][0]) == ["a"]
     inst.complete(0)
     assert reply.get(timeout=WAIT).parameters == {"rid": "a"}

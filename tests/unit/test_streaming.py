@@ -59,7 +59,7 @@ def test_channel_carries_responses_from_a_native_thread_and_drops_after_final() 
 
     def produce() -> None:
         for i in range(3):
-            sleep(0.01)
+            sleep(0.01)  # the producer's pace
             channel.send(i, False)
         channel.send("last", True)
         channel.send("too late", False)

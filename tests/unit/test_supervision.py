@@ -6,10 +6,11 @@ a plain exception plays the bug; the budget runs on a manual clock. Waits are on
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import gevent
 import gevent.queue
 import numpy as np
 import pytest
@@ -25,7 +26,7 @@ from triton_actor.runtime.kernel import Actor, Reply
 from triton_actor.runtime.supervisor import MAX_RESTARTS, RESTART_WINDOW_S, RestartBudget
 
 WAIT = 10.0
-_sleep = monkey.get_original("time", "sleep")  # the fake model runs on native instance threads
+_native_lock = monkey.get_original("_thread", "allocate_lock")  # the fake model runs on native threads
 CONFIG = """
 backend: "fake"
 max_batch_size: 0
@@ -34,15 +35,44 @@ output [ { name: "Y", data_type: TYPE_FP32, dims: [ 1 ] } ]
 """
 
 
+class Gate:
+    """Holds the fake model's ``execute`` (on native instance threads: a native lock) while closed, so a
+    test knows a request is in flight for as long as it needs; ``reached`` counts the runs that came to it."""
+
+    def __init__(self) -> None:
+        self._open = _native_lock()
+        self.reached = 0
+
+    def close(self) -> None:
+        self._open.acquire()
+
+    def open(self) -> None:
+        self._open.release()
+
+    def passage(self) -> None:
+        self.reached += 1
+        if not self._open.acquire(timeout=WAIT):  # bounded: a failed test never opens it
+            raise RuntimeError("the gate never opened")
+        self._open.release()
+
+
+def _until(condition: Callable[[], bool], what: str) -> None:
+    """Re-check ``condition`` (state a native thread or an actor changes) every 10 ms, at most ``WAIT`` s."""
+    with gevent.Timeout(WAIT, AssertionError(f"timed out waiting for {what}")):
+        while not condition():
+            gevent.sleep(0.01)  # the wait-for helper's poll
+
+
 class FakeInstance:
     inline_ok = False
 
     def __init__(self, ctx: InstanceContext, backend: FakeBackend) -> None:
         self.serial = backend.created = backend.created + 1
         self.events = backend.events
+        self.gate = backend.gate
 
     def execute(self, requests: list[InferRequest]) -> list[Any]:
-        _sleep(0.2)  # long enough for a restart to reload while the request is in flight
+        self.gate.passage()
         return [InferResponse([("Y", np.array([self.serial], np.float32))]) for _ in requests]
 
     def finalize(self) -> None:
@@ -56,6 +86,7 @@ class FakeBackend:
         self.bugs = 0  # how many auto_complete calls raise a plain exception (a bug, not a TritonError)
         self.created = 0
         self.events: list[tuple[str, Any]] = []
+        self.gate = Gate()
 
     def auto_complete(self, *args: Any, **kw: Any) -> None:
         if self.bugs > 0:
@@ -107,13 +138,19 @@ def _served_by(reply: Reply[InferResponse]) -> int:
 def test_a_failed_model_actor_restarts_and_reloads_while_the_old_snapshot_serves(repo) -> None:
     actor, backend, model_dir = repo
     before, failed = actor.routes["m"], actor._models["m"]
+    backend.gate.close()
     in_flight = _infer(before)  # on instance 1, while the model actor fails and restarts
+    _until(lambda: backend.gate.reached == 1, "the request to run on instance 1")
     backend.bugs = 1
     (model_dir / "1" / "changed").write_text("")  # so the load is not a no-op
     failed.ref.tell(Load(model_dir))  # a tell: its unexpected error goes to the supervisor
     assert isinstance(actor.failures.get(timeout=WAIT), RuntimeError)
     fresh = actor._models["m"]
     assert fresh is not failed and not failed.alive
+    _until(lambda: actor.routes["m"].versions[1].scheduler is not before.versions[1].scheduler,
+           "the restarted actor to swap its reload in")
+    assert not in_flight.ready()  # the old snapshot still runs it
+    backend.gate.open()
     fresh.ref.load(model_dir).get(WAIT)  # queued behind the restart: the reload is done (then a no-op)
     assert _served_by(in_flight) == 1  # finished on the old snapshot's instance
     after = actor.routes["m"]
@@ -128,12 +165,16 @@ def test_a_failed_model_actor_restarts_and_reloads_while_the_old_snapshot_serves
 def test_past_the_budget_the_model_is_unavailable_with_the_reason(repo) -> None:
     actor, backend, model_dir = repo
     before = actor.routes["m"]
+    backend.gate.close()
     in_flight = _infer(before)
+    _until(lambda: backend.gate.reached == 1, "the request to run")
     backend.bugs = 100  # every reload fails again
     (model_dir / "1" / "changed").write_text("")  # so the load is not a no-op
     actor._models["m"].ref.tell(Load(model_dir))
     for _ in range(MAX_RESTARTS + 1):  # the first failure, then one per restart's reload
         assert isinstance(actor.failures.get(timeout=WAIT), RuntimeError)
+    assert not in_flight.ready()  # still running through every restart
+    backend.gate.open()
     last = actor._models["m"]
     with pytest.raises(RuntimeError):  # queued behind the give-up; an error while answering goes to the asker
         last.ref.load(model_dir).get(WAIT)
