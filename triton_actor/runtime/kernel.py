@@ -22,7 +22,7 @@ field (``Enqueue``, ``Load``, ``Drain``); the handler completes it now or later 
 another actor's reply completes). A handler never returns a Reply. An ``ask`` is for a message whose
 answer is the handler's return value (``Index``, ``GetStats``).
 
-Failure semantics (tested in ``tests/unit/test_kernel.py``):
+Failure semantics (tested in ``tests/unit/runtime/test_kernel.py``):
 
 * an exception raised while handling an **ask**, or a message that carries its own not yet completed
   ``reply``, goes back to the asker (that reply fails with it); the actor lives on;

@@ -7,7 +7,7 @@ requests has nothing to read yet, so that first try only costs a raised exceptio
 Both fall back to gevent's own calls, so timeouts, partial sends and closed sockets behave as
 before. They use gevent's socket internals (``_sock``, ``_wait``, ``_read_event``, as gevent's own
 socket subclasses do; gevent is pinned below the next major version for them) and
-``tests/unit/test_socket_io.py`` checks them against a real socket pair. With fast paths off
+``tests/unit/runtime/test_socket_io.py`` checks them against a real socket pair. With fast paths off
 (:mod:`triton_actor.runtime.fastpath`) both are gevent's public calls.
 """
 

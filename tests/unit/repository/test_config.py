@@ -421,7 +421,7 @@ def test_validate_duplicate_input_name() -> None:
 
 
 def test_validate_accepts_an_ensemble() -> None:
-    """An ensemble's own checks live in ensemble_graph.py (tests/unit/test_ensemble_graph.py)."""
+    """An ensemble's own checks live in ensemble_graph.py (tests/unit/repository/test_ensemble_graph.py)."""
     cfg = _valid_config()
     cfg.backend = ""
     cfg.platform = "ensemble"

@@ -37,7 +37,7 @@ pytest.importorskip("tritonclient.grpc")
 ref_service = pytest.importorskip("tritonclient.grpc.service_pb2")
 ref_model_config = pytest.importorskip("tritonclient.grpc.model_config_pb2")
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 # (reference module, our module)
 FILE_PAIRS: list[tuple[ModuleType, ModuleType]] = [

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.unit.test_scheduler import WAIT, FakeInstance, _request
+from tests.unit.actors.scheduling.test_scheduler import WAIT, FakeInstance, _request
 from triton_actor.actors.scheduling import sequence_slots
 from triton_actor.actors.scheduling.messages import Enqueue, GetStats
 from triton_actor.actors.scheduling.sequence_controls import SequenceTensors

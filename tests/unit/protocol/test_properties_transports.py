@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from scripts.fuzz import drive_http1
 from tests.unit.codec_strategies import WIRES, text
-from tests.unit.test_h2_connection import frames as sent_frames
+from tests.unit.protocol.test_h2_connection import frames as sent_frames
 from triton_actor.errors import TritonError
 from triton_actor.protocol import control, generate, http1
 from triton_actor.protocol import h2_connection as hc
