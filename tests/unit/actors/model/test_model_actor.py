@@ -3,15 +3,14 @@ in-flight requests finishing on the old version, broken updates, version-policy 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import gevent
 import numpy as np
 import pytest
-from gevent import monkey
 
+from tests.unit.actors.fakes import CONFIG, Gate, until
 from triton_actor.actors.model.actor import ModelActor
 from triton_actor.actors.model.handles import READY, ModelHandle
 from triton_actor.actors.model.messages import LoadSettings
@@ -20,43 +19,6 @@ from triton_actor.errors import TritonError
 from triton_actor.inference import InferInput, InferRequest, InferResponse
 from triton_actor.protocol.dtypes import BY_WIRE
 from triton_actor.runtime.kernel import Reply
-
-WAIT = 10.0
-_native_lock = monkey.get_original("_thread", "allocate_lock")  # the fake model runs on native threads
-CONFIG = """
-backend: "fake"
-max_batch_size: 0
-input [ { name: "X", data_type: TYPE_FP32, dims: [ 1 ] } ]
-output [ { name: "Y", data_type: TYPE_FP32, dims: [ 1 ] } ]
-"""
-
-
-class Gate:
-    """Holds the fake model's ``execute`` (on native instance threads: a native lock) while closed, so a
-    test knows a request is in flight for as long as it needs; ``reached`` counts the runs that came to it."""
-
-    def __init__(self) -> None:
-        self._open = _native_lock()
-        self.reached = 0
-
-    def close(self) -> None:
-        self._open.acquire()
-
-    def open(self) -> None:
-        self._open.release()
-
-    def passage(self) -> None:
-        self.reached += 1
-        if not self._open.acquire(timeout=WAIT):  # bounded: a failed test never opens it
-            raise RuntimeError("the gate never opened")
-        self._open.release()
-
-
-def _until(condition: Callable[[], bool], what: str) -> None:
-    """Re-check ``condition`` (state a native thread or an actor changes) every 10 ms, at most ``WAIT`` s."""
-    with gevent.Timeout(WAIT, AssertionError(f"timed out waiting for {what}")):
-        while not condition():
-            gevent.sleep(0.01)  # the wait-for helper's poll
 
 
 class FakeInstance:
@@ -132,10 +94,10 @@ def test_new_version_swaps_in_after_loading_and_old_drains(tmp_path: Path, model
     actor.ref.load(tmp_path).get(10)
     backend.gate.close()
     in_flight = _infer(published[-1])
-    _until(lambda: backend.gate.reached == 1, "the request to run on version 1")
+    until(lambda: backend.gate.reached == 1, "the request to run on version 1")
     _version(tmp_path, 2, 2)
     loading = actor.ref.load(tmp_path)  # answered after the swap and the drain of version 1
-    _until(lambda: ("publish", (2,)) in backend.events, "the swap to version 2")
+    until(lambda: ("publish", (2,)) in backend.events, "the swap to version 2")
     assert not in_flight.ready() and not loading.ready()  # version 1 still runs its request
     backend.gate.open()
     loading.get(10)
@@ -183,9 +145,9 @@ def test_unload_drains_then_reports_unloaded(tmp_path: Path, model) -> None:
     actor.ref.load(tmp_path).get(10)
     backend.gate.close()
     in_flight = _infer(published[-1])
-    _until(lambda: backend.gate.reached == 1, "the request to run")
+    until(lambda: backend.gate.reached == 1, "the request to run")
     unloading = actor.ref.unload()
-    _until(lambda: published[-1].ready_versions == (), "version 1 to leave the routes")
+    until(lambda: published[-1].ready_versions == (), "version 1 to leave the routes")
     assert not in_flight.ready() and not unloading.ready()  # it drains
     backend.gate.open()
     unloading.get(10)
@@ -233,7 +195,7 @@ def test_version_down_from_a_replaced_scheduler_is_ignored(tmp_path: Path, model
     count = len(published)
     actor.ref.tell(VersionDown(1, old, "stale"))
     actor.ref.tell(VersionDown(1, current, "every instance is down"))  # handled after the stale one
-    _until(lambda: published[-1].versions[1].state == UNAVAILABLE, "version 1 to be UNAVAILABLE")
+    until(lambda: published[-1].versions[1].state == UNAVAILABLE, "version 1 to be UNAVAILABLE")
     assert [h.versions[1].reason for h in published[count:]] == ["no instance left: every instance is down"]
     assert published[-1].ready_versions == ()
 
@@ -299,7 +261,7 @@ def test_a_version_that_lost_its_instances_is_announced(tmp_path: Path) -> None:
         _version(tmp_path, 1, 1)
         actor.ref.load(tmp_path).get(10)
         actor.ref.tell(VersionDown(1, published[-1].versions[1].scheduler, "gone"))
-        _until(lambda: bool(announced), "the announcement")
+        until(lambda: bool(announced), "the announcement")
         assert announced == [("m", 1, "no instance left: gone", snapshot.take(tmp_path).digest())]
         assert published[-1].ready_versions == ()
     finally:

@@ -6,7 +6,7 @@ a plain exception plays the bug; the budget runs on a manual clock. Waits are on
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +14,8 @@ import gevent
 import gevent.queue
 import numpy as np
 import pytest
-from gevent import monkey
 
+from tests.unit.actors.fakes import CONFIG, WAIT, Gate, until
 from triton_actor.actors.model.handles import READY, UNAVAILABLE, ModelHandle
 from triton_actor.actors.model.messages import Load, LoadSettings
 from triton_actor.actors.repository.actor import RepositoryActor
@@ -24,43 +24,6 @@ from triton_actor.inference import InferInput, InferRequest, InferResponse
 from triton_actor.protocol.dtypes import BY_WIRE
 from triton_actor.runtime.kernel import Actor, Reply
 from triton_actor.runtime.supervisor import MAX_RESTARTS, RESTART_WINDOW_S, RestartBudget
-
-WAIT = 10.0
-_native_lock = monkey.get_original("_thread", "allocate_lock")  # the fake model runs on native threads
-CONFIG = """
-backend: "fake"
-max_batch_size: 0
-input [ { name: "X", data_type: TYPE_FP32, dims: [ 1 ] } ]
-output [ { name: "Y", data_type: TYPE_FP32, dims: [ 1 ] } ]
-"""
-
-
-class Gate:
-    """Holds the fake model's ``execute`` (on native instance threads: a native lock) while closed, so a
-    test knows a request is in flight for as long as it needs; ``reached`` counts the runs that came to it."""
-
-    def __init__(self) -> None:
-        self._open = _native_lock()
-        self.reached = 0
-
-    def close(self) -> None:
-        self._open.acquire()
-
-    def open(self) -> None:
-        self._open.release()
-
-    def passage(self) -> None:
-        self.reached += 1
-        if not self._open.acquire(timeout=WAIT):  # bounded: a failed test never opens it
-            raise RuntimeError("the gate never opened")
-        self._open.release()
-
-
-def _until(condition: Callable[[], bool], what: str) -> None:
-    """Re-check ``condition`` (state a native thread or an actor changes) every 10 ms, at most ``WAIT`` s."""
-    with gevent.Timeout(WAIT, AssertionError(f"timed out waiting for {what}")):
-        while not condition():
-            gevent.sleep(0.01)  # the wait-for helper's poll
 
 
 class FakeInstance:
@@ -140,14 +103,14 @@ def test_a_failed_model_actor_restarts_and_reloads_while_the_old_snapshot_serves
     before, failed = actor.routes["m"], actor._models["m"]
     backend.gate.close()
     in_flight = _infer(before)  # on instance 1, while the model actor fails and restarts
-    _until(lambda: backend.gate.reached == 1, "the request to run on instance 1")
+    until(lambda: backend.gate.reached == 1, "the request to run on instance 1")
     backend.bugs = 1
     (model_dir / "1" / "changed").write_text("")  # so the load is not a no-op
     failed.ref.tell(Load(model_dir))  # a tell: its unexpected error goes to the supervisor
     assert isinstance(actor.failures.get(timeout=WAIT), RuntimeError)
     fresh = actor._models["m"]
     assert fresh is not failed and not failed.alive
-    _until(lambda: actor.routes["m"].versions[1].scheduler is not before.versions[1].scheduler,
+    until(lambda: actor.routes["m"].versions[1].scheduler is not before.versions[1].scheduler,
            "the restarted actor to swap its reload in")
     assert not in_flight.ready()  # the old snapshot still runs it
     backend.gate.open()
@@ -167,7 +130,7 @@ def test_past_the_budget_the_model_is_unavailable_with_the_reason(repo) -> None:
     before = actor.routes["m"]
     backend.gate.close()
     in_flight = _infer(before)
-    _until(lambda: backend.gate.reached == 1, "the request to run")
+    until(lambda: backend.gate.reached == 1, "the request to run")
     backend.bugs = 100  # every reload fails again
     (model_dir / "1" / "changed").write_text("")  # so the load is not a no-op
     actor._models["m"].ref.tell(Load(model_dir))
