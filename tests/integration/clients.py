@@ -115,3 +115,16 @@ class Client:
     def expect(self, grpc_code: str, http_status: int) -> str:
         """The status an error has here: ``StatusCode.X`` over gRPC, the HTTP status code over HTTP."""
         return f"StatusCode.{grpc_code}" if self.grpc else str(http_status)
+
+
+def register_until_refused(client: Any, keys: list[str]) -> tuple[int, Any]:
+    """Register system shared-memory regions ``r0``, ``r1``, ... over ``keys`` until the server refuses
+    one: how many it took, and the refusal (an ``InferenceServerException``; AssertionError if none)."""
+    from tritonclient.utils import InferenceServerException
+
+    for registered, key in enumerate(keys):
+        try:
+            client.register_system_shared_memory(f"r{registered}", key, 64)
+        except InferenceServerException as refused:
+            return registered, refused
+    raise AssertionError(f"all {len(keys)} regions were registered: none was refused")

@@ -20,6 +20,7 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
+from .clients import register_until_refused
 from .server import ROOT, ServerProcess
 from .test_http_hardening import _descriptors, _infer_ok  # noqa: F401 - the fixture: room for our sockets
 
@@ -108,13 +109,9 @@ def test_shared_memory_regions_leave_room_for_clients(start_server: Callable[...
     HTTP, gRPC and metrics clients are still served; an unregistered region makes room for another."""
     server = start_server(repo, flags=("--allow-client-shm=true",), open_files=OPEN_FILES)
     client = httpclient.InferenceServerClient(server.url, network_timeout=30)
-    registered = 0
-    with pytest.raises(InferenceServerException) as refused:
-        for key in objects:
-            client.register_system_shared_memory(f"r{registered}", key, 64)
-            registered += 1
-    assert refused.value.status() == "400", refused.value
-    assert f"failed to register shared memory region 'r{registered}'" in refused.value.message()
+    registered, refused = register_until_refused(client, objects)
+    assert refused.status() == "400", refused
+    assert f"failed to register shared memory region 'r{registered}'" in refused.message()
     assert 0 < registered <= OPEN_FILES // 8  # half of the quarter left beside connections
     assert len(os.listdir(f"/proc/{server.proc.pid}/fd")) < OPEN_FILES // 2
     grpc = grpcclient.InferenceServerClient(server.grpc_url)

@@ -12,8 +12,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
-from tritonclient.utils import InferenceServerException
 
+from .clients import register_until_refused
 from .gunicorn_server import PID_CONFIG, PID_PY, Gunicorn, pid_infer, pids_seen, wait_gone
 from .server import add_model
 
@@ -64,12 +64,8 @@ def test_shared_memory_regions_are_bounded_in_every_worker(repo: Path) -> None:
     try:
         workers = set(g.wait_serving(2))
         client = httpclient.InferenceServerClient(g.url, network_timeout=30)
-        registered = 0
-        with pytest.raises(InferenceServerException) as refused:
-            for key in keys:
-                client.register_system_shared_memory(f"r{registered}", key, 64)
-                registered += 1
-        assert refused.value.status() == "400" and "failed to register shared memory region" in refused.value.message()
+        registered, refused = register_until_refused(client, keys)
+        assert refused.status() == "400" and "failed to register shared memory region" in refused.message()
         assert 0 < registered <= open_files // 8
         for pid in workers:
             assert len(os.listdir(f"/proc/{pid}/fd")) < open_files // 2, pid
