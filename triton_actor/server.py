@@ -34,6 +34,7 @@ from .frontends.http import HttpFrontend
 from .frontends.http_routes import create_app
 from .frontends.http_server import HttpServer
 from .frontends.metrics_server import MetricsServer
+from .frontends.offload import Offload
 from .host import handlers as hostwide
 from .host.base import Host, LocalHost
 from .host.metrics_snapshot import MetricsSource
@@ -149,12 +150,13 @@ class Server:
         listeners = listeners or {}
         budget = ByteBudget(s.request_memory_budget, s.request_body_min_rate)  # one for both front ends
         slots = self._slots = ConnectionSlots()  # one descriptor count for every port
+        offload = Offload()  # one big conversion off the hub at a time, for both front ends
         if s.allow_grpc:
-            self.grpc = GrpcH2Server.from_settings(GrpcServicer(self.plane), s, budget, slots)
+            self.grpc = GrpcH2Server.from_settings(GrpcServicer(self.plane, offload), s, budget, slots)
             log.info("Started GRPCInferenceService at %s:%d", s.grpc_address, self.grpc.start(listeners.get("grpc")))
         if s.allow_http:
             forward = header_forward.compile_pattern(s.http_header_forward_pattern)
-            self.frontend = HttpFrontend(create_app(self.plane, forward), s.http_max_input_size,
+            self.frontend = HttpFrontend(create_app(self.plane, forward, offload), s.http_max_input_size,
                                          Restrictions(s.http_restricted_api, "--http-restricted-api"))
             self.http = HttpServer(s.http_address, s.http_port, self.frontend, self._http_limits(),
                                    s.http_max_connections, listeners.get("http"), budget, slots,

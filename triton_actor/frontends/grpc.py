@@ -8,8 +8,7 @@ call → encode; errors are raised as ``TritonError`` and mapped to gRPC status 
 from __future__ import annotations
 
 import logging
-from collections.abc import Container, Iterator
-from functools import partial
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import gevent
@@ -18,11 +17,12 @@ import gevent.lock
 from ..errors import Code, TritonError
 from ..inference import InferRequest
 from ..plane.dataplane import DataPlane, Pending
+from ..plane.route import Route
 from ..protocol import header_forward, v2_grpc
 from ..protocol._generated import grpc_service_pb2 as pb
 from ..protocol._generated import health_pb2
-from ..runtime.bridge import call_in_thread
 from ..runtime.response_channel import StreamAccount
+from .offload import Offload
 
 log = logging.getLogger(__name__)
 
@@ -37,16 +37,13 @@ class StreamError(NamedTuple):
     message: str
 
 
-WORK_ON_HUB = 1 << 18  # decode work (typed elements) done on the hub (a few ms); more goes to a thread
-
-
 class GrpcServicer:
     """The RPCs, each ``method(request message) -> response message`` in a hub greenlet."""
 
-    def __init__(self, plane: DataPlane) -> None:
+    def __init__(self, plane: DataPlane, offload: Offload | None = None) -> None:
         self.plane = plane
         self.settings = plane.runtime
-        self._big_decode = gevent.lock.Semaphore()  # the one request of many typed elements being decoded
+        self.offload = offload or Offload()  # big decodes off the hub, by the rule HTTP follows too
 
     # -- health and metadata ----------------------------------------------------------------------
     def ServerLive(self, req: pb.ServerLiveRequest) -> pb.ServerLiveResponse:
@@ -85,30 +82,26 @@ class GrpcServicer:
         """``ModelInfer`` in two steps for a transport that will not wait: decode and queue (here),
         then :meth:`finish_infer` once ``pending.reply`` is ready (it waits if it is not). ``forwarded``:
         the call's metadata that --grpc-header-forward-pattern passes on as parameters."""
-        if self.plane.is_decoupled(req.model_name):
-            # Triton: gRPC ModelInfer refuses decoupled models (UNIMPLEMENTED), only the stream serves them
-            raise TritonError.unsupported("ModelInfer RPC doesn't support models with decoupled transaction policy")
-        request = header_forward.with_forwarded(self._decode(req), forwarded or {})
-        return request, self.plane.infer_start(request)
+        route = self._route(req)
+        # Triton: gRPC ModelInfer refuses decoupled models (UNIMPLEMENTED), only the stream serves them
+        route.refuse_decoupled("ModelInfer RPC doesn't support models with decoupled transaction policy")
+        request = header_forward.with_forwarded(self._decode(req, route), forwarded or {})
+        return request, self.plane.infer_start(request, route=route)
 
-    def _decode(self, req: pb.ModelInferRequest) -> InferRequest:
-        """Decode ``req``; one that is more than :data:`WORK_ON_HUB` elements' worth of work
-        (:func:`~.v2_grpc.decode_work`) on a native thread, one at a time: 14 M FP32 typed values took
-        1.2 s to convert, 500,000 request parameters 1.2 s; there the hub serves the other clients
-        between the steps, as for a big JSON body on HTTP."""
-        if v2_grpc.decode_work(req) <= WORK_ON_HUB:
-            return v2_grpc.decode_infer_request(req, self.plane.shm, partial(self._input_names, req))
-        with self._big_decode:
-            names = self._input_names(req)  # looked up here: the thread must not touch the plane
-            return call_in_thread(v2_grpc.decode_infer_request, req, self.plane.shm, lambda: names)
-
-    def _input_names(self, req: pb.ModelInferRequest) -> Container[str] | None:
-        """The inputs of the model ``req`` names (asked only of requests with many inputs)."""
+    def _route(self, req: pb.ModelInferRequest) -> Route:
+        """The route of the model and version ``req`` names (an unreadable version: the decode says so)."""
         try:
             version = v2_grpc.parse_version(req.model_version) if req.model_version else -1
         except TritonError:
-            return None  # the decode says so
-        return self.plane.input_names(req.model_name, version)
+            version = -1
+        return self.plane.route(req.model_name, version)
+
+    def _decode(self, req: pb.ModelInferRequest, route: Route) -> InferRequest:
+        """Decode ``req`` by the offload rule (frontends/offload.py): typed ``contents`` and many
+        parameters are work in elements (:func:`~.v2_grpc.decode_work`); 14 M FP32 typed values took
+        1.2 s to convert, 500,000 request parameters 1.2 s."""
+        return self.offload.run(v2_grpc.decode_work(req), v2_grpc.decode_infer_request, req, self.plane.shm,
+                                route.inputs)
 
     def finish_infer(self, request: InferRequest, pending: Pending) -> pb.ModelInferResponse:
         try:
@@ -118,8 +111,9 @@ class GrpcServicer:
             # dropped by its scheduler instead of run (one already running finishes unseen)
             pending.reply.fail(TritonError(Code.CANCELLED, "request cancelled by the client"))
             raise
-        return v2_grpc.encode_infer_response(request, response, pending.version, pending.labels,
-                                             pending.batching, self.plane.shm)
+        route = pending.route
+        return v2_grpc.encode_infer_response(request, response, route.version, route.labels, route.batching,
+                                             self.plane.shm)
 
     def stream_infer(self, req: pb.ModelInferRequest, forwarded: dict[str, str] | None = None,
                      account: StreamAccount | None = None) -> Iterator[pb.ModelStreamInferResponse | StreamError]:
@@ -131,8 +125,9 @@ class GrpcServicer:
         share (runtime/response_channel.py)."""
         request = None
         try:
-            request = header_forward.with_forwarded(self._decode(req), forwarded or {})
-            streamed = self.plane.infer_stream(request, account=account)
+            route = self._route(req)
+            request = header_forward.with_forwarded(self._decode(req, route), forwarded or {})
+            streamed = self.plane.infer_stream(request, account=account, route=route)
         except TritonError as e:
             yield StreamError(v2_grpc.stream_error(req, e.message), e.code, e.message)
             return
@@ -148,14 +143,15 @@ class GrpcServicer:
                     yield StreamError(v2_grpc.stream_error(req, item.message), item.code, item.message)
                 elif item is not None:
                     try:
-                        msg = v2_grpc.encode_infer_response(request, item, streamed.version, streamed.labels,
-                                                            streamed.batching, self.plane.shm)
+                        route = streamed.route
+                        msg = v2_grpc.encode_infer_response(request, item, route.version, route.labels,
+                                                            route.batching, self.plane.shm)
                     except TritonError as e:
                         yield StreamError(v2_grpc.stream_error(req, e.message), e.code, e.message)
                         continue
                     yield v2_grpc.stream_response(msg, final)
                 elif empty_final:
-                    yield v2_grpc.stream_response(v2_grpc.empty_response(request, streamed.version), True)
+                    yield v2_grpc.stream_response(v2_grpc.empty_response(request, streamed.route.version), True)
         finally:
             responses.close()
 

@@ -203,7 +203,7 @@ class Call:
             self.conn.h2.consumed(self.stream)  # the request is the handler's from here
             # a compressed message is inflated in its own greenlet: in the reader, its slices on a
             # thread held the connection's other calls (a small one waited 2.3 s behind 512 MiB)
-            if self.method.infer and fastpath.enabled and self.buf[:1] != b"\x01":
+            if self.method.start is not None and fastpath.enabled and self.buf[:1] != b"\x01":
                 self._start_infer()
             else:  # the specification: a greenlet per call
                 self.greenlet = gevent.spawn(self._run_unary)
@@ -362,17 +362,18 @@ class Call:
         or on flow control. The one case the reader is held: a model promoted to run inline that
         then yields in ``execute`` holds this connection's other streams for that one run; the
         instance is demoted back to its thread right after it (``ModelInstance``, DEMOTE_WALL_NS)."""
-        servicer = self.conn.server.servicer
+        start, finish = self.method.start, self.method.finish
+        assert start is not None and finish is not None
         try:
-            request, pending = servicer.start_infer(self._one_request(), self.forwarded)
+            request, pending = start(self._one_request(), self.forwarded)
             if pending.reply.ready():
-                payload = servicer.finish_infer(request, pending).SerializeToString()
+                payload = finish(request, pending).SerializeToString()
         except Exception as e:  # noqa: BLE001 - every failure is answered as the call's status
             self._failed(e)
             self.finish()
             return
         if not pending.reply.ready():
-            self.greenlet = gevent.spawn(self._answer, lambda: servicer.finish_infer(request, pending).SerializeToString())
+            self.greenlet = gevent.spawn(self._answer, lambda: finish(request, pending).SerializeToString())
             return
         if self.out_coding is not None:  # compressed in its own greenlet (a big answer, on a thread)
             self.greenlet = gevent.spawn(self._answer, lambda: payload)

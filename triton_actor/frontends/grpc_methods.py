@@ -46,7 +46,6 @@ CODED_HEADS = {coding: h2.encode_headers([(b":status", b"200"), (b"content-type"
 class CallServer(Protocol):
     """What a call reads of the server its connection belongs to (``grpc_h2.GrpcH2Server``)."""
 
-    servicer: GrpcServicer
     budget: ByteBudget  # request bytes held by all calls
     max_receive: int  # bytes of one request message
     max_send: int  # bytes of one response message
@@ -78,10 +77,15 @@ class Refused(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Method:
+    """One RPC: ``parse`` its request message, ``call`` the servicer with it. A method that can be run
+    in two steps (ModelInfer) also has ``start`` (decode and queue: ``(request, pending)``) and ``finish``
+    (wait and encode): the connection's reader starts it and answers at once when the model already has."""
+
     parse: Callable[[bytes], Any]
-    call: Callable[[Any], Any]
+    call: Callable[..., Any]
     streaming: bool
-    infer: bool = False  # ModelInfer: started in the reader, answered there when the model already has
+    start: Callable[..., tuple[Any, Any]] | None = None
+    finish: Callable[[Any, Any], Any] | None = None
 
 
 def method_table(servicer: GrpcServicer) -> dict[bytes, Method]:
@@ -92,7 +96,10 @@ def method_table(servicer: GrpcServicer) -> dict[bytes, Method]:
         streaming = method.name == "ModelStreamInfer"
         call = servicer.stream_infer if streaming else getattr(servicer, method.name)
         path = f"/inference.GRPCInferenceService/{method.name}".encode()
-        methods[path] = Method(request_type.FromString, call, streaming, method.name == "ModelInfer")
+        if method.name == "ModelInfer":
+            methods[path] = Method(request_type.FromString, call, False, servicer.start_infer, servicer.finish_infer)
+        else:
+            methods[path] = Method(request_type.FromString, call, streaming)
     methods[b"/grpc.health.v1.Health/Check"] = Method(health_pb2.HealthCheckRequest.FromString, servicer.Check, False)
     return methods
 

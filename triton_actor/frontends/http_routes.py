@@ -8,24 +8,24 @@ with. A view takes an :class:`.http.HttpRequest` and the url arguments and retur
 
 from __future__ import annotations
 
-import gc
 import re
 from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
 
-import gevent.lock
 import orjson
 from flask import Flask
 
 from ..errors import Code, TritonError
 from ..inference import InferRequest, InferResponse
 from ..plane.dataplane import DataPlane, Streamed
+from ..plane.route import Route
 from ..protocol import codings, generate, header_forward, payloads, repository_http, v2_http, v2_http_response
-from ..runtime.bridge import call_in_thread
+from ..protocol.shm_windows import SharedMemoryAccess
 from ..runtime.kernel import Reply as Reply_
 from . import compression
 from .http import JSON_HEADERS, TEXT_HEADERS, HttpRequest, Reply, View, json_reply
+from .offload import WORK_ON_HUB, Offload, json_work
 from .status_page import status_routes
 
 _OK_EMPTY: Reply = ("200 OK", TEXT_HEADERS, b"")
@@ -34,11 +34,13 @@ _NOT_READY: Reply = ("400 Bad Request", TEXT_HEADERS, b"")
 _BINARY = "application/octet-stream"
 
 
-def create_app(plane: DataPlane, forward: re.Pattern[str] | None = None) -> Flask:
+def create_app(plane: DataPlane, forward: re.Pattern[str] | None = None, offload: Offload | None = None) -> Flask:
     """The Flask app holding every route (the url map is all the router uses of it); ``forward``: the
-    request headers /infer passes to the model as parameters (--http-header-forward-pattern)."""
+    request headers /infer passes to the model as parameters (--http-header-forward-pattern);
+    ``offload``: the rule for big conversions, shared with the gRPC front end (a new one if None)."""
     app = empty_app()
-    for group in (_health_routes, _model_routes, partial(_infer_routes, forward=forward), _generate_routes, _shm_routes,
+    for group in (_health_routes, _model_routes, partial(_infer_routes, forward=forward, offload=offload or Offload()),
+                  _generate_routes, _shm_routes,
                   _repository_routes, _settings_routes, status_routes):
         group(app, plane)
     return app
@@ -102,23 +104,20 @@ def _model_routes(app: Flask, plane: DataPlane) -> None:
         return json_reply(plane.statistics(model, version))
 
 
-def _infer_routes(app: Flask, plane: DataPlane, forward: re.Pattern[str] | None = None) -> None:
-    big_json = gevent.lock.Semaphore()  # the one big JSON request part (or response) being converted
-
+def _infer_routes(app: Flask, plane: DataPlane, forward: re.Pattern[str] | None, offload: Offload) -> None:
     @versioned(app, "/infer", "POST")
     def infer(req: HttpRequest, model: str, version: int = -1) -> Reply:
-        request = _decode_infer(plane, req, model, version, big_json)
+        route = plane.route(model, version)
+        request = _decode_infer(route, req, plane.shm, offload)
         if forward is not None:
             request = header_forward.with_forwarded(request, header_forward.forwarded(forward, req.headers.items()))
-        pending = plane.infer_start(request)
+        pending = plane.infer_start(request, route=route)
         response = _answer(pending.reply, req)
-        args = (request, response, pending.version, pending.labels, pending.batching, plane.shm)
-        if (sum(a.size for _, a in response.outputs) <= v2_http.SLICE or v2_http_response.json_output_elements(
-                request, response, pending.labels, pending.batching) <= v2_http.SLICE):
-            chunks, json_length = v2_http_response.encode_infer_response(*args)
-        else:  # written as JSON, a big output is seconds of text: on a native thread, one at a time
-            with big_json:
-                chunks, json_length = call_in_thread(v2_http_response.encode_infer_response, *args)
+        route = pending.route
+        work = 0 if sum(a.size for _, a in response.outputs) <= WORK_ON_HUB else \
+            v2_http_response.json_output_elements(request, response, route.labels, route.batching)
+        chunks, json_length = offload.run(work, v2_http_response.encode_infer_response, request, response,
+                                          route.version, route.labels, route.batching, plane.shm)
         return _infer_reply(chunks, json_length, req.headers.get("accept-encoding"))
 
 
@@ -132,47 +131,15 @@ def _answer(reply: Reply_[InferResponse], req: HttpRequest) -> InferResponse:
     return reply.get()
 
 
-JSON_ON_HUB = 1 << 20  # JSON request parts up to this size are decoded on the hub (no thread hop)
-
-
-def _decode_infer(plane: DataPlane, req: HttpRequest, model: str, version: int,
-                  big_json: gevent.lock.Semaphore) -> InferRequest:
-    plane.reject_decoupled(model)
+def _decode_infer(route: Route, req: HttpRequest, shm: SharedMemoryAccess, offload: Offload) -> InferRequest:
+    route.refuse_decoupled("HTTP end point doesn't support models with decoupled transaction policy")
     body = req.payload()
     hl = v2_http.parse_header_length(req.headers.get("inference-header-content-length"))
     if hl == 0 or (hl is None and not body):
-        return v2_http.decode_raw_request(body, plane.raw_input_spec(model, version), model, version)
-    if (len(body) if hl is None else hl) > JSON_ON_HUB:
-        # turning megabytes of JSON into tensors takes ~20 ms a MiB and 4-5 times the text's size in
-        # Python objects: one such decode at a time, on a native thread, so the hub serves the other
-        # clients between its steps (the JSON parse itself is one step: ~10 ms a MiB)
-        with big_json:
-            names = plane.input_names(model, version)  # looked up here: the thread must not touch the plane
-            return call_in_thread(_without_collections, v2_http.decode_infer_request, body, hl, model, version,
-                                  plane.shm, lambda: names)
-    return v2_http.decode_infer_request(body, hl, model, version, plane.shm, partial(plane.input_names, model, version))
-
-
-def _without_collections(decode: Callable[..., InferRequest], *args: Any) -> InferRequest:
-    """``decode(*args)`` with the cyclic garbage collector paused. A JSON body of many small objects
-    (24 MB of one-element inputs: 2.4 million dicts and lists) triggers collection after collection
-    while orjson builds it, each a pass over the whole heap that no other thread can interrupt: the
-    parse took 1.0 s with them, 0.23 s without. The objects it builds hold no cycles, and the decodes
-    that come here run one at a time; a collector someone else turned off stays off.
-
-    A refusal leaves without its traceback: the decoder's frames hold the parsed body, which would
-    otherwise live on with the error into the hub, where a collection then walks all of it (2 s
-    held up the other clients in ``scripts/bench_hostile.py --many-inputs``); here it is freed before
-    the collector is back."""
-    paused = gc.isenabled()
-    gc.disable()
-    try:
-        return decode(*args)
-    except TritonError as e:
-        raise e.with_traceback(None) from None
-    finally:
-        if paused:
-            gc.enable()
+        return v2_http.decode_raw_request(body, route.raw_input_spec(), route.name, route.requested)
+    # the JSON part: megabytes of it take ~20 ms a MiB and 4-5 times the text's size in Python objects
+    work = json_work(len(body) if hl is None else hl)
+    return offload.run(work, v2_http.decode_infer_request, body, hl, route.name, route.requested, shm, route.inputs)
 
 
 def _infer_reply(chunks: list[bytes], json_length: int | None, accept_encoding: str | None) -> Reply:
@@ -189,11 +156,12 @@ def _infer_reply(chunks: list[bytes], json_length: int | None, accept_encoding: 
 
 def _generate_routes(app: Flask, plane: DataPlane) -> None:
     def start(req: HttpRequest, model: str, version: int) -> tuple[InferRequest, Streamed]:
-        inputs, max_batch_size = plane.input_specs(model, version)
+        route = plane.route(model, version)
+        inputs, max_batch_size = route.input_specs()
         # the body as sent: Triton's generate endpoints take identity only (a compressed body is not JSON);
         # (it was inflated here, so a gzip body worked where Triton refuses it)
         request = generate.decode_request(req.body, model, version, inputs, max_batch_size)
-        return request, plane.infer_stream(request)
+        return request, plane.infer_stream(request, route=route)
 
     @versioned(app, "/generate", "POST")
     def generate_one(req: HttpRequest, model: str, version: int = -1) -> Reply:
@@ -204,7 +172,7 @@ def _generate_routes(app: Flask, plane: DataPlane) -> None:
                 if isinstance(item, TritonError):
                     raise item
                 if item is not None:
-                    return "200 OK", JSON_HEADERS, generate.encode_response(model, streamed.version, request.id, item)
+                    return "200 OK", JSON_HEADERS, generate.encode_response(model, streamed.route.version, request.id, item)
         finally:
             responses.close()
         raise TritonError.internal(f"model '{model}' finished without a response")
@@ -227,7 +195,7 @@ class _Events:
             if isinstance(item, TritonError):
                 yield generate.sse_error(item)
             elif item is not None:
-                yield generate.sse_event(generate.encode_response(self.model, self.streamed.version,
+                yield generate.sse_event(generate.encode_response(self.model, self.streamed.route.version,
                                                                   self.request.id, item))
 
     def close(self) -> None:

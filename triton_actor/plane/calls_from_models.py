@@ -50,6 +50,7 @@ from ..runtime.response_channel import STREAM_MAX_BYTES, STREAM_MAX_RESPONSES, C
 from ..runtime.threads import native_lock
 from .bls_waits import WaitGraph
 from .dataplane import DataPlane
+from .route import Route
 
 _END = object()  # the end of a decoupled BLS stream in its inbox
 
@@ -146,34 +147,30 @@ class ServerCalls:
             raise pb_utils.TritonModelException(e.message) from None
 
     # -- hub greenlets ----------------------------------------------------------------------------
-    def _enter(self, request: InferRequest, worker: NativeWorker[Any] | None) -> tuple[str, int] | None:
-        """Check that the target is ready and record that ``worker`` waits for it; refuse a wait that
-        never ends. Triton's python backend asks ``ModelIsReady`` first and answers its own text."""
-        handle = self.plane.repository.routes.get(request.model_name)
-        try:
-            if handle is None:
-                raise TritonError.not_found(request.model_name)
-            version = handle.resolve(request.model_version)
-        except TritonError:
+    def _enter(self, request: InferRequest, worker: NativeWorker[Any] | None) -> tuple[Route, tuple[str, int] | None]:
+        """The request's route, once its target is ready; record that ``worker`` waits for it and refuse a
+        wait that never ends. Triton's python backend asks ``ModelIsReady`` first and answers its own text."""
+        route = self.plane.route(request.model_name, request.model_version, internal=True)
+        if route.target is None:
             raise TritonError.internal(
-                f"Failed for execute the inference request. Model '{request.model_name}' is not ready.") from None
+                f"Failed for execute the inference request. Model '{request.model_name}' is not ready.")
         if worker is None:
-            return None
-        target = (request.model_name, version.version)
+            return route, None
+        target = (request.model_name, route.target.version)
         if not self._waits.enter(worker, target):
             raise TritonError.unavailable(
                 f"BLS request to model '{target[0]}' version {target[1]} would wait forever: every instance of it "
                 "is busy waiting, directly or through other models, for this request's caller (a BLS cycle); "
                 "give the model more instances or break the cycle")
-        return target
+        return route, target
 
     def _infer_on_hub(self, request: InferRequest, worker: NativeWorker[Any] | None) -> InferResponse | TritonError:
         try:
-            target = self._enter(request, worker)
+            route, target = self._enter(request, worker)
         except TritonError as e:
             return e
         try:
-            return self.plane.infer(request, internal=True).response
+            return self.plane.infer(request, internal=True, route=route).response
         except TritonError as e:
             return e
         finally:
@@ -192,8 +189,8 @@ class ServerCalls:
         read_on = gevent.event.Event()
         reading.wake = HubSignal(read_on.set)  # the model's thread takes them: it wakes us past the bound
         try:
-            target = self._enter(request, worker)
-            responses = self.plane.infer_stream(request, internal=True).responses
+            route, target = self._enter(request, worker)
+            responses = self.plane.infer_stream(request, internal=True, route=route).responses
             count = size_sum = 0
             for item, final, size in _sized(responses):
                 if not _wait_for_room(reading, read_on, count, size_sum):  # cancelled, or dropped unread

@@ -7,7 +7,7 @@ lifecycle calls and the index go through the typed :class:`~..actors.repository.
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +20,6 @@ from ..host.shared_memory import SharedMemoryRegistry
 from ..inference import InferRequest, InferResponse
 from ..observability.log_trace_settings import RuntimeSettings
 from ..protocol import payloads
-from ..protocol.dtypes import BY_ENUM_VALUE, DType
 from ..repository import config as config_mod
 from ..repository.overrides import FILE_PREFIX
 from ..runtime.kernel import Reply
@@ -31,28 +30,25 @@ from ..runtime.response_channel import (
     ChannelResponses,
     StreamAccount,
 )
+from .route import Route
 
 SERVER_VERSION = "2.51.0"  # the Triton release whose protocol we speak (clients compare versions)
 
 
 @dataclass(slots=True)
 class Served:
-    """A finished inference with what the encoder needs to know about the model."""
+    """A finished inference with the route the encoder reads the model's version, labels and batching from."""
 
     response: InferResponse
-    version: int
-    labels: dict[str, list[str]]
-    batching: bool
+    route: Route
 
 
 @dataclass(slots=True)
 class Pending:
-    """A queued inference: ``reply`` completes with the response; the rest is what the encoder needs."""
+    """A queued inference: ``reply`` completes with the response; ``route`` is what the encoder reads."""
 
     reply: Reply[InferResponse]
-    version: int
-    labels: dict[str, list[str]]
-    batching: bool
+    route: Route
 
 
 @dataclass(slots=True)
@@ -61,9 +57,7 @@ class Streamed:
     None is a final flag without a response. Closing the iterator early cancels the request (also
     before its first item): the consumer must close it when it stops before the final response."""
 
-    version: int
-    labels: dict[str, list[str]]
-    batching: bool
+    route: Route
     responses: Iterator[tuple[InferResponse | TritonError | None, bool]]
 
 
@@ -128,85 +122,61 @@ class DataPlane:
     def is_known(self, name: str) -> bool:
         return name in self.repository.routes
 
-    def is_decoupled(self, name: str) -> bool:
-        handle = self.repository.routes.get(name)
-        return handle is not None and handle.config is not None and handle.config.model_transaction_policy.decoupled
+    def route(self, name: str, version: int, internal: bool = False) -> Route:
+        """Where a request for ``name`` version ``version`` goes (plane/route.py): looked up once, shared
+        by the request's decode, enqueue and encode. Never raises: the reason no version serves it is
+        raised when the request is queued. ``internal``: a request made by a model (BLS), served while
+        the server drains at shutdown too, as Triton core allows."""
+        model = self.repository.routes.get(name)
+        closed = not self.accepting and not internal
+        if model is None:
+            error = TritonError.not_found(f"Request for unknown model: '{name}' is not found")
+            return Route(name, version, None, None, error, closed, internal)
+        try:
+            return Route(name, version, model, model.resolve(version), None, closed, internal)
+        except TritonError as e:
+            return Route(name, version, model, None, e.with_traceback(None), closed, internal)
 
-    def reject_decoupled(self, name: str) -> None:
-        """``/infer`` (one request, one response) refuses decoupled models, as Triton does (https://github.com/triton-inference-server/server/blob/main/docs/user_guide/decoupled_models.md)."""
-        if self.is_decoupled(name):
-            raise TritonError.unsupported("HTTP end point doesn't support models with decoupled transaction policy")
+    def _serving(self, request: InferRequest, route: Route | None, internal: bool) -> tuple[Route, VersionHandle]:
+        """``route``'s version for ``request``, routed again when there is no route yet, or when the
+        routing table no longer holds its model handle (a reload swapped it while the request was
+        decoded). The caller enqueues right after, without yielding, so no swap slips in between."""
+        if route is None or route.model is not self.repository.routes.get(request.model_name) or \
+                route.name != request.model_name or route.requested != request.model_version or \
+                route.closed != (not self.accepting and not route.internal):
+            route = self.route(request.model_name, request.model_version, internal)
+        return route, route.serving()
 
-    def _route(self, request: InferRequest, internal: bool = False) -> tuple[ModelHandle, VersionHandle]:
-        """The version that serves ``request``, with Triton's errors. The caller enqueues right after,
-        without yielding, so a reload's swap cannot slip in between. ``internal``: a request made by a
-        model (BLS), served while the server drains at shutdown too, as Triton core allows."""
-        if not self.accepting and not internal:
-            raise TritonError.unavailable("Server not ready")
-        handle = self.repository.routes.get(request.model_name)
-        if handle is None:
-            raise TritonError.not_found(f"Request for unknown model: '{request.model_name}' is not found")
-        return handle, handle.resolve(request.model_version)
-
-    def infer(self, request: InferRequest, internal: bool = False) -> Served:
+    def infer(self, request: InferRequest, internal: bool = False, route: Route | None = None) -> Served:
         """Route, validate, queue, wait (this greenlet only)."""
-        pending = self.infer_start(request, internal)
-        return Served(pending.reply.get(), pending.version, pending.labels, pending.batching)
+        pending = self.infer_start(request, internal, route)
+        return Served(pending.reply.get(), pending.route)
 
-    def infer_start(self, request: InferRequest, internal: bool = False) -> Pending:
-        """Route, validate and queue without waiting: for a caller that answers later, or at once
-        when a quick model already answered (``pending.reply.ready()``)."""
-        handle, vh = self._route(request, internal)
-        return Pending(vh.infer(request), vh.version, vh.labels, handle.config.max_batch_size > 0)
+    def infer_start(self, request: InferRequest, internal: bool = False, route: Route | None = None) -> Pending:
+        """Route (unless ``route`` is given and current), validate and queue without waiting: for a
+        caller that answers later, or at once when a quick model already answered (``pending.reply.ready()``)."""
+        route, target = self._serving(request, route, internal)
+        return Pending(target.infer(request), route)
 
     def infer_stream(self, request: InferRequest, internal: bool = False,
-                     account: StreamAccount | None = None) -> Streamed:
+                     account: StreamAccount | None = None, route: Route | None = None) -> Streamed:
         """Route, validate and queue a request whose answers are streamed: any number of responses
         from a decoupled model, exactly one from any other. Errors before queueing raise here. A
         decoupled model's ``send()`` waits while the consumer has not taken ``STREAM_MAX_RESPONSES``
         of them or ``STREAM_MAX_BYTES`` (runtime/response_channel.py): a client that reads slowly,
         or not at all, holds back the model instead of filling memory. ``account``: that bound is the
         client stream's, shared with its other requests (gRPC ModelStreamInfer)."""
-        handle, vh = self._route(request, internal)
-        batching = handle.config.max_batch_size > 0
-        if not handle.config.model_transaction_policy.decoupled:
-            return Streamed(vh.version, vh.labels, batching, _one_response(vh.infer(request)))
+        route, target = self._serving(request, route, internal)
+        if not route.decoupled:
+            return Streamed(route, _one_response(target.infer(request)))
         channel = BoundedResponseChannel(STREAM_MAX_RESPONSES, STREAM_MAX_BYTES, account)
         try:
-            reply = vh.infer(request._replace(responses=channel))
+            reply = target.infer(request._replace(responses=channel))
         except BaseException:
             channel.close()
             raise
         reply.link(lambda r: channel.send(r.exception(), True) if r.exception() is not None else None)
-        return Streamed(vh.version, vh.labels, batching, ChannelResponses(channel))
-
-    def input_specs(self, name: str, version: int) -> tuple[list[tuple[str, DType, tuple[int, ...]]], int]:
-        """Every input's name, type and dims, and max_batch_size (the generate extension builds tensors from them)."""
-        handle, _ = self._version(name, version)
-        cfg = handle.config
-        return [(i.name, BY_ENUM_VALUE[i.data_type], tuple(i.dims)) for i in cfg.input], cfg.max_batch_size
-
-    def input_names(self, name: str, version: int) -> Container[str] | None:
-        """The inputs the version that would serve a request takes (its validator's), so a decoder can
-        refuse a request naming more inputs than the model has before converting them; None when
-        there is no such version (yet): the request then gets its answer where it is routed."""
-        try:
-            _, vh = self._version(name, version)
-        except TritonError:
-            return None
-        return vh.validator.inputs if vh.validator is not None else None
-
-    def raw_input_spec(self, name: str, version: int) -> tuple[str, DType, tuple[int, ...], int]:
-        """The single input a raw binary request feeds (https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_binary_data.md)."""
-        handle, _ = self._version(name, version)
-        cfg = handle.config
-        if len(cfg.input) != 1:
-            raise TritonError.invalid_arg(
-                f"[request id: <id_unknown>] Raw request must only have 1 input (found 1) to be deduced but got "
-                f"{len(cfg.input)} inputs in '{name}' model configuration"
-            )
-        i = cfg.input[0]
-        return i.name, BY_ENUM_VALUE[i.data_type], tuple(i.dims), cfg.max_batch_size
+        return Streamed(route, ChannelResponses(channel))
 
     # -- statistics and repository ----------------------------------------------------------------
     def statistics(self, name: str, version: int) -> dict[str, Any]:

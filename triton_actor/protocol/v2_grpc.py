@@ -9,7 +9,7 @@ in, and always as ``raw_output_contents`` out, as Triton answers.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container
+from collections.abc import Container
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -69,10 +69,10 @@ def parse_version(text: str) -> int:
 
 # -- ModelInfer request ---------------------------------------------------------------------------
 def decode_infer_request(msg: pb.ModelInferRequest, shm: SharedMemoryAccess | None = None,
-                         known_inputs: Callable[[], Container[str] | None] | None = None) -> InferRequest:
+                         known_inputs: Container[str] | None = None) -> InferRequest:
     """Decode a ``ModelInferRequest``; raw contents become zero-copy numpy views. Inputs naming a
     shared-memory region are read from ``shm``; they take no ``raw_input_contents`` entry.
-    ``known_inputs``: the model's input names, asked only of a request with many inputs
+    ``known_inputs``: the model's input names, read only for a request with many inputs
     (:func:`.v2_http.refuse_unknown_inputs`)."""
     # Per-request hot path. Repeated protobuf fields are read with one slice each: upb answers a slice
     # about twice as fast as iterating or indexing its container element by element.
@@ -84,7 +84,7 @@ def decode_infer_request(msg: pb.ModelInferRequest, shm: SharedMemoryAccess | No
     inputs: dict[str, InferInput] = {}
     tensors = msg.inputs[:]
     if len(tensors) > MANY_INPUTS and known_inputs is not None:
-        refuse_unknown_inputs([t.name for t in tensors], known_inputs(), model, prefix)
+        refuse_unknown_inputs([t.name for t in tensors], known_inputs, model, prefix)
     for tensor in tensors:
         name = tensor.name
         if name in inputs:

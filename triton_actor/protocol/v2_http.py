@@ -7,7 +7,7 @@ clients see the same messages.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container
+from collections.abc import Container
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -68,10 +68,10 @@ _PLAN_HEADER_MAX = 4096
 
 def decode_infer_request(body: bytes, header_length: int | None, model_name: str, model_version: int,
                          shm: SharedMemoryAccess | None = None,
-                         known_inputs: Callable[[], Container[str] | None] | None = None) -> InferRequest:
+                         known_inputs: Container[str] | None = None) -> InferRequest:
     """Decode an ``/infer`` body; binary tensors become zero-copy views of ``body``; tensors naming a
     system shared-memory region are read from ``shm``. ``known_inputs``: the model's input names
-    (asked only of a request with many inputs, see :func:`refuse_unknown_inputs`)."""
+    (read only for a request with many inputs, see :func:`refuse_unknown_inputs`)."""
     key = None
     if header_length is not None and 0 < header_length <= _PLAN_HEADER_MAX and header_length <= len(body):
         key = bytes(body[:header_length])
@@ -126,7 +126,7 @@ def _plan_of(header: dict[str, Any], request: InferRequest) -> _Plan | None:
 
 def _decode(body: bytes, header_length: int | None, model_name: str, model_version: int,
             shm: SharedMemoryAccess | None,
-            known_inputs: Callable[[], Container[str] | None] | None = None) -> tuple[InferRequest, dict[str, Any]]:
+            known_inputs: Container[str] | None = None) -> tuple[InferRequest, dict[str, Any]]:
     if header_length is None:
         header, binary, offset = _loads(body), body, len(body)
     else:
@@ -150,7 +150,7 @@ def _decode(body: bytes, header_length: int | None, model_name: str, model_versi
         )
     if len(raw_inputs) > MANY_INPUTS and known_inputs is not None:
         refuse_unknown_inputs([i.get("name") if isinstance(i, dict) else None for i in raw_inputs],
-                              known_inputs(), model_name, prefix)
+                              known_inputs, model_name, prefix)
     inputs: dict[str, InferInput] = {}
     for item in raw_inputs:
         tensor, offset = _decode_input(item, binary, offset, model_name, prefix, shm)

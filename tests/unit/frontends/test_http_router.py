@@ -28,11 +28,11 @@ def router(request: pytest.FixtureRequest) -> Iterator[tuple[HttpFrontend, Magic
 
 def test_views_get_the_url_arguments(router: tuple[HttpFrontend, MagicMock]) -> None:
     route, plane = router
-    plane.reject_decoupled.side_effect = TritonError.unsupported("decoupled")
+    plane.route.return_value.refuse_decoupled.side_effect = TritonError.unsupported("decoupled")
     for _ in range(2):  # the second time from the route cache, when fast paths are on
         assert route("POST", "/v2/models/m/infer", "", {}, b"{}") == (
             "501 Not Implemented", http.JSON_HEADERS, b'{"error":"decoupled"}')
-        plane.reject_decoupled.assert_called_with("m")
+        plane.route.assert_called_with("m", -1)
     assert route("GET", "/v2/health/live", "", {}, b"") == ("200 OK", http.TEXT_HEADERS, b"")
     plane.model_metadata.return_value = {"name": "m"}
     assert route("GET", "/v2/models/m/versions/3", "", {}, b"")[2] == b'{"name":"m"}'
@@ -87,22 +87,3 @@ def test_payload_limits_decompressed_size() -> None:
     assert dataclasses.replace(req, body=b"").payload() == b""  # nothing to inflate
     with pytest.raises(TritonError, match="failed to decompress the gzip request body: truncated"):
         dataclasses.replace(req, body=gzip.compress(b"x" * 100)[:-12]).payload()
-
-
-def test_a_big_json_decode_pauses_the_collector_and_restores_it() -> None:
-    """http_routes._without_collections: the collector is off during the decode only, and one that
-    was off already stays off."""
-    import gc
-
-    from triton_actor.frontends import http_routes
-
-    seen = []
-    assert gc.isenabled()
-    assert http_routes._without_collections(lambda x: seen.append(gc.isenabled()) or x, 7) == 7
-    assert seen == [False] and gc.isenabled()
-    gc.disable()
-    try:
-        http_routes._without_collections(lambda: seen.append(gc.isenabled()))
-        assert seen == [False, False] and not gc.isenabled()
-    finally:
-        gc.enable()

@@ -143,7 +143,7 @@ def test_a_request_with_more_inputs_than_the_model_is_refused_before_any_convers
         x = msg.inputs.add(name=f"x{i}", datatype="FP32", shape=[1])
         x.contents.fp32_contents.append(1.0)
     with pytest.raises(TritonError) as info:
-        v2.decode_infer_request(msg, None, lambda: {"INPUT0", "INPUT1"})
+        v2.decode_infer_request(msg, None, {"INPUT0", "INPUT1"})
     assert info.value.code == Code.INVALID_ARG
     assert info.value.message == "[request id: r1] unexpected inference input 'x0' for model 'm'"
     with pytest.raises(TritonError) as info:
