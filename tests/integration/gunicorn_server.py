@@ -4,21 +4,16 @@ from __future__ import annotations
 
 import os
 import re
-import resource
 import shlex
-import signal
 import sys
-from pathlib import Path
 
 import gevent
 import gevent.pool
 import numpy as np
 import tritonclient.http as httpclient
-from gevent import subprocess
 
-from .server_log import ServerLog
+from .server import LOOPBACK_PORTS, ChildServer
 
-ROOT = Path(__file__).resolve().parents[2]
 _LISTENING = re.compile(r"Listening at: http://[^:]+:(\d+),http://[^:]+:(\d+)(?:,http://[^:]+:(\d+))?")
 _BOOTED = re.compile(r"Booting worker with pid: (\d+)")
 _SERVING = re.compile(r"worker \d+ \(pid (\d+)\) is serving")
@@ -42,22 +37,16 @@ output [ { name: "OUTPUT0", data_type: TYPE_INT64, dims: [ 1 ] } ]
 """
 
 
-class Gunicorn:
+class Gunicorn(ChildServer):
     """gunicorn with ``workers`` TritonWorkers; ``flags`` are the triton-actor flags of every worker."""
 
+    port = grpc_port = metrics_port = 0
+
     def __init__(self, *flags: str, workers: int = 2, open_files: int | None = None) -> None:
-        args = ["--http-port", "0", "--http-address", "127.0.0.1", "--grpc-port", "0", "--grpc-address", "127.0.0.1",
-                "--exit-timeout-secs", "20", "--metrics-port", "0", "--metrics-address", "127.0.0.1", *flags]
-        env = dict(os.environ, PYTHONUNBUFFERED="1", TRITON_ACTOR_ARGS=shlex.join(args),
-                   TRITON_ACTOR_WORKERS=str(workers))
-        # ``open_files``: RLIMIT_NOFILE (soft and hard) of the arbiter and so of every worker
-        limit = None if open_files is None else (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (open_files,) * 2))
-        self.proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", "conf/gunicorn.conf.py"], cwd=ROOT,
-                                     env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-                                     preexec_fn=limit)
-        self.port = self.grpc_port = self.metrics_port = 0
+        args = [*LOOPBACK_PORTS, "--exit-timeout-secs", "20", *flags]
         self.serving: list[int] = []  # worker pids, in the order they started serving
-        self.stderr = ServerLog(self.proc, self._on_line)
+        super().__init__([sys.executable, "-m", "gunicorn", "-c", "conf/gunicorn.conf.py"],
+                         {"TRITON_ACTOR_ARGS": shlex.join(args), "TRITON_ACTOR_WORKERS": str(workers)}, open_files)
 
     def _on_line(self, line: str) -> None:
         m = _LISTENING.search(line)
@@ -67,14 +56,6 @@ class Gunicorn:
         m = _SERVING.search(line)
         if m:
             self.serving.append(int(m.group(1)))
-
-    @property
-    def url(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    @property
-    def grpc_url(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
 
     def log(self) -> str:
         return self.stderr.text(last=200)
@@ -89,16 +70,6 @@ class Gunicorn:
 
     def signal(self, sig: int) -> None:
         self.proc.send_signal(sig)
-
-    def stop(self, timeout: float = 60) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.stderr.join(timeout)
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait()
 
 
 def pid_infer(url: str, model: str = "pid") -> int:

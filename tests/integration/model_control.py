@@ -12,6 +12,7 @@ import gevent
 import gevent.event
 import numpy as np
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from .server import IDENTITY_CONFIG, add_model
 
@@ -48,6 +49,23 @@ def ask(client: httpclient.InferenceServerClient, model: str, version: str = "")
     i = httpclient.InferInput("INPUT0", [2], "FP32")
     i.set_data_from_numpy(np.zeros(2, np.float32))
     return float(client.infer(model, [i], model_version=version).as_numpy("OUTPUT0")[0])
+
+
+def answers(client: httpclient.InferenceServerClient, model: str, expected: float) -> bool:
+    """The model answers ``expected`` now (False while it is loading, gone or failing)."""
+    try:
+        return ask(client, model) == expected
+    except InferenceServerException:
+        return False
+
+
+def gone(client: httpclient.InferenceServerClient, model: str) -> bool:
+    """The server no longer knows the model (404)."""
+    try:
+        ask(client, model)
+    except InferenceServerException as e:
+        return e.status() == "404"
+    return False
 
 
 def index(client: httpclient.InferenceServerClient) -> dict[tuple[str, str], dict]:

@@ -21,33 +21,28 @@ _PORTS = {"port": re.compile(r"Started HTTPService at [^ ]+:(\d+)"),
           "metrics_port": re.compile(r"Started Metrics Service at [^ ]+:(\d+)")}
 
 
-class ServerProcess:
-    """``python -m triton_actor`` with the given repositories and flags; its stderr is collected."""
+# every port on loopback, chosen by the kernel: the harness reads the bound ports back from the log
+LOOPBACK_PORTS = ("--http-port", "0", "--http-address", "127.0.0.1", "--grpc-port", "0", "--grpc-address", "127.0.0.1",
+                  "--metrics-port", "0", "--metrics-address", "127.0.0.1")
 
-    def __init__(self, *repos: Path, flags: tuple[str, ...] = (), open_files: int | None = None) -> None:
-        args = [sys.executable, "-m", "triton_actor"]
-        for repo in repos:
-            args += ["--model-repository", str(repo)]
-        args += ["--http-port", "0", "--http-address", "127.0.0.1", "--grpc-port", "0", "--grpc-address", "127.0.0.1",
-                 "--metrics-port", "0", "--metrics-address", "127.0.0.1", *flags]
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        # ``open_files``: the server's RLIMIT_NOFILE (soft and hard), to reach its descriptor limit cheaply
+
+class ChildServer:
+    """A server process the harness starts: one server (:class:`ServerProcess`) or gunicorn's arbiter
+    (``gunicorn_server.Gunicorn``). Its stderr is collected (:class:`ServerLog`, each line to
+    :meth:`_on_line`); ``open_files``: its RLIMIT_NOFILE (soft and hard), to reach its descriptor limit cheaply."""
+
+    port: int | None = None
+    grpc_port: int | None = None
+    metrics_port: int | None = None
+
+    def __init__(self, args: list[str], env: dict[str, str] | None = None, open_files: int | None = None) -> None:
         limit = None if open_files is None else (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (open_files,) * 2))
         self.proc = subprocess.Popen(args, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-                                     env=env, preexec_fn=limit)
-        self.port: int | None = None
-        self.grpc_port: int | None = None
-        self.metrics_port: int | None = None
-        self.ready = False
+                                     env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})), preexec_fn=limit)
         self.stderr = ServerLog(self.proc, self._on_line)
 
     def _on_line(self, line: str) -> None:
-        for attr, pattern in _PORTS.items():
-            m = pattern.search(line)
-            if m:
-                setattr(self, attr, int(m.group(1)))
-        if "server is ready" in line:
-            self.ready = True
+        raise NotImplementedError
 
     @property
     def url(self) -> str:
@@ -56,6 +51,38 @@ class ServerProcess:
     @property
     def grpc_url(self) -> str:
         return f"127.0.0.1:{self.grpc_port}"
+
+    def wait_exit(self, timeout: float = 60) -> int:
+        self.stderr.join(timeout)
+        return self.proc.wait(timeout)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.wait_exit(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+
+class ServerProcess(ChildServer):
+    """``python -m triton_actor`` with the given repositories and flags."""
+
+    def __init__(self, *repos: Path, flags: tuple[str, ...] = (), open_files: int | None = None) -> None:
+        args = [sys.executable, "-m", "triton_actor"]
+        for repo in repos:
+            args += ["--model-repository", str(repo)]
+        self.ready = False
+        super().__init__([*args, *LOOPBACK_PORTS, *flags], open_files=open_files)
+
+    def _on_line(self, line: str) -> None:
+        for attr, pattern in _PORTS.items():
+            m = pattern.search(line)
+            if m:
+                setattr(self, attr, int(m.group(1)))
+        if "server is ready" in line:
+            self.ready = True
 
     @property
     def metrics_url(self) -> str:
@@ -67,21 +94,8 @@ class ServerProcess:
             raise RuntimeError("server did not start:\n" + self.log())
         return self
 
-    def wait_exit(self, timeout: float = 60) -> int:
-        self.stderr.join(timeout)
-        return self.proc.wait(timeout)
-
     def log(self) -> str:
         return self.stderr.text()
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        try:
-            return self.wait_exit(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait()
 
 
 def wait_for_fifo(fifo: Path, server: ServerProcess, timeout: float = 60) -> None:

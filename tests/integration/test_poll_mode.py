@@ -10,9 +10,8 @@ from pathlib import Path
 import gevent
 import gevent.event
 import tritonclient.http as httpclient
-from tritonclient.utils import InferenceServerException
 
-from .model_control import Hammer, add_tagged, ask, index, tagged, wait_for
+from .model_control import Hammer, add_tagged, answers, ask, gone, index, tagged, wait_for
 from .server import IDENTITY_CONFIG
 from .test_lifecycle import BAD_INIT_PY
 
@@ -22,21 +21,6 @@ POLL = ("--model-control-mode=poll", f"--repository-poll-secs={POLL_SECS}")
 WITHIN = POLL_SECS + 8.0
 
 
-def _answers(client: httpclient.InferenceServerClient, model: str, expected: float) -> bool:
-    try:
-        return ask(client, model) == expected
-    except InferenceServerException:
-        return False
-
-
-def _gone(client: httpclient.InferenceServerClient, model: str) -> bool:
-    try:
-        ask(client, model)
-    except InferenceServerException as e:
-        return e.status() == "404"
-    return False
-
-
 def test_poll_picks_up_added_removed_and_changed_models(tmp_path: Path, start_server) -> None:
     model_a = add_tagged(tmp_path, "a", edition=1)
     server = start_server(tmp_path, flags=POLL)
@@ -44,11 +28,11 @@ def test_poll_picks_up_added_removed_and_changed_models(tmp_path: Path, start_se
     assert ask(client, "a") == 101
 
     add_tagged(tmp_path, "b", edition=2)
-    wait_for(lambda: _answers(client, "b", 102), WITHIN, "added model b to serve")
+    wait_for(lambda: answers(client, "b", 102), WITHIN, "added model b to serve")
     (model_a / "1" / "model.py").write_text(tagged(3))
-    wait_for(lambda: _answers(client, "a", 103), WITHIN, "changed model a to serve its new code")
+    wait_for(lambda: answers(client, "a", 103), WITHIN, "changed model a to serve its new code")
     shutil.rmtree(tmp_path / "b")
-    wait_for(lambda: _gone(client, "b"), WITHIN, "removed model b to be unloaded")
+    wait_for(lambda: gone(client, "b"), WITHIN, "removed model b to be unloaded")
     wait_for(lambda: ("b", "1") not in index(client), WITHIN, "b to leave the index (as in Triton)")
     assert ask(client, "a") == 103
 
@@ -64,7 +48,7 @@ def test_failed_model_is_retried_when_its_files_change(tmp_path: Path, start_ser
     assert "initialize failed on purpose" in index(client)[("c", "1")]["reason"]
     loads = server.log().count("poll: loading 'c'")
     (broken / "1" / "model.py").write_text(tagged(4))
-    wait_for(lambda: _answers(client, "c", 104), WITHIN, "the fixed model c to serve")
+    wait_for(lambda: answers(client, "c", 104), WITHIN, "the fixed model c to serve")
     assert server.log().count("poll: loading 'c'") == loads + 1
 
 
@@ -79,7 +63,7 @@ def test_a_folder_still_being_written_is_loaded_once_it_settled(tmp_path: Path, 
     for rel, text in steps:  # a slow copy: something changes every 0.4 s for 2 s
         (model_dir / rel).write_text(text)
         gevent.sleep(0.4)  # the writer's pace is what is tested, not a wait for the server
-    wait_for(lambda: _answers(client, "slowcopy", 105), WITHIN, "the copied model to serve")
+    wait_for(lambda: answers(client, "slowcopy", 105), WITHIN, "the copied model to serve")
     assert server.log().count("poll: loading 'slowcopy'") == 1, server.log()
 
 
@@ -121,7 +105,7 @@ def test_the_watcher_alone_notices_changes(tmp_path: Path, start_server) -> None
     server = start_server(tmp_path, flags=("--model-control-mode=poll", "--repository-poll-secs=0"))
     client = httpclient.InferenceServerClient(server.url)
     add_tagged(tmp_path, "b", edition=2)
-    took = wait_for(lambda: _answers(client, "b", 102), WITHIN, "the watcher to bring model b in")
+    took = wait_for(lambda: answers(client, "b", 102), WITHIN, "the watcher to bring model b in")
     assert took < 5.0
 
 

@@ -12,26 +12,11 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from .gunicorn_server import PID_CONFIG, PID_PY, Gunicorn, pids_seen
-from .model_control import add_tagged, ask, index, tagged, wait_for
+from .model_control import add_tagged, answers, ask, gone, index, tagged, wait_for
 from .s3 import Bucket, moto_endpoint  # noqa: F401 - the fixture
 
 POLL = ("--model-control-mode=poll", "--repository-poll-secs=0.5")
 WITHIN = 20.0  # a poll period, the settle time (1 s) and a python model's load, with margin on a busy machine
-
-
-def _answers(client: httpclient.InferenceServerClient, model: str, expected: float) -> bool:
-    try:
-        return ask(client, model) == expected
-    except InferenceServerException:
-        return False
-
-
-def _gone(client: httpclient.InferenceServerClient, model: str) -> bool:
-    try:
-        ask(client, model)
-    except InferenceServerException as e:
-        return e.status() == "404"
-    return False
 
 
 def _upload_tagged(bucket: Bucket, scratch: Path, prefix: str, name: str, edition: int) -> None:
@@ -56,11 +41,11 @@ def test_s3_repository_loads_at_startup_and_polls_changes(tmp_path: Path, moto_e
     assert set(index(client)) == {("a", "1")}  # the sibling prefix is not part of the repository
 
     _upload_tagged(bucket, tmp_path / "v2", "deep/repo", "b", edition=2)
-    wait_for(lambda: _answers(client, "b", 102), WITHIN, "model b added on S3 to serve")
+    wait_for(lambda: answers(client, "b", 102), WITHIN, "model b added on S3 to serve")
     bucket.put("deep/repo/a/1/model.py", tagged(3))
-    wait_for(lambda: _answers(client, "a", 103), WITHIN, "model a changed on S3 to serve its new code")
+    wait_for(lambda: answers(client, "a", 103), WITHIN, "model a changed on S3 to serve its new code")
     bucket.delete_prefix("deep/repo/b/")
-    wait_for(lambda: _gone(client, "b"), WITHIN, "model b removed from S3 to be unloaded")
+    wait_for(lambda: gone(client, "b"), WITHIN, "model b removed from S3 to be unloaded")
     wait_for(lambda: ("b", "1") not in index(client), WITHIN, "b to leave the index")
     assert ask(client, "a") == 103
 

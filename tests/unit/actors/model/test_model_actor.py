@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 
-from tests.unit.actors.fakes import CONFIG, Gate, until
+from tests.unit.actors.fakes import CONFIG, FakeBackend, until
 from triton_actor.actors.model.actor import ModelActor
 from triton_actor.actors.model.handles import READY, ModelHandle
 from triton_actor.actors.model.messages import LoadSettings
@@ -21,41 +20,14 @@ from triton_actor.protocol.dtypes import BY_WIRE
 from triton_actor.runtime.kernel import Reply
 
 
-class FakeInstance:
-    inline_ok = False
-
-    def __init__(self, ctx: InstanceContext, events: list[tuple[str, Any]], gate: Gate) -> None:
-        self.tag = 100.0 * ctx.version + float((ctx.version_dir / "edition").read_text())
-        self.events = events
-        self.gate = gate
-
-    def execute(self, requests: list[InferRequest]) -> list[Any]:
-        self.gate.passage()
-        return [InferResponse([("Y", np.array([self.tag], np.float32))]) for _ in requests]
-
-    def finalize(self) -> None:
-        self.events.append(("finalize", self.tag))
-
-
-class FakeBackend:
-    name = "fake"
-
-    def __init__(self) -> None:
-        self.events: list[tuple[str, Any]] = []
-        self.gate = Gate()
-
-    def auto_complete(self, *args: Any, **kw: Any) -> None:
-        pass
-
-    def create(self, ctx: InstanceContext) -> FakeInstance:
-        if (ctx.version_dir / "broken").exists():
-            raise RuntimeError("broken on purpose")
-        return FakeInstance(ctx, self.events, self.gate)
+def _edition_tag(ctx: InstanceContext, serial: int) -> float:
+    """An instance's answer: 100 x its version + the edition written in its version folder."""
+    return 100.0 * ctx.version + float((ctx.version_dir / "edition").read_text())
 
 
 @pytest.fixture
 def model(tmp_path: Path) -> Iterator[tuple[ModelActor, FakeBackend, list[ModelHandle]]]:
-    backend = FakeBackend()
+    backend = FakeBackend(_edition_tag)
     published: list[ModelHandle] = []
 
     def publish(handle: ModelHandle) -> Reply[None]:

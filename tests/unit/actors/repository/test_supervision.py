@@ -15,49 +15,14 @@ import gevent.queue
 import numpy as np
 import pytest
 
-from tests.unit.actors.fakes import CONFIG, WAIT, Gate, until
+from tests.unit.actors.fakes import CONFIG, WAIT, FakeBackend, until
 from triton_actor.actors.model.handles import READY, UNAVAILABLE, ModelHandle
 from triton_actor.actors.model.messages import Load, LoadSettings
 from triton_actor.actors.repository.actor import RepositoryActor
-from triton_actor.backends.base import InstanceContext
 from triton_actor.inference import InferInput, InferRequest, InferResponse
 from triton_actor.protocol.dtypes import BY_WIRE
 from triton_actor.runtime.kernel import Actor, Reply
 from triton_actor.runtime.supervisor import MAX_RESTARTS, RESTART_WINDOW_S, RestartBudget
-
-
-class FakeInstance:
-    inline_ok = False
-
-    def __init__(self, ctx: InstanceContext, backend: FakeBackend) -> None:
-        self.serial = backend.created = backend.created + 1
-        self.events = backend.events
-        self.gate = backend.gate
-
-    def execute(self, requests: list[InferRequest]) -> list[Any]:
-        self.gate.passage()
-        return [InferResponse([("Y", np.array([self.serial], np.float32))]) for _ in requests]
-
-    def finalize(self) -> None:
-        self.events.append(("finalize", self.serial))
-
-
-class FakeBackend:
-    name = "fake"
-
-    def __init__(self) -> None:
-        self.bugs = 0  # how many auto_complete calls raise a plain exception (a bug, not a TritonError)
-        self.created = 0
-        self.events: list[tuple[str, Any]] = []
-        self.gate = Gate()
-
-    def auto_complete(self, *args: Any, **kw: Any) -> None:
-        if self.bugs > 0:
-            self.bugs -= 1
-            raise RuntimeError("a bug in the backend")
-
-    def create(self, ctx: InstanceContext) -> FakeInstance:
-        return FakeInstance(ctx, self)
 
 
 class Repo(RepositoryActor):
