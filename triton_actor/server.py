@@ -18,6 +18,7 @@ import gevent.event
 
 from .actors.model.messages import LoadSettings
 from .actors.repository.actor import RepositoryActor
+from .actors.scheduling.rate_limiter import RateLimiter
 from .backends.base import Backend
 from .backends.devices import gpu_count
 from .backends.onnxruntime import OnnxRuntimeBackend
@@ -90,6 +91,8 @@ class Server:
             load_retries=settings.model_load_retry_count,
             tracer=self.tracer,
             server_hooks=self.model_hooks,
+            # one rate limiter for all the models (--rate-limit=execution_count); per worker with --workers
+            rate_limiter=RateLimiter(list(settings.rate_limit_resources)) if settings.rate_limit != "off" else None,
         )
         backends = backends or default_backends(settings.backend_config)
         # object-store repositories are mirrored into local folders the repository actor reads (remote.py)

@@ -7,8 +7,8 @@ A command line from NVIDIA's docs, a Helm chart or a k8s manifest must start (ar
   buffer manager, one gevent hub), and directories of backend / repository-agent / cache shared libraries
   (our backends are built in). Each one given is named once in an INFO line at start (``ignored``);
 * refused at start (exit status 1, one line) where accepting would mislead: a SageMaker or Vertex AI
-  endpoint, model namespacing, the rate limiter and the response cache. Their off spellings
-  (``--allow-sagemaker=false``, ``--rate-limit=off``, ``--response-cache-byte-size=0``) are accepted.
+  endpoint, model namespacing and the response cache. Their off spellings
+  (``--allow-sagemaker=false``, ``--response-cache-byte-size=0``) are accepted.
 """
 
 from __future__ import annotations
@@ -82,10 +82,6 @@ def add_flags(p: argparse.ArgumentParser, flag: Callable[..., None], bool_type: 
     flag(refused, "--allow-sagemaker", False, "SageMaker endpoint (refused when true)")
     flag(refused, "--allow-vertex-ai", False, "Vertex AI endpoint (refused when true)")
     flag(refused, "--model-namespacing", False, "same model name in several repositories (refused when true)")
-    refused.add_argument("--rate-limit", type=str.lower, choices=["off", "execution_count"], default="off",
-                         help="Triton's rate limiter (only off)")
-    refused.add_argument("--rate-limit-resource", action="append", default=[], metavar="NAME:COUNT[:DEVICE]",
-                         help="rate limiter resources (refused)")
     refused.add_argument("--response-cache-byte-size", type=int, default=0, metavar="BYTES",
                          help="deprecated response cache size (only 0)")
     refused.add_argument("--cache-config", action="append", default=[], metavar="CACHE,KEY=VALUE",
@@ -102,9 +98,6 @@ def _refusals(args: argparse.Namespace) -> list[str]:
     if args.model_namespacing:
         out.append("--model-namespacing=true is not supported: a model name must be unique across the "
                    "repositories; leave it out or give --model-namespacing=false")
-    if args.rate_limit != "off" or args.rate_limit_resource:
-        out.append("--rate-limit=execution_count and --rate-limit-resource are not supported: there is no rate "
-                   "limiter (instances run what their scheduler hands them); leave them out or give --rate-limit=off")
     if args.response_cache_byte_size or args.cache_config:
         out.append("a response cache (--response-cache-byte-size > 0, --cache-config) is not supported: every "
                    "request runs its model; leave them out or give --response-cache-byte-size=0")

@@ -138,6 +138,21 @@ def triton_flags(p: argparse.ArgumentParser) -> None:
     models = p.add_argument_group("model loading")
     models.add_argument("--model-load-retry-count", type=int, default=0, metavar="N",
                         help="a model version whose load fails is tried N more times before it is UNAVAILABLE")
+    limits = p.add_argument_group("rate limiter (instance groups' rate_limiter resources and priority)")
+    limits.add_argument("--rate-limit", type=str.lower, choices=["off", "execution_count"], default="off",
+                        help="execution_count: an instance runs only while it holds its group's resources")
+    limits.add_argument("--rate-limit-resource", action="append", default=[], metavar="NAME:COUNT[:DEVICE]",
+                        help="copies of a resource (on DEVICE, else on every device and as a global resource)")
+
+
+def rate_limit_resource(text: str) -> tuple[str, int, int]:
+    """``--rate-limit-resource=NAME:COUNT[:DEVICE]`` → (name, device or -2 for every device, count), as
+    tritonserver reads it (its error text when it cannot)."""
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or not parts[0] or not all(p.isdigit() for p in parts[1:]):
+        raise SystemExit(f"error: --rate-limit-resource option format is '<resource_name>:<count>:<device>' or "
+                         f"'<resource_name>:<count>'. Got {text}")
+    return parts[0], int(parts[2]) if len(parts) == 3 else -2, int(parts[1])
 
 
 def triton_settings(args: argparse.Namespace) -> dict[str, object]:
@@ -162,6 +177,8 @@ def triton_settings(args: argparse.Namespace) -> dict[str, object]:
                 allow_cpu_metrics=args.allow_cpu_metrics and args.allow_metrics,
                 allow_gpu_metrics=args.allow_gpu_metrics and args.allow_metrics,
                 model_load_retry_count=args.model_load_retry_count,
+                rate_limit=args.rate_limit,
+                rate_limit_resources=tuple(rate_limit_resource(r) for r in args.rate_limit_resource),
                 ignored_flags=compat_flags.check(args))
 
 

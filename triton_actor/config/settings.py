@@ -103,5 +103,8 @@ class Settings:
     http_restricted_api: tuple[str, ...] = ()  # --http-restricted-api specs (protocol/restricted.py)
     grpc_restricted_protocol: tuple[str, ...] = ()  # --grpc-restricted-protocol specs
     workers: int = 1  # --workers: processes under gunicorn's arbiter (triton_actor/workers/)
+    rate_limit: str = "off"  # --rate-limit: "execution_count" turns the rate limiter on
+    # --rate-limit-resource: (name, device or -2 for every device, count)
+    rate_limit_resources: tuple[tuple[str, int, int], ...] = ()
     # tritonserver flags given that have no effect here: (flag, why), logged once at start (config/compat_flags.py)
     ignored_flags: tuple[tuple[str, str], ...] = ()

@@ -71,8 +71,6 @@ def test_defaults_are_tritons() -> None:
     (["--allow-sagemaker"], "--allow-sagemaker=true"),
     (["--allow-vertex-ai", "1"], "--allow-vertex-ai=true"),
     (["--model-namespacing=true"], "--model-namespacing=true"),
-    (["--rate-limit=execution_count"], "--rate-limit=execution_count"),
-    (["--rate-limit-resource=R1:10:0"], "--rate-limit-resource"),
     (["--response-cache-byte-size=1048576"], "--response-cache-byte-size > 0"),
     (["--cache-config=local,size=1048576"], "--cache-config"),
 ])
@@ -82,6 +80,19 @@ def test_what_would_mislead_is_refused_naming_the_flag(flags: list[str], named: 
     message = str(e.value.code)
     assert message.startswith("error: ") and named in message and "\n" not in message
     assert "false" in message or "off" in message or "=0" in message  # says what is accepted
+
+
+def test_the_rate_limiter_flags_are_tritons() -> None:
+    s = parse(["--model-repository", "m"], environ={})
+    assert (s.rate_limit, s.rate_limit_resources) == ("off", ())
+    s = parse(["--model-repository", "m", "--rate-limit=execution_count", "--rate-limit-resource=R1:10",
+               "--rate-limit-resource=R2:5:0", "--rate-limit-resource=R2:8:1"], environ={})
+    assert s.rate_limit == "execution_count"
+    assert s.rate_limit_resources == (("R1", -2, 10), ("R2", 0, 5), ("R2", 1, 8))
+    with pytest.raises(SystemExit) as e:
+        parse(["--model-repository", "m", "--rate-limit-resource=R1"], environ={})
+    assert str(e.value.code) == ("error: --rate-limit-resource option format is '<resource_name>:<count>:<device>' "
+                                 "or '<resource_name>:<count>'. Got R1")
 
 
 @pytest.mark.parametrize("bad", ["--log-format=json", "--http-header-forward-pattern=(", "--rate-limit=fast",

@@ -16,6 +16,7 @@ from ...observability.tracing import Tracer
 from ...repository import snapshot
 from ...repository.config import ModelConfig
 from ...runtime.kernel import ActorRef, Reply
+from ..scheduling.rate_limiter import RateLimiter
 from .version import Version
 
 
@@ -38,6 +39,8 @@ class LoadSettings:
     # what the server gives its Python models (pb_utils ``serving.ServerHooks``: BLS, model control, custom
     # metrics), handed to every instance; None: the process's only server, if any
     server_hooks: Any = None
+    # the server's rate limiter (--rate-limit=execution_count, actors/scheduling/rate_limiter.py); None: off
+    rate_limiter: RateLimiter | None = None
 
 
 @dataclass(frozen=True, slots=True)

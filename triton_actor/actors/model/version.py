@@ -28,6 +28,8 @@ from ...runtime.kernel import Reply
 from ..scheduling.batch_queue import BatchPolicy
 from ..scheduling.ensemble import EnsembleScheduler, Routes
 from ..scheduling.instance import ModelInstance
+from ..scheduling.pool_scheduler import Limited
+from ..scheduling.rate_limiter import Needs, RateLimiter, Waiter
 from ..scheduling.scheduler import Drain, SchedulerActor
 from ..scheduling.sequence_controls import SequenceTensors
 from ..scheduling.sequence_scheduler import SequenceSchedulerActor
@@ -91,6 +93,7 @@ class VersionSource:
     on_down: Callable[[int, Any, str], None] | None = None
     tracer: Tracer | None = None  # the server's (LoadSettings.tracer): the scheduler's VersionTrace comes from it
     server_hooks: Any = None  # the server's pb_utils ServerHooks, for every instance (LoadSettings.server_hooks)
+    rate_limiter: RateLimiter | None = None  # the server's (LoadSettings.rate_limiter); None: --rate-limit=off
 
 
 def start_version(src: VersionSource, load_timeout_s: float,
@@ -113,9 +116,12 @@ def _start_once(src: VersionSource, load_timeout_s: float, latency_metrics: tupl
     if src.graph is not None:
         return _start_ensemble(src, rec)
     instances: list[ModelInstance] = []
+    waiters: list[Waiter | None] = []
     try:
         labels = _read_labels(src.config, src.model_dir, src.model)
-        for ctx in _contexts(src):  # one by one: if starting one fails, those started are closed below
+        contexts = _contexts(src)
+        waiters = _rate_limited(src, contexts)  # before any instance starts: resources that can never suffice fail here
+        for ctx in contexts:  # one by one: if starting one fails, those started are closed below
             instances.append(ModelInstance(ctx, src.backend))
         failures: list[Exception] = []
         for inst in instances:
@@ -130,11 +136,14 @@ def _start_once(src: VersionSource, load_timeout_s: float, latency_metrics: tupl
         stats.load_secs = time.monotonic() - start
         if any(latency_metrics):  # --metrics-config summary_latencies / histogram_latencies
             stats.latency_recorder = LatencyRecorder(*latency_metrics)
-        scheduler = _scheduler(src, instances, stats)
+        limited = {inst: w for inst, w in zip(instances, waiters, strict=True) if w is not None}
+        scheduler = _scheduler(src, instances, stats, (src.rate_limiter, limited) if limited else None)
         scheduler.start()
     except Exception as e:  # noqa: BLE001 - any load failure becomes the version's reason
         for inst in instances:
             inst.close(timeout=10)
+        if src.rate_limiter is not None:
+            src.rate_limiter.unregister([w for w in waiters if w is not None])
         reason = e.status_text() if isinstance(e, TritonError) else repr(e)
         log.error("failed to load '%s' version %d: %s", src.model, src.version, e)
         rec.to(UNAVAILABLE, reason)
@@ -145,8 +154,19 @@ def _start_once(src: VersionSource, load_timeout_s: float, latency_metrics: tupl
     return rec
 
 
-def _scheduler(src: VersionSource, instances: list[ModelInstance],
-               stats: VersionStats) -> SchedulerActor | SequenceSchedulerActor:
+def _rate_limited(src: VersionSource, contexts: list[InstanceContext]) -> list[Waiter | None]:
+    """Each instance's place with the server's rate limiter (None: not limited), in ``contexts``' order;
+    Triton's error when the resources could never let them run."""
+    if src.rate_limiter is None:
+        return [None] * len(contexts)
+    needs = [Needs.of_group(group, device) for group, device, _ in _placements(src)]
+    added = iter(src.rate_limiter.register([(n, ctx.instance_name) for n, ctx in zip(needs, contexts, strict=True)
+                                            if n is not None]))
+    return [next(added) if n is not None else None for n in needs]
+
+
+def _scheduler(src: VersionSource, instances: list[ModelInstance], stats: VersionStats,
+               limited: Limited | None = None) -> SchedulerActor | SequenceSchedulerActor:
     """The version's scheduler: the sequence batcher with ``sequence_batching``, else default / dynamic."""
     name = f"scheduler:{src.model}:{src.version}"
     cfg = src.config
@@ -154,10 +174,11 @@ def _scheduler(src: VersionSource, instances: list[ModelInstance],
     if cfg.HasField("sequence_batching"):
         return SequenceSchedulerActor(name, src.model, instances, stats, SlotPolicy.from_config(cfg, len(instances)),
                                       SequenceTensors.from_config(cfg, src.model_dir),
-                                      decoupled=cfg.model_transaction_policy.decoupled, on_down=on_down)
+                                      decoupled=cfg.model_transaction_policy.decoupled, on_down=on_down,
+                                      limited=limited)
     return SchedulerActor(name, instances, stats, BatchPolicy.from_config(cfg),
                           trace=src.tracer.version(src.model, src.version) if src.tracer is not None else None,
-                          on_down=on_down)
+                          on_down=on_down, limited=limited)
 
 
 def _start_ensemble(src: VersionSource, rec: Version) -> Version:
@@ -189,18 +210,18 @@ def stop_version(rec: Version, model: str) -> None:
     log.info("successfully unloaded '%s' version %d", model, rec.version)
 
 
+def _placements(src: VersionSource) -> list[tuple[Any, int, int]]:
+    """(instance group, device, index in the group) of each instance of the version, in order."""
+    return [(group, device, i) for group in src.config.instance_group
+            for device in (list(group.gpus) if group.kind == 1 else [0])
+            for i in range(per_worker(group.count, src.workers))]
+
+
 def _contexts(src: VersionSource) -> list[InstanceContext]:
-    out: list[InstanceContext] = []
-    for group in src.config.instance_group:
-        devices = list(group.gpus) if group.kind == 1 else [0]
-        for device in devices:
-            for i in range(per_worker(group.count, src.workers)):
-                out.append(InstanceContext(
-                    src.model, src.version, src.model_dir, src.version_dir, src.config, src.config_json,
-                    _instance_name(group.name, i),
-                    _KIND_NAMES.get(group.kind, "CPU"), device, len(out), src.backend_config, src.server_hooks,
-                ))
-    return out
+    return [InstanceContext(src.model, src.version, src.model_dir, src.version_dir, src.config, src.config_json,
+                            _instance_name(group.name, i), _KIND_NAMES.get(group.kind, "CPU"), device, n,
+                            src.backend_config, src.server_hooks)
+            for n, (group, device, i) in enumerate(_placements(src))]
 
 
 def per_worker(count: int, workers: int) -> int:

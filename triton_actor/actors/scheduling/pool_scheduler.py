@@ -39,12 +39,15 @@ from ...metrics.statistics import VersionStats
 from ...runtime.kernel import InlineActor, Reply
 from ...runtime.wake_timer import Wake, WakeTimer
 from .instance import ModelInstance
-from .instance_pool import Down, InstanceHealth, InstancePool
+from .instance_pool import Down, Granted, InstanceHealth, InstancePool
 from .messages import Drain, Enqueue, GetStats, GetStatus
+from .rate_limiter import RateLimiter, Waiter
 
 # Inline batches started in one hub turn (~15 µs each for a small Python model: ~1 ms of hub time).
 INLINE_PER_TURN = 64
 Turn = Callable[[], Hashable]  # the current hub turn's id (the loop's time; tests pass a manual one)
+# the server's rate limiter and this version's rate-limited instances (--rate-limit=execution_count)
+Limited = tuple[RateLimiter, dict[ModelInstance, Waiter]]
 
 
 class PoolScheduler(InlineActor):
@@ -52,9 +55,9 @@ class PoolScheduler(InlineActor):
 
     def __init__(self, name: str, instances: list[ModelInstance], stats: VersionStats,
                  clock: Callable[[], int], on_down: Down | None, inline_per_turn: int = INLINE_PER_TURN,
-                 turn: Turn | None = None) -> None:
+                 turn: Turn | None = None, limited: Limited | None = None) -> None:
         super().__init__(name)
-        self._pool = InstancePool(self, instances, on_down)
+        self._pool = InstancePool(self, instances, on_down, *(limited or (None, None)))
         self._stats = stats
         self._clock = clock
         self._drains: list[Reply[None]] = []
@@ -92,6 +95,11 @@ class PoolScheduler(InlineActor):
 
     def on_InstanceHealth(self, msg: InstanceHealth) -> None:
         self._pool.on_health(msg)
+
+    def on_Granted(self, msg: Granted) -> None:
+        """The rate limiter gave an instance its resources: run what waits for it."""
+        if self._pool.granted(msg):
+            self._dispatch()
 
     def on_Wake(self, msg: Wake) -> None:
         self._timer.woke(msg)

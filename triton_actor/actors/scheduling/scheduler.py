@@ -49,7 +49,7 @@ from .batch_queue import BatchPolicy, BatchQueue, timeout_error
 from .instance import ModelInstance
 from .instance_pool import Down
 from .messages import Drain, Enqueue, GetStats, GetStatus
-from .pool_scheduler import INLINE_PER_TURN, PoolScheduler, Turn
+from .pool_scheduler import INLINE_PER_TURN, Limited, PoolScheduler, Turn
 from .reply_order import ReplyOrder
 
 __all__ = ["BatchDone", "Drain", "Enqueue", "GetStats", "GetStatus", "SchedulerActor"]
@@ -72,8 +72,8 @@ class SchedulerActor(PoolScheduler):
     def __init__(self, name: str, instances: list[ModelInstance], stats: VersionStats,
                  policy: BatchPolicy | None = None, clock: Callable[[], int] = time.perf_counter_ns,
                  trace: VersionTrace | None = None, on_down: Down | None = None,
-                 inline_per_turn: int = INLINE_PER_TURN, turn: Turn | None = None) -> None:
-        super().__init__(name, instances, stats, clock, on_down, inline_per_turn, turn)  # its timer: the batcher's delay, queue timeouts
+                 inline_per_turn: int = INLINE_PER_TURN, turn: Turn | None = None, limited: Limited | None = None) -> None:
+        super().__init__(name, instances, stats, clock, on_down, inline_per_turn, turn, limited)  # its timer: the batcher's delay, queue timeouts
         self._trace = trace or _NO_TRACE  # observability/tracing.py: ``.on`` is read once per finished batch
         self._policy = policy or BatchPolicy()
         self._queue: BatchQueue[Enqueue] = BatchQueue(self._policy)
@@ -180,6 +180,16 @@ class SchedulerActor(PoolScheduler):
 
     # -- policy -----------------------------------------------------------------------------------
     def _dispatch(self) -> None:
+        self._dispatch_idle()
+        # rate-limited instances run only holding their resources: ask for them for the batches that wait
+        while self._pool.limited and self._pool.demand(self._batches_waiting()):
+            self._dispatch_idle()
+
+    def _batches_waiting(self) -> int:
+        n = len(self._queue)
+        return -(-n // self._policy.max_batch_size) if self._batching else n
+
+    def _dispatch_idle(self) -> None:
         queue, idle, take = self._queue, self._pool.idle, self._pool.take
         if not len(queue) and not self._timer.armed:
             self._maybe_drained()
@@ -211,7 +221,7 @@ class SchedulerActor(PoolScheduler):
                     self._stats.record_failure(now - item.start_ns, "CANCELED")
             items = [i for i in items if not i.reply.ready()]
             if not items:
-                self._pool.release(instance)
+                self._pool.release(instance, executed=False)
                 return
         if self._order is not None:
             self._order.dispatched(items)

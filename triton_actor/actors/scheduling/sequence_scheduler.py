@@ -43,7 +43,7 @@ from ...runtime.bridge import CancelWatch
 from .instance import ModelInstance
 from .instance_pool import Down
 from .messages import Enqueue
-from .pool_scheduler import INLINE_PER_TURN, PoolScheduler, Turn
+from .pool_scheduler import INLINE_PER_TURN, Limited, PoolScheduler, Turn
 from .sequence_controls import SequenceTensors
 from .sequence_slots import SEQUENCE_END, SEQUENCE_START, SequenceSlots, Slot, SlotPolicy
 
@@ -65,8 +65,8 @@ class SequenceSchedulerActor(PoolScheduler):
     def __init__(self, name: str, model: str, instances: list[ModelInstance], stats: VersionStats,
                  policy: SlotPolicy, tensors: SequenceTensors, decoupled: bool = False,
                  clock: Callable[[], int] = time.perf_counter_ns, on_down: Down | None = None,
-                 inline_per_turn: int = INLINE_PER_TURN, turn: Turn | None = None) -> None:
-        super().__init__(name, instances, stats, clock, on_down, inline_per_turn, turn)  # its timer: batch delays, idle sequences
+                 inline_per_turn: int = INLINE_PER_TURN, turn: Turn | None = None, limited: Limited | None = None) -> None:
+        super().__init__(name, instances, stats, clock, on_down, inline_per_turn, turn, limited)  # its timer: batch delays, idle sequences
         self._model = model
         self._index = {inst: i for i, inst in enumerate(instances)}  # the instance's slots in SequenceSlots
         self._policy = policy
@@ -165,12 +165,18 @@ class SequenceSchedulerActor(PoolScheduler):
                     moved = True  # requests left the queue, whether they ran or not
                 elif until is not None:
                     wait = until if wait is None else min(wait, until)
+            # rate-limited instances run only holding their resources: ask for them where a batch can form
+            if not moved and self._pool.limited and self._pool.demand_each(self._has_work):
+                moved = True
         idle = self._slots.next_idle_ns(now)
         if idle is not None:
             wait = idle if wait is None else min(wait, idle)
         if wait is not None:
             self._timer.arm(now, wait)
         self._maybe_drained()
+
+    def _has_work(self, instance: ModelInstance) -> bool:
+        return self._slots.ready(self._index[instance])
 
     def _run(self, instance: ModelInstance, batch: list[Slot[Enqueue]]) -> None:
         """Start ``batch`` on idle ``instance``; it stays idle when nothing of the batch is left to run
