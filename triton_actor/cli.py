@@ -44,7 +44,6 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
 
 def _check(argv: list[str]) -> NoReturn:
     """``triton-actor check``: its exit status is the process's."""
-    from . import bootstrap  # noqa: F401 - the children it starts serve models; the parent uses gevent too
     from .check.command import main as check
 
     code = check(argv)

@@ -130,3 +130,14 @@ def test_the_shipped_repository_is_all_ok() -> None:
 def test_a_repository_without_models_is_a_usage_error(tmp_path: Path) -> None:
     code, _, err = _check(tmp_path)
     assert code == 2 and "no models" in err
+
+
+def test_a_model_that_never_finishes_loading_fails_at_the_timeout(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    _python_model(repo, "hangs", init="import threading; threading.Event().wait()")
+    _python_model(repo, "identity")
+    code, out, _ = _check(repo, "--timeout", "5")
+    lines = _lines(out)
+    assert code == 1
+    assert lines["hangs"].startswith("FAIL ") and "did not load and answer within 5 s" in lines["hangs"]
+    assert lines["identity"].startswith("OK ")

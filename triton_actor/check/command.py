@@ -49,6 +49,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str]) -> int:
     args = parser().parse_args(argv)
     if args.one:
+        from .. import bootstrap  # noqa: F401 - the child serves: patch before the server's modules import
         from .one_model import run  # the child imports the server; the parent never does
 
         return run(args.one, args.repositories, args.report, args.on_cpu)
