@@ -105,13 +105,22 @@ def _run_child(name: str, args: argparse.Namespace, report_file: Path, on_cpu: b
     try:
         log, _ = child.communicate(timeout=args.timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(child.pid, signal.SIGKILL)
+        _kill_group(child.pid)
         log, _ = child.communicate()
         return ModelResult(name, error=Failure(f"model '{name}' did not load and answer within {args.timeout:g} s "
                                                "(--timeout); its process was killed"))
-    if report_file.is_file():
+    _kill_group(child.pid)  # what a crashed child leaves behind (an isolated model's process)
+    try:
         return _from_report(json.loads(report_file.read_text()))
-    return ModelResult(name, error=_death(name, child.returncode, log, args.repositories))
+    except (OSError, ValueError, TypeError):  # none (it died), or cut short by the death
+        return ModelResult(name, error=_death(name, child.returncode, log, args.repositories))
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def _from_report(data: dict) -> ModelResult:
