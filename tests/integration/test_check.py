@@ -1,7 +1,7 @@
 """``triton-actor check``: every model of a repository loaded in a process of its own, one line each.
 
 The repository is built per test: good ONNX and Python models, and one of each way a model can go wrong
-(a config that does not parse, ``os._exit`` and a segfault in ``initialize``, an import of a module that
+(a config that does not parse, ``os._exit``, ``sys.exit`` and a segfault in ``initialize``, an import of a module that
 does not exist, KIND_GPU on this GPU-less host, an EXECUTION_ENV_PATH archive that cannot be unpacked).
 """
 
@@ -55,6 +55,7 @@ def broken_repo(tmp_path: Path) -> Path:
     _python_model(repo, "identity")
     _python_model(repo, "exits", init="import os; os._exit(3)")
     _python_model(repo, "segfaults", init="import ctypes; ctypes.string_at(0)")
+    _python_model(repo, "sys_exits", init="import sys; sys.exit(4)")
     _python_model(repo, "needs_module", top="import no_such_module_for_check")
     _gpu_only(modelgen.onnx_mlp(repo, "mlp_gpu", dims=(4, 8, 2), max_batch_size=8))
     (repo / "bad_config" / "1").mkdir(parents=True)
@@ -66,19 +67,21 @@ def test_each_model_gets_its_line_and_the_exit_status_says_whether_all_loaded(br
     code, out, err = _check(broken_repo)
     lines = _lines(out)
     assert code == 1, out + err
-    assert set(lines) == {"mlp", "identity", "exits", "segfaults", "needs_module", "mlp_gpu", "bad_config"}, out
+    assert set(lines) == {"mlp", "identity", "exits", "segfaults", "sys_exits", "needs_module", "mlp_gpu",
+                          "bad_config"}, out
     assert lines["mlp"].startswith("OK ") and "one synthesised request" in lines["mlp"]
     assert lines["identity"].startswith("OK ")
     # the server's own text, with the file and line it names
     assert lines["bad_config"].startswith("FAIL ")
     assert f"{broken_repo / 'bad_config' / 'config.pbtxt'}:3: model 'bad_config': invalid config at" in out
     assert "os._exit(3)" in lines["exits"] and f"{broken_repo / 'exits' / '1' / 'model.py'}:" in lines["exits"]
-    assert "SIGSEGV" in lines["segfaults"]
+    assert "SIGSEGV" in lines["segfaults"] and f"{broken_repo / 'segfaults' / '1' / 'model.py'}:" in lines["segfaults"]
+    assert lines["sys_exits"].startswith("FAIL ") and "SystemExit: 4" in lines["sys_exits"]
     assert "No module named 'no_such_module_for_check'" in out
     assert "imports 'no_such_module_for_check', which this environment lacks" in out
     # KIND_GPU on a host without a GPU: checked on the CPU, a warning rather than a failure
     assert lines["mlp_gpu"].startswith("WARN ") and "KIND_GPU and this host has no GPU" in out
-    assert "7 model(s): 2 OK, 1 with warnings, 4 failed" in out
+    assert "8 model(s): 2 OK, 1 with warnings, 5 failed" in out
 
 
 def test_strict_fails_warnings_and_json_is_one_document(tmp_path: Path) -> None:
