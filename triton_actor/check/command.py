@@ -89,7 +89,7 @@ def check_model(name: str, folders: list[Path], args: argparse.Namespace, gpus: 
         config_mod.fill_backend_fields(cfg, name, versions[min(versions)] if versions else None)
         warnings = static.warnings(cfg, folders[0], gpus)
         on_cpu = gpus == 0 and bool(static.gpu_groups(cfg))
-    except TritonError:
+    except (TritonError, OSError):
         pass  # the child's load reports it, in the server's words
     result = _run_child(name, args, report_file, on_cpu)
     result.warnings = warnings + result.warnings
