@@ -1,5 +1,7 @@
 """``triton-actor`` / ``python -m triton_actor``: the entry point. The command line becomes Settings
-(``config/command_line.py``); one process runs the server, ``--workers N`` gunicorn's arbiter."""
+(``config/command_line.py``); one process runs the server, ``--workers N`` gunicorn's arbiter.
+``triton-actor check REPOSITORY`` checks a repository instead (``check/``); tritonserver's command line
+has no positional arguments, so a first argument ``check`` cannot be one of its flags."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from .runtime import fastpath
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["check"]:
+        _check(argv[1:])
     settings = parse(argv)
     if settings.workers > 1:  # gunicorn's arbiter, unpatched; each worker patches after the fork
         from .workers import arbiter
@@ -36,3 +40,14 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _check(argv: list[str]) -> NoReturn:
+    """``triton-actor check``: its exit status is the process's."""
+    from .check.command import main as check
+
+    code = check(argv)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # as the server does: threads that model code started must not hold the exit

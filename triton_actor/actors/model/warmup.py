@@ -28,7 +28,7 @@ WARMUP_TIMEOUT_S = 600.0
 def warm_up(config: ModelConfig, model_dir: Path, model: str, version: int, instances: list[ModelInstance]) -> None:
     """Run every warmup sample on every instance; raise INVALID_ARG naming the sample on failure."""
     for sample in config.model_warmup:
-        request = _request(sample, config, model_dir, model, version)
+        request = sample_request(sample, config, model_dir, model, version)
         for inst in instances:
             for _ in range(max(sample.count, 1)):
                 reply: Reply[Any] = Reply()
@@ -53,7 +53,8 @@ def warm_up(config: ModelConfig, model_dir: Path, model: str, version: int, inst
                         channel.close()
 
 
-def _request(sample: Any, config: ModelConfig, model_dir: Path, model: str, version: int) -> InferRequest:
+def sample_request(sample: Any, config: ModelConfig, model_dir: Path, model: str, version: int) -> InferRequest:
+    """One ``ModelWarmup`` entry as a request (``triton-actor check`` builds one from the config, too)."""
     batch = max(sample.batch_size, 1)
     inputs: dict[str, InferInput] = {}
     for name, spec in sample.inputs.items():
