@@ -47,6 +47,7 @@ from .observability.tracing import Tracer
 from .plane import live_status
 from .plane.calls_from_models import ServerCalls
 from .plane.dataplane import DataPlane
+from .plane.on_demand import OnDemand
 from .protocol import header_forward, http1
 from .protocol.restricted import Restrictions
 from .repository import remote
@@ -114,6 +115,8 @@ class Server:
                                hostwide.HostSharedMemory(shm, self.host),  # type: ignore[arg-type]
                                hostwide.HostRuntimeSettings(runtime, self.host),  # type: ignore[arg-type]
                                self.host)
+        if settings.model_load_on_demand:  # a request loads the model it names, as the load API would
+            self.plane.on_demand = OnDemand(self.repository.repositories, lambda name: self.plane.load_model(name, {}))
         self.server_calls = ServerCalls(self.plane, self.model_hooks)  # BLS and model control from Python models
         self.host.register("status", lambda args: live_status.local_status(self.plane, args))  # the status page
         # this process's share of /metrics: its models' statistics and custom metric families

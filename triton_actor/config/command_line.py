@@ -89,6 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-control-mode", choices=["none", "poll", "explicit"], default="none")
     p.add_argument("--load-model", action="append", default=[], dest="load_models", metavar="NAME",
                    help="explicit mode: model to load at startup (repeatable; '*' = all)")
+    bool_flag(p, "--model-load-on-demand", False,
+              "explicit mode: a request for a repository model that is not loaded loads it first")
     p.add_argument("--repository-poll-secs", type=float, default=15.0,
                    help="poll mode: seconds between repository rescans (0 = no periodic rescan)")
     p.add_argument("--model-load-thread-count", type=int, default=4, help="models loaded in parallel")
@@ -123,6 +125,9 @@ def parse(argv: Sequence[str] | None = None, environ: dict[str, str] | None = No
         raise SystemExit("error: --load-model='*' must be the only --load-model if given at all")
     if args.repository_poll_secs < 0:
         raise SystemExit("error: --repository-poll-secs must be >= 0")
+    if args.model_load_on_demand and args.model_control_mode != "explicit":
+        raise SystemExit("error: --model-load-on-demand needs --model-control-mode=explicit (in the other modes "
+                         "the repository decides what is loaded)")
     from ..protocol.restricted import Restrictions
 
     for flag, specs in (("--http-restricted-api", args.http_restricted_api),
@@ -168,6 +173,7 @@ def parse(argv: Sequence[str] | None = None, environ: dict[str, str] | None = No
         auto_complete=not (args.disable_auto_complete_config or args.strict_model_config),
         model_control_mode=args.model_control_mode,
         load_models=tuple(args.load_models),
+        model_load_on_demand=args.model_load_on_demand,
         repository_poll_secs=args.repository_poll_secs,
         model_load_thread_count=args.model_load_thread_count,
         model_config_name=args.model_config_name,

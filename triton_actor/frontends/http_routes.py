@@ -156,7 +156,7 @@ def _infer_reply(chunks: list[bytes], json_length: int | None, accept_encoding: 
 
 def _generate_routes(app: Flask, plane: DataPlane) -> None:
     def start(req: HttpRequest, model: str, version: int) -> tuple[InferRequest, Streamed]:
-        route = plane.route(model, version)
+        route = plane.loaded(plane.route(model, version))  # a model loading on demand: wait for it here
         inputs, max_batch_size = route.input_specs()
         # the body as sent: Triton's generate endpoints take identity only (a compressed body is not JSON);
         # (it was inflated here, so a gzip body worked where Triton refuses it)

@@ -150,7 +150,8 @@ class ServerCalls:
     def _enter(self, request: InferRequest, worker: NativeWorker[Any] | None) -> tuple[Route, tuple[str, int] | None]:
         """The request's route, once its target is ready; record that ``worker`` waits for it and refuse a
         wait that never ends. Triton's python backend asks ``ModelIsReady`` first and answers its own text."""
-        route = self.plane.route(request.model_name, request.model_version, internal=True)
+        route = self.plane.loaded(self.plane.route(request.model_name, request.model_version, internal=True),
+                                  request.timeout_us)
         if route.target is None:
             raise TritonError.internal(
                 f"Failed for execute the inference request. Model '{request.model_name}' is not ready.")

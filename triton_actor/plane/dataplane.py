@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import gevent
+
 from ..actors.model.handles import READY, ModelHandle, VersionHandle
 from ..actors.repository.actor import RepositoryActor
 from ..errors import TritonError
@@ -30,6 +32,7 @@ from ..runtime.response_channel import (
     ChannelResponses,
     StreamAccount,
 )
+from .on_demand import OnDemand
 from .route import Route
 
 SERVER_VERSION = "2.51.0"  # the Triton release whose protocol we speak (clients compare versions)
@@ -83,6 +86,7 @@ class DataPlane:
         self.runtime = runtime or RuntimeSettings()  # log and trace settings, shared by HTTP and gRPC
         self.accepting = False
         self.host: Host = host or LocalHost()  # host-wide reads and changes go through it (host/base.py)
+        self.on_demand: OnDemand | None = None  # --model-load-on-demand (plane/on_demand.py), set by the server
 
     # -- health and metadata ----------------------------------------------------------------------
     def is_live(self) -> bool:
@@ -126,25 +130,49 @@ class DataPlane:
         """Where a request for ``name`` version ``version`` goes (plane/route.py): looked up once, shared
         by the request's decode, enqueue and encode. Never raises: the reason no version serves it is
         raised when the request is queued. ``internal``: a request made by a model (BLS), served while
-        the server drains at shutdown too, as Triton core allows."""
+        the server drains at shutdown too, as Triton core allows. With ``--model-load-on-demand``, a model
+        of the repository that has no ready version starts loading here (the route carries the load)."""
         model = self.repository.routes.get(name)
         closed = not self.accepting and not internal
         if model is None:
             error = TritonError.not_found(f"Request for unknown model: '{name}' is not found")
-            return Route(name, version, None, None, error, closed, internal)
+            return Route(name, version, None, None, error, closed, internal, self._load_on_demand(name, closed))
         try:
             return Route(name, version, model, model.resolve(version), None, closed, internal)
         except TritonError as e:
-            return Route(name, version, model, None, e.with_traceback(None), closed, internal)
+            loading = self._load_on_demand(name, closed) if not model.ready_versions else None
+            return Route(name, version, model, None, e.with_traceback(None), closed, internal, loading)
 
-    def _serving(self, request: InferRequest, route: Route | None, internal: bool) -> tuple[Route, VersionHandle]:
+    def _load_on_demand(self, name: str, closed: bool) -> Reply[None] | None:
+        if self.on_demand is None or closed:
+            return None
+        return self.on_demand.start(name)
+
+    def _serving(self, request: InferRequest, route: Route | None,
+                 internal: bool) -> tuple[Route, VersionHandle | None]:
         """``route``'s version for ``request``, routed again when there is no route yet, or when the
         routing table no longer holds its model handle (a reload swapped it while the request was
-        decoded). The caller enqueues right after, without yielding, so no swap slips in between."""
+        decoded). The caller enqueues right after, without yielding, so no swap slips in between. None
+        for the version: the model is loading on demand (``route.loading``)."""
         if route is None or route.model is not self.repository.routes.get(request.model_name) or \
                 route.name != request.model_name or route.requested != request.model_version or \
                 route.closed != (not self.accepting and not route.internal):
             route = self.route(request.model_name, request.model_version, internal)
+        if route.target is None and route.loading is not None and not route.closed:
+            return route, None
+        return route, route.serving()
+
+    def loaded(self, route: Route, timeout_us: int = 0) -> Route:
+        """``route`` itself, or, when it carries an on-demand load, the route after that load (waiting for
+        it in this greenlet: a request's own, never a connection's reader)."""
+        if route.loading is None or route.target is not None or route.closed:
+            return route
+        assert self.on_demand is not None
+        self.on_demand.wait(route.name, route.loading, timeout_us)
+        return self.route(route.name, route.requested, route.internal)
+
+    def _loaded(self, request: InferRequest, route: Route) -> tuple[Route, VersionHandle]:
+        route = self.loaded(route, request.timeout_us)
         return route, route.serving()
 
     def infer(self, request: InferRequest, internal: bool = False, route: Route | None = None) -> Served:
@@ -154,9 +182,29 @@ class DataPlane:
 
     def infer_start(self, request: InferRequest, internal: bool = False, route: Route | None = None) -> Pending:
         """Route (unless ``route`` is given and current), validate and queue without waiting: for a
-        caller that answers later, or at once when a quick model already answered (``pending.reply.ready()``)."""
+        caller that answers later, or at once when a quick model already answered (``pending.reply.ready()``).
+        A model loading on demand: the request waits for the load in a greenlet of its own (the caller may be
+        a connection's reader, which must not wait), and ``pending.route`` is the route it got after."""
         route, target = self._serving(request, route, internal)
-        return Pending(target.infer(request), route)
+        if target is not None:
+            return Pending(target.infer(request), route)
+        pending = Pending(Reply(), route)
+        gevent.spawn(self._queue_after_load, request, pending)
+        return pending
+
+    def _queue_after_load(self, request: InferRequest, pending: Pending) -> None:
+        outer = pending.reply
+        try:
+            pending.route, target = self._loaded(request, pending.route)
+            if outer.ready():  # the client went away meanwhile
+                return
+            inner = target.infer(request)
+        except TritonError as e:
+            outer.fail(e)
+            return
+        inner.link(lambda r: outer.fail(r.exception()) if r.exception() is not None else outer.set(r.value()))
+        # the front end fails its reply when the client goes away: the queued request is cancelled too
+        outer.link(lambda r: inner.fail(r.exception()) if r.exception() is not None else None)
 
     def infer_stream(self, request: InferRequest, internal: bool = False,
                      account: StreamAccount | None = None, route: Route | None = None) -> Streamed:
@@ -167,6 +215,8 @@ class DataPlane:
         or not at all, holds back the model instead of filling memory. ``account``: that bound is the
         client stream's, shared with its other requests (gRPC ModelStreamInfer)."""
         route, target = self._serving(request, route, internal)
+        if target is None:  # loading on demand: this caller may wait (a request's own greenlet)
+            route, target = self._loaded(request, route)
         if not route.decoupled:
             return Streamed(route, _one_response(target.infer(request)))
         channel = BoundedResponseChannel(STREAM_MAX_RESPONSES, STREAM_MAX_BYTES, account)

@@ -25,6 +25,7 @@ from ..actors.model.handles import ModelHandle, VersionHandle
 from ..errors import TritonError
 from ..protocol.dtypes import BY_ENUM_VALUE, DType
 from ..repository.config import ModelConfig
+from ..runtime.kernel import Reply
 
 NOT_ACCEPTING = "Server not ready"  # Triton's answer while it shuts down
 
@@ -44,6 +45,8 @@ class Route:
     error: TritonError | None
     closed: bool = False
     internal: bool = False
+    # the model is loading on demand (plane/on_demand.py): the request waits for it, then is routed again
+    loading: Reply[None] | None = None
 
     def serving(self) -> VersionHandle:
         """The version to queue the request with; Triton's error when there is none."""
