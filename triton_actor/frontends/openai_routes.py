@@ -57,8 +57,9 @@ def openai_app(plane: DataPlane, options: OpenAIOptions) -> Flask:
 
 
 def error_reply(error: TritonError) -> Reply:
-    code = "model_not_found" if error.code is Code.NOT_FOUND else None
-    return status_line(OPENAI_STATUS[error.code]), JSON_HEADERS, openai.error_body(error, code)
+    if error.code is Code.NOT_FOUND:  # the routes' only lookups are of the request's model
+        return status_line(404), JSON_HEADERS, openai.error_body(error, "model_not_found", "model")
+    return status_line(OPENAI_STATUS[error.code]), JSON_HEADERS, openai.error_body(error)
 
 
 def openai_routes(app: Flask, plane: DataPlane, options: OpenAIOptions) -> None:

@@ -217,13 +217,13 @@ _TYPES = {Code.INVALID_ARG: "invalid_request_error", Code.UNSUPPORTED: "invalid_
           Code.UNAVAILABLE: "service_unavailable_error"}
 
 
-def error_body(error: TritonError, code: str | None = None) -> bytes:
+def error_body(error: TritonError, code: str | None = None, param: str | None = None) -> bytes:
     """OpenAI's error object: ``{"error": {"message", "type", "param", "code"}}``."""
     match = _PARAM.match(error.message)
     return orjson.dumps({"error": {
         "message": error.message,
         "type": _TYPES.get(error.code, "server_error"),
-        "param": match.group(1) if match else None,
+        "param": param or (match.group(1) if match else None),
         "code": code,
     }})
 
