@@ -11,11 +11,14 @@ from __future__ import annotations
 import base64
 import json
 import re
+import socket
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import gevent
 import numpy as np
 import openai
 import pytest
@@ -34,6 +37,32 @@ max_batch_size: 8
 input [ { name: "INPUT0", data_type: TYPE_INT32, dims: [ 1 ] } ]
 output [ { name: "OUTPUT0", data_type: TYPE_INT32, dims: [ 1 ] } ]
 """
+# shaped as the mock model of Triton's OpenAI frontend tests: [1, 1] dims, a required stream flag, KIND_MODEL
+ECHO_LLM_CONFIG = """
+backend: "python"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [
+  { name: "text_input", data_type: TYPE_STRING, dims: [ 1, 1 ] },
+  { name: "stream", data_type: TYPE_BOOL, dims: [ 1, 1 ] }
+]
+output [ { name: "text_output", data_type: TYPE_STRING, dims: [ 1, -1 ] } ]
+instance_group [ { count: 1, kind: KIND_MODEL } ]
+"""
+ECHO_LLM_PY = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            text = pb_utils.get_input_tensor_by_name(request, "text_input").as_numpy()
+            stream = bool(pb_utils.get_input_tensor_by_name(request, "stream").as_numpy().reshape(-1)[0])
+            sender = request.get_response_sender()
+            for _ in range(3 if stream else 1):
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("text_output", text)]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
 SENTENCES = ["A man is eating food.", "A man is eating a piece of bread.", "The new movie is awesome."]
 GREEDY = {"temperature": 0, "max_tokens": 40}
 
@@ -45,6 +74,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         minilm.write_model(repo, name)
     tinylm.write_model(repo, token_delay_ms=2)
     add_model(repo, "identity", IDENTITY_CONFIG, IDENTITY_PY)
+    add_model(repo, "echo_llm", ECHO_LLM_CONFIG, ECHO_LLM_PY)
     proc = ServerProcess(repo, flags=("--openai-port", "0")).wait_ready(120)
     yield proc
     proc.stop()
@@ -189,6 +219,35 @@ def test_a_client_leaving_mid_stream_cancels_the_generation(client: openai.OpenA
         pass
     stream.close()  # the connection goes: the model sees is_cancelled() and stops
     assert server.stderr.wait(lambda: "tiny_lm: request cancelled after" in server.log(), 60), server.log()
+
+
+def test_a_model_of_tritons_frontend_contract_and_the_fallback_template(client: openai.OpenAI) -> None:
+    one = client.completions.create(model="echo_llm", prompt="hello")
+    assert one.choices[0].text == "hello" and one.usage.completion_tokens == 1  # no counts: one response
+    streamed = "".join(c.choices[0].text for c in client.completions.create(model="echo_llm", prompt="hi",
+                                                                            stream=True))
+    assert streamed == "hihihi"
+    chat = client.chat.completions.create(model="echo_llm", messages=[{"role": "user", "content": "hi"}])
+    assert chat.choices[0].message.content == "<|user|>\nhi\n<|assistant|>\n"  # no tokenizer: the fallback
+
+
+def test_a_client_leaving_before_the_answer_cancels_the_generation(server: ServerProcess) -> None:
+    triton = httpclient.InferenceServerClient(server.url)
+
+    def finished() -> int:
+        stats = triton.get_inference_statistics("tiny_lm")["model_stats"][0]["inference_stats"]
+        return stats["success"]["count"] + stats["fail"]["count"]
+
+    before = finished()
+    body = json.dumps({"model": "tiny_lm", "prompt": "The server", "max_tokens": 100_000_000}).encode()
+    with socket.create_connection(("127.0.0.1", server.port)) as conn:  # minutes of work, then gone
+        conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    deadline = time.monotonic() + 60
+    while finished() == before:  # the request ends (cancelled) long before it could have generated that much
+        assert time.monotonic() < deadline, server.log()
+        gevent.sleep(0.05)
+    triton.close()
 
 
 def test_restricted_api(tmp_path: Path, start_server) -> None:

@@ -6,7 +6,8 @@ an app of their own (:func:`openai_app`). Each view is decode (:mod:`..protocol.
 requests as any other) → encode (:mod:`..protocol.openai_responses`). A :class:`TritonError` becomes
 OpenAI's error object with the status of ``OPENAI_STATUS``; ``--openai-restricted-api`` (Triton's
 syntax: ``<API>[,<API>...] <header> <value>``, APIs ``inference`` and ``model-repository``) answers 401.
-A stream ends when the client leaves: the driver closes the body, which cancels the model requests.
+A client that leaves cancels the model requests: a stream's body is closed by the driver, an answer
+being collected watches the connection.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from functools import wraps
 from pathlib import Path
 from typing import Any
 
+import gevent
 import numpy as np
 from flask import Flask
 
@@ -96,11 +98,11 @@ def openai_routes(app: Flask, plane: DataPlane, options: OpenAIOptions) -> None:
 
     @route("/v1/completions", "openai_completions", "POST")
     def completions(req: HttpRequest) -> Reply:
-        return _generate(plane, openai.parse_completion(req.payload(), options.default_max_tokens), None)
+        return _generate(plane, req, openai.parse_completion(req.payload(), options.default_max_tokens), None)
 
     @route("/v1/chat/completions", "openai_chat", "POST")
     def chat_completions(req: HttpRequest) -> Reply:
-        return _generate(plane, openai.parse_chat(req.payload(), options.default_max_tokens), templates.prompt)
+        return _generate(plane, req, openai.parse_chat(req.payload(), options.default_max_tokens), templates.prompt)
 
 
 def _guarded(view: View, rule: restricted.Rule | None) -> View:
@@ -153,7 +155,8 @@ def _kind(plane: DataPlane, model: str) -> str:
     return ""
 
 
-def _generate(plane: DataPlane, gen: openai.Generation, template: Callable[..., str] | None) -> Reply:
+def _generate(plane: DataPlane, req: HttpRequest, gen: openai.Generation,
+              template: Callable[..., str] | None) -> Reply:
     contract = openai_models.generation_contract(gen.model, *_specs(plane, gen.model))
     prompt = template(gen.model, gen.messages) if template is not None else gen.prompt
     rid = ("chatcmpl-" if gen.chat else "cmpl-") + uuid.uuid4().hex
@@ -170,11 +173,25 @@ def _generate(plane: DataPlane, gen: openai.Generation, template: Callable[..., 
         chunks = openai_responses.Chunks(rid, int(time.time()), gen.model, gen.chat, gen.include_usage)
         return "200 OK", SSE_HEADERS, _Events(choices, chunks)
     try:
-        texts = [choices.collect(i) for i in range(gen.n)]
+        texts = _collected(choices, req)
     finally:
         choices.close()
     encode = openai_responses.chat if gen.chat else openai_responses.completion
     return _json(encode(rid, int(time.time()), gen.model, texts, openai_responses.usage(choices.counts)))
+
+
+def _collected(choices: _Choices, req: HttpRequest) -> list[tuple[str, str]]:
+    """Every choice's (text, finish_reason). A client that closes its connection meanwhile cancels the
+    generation, as it does a stream or an /infer: the reading greenlet is dropped and the requests closed."""
+    if req.peer_gone is None:
+        return [choices.collect(i) for i in range(len(choices.streams))]
+    reader = gevent.spawn(lambda: [choices.collect(i) for i in range(len(choices.streams))])
+    gevent.wait([reader, req.peer_gone()], count=1)
+    if not reader.ready():
+        reader.kill()
+        choices.close()
+        raise TritonError(Code.CANCELLED, "request cancelled by the client")
+    return reader.get()
 
 
 class _Choices:
