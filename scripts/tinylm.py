@@ -1,8 +1,8 @@
 """Write ``tiny_lm``, the generation example of the OpenAI-compatible API (docs/openai.md), into a repository.
 
 The model is ``scripts/tinylm_model.py`` (a Python-backend, decoupled, character-level trigram model) with
-the trigram counts of :data:`CORPUS` beside it and a tokenizer folder whose ``tokenizer_config.json``
-holds a chat template, so ``/v1/chat/completions`` shows where templates come from. Deterministic and
+the trigram counts of :data:`CORPUS` beside it and, in the model's folder, a ``tokenizer_config.json``
+that holds a chat template, so ``/v1/chat/completions`` shows where templates come from. Deterministic and
 offline: the same files on every machine.
 """
 
@@ -74,11 +74,10 @@ def trigram_counts(text: str = CORPUS) -> np.ndarray:
 def write_model(repo: Path, name: str = NAME, token_delay_ms: int = 5) -> Path:
     model_dir = repo / name
     (model_dir / "1").mkdir(parents=True, exist_ok=True)
-    (model_dir / "tokenizer").mkdir(exist_ok=True)
     (model_dir / "config.pbtxt").write_text(CONFIG.replace('"tiny_lm"', f'"{name}"', 1) % {"delay": token_delay_ms})
     shutil.copyfile(SOURCE, model_dir / "1" / "model.py")
     np.savez_compressed(model_dir / "1" / "trigrams.npz", counts=trigram_counts())
     tokenizer = {"chat_template": CHAT_TEMPLATE, "bos_token": "", "eos_token": "\n",
                  "model_max_length": 4096, "tokenizer_class": "PreTrainedTokenizerFast"}
-    (model_dir / "tokenizer" / "tokenizer_config.json").write_text(json.dumps(tokenizer, indent=2) + "\n")
+    (model_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer, indent=2) + "\n")
     return model_dir

@@ -161,7 +161,7 @@ def test_chat_streamed_and_not_say_the_same(client: openai.OpenAI) -> None:
     assert whole.object == "chat.completion" and whole.choices[0].message.role == "assistant"
     text = whole.choices[0].message.content
     assert len(text) == 40 and whole.usage.completion_tokens == 40
-    # the template of tiny_lm/tokenizer/tokenizer_config.json made the prompt: 'System: ...\nUser: ...\nAssistant:'
+    # the template of tiny_lm/tokenizer_config.json made the prompt: 'System: ...\nUser: ...\nAssistant:'
     assert whole.usage.prompt_tokens == len("System: Be brief.\nUser: What does the server do?\nAssistant:")
     chunks = list(client.chat.completions.create(model="tiny_lm", messages=messages, stream=True,
                                                  stream_options={"include_usage": True}, **GREEDY))
@@ -253,9 +253,12 @@ def test_a_client_leaving_before_the_answer_cancels_the_generation(server: Serve
 def test_restricted_api(tmp_path: Path, start_server) -> None:
     add_model(tmp_path, "identity", IDENTITY_CONFIG, IDENTITY_PY)
     tinylm.write_model(tmp_path)
-    server = start_server(tmp_path, flags=("--openai-restricted-api", "inference", "infer-key", "secret"))
+    server = start_server(tmp_path, flags=("--openai-restricted-api", "inference", "infer-key", "secret",
+                                           "--http-restricted-api", "model-repository:repo-key=r"))
     c = openai.OpenAI(base_url=f"http://{server.url}/v1", api_key="unused", max_retries=0)
-    assert [m.id for m in c.models.list()] == ["tiny_lm"]  # model-repository is not restricted
+    with pytest.raises(openai.PermissionDeniedError):  # --http-restricted-api covers /v1 too: Triton's 403
+        c.models.list()
+    assert [m.id for m in c.models.list(extra_headers={"repo-key": "r"})] == ["tiny_lm"]
     with pytest.raises(openai.AuthenticationError) as e:
         c.completions.create(model="tiny_lm", prompt="x", max_tokens=1)
     assert "expecting header 'infer-key'" in e.value.message

@@ -2,8 +2,8 @@
 
 As Triton's OpenAI frontend, ``--tokenizer`` names one tokenizer for every model: a local folder, or a
 Hugging Face id, which ``transformers`` (when installed) loads; its ``apply_chat_template`` renders.
-Without the flag each model may keep its own tokenizer folder: ``<repository>/<model>/tokenizer/``, or the
-files in ``<repository>/<model>/`` itself. A folder's template is ``chat_template.jinja``, else the
+Without the flag each model may keep its own tokenizer files: in ``<repository>/<model>/``, or in its
+``tokenizer/`` folder. A folder's template is ``chat_template.jinja``, else the
 ``chat_template`` of its ``tokenizer_config.json``, rendered by :mod:`..protocol.openai_chat` with no
 ``transformers`` needed. Nothing found: the fallback template (docs/openai.md). What a model was found to
 use is kept until the server stops (a reloaded model keeps its first template). Runs on the hub.
@@ -49,7 +49,7 @@ class ChatTemplates:
                 self._shared = _load(self._tokenizer) or _fallback()
             return self._shared
         for repo in self._repositories:
-            for folder in (repo / model / "tokenizer", repo / model):
+            for folder in (repo / model, repo / model / "tokenizer"):
                 found = _from_folder(folder)
                 if found is not None:
                     log.info("model '%s': chat template of %s", model, folder)
