@@ -26,13 +26,15 @@ import numpy as np
 from flask import Flask
 
 from ..errors import Code, TritonError
+from ..inference import InferResponse
 from ..plane.dataplane import DataPlane, Streamed
 from ..protocol import openai, openai_models, openai_responses, restricted
 from ..protocol.dtypes import BY_ENUM_VALUE
 from ..protocol.openai_models import Spec
 from ..protocol.openai_responses import Choice, StopScanner
+from ..runtime.kernel import Reply as Reply_
 from .http import JSON_HEADERS, HttpRequest, Reply, View
-from .http_routes import _answer, empty_app
+from .http_routes import empty_app
 from .http_status import OPENAI_STATUS, status_line
 from .openai_templates import ChatTemplates
 
@@ -93,7 +95,8 @@ def openai_routes(app: Flask, plane: DataPlane, options: OpenAIOptions) -> None:
         contract = openai_models.embedding_contract(request.model, *_specs(plane, request.model))
         parts = openai_models.embedding_requests(contract, request.model, request.texts)
         pending = [(plane.infer_start(r), rows) for r, rows in parts]  # all queued first: batched together
-        rows = [openai_models.embedding_rows(contract, _answer(p.reply, req), n) for p, n in pending]
+        answers = _answers([p.reply for p, _ in pending], req)
+        rows = [openai_models.embedding_rows(contract, a, n) for a, (_, n) in zip(answers, pending, strict=True)]
         return _json(openai_responses.embeddings(request.model, _stack(rows), request.base64))
 
     @route("/v1/completions", "openai_completions", "POST")
@@ -178,6 +181,18 @@ def _generate(plane: DataPlane, req: HttpRequest, gen: openai.Generation,
         choices.close()
     encode = openai_responses.chat if gen.chat else openai_responses.completion
     return _json(encode(rid, int(time.time()), gen.model, texts, openai_responses.usage(choices.counts)))
+
+
+def _answers(replies: list[Reply_[InferResponse]], req: HttpRequest) -> list[InferResponse]:
+    """Every reply's response. A client that closes its connection meanwhile cancels the requests not
+    answered yet (still queued: never run), as /infer does."""
+    for reply in replies:
+        if not reply.ready() and req.peer_gone is not None and not reply.wait_or(req.peer_gone()):
+            for other in replies:
+                if not other.ready():
+                    other.fail(TritonError(Code.CANCELLED, "request cancelled by the client"))
+            break
+    return [reply.get() for reply in replies]
 
 
 def _collected(choices: _Choices, req: HttpRequest) -> list[tuple[str, str]]:
