@@ -31,10 +31,10 @@ from .frontends.descriptors import ConnectionSlots, region_total
 from .frontends.grpc import GrpcServicer
 from .frontends.grpc_h2 import GrpcH2Server
 from .frontends.http import HttpFrontend
-from .frontends.http_routes import create_app
+from .frontends.http_routes import create_app, openai_app
 from .frontends.http_server import HttpServer
 from .frontends.metrics_server import MetricsServer
-from .frontends.openai_routes import OpenAIOptions, openai_app, openai_routes
+from .frontends.openai_routes import OpenAIOptions
 from .host import handlers as hostwide
 from .host.base import Host, LocalHost
 from .host.metrics_snapshot import MetricsSource
@@ -157,9 +157,7 @@ class Server:
             log.info("Started GRPCInferenceService at %s:%d", s.grpc_address, self.grpc.start(listeners.get("grpc")))
         if s.allow_http:
             forward = header_forward.compile_pattern(s.http_header_forward_pattern)
-            app = create_app(self.plane, forward)
-            openai_routes(app, self.plane, self._openai_options())
-            self.frontend = HttpFrontend(app, s.http_max_input_size,
+            self.frontend = HttpFrontend(create_app(self.plane, forward, self._openai_options()), s.http_max_input_size,
                                          Restrictions(s.http_restricted_api, "--http-restricted-api"))
             self.http = HttpServer(s.http_address, s.http_port, self.frontend, self._http_limits(),
                                    s.http_max_connections, listeners.get("http"), budget, slots,

@@ -1,10 +1,10 @@
 """The OpenAI-compatible routes (``/v1/models``, ``/v1/embeddings``, ``/v1/completions``, ``/v1/chat/completions``).
 
-Declared on the HTTP port's app by :func:`.http_routes.create_app` and, with ``--openai-port``, alone on
-an app of their own (:func:`openai_app`). Each view is decode (:mod:`..protocol.openai`) → the data plane
-(``infer_start`` / ``infer_stream``, so statistics, metrics, traces and dynamic batching count these
-requests as any other) → encode (:mod:`..protocol.openai_responses`). A :class:`TritonError` becomes
-OpenAI's error object with the status of ``OPENAI_STATUS``; ``--openai-restricted-api`` (Triton's
+Declared on every HTTP port app by :func:`.http_routes.create_app` and, with ``--openai-port``, alone on
+an app of their own (:func:`.http_routes.openai_app`). Each view is decode (:mod:`..protocol.openai`) →
+the data plane (``infer_start`` / ``infer_stream``, so statistics, metrics, traces and dynamic batching
+count these requests as any other) → encode (:mod:`..protocol.openai_responses`). A :class:`TritonError`
+becomes OpenAI's error object with the status of ``OPENAI_STATUS``; ``--openai-restricted-api`` (Triton's
 syntax: ``<API>[,<API>...] <header> <value>``, APIs ``inference`` and ``model-repository``) answers 401.
 A client that leaves cancels the model requests: a stream's body is closed by the driver, an answer
 being collected watches the connection.
@@ -34,7 +34,6 @@ from ..protocol.openai_models import Spec
 from ..protocol.openai_responses import Choice, StopScanner
 from ..runtime.kernel import Reply as Reply_
 from .http import JSON_HEADERS, HttpRequest, Reply, View
-from .http_routes import empty_app
 from .http_status import OPENAI_STATUS, status_line
 from .openai_templates import ChatTemplates
 
@@ -51,13 +50,6 @@ class OpenAIOptions:
     default_max_tokens: int = openai.DEFAULT_MAX_TOKENS
     restricted: tuple[tuple[str, str, str], ...] = ()  # --openai-restricted-api: (APIs, header, value)
     repositories: tuple[Path, ...] = ()  # where a model's own tokenizer folder is looked for
-
-
-def openai_app(plane: DataPlane, options: OpenAIOptions) -> Flask:
-    """The app of ``--openai-port``: the OpenAI routes only, as Triton's frontend serves on its port."""
-    app = empty_app()
-    openai_routes(app, plane, options)
-    return app
 
 
 def error_reply(error: TritonError) -> Reply:
