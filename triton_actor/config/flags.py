@@ -8,7 +8,7 @@ import argparse
 from ..metrics.config import parse_metrics_config
 from ..observability import log_format
 from ..observability import log_trace_settings as runtime_settings
-from ..protocol import header_forward
+from ..protocol import header_forward, restricted
 from ..protocol.codings import GRPC_LEVELS
 from . import compat_flags
 from .settings import default_grpc_max_connections
@@ -200,3 +200,30 @@ def trace_settings(args: argparse.Namespace) -> dict[str, list[str]]:
         return runtime_settings.trace_config(args.trace_config, old)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
+
+
+def openai_flags(p: argparse.ArgumentParser) -> None:
+    """The OpenAI-compatible API (docs/openai.md): Triton's OpenAI frontend's flags that apply here."""
+    g = p.add_argument_group("OpenAI-compatible API (/v1/... on the HTTP port, and on --openai-port when given)")
+    g.add_argument("--openai-port", type=int, default=None,
+                   help="also serve the /v1 routes alone on this port (Triton's frontend: 9000; 0 picks a free one)")
+    g.add_argument("--tokenizer", default="", metavar="FOLDER|ID",
+                   help="the tokenizer whose chat template every model's chat requests use (default: each "
+                        "model's own tokenizer folder, else a simple fallback template)")
+    g.add_argument("--default-max-tokens", type=int, default=16, metavar="N",
+                   help="tokens generated when a request does not say (Triton's default: 16)")
+    g.add_argument("--openai-restricted-api", nargs=3, action="append", default=[],
+                   metavar=("APIs", "KEY", "VALUE"),
+                   help="'<API>[,<API>...] <header> <value>': the APIs (inference, model-repository) need "
+                        "that header (Triton's OpenAI frontend's syntax); 401 otherwise")
+
+
+def openai_settings(args: argparse.Namespace) -> dict[str, object]:
+    try:
+        restricted.openai_rules(args.openai_restricted_api)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+    if args.default_max_tokens < 1:
+        raise SystemExit("error: --default-max-tokens must be >= 1")
+    return dict(openai_port=args.openai_port, tokenizer=args.tokenizer, default_max_tokens=args.default_max_tokens,
+                openai_restricted_api=tuple(tuple(spec) for spec in args.openai_restricted_api))

@@ -103,6 +103,12 @@ class Settings:
     fast_paths: bool = True  # triton_actor.runtime.fastpath: applied process-wide at start-up
     http_restricted_api: tuple[str, ...] = ()  # --http-restricted-api specs (protocol/restricted.py)
     grpc_restricted_protocol: tuple[str, ...] = ()  # --grpc-restricted-protocol specs
+    # the OpenAI-compatible API (frontends/openai_routes.py): its own port besides the HTTP port's /v1 routes
+    # (None: none), one tokenizer for every chat template ("" = each model's own), --openai-restricted-api
+    openai_port: int | None = None
+    tokenizer: str = ""
+    default_max_tokens: int = 16
+    openai_restricted_api: tuple[tuple[str, str, str], ...] = ()
     workers: int = 1  # --workers: processes under gunicorn's arbiter (triton_actor/workers/)
     rate_limit: str = "off"  # --rate-limit: "execution_count" turns the rate limiter on
     # --rate-limit-resource: (name, device or -2 for every device, count)

@@ -26,6 +26,7 @@ from ..runtime.kernel import Reply as Reply_
 from . import compression
 from .http import JSON_HEADERS, TEXT_HEADERS, HttpRequest, Reply, View, json_reply
 from .offload import WORK_ON_HUB, Offload, json_work
+from .openai_routes import OpenAIOptions, openai_routes
 from .status_page import status_routes
 
 _OK_EMPTY: Reply = ("200 OK", TEXT_HEADERS, b"")
@@ -34,15 +35,24 @@ _NOT_READY: Reply = ("400 Bad Request", TEXT_HEADERS, b"")
 _BINARY = "application/octet-stream"
 
 
-def create_app(plane: DataPlane, forward: re.Pattern[str] | None = None, offload: Offload | None = None) -> Flask:
+def create_app(plane: DataPlane, forward: re.Pattern[str] | None = None, offload: Offload | None = None,
+               openai: OpenAIOptions | None = None) -> Flask:
     """The Flask app holding every route (the url map is all the router uses of it); ``forward``: the
     request headers /infer passes to the model as parameters (--http-header-forward-pattern);
-    ``offload``: the rule for big conversions, shared with the gRPC front end (a new one if None)."""
+    ``offload``: the rule for big conversions, shared with the gRPC front end (a new one if None);
+    ``openai``: the OpenAI-compatible routes' options (:mod:`.openai_routes`, always served)."""
     app = empty_app()
     for group in (_health_routes, _model_routes, partial(_infer_routes, forward=forward, offload=offload or Offload()),
-                  _generate_routes, _shm_routes,
-                  _repository_routes, _settings_routes, status_routes):
+                  _generate_routes, _shm_routes, _repository_routes, _settings_routes, status_routes,
+                  partial(openai_routes, options=openai or OpenAIOptions())):
         group(app, plane)
+    return app
+
+
+def openai_app(plane: DataPlane, options: OpenAIOptions) -> Flask:
+    """The app of ``--openai-port``: the OpenAI routes only, as Triton's frontend serves on its port."""
+    app = empty_app()
+    openai_routes(app, plane, options)
     return app
 
 

@@ -25,6 +25,9 @@ HTTP_ENDPOINTS = {
     "model_stats": "statistics",
     "trace_settings": "trace",
     "logging_settings": "logging",
+    # the OpenAI routes (frontends/openai_routes.py), as Triton's OpenAI frontend groups them
+    "openai_models": "model-repository", "openai_model": "model-repository",
+    "openai_embeddings": "inference", "openai_completions": "inference", "openai_chat": "inference",
 }
 
 GRPC_METHODS = {
@@ -97,3 +100,21 @@ class Restrictions:
     def header_for(self, category: str | None) -> str | None:
         rule = self.rules.get(category) if category is not None else None
         return rule.header if rule is not None else None
+
+
+OPENAI_APIS = ("inference", "model-repository")
+
+
+def openai_rules(specs: Iterable[tuple[str, str, str]]) -> dict[str, Rule]:
+    """``--openai-restricted-api <API>[,<API>...] <header> <value>`` (Triton's OpenAI frontend's syntax, three
+    arguments) → API → rule; ValueError for an unknown API or one named twice, as that frontend refuses them."""
+    rules: dict[str, Rule] = {}
+    for apis, header, value in specs:
+        for api in apis.split(","):
+            if api not in OPENAI_APIS:
+                raise ValueError(f"--openai-restricted-api: unknown API '{api}'; available: {list(OPENAI_APIS)}")
+            if api in rules:
+                raise ValueError(f"--openai-restricted-api: restricted api '{api}' can not be specified in "
+                                 "multiple config groups")
+            rules[api] = Rule(header.lower(), value)
+    return rules
