@@ -27,6 +27,7 @@ from ..runtime.kernel import Reply
 from ..runtime.response_channel import (
     STREAM_MAX_BYTES,
     STREAM_MAX_RESPONSES,
+    STREAM_STALL_SECS,
     BoundedResponseChannel,
     ChannelResponses,
     StreamAccount,
@@ -171,7 +172,9 @@ class DataPlane:
         batching = handle.config.max_batch_size > 0
         if not handle.config.model_transaction_policy.decoupled:
             return Streamed(vh.version, vh.labels, batching, _one_response(vh.infer(request)))
-        channel = BoundedResponseChannel(STREAM_MAX_RESPONSES, STREAM_MAX_BYTES, account)
+        # a client's stream that stops reading ends the request (STREAM_STALL_SECS); a model's BLS call waits
+        channel = BoundedResponseChannel(STREAM_MAX_RESPONSES, STREAM_MAX_BYTES, account,
+                                         None if internal else STREAM_STALL_SECS)
         try:
             reply = vh.infer(request._replace(responses=channel))
         except BaseException:
