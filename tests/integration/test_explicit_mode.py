@@ -189,6 +189,8 @@ POLL_FAILED = "failed to load '{}', failed to poll from model repository: "
     ("m", {"config": "{}", "file:/tmp/escape.py": "eA=="}, 500, "invalid file override"),
     ("m", {"config": "{}", "file:1/model.py": "***"}, 400, "is not valid base64"),
     ("m", {"config": 7}, 500, "'config' parameter must be a string"),
+    # refused before it is parsed (a 103 MB one peaked at 928 MB): repository/overrides.MAX_CONFIG_BYTES
+    ("m", {"config": '{"backend": "python"}' + " " * (4 << 20)}, 400, "more than the 4194304 a model configuration"),
     ("%2E%2E", {}, 500, POLL_FAILED.format("..") + "a model name is one folder name"),
     (".hidden", {}, 500, POLL_FAILED.format(".hidden") + "a model name is one folder name"),
     ("a%2Fb", {}, 404, ""),

@@ -22,7 +22,7 @@ from ..observability.log_trace_settings import RuntimeSettings
 from ..protocol import payloads
 from ..protocol.dtypes import BY_ENUM_VALUE, DType
 from ..repository import config as config_mod
-from ..repository.overrides import FILE_PREFIX
+from ..repository.overrides import FILE_PREFIX, check_config_size
 from ..runtime.kernel import Reply
 from ..runtime.response_channel import (
     STREAM_MAX_BYTES,
@@ -236,6 +236,8 @@ class DataPlane:
         config = parameters.get("config")
         if config is not None and not isinstance(config, str):
             raise TritonError.internal(f"failed to load '{name}': the 'config' parameter must be a JSON string")
+        if config is not None:
+            check_config_size(name, config)  # before the workers journal or any of them parses it
         files = {k: v for k, v in parameters.items() if k.startswith(FILE_PREFIX)}
         for key, value in files.items():
             if not isinstance(value, bytes):
