@@ -17,11 +17,18 @@ the answer, the server's peak RSS above idle (VmHWM) and the RSS left while the 
 ``framing``: raw HTTP/1 requests with ambiguous framing (what nginx refuses); reports each status line.
 
     .venv/bin/python scripts/probe_degraded.py framing
+
+``load-errors``: a load request whose ``file:1/model.py`` fails to import; reports whether the answer or
+the index names the server's temporary directory. ``status-headers``: the security headers of ``/status``.
+
+    .venv/bin/python scripts/probe_degraded.py load-errors
+    .venv/bin/python scripts/probe_degraded.py status-headers
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import http.client
 import json
 import socket
@@ -137,7 +144,33 @@ def framing(port: int, server: subprocess.Popen, args: argparse.Namespace) -> di
     return answers
 
 
-PROBES = {"stalled-sse": stalled_sse, "config-override": config_override, "framing": framing}
+def load_errors(port: int, server: subprocess.Popen, args: argparse.Namespace) -> dict:
+    """A load request whose model.py fails to import: does the answer or the index name the server's
+    temporary folder?"""
+    config = json.dumps({"backend": "python", "max_batch_size": 0,
+                         "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+                         "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}]})
+    model = base64.b64encode(b"import no_such_module_for_the_probe\n").decode()
+    body = json.dumps({"parameters": {"config": config, "file:1/model.py": model}}).encode()
+    status, answer = _request(port, "POST", "/v2/repository/models/plain/load", body)
+    _, index = _request(port, "POST", "/v2/repository/index", b"{}")
+    tmp = tempfile.gettempdir() + "/"
+    return {"status": status, "answer_names_tmp": tmp in answer.decode(), "index_names_tmp": tmp in index.decode(),
+            "traceback_line": next((line for line in json.loads(answer)["error"].splitlines()
+                                    if "model.py(" in line), "").strip()}
+
+
+def status_headers(port: int, server: subprocess.Popen, args: argparse.Namespace) -> dict:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("GET", "/status")
+    answer = conn.getresponse()
+    answer.read()
+    conn.close()
+    return {name: answer.getheader(name) for name in ("Content-Security-Policy", "X-Content-Type-Options")}
+
+
+PROBES = {"stalled-sse": stalled_sse, "config-override": config_override, "framing": framing,
+          "load-errors": load_errors, "status-headers": status_headers}
 
 
 def main() -> None:
@@ -152,7 +185,8 @@ def main() -> None:
             Path(tmp, name, "1").mkdir(parents=True)
             Path(tmp, name, "config.pbtxt").write_text(config)
             Path(tmp, name, "1", "model.py").write_text(model)
-        flags = ["--model-control-mode", "explicit", "--load-model", "flood"] if args.probe == "config-override" else []
+        explicit = args.probe in ("config-override", "load-errors")
+        flags = ["--model-control-mode", "explicit", "--load-model", "flood"] if explicit else []
         port = _free_port()
         server = _start(tmp, port, flags + args.flags.split())
         try:
