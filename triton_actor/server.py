@@ -28,6 +28,7 @@ from .backends.pytorch import PyTorchBackend
 from .config.settings import Settings
 from .errors import TritonError
 from .frontends.budget import ByteBudget
+from .frontends.compression import inflation_limit
 from .frontends.descriptors import ConnectionSlots, region_total
 from .frontends.grpc import GrpcServicer
 from .frontends.grpc_h2 import GrpcH2Server
@@ -166,7 +167,7 @@ class Server:
         if s.allow_http:
             forward = header_forward.compile_pattern(s.http_header_forward_pattern)
             self.frontend = HttpFrontend(create_app(self.plane, forward, offload, self._openai_options()),
-                                         s.http_max_input_size,
+                                         inflation_limit(s),
                                          Restrictions(s.http_restricted_api, "--http-restricted-api"))
             self.http = HttpServer(s.http_address, s.http_port, self.frontend, self._http_limits(),
                                    s.http_max_connections, listeners.get("http"), budget, slots,

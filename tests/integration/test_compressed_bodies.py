@@ -131,3 +131,42 @@ def test_a_big_answer_is_compressed_whole(server: ServerProcess) -> None:
         assert np.array_equal(result.as_numpy("OUTPUT0"), values)
     finally:
         client.close()
+
+
+INFLATED_MAX = 2 * 1024 * 1024  # --http-max-input-size of the server below
+
+
+@pytest.fixture(scope="module")
+def small_limit_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """The default 1 GiB budget, a 2 MiB body limit: only the inflation limit can refuse a bomb."""
+    repo = tmp_path_factory.mktemp("inflation_limit") / "repo"
+    add_model(repo, "identity", IDENTITY_CONFIG, IDENTITY_PY)
+    s = ServerProcess(repo, flags=("--http-max-input-size", str(INFLATED_MAX))).wait_ready()
+    yield s
+    s.stop()
+
+
+def test_grpc_and_http_share_one_inflation_limit(small_limit_server: ServerProcess) -> None:
+    """A message that inflates past --http-max-input-size is refused on gRPC as a gzip body is on HTTP
+    (before, a gRPC message inflated up to the request budget: 1 MiB of gzip made 1 GiB)."""
+    over, fits = INFLATED_MAX // 4 + 1, INFLATED_MAX // 8  # FP32 values
+    grpc = grpcclient.InferenceServerClient(small_limit_server.grpc_url)
+    http = httpclient.InferenceServerClient(small_limit_server.url)
+    try:
+        for algorithm in ("gzip", "deflate"):
+            with pytest.raises(InferenceServerException) as refused:
+                grpc.infer("identity", _inputs(grpcclient, over), compression_algorithm=algorithm)
+            assert refused.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+            assert f"vs. {INFLATED_MAX}) after decompression" in refused.value.message()
+            with pytest.raises(InferenceServerException) as refused:
+                http.infer("identity", _inputs(httpclient, over), request_compression_algorithm=algorithm)
+            assert refused.value.status() == "400"
+            assert f"exceeds the maximum allowed value of {INFLATED_MAX}" in refused.value.message()
+            result = grpc.infer("identity", _inputs(grpcclient, fits), compression_algorithm=algorithm)
+            assert result.as_numpy("OUTPUT0").shape == (fits,)
+        # an uncompressed gRPC message keeps gRPC's own limit (INT32_MAX, as Triton)
+        result = grpc.infer("identity", _inputs(grpcclient, over))
+        assert result.as_numpy("OUTPUT0").shape == (over,)
+    finally:
+        grpc.close()
+        http.close()

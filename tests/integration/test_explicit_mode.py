@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
+import tempfile
 from pathlib import Path
 
 import gevent
@@ -187,6 +189,8 @@ POLL_FAILED = "failed to load '{}', failed to poll from model repository: "
     ("m", {"config": "{}", "file:/tmp/escape.py": "eA=="}, 500, "invalid file override"),
     ("m", {"config": "{}", "file:1/model.py": "***"}, 400, "is not valid base64"),
     ("m", {"config": 7}, 500, "'config' parameter must be a string"),
+    # refused before it is parsed (a 103 MB one peaked at 928 MB): repository/overrides.MAX_CONFIG_BYTES
+    ("m", {"config": '{"backend": "python"}' + " " * (4 << 20)}, 400, "more than the 4194304 a model configuration"),
     ("%2E%2E", {}, 500, POLL_FAILED.format("..") + "a model name is one folder name"),
     (".hidden", {}, 500, POLL_FAILED.format(".hidden") + "a model name is one folder name"),
     ("a%2Fb", {}, 404, ""),
@@ -348,3 +352,26 @@ def test_load_unload_over_grpc(tmp_path: Path, start_server) -> None:
     none_server = start_server(tmp_path)  # NONE mode refuses the API: UNAVAILABLE
     e = _error(grpcclient.InferenceServerClient(none_server.grpc_url).load_model, "a")
     assert e.status() == "StatusCode.UNAVAILABLE" and "explicit model load / unload is not allowed" in e.message()
+
+
+@pytest.mark.parametrize("code", ["import no_such_module_for_the_test\n",  # fails at import (auto-complete)
+                                  "class TritonPythonModel:\n    def initialize(self, args):\n"
+                                  "        raise RuntimeError('from ' + args['model_repository'])\n"])
+def test_a_failed_load_does_not_name_the_servers_temporary_folder(tmp_path: Path, start_server, code: str) -> None:
+    """A load request's files are written to a temporary folder of the server; a model failing there
+    is reported with its traceback (Triton's text), which named that folder to the client (and so the
+    server's temporary directory): now ``<load request>/1/model.py`` in the answer and the index."""
+    repo = tmp_path / "repo"
+    add_tagged(repo, "m", edition=1)
+    server = start_server(repo, flags=EXPLICIT)
+    config = json.dumps({"backend": "python", "max_batch_size": 0,
+                         "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+                         "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}]})
+    body = json.dumps({"parameters": {"config": config,
+                                      "file:1/model.py": base64.b64encode(code.encode()).decode()}}).encode()
+    got, _, data = _post(server, "/v2/repository/models/m/load", body)
+    _, _, index = _post(server, "/v2/repository/index", b"{}")
+    assert got in (400, 500)
+    for text in (data.decode(), index.decode()):
+        assert "<load request>/1/model.py" in text and "triton_actor_m_" not in text, text
+        assert tempfile.gettempdir() + "/" not in text, text

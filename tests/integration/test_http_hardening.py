@@ -108,10 +108,18 @@ def test_bad_chunk_size_is_400_and_memory_stays_flat(example_server: ServerProce
     assert _rss_kb(example_server) - rss_before < 64 * 1024
 
 
-@pytest.mark.parametrize("value", [b"1_0", b"+5", b"-1", b"5 5", b"0x5", b"5\r\nContent-Length: 6"])
+# a second field or a list, even of equal values, as nginx (Content-Length is one of its unique header lines)
+@pytest.mark.parametrize("value", [b"1_0", b"+5", b"-1", b"5 5", b"0x5", b"5\r\nContent-Length: 6",
+                                   b"5\r\nContent-Length: 5", b"5, 5"])
 def test_bad_content_length_is_400(example_server: ServerProcess, value: bytes) -> None:
     head = b"POST /v2/models/add_sub/infer HTTP/1.1\r\nHost: x\r\nContent-Length: " + value + b"\r\n\r\n"
     assert _status(_exchange(example_server, head + b"{}{}{}{}{}")) == 400
+
+
+def test_transfer_encoding_on_http_1_0_is_400(example_server: ServerProcess) -> None:
+    """nginx: "client sent HTTP/1.0 request with Transfer-Encoding header" (HTTP/1.0 has no chunked coding)."""
+    head = b"POST /v2/models/add_sub/infer HTTP/1.0\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    assert _status(_exchange(example_server, head + b"2\r\n{}\r\n0\r\n\r\n")) == 400
 
 
 def test_content_length_with_transfer_encoding_is_400(example_server: ServerProcess) -> None:

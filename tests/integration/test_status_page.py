@@ -8,6 +8,8 @@ timer, so the DOM chromium dumps shows live values only if the script ran, fetch
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
 import re
@@ -120,3 +122,16 @@ def test_page_updates_live_in_chromium(busy_server: ServerProcess, tmp_path: Pat
     shot = Path(os.environ.get("STATUS_PAGE_SCREENSHOT") or tmp_path / "status.png").resolve()
     _chromium("--virtual-time-budget=4000", "--window-size=1280,560", f"--screenshot={shot}", url)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
+
+
+def test_the_page_is_sent_with_a_content_security_policy(busy_server: ServerProcess) -> None:
+    """The page's own inline script (by its hash) and fetches of its origin only; not sniffed as another
+    type. test_page_updates_live_in_chromium shows the script still runs under it."""
+    with urllib.request.urlopen(f"http://{busy_server.url}/status", timeout=30) as answer:
+        page, headers = answer.read(), answer.headers
+    assert headers["X-Content-Type-Options"] == "nosniff"
+    policy = dict(part.strip().split(" ", 1) for part in headers["Content-Security-Policy"].split(";"))
+    assert policy["default-src"] == "'none'" and policy["connect-src"] == "'self'"
+    assert policy["frame-ancestors"] == "'none'" and policy["base-uri"] == "'none'"
+    script = re.search(rb"<script>(.*?)</script>", page, re.S).group(1)
+    assert policy["script-src"] == f"'sha256-{base64.b64encode(hashlib.sha256(script).digest()).decode()}'"

@@ -275,6 +275,24 @@ def test_a_grpc_client_that_reads_nothing_holds_back_the_model(tmp_path: Path, s
     stream.close()
 
 
+def test_a_grpc_client_that_stops_reading_frees_the_instance(tmp_path: Path, start_server) -> None:
+    """A gRPC stream that keeps a zero window and stays open: once it took nothing for STREAM_STALL_SECS
+    (10 s) while the model waited, the request is cancelled and the instance serves others, well before
+    the 60 s window_timeout (which, before, was what released the model)."""
+    repo, out = _flood_repo(tmp_path)
+    server = start_server(repo)
+    count = 400
+    stream = _ZeroWindowStream(server, _flood_request("stalled", count, 64 << 10))
+    try:
+        _assert_held_back(server, out, "stalled", count, 64 << 10)
+        wait_for(lambda: (out / "stalled.done").exists(), timeout=40, what="the stalled request to be cancelled")
+        sent, cancelled = (out / "stalled.done").read_text().split()
+        assert int(sent) < count and cancelled == "True"
+        _assert_serves_again(server)
+    finally:
+        stream.close()
+
+
 @ISOLATION
 def test_the_requests_of_a_stream_share_one_bound(tmp_path: Path, start_server, flags: tuple[str, ...]) -> None:
     """Eight requests on one stream that reads nothing, each answered on a thread of its own: together
@@ -359,6 +377,25 @@ def test_an_http_client_that_reads_no_events_holds_back_the_model(tmp_path: Path
     sent, cancelled = (out / "sse.done").read_text().split()
     assert int(sent) < count and cancelled == "True"
     _assert_serves_again(server)
+
+
+def test_an_http_client_that_stops_reading_frees_the_instance(tmp_path: Path, start_server) -> None:
+    """A generate_stream client that stops reading and stays connected: once it took nothing for
+    STREAM_STALL_SECS while the model waited, the request is cancelled and the instance serves others
+    with the client still there (before, the model waited until the send timeout, here 600 s)."""
+    repo, out = _flood_repo(tmp_path)
+    server = start_server(repo, flags=("--http-send-timeout-secs", "600"))
+    count = 600
+    sock = _generate_stream(server, "stalled", count, 64 << 10)
+    try:
+        _assert_held_back(server, out, "stalled", count, 64 << 10, slack=40)
+        wait_for(lambda: (out / "stalled.done").exists(), timeout=60, what="the stalled request to be cancelled")
+        sent, cancelled = (out / "stalled.done").read_text().split()
+        assert int(sent) < count and cancelled == "True"
+        assert _streams(server)["waiting_senders"] == 0
+        _assert_serves_again(server)
+    finally:
+        sock.close()
 
 
 def test_a_slow_http_reader_gets_every_event_in_order(tmp_path: Path, start_server) -> None:

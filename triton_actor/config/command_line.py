@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, (_arg, default) in GRPC_KEEPALIVE.items():
         p.add_argument(flag, type=int_or_bool, default=default, help=f"gRPC keepalive (default {default})")
     metrics_flags(p)
-    p.add_argument("--http-max-input-size", type=int, default=64 * 1024 * 1024, help="bytes, also after decompression")
+    p.add_argument("--http-max-input-size", type=int, default=64 * 1024 * 1024, help="bytes, also after decompression (HTTP bodies and compressed gRPC messages)")
     p.add_argument("--http-max-connections", type=int, default=1024,
                    help="open connections on the HTTP port (the metrics port has at most 64; every port draws on "
                         "one count that leaves a quarter of the descriptor limit free); the timeouts below apply "

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import gevent
 import gevent.lock
 
+from ..config.settings import Settings
 from ..protocol.codings import Deflation, Inflation
 from ..runtime.bridge import call_in_thread
 
@@ -35,6 +36,15 @@ Hold = Callable[[int], None]  # reserve n more bytes of the budget (n < 0: give 
 
 T = TypeVar("T")
 _turn = gevent.lock.Semaphore()  # the one slice running on a thread (hub-owned, like the budget)
+
+
+def inflation_limit(s: Settings) -> int:
+    """The most bytes one compressed request inflates to, HTTP body or gRPC message: ``--http-max-input-size``
+    (Triton's limit "also after decompression"). gRPC's own message limit is INT32_MAX, as Triton's, which
+    let a 1 MiB gzip message inflate to the 1 GiB budget (4.3 s of zlib, 1 GB peak) where a gzip body
+    stopped at 64 MiB; an uncompressed message costs its sender every byte, an inflated one a thousandth.
+    Past it, each transport answers as it does for a request over its size limit (400 / RESOURCE_EXHAUSTED)."""
+    return s.http_max_input_size
 
 
 def inflate(coding: str, data: bytes, limit: int, hold: Hold) -> bytes:

@@ -298,12 +298,12 @@ class Call:
             encoding = (self.encoding or b"identity").decode("latin-1")
             if not codings.known(encoding):
                 raise Refused(UNIMPLEMENTED, f"unsupported grpc-encoding '{encoding}'")
-            limit = self.conn.server.max_receive
+            limit = self.conn.server.max_inflated
             try:
                 data = compression.inflate(encoding, data, limit, self._hold_more)
             except OverflowError as e:
-                raise Refused(RESOURCE_EXHAUSTED, f"Received message larger than max ({e.args[0]} vs. {limit})") \
-                    from None
+                raise Refused(RESOURCE_EXHAUSTED, f"Received message larger than max ({e.args[0]} vs. {limit}) "
+                              "after decompression. Use --http-max-input-size to increase the limit.") from None
             except zlib.error as e:
                 raise Refused(INTERNAL, f"could not decompress the message: {e}") from None
             inflated = len(data)  # inflate() holds as many bytes as it returns

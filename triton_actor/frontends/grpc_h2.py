@@ -43,6 +43,7 @@ from ..protocol.restricted import Restrictions
 from ..runtime.socket_io import plain_recv, plain_send_all, recv_when_readable, send_all
 from . import tls
 from .budget import ByteBudget
+from .compression import inflation_limit
 from .descriptors import ConnectionSlots, Listener, Reusable, bind, descriptor_cap
 from .grpc import GrpcServicer
 from .grpc_calls import Call
@@ -76,7 +77,9 @@ class GrpcH2Server:
                  limits: h2e.Limits | None = None, max_connections: int = 0,
                  ssl_context: ssl.SSLContext | None = None, restrictions: Restrictions | None = None,
                  budget: ByteBudget | None = None, slots: ConnectionSlots | None = None,
-                 response_compression: str = "none", forward: re.Pattern[str] | None = None) -> None:
+                 response_compression: str = "none", forward: re.Pattern[str] | None = None,
+                 max_inflated: int = 0) -> None:
+        """``max_inflated``: the most bytes a compressed message may inflate to (0: the message limit)."""
         opts = dict(options or {})
         self.forward = forward  # --grpc-header-forward-pattern: metadata an inference call passes to the model
         self.response_compression = response_compression  # --grpc-infer-response-compression-level
@@ -88,6 +91,8 @@ class GrpcH2Server:
         self.port = port
         self.max_receive = int(opts.get("grpc.max_receive_message_length", MAX_MESSAGE))
         self.max_send = int(opts.get("grpc.max_send_message_length", MAX_MESSAGE))
+        # compression.inflation_limit: HTTP's body limit, so a gzip message is bounded as a gzip body is
+        self.max_inflated = min(self.max_receive, max_inflated or self.max_receive)
         self.reuse_port = bool(opts.get("grpc.so_reuseport", 0))
         self.limits = replace(
             limits or h2e.Limits(),
@@ -122,7 +127,7 @@ class GrpcH2Server:
         restrictions = Restrictions(s.grpc_restricted_protocol, "--grpc-restricted-protocol")
         return cls(servicer, s.grpc_address, s.grpc_port, dict(s.grpc_options), limits, s.grpc_max_connections,
                    context, restrictions, budget, slots, s.grpc_infer_response_compression_level,
-                   header_forward.compile_pattern(s.grpc_header_forward_pattern))
+                   header_forward.compile_pattern(s.grpc_header_forward_pattern), inflation_limit(s))
 
     def start(self, listener: socket.socket | None = None) -> int:
         """Bind and start serving; returns the bound port (``port`` 0 picks a free one). ``listener``: a

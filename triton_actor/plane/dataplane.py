@@ -23,11 +23,12 @@ from ..inference import InferRequest, InferResponse
 from ..observability.log_trace_settings import RuntimeSettings
 from ..protocol import payloads
 from ..repository import config as config_mod
-from ..repository.overrides import FILE_PREFIX
+from ..repository.overrides import FILE_PREFIX, check_config_size
 from ..runtime.kernel import Reply
 from ..runtime.response_channel import (
     STREAM_MAX_BYTES,
     STREAM_MAX_RESPONSES,
+    STREAM_STALL_SECS,
     BoundedResponseChannel,
     ChannelResponses,
     StreamAccount,
@@ -219,7 +220,9 @@ class DataPlane:
             route, target = self._loaded(request, route)
         if not route.decoupled:
             return Streamed(route, _one_response(target.infer(request)))
-        channel = BoundedResponseChannel(STREAM_MAX_RESPONSES, STREAM_MAX_BYTES, account)
+        # a client's stream that stops reading ends the request (STREAM_STALL_SECS); a model's BLS call waits
+        channel = BoundedResponseChannel(STREAM_MAX_RESPONSES, STREAM_MAX_BYTES, account,
+                                         None if internal else STREAM_STALL_SECS)
         try:
             reply = target.infer(request._replace(responses=channel))
         except BaseException:
@@ -253,6 +256,8 @@ class DataPlane:
         config = parameters.get("config")
         if config is not None and not isinstance(config, str):
             raise TritonError.internal(f"failed to load '{name}': the 'config' parameter must be a JSON string")
+        if config is not None:
+            check_config_size(name, config)  # before the workers journal or any of them parses it
         files = {k: v for k, v in parameters.items() if k.startswith(FILE_PREFIX)}
         for key, value in files.items():
             if not isinstance(value, bytes):

@@ -1,8 +1,8 @@
 """An HTTP/1.1 request head, parsed (RFC 9112 §2-§6): :func:`parse_head` turns the bytes before the
 blank line into a :class:`Head`, or raises :class:`ProtocolError` with the status to answer.
 
-It owns the connection :class:`Limits` (nginx's defaults), the strict framing rules (``Content-Length``
-digits only, ``Transfer-Encoding: chunked`` only, never both) and the cache of parsed heads that a
+It owns the connection :class:`Limits` (nginx's defaults), the strict framing rules (one ``Content-Length``
+of digits only, ``Transfer-Encoding: chunked`` only and not on HTTP/1.0, never both) and the cache of parsed heads that a
 repeating client hits. :mod:`.http1` drives it from its state machine.
 """
 
@@ -24,6 +24,8 @@ _HUGE = 1 << 62  # what a longer one is taken as; said as "more than 10^18 - 1" 
 _HEADER = re.compile(r"^([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*([^\x00-\x08\x0a-\x1f\x7f]*?)[ \t]*\r?$", re.M)
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _VERSION = re.compile(r"HTTP/[0-9]\.[0-9]")
+# fields a request may send once (nginx: "client sent duplicate header line", or "... host header")
+_UNIQUE = {"host": "Host", "content-length": "Content-Length"}
 _TARGET = re.compile(r"[\x21-\x7e]+")  # visible ASCII (RFC 3986; anything else arrives percent-encoded)
 
 @dataclass(frozen=True, slots=True)
@@ -95,12 +97,12 @@ def parse_head(head: bytes, limits: Limits = DEFAULT_LIMITS) -> Head:
         headers = {}
         for k, v in pairs:
             key = k.lower()
-            if key == "host" and key in headers:  # RFC 9112 §3.2 (nginx: "client sent duplicate host header")
-                raise ProtocolError(400, "more than one Host header field")
+            if key in _UNIQUE and key in headers:
+                raise ProtocolError(400, f"more than one {_UNIQUE[key]} header field")
             headers[key] = f"{headers[key]},{v}" if key in headers else v
     connection = headers.get("connection", "").lower()
     keep_alive = ("close" not in connection) if version == "HTTP/1.1" else ("keep-alive" in connection)
-    length = _framing(headers)
+    length = _framing(headers, version)
     expect = version == "HTTP/1.1" and length != 0 and headers.get("expect", "").lower() == "100-continue"
     info = Head(method, target, version, headers, keep_alive, expect, length)
     if len(head) <= _HEAD_CACHED_MAX:
@@ -120,11 +122,16 @@ def _request_line(line: str) -> tuple[str, str, str]:
     return parts[0], parts[1], version
 
 
-def _framing(headers: dict[str, str]) -> int:
-    """Content-Length, :data:`CHUNKED`, or 0 (RFC 9112 §6)."""
+def _framing(headers: dict[str, str], version: str) -> int:
+    """Content-Length, :data:`CHUNKED`, or 0 (RFC 9112 §6), as strictly as nginx reads them
+    (``ngx_http_process_request_header``): one Content-Length of digits only, not a list of equal
+    values (RFC 9110 §8.6 lets a recipient accept one; a proxy in front may have read the first), and
+    no Transfer-Encoding from an HTTP/1.0 client, which cannot send a chunked body (RFC 9112 §6.1)."""
     te = headers.get("transfer-encoding")
     cl = headers.get("content-length")
     if te is not None:
+        if version == "HTTP/1.0":
+            raise ProtocolError(400, "Transfer-Encoding in an HTTP/1.0 request")
         if cl is not None:  # both: a request-smuggling attempt or a broken proxy (RFC 9112 §6.3)
             raise ProtocolError(400, "both Content-Length and Transfer-Encoding")
         if te.strip(" \t").lower() != "chunked":
@@ -132,10 +139,7 @@ def _framing(headers: dict[str, str]) -> int:
         return CHUNKED
     if cl is None:
         return 0
-    values = {v.strip(" \t") for v in cl.split(",")}  # repeated fields must all agree
-    if len(values) != 1:
-        raise ProtocolError(400, "invalid Content-Length")
-    value = values.pop()
+    value = cl.strip(" \t")
     if not value or not value.isascii() or not value.isdigit():  # no sign, blank, '_' or non-ASCII digit
         raise ProtocolError(400, "invalid Content-Length")
     digits = value.lstrip("0")

@@ -6,7 +6,8 @@ that writes the responses runs in a greenlet on the hub. :class:`ResponseChannel
 bound (warmup, which reads only after ``execute`` returned); :class:`BoundedResponseChannel` is what a
 client's stream gets (``DataPlane.infer_stream``): once the responses not yet taken by the front end
 reach :data:`STREAM_MAX_RESPONSES` or :data:`STREAM_MAX_BYTES`, the producer's ``send()`` waits until the
-front end took them down to half of that. The front end takes the next response only once it wrote the
+front end took them down to half of that, and a client's stream that takes none for :data:`STREAM_STALL_SECS`
+meanwhile is cancelled (a model waiting on it held its instance until the 60 s send timeout). The front end takes the next response only once it wrote the
 last one (gRPC: within the stream's flow-control window; HTTP: into the socket), so a client that stops
 reading stops the model, as grpc-go's ``Send`` blocks on flow control; before, a client advertising a
 zero window made the server hold every response the model sent (800 x 1 MiB: RSS 422 -> 1222 MB).
@@ -44,14 +45,21 @@ from typing import Any
 import gevent
 import gevent.event
 
+from ..errors import Code, TritonError
 from ..inference import response_bytes
-from .bridge import this_thread_hub
 from .stream_credits import Window
+from .stream_waiters import HubWaiter, LockWaiter
+from .stream_waiters import waiter as stream_waiter
 from .threads import native_lock
 from .threads import native_thread_id as _get_ident
 
 STREAM_MAX_RESPONSES = 1024  # responses of one request a client's stream holds before the model's send() waits
 STREAM_MAX_BYTES = 4 << 20  # or bytes of their outputs (a larger response is let through alone)
+# seconds a client's stream may take nothing while its model's send() waits at the bound: then the
+# request is cancelled, so a client that stopped reading frees the model's instance (it held it until
+# the 60 s send timeout) and a slow one, taking a response now and then, is never cut
+STREAM_STALL_SECS = 10.0
+_STALL_STEPS = 5
 Item = tuple[Any, bool]  # (InferResponse | TritonError | None, final)
 
 
@@ -165,13 +173,14 @@ class StreamAccount:
     the set of channels is the hub's (created and closed there), so a consumer that made room wakes
     the producers waiting on any of them."""
 
-    __slots__ = ("max_count", "max_bytes", "count", "bytes", "lock", "channels", "__weakref__")
+    __slots__ = ("max_count", "max_bytes", "count", "bytes", "taken", "lock", "channels", "__weakref__")
 
     def __init__(self, max_count: int = 0, max_bytes: int | None = None) -> None:
         self.max_count = max(1, max_count or STREAM_MAX_RESPONSES)
         self.max_bytes = STREAM_MAX_BYTES if max_bytes is None else max_bytes
         self.count = 0
         self.bytes = 0
+        self.taken = 0  # responses the consumers took, ever (progress, for a stalled stream)
         self.lock = native_lock()
         self.channels: weakref.WeakSet[BoundedResponseChannel] = weakref.WeakSet()
 
@@ -202,11 +211,14 @@ class BoundedResponseChannel(ResponseChannel):
 
     __slots__ = ("_max_count", "_max_bytes", "_resume_count", "_resume_bytes", "_sizes", "_bytes_in",
                  "_bytes_out", "_waiters", "_hub_thread", "on_taken", "on_closed", "remote_waiting", "_account",
-                 "__weakref__")
+                 "_stall", "_taken", "__weakref__")
 
-    def __init__(self, max_count: int, max_bytes: int | None = None, account: StreamAccount | None = None) -> None:
+    def __init__(self, max_count: int, max_bytes: int | None = None, account: StreamAccount | None = None,
+                 stall: float | None = None) -> None:
         """``account``: the bound this channel shares with the other requests of its stream (instead
-        of ``max_count`` / ``max_bytes`` of its own)."""
+        of ``max_count`` / ``max_bytes`` of its own). ``stall``: a producer that waited that many seconds
+        while the consumer took nothing ends the request (:meth:`_stalled`); None: it waits as long as
+        the consumer lives (a BLS caller, an ensemble's step)."""
         super().__init__()
         if account is not None:
             max_count, max_bytes = account.max_count, account.max_bytes
@@ -219,8 +231,10 @@ class BoundedResponseChannel(ResponseChannel):
         self._sizes: collections.deque[int] = collections.deque()  # of the items, in order (bytes counted)
         self._bytes_in = 0  # bytes sent, ever (written by senders under the lock)
         self._bytes_out = 0  # bytes received, ever (written by the consumer)
-        self._waiters: list[_LockWaiter | _HubWaiter] = []  # producers waiting for room (under the lock)
+        self._waiters: list[LockWaiter | HubWaiter] = []  # producers waiting for room (under the lock)
         self._hub_thread = _get_ident()
+        self._stall = stall
+        self._taken = 0  # responses the consumer took, ever (progress, for a stalled stream)
         # a producer in another process (isolated.py) is told what was taken and says when it waits
         self.on_taken: Callable[[int, bool], None] | None = None  # (size, final), in the consumer greenlet
         # (responses, bytes) dropped unread by close(), the final not counted: the hub, once
@@ -288,8 +302,10 @@ class BoundedResponseChannel(ResponseChannel):
         item, final = super().receive(timeout)
         size = self._sizes.popleft()
         self._bytes_out += size
+        self._taken += 1
         account = self._account
         if account is not None:
+            account.taken += 1
             account.add(-1, -size)
             if account.has_room():
                 account.wake_all()
@@ -305,7 +321,7 @@ class BoundedResponseChannel(ResponseChannel):
         waiters after), so one of the two always sees the other."""
         if self._has_room() or self._closed or self._cancelled:
             return
-        waiter = _waiter(self._hub_thread)
+        waiter = stream_waiter(self._hub_thread)
         if waiter is None:
             return  # the hub itself: it must never block
         with self._send_lock:
@@ -316,7 +332,30 @@ class BoundedResponseChannel(ResponseChannel):
                     self._waiters.remove(waiter)
                     waiter.discard()
                     return
-        waiter.wait(self._send_lock, self._waiters)
+        # looks every fifth of ``stall``: stalled once that long passed with nothing taken
+        step = None if self._stall is None else self._stall / _STALL_STEPS
+        seen, quiet = self._progress(), 0
+        while not waiter.wait(self._send_lock, self._waiters, step):
+            progress = self._progress()
+            quiet = quiet + 1 if progress == seen else 0
+            seen = progress
+            if quiet >= _STALL_STEPS:
+                self._stalled()  # wakes every waiter, this one too
+
+    def _progress(self) -> int:
+        """Responses the consumer took, ever (of its whole stream when it shares one)."""
+        return self._account.taken if self._account is not None else self._taken
+
+    def _stalled(self) -> None:
+        """Producer side: the consumer took nothing for ``stall`` s while a producer waited at the bound.
+        The request is cancelled as if its client had left (``is_cancelled()``, later sends dropped,
+        waiting ones released), and its stream ends with a CANCELLED error after what it holds, for a
+        client that reads again; what is queued stays within the bound until the front end closes."""
+        error = TritonError(Code.CANCELLED, f"the client took no response for {self._stall:g} s while the "
+                                            "model waited for it to read; the request was cancelled")
+        if self._queue(error, True, 0):
+            self._cancelled = True  # on_cancel is a producer in another process's: it never waits here
+        self._wake_waiters()
 
     def _wake_waiters(self) -> None:
         """Consumer side: every waiting producer goes on (wake-ups under the lock: see the waiters)."""
@@ -352,62 +391,6 @@ class BoundedResponseChannel(ResponseChannel):
 
     def _release(self) -> None:
         self._wake_waiters()
-
-
-class _LockWaiter:
-    """A producer on a native thread without a gevent hub: it blocks on a lock of the OS."""
-
-    __slots__ = ("_lock",)
-
-    def __init__(self) -> None:
-        self._lock = native_lock()
-        self._lock.acquire()
-
-    def wake(self) -> None:
-        self._lock.release()
-
-    def wait(self, _guard: Any, _waiters: list[Any]) -> None:
-        self._lock.acquire()
-
-    def discard(self) -> None:
-        pass
-
-
-class _HubWaiter:
-    """A producer greenlet on a thread with a gevent hub (a native thread whose model started "threads",
-    or a greenlet of the main hub): only it waits, woken through a watcher of its own hub."""
-
-    __slots__ = ("_event", "_watcher")
-
-    def __init__(self, hub: Any) -> None:
-        self._event = gevent.event.Event()
-        self._watcher = hub.loop.async_()
-        self._watcher.start(self._event.set)
-
-    def wake(self) -> None:
-        self._watcher.send()  # any thread, under the channel's lock
-
-    def wait(self, guard: Any, waiters: list[Any]) -> None:
-        try:
-            self._event.wait()
-        finally:  # woken, or killed while waiting (GreenletExit): out of the list, then the watcher closes
-            with guard:  # a wake() under way finishes first
-                if self in waiters:
-                    waiters.remove(self)
-                self._watcher.close()
-
-    def discard(self) -> None:
-        self._watcher.close()
-
-
-def _waiter(hub_thread: int) -> _LockWaiter | _HubWaiter | None:
-    """How the calling producer waits; None on the hub greenlet of the hub thread (it never waits)."""
-    hub = this_thread_hub()
-    if hub is None:
-        return _LockWaiter()
-    if gevent.getcurrent() is hub:
-        return None if _get_ident() == hub_thread else _LockWaiter()
-    return _HubWaiter(hub)
 
 
 class ChannelResponses:

@@ -84,17 +84,17 @@ def call(path: str, kind: str, args: dict[str, Any], timeout: float) -> Any:
     """Run ``kind`` on the worker listening at ``path`` and return its answer (this greenlet waits)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        with gevent.Timeout(timeout, TritonError.unavailable(f"worker at {path} did not answer {kind!r} "
+        with gevent.Timeout(timeout, TritonError.unavailable(f"a worker did not answer {kind!r} "
                                                              f"within {timeout:.0f} s")):
             sock.connect(path)
             sock.sendall(control.encode({"id": 1, "kind": kind, "args": args}))
             answer = _read_one(sock, control.FrameReader())
     except OSError as e:
-        raise TritonError.unavailable(f"worker at {path} cannot be reached: {e}") from e
+        raise TritonError.unavailable(f"a worker cannot be reached: {e.strerror or e}") from e
     finally:
         sock.close()
     if answer is None:
-        raise TritonError.unavailable(f"worker at {path} closed the control connection during {kind!r}")
+        raise TritonError.unavailable(f"a worker closed the control connection during {kind!r}")
     if "error" in answer:
         code, message = answer["error"]
         raise TritonError(Code(code), message)

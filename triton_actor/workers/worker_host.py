@@ -120,8 +120,10 @@ class WorkerHost(LocalHost):
             if failed:
                 self._undo(undo, [p for p, ok, a in results if ok and not isinstance(a, TritonError)])
                 path, error = failed[0]
-                raise TritonError(error.code, f"{error.message} (worker {Path(path).stem}; "
-                                              f"the change was undone on every worker)")
+                log.warning("worker %s refused %r: %s", Path(path).stem, kind, error.message)
+                # the client is not told which process (its pid) refused: the log is
+                raise TritonError(error.code, f"{error.message} (on another worker; the change was undone on "
+                                              "every worker)")
             call_in_thread(self.journal.commit, data)
             answers += [a for _, ok, a in results if ok]
             return answers

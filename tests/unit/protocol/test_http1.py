@@ -86,10 +86,16 @@ def test_content_length_digits_only(value: str) -> None:
     assert refused(data).status == 400
 
 
-def test_content_length_agreeing_duplicates_and_blanks() -> None:
-    data = b"POST / HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\nabc"
-    assert events(data)[1] == Body(b"abc")
-    assert refused(b"POST / HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd").status == 400
+@pytest.mark.parametrize("fields", [b"Content-Length: 3\r\nContent-Length: 3", b"Content-Length: 3, 3",
+                                    b"Content-Length: 3\r\ncontent-length: 4", b"Content-Length: 3,3"])
+def test_content_length_once_and_not_a_list(fields: bytes) -> None:
+    """As nginx (Content-Length is a unique header line, its value digits only): equal duplicates or a
+    list of equal values are 400 too, since a proxy in front may have framed the body by another rule."""
+    e = refused(b"POST / HTTP/1.1\r\n" + fields + b"\r\n\r\nabc")
+    assert e.status == 400
+
+
+def test_content_length_blanks() -> None:
     # blanks around a field value are not part of it (RFC 9110 §5.5)
     assert events(b"POST / HTTP/1.1\r\nContent-Length:  3 \r\n\r\nabc")[1] == Body(b"abc")
 
@@ -100,6 +106,20 @@ def test_body_limit_on_declared_length() -> None:
     e = refused(b"POST / HTTP/1.1\r\nContent-Length: " + b"9" * 400 + b"\r\n\r\n")
     assert isinstance(e, BodyTooLarge) and e.size == "more than 999999999999999999"  # not 2**62, which it is taken as
     assert events(b"POST / HTTP/1.1\r\nContent-Length: 100\r\n\r\n" + b"x" * 100)[1] == Body(b"x" * 100)
+
+
+def test_transfer_encoding_on_http_1_0_is_refused() -> None:
+    """nginx: "client sent HTTP/1.0 request with Transfer-Encoding header" (400); HTTP/1.0 has no
+    chunked coding, so a 1.0 proxy in front would frame the body by its end instead."""
+    e = refused(b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nabcd\r\n0\r\n\r\n")
+    assert e.status == 400 and "HTTP/1.0" in e.message
+
+
+def test_a_space_after_a_chunk_size_is_read_as_nginx_reads_it() -> None:
+    """nginx's ngx_http_parse_chunked takes a blank after the size as the start of a chunk extension
+    (to the line's end), so it does not refuse it; neither do we (the size itself is hex digits only)."""
+    data = b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n4 \r\nabcd\r\n0\t\r\n\r\n"
+    assert events(data)[1] == Body(b"abcd")
 
 
 def test_transfer_encoding_with_content_length_is_refused() -> None:

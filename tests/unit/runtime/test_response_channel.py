@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from gevent import monkey
 
+from triton_actor.errors import Code, TritonError
 from triton_actor.inference import InferResponse, response_bytes
 from triton_actor.runtime import response_channel
 from triton_actor.runtime.response_channel import BoundedResponseChannel, ChannelResponses, StreamAccount
@@ -224,3 +225,43 @@ def test_the_channels_of_a_stream_share_its_account() -> None:
     second.close()
     _until(b.finished, "the second producer to finish (its channel closed)")
     assert account.count == 0 and not account.channels
+
+
+def _assert_ended_cancelled(channel: BoundedResponseChannel, queued: int) -> None:
+    """What a stalled channel holds: the responses queued before the stall, then a CANCELLED final."""
+    assert channel.is_cancelled() and channel.held[2] == 0
+    got = [channel.receive(timeout=5) for _ in range(queued + 1)]
+    assert got[:queued] == [(i, False) for i in range(queued)]
+    error, final = got[-1]
+    assert final and isinstance(error, TritonError) and error.code == Code.CANCELLED
+    channel.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_producer_whose_consumer_takes_nothing_for_the_stall_ends_the_request() -> None:
+    """A client that stopped reading frees the model: its waiting send returns after ``stall`` s with
+    nothing taken, later ones are dropped, and the stream ends CANCELLED after what it held."""
+    channel = BoundedResponseChannel(4, stall=0.05)
+    producer = _Producer(channel, 1000)
+    _until(producer.finished, "the stalled producer to be released")
+    assert producer.returned == 1000  # the rest went nowhere, as for a client that left
+    _assert_ended_cancelled(channel, 4)
+
+
+@pytest.mark.timeout(30)
+def test_a_producer_greenlet_whose_consumer_takes_nothing_for_the_stall_ends_the_request() -> None:
+    channel = BoundedResponseChannel(2, stall=0.05)
+    done = _native_lock()
+    done.acquire()
+
+    def thread_main() -> None:
+        try:
+            sender = threading.Thread(target=lambda: [channel.send(i, False) for i in range(10)])
+            sender.start()  # a greenlet of this thread's hub: it waits on a watcher, with the stall's timeout
+            sender.join()
+        finally:
+            done.release()
+
+    _start(thread_main, ())
+    _until(lambda: not done.locked(), "the stalled greenlet to be released")
+    _assert_ended_cancelled(channel, 2)

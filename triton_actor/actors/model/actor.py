@@ -95,6 +95,7 @@ class ModelActor(Actor):
         self._versions: dict[int, Version] = {}
         self._source: tuple[Path, snapshot.Stamp] | None = None  # None: nothing loaded, or an override
         self._owned_dir: Path | None = None
+        self._private: Path | None = None  # the load request's temporary folder, never named to a client
         self._serving: Load | None = None  # the load whose result serves (a restart replays it)
         self._handover: Reply[Handover] | None = None  # set by hand_over: on_stop hands the state over
 
@@ -239,6 +240,7 @@ class ModelActor(Actor):
 
     # -- loading ----------------------------------------------------------------------------------
     def _load(self, msg: Load) -> None:
+        self._private = msg.model_dir if msg.owned else None
         stamp = snapshot.take(msg.model_dir)
         serving = {v: rec for v, rec in self._versions.items() if rec.state == READY}
         unchanged = msg.config is None and not msg.reload and self._source == (msg.model_dir, stamp)
@@ -247,8 +249,9 @@ class ModelActor(Actor):
         try:
             plan = self._prepare(msg.model_dir, msg.config, stamp)
         except TritonError as e:
-            self._update_failed(serving, e.status_text())
-            raise
+            public = self._public(e)
+            self._update_failed(serving, public.status_text())
+            raise public from None
         if not serving:
             self._first_load(plan, msg)
         else:
@@ -384,7 +387,19 @@ class ModelActor(Actor):
             for v in versions
         }
         gevent.joinall(list(jobs.values()))
-        return {v: job.value or Version(v, UNAVAILABLE, "load interrupted") for v, job in jobs.items()}
+        started = {v: job.value or Version(v, UNAVAILABLE, "load interrupted") for v, job in jobs.items()}
+        for rec in started.values():
+            rec.reason = self._public_text(rec.reason)  # the index and the load's error show it
+        return started
+
+    def _public(self, e: TritonError) -> TritonError:
+        text = self._public_text(e.message)
+        return e if text == e.message else TritonError(e.code, text)
+
+    def _public_text(self, text: str) -> str:
+        """``text`` with the temporary folder a load request's files were written to named as
+        ``<load request>``: a model's traceback showed the server's temporary path to the client."""
+        return text if self._private is None else text.replace(str(self._private), "<load request>")
 
     def _loaded_from(self, plan: _Plan, msg: Load) -> None:
         # an override marks the source stale: a later load without one reloads from disk (https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_model_repository.md)
