@@ -16,6 +16,7 @@ from typing import Any
 import gevent
 import gevent.event
 
+from . import cache as response_cache
 from .actors.model.messages import LoadSettings
 from .actors.repository.actor import RepositoryActor
 from .backends.base import Backend
@@ -79,6 +80,8 @@ class Server:
         # none: the tracer (to every scheduler), the hooks and custom metric families of its Python models
         self.tracer = Tracer()
         self.model_hooks = ServerHooks(metrics=MetricRegistry())
+        # the response cache's store (--cache-config): this server's (each worker's) own, connected in load_models
+        self.response_cache = response_cache.create(settings.cache_config)
         load = LoadSettings(
             gpu_count=gpu_count(),
             auto_complete=settings.auto_complete,
@@ -89,6 +92,7 @@ class Server:
             load_retries=settings.model_load_retry_count,
             tracer=self.tracer,
             server_hooks=self.model_hooks,
+            response_cache=self.response_cache,
         )
         backends = backends or default_backends(settings.backend_config)
         # object-store repositories are mirrored into local folders the repository actor reads (remote.py)
@@ -169,6 +173,8 @@ class Server:
         Object-store repositories are downloaded first (a bucket that cannot be read: StartupError)."""
         s = self.settings
         try:
+            if self.response_cache is not None:
+                self.response_cache.open()  # a Redis that does not answer stops the start, as Triton's
             self._sync_mirrors()
         except TritonError as e:
             raise StartupError(e.message) from None
@@ -255,6 +261,8 @@ class Server:
         self.server_calls.uninstall()
         for mirror in self.mirrors:  # after the repository actor (its watcher) stopped looking at them
             mirror.close()
+        if self.response_cache is not None:  # after the models: no answer is being stored any more
+            self.response_cache.close()
         self._stopped.set()
         log.info("server stopped")
 

@@ -7,8 +7,11 @@ A command line from NVIDIA's docs, a Helm chart or a k8s manifest must start (ar
   buffer manager, one gevent hub), and directories of backend / repository-agent / cache shared libraries
   (our backends are built in). Each one given is named once in an INFO line at start (``ignored``);
 * refused at start (exit status 1, one line) where accepting would mislead: a SageMaker or Vertex AI
-  endpoint, model namespacing, the rate limiter and the response cache. Their off spellings
-  (``--allow-sagemaker=false``, ``--rate-limit=off``, ``--response-cache-byte-size=0``) are accepted.
+  endpoint, model namespacing and the rate limiter. Their off spellings (``--allow-sagemaker=false``,
+  ``--rate-limit=off``) are accepted.
+
+The response cache's flags (``--cache-config``, ``--response-cache-byte-size``) are read by
+``command_line.py`` into ``Settings.cache_config``.
 """
 
 from __future__ import annotations
@@ -59,7 +62,8 @@ IGNORED: dict[str, tuple[Callable[[str], Any], bool, str, str]] = {
                                       "gRPC answers are not pooled"),
     "--backend-directory": (str, False, "folder of backend shared libraries", _BUILT_IN),
     "--repoagent-directory": (str, False, "folder of repository agent libraries", "repository agents are not loaded"),
-    "--cache-directory": (str, False, "folder of response cache libraries", "there is no response cache"),
+    "--cache-directory": (str, False, "folder of response cache libraries",
+                          "the caches are built in (local and redis, --cache-config)"),
     "--sagemaker-port": (int, False, "SageMaker port (with --allow-sagemaker)", "SageMaker is not served"),
     "--sagemaker-safe-port-range": (str, False, "<low>-<high> (with --allow-sagemaker)", "SageMaker is not served"),
     "--sagemaker-thread-count": (int, False, "SageMaker threads", "SageMaker is not served"),
@@ -86,10 +90,13 @@ def add_flags(p: argparse.ArgumentParser, flag: Callable[..., None], bool_type: 
                          help="Triton's rate limiter (only off)")
     refused.add_argument("--rate-limit-resource", action="append", default=[], metavar="NAME:COUNT[:DEVICE]",
                          help="rate limiter resources (refused)")
-    refused.add_argument("--response-cache-byte-size", type=int, default=0, metavar="BYTES",
-                         help="deprecated response cache size (only 0)")
-    refused.add_argument("--cache-config", action="append", default=[], metavar="CACHE,KEY=VALUE",
-                         help="response cache settings (refused)")
+    cache = p.add_argument_group("response cache (docs/cache.md)")
+    cache.add_argument("--cache-config", action="append", default=[], metavar="CACHE,KEY=VALUE",
+                       help="a response cache setting: local,size=<bytes> or redis,<key>=<value> (host, port, user, "
+                            "password, db, connect_timeout, socket_timeout, pool_size, wait_timeout, cert, key, "
+                            "cacert, cacert_dir); repeat it, or give several key=value after the name")
+    cache.add_argument("--response-cache-byte-size", type=int, default=0, metavar="BYTES",
+                       help="deprecated: the same as --cache-config local,size=BYTES")
 
 
 def _refusals(args: argparse.Namespace) -> list[str]:
@@ -105,9 +112,6 @@ def _refusals(args: argparse.Namespace) -> list[str]:
     if args.rate_limit != "off" or args.rate_limit_resource:
         out.append("--rate-limit=execution_count and --rate-limit-resource are not supported: there is no rate "
                    "limiter (instances run what their scheduler hands them); leave them out or give --rate-limit=off")
-    if args.response_cache_byte_size or args.cache_config:
-        out.append("a response cache (--response-cache-byte-size > 0, --cache-config) is not supported: every "
-                   "request runs its model; leave them out or give --response-cache-byte-size=0")
     return out
 
 

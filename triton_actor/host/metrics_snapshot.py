@@ -44,6 +44,8 @@ def version_entry(stats: dict[str, Any]) -> dict[str, Any]:
         "pending": stats.get("pending", 0),
         "durations_us": {k: d[src][1] // 1000 for k, src in DURATIONS.items()},
         "load_secs": stats.get("load_secs", 0.0),
+        **({"cache": {k: (d[k][0], d[k][1] // 1000) for k in ("cache_hit", "cache_miss")}}
+           if stats.get("cache_enabled") else {}),
         **({"latency": stats["latency_windows"]} if "latency_windows" in stats else {}),
     }
 

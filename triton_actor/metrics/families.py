@@ -35,6 +35,13 @@ _DURATIONS = (  # family, help, durations_us key
     ("nv_inference_compute_output_duration_us", "Cumulative inference compute output duration in microseconds "
      "(does not include cached requests)", "compute_output"),
 )
+_CACHE = (  # family, help, (snapshot "cache" key, 0 = count / 1 = microseconds); Triton core metrics.cc
+    ("nv_cache_num_hits_per_model", "Number of cache hits per model", ("cache_hit", 0)),
+    ("nv_cache_hit_duration_per_model", "Total cache hit duration per model, in microseconds", ("cache_hit", 1)),
+    ("nv_cache_num_misses_per_model", "Number of cache misses per model", ("cache_miss", 0)),
+    ("nv_cache_miss_duration_per_model", "Total cache miss (insert+lookup) duration per model, in microseconds",
+     ("cache_miss", 1)),
+)
 SYSTEM = {  # family → (type, help)
     "nv_cpu_utilization": ("gauge", "CPU utilization rate [0.0 - 1.0]"),
     "nv_cpu_memory_total_bytes": ("gauge", "CPU total memory (RAM), in bytes"),
@@ -65,6 +72,9 @@ def merge_models(snapshots: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
             for k, us in e["durations_us"].items():
                 m["durations_us"][k] += us
             m["load_secs"] = max(m["load_secs"], e["load_secs"])
+            if "cache" in e:
+                have = m.get("cache", {"cache_hit": (0, 0), "cache_miss": (0, 0)})
+                m["cache"] = {k: (have[k][0] + n, have[k][1] + us) for k, (n, us) in e["cache"].items()}
             if "latency" in e:
                 m["latency"] = merge_latency(m.get("latency"), e["latency"])
     return [merged[k] for k in sorted(merged)]
@@ -121,6 +131,10 @@ def model_families(models: list[dict[str, Any]], config: MetricsConfig) -> Itera
     if config.counter_latencies:
         yield from _per_model(models, [(n, h, lambda e, k=k: e["durations_us"][k]) for n, h, k in _DURATIONS],
                               "counter")
+        cached = [e for e in models if "cache" in e]  # Triton makes these only for models whose cache is on
+        if cached:
+            yield from _per_model(cached, [(n, h, lambda e, k=k: e["cache"][k[0]][k[1]]) for n, h, k in _CACHE],
+                                  "counter")
     if config.summary_latencies:
         yield from summary_families(models, config.summary_quantiles)
     if config.histogram_latencies:

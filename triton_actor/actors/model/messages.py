@@ -38,6 +38,9 @@ class LoadSettings:
     # what the server gives its Python models (pb_utils ``serving.ServerHooks``: BLS, model control, custom
     # metrics), handed to every instance; None: the process's only server, if any
     server_hooks: Any = None
+    # the server's response cache store (cache/: local or redis), None without --cache-config; each version
+    # whose config enables response_cache answers through it (actors/model/cached.py)
+    response_cache: Any = None
 
 
 @dataclass(frozen=True, slots=True)

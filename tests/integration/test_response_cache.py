@@ -1,0 +1,175 @@
+"""The response cache through a real server and the official clients: ``--cache-config local,size=N``
+and ``redis,host=H`` + ``redis,port=P`` against a real ``redis-server`` this test starts; Triton's
+statistics (``cache_hit``/``cache_miss``), ``nv_cache_*`` families, LRU eviction by bytes, the
+decoupled refusal, a model that enables the cache on a server without one, and a Redis that goes away."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import socket
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+
+from .clients import PROTOCOLS, Client
+from .server import IDENTITY_PY, ServerProcess, add_model
+
+Start = Callable[..., ServerProcess]
+
+CACHED_CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]
+output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]
+response_cache { enable: true }
+"""
+
+DECOUPLED_CONFIG = CACHED_CONFIG + "model_transaction_policy { decoupled: true }\n"
+
+
+def _repo(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    add_model(repo, "cached", CACHED_CONFIG, IDENTITY_PY)
+    return repo
+
+
+def _infer(client: Client, values: np.ndarray) -> np.ndarray:
+    x = client.mod.InferInput("INPUT0", list(values.shape), "FP32")
+    x.set_data_from_numpy(values)
+    return client.infer("cached", [x]).as_numpy("OUTPUT0")
+
+
+def _stats(server: ServerProcess) -> dict:
+    body = requests.get(f"http://{server.url}/v2/models/cached/stats", timeout=30).json()
+    s = body["model_stats"][0]
+    return {"exec": s["execution_count"], "inferences": s["inference_count"],
+            "hit": s["inference_stats"]["cache_hit"]["count"], "miss": s["inference_stats"]["cache_miss"]["count"],
+            "success": s["inference_stats"]["success"]["count"]}
+
+
+def _metric(server: ServerProcess, family: str) -> float:
+    text = requests.get(server.metrics_url, timeout=30).text
+    m = re.search(rf'^{family}{{model="cached",version="1"}} (\S+)$', text, re.M)
+    assert m is not None, f"{family} missing"
+    return float(m.group(1))
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.timeout(120)
+def test_second_identical_request_is_a_hit(tmp_path: Path, start_server: Start, protocol: str) -> None:
+    server = start_server(_repo(tmp_path), flags=("--cache-config", "local,size=1048576"))
+    client = Client(protocol, server)
+    try:
+        a = np.arange(8, dtype=np.float32)
+        np.testing.assert_array_equal(_infer(client, a), a)
+        assert _stats(server) == {"exec": 1, "inferences": 1, "hit": 0, "miss": 1, "success": 1}
+        np.testing.assert_array_equal(_infer(client, a), a)  # from the cache: the model does not run
+        assert _stats(server) == {"exec": 1, "inferences": 1, "hit": 1, "miss": 1, "success": 2}
+        b = a + 1  # other bytes: a miss
+        np.testing.assert_array_equal(_infer(client, b), b)
+        assert _stats(server) == {"exec": 2, "inferences": 2, "hit": 1, "miss": 2, "success": 3}
+        assert _metric(server, "nv_cache_num_hits_per_model") == 1
+        assert _metric(server, "nv_cache_num_misses_per_model") == 2
+        assert _metric(server, "nv_inference_count") == 2  # hits are not inferences (Triton's help text)
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(120)
+def test_lru_eviction_by_bytes(tmp_path: Path, start_server: Start) -> None:
+    # 2000 FP32 = 8000 bytes an entry: a 12000-byte cache holds one
+    server = start_server(_repo(tmp_path), flags=("--cache-config=local,size=12000",))
+    client = Client("http", server)
+    try:
+        a, b = np.zeros(2000, np.float32), np.ones(2000, np.float32)
+        _infer(client, a)
+        _infer(client, b)  # evicts a
+        _infer(client, b)  # hit
+        assert _stats(server)["hit"] == 1
+        _infer(client, a)  # evicted: runs again
+        assert _stats(server) == {"exec": 3, "inferences": 3, "hit": 1, "miss": 3, "success": 4}
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(120)
+def test_decoupled_model_with_cache_is_refused(tmp_path: Path, start_server: Start) -> None:
+    repo = _repo(tmp_path)
+    add_model(repo, "streamer", DECOUPLED_CONFIG, IDENTITY_PY)
+    server = start_server(repo, flags=("--cache-config", "local,size=1048576", "--exit-on-error=false"))
+    index = requests.post(f"http://{server.url}/v2/repository/index", json={}, timeout=30).json()
+    reason = next(m for m in index if m["name"] == "streamer")["reason"]
+    assert ("Response Cache does not currently support model streamer with 'decoupled' transaction policy. "
+            "Please disable the response cache.") in reason
+
+
+@pytest.mark.timeout(120)
+def test_model_enabling_the_cache_on_a_server_without_one_runs_every_request(tmp_path: Path, start_server: Start) -> None:
+    server = start_server(_repo(tmp_path))
+    client = Client("http", server)
+    try:
+        a = np.arange(4, dtype=np.float32)
+        _infer(client, a)
+        _infer(client, a)
+        assert _stats(server) == {"exec": 2, "inferences": 2, "hit": 0, "miss": 0, "success": 2}
+        text = requests.get(server.metrics_url, timeout=30).text
+        assert "nv_cache_num_hits_per_model" not in text
+    finally:
+        client.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[tuple[int, subprocess.Popen]]:
+    binary = shutil.which("redis-server")
+    assert binary, "redis-server is missing: run scripts/install_test_deps.sh"
+    port = _free_port()
+    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--dir", str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:  # its log says when it accepts connections
+        if "Ready to accept connections" in line:
+            break
+    yield port, proc
+    proc.kill()
+    proc.wait(timeout=30)
+
+
+@pytest.mark.timeout(120)
+def test_redis_cache_hits_and_survives_redis_going_away(tmp_path: Path, start_server: Start,
+                                                         redis_server: tuple[int, subprocess.Popen]) -> None:
+    port, proc = redis_server
+    server = start_server(_repo(tmp_path), flags=("--cache-config", "redis,host=127.0.0.1",
+                                                  "--cache-config", f"redis,port={port}"))
+    client = Client("grpc", server)
+    try:
+        a = np.arange(6, dtype=np.float32)
+        _infer(client, a)
+        np.testing.assert_array_equal(_infer(client, a), a)
+        assert _stats(server) == {"exec": 1, "inferences": 1, "hit": 1, "miss": 1, "success": 2}
+        proc.kill()
+        proc.wait(timeout=30)
+        for _ in range(3):  # every request runs its model; none fails
+            np.testing.assert_array_equal(_infer(client, a), a)
+        assert _stats(server)["exec"] == 4
+        assert server.log().count("redis cache at") == 1, server.log()
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(120)
+def test_redis_that_does_not_answer_at_start_stops_the_server(tmp_path: Path, start_server: Start) -> None:
+    server = start_server(_repo(tmp_path), flags=("--cache-config", f"redis,host=127.0.0.1,port={_free_port()}"),
+                          wait=False)
+    assert server.wait_exit() == 1
+    assert "Failed to initialize RedisCache" in server.log()

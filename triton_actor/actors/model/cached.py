@@ -1,0 +1,100 @@
+"""The response cache in front of one version's scheduler (``response_cache { enable: true }``).
+
+Built by the model actor when the version loads and the server has a cache (``--cache-config``); the
+routing table then shows a :class:`~.handles.CachedVersionHandle`, so versions without a cache keep
+the plain handle and pay nothing. Runs in the request's greenlet and in reply callbacks, all on the
+hub thread. A hit answers at once and never reaches the scheduler; a miss is queued as any request and
+its successful answer is stored when it completes.
+
+Statistics follow Triton core (``InferenceStatsAggregator::UpdateSuccessCacheHit`` / ``...CacheMiss``):
+a hit counts as a success with its duration, a queue entry of no time and a ``cache_hit`` (the
+lookup); it adds no inference or execution. A miss counts ``cache_miss`` with the lookup plus the
+insertion time, which is added to the request's duration. The counters are the version's
+:class:`~...metrics.statistics.VersionStats`, written here on the hub thread beside its scheduler,
+which never yields between reading and writing them. A store that fails (a Redis gone away) only
+turns lookups into misses: the request still runs its model.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import gevent
+
+from ...cache import entry as cache_entry
+from ...cache.keys import request_key
+from ...inference import InferRequest, InferResponse
+from ...metrics.statistics import VersionStats
+from ...runtime.kernel import Reply
+from ..scheduling.messages import Enqueue
+
+_clock = time.perf_counter_ns
+
+
+class CachedVersion:
+    """One version's cache front: ``store`` is the server's (local or redis), shared by its models."""
+
+    __slots__ = ("store", "stats", "model", "version", "scheduler")
+
+    def __init__(self, store: Any, stats: VersionStats, model: str, version: int, scheduler: Any) -> None:
+        self.store, self.stats, self.model, self.version, self.scheduler = store, stats, model, version, scheduler
+        stats.cache_enabled = True
+
+    def infer(self, request: InferRequest, batch: int) -> Reply[InferResponse]:
+        start = _clock()
+        key = request_key(self.model, self.version, request)
+        reply: Reply[InferResponse] = Reply()
+        if self.store.blocking:  # a network lookup: not in the caller, which may be a connection's reader
+            gevent.spawn(self._lookup_then_run, request, batch, key, reply, start)
+            return reply
+        found = self.store.lookup(key)
+        if found is not None:
+            self._hit(found, reply, start)
+        else:
+            self._run(request, batch, key, reply, start, _clock() - start)
+        return reply
+
+    def _lookup_then_run(self, request: InferRequest, batch: int, key: bytes, reply: Reply[InferResponse],
+                         start: int) -> None:
+        found = self.store.lookup(key)
+        if reply.ready():  # cancelled by its client while the lookup waited
+            return
+        if found is not None:
+            self._hit(found, reply, start)
+        else:
+            self._run(request, batch, key, reply, start, _clock() - start)
+
+    def _hit(self, found: cache_entry.Entry, reply: Reply[InferResponse], start: int) -> None:
+        response = found.response()
+        end = _clock()
+        self.stats.record_cache_hit(end - start, end - start)
+        response.timings = (0, 0, 0, 0)  # nothing queued or computed (an ensemble adds these up)
+        reply.set(response)
+
+    def _run(self, request: InferRequest, batch: int, key: bytes, reply: Reply[InferResponse], start: int,
+             lookup_ns: int) -> None:
+        """Queue the request as any other; when it succeeds, keep its answer."""
+        reply.link(lambda done: self._store(done, key, lookup_ns))
+        self.scheduler.ref.tell(Enqueue(request, batch, reply, start))
+
+    def _store(self, done: Reply[InferResponse], key: bytes, lookup_ns: int) -> None:
+        """In the hub once the reply is set: only successful answers are kept (as Triton)."""
+        if done.exception() is not None:
+            return
+        response = done.value()
+        if type(response) is not InferResponse:
+            return
+        kept = cache_entry.from_response(response)
+        if kept is None:  # outputs that are not arrays: answered, counted as a miss, not kept
+            self.stats.record_cache_miss(lookup_ns)
+            return
+        if self.store.blocking:
+            gevent.spawn(self._insert, key, kept, lookup_ns)
+        else:
+            self._insert(key, kept, lookup_ns)
+
+    def _insert(self, key: bytes, kept: cache_entry.Entry, lookup_ns: int) -> None:
+        start = _clock()
+        self.store.insert(key, kept)
+        self.stats.record_cache_miss(lookup_ns + _clock() - start)
