@@ -73,8 +73,6 @@ def test_defaults_are_tritons() -> None:
     (["--model-namespacing=true"], "--model-namespacing=true"),
     (["--rate-limit=execution_count"], "--rate-limit=execution_count"),
     (["--rate-limit-resource=R1:10:0"], "--rate-limit-resource"),
-    (["--response-cache-byte-size=1048576"], "--response-cache-byte-size > 0"),
-    (["--cache-config=local,size=1048576"], "--cache-config"),
 ])
 def test_what_would_mislead_is_refused_naming_the_flag(flags: list[str], named: str) -> None:
     with pytest.raises(SystemExit) as e:
