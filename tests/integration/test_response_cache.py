@@ -173,3 +173,69 @@ def test_redis_that_does_not_answer_at_start_stops_the_server(tmp_path: Path, st
                           wait=False)
     assert server.wait_exit() == 1
     assert "Failed to initialize RedisCache" in server.log()
+
+
+ENSEMBLE_CONFIG = """
+platform: "ensemble"
+max_batch_size: 0
+input [ {{ name: "IN", data_type: TYPE_FP32, dims: [ -1 ] }} ]
+output [ {{ name: "OUT", data_type: TYPE_FP32, dims: [ -1 ] }} ]
+ensemble_scheduling {{ step [ {{ model_name: "cached", model_version: -1,
+  input_map {{ key: "INPUT0", value: "IN" }}, output_map {{ key: "OUTPUT0", value: "OUT" }} }} ] }}
+{extra}
+"""
+
+
+def _model_stats(server: ServerProcess, name: str) -> tuple[int, int, int]:
+    s = requests.get(f"http://{server.url}/v2/models/{name}/stats", timeout=30).json()["model_stats"][0]
+    return s["inference_stats"]["cache_hit"]["count"], s["inference_stats"]["cache_miss"]["count"], s["execution_count"]
+
+
+@pytest.mark.timeout(120)
+def test_ensembles_cached_at_the_top_and_per_composing_model(tmp_path: Path, start_server: Start) -> None:
+    repo = _repo(tmp_path)
+    for name, extra in (("top", "response_cache { enable: true }"), ("plain", "")):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "config.pbtxt").write_text(ENSEMBLE_CONFIG.format(extra=extra))
+    server = start_server(repo, flags=("--cache-config", "local,size=1048576"))
+    client = Client("http", server)
+    try:
+        a = np.arange(3, dtype=np.float32)
+
+        def ask(model: str) -> None:
+            x = client.mod.InferInput("IN", [3], "FP32")
+            x.set_data_from_numpy(a)
+            np.testing.assert_array_equal(client.infer(model, [x]).as_numpy("OUT"), a)
+
+        ask("top")
+        assert (_model_stats(server, "top")[:2], _model_stats(server, "cached")) == ((0, 1), (0, 1, 1))
+        ask("top")  # the ensemble's own entry: the composing model is not reached
+        assert (_model_stats(server, "top")[:2], _model_stats(server, "cached")) == ((1, 1), (0, 1, 1))
+        ask("plain")  # an ensemble without the cache: its step hits the composing model's entry
+        assert _model_stats(server, "cached") == (1, 1, 1)
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(240)
+def test_with_workers_local_is_per_worker_and_redis_is_shared(tmp_path: Path,
+                                                              redis_server: tuple[int, subprocess.Popen]) -> None:
+    """The pid model answers with the pid of the worker that ran it: with a local cache each worker keeps
+    its own answer (both pids come back); with Redis the first answer is every worker's (one pid)."""
+    from .gunicorn_server import PID_CONFIG, PID_PY, Gunicorn, pid_infer, pids_seen
+
+    repo = tmp_path / "repo"
+    add_model(repo, "pid", PID_CONFIG + "response_cache { enable: true }\n", PID_PY)
+    port, _proc = redis_server
+    for flags, shared in ((("--cache-config", "local,size=1048576"), False),
+                          (("--cache-config", f"redis,host=127.0.0.1,port={port}"), True)):
+        g = Gunicorn("--model-repository", str(repo), *flags, workers=2)
+        try:
+            workers = set(g.wait_serving(2))
+            first = pid_infer(g.url)  # stored before the others ask (misses at the same time all run)
+            seen = pids_seen(g.url, workers, tries=400)
+            assert first in seen
+            assert len(seen) == (1 if shared else 2), (flags, seen, workers)
+            assert seen <= workers
+        finally:
+            g.stop()
