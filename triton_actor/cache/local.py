@@ -39,18 +39,20 @@ class LocalCache:
         return entry
 
     def insert(self, key: bytes, entry: Entry) -> bool:
-        """Keep ``entry`` (replacing one under the same key); False when it is larger than the cache."""
-        if entry.nbytes > self.size:
+        """Keep ``entry`` (replacing one under the same key); False when it is larger than the cache.
+        The key's bytes count too (a small request's key is its inputs, keys.py)."""
+        cost = entry.nbytes + len(key)
+        if cost > self.size:
             return False
         old = self._entries.pop(key, None)
         if old is not None:
-            self.used -= old.nbytes
-        while self.used + entry.nbytes > self.size:
-            _, gone = self._entries.popitem(last=False)
-            self.used -= gone.nbytes
+            self.used -= old.nbytes + len(key)
+        while self.used + cost > self.size:
+            gone_key, gone = self._entries.popitem(last=False)
+            self.used -= gone.nbytes + len(gone_key)
             self.evictions += 1
         self._entries[key] = entry
-        self.used += entry.nbytes
+        self.used += cost
         return True
 
     def open(self) -> None:

@@ -18,7 +18,7 @@ def _entry(n: int, value: float = 0.0) -> cache_entry.Entry:
 
 
 def test_least_recently_used_goes_first_when_the_bytes_are_spent() -> None:
-    one = _entry(100).nbytes
+    one = _entry(100).nbytes + 1  # the entry and its one-byte key
     cache = LocalCache(3 * one)
     for key in (b"a", b"b", b"c"):
         assert cache.insert(key, _entry(100))
@@ -39,7 +39,7 @@ def test_replacing_a_key_frees_its_old_bytes() -> None:
     cache = LocalCache(4096)
     cache.insert(b"k", _entry(100))
     cache.insert(b"k", _entry(200))
-    assert len(cache) == 1 and cache.used == _entry(200).nbytes
+    assert len(cache) == 1 and cache.used == _entry(200).nbytes + 1
 
 
 def test_hits_are_fresh_responses_over_read_only_copies() -> None:
