@@ -18,6 +18,7 @@ import requests
 
 from .clients import PROTOCOLS, Client
 from .server import IDENTITY_PY, ServerProcess, add_model
+from .test_grpc_hostile import pki  # noqa: F401 - the CA and certificates fixture, shared
 
 Start = Callable[..., ServerProcess]
 
@@ -129,17 +130,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[tuple[int, subprocess.Popen]]:
+def _start_redis(folder: Path, *flags: str) -> tuple[int, subprocess.Popen]:
+    """A real redis-server on a free port (plain, or TLS with ``flags``), once it accepts connections."""
     binary = shutil.which("redis-server")
     assert binary, "redis-server is missing: run scripts/install_test_deps.sh"
     port = _free_port()
-    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                             "--dir", str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    listen = ["--port", "0", "--tls-port", str(port)] if flags else ["--port", str(port)]
+    proc = subprocess.Popen([binary, *listen, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--dir", str(folder), *flags], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     for line in proc.stdout:  # its log says when it accepts connections
         if "Ready to accept connections" in line:
             break
+    return port, proc
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[tuple[int, subprocess.Popen]]:
+    port, proc = _start_redis(tmp_path)
     yield port, proc
     proc.kill()
     proc.wait(timeout=30)
@@ -157,6 +165,9 @@ def test_redis_cache_hits_and_survives_redis_going_away(tmp_path: Path, start_se
         _infer(client, a)
         np.testing.assert_array_equal(_infer(client, a), a)
         assert _stats(server) == {"exec": 1, "inferences": 1, "hit": 1, "miss": 1, "success": 2}
+        grpc_stats = client.get_inference_statistics("cached")["model_stats"][0]["inference_stats"]
+        assert (int(grpc_stats["cache_hit"]["count"]), int(grpc_stats["cache_miss"]["count"])) == (1, 1)
+        assert int(grpc_stats["cache_hit"]["ns"]) > 0 and int(grpc_stats["cache_miss"]["ns"]) > 0
         proc.kill()
         proc.wait(timeout=30)
         for _ in range(3):  # every request runs its model; none fails
@@ -239,3 +250,25 @@ def test_with_workers_local_is_per_worker_and_redis_is_shared(tmp_path: Path,
             assert seen <= workers
         finally:
             g.stop()
+
+
+@pytest.mark.timeout(120)
+def test_redis_over_tls_with_triton_keys(tmp_path: Path, start_server: Start, pki: Path) -> None:
+    """cert, key and cacert (Triton's redis_cache keys) reach a redis-server that requires client certificates."""
+    port, proc = _start_redis(tmp_path, "--tls-cert-file", str(pki / "server.pem"), "--tls-key-file",
+                              str(pki / "server.key"), "--tls-ca-cert-file", str(pki / "ca.pem"))
+    try:
+        server = start_server(_repo(tmp_path), flags=(
+            "--cache-config", f"redis,host=127.0.0.1,port={port}", "--cache-config", f"redis,cert={pki / 'client.pem'}",
+            "--cache-config", f"redis,key={pki / 'client.key'}", "--cache-config", f"redis,cacert={pki / 'ca.pem'}"))
+        client = Client("http", server)
+        try:
+            a = np.arange(5, dtype=np.float32)
+            _infer(client, a)
+            np.testing.assert_array_equal(_infer(client, a), a)
+            assert _stats(server)["hit"] == 1
+        finally:
+            client.close()
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
