@@ -18,7 +18,6 @@ import requests
 
 from .clients import PROTOCOLS, Client
 from .server import IDENTITY_PY, ServerProcess, add_model
-from .test_grpc_hostile import pki  # noqa: F401 - the CA and certificates fixture, shared
 
 Start = Callable[..., ServerProcess]
 
