@@ -6,8 +6,9 @@ Both servers serve Triton's own ``add_sub`` (``scripts/triton_reference/add_sub`
 perf_analyzer sends one request over and over (``--input-data zero``): after the first, every request
 is a hit on both servers (the script checks the statistics: misses stay at 1). Reported per server and
 concurrency: infer/s, p50/p99, the ratio ours/Triton, and CPU per hit (the server's user+system time,
-Triton's with its python stub, over the requests the statistics counted). Rounds interleave the
-servers so machine noise hits both alike; medians are reported.
+Triton's with its python stub, over the requests the statistics counted). ``--uncached`` adds
+triton_actor without ``--cache-config`` (every request runs add_sub) for what the cache saves here.
+Rounds interleave the servers so machine noise hits all alike; medians are reported.
 
     scripts/install_bench_tools.sh          # once: perf_analyzer and real tritonserver
     .venv/bin/python scripts/bench_cache.py --rounds 2 --window-ms 2000
@@ -49,13 +50,14 @@ def cached_repo(repo: Path) -> None:
 
 
 def start(name: str, repo: Path, port: int) -> subprocess.Popen:
+    """``triton``, ``triton_actor`` (both with the local cache) or ``triton_actor_uncached``."""
     if name == "triton":
         args = [str(TOOLS / "tritonserver"), f"--model-repository={repo}", "--http-address=127.0.0.1",
                 f"--http-port={port}", "--allow-grpc=false", "--allow-metrics=false", "--log-info=false", CACHE_FLAG]
     else:
         args = [sys.executable, "-m", "triton_actor", "--model-repository", str(repo), "--http-port", str(port),
                 "--http-address", "127.0.0.1", "--log-info=false", "--allow-grpc=false", "--allow-metrics=false",
-                CACHE_FLAG]
+                *(() if name.endswith("uncached") else (CACHE_FLAG,))]
     return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -86,6 +88,7 @@ def main() -> int:
     ap.add_argument("--window-ms", type=int, default=2000)
     ap.add_argument("--stability", type=int, default=30, help="perf_analyzer's stability percentage")
     ap.add_argument("--out", type=Path, default=ROOT / "bench_out")
+    ap.add_argument("--uncached", action="store_true", help="also triton_actor without the cache")
     args = ap.parse_args()
     if not (TOOLS / "perf_analyzer").exists():
         raise SystemExit(f"{TOOLS}/perf_analyzer missing: run scripts/install_bench_tools.sh")
@@ -95,7 +98,7 @@ def main() -> int:
     servers: dict[str, tuple[subprocess.Popen, int]] = {}
     results: dict[str, dict[int, list[dict[str, float]]]] = {}
     try:
-        for name in ("triton_actor", "triton"):
+        for name in ("triton_actor", "triton", *(("triton_actor_uncached",) if args.uncached else ())):
             cached_repo(work / name)
             port = free_port()
             servers[name] = (start(name, work / name, port), port)
@@ -118,7 +121,7 @@ def main() -> int:
         stop_servers([proc for proc, _ in servers.values()], work)
     med = {n: {c: {k: statistics.median(x[k] for x in runs) for k in runs[0]} for c, runs in per.items()}
            for n, per in results.items()}
-    lines = ["| concurrency | server | infer/s (median) | p50 µs | p99 µs | CPU µs per hit | misses | ratio vs triton |",
+    lines = ["| concurrency | server | infer/s (median) | p50 µs | p99 µs | CPU µs per request | misses | ratio vs triton |",
              "|---|---|---|---|---|---|---|---|"]
     for c in conc:
         for name in servers:

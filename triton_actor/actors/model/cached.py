@@ -17,6 +17,7 @@ turns lookups into misses: the request still runs its model.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -24,11 +25,13 @@ import gevent
 
 from ...cache import entry as cache_entry
 from ...cache.keys import request_key
+from ...errors import TritonError
 from ...inference import InferRequest, InferResponse
 from ...metrics.statistics import VersionStats
 from ...runtime.kernel import Reply
 from ..scheduling.messages import Enqueue
 
+log = logging.getLogger(__name__)
 _clock = time.perf_counter_ns
 
 
@@ -57,13 +60,20 @@ class CachedVersion:
 
     def _lookup_then_run(self, request: InferRequest, batch: int, key: bytes, reply: Reply[InferResponse],
                          start: int) -> None:
-        found = self.store.lookup(key)
-        if reply.ready():  # cancelled by its client while the lookup waited
-            return
-        if found is not None:
-            self._hit(found, reply, start)
-        else:
-            self._run(request, batch, key, reply, start, _clock() - start)
+        """A greenlet of its own: whatever goes wrong fails this request's reply, nobody waits for ever."""
+        try:
+            found = self.store.lookup(key)
+            if reply.ready():  # cancelled by its client while the lookup waited
+                return
+            if found is not None:
+                self._hit(found, reply, start)
+            else:
+                self._run(request, batch, key, reply, start, _clock() - start)
+        except TritonError as e:  # the scheduler stopped meanwhile (an unload): its refusal is the answer
+            reply.fail(e)
+        except Exception as e:  # a bug of ours must still answer the request
+            log.exception("response cache of '%s' version %d failed", self.model, self.version)
+            reply.fail(TritonError.internal(f"response cache: {e!r}"))
 
     def _hit(self, found: cache_entry.Entry, reply: Reply[InferResponse], start: int) -> None:
         response = found.response()
