@@ -117,7 +117,7 @@ class Server:
         self.server_calls = ServerCalls(self.plane, self.model_hooks)  # BLS and model control from Python models
         self.host.register("status", lambda args: live_status.local_status(self.plane, args))  # the status page
         # this process's share of /metrics: its models' statistics and custom metric families
-        self.metrics_source = MetricsSource(self.repository, self.model_hooks.metrics)
+        self.metrics_source = MetricsSource(self.repository, self.model_hooks.metrics, self.response_cache)
         self.host.register("metrics", self.metrics_source)
         self.metrics: MetricsServer | None = None
         self._slots: ConnectionSlots | None = None  # made by serve(), for every port

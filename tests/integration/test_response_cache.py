@@ -52,9 +52,9 @@ def _stats(server: ServerProcess) -> dict:
             "success": s["inference_stats"]["success"]["count"]}
 
 
-def _metric(server: ServerProcess, family: str) -> float:
+def _metric(server: ServerProcess, family: str, labels: str = '{model="cached",version="1"}') -> float:
     text = requests.get(server.metrics_url, timeout=30).text
-    m = re.search(rf'^{family}{{model="cached",version="1"}} (\S+)$', text, re.M)
+    m = re.search(rf'^{family}{re.escape(labels)} (\S+)$', text, re.M)
     assert m is not None, f"{family} missing"
     return float(m.group(1))
 
@@ -76,6 +76,11 @@ def test_second_identical_request_is_a_hit(tmp_path: Path, start_server: Start, 
         assert _metric(server, "nv_cache_num_hits_per_model") == 1
         assert _metric(server, "nv_cache_num_misses_per_model") == 2
         assert _metric(server, "nv_inference_count") == 2  # hits are not inferences (Triton's help text)
+        gauges = {f: _metric(server, f, "") for f in ("nv_cache_num_entries", "nv_cache_num_lookups",
+                                                       "nv_cache_num_hits", "nv_cache_num_misses")}
+        assert gauges == {"nv_cache_num_entries": 2, "nv_cache_num_lookups": 3, "nv_cache_num_hits": 1,
+                          "nv_cache_num_misses": 2}
+        assert 0 < _metric(server, "nv_cache_util", "") < 1
     finally:
         client.close()
 
@@ -93,6 +98,7 @@ def test_lru_eviction_by_bytes(tmp_path: Path, start_server: Start) -> None:
         assert _stats(server)["hit"] == 1
         _infer(client, a)  # evicted: runs again
         assert _stats(server) == {"exec": 3, "inferences": 3, "hit": 1, "miss": 3, "success": 4}
+        assert _metric(server, "nv_cache_num_evictions", "") == 2 and _metric(server, "nv_cache_num_entries", "") == 1
     finally:
         client.close()
 

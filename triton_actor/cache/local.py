@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from .counters import StoreCounters
 from .entry import Entry
 
 MIN_SIZE = 1024  # Triton's local cache may refuse sizes under about 1 KB; we refuse them outright
@@ -27,6 +28,7 @@ class LocalCache:
         self.size = size
         self.used = 0
         self.evictions = 0
+        self.counters = StoreCounters()  # counted by the version fronts (nv_cache_* gauges)
         self._entries: OrderedDict[bytes, Entry] = OrderedDict()
 
     def __len__(self) -> int:
@@ -54,6 +56,9 @@ class LocalCache:
         self._entries[key] = entry
         self.used += cost
         return True
+
+    def metrics(self) -> dict[str, int]:
+        return self.counters.snapshot(len(self._entries), self.used, self.size, self.evictions)
 
     def open(self) -> None:
         pass  # nothing to reach

@@ -19,6 +19,7 @@ from typing import Any
 import gevent.lock
 
 from ..errors import TritonError
+from .counters import StoreCounters
 from .entry import Entry, decode, encode
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,11 @@ class RedisCache:
         self._wait = _ms(keys, "wait_timeout", 100)
         self.down = False
         self.errors = 0
+        self.counters = StoreCounters()  # counted by the version fronts (nv_cache_* gauges)
+
+    def metrics(self) -> dict[str, int]:
+        """Entries, bytes and evictions are the Redis server's own (its INFO): 0 here, as in Triton."""
+        return self.counters.snapshot(0, 0, 0, 0)
 
     def open(self) -> None:
         """Ping once before models load: a Redis that does not answer stops the start, as Triton's ping does."""

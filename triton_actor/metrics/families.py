@@ -42,6 +42,19 @@ _CACHE = (  # family, help, (snapshot "cache" key, 0 = count / 1 = microseconds)
     ("nv_cache_miss_duration_per_model", "Total cache miss (insert+lookup) duration per model, in microseconds",
      ("cache_miss", 1)),
 )
+# the server-wide gauges Triton 2.51 exports with a cache on (core metrics.cc): family → help, value of the
+# summed store snapshots (cache/counters.py)
+CACHE_GAUGES: dict[str, tuple[str, Callable[[dict[str, int]], float]]] = {
+    "nv_cache_util": ("Cache utilization [0.0 - 1.0]", lambda c: c["used"] / c["size"] if c["size"] else 0.0),
+    "nv_cache_num_entries": ("Number of responses stored in response cache", lambda c: c["entries"]),
+    "nv_cache_num_hits": ("Number of cache hits in response cache", lambda c: c["hits"]),
+    "nv_cache_num_misses": ("Number of cache misses in response cache", lambda c: c["misses"]),
+    "nv_cache_num_lookups": ("Number of cache lookups in response cache", lambda c: c["lookups"]),
+    "nv_cache_num_evictions": ("Number of cache evictions in response cache", lambda c: c["evictions"]),
+    "nv_cache_lookup_duration": ("Total cache lookup duration (hit and miss), in microseconds",
+                                 lambda c: c["lookup_us"]),
+    "nv_cache_insertion_duration": ("Total cache insertion duration, in microseconds", lambda c: c["insertion_us"]),
+}
 SYSTEM = {  # family → (type, help)
     "nv_cpu_utilization": ("gauge", "CPU utilization rate [0.0 - 1.0]"),
     "nv_cpu_memory_total_bytes": ("gauge", "CPU total memory (RAM), in bytes"),
@@ -221,6 +234,18 @@ def _bound(b: float) -> str:
     return "+Inf" if b == float("inf") else repr(float(b))
 
 
+def cache_families(snapshots: list[dict[str, Any]]) -> Iterator[Metric]:
+    """Every worker's store counters summed (each worker has its own local cache, or its own Redis client)."""
+    stores = [snap["cache"] for snap in snapshots if "cache" in snap]
+    if not stores:
+        return
+    total = {k: sum(s[k] for s in stores) for k in stores[0]}
+    for name, (help_text, value) in CACHE_GAUGES.items():
+        m = Metric(name, help_text, "gauge")
+        m.add_sample(name, {}, value(total))
+        yield m
+
+
 def system_families(values: dict[str, list[tuple[dict[str, str], float]]]) -> Iterator[Metric]:
     for name, (kind, help_text) in SYSTEM.items():
         if name in values:
@@ -240,5 +265,6 @@ class TritonCollector:
     def collect(self) -> Iterator[Metric]:
         snapshots = self.gather()
         yield from model_families(merge_models(snapshots), self.config)
+        yield from cache_families(snapshots)
         yield from system_families(self.system())
         yield from custom_metric_families(merge_custom(snapshots))

@@ -51,18 +51,31 @@ class CachedVersion:
         if self.store.blocking:  # a network lookup: not in the caller, which may be a connection's reader
             gevent.spawn(self._lookup_then_run, request, batch, key, reply, start)
             return reply
-        found = self.store.lookup(key)
+        found = self._lookup(key)
         if found is not None:
             self._hit(found, reply, start)
         else:
             self._run(request, batch, key, reply, start, _clock() - start)
         return reply
 
+    def _lookup(self, key: bytes) -> cache_entry.Entry | None:
+        """The store's answer, counted in its server-wide counters (nv_cache_* gauges)."""
+        counters = self.store.counters
+        start = _clock()
+        found = self.store.lookup(key)
+        counters.lookup_ns += _clock() - start
+        counters.lookups += 1
+        if found is None:
+            counters.misses += 1
+        else:
+            counters.hits += 1
+        return found
+
     def _lookup_then_run(self, request: InferRequest, batch: int, key: bytes, reply: Reply[InferResponse],
                          start: int) -> None:
         """A greenlet of its own: whatever goes wrong fails this request's reply, nobody waits for ever."""
         try:
-            found = self.store.lookup(key)
+            found = self._lookup(key)
             if reply.ready():  # cancelled by its client while the lookup waited
                 return
             if found is not None:
@@ -107,4 +120,6 @@ class CachedVersion:
     def _insert(self, key: bytes, kept: cache_entry.Entry, lookup_ns: int) -> None:
         start = _clock()
         self.store.insert(key, kept)
-        self.stats.record_cache_miss(lookup_ns + _clock() - start)
+        insert_ns = _clock() - start
+        self.store.counters.insertion_ns += insert_ns
+        self.stats.record_cache_miss(lookup_ns + insert_ns)
