@@ -4,7 +4,7 @@ Built by the model actor when the version loads and the server has a cache (``--
 routing table then shows a :class:`~.handles.CachedVersionHandle`, so versions without a cache keep
 the plain handle and pay nothing. Runs in the request's greenlet and in reply callbacks, all on the
 hub thread. A hit answers at once and never reaches the scheduler; a miss is queued as any request and
-its successful answer is stored when it completes.
+its successful answer is stored before the client gets it.
 
 Statistics follow Triton core (``InferenceStatsAggregator::UpdateSuccessCacheHit`` / ``...CacheMiss``):
 a hit counts as a success with its duration, a queue entry of no time and a ``cache_hit`` (the
@@ -97,12 +97,35 @@ class CachedVersion:
 
     def _run(self, request: InferRequest, batch: int, key: bytes, reply: Reply[InferResponse], start: int,
              lookup_ns: int) -> None:
-        """Queue the request as any other; when it succeeds, keep its answer."""
-        reply.link(lambda done: self._store(done, key, lookup_ns))
-        self.scheduler.ref.tell(Enqueue(request, batch, reply, start))
+        """Queue the request as any other; its successful answer is kept before the client gets it, as
+        Triton inserts before it responds (a client that has its answer finds it in the cache next time).
+        A local insert is done in the reply's callback, ahead of the waiting client; a network insert
+        waits in a greenlet, so the scheduler answers an inner reply that this one follows (a client's
+        cancel is passed on to it, so a request still queued is not run)."""
+        if not self.store.blocking:
+            reply.link(lambda done: self._store(done, key, lookup_ns))
+            self.scheduler.ref.tell(Enqueue(request, batch, reply, start))
+            return
+        inner: Reply[InferResponse] = Reply()
+        reply.link(lambda outer: inner.fail(outer.exception()) if outer.exception() is not None else None)
+        inner.link(lambda done: gevent.spawn(self._store_then_answer, done, reply, key, lookup_ns))
+        self.scheduler.ref.tell(Enqueue(request, batch, inner, start))
+
+    def _store_then_answer(self, done: Reply[InferResponse], reply: Reply[InferResponse], key: bytes,
+                           lookup_ns: int) -> None:
+        """A greenlet of its own: insert (network), then answer; the answer goes out whatever happens."""
+        error = done.exception()
+        try:
+            if error is None:
+                self._store(done, key, lookup_ns)
+        finally:
+            if error is not None:
+                reply.fail(error)
+            else:
+                reply.set(done.value())
 
     def _store(self, done: Reply[InferResponse], key: bytes, lookup_ns: int) -> None:
-        """In the hub once the reply is set: only successful answers are kept (as Triton)."""
+        """Once the model answered: only successful answers are kept (as Triton)."""
         if done.exception() is not None:
             return
         response = done.value()
@@ -112,12 +135,6 @@ class CachedVersion:
         if kept is None:  # outputs that are not arrays: answered, counted as a miss, not kept
             self.stats.record_cache_miss(lookup_ns)
             return
-        if self.store.blocking:
-            gevent.spawn(self._insert, key, kept, lookup_ns)
-        else:
-            self._insert(key, kept, lookup_ns)
-
-    def _insert(self, key: bytes, kept: cache_entry.Entry, lookup_ns: int) -> None:
         start = _clock()
         self.store.insert(key, kept)
         insert_ns = _clock() - start

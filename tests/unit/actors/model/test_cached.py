@@ -11,7 +11,7 @@ import pytest
 
 from triton_actor.actors.model.cached import CachedVersion
 from triton_actor.cache.local import LocalCache
-from triton_actor.errors import TritonError
+from triton_actor.errors import Code, TritonError
 from triton_actor.inference import InferInput, InferRequest, InferResponse
 from triton_actor.metrics.statistics import VersionStats
 from triton_actor.protocol.dtypes import BY_WIRE
@@ -98,3 +98,30 @@ def test_a_blocking_store_answers_every_request_whatever_fails() -> None:
     with pytest.raises(TritonError) as e:
         front.infer(_request(3), 0).get(timeout=10)
     assert "response cache" in e.value.message
+
+
+class _Holding:
+    """A scheduler that queues and never runs: what it was told is kept."""
+
+    def __init__(self) -> None:
+        self.ref = self
+        self.queued: list[Any] = []
+
+    def tell(self, msg: Any) -> None:
+        self.queued.append(msg)
+
+
+def test_a_blocking_store_answers_after_storing_and_passes_a_cancel_on() -> None:
+    store, scheduler = _BlockingLocal(1 << 20), _Holding()
+    front = CachedVersion(store, VersionStats("m", 1), "m", 1, scheduler)
+    reply = front.infer(_request(4), 0)
+    gevent.idle()  # the lookup greenlet queued it
+    (queued,) = scheduler.queued
+    queued.reply.set(InferResponse([("OUT", np.zeros(2, np.float32))]))
+    reply.get(timeout=10)
+    assert len(store) == 1  # kept before the client got its answer
+    cancelled = front.infer(_request(5), 0)
+    gevent.idle()
+    cancelled.fail(TritonError(Code.CANCELLED, "request cancelled by the client"))  # as the front ends do
+    gevent.idle()  # the reply's callbacks ran
+    assert scheduler.queued[-1].reply.ready()  # the scheduler sees the cancel: a queued request is not run
