@@ -62,7 +62,8 @@ def _metric(server: ServerProcess, family: str, labels: str = '{model="cached",v
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 @pytest.mark.timeout(120)
 def test_second_identical_request_is_a_hit(tmp_path: Path, start_server: Start, protocol: str) -> None:
-    server = start_server(_repo(tmp_path), flags=("--cache-config", "local,size=1048576"))
+    server = start_server(_repo(tmp_path), flags=("--cache-config", "local,size=1048576",
+                                                  "--metrics-config", "summary_latencies=true"))
     client = Client(protocol, server)
     try:
         a = np.arange(8, dtype=np.float32)
@@ -81,6 +82,8 @@ def test_second_identical_request_is_a_hit(tmp_path: Path, start_server: Start, 
         assert gauges == {"nv_cache_num_entries": 2, "nv_cache_num_lookups": 3, "nv_cache_num_hits": 1,
                           "nv_cache_num_misses": 2}
         assert 0 < _metric(server, "nv_cache_util", "") < 1
+        assert _metric(server, "nv_cache_hit_summary_per_model_count") == 1
+        assert _metric(server, "nv_cache_miss_summary_per_model_count") == 2
     finally:
         client.close()
 

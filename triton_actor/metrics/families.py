@@ -103,6 +103,12 @@ def merge_latency(a: dict[str, Any] | None, b: dict[str, Any]) -> dict[str, Any]
     if "buckets" in a:
         out["buckets"] = [x + y for x, y in zip(a["buckets"], b["buckets"], strict=True)]
         out["bounds"] = a["bounds"]
+    if "cache" in a or "cache" in b:
+        ca, cb = a.get("cache", {}), b.get("cache", {})
+        out["cache"] = {k: {"count": ca.get(k, {}).get("count", 0) + cb.get(k, {}).get("count", 0),
+                            "sum": ca.get(k, {}).get("sum", 0) + cb.get(k, {}).get("sum", 0),
+                            "samples": ca.get(k, {}).get("samples", []) + cb.get(k, {}).get("samples", [])}
+                        for k in ("hit", "miss")}
     return out
 
 
@@ -150,6 +156,7 @@ def model_families(models: list[dict[str, Any]], config: MetricsConfig) -> Itera
                                   "counter")
     if config.summary_latencies:
         yield from summary_families(models, config.summary_quantiles)
+        yield from cache_summary_families(models, config.summary_quantiles)
     if config.histogram_latencies:
         yield from histogram_family(models)
     yield from _per_model(models, [("nv_model_load_duration_secs", "Model load time in seconds",
@@ -178,12 +185,37 @@ def summary_families(models: list[dict[str, Any]], quantiles: tuple[tuple[float,
             lat = e.get("latency")
             if lat is None or "samples" not in lat:
                 continue
-            window = np.asarray(lat["samples"][_STAGE_NAMES[index]], dtype=np.float64)
-            for q, _err in quantiles:
-                v = float(np.quantile(window, q, method="inverted_cdf")) if window.size else float("nan")
-                m.add_sample(name, {**_labels(e), "quantile": repr(q)}, v)
-            m.add_sample(name + "_count", _labels(e), lat["count"])
-            m.add_sample(name + "_sum", _labels(e), lat["sums"][index])
+            _summary(m, _labels(e), lat["samples"][_STAGE_NAMES[index]], quantiles, lat["count"], lat["sums"][index])
+        yield m
+
+
+def _summary(m: Metric, labels: dict[str, str], samples: list[float], quantiles: tuple[tuple[float, float], ...],
+             count: int, total: float) -> None:
+    """One series of a summary: the quantiles over the recent ``samples``, the count and sum since load."""
+    window = np.asarray(samples, dtype=np.float64)
+    for q, _err in quantiles:
+        v = float(np.quantile(window, q, method="inverted_cdf")) if window.size else float("nan")
+        m.add_sample(m.name, {**labels, "quantile": repr(q)}, v)
+    m.add_sample(m.name + "_count", labels, count)
+    m.add_sample(m.name + "_sum", labels, total)
+
+
+_CACHE_SUMMARIES = (  # family, help (Triton core metrics.cc), LatencyRecorder cache kind
+    ("nv_cache_hit_summary_per_model", "Summary of cache hit counts/durations per model, in microseconds.", "hit"),
+    ("nv_cache_miss_summary_per_model", "Summary of cache miss counts/durations per model, in microseconds.", "miss"),
+)
+
+
+def cache_summary_families(models: list[dict[str, Any]], quantiles: tuple[tuple[float, float], ...]) -> Iterator[Metric]:
+    """The response cache's hit and miss durations, for versions whose cache is on (as Triton, with summaries on)."""
+    cached = [e for e in models if "cache" in e.get("latency", {})]
+    if not cached:
+        return
+    for name, help_text, kind in _CACHE_SUMMARIES:
+        m = Metric(name, help_text, "summary")
+        for e in cached:
+            data = e["latency"]["cache"][kind]
+            _summary(m, _labels(e), data["samples"], quantiles, data["count"], data["sum"])
         yield m
 
 

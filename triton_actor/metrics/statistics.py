@@ -132,12 +132,16 @@ class VersionStats:
         for duration, ns in ((self._success, total_ns), (self._queue, 0), (self.durations["cache_hit"], lookup_ns)):
             duration.count += 1
             duration.ns += ns
+        if self.latency_recorder is not None:
+            self.latency_recorder.observe_cache("hit", lookup_ns)
 
     def record_cache_miss(self, miss_ns: int) -> None:
         """A request the cache did not hold, answered by its model: lookup plus insertion time, which
         Triton also adds to the request's duration (``UpdateSuccessCacheMiss``)."""
         self._success.ns += miss_ns
         self.durations["cache_miss"].add(miss_ns)
+        if self.latency_recorder is not None:
+            self.latency_recorder.observe_cache("miss", miss_ns)
 
     def record_failure(self, total_ns: int, reason: str = "OTHER") -> None:
         """A request that reached the scheduler and failed (rejected-before-queueing ones are not counted);
