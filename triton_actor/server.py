@@ -16,6 +16,7 @@ from typing import Any
 import gevent
 import gevent.event
 
+from . import cache as response_cache
 from .actors.model.messages import LoadSettings
 from .actors.repository.actor import RepositoryActor
 from .actors.scheduling.rate_limiter import RateLimiter
@@ -84,6 +85,8 @@ class Server:
         # none: the tracer (to every scheduler), the hooks and custom metric families of its Python models
         self.tracer = Tracer()
         self.model_hooks = ServerHooks(metrics=MetricRegistry())
+        # the response cache's store (--cache-config): this server's (each worker's) own, connected in load_models
+        self.response_cache = response_cache.create(settings.cache_config)
         load = LoadSettings(
             gpu_count=gpu_count(),
             auto_complete=settings.auto_complete,
@@ -96,6 +99,7 @@ class Server:
             server_hooks=self.model_hooks,
             # one rate limiter for all the models (--rate-limit=execution_count); per worker with --workers
             rate_limiter=RateLimiter(list(settings.rate_limit_resources)) if settings.rate_limit != "off" else None,
+            response_cache=self.response_cache,
         )
         backends = backends or default_backends(settings.backend_config)
         # object-store repositories are mirrored into local folders the repository actor reads (remote.py)
@@ -122,7 +126,7 @@ class Server:
         self.server_calls = ServerCalls(self.plane, self.model_hooks)  # BLS and model control from Python models
         self.host.register("status", lambda args: live_status.local_status(self.plane, args))  # the status page
         # this process's share of /metrics: its models' statistics and custom metric families
-        self.metrics_source = MetricsSource(self.repository, self.model_hooks.metrics)
+        self.metrics_source = MetricsSource(self.repository, self.model_hooks.metrics, self.response_cache)
         self.host.register("metrics", self.metrics_source)
         self.metrics: MetricsServer | None = None
         self._slots: ConnectionSlots | None = None  # made by serve(), for every port
@@ -184,6 +188,8 @@ class Server:
         Object-store repositories are downloaded first (a bucket that cannot be read: StartupError)."""
         s = self.settings
         try:
+            if self.response_cache is not None:
+                self.response_cache.open()  # a Redis that does not answer stops the start, as Triton's
             self._sync_mirrors()
         except TritonError as e:
             raise StartupError(e.message) from None
@@ -289,6 +295,8 @@ class Server:
         self.server_calls.uninstall()
         for mirror in self.mirrors:  # after the repository actor (its watcher) stopped looking at them
             mirror.close()
+        if self.response_cache is not None:  # after the models: no answer is being stored any more
+            self.response_cache.close()
         self._stopped.set()
         log.info("server stopped")
 

@@ -15,7 +15,6 @@ import hpack
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from gevent import subprocess  # the test process is gevent-patched (tests/conftest.py)
 from tritonclient.grpc import service_pb2
 
 from .server import ROOT, ServerProcess
@@ -115,25 +114,6 @@ def test_half_sent_prefaces_time_out_under_the_connection_cap(start_server) -> N
 
 
 # -- TLS --------------------------------------------------------------------------------------------
-def _openssl(*args: str) -> None:
-    subprocess.run(["openssl", *args], check=True, capture_output=True)
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A CA made here, a server certificate for localhost / 127.0.0.1 and a client certificate."""
-    d = tmp_path_factory.mktemp("pki")
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=test-ca",
-             "-keyout", str(d / "ca.key"), "-out", str(d / "ca.pem"))
-    (d / "san.cnf").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
-    for name in ("server", "client"):
-        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout", str(d / f"{name}.key"),
-                 "-out", str(d / f"{name}.csr"))
-        _openssl("x509", "-req", "-in", str(d / f"{name}.csr"), "-CA", str(d / "ca.pem"), "-CAkey", str(d / "ca.key"),
-                 "-CAcreateserial", "-days", "2", "-extfile", str(d / "san.cnf"), "-out", str(d / f"{name}.pem"))
-    return d
-
-
 def test_tls(pki: Path, start_server) -> None:
     server = start_server(ROOT / "model_repository", flags=(
         "--grpc-use-ssl=true", "--grpc-server-cert", str(pki / "server.pem"), "--grpc-server-key", str(pki / "server.key")))

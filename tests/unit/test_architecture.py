@@ -37,7 +37,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("actors.scheduling",),  # schedulers, batching policies, the instance pool, instances, ensembles
     ("backends",),  # ONNX Runtime, TorchScript, Python (+ triton_python_backend_utils), devices
     ("config",),  # Settings and the flags that make them
-    ("observability", "metrics"),  # logs and traces; metric families, statistics, StatsD
+    ("observability", "metrics", "cache"),  # logs and traces; metric families, statistics, StatsD; response cache
     ("repository",),  # the repository's files: layout, config.pbtxt, snapshots, reconcile
     ("protocol",),  # sans-I/O wire formats and transports
     ("runtime",),  # the actor kernel, the thread bridge, channels, fast paths, GC settling

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .. import __version__
+from .. import cache as response_cache
 from ..observability import log_format
 from ..repository import remote
 from ..runtime import fastpath
@@ -43,6 +44,35 @@ def _backend_config(values: list[str]) -> dict[str, dict[str, str]]:
         if not sep or not key:
             raise SystemExit(f"error: --backend-config expects <backend>,<key>=<value>, got '{item}'")
         out.setdefault(backend, {})[key] = value
+    return out
+
+
+def cache_config(values: list[str], byte_size: int = 0) -> dict[str, dict[str, str]]:
+    """``--cache-config <cache>,<key>=<value>[,<key>=<value>...]`` (repeated) and the deprecated
+    ``--response-cache-byte-size`` → cache name → keys, checked (cache/settings.py); Triton's texts."""
+    if byte_size and values:
+        raise SystemExit("error: Incompatible flags --response-cache-byte-size and --cache-config both provided. "
+                         "Please provide one or the other.")
+    out: dict[str, dict[str, str]] = {"local": {"size": str(byte_size)}} if byte_size else {}
+    for item in values:
+        name, sep, rest = item.partition(",")
+        if not sep or not name:
+            raise SystemExit(f"error: No cache specified. --cache-config option format is "
+                             f"<cache name>,<setting>=<value>. Got {item}")
+        keys = out.setdefault(name, {})
+        last = ""
+        for piece in rest.split(","):
+            key, eq, value = piece.partition("=")
+            if eq and key and value:
+                keys[key] = value
+                last = key
+            elif last and not eq:  # a comma inside a value (a password): it belongs to the key before
+                keys[last] += "," + piece
+            else:
+                raise SystemExit(f"error: --cache-config option format is '<cache name>,<setting>=<value>'. Got {item}")
+    reason = response_cache.check(out)
+    if reason is not None:
+        raise SystemExit(f"error: {reason}")
     return out
 
 
@@ -182,6 +212,7 @@ def parse(argv: Sequence[str] | None = None, environ: dict[str, str] | None = No
         model_load_thread_count=args.model_load_thread_count,
         model_config_name=args.model_config_name,
         backend_config=_backend_config(args.backend_config),
+        cache_config=cache_config(args.cache_config, args.response_cache_byte_size),
         allow_client_shm=args.allow_client_shm,
         fast_paths=fastpath.enabled if args.fast_paths is None else args.fast_paths,
         workers=args.workers,

@@ -7,8 +7,10 @@ A command line from NVIDIA's docs, a Helm chart or a k8s manifest must start (ar
   buffer manager, one gevent hub), and directories of backend / repository-agent / cache shared libraries
   (our backends are built in). Each one given is named once in an INFO line at start (``ignored``);
 * refused at start (exit status 1, one line) where accepting would mislead: a SageMaker or Vertex AI
-  endpoint, model namespacing and the response cache. Their off spellings
-  (``--allow-sagemaker=false``, ``--response-cache-byte-size=0``) are accepted.
+  endpoint and model namespacing. Their off spellings (``--allow-sagemaker=false``) are accepted.
+
+The response cache's flags (``--cache-config``, ``--response-cache-byte-size``) are read by
+``command_line.py`` into ``Settings.cache_config``; the rate limiter's by ``flags.py``.
 """
 
 from __future__ import annotations
@@ -59,7 +61,8 @@ IGNORED: dict[str, tuple[Callable[[str], Any], bool, str, str]] = {
                                       "gRPC answers are not pooled"),
     "--backend-directory": (str, False, "folder of backend shared libraries", _BUILT_IN),
     "--repoagent-directory": (str, False, "folder of repository agent libraries", "repository agents are not loaded"),
-    "--cache-directory": (str, False, "folder of response cache libraries", "there is no response cache"),
+    "--cache-directory": (str, False, "folder of response cache libraries",
+                          "the caches are built in (local and redis, --cache-config)"),
     "--sagemaker-port": (int, False, "SageMaker port (with --allow-sagemaker)", "SageMaker is not served"),
     "--sagemaker-safe-port-range": (str, False, "<low>-<high> (with --allow-sagemaker)", "SageMaker is not served"),
     "--sagemaker-thread-count": (int, False, "SageMaker threads", "SageMaker is not served"),
@@ -82,10 +85,13 @@ def add_flags(p: argparse.ArgumentParser, flag: Callable[..., None], bool_type: 
     flag(refused, "--allow-sagemaker", False, "SageMaker endpoint (refused when true)")
     flag(refused, "--allow-vertex-ai", False, "Vertex AI endpoint (refused when true)")
     flag(refused, "--model-namespacing", False, "same model name in several repositories (refused when true)")
-    refused.add_argument("--response-cache-byte-size", type=int, default=0, metavar="BYTES",
-                         help="deprecated response cache size (only 0)")
-    refused.add_argument("--cache-config", action="append", default=[], metavar="CACHE,KEY=VALUE",
-                         help="response cache settings (refused)")
+    cache = p.add_argument_group("response cache (docs/cache.md)")
+    cache.add_argument("--cache-config", action="append", default=[], metavar="CACHE,KEY=VALUE",
+                       help="a response cache setting: local,size=<bytes> or redis,<key>=<value> (host, port, user, "
+                            "password, db, connect_timeout, socket_timeout, pool_size, wait_timeout, cert, key, "
+                            "cacert, cacert_dir); repeat it, or give several key=value after the name")
+    cache.add_argument("--response-cache-byte-size", type=int, default=0, metavar="BYTES",
+                       help="deprecated: the same as --cache-config local,size=BYTES")
 
 
 def _refusals(args: argparse.Namespace) -> list[str]:
@@ -98,9 +104,6 @@ def _refusals(args: argparse.Namespace) -> list[str]:
     if args.model_namespacing:
         out.append("--model-namespacing=true is not supported: a model name must be unique across the "
                    "repositories; leave it out or give --model-namespacing=false")
-    if args.response_cache_byte_size or args.cache_config:
-        out.append("a response cache (--response-cache-byte-size > 0, --cache-config) is not supported: every "
-                   "request runs its model; leave them out or give --response-cache-byte-size=0")
     return out
 
 

@@ -98,6 +98,8 @@ class Settings:
     model_load_retry_count: int = 0  # a version whose load fails is tried this many more times
     model_config_name: str = ""
     backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
+    # --cache-config: cache name ("local" or "redis") → its keys, checked (cache/settings.py); empty = no cache
+    cache_config: dict[str, dict[str, str]] = field(default_factory=dict)
     allow_client_shm: bool = False
     trace_config: dict[str, list[str]] = field(default_factory=dict)  # --trace-config (observability/log_trace_settings.py)
     fast_paths: bool = True  # triton_actor.runtime.fastpath: applied process-wide at start-up

@@ -44,6 +44,8 @@ def version_entry(stats: dict[str, Any]) -> dict[str, Any]:
         "pending": stats.get("pending", 0),
         "durations_us": {k: d[src][1] // 1000 for k, src in DURATIONS.items()},
         "load_secs": stats.get("load_secs", 0.0),
+        **({"cache": {k: (d[k][0], d[k][1] // 1000) for k in ("cache_hit", "cache_miss")}}
+           if stats.get("cache_enabled") else {}),
         **({"latency": stats["latency_windows"]} if "latency_windows" in stats else {}),
     }
 
@@ -68,9 +70,10 @@ def custom_families(registry: MetricRegistry) -> list[dict[str, Any]]:
 class MetricsSource:
     """This process's ``metrics`` host handler (registered by the server)."""
 
-    def __init__(self, repository: Any, registry: MetricRegistry) -> None:
+    def __init__(self, repository: Any, registry: MetricRegistry, cache: Any = None) -> None:
         self.repository = repository
         self.registry = registry  # the server's custom metric families (its Python models')
+        self.cache = cache  # the server's response cache store (cache/), None without --cache-config
 
     def __call__(self, _args: dict[str, Any]) -> dict[str, Any]:
         models = []
@@ -84,4 +87,7 @@ class MetricsSource:
                 except TritonError as e:  # unloaded between the table read and the ask
                     log.debug("metrics: %s version %d left out: %s", handle.name, v, e)
         flush_isolated(self.registry)  # isolated Python models' custom metrics, current (nothing to do without one)
-        return {"models": models, "custom": custom_families(self.registry)}
+        out = {"models": models, "custom": custom_families(self.registry)}
+        if self.cache is not None:
+            out["cache"] = self.cache.metrics()
+        return out

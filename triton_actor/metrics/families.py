@@ -35,6 +35,26 @@ _DURATIONS = (  # family, help, durations_us key
     ("nv_inference_compute_output_duration_us", "Cumulative inference compute output duration in microseconds "
      "(does not include cached requests)", "compute_output"),
 )
+_CACHE = (  # family, help, (snapshot "cache" key, 0 = count / 1 = microseconds); Triton core metrics.cc
+    ("nv_cache_num_hits_per_model", "Number of cache hits per model", ("cache_hit", 0)),
+    ("nv_cache_hit_duration_per_model", "Total cache hit duration per model, in microseconds", ("cache_hit", 1)),
+    ("nv_cache_num_misses_per_model", "Number of cache misses per model", ("cache_miss", 0)),
+    ("nv_cache_miss_duration_per_model", "Total cache miss (insert+lookup) duration per model, in microseconds",
+     ("cache_miss", 1)),
+)
+# the server-wide gauges Triton 2.51 exports with a cache on (core metrics.cc): family → help, value of the
+# summed store snapshots (cache/counters.py)
+CACHE_GAUGES: dict[str, tuple[str, Callable[[dict[str, int]], float]]] = {
+    "nv_cache_util": ("Cache utilization [0.0 - 1.0]", lambda c: c["used"] / c["size"] if c["size"] else 0.0),
+    "nv_cache_num_entries": ("Number of responses stored in response cache", lambda c: c["entries"]),
+    "nv_cache_num_hits": ("Number of cache hits in response cache", lambda c: c["hits"]),
+    "nv_cache_num_misses": ("Number of cache misses in response cache", lambda c: c["misses"]),
+    "nv_cache_num_lookups": ("Number of cache lookups in response cache", lambda c: c["lookups"]),
+    "nv_cache_num_evictions": ("Number of cache evictions in response cache", lambda c: c["evictions"]),
+    "nv_cache_lookup_duration": ("Total cache lookup duration (hit and miss), in microseconds",
+                                 lambda c: c["lookup_us"]),
+    "nv_cache_insertion_duration": ("Total cache insertion duration, in microseconds", lambda c: c["insertion_us"]),
+}
 SYSTEM = {  # family → (type, help)
     "nv_cpu_utilization": ("gauge", "CPU utilization rate [0.0 - 1.0]"),
     "nv_cpu_memory_total_bytes": ("gauge", "CPU total memory (RAM), in bytes"),
@@ -65,6 +85,9 @@ def merge_models(snapshots: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
             for k, us in e["durations_us"].items():
                 m["durations_us"][k] += us
             m["load_secs"] = max(m["load_secs"], e["load_secs"])
+            if "cache" in e:
+                have = m.get("cache", {"cache_hit": (0, 0), "cache_miss": (0, 0)})
+                m["cache"] = {k: (have[k][0] + n, have[k][1] + us) for k, (n, us) in e["cache"].items()}
             if "latency" in e:
                 m["latency"] = merge_latency(m.get("latency"), e["latency"])
     return [merged[k] for k in sorted(merged)]
@@ -80,6 +103,12 @@ def merge_latency(a: dict[str, Any] | None, b: dict[str, Any]) -> dict[str, Any]
     if "buckets" in a:
         out["buckets"] = [x + y for x, y in zip(a["buckets"], b["buckets"], strict=True)]
         out["bounds"] = a["bounds"]
+    if "cache" in a or "cache" in b:
+        ca, cb = a.get("cache", {}), b.get("cache", {})
+        out["cache"] = {k: {"count": ca.get(k, {}).get("count", 0) + cb.get(k, {}).get("count", 0),
+                            "sum": ca.get(k, {}).get("sum", 0) + cb.get(k, {}).get("sum", 0),
+                            "samples": ca.get(k, {}).get("samples", []) + cb.get(k, {}).get("samples", [])}
+                        for k in ("hit", "miss")}
     return out
 
 
@@ -121,8 +150,13 @@ def model_families(models: list[dict[str, Any]], config: MetricsConfig) -> Itera
     if config.counter_latencies:
         yield from _per_model(models, [(n, h, lambda e, k=k: e["durations_us"][k]) for n, h, k in _DURATIONS],
                               "counter")
+        cached = [e for e in models if "cache" in e]  # Triton makes these only for models whose cache is on
+        if cached:
+            yield from _per_model(cached, [(n, h, lambda e, k=k: e["cache"][k[0]][k[1]]) for n, h, k in _CACHE],
+                                  "counter")
     if config.summary_latencies:
         yield from summary_families(models, config.summary_quantiles)
+        yield from cache_summary_families(models, config.summary_quantiles)
     if config.histogram_latencies:
         yield from histogram_family(models)
     yield from _per_model(models, [("nv_model_load_duration_secs", "Model load time in seconds",
@@ -151,12 +185,37 @@ def summary_families(models: list[dict[str, Any]], quantiles: tuple[tuple[float,
             lat = e.get("latency")
             if lat is None or "samples" not in lat:
                 continue
-            window = np.asarray(lat["samples"][_STAGE_NAMES[index]], dtype=np.float64)
-            for q, _err in quantiles:
-                v = float(np.quantile(window, q, method="inverted_cdf")) if window.size else float("nan")
-                m.add_sample(name, {**_labels(e), "quantile": repr(q)}, v)
-            m.add_sample(name + "_count", _labels(e), lat["count"])
-            m.add_sample(name + "_sum", _labels(e), lat["sums"][index])
+            _summary(m, _labels(e), lat["samples"][_STAGE_NAMES[index]], quantiles, lat["count"], lat["sums"][index])
+        yield m
+
+
+def _summary(m: Metric, labels: dict[str, str], samples: list[float], quantiles: tuple[tuple[float, float], ...],
+             count: int, total: float) -> None:
+    """One series of a summary: the quantiles over the recent ``samples``, the count and sum since load."""
+    window = np.asarray(samples, dtype=np.float64)
+    for q, _err in quantiles:
+        v = float(np.quantile(window, q, method="inverted_cdf")) if window.size else float("nan")
+        m.add_sample(m.name, {**labels, "quantile": repr(q)}, v)
+    m.add_sample(m.name + "_count", labels, count)
+    m.add_sample(m.name + "_sum", labels, total)
+
+
+_CACHE_SUMMARIES = (  # family, help (Triton core metrics.cc), LatencyRecorder cache kind
+    ("nv_cache_hit_summary_per_model", "Summary of cache hit counts/durations per model, in microseconds.", "hit"),
+    ("nv_cache_miss_summary_per_model", "Summary of cache miss counts/durations per model, in microseconds.", "miss"),
+)
+
+
+def cache_summary_families(models: list[dict[str, Any]], quantiles: tuple[tuple[float, float], ...]) -> Iterator[Metric]:
+    """The response cache's hit and miss durations, for versions whose cache is on (as Triton, with summaries on)."""
+    cached = [e for e in models if "cache" in e.get("latency", {})]
+    if not cached:
+        return
+    for name, help_text, kind in _CACHE_SUMMARIES:
+        m = Metric(name, help_text, "summary")
+        for e in cached:
+            data = e["latency"]["cache"][kind]
+            _summary(m, _labels(e), data["samples"], quantiles, data["count"], data["sum"])
         yield m
 
 
@@ -207,6 +266,18 @@ def _bound(b: float) -> str:
     return "+Inf" if b == float("inf") else repr(float(b))
 
 
+def cache_families(snapshots: list[dict[str, Any]]) -> Iterator[Metric]:
+    """Every worker's store counters summed (each worker has its own local cache, or its own Redis client)."""
+    stores = [snap["cache"] for snap in snapshots if "cache" in snap]
+    if not stores:
+        return
+    total = {k: sum(s[k] for s in stores) for k in stores[0]}
+    for name, (help_text, value) in CACHE_GAUGES.items():
+        m = Metric(name, help_text, "gauge")
+        m.add_sample(name, {}, value(total))
+        yield m
+
+
 def system_families(values: dict[str, list[tuple[dict[str, str], float]]]) -> Iterator[Metric]:
     for name, (kind, help_text) in SYSTEM.items():
         if name in values:
@@ -226,5 +297,6 @@ class TritonCollector:
     def collect(self) -> Iterator[Metric]:
         snapshots = self.gather()
         yield from model_families(merge_models(snapshots), self.config)
+        yield from cache_families(snapshots)
         yield from system_families(self.system())
         yield from custom_metric_families(merge_custom(snapshots))

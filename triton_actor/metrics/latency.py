@@ -24,7 +24,7 @@ FIRST_RESPONSE_BUCKETS_MS = (100.0, 500.0, 2000.0, 5000.0)  # Triton's default b
 class LatencyRecorder:
     """Summaries (µs per stage) and the first-response histogram (ms) of one model version."""
 
-    __slots__ = ("summaries", "histogram", "count", "sums", "_window", "_buckets", "_clock")
+    __slots__ = ("summaries", "histogram", "count", "sums", "_window", "_buckets", "_clock", "_cache")
 
     def __init__(self, summaries: bool, histogram: bool, clock: Any = time.monotonic) -> None:
         self.summaries = summaries
@@ -34,6 +34,19 @@ class LatencyRecorder:
         self._window: deque[tuple[float, tuple[int, ...]]] = deque(maxlen=MAX_SAMPLES)
         self._buckets = [0] * (len(FIRST_RESPONSE_BUCKETS_MS) + 1)
         self._clock = clock
+        # the response cache's hit and miss durations (nv_cache_hit/miss_summary_per_model): [count, sum ns,
+        # recent (time, µs)]; made at the first observation, so versions without the cache carry none
+        self._cache: dict[str, list[Any]] | None = None
+
+    def observe_cache(self, kind: str, ns: int) -> None:
+        """One cache ``"hit"`` (lookup) or ``"miss"`` (lookup + insertion), from the version's cache front."""
+        if self._cache is None:
+            self._cache = {k: [0, 0, deque(maxlen=MAX_SAMPLES)] for k in ("hit", "miss")}
+        entry = self._cache[kind]
+        entry[0] += 1
+        entry[1] += ns
+        if self.summaries:
+            entry[2].append((self._clock(), ns // 1000))
 
     def observe(self, total_ns: int, queue_ns: int, timings: tuple[int, int, int]) -> None:
         """One successful request (scheduler's greenlet)."""
@@ -59,4 +72,10 @@ class LatencyRecorder:
         if self.histogram:
             snap["buckets"] = list(self._buckets)
             snap["bounds"] = list(FIRST_RESPONSE_BUCKETS_MS)
+        if self._cache is not None and self.summaries:
+            snap["cache"] = {}
+            for kind, (count, total_ns, window) in self._cache.items():
+                while window and window[0][0] < horizon:
+                    window.popleft()
+                snap["cache"][kind] = {"count": count, "sum": total_ns // 1000, "samples": [v for _, v in window]}
         return snap

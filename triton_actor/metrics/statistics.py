@@ -79,7 +79,7 @@ class VersionStats:
     """
 
     __slots__ = ("name", "version", "last_inference", "inference_count", "execution_count", "durations",
-                 "batches", "failures", "load_secs", "latency", "latency_recorder", "_success", "_queue", "_input", "_infer", "_output")
+                 "batches", "failures", "load_secs", "latency", "latency_recorder", "cache_enabled", "_success", "_queue", "_input", "_infer", "_output")
 
     def __init__(self, name: str, version: int) -> None:
         self.name = name
@@ -93,6 +93,7 @@ class VersionStats:
         self.failures = dict.fromkeys(FAILURE_REASONS, 0)  # failed requests by reason (metrics only)
         self.load_secs = 0.0  # how long the version took to load (nv_model_load_duration_secs)
         self.latency_recorder: Any = None  # a metrics.latency.LatencyRecorder when summaries/histograms are on
+        self.cache_enabled = False  # answers go through the response cache: the nv_cache_* families exist
         d = self.durations  # the hot path adds to these directly (a method call each is measurable)
         self._success, self._queue = d["success"], d["queue"]
         self._input, self._infer, self._output = d["compute_input"], d["compute_infer"], d["compute_output"]
@@ -124,6 +125,24 @@ class VersionStats:
         if self.latency_recorder is not None:
             self.latency_recorder.observe(total_ns, queue_ns, timings)
 
+    def record_cache_hit(self, total_ns: int, lookup_ns: int) -> None:
+        """A request answered from the response cache (the cache front, on the hub thread): a success that
+        queued for no time and ran nothing, so no inference or execution counts (Triton core's
+        ``UpdateSuccessCacheHit``)."""
+        for duration, ns in ((self._success, total_ns), (self._queue, 0), (self.durations["cache_hit"], lookup_ns)):
+            duration.count += 1
+            duration.ns += ns
+        if self.latency_recorder is not None:
+            self.latency_recorder.observe_cache("hit", lookup_ns)
+
+    def record_cache_miss(self, miss_ns: int) -> None:
+        """A request the cache did not hold, answered by its model: lookup plus insertion time, which
+        Triton also adds to the request's duration (``UpdateSuccessCacheMiss``)."""
+        self._success.ns += miss_ns
+        self.durations["cache_miss"].add(miss_ns)
+        if self.latency_recorder is not None:
+            self.latency_recorder.observe_cache("miss", miss_ns)
+
     def record_failure(self, total_ns: int, reason: str = "OTHER") -> None:
         """A request that reached the scheduler and failed (rejected-before-queueing ones are not counted);
         ``reason`` is one of :data:`FAILURE_REASONS`."""
@@ -141,6 +160,7 @@ class VersionStats:
             "durations": {k: (v.count, v.ns) for k, v in self.durations.items()},
             "failures": dict(self.failures),
             "load_secs": self.load_secs,
+            "cache_enabled": self.cache_enabled,
             **({"latency_windows": self.latency_recorder.snapshot()} if self.latency_recorder is not None else {}),
             "batches": {
                 size: (b.compute_input.count, b.compute_input.ns, b.compute_infer.ns, b.compute_output.ns)

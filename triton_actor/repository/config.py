@@ -205,6 +205,8 @@ def validate(cfg: ModelConfig, model: str, gpu_count: int,
         raise _err(model, f"default_model_filename '{name}' must be a file name inside the version folder")
     if cfg.HasField("dynamic_batching"):
         _validate_dynamic_batching(cfg, model)
+    if cfg.response_cache.enable:
+        _validate_response_cache(cfg)
     for group in cfg.instance_group:
         if group.kind in (mc.ModelInstanceGroup.KIND_CPU, mc.ModelInstanceGroup.KIND_MODEL) and group.gpus:
             raise _err(model, f"instance group {group.name} of kind {mc.ModelInstanceGroup.Kind.Name(group.kind)} must not specify GPUs")
@@ -218,6 +220,16 @@ def validate(cfg: ModelConfig, model: str, gpu_count: int,
                 if g < 0 or g >= gpu_count:
                     raise _err(model, f"instance group {group.name} of kind KIND_GPU specifies invalid or unsupported gpu id {g}")
     # an ensemble's own checks (its graph, its composing models) are in ensemble_graph.py
+
+
+def _validate_response_cache(cfg: ModelConfig) -> None:
+    """What Triton core refuses with the cache on (model_config_utils.cc), whether the server has a cache or not."""
+    if cfg.HasField("sequence_batching"):
+        raise TritonError.invalid_arg(f"Response Cache does not currently support model {cfg.name} with sequence "
+                                      "batching scheduler. Please disable the response cache.")
+    if cfg.model_transaction_policy.decoupled:
+        raise TritonError.invalid_arg(f"Response Cache does not currently support model {cfg.name} with 'decoupled' "
+                                      "transaction policy. Please disable the response cache.")
 
 
 def _validate_dynamic_batching(cfg: ModelConfig, model: str) -> None:

@@ -71,8 +71,6 @@ def test_defaults_are_tritons() -> None:
     (["--allow-sagemaker"], "--allow-sagemaker=true"),
     (["--allow-vertex-ai", "1"], "--allow-vertex-ai=true"),
     (["--model-namespacing=true"], "--model-namespacing=true"),
-    (["--response-cache-byte-size=1048576"], "--response-cache-byte-size > 0"),
-    (["--cache-config=local,size=1048576"], "--cache-config"),
 ])
 def test_what_would_mislead_is_refused_naming_the_flag(flags: list[str], named: str) -> None:
     with pytest.raises(SystemExit) as e:

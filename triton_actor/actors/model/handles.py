@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from ...errors import TritonError
 from ...inference import InferRequest, InferResponse
@@ -95,6 +96,18 @@ class VersionHandle:
         """Statistics plus queue depth, running requests and instances (the status page)."""
         assert self.scheduler is not None
         return self.scheduler.ref.ask(GetStatus(), timeout=30)
+
+
+@dataclass(frozen=True, slots=True)
+class CachedVersionHandle(VersionHandle):
+    """A version whose answers go through the response cache (``cached.py``): only these pay for it."""
+
+    cache: Any = None  # its CachedVersion
+
+    def infer(self, request: InferRequest) -> Reply[InferResponse]:
+        """Validate, then look up; a miss is queued as by :meth:`VersionHandle.infer` (caller's greenlet)."""
+        assert self.validator is not None
+        return self.cache.infer(request, self.validator.check(request))
 
 
 @dataclass(frozen=True, slots=True)

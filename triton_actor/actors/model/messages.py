@@ -41,6 +41,9 @@ class LoadSettings:
     server_hooks: Any = None
     # the server's rate limiter (--rate-limit=execution_count, actors/scheduling/rate_limiter.py); None: off
     rate_limiter: RateLimiter | None = None
+    # the server's response cache store (cache/: local or redis), None without --cache-config; each version
+    # whose config enables response_cache answers through it (actors/model/cached.py)
+    response_cache: Any = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,17 @@ from ..scheduling.scheduler import Drain, SchedulerActor
 from ..scheduling.sequence_controls import SequenceTensors
 from ..scheduling.sequence_scheduler import SequenceSchedulerActor
 from ..scheduling.sequence_slots import SlotPolicy
-from .handles import LOADING, READY, UNAVAILABLE, UNKNOWN, ReadyState, VersionHandle, check_transition
+from .cached import CachedVersion
+from .handles import (
+    LOADING,
+    READY,
+    UNAVAILABLE,
+    UNKNOWN,
+    CachedVersionHandle,
+    ReadyState,
+    VersionHandle,
+    check_transition,
+)
 from .validation import RequestValidator
 from .warmup import warm_up
 
@@ -56,6 +66,7 @@ class Version:
     validator: RequestValidator | None = None
     labels: dict[str, list[str]] = field(default_factory=dict)
     files: tuple[FileEntry, ...] = ()  # the version folder as it was when loaded (change detection)
+    cache: CachedVersion | None = None  # the response cache's front, when the model and the server enable it
 
     def __post_init__(self) -> None:
         check_transition(UNKNOWN, self.state)
@@ -66,6 +77,9 @@ class Version:
         self.reason = reason
 
     def handle(self) -> VersionHandle:
+        if self.cache is not None:
+            return CachedVersionHandle(self.version, self.state, self.reason, self.scheduler, self.validator,
+                                       self.labels, self.cache)
         return VersionHandle(self.version, self.state, self.reason, self.scheduler, self.validator, self.labels)
 
     @property
@@ -94,6 +108,7 @@ class VersionSource:
     tracer: Tracer | None = None  # the server's (LoadSettings.tracer): the scheduler's VersionTrace comes from it
     server_hooks: Any = None  # the server's pb_utils ServerHooks, for every instance (LoadSettings.server_hooks)
     rate_limiter: RateLimiter | None = None  # the server's (LoadSettings.rate_limiter); None: --rate-limit=off
+    response_cache: Any = None  # the server's cache store (LoadSettings.response_cache); None: no --cache-config
 
 
 def start_version(src: VersionSource, load_timeout_s: float,
@@ -150,6 +165,7 @@ def _start_once(src: VersionSource, load_timeout_s: float, latency_metrics: tupl
         return rec
     log.info("successfully loaded '%s' version %d (%.2f s)", src.model, src.version, time.monotonic() - start)
     rec.scheduler, rec.instances, rec.validator, rec.labels = scheduler, instances, RequestValidator(src.config), labels
+    rec.cache = _cache(src, stats, scheduler)
     rec.to(READY)
     return rec
 
@@ -181,6 +197,14 @@ def _scheduler(src: VersionSource, instances: list[ModelInstance], stats: Versio
                           on_down=on_down, limited=limited)
 
 
+def _cache(src: VersionSource, stats: VersionStats, scheduler: Any) -> CachedVersion | None:
+    """The cache front when the model enables ``response_cache`` and the server has a cache; a model that
+    enables it on a server without one serves uncached, as Triton's does (its scheduler checks both)."""
+    if src.response_cache is None or not src.config.response_cache.enable:
+        return None
+    return CachedVersion(src.response_cache, stats, src.model, src.version, scheduler)
+
+
 def _start_ensemble(src: VersionSource, rec: Version) -> Version:
     """An ensemble version has no instances: its scheduler routes each step to the composing models."""
     assert src.graph is not None and src.routes is not None
@@ -190,6 +214,7 @@ def _start_ensemble(src: VersionSource, rec: Version) -> Version:
     scheduler.start()
     log.info("successfully loaded '%s' version %d", src.model, src.version)
     rec.scheduler, rec.validator = scheduler, RequestValidator(src.config)  # type: ignore[assignment]
+    rec.cache = _cache(src, stats, scheduler)
     rec.to(READY)
     return rec
 

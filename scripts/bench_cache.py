@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""Response cache hits: triton_actor next to real Triton 2.51's local cache, the same repeated request.
+
+Both servers serve Triton's own ``add_sub`` (``scripts/triton_reference/add_sub``) with
+``response_cache { enable: true }`` appended, started with ``--cache-config local,size=1048576``.
+perf_analyzer sends one request over and over (``--input-data zero``): after the first, every request
+is a hit on both servers (the script checks the statistics: misses stay at 1). Reported per server and
+concurrency: infer/s, p50/p99, the ratio ours/Triton, and CPU per hit (the server's user+system time,
+Triton's with its python stub, over the requests the statistics counted). ``--uncached`` adds
+triton_actor without ``--cache-config`` (every request runs add_sub) for what the cache saves here.
+Rounds interleave the servers so machine noise hits all alike; medians are reported.
+
+    scripts/install_bench_tools.sh          # once: perf_analyzer and real tritonserver
+    .venv/bin/python scripts/bench_cache.py --rounds 2 --window-ms 2000
+
+Writes ``bench_out/cache.json`` and ``bench_out/cache.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_http import (  # the scripts folder is not a package: found through sys.path
+    ROOT,
+    TOOLS,
+    copy_add_sub,
+    free_port,
+    perf,
+    stop_servers,
+    wait_ready,
+)
+
+CACHE_FLAG = "--cache-config=local,size=1048576"
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cached_repo(repo: Path) -> None:
+    copy_add_sub(repo)
+    config = repo / "add_sub" / "config.pbtxt"
+    config.write_text(config.read_text() + "\nresponse_cache { enable: true }\n")
+
+
+def start(name: str, repo: Path, port: int) -> subprocess.Popen:
+    """``triton``, ``triton_actor`` (both with the local cache) or ``triton_actor_uncached``."""
+    if name == "triton":
+        args = [str(TOOLS / "tritonserver"), f"--model-repository={repo}", "--http-address=127.0.0.1",
+                f"--http-port={port}", "--allow-grpc=false", "--allow-metrics=false", "--log-info=false", CACHE_FLAG]
+    else:
+        args = [sys.executable, "-m", "triton_actor", "--model-repository", str(repo), "--http-port", str(port),
+                "--http-address", "127.0.0.1", "--log-info=false", "--allow-grpc=false", "--allow-metrics=false",
+                *(() if name.endswith("uncached") else (CACHE_FLAG,))]
+    return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system time of ``pid`` and its children (Triton's python stub), from /proc."""
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    total = 0
+    for p in [pid, *(int(x) for x in out.split())]:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+    return total / _TICK
+
+
+def cache_counts(port: int) -> tuple[int, int, int]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/add_sub/stats", timeout=30) as r:
+        s = json.load(r)["model_stats"][0]
+    d = s["inference_stats"]
+    return int(d["cache_hit"]["count"]), int(d["cache_miss"]["count"]), int(d["success"]["count"])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--concurrency", default="1,4")
+    ap.add_argument("--window-ms", type=int, default=2000)
+    ap.add_argument("--stability", type=int, default=30, help="perf_analyzer's stability percentage")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench_out")
+    ap.add_argument("--uncached", action="store_true", help="also triton_actor without the cache")
+    args = ap.parse_args()
+    if not (TOOLS / "perf_analyzer").exists():
+        raise SystemExit(f"{TOOLS}/perf_analyzer missing: run scripts/install_bench_tools.sh")
+    conc = [int(c) for c in args.concurrency.split(",")]
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="bench_cache_"))
+    servers: dict[str, tuple[subprocess.Popen, int]] = {}
+    results: dict[str, dict[int, list[dict[str, float]]]] = {}
+    try:
+        for name in ("triton_actor", "triton", *(("triton_actor_uncached",) if args.uncached else ())):
+            cached_repo(work / name)
+            port = free_port()
+            servers[name] = (start(name, work / name, port), port)
+            wait_ready(port, servers[name][0])
+            results[name] = {c: [] for c in conc}
+            print(f"[bench] {name} ready on port {port}", flush=True)
+        for r in range(args.rounds):
+            for c in conc:
+                for name, (proc, port) in servers.items():
+                    cpu0, (_, _, done0) = cpu_seconds(proc.pid), cache_counts(port)
+                    res = perf(port, c, args.window_ms, work / "pa.csv", stability=args.stability,
+                               extra=("--input-data", "zero"))
+                    hits, misses, done = cache_counts(port)
+                    res["cpu_us_per_request"] = (cpu_seconds(proc.pid) - cpu0) * 1e6 / max(1, done - done0)
+                    res["hits"], res["misses"] = hits, misses
+                    results[name][c].append(res)
+                    print(f"[bench] round {r + 1} c={c} {name:12s} {res['rps']:8.0f} infer/s p50 {res['p50_us']:5.0f} us "
+                          f"cpu {res['cpu_us_per_request']:5.0f} us/req hits {hits} misses {misses}", flush=True)
+    finally:
+        stop_servers([proc for proc, _ in servers.values()], work)
+    med = {n: {c: {k: statistics.median(x[k] for x in runs) for k in runs[0]} for c, runs in per.items()}
+           for n, per in results.items()}
+    lines = ["| concurrency | server | infer/s (median) | p50 µs | p99 µs | CPU µs per request | misses | ratio vs triton |",
+             "|---|---|---|---|---|---|---|---|"]
+    for c in conc:
+        for name in servers:
+            m = med[name][c]
+            lines.append(f"| {c} | {name} | {m['rps']:.0f} | {m['p50_us']:.0f} | {m['p99_us']:.0f} | "
+                         f"{m['cpu_us_per_request']:.0f} | {m['misses']:.0f} | "
+                         f"{m['rps'] / med['triton'][c]['rps']:.2f}x |")
+    table = "\n".join([*lines, "", f"load average at the end: {os.getloadavg()}"])
+    print(table)
+    (args.out / "cache.md").write_text(table + "\n")
+    (args.out / "cache.json").write_text(json.dumps({"results": results, "median": med, "load": os.getloadavg()},
+                                                    indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
