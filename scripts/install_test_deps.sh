@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # What the test suite needs from outside PyPI, installed by the README's test command itself (so a fresh
 # machine runs every test; nothing is skipped for want of a tool). Idempotent: a second run installs nothing.
-#   Debian: chromium (the status page test), graphite-carbon + python3-whisper (StatsD -> carbon -> whisper)
+#   Debian: chromium (the status page test), graphite-carbon + python3-whisper (StatsD -> carbon -> whisper),
+#           prometheus (the Grafana dashboard's queries; its unit test uses promtool)
 #   npm:    statsd 0.9.0, the reference StatsD daemon, into ~/.cache/triton_actor_test/npm
 set -euo pipefail
 
 SUDO=""
 if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
 
-debian_packages=(chromium graphite-carbon python3-whisper)
+debian_packages=(chromium graphite-carbon python3-whisper prometheus)
 missing=()
 for p in "${debian_packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
