@@ -14,6 +14,7 @@ import re
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,15 +61,25 @@ class Prometheus:
             body = answer.read()
         return json.loads(body) if path.startswith("/api/") else body
 
-    def poll(self, condition, timeout: float, what: str) -> None:
-        """Re-check ``condition`` every 0.2 s (Prometheus offers no event to wait on) until true or ``timeout``."""
+    def poll(self, condition: Callable[[], bool], timeout: float, what: str | Callable[[], str]) -> None:
+        """Re-check ``condition`` every 0.2 s (Prometheus offers no event to wait on) until true or ``timeout``;
+        ``what`` names what did not happen (a callable: evaluated when it times out)."""
         deadline = time.monotonic() + timeout
         while not condition():
             if self.proc.poll() is not None:
                 raise RuntimeError(f"prometheus exited with {self.proc.returncode}:\n{self.log.read_text()}")
             if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout} s waiting for {what}:\n{self.log.read_text()}")
+                what = what() if callable(what) else what
+                raise AssertionError(f"timed out after {timeout} s waiting for {what}\ntargets: {self.targets()}"
+                                     f"\nprometheus log:\n{self.log.read_text()}")
             gevent.sleep(0.2)  # the poll period
+
+    def targets(self) -> list[dict[str, Any]]:
+        """The scrape targets with their health and last scrape error (empty until Prometheus answers)."""
+        try:
+            return self.get("/api/v1/targets")["data"]["activeTargets"]
+        except OSError:
+            return []
 
     def wait_target_up(self, timeout: float = 60) -> None:
         def ready() -> bool:
@@ -78,7 +89,7 @@ class Prometheus:
                 return False
 
         def up() -> bool:
-            targets = self.get("/api/v1/targets")["data"]["activeTargets"]
+            targets = self.targets()
             return bool(targets) and all(t["health"] == "up" for t in targets)
 
         self.poll(ready, timeout, "prometheus to listen")
