@@ -1,6 +1,6 @@
 """The Grafana dashboard's every query (deploy/grafana/triton-actor-dashboard.json), evaluated by a real
 Prometheus (Debian's) scraping a real server through deploy/prometheus.yml while tritonclient sends traffic
-over HTTP and gRPC: each panel must return data.
+over HTTP and gRPC: each panel must return data, and so must every query of Triton's own sample dashboard.
 
 What the host lacks is supplied, not skipped: no GPU here, so the server imports a stand-in ``pynvml``
 (a module in ``tmp_path`` first on its PYTHONPATH) and its GPU families are real exports of made-up device
@@ -18,6 +18,7 @@ import itertools
 import json
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import gevent
@@ -30,8 +31,9 @@ from tritonclient.utils import InferenceServerException
 
 from triton_actor.config.command_line import parse
 
+from .gunicorn_server import Gunicorn
 from .prometheus import DASHBOARD, PROMETHEUS, RATE_INTERVAL, Prometheus, finite, panels, scrape_config, substitute
-from .server import ServerProcess, add_model
+from .server import ChildServer, ServerProcess, add_model
 from .test_metrics import ECHO_CONFIG, ECHO_PY
 
 pytestmark = [pytest.mark.host_tools, pytest.mark.timeout(300)]
@@ -56,6 +58,18 @@ def nvmlDeviceGetTotalEnergyConsumption(h): return int((time.monotonic() - _T0) 
 # echo (test_metrics' model: a negative input fails with a BACKEND error) twice: "batched" behind the
 # dynamic batcher, with the response cache where there is one; "plain" without either
 BATCHED = ECHO_CONFIG + "dynamic_batching { }\n"
+# the queries of Triton's own sample dashboard (triton-inference-server/server deploy/k8s-onprem/dashboard.json),
+# which Triton users already run: they must answer from our server too
+TRITON_SAMPLE = (
+    "count(count(nv_inference_count) by (instance))",
+    "sum by (pod) (rate(nv_inference_count[1m])) / ignoring(pod) group_left sum (rate(nv_inference_count[1m]))",
+    "sum(nv_inference_request_success) by (pod)",
+    "sum(nv_inference_request_failure) by (pod)",
+    "sum(rate(nv_inference_compute_infer_duration_us[30s])) by (model) / 1000",
+    "avg(rate(nv_inference_queue_duration_us[30s])/(1+rate(nv_inference_request_success[30s]))) by (pod)",
+    "nv_gpu_power_usage", "sum(nv_gpu_power_usage)", "nv_gpu_memory_used_bytes", "nv_gpu_utilization * 100",
+    "nv_cpu_memory_used_bytes", "nv_cpu_utilization * 100",
+)
 CACHE_FAMILIES = "nv_cache_"
 MODELS = ["batched", "plain"]
 
@@ -69,7 +83,7 @@ def cache_supported() -> bool:
     return True
 
 
-def _client_loop(protocol: str, server: ServerProcess, model: str, stop: gevent.event.Event, counts: dict) -> None:
+def _client_loop(protocol: str, server: ChildServer, model: str, stop: gevent.event.Event, counts: dict) -> None:
     mod = grpcclient if protocol == "grpc" else httpclient
     client = mod.InferenceServerClient(server.grpc_url if protocol == "grpc" else server.url)
     try:
@@ -90,7 +104,7 @@ def _client_loop(protocol: str, server: ServerProcess, model: str, stop: gevent.
         client.close()
 
 
-def _start_traffic(server: ServerProcess, models: list[str]) -> tuple[gevent.event.Event, list, dict]:
+def _start_traffic(server: ChildServer, models: list[str]) -> tuple[gevent.event.Event, list, dict]:
     stop, counts = gevent.event.Event(), {"ok": 0, "failed": 0}
     loops = [gevent.spawn(_client_loop, protocol, server, model, stop, counts)
              for model in models for protocol in ("http", "grpc", "http")]
@@ -113,19 +127,31 @@ def _write_ranges(prom: Prometheus, queries: list[tuple[str, str]], start: float
     path.write_text(json.dumps({"start": start, "end": end, "queries": runs}))
 
 
-def test_every_panel_returns_data(tmp_path: Path) -> None:
-    assert PROMETHEUS.exists(), "Debian's prometheus is missing: run scripts/install_test_deps.sh"
-    cache = cache_supported()
+@pytest.fixture(params=["one process", "two workers"])
+def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ChildServer]:
+    """The server under test, alone or as two gunicorn workers (one /metrics answering for both), with
+    the two models, the stand-in NVML, and the response cache where this build has one."""
     repo = tmp_path / "models"
-    cache_config = "response_cache { enable: true }\n" if cache else ""
+    cache_config = "response_cache { enable: true }\n" if cache_supported() else ""
     add_model(repo, "batched", BATCHED + cache_config, ECHO_PY)
     add_model(repo, "plain", ECHO_CONFIG, ECHO_PY)
     fake = tmp_path / "fake_nvml"
     fake.mkdir()
     (fake / "pynvml.py").write_text(FAKE_NVML)
-    flags = ("--metrics-interval-ms", "500", *(("--cache-config", "local,size=1048576") if cache else ()))
+    flags = ("--metrics-interval-ms", "500", *(("--cache-config", "local,size=1048576") if cache_config else ()))
     env = {"PYTHONPATH": os.pathsep.join(p for p in (str(fake), os.environ.get("PYTHONPATH", "")) if p)}
-    server = ServerProcess(repo, flags=flags, env=env).wait_ready()
+    if request.param == "one process":
+        started: ChildServer = ServerProcess(repo, flags=flags, env=env).wait_ready()
+    else:
+        started = Gunicorn("--model-repository", str(repo), *flags, workers=2, env=env)
+        started.wait_serving(2)
+    yield started
+    started.stop()
+
+
+def test_every_panel_returns_data(tmp_path: Path, server: ChildServer) -> None:
+    assert PROMETHEUS.exists(), "Debian's prometheus is missing: run scripts/install_test_deps.sh"
+    cache = cache_supported()
     prom = Prometheus(tmp_path / "prometheus", scrape_config(f"127.0.0.1:{server.metrics_port}"))
     stop, loops, counts = _start_traffic(server, MODELS)
     started = time.time()
@@ -133,6 +159,7 @@ def test_every_panel_returns_data(tmp_path: Path) -> None:
         prom.wait_target_up()
         queries = _queries()
         expect_data = [(t, e) for t, e in queries if cache or CACHE_FAMILIES not in e]
+        expect_data += [("Triton's sample dashboard", e) for e in TRITON_SAMPLE]
         pending = dict.fromkeys(expect_data)
 
         def all_answered() -> bool:
@@ -153,5 +180,4 @@ def test_every_panel_returns_data(tmp_path: Path) -> None:
         stop.set()
         gevent.joinall(loops, timeout=30)
         prom.stop()
-        server.stop()
     assert all(g.successful() for g in loops), [g.exception for g in loops]
