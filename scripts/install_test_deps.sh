@@ -3,13 +3,14 @@
 # machine runs every test; nothing is skipped for want of a tool). Idempotent: a second run installs nothing.
 #   Debian: chromium (the status page test), graphite-carbon + python3-whisper (StatsD -> carbon -> whisper),
 #           redis-server (the response cache's redis tests start one on a free port)
+#           prometheus (the Grafana dashboard's queries; its unit test uses promtool)
 #   npm:    statsd 0.9.0, the reference StatsD daemon, into ~/.cache/triton_actor_test/npm
 set -euo pipefail
 
 SUDO=""
 if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
 
-debian_packages=(chromium graphite-carbon python3-whisper redis-server)
+debian_packages=(chromium graphite-carbon python3-whisper redis-server prometheus)
 missing=()
 for p in "${debian_packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -42,11 +42,13 @@ class Gunicorn(ChildServer):
 
     port = grpc_port = metrics_port = 0
 
-    def __init__(self, *flags: str, workers: int = 2, open_files: int | None = None) -> None:
+    def __init__(self, *flags: str, workers: int = 2, open_files: int | None = None,
+                 env: dict[str, str] | None = None) -> None:
         args = [*LOOPBACK_PORTS, "--exit-timeout-secs", "20", *flags]
         self.serving: list[int] = []  # worker pids, in the order they started serving
         super().__init__([sys.executable, "-m", "gunicorn", "-c", "conf/gunicorn.conf.py"],
-                         {"TRITON_ACTOR_ARGS": shlex.join(args), "TRITON_ACTOR_WORKERS": str(workers)}, open_files)
+                         {"TRITON_ACTOR_ARGS": shlex.join(args), "TRITON_ACTOR_WORKERS": str(workers), **(env or {})},
+                         open_files)
 
     def _on_line(self, line: str) -> None:
         m = _LISTENING.search(line)

@@ -69,12 +69,13 @@ class ChildServer:
 class ServerProcess(ChildServer):
     """``python -m triton_actor`` with the given repositories and flags."""
 
-    def __init__(self, *repos: Path, flags: tuple[str, ...] = (), open_files: int | None = None) -> None:
+    def __init__(self, *repos: Path, flags: tuple[str, ...] = (), open_files: int | None = None,
+                 env: dict[str, str] | None = None) -> None:
         args = [sys.executable, "-m", "triton_actor"]
         for repo in repos:
             args += ["--model-repository", str(repo)]
         self.ready = False
-        super().__init__([*args, *LOOPBACK_PORTS, *flags], open_files=open_files)
+        super().__init__([*args, *LOOPBACK_PORTS, *flags], env=env, open_files=open_files)
 
     def _on_line(self, line: str) -> None:
         for attr, pattern in _PORTS.items():
