@@ -484,43 +484,18 @@ class TritonPythonModel:
                 for r in requests]
 """
 
-# B = X * 10 once the producer has sent all its responses and its final flag, so the stream is over and
-# its forks exist before B does
-LATE_PY = """
-import json, os, time
-import triton_python_backend_utils as pb_utils
 
-class TritonPythonModel:
-    def initialize(self, args):
-        self.sent = os.path.join(json.loads(args["model_config"])["parameters"]["progress"]["string_value"], "sent")
-
-    def execute(self, requests):
-        out = []
-        for r in requests:
-            x = pb_utils.get_input_tensor_by_name(r, "X").as_numpy()
-            deadline = time.time() + 20
-            while time.time() < deadline:
-                if os.path.exists(self.sent + ".done"):
-                    break
-                time.sleep(0.005)  # model code polling a file the test writes
-            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("B", x * 10)]))
-        return out
-"""
-
-
-def test_forks_of_a_stream_get_what_a_step_started_before_them_produces(tmp_path: Path, start_server) -> None:
-    """gen streams Y = 0..N-1 and ends while late (started before any response) still runs: every fork
-    must get late's B when it comes, and join OUT = Y + B once per response."""
+def test_a_step_joining_a_stream_with_a_plain_branch_is_refused(tmp_path: Path, start_server) -> None:
+    """join reads gen's stream and late's single answer: Triton cannot pair them and refuses the
+    ensemble at load with this text (checked on Triton 2.51; repository/ensemble_graph.py)."""
     repo = tmp_path / "repo"
     _decoupled_repo(repo, max_inflight=0)
-    progress = tmp_path / "progress"
-    add_model(repo, "late", f"""
+    add_model(repo, "late", """
 backend: "python"
 max_batch_size: 0
-input [ {{ name: "X", data_type: TYPE_FP32, dims: [ 1 ] }} ]
-output [ {{ name: "B", data_type: TYPE_FP32, dims: [ 1 ] }} ]
-parameters [ {{ key: "progress" value: {{ string_value: "{progress}" }} }} ]
-""", LATE_PY)
+input [ { name: "X", data_type: TYPE_FP32, dims: [ 1 ] } ]
+output [ { name: "B", data_type: TYPE_FP32, dims: [ 1 ] } ]
+""", "class TritonPythonModel:\n    def execute(self, requests):\n        return []\n")
     add_model(repo, "join", """
 backend: "python"
 max_batch_size: 0
@@ -530,7 +505,6 @@ output [ { name: "OUT", data_type: TYPE_FP32, dims: [ 1 ] } ]
     add_ensemble(repo, "joined", f"""
 platform: "ensemble"
 max_batch_size: 0
-model_transaction_policy {{ decoupled: true }}
 input [ {{ name: "N", data_type: TYPE_INT32, dims: [ 1 ] }}, {{ name: "NF", data_type: TYPE_FP32, dims: [ 1 ] }} ]
 output [ {{ name: "OUT", data_type: TYPE_FP32, dims: [ 1 ] }} ]
 ensemble_scheduling {{ step [
@@ -538,21 +512,21 @@ ensemble_scheduling {{ step [
   {_step("late", {"X": "NF"}, {"B": "b"})},
   {_step("join", {"A": "y", "B": "b"}, {"OUT": "OUT"})} ] }}
 """)
-    server = start_server(repo)
-    outs = [float(r.as_numpy("OUT")[0]) for r in _stream_n_nf(server, "joined", 3, 3.0)]
-    assert sorted(outs) == [30.0, 31.0, 32.0]
+    server = start_server(repo, flags=("--exit-on-error=false",))
+    entry = {e["name"]: e for e in httpclient.InferenceServerClient(server.url).get_model_repository_index()}["joined"]
+    assert entry["state"] == "UNAVAILABLE"
+    assert entry["reason"] == ("Invalid argument: in ensemble joined, step of model 'joined' receives inputs originated from different "
+                               "decoupled models")
 
 
-def _stream_n_nf(server, model: str, n: int, nf: float) -> list[grpcclient.InferResult]:
-    """One request (N, NF) on a gRPC stream; every response that has OUT."""
+def _stream_n(server, model: str, n: int) -> list[grpcclient.InferResult]:
+    """One request (N) on a gRPC stream; every response that has OUT."""
     got: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(server.grpc_url)
     client.start_stream(callback=lambda result, error: got.put((result, error)))
     n_input = grpcclient.InferInput("N", [1], "INT32")
     n_input.set_data_from_numpy(np.array([n], np.int32))
-    nf_input = grpcclient.InferInput("NF", [1], "FP32")
-    nf_input.set_data_from_numpy(np.array([nf], np.float32))
-    client.async_stream_infer(model, [n_input, nf_input], enable_empty_final_response=True)
+    client.async_stream_infer(model, [n_input], enable_empty_final_response=True)
     results = []
     try:
         while True:
@@ -596,10 +570,11 @@ class TritonPythonModel:
 """
 
 
-def test_a_decoupled_step_beside_a_wide_fan_out(tmp_path: Path, start_server) -> None:
-    """gen (step 0) streams while 300 plain steps of the same table start a few dozen per hub turn:
-    each response's fork gets all their outputs, and join OUT = Y + P299 once per response (the
-    unit tests in test_ensemble_scheduler.py pin the order of events)."""
+def test_a_wide_fan_out_after_a_decoupled_step(tmp_path: Path, start_server) -> None:
+    """gen (step 0) streams Y = 0, 1, 2; each response's fork starts 300 plain steps on it, a few dozen
+    per hub turn, and join OUT = Y + P299 once per response with every P of that fork (the unit tests
+    in test_ensemble_scheduler.py pin the order of events). Every tensor comes from gen's stream:
+    Triton refuses a step or output set that mixes a stream with a plain branch."""
     repo = tmp_path / "repo"
     _decoupled_repo(repo, max_inflight=0)
     add_model(repo, "ident1", """
@@ -620,15 +595,15 @@ output [ { name: "OUT", data_type: TYPE_FP32, dims: [ 1 ] } ]
 platform: "ensemble"
 max_batch_size: 0
 model_transaction_policy {{ decoupled: true }}
-input [ {{ name: "N", data_type: TYPE_INT32, dims: [ 1 ] }}, {{ name: "NF", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+input [ {{ name: "N", data_type: TYPE_INT32, dims: [ 1 ] }} ]
 output [ {outs} ]
 ensemble_scheduling {{ step [
   {_step("gen", {"N": "N"}, {"Y": "y"})},
-  {", ".join(_step("ident1", {"X": "NF"}, {"Y": p}) for p in wide)},
+  {", ".join(_step("ident1", {"X": "y"}, {"Y": p}) for p in wide)},
   {_step("join", {"A": "y", "B": wide[-1]}, {"OUT": "OUT"})} ] }}
 """)
     server = start_server(repo)
     answers = [(float(r.as_numpy("OUT")[0]), {float(r.as_numpy(p)[0]) for p in wide[:-1]})
-               for r in _stream_n_nf(server, "fan", 3, 7.0)]
-    assert sorted(a[0] for a in answers) == [7.0, 8.0, 9.0]
-    assert all(a[1] == {7.0} for a in answers)
+               for r in _stream_n(server, "fan", 3)]
+    assert sorted(a[0] for a in answers) == [0.0, 2.0, 4.0]
+    assert all(a[1] == {a[0] / 2} for a in answers)

@@ -111,8 +111,8 @@ def test_invalid_configs_name_file_line_and_rule(tmp_path: Path, start_server) -
     assert "no_such_field" in index["unknown_field"]["reason"]
     assert ":7:1" in index["unknown_field"]["reason"]
     assert "dimension must be integer >= 1, or -1" in index["bad_dims"]["reason"]
-    assert "does not match the model directory name" in index["wrong_name"]["reason"]
-    assert "unable to find backend 'tensorflow'" in index["no_backend"]["reason"]
+    assert "unexpected directory name 'wrong_name' for model 'other'" in index["wrong_name"]["reason"]
+    assert "unable to find backend library for backend 'tensorflow'" in index["no_backend"]["reason"]
     for name in ("typo", "unknown_field", "bad_dims", "wrong_name", "no_backend"):
         assert index[name]["state"] == "UNAVAILABLE"
 

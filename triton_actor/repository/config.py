@@ -127,8 +127,14 @@ def fill_backend_fields(cfg: ModelConfig, model: str, first_version_dir: Path | 
             cfg.platform = cfg.platform or default_platform
             cfg.default_model_filename = cfg.default_model_filename or filename
             return
-    if not cfg.backend and "." in model:
-        cfg.backend = model.rsplit(".", 1)[1]
+    if not (cfg.backend or cfg.platform or cfg.default_model_filename):
+        # a custom backend named by the model: "m.identity" runs backend "identity" (core AutoCompleteBackendFields)
+        if "." not in model:
+            raise TritonError.invalid_arg(
+                f"Invalid model name: Could not determine backend for model '{model}' with no backend in model "
+                "configuration. Expected model name of the form 'model.<backend_name>'.")
+        cfg.backend = model.split(".", 1)[1]
+        cfg.default_model_filename = f"model.{cfg.backend}"
 
 
 def any_runtime(backend: str) -> str | None:
@@ -172,14 +178,23 @@ def normalize(cfg: ModelConfig, model: str, gpu_count: int,
                 group.gpus.extend(range(gpu_count))
 
 
+def validate_platform(cfg: ModelConfig) -> None:
+    """A backend, except for an ensemble, which must have none (core ``ValidateModelConfig``, its first checks)."""
+    ensemble = cfg.platform == "ensemble"
+    if not cfg.backend and not ensemble:
+        raise TritonError.invalid_arg(f"unexpected platform type '{cfg.platform}' for {cfg.name}")
+    if cfg.backend and ensemble:
+        raise TritonError.invalid_arg(f"Ensemble model '{cfg.name}' must have platform type 'ensemble' and empty "
+                                      "backend type")
+
+
 def validate(cfg: ModelConfig, model: str, gpu_count: int,
              gpu_support: Callable[[str], str | None] = any_runtime) -> None:
     """The invalid combinations (https://github.com/triton-inference-server/server/blob/main/docs/user_guide/model_configuration.md) that apply to any model; raise on the first.
-    An explicit KIND_GPU needs a GPU on the host and a runtime that can use it (``gpu_support``)."""
-    if cfg.name != model:
-        raise _err(model, f"configuration name '{cfg.name}' does not match the model directory name '{model}'")
-    if not cfg.backend and not cfg.platform:
-        raise _err(model, "unexpected platform type '' (no backend or platform set and none could be inferred)")
+    An explicit KIND_GPU needs a GPU on the host and a runtime that can use it (``gpu_support``).
+    The name is checked apart (:func:`check_name`): Triton checks it after the whole config, an
+    ensemble's graph included."""
+    validate_platform(cfg)
     expected = _PLATFORM_BACKEND.get(cfg.platform)
     if expected and cfg.backend and cfg.backend != expected:
         raise _err(model, f"platform '{cfg.platform}' does not match backend '{cfg.backend}' (expected '{expected}')")
@@ -207,7 +222,7 @@ def validate(cfg: ModelConfig, model: str, gpu_count: int,
         _validate_dynamic_batching(cfg, model)
     if cfg.response_cache.enable:
         _validate_response_cache(cfg)
-    for group in cfg.instance_group:
+    for group in () if cfg.HasField("ensemble_scheduling") else cfg.instance_group:  # the graph check refuses them
         if group.kind in (mc.ModelInstanceGroup.KIND_CPU, mc.ModelInstanceGroup.KIND_MODEL) and group.gpus:
             raise _err(model, f"instance group {group.name} of kind {mc.ModelInstanceGroup.Kind.Name(group.kind)} must not specify GPUs")
         if group.kind == mc.ModelInstanceGroup.KIND_GPU:
@@ -230,6 +245,13 @@ def _validate_response_cache(cfg: ModelConfig) -> None:
     if cfg.model_transaction_policy.decoupled:
         raise TritonError.invalid_arg(f"Response Cache does not currently support model {cfg.name} with 'decoupled' "
                                       "transaction policy. Please disable the response cache.")
+
+
+def check_name(cfg: ModelConfig, model: str) -> None:
+    """The config's name must be its folder's (core ``ModelRepositoryManager::InitializeModelInfo``)."""
+    if cfg.name != model:
+        raise TritonError.invalid_arg(f"unexpected directory name '{model}' for model '{cfg.name}', directory name "
+                                      "must equal model name")
 
 
 def _validate_dynamic_batching(cfg: ModelConfig, model: str) -> None:

@@ -62,7 +62,7 @@ def check_scheduling(cfg: ModelConfig) -> Graph:
     if cfg.HasField("ensemble_scheduling") and not is_ensemble(cfg):
         raise _bad(f"ensemble scheduling cannot be set for model '{name}' whose platform is not {ENSEMBLE}")
     if not cfg.HasField("ensemble_scheduling"):
-        raise _bad(f"ensemble scheduling must be set for ensemble '{name}' whose platform is {ENSEMBLE}")
+        raise _bad(f"ensemble scheduling must be set for ensemble {name} whose platform is {ENSEMBLE}")
     if cfg.instance_group:
         raise _bad(f"instance group should not be specified for ensemble '{name}'")
     if cfg.HasField("optimization"):
@@ -93,7 +93,7 @@ def check_scheduling(cfg: ModelConfig) -> Graph:
         if o not in known:
             raise _bad(f"ensemble output '{o}' for ensemble {name}' is not used")
         if o not in ready:
-            raise _bad(f"output '{o}' for ensemble '{name}' is not written")
+            raise _bad(f"output '{o}' for ensemble '{name}' is not written{_unconnected(o, steps, ready)}")
     for tensor in sorted(known):
         if tensor in outputs:
             continue
@@ -133,6 +133,24 @@ def _ready_tensors(steps: tuple[Step, ...], inputs: tuple[str, ...]) -> set[str]
     return ready
 
 
+def _unconnected(output: str, steps: tuple[Step, ...], ready: set[str]) -> str:
+    """Triton's hint for an unwritten output: follow the first not-ready input of each producing step
+    back to a tensor nothing produces (a cycle stops where it comes round)."""
+    producer = {t: step for step in steps for _, t in step.outputs}
+    last, seen = output, set()
+    step = producer.get(output)
+    while step is not None:
+        pending = [t for _, t in step.inputs if t not in ready and t not in seen]
+        if not pending:
+            break
+        last = pending[0]
+        seen.add(last)
+        step = producer.get(last)
+    if last == output:
+        return ""
+    return f": at least one of its depending tensors, '{last}', is not connected"
+
+
 def dependencies(cfg: ModelConfig) -> tuple[str, ...]:
     """The composing models an ensemble names, in step order, each once (empty for other models)."""
     if not is_ensemble(cfg):
@@ -170,10 +188,11 @@ class Composing:
     reason: str = ""  # why it has no ready version
 
 
-def check_composing(cfg: ModelConfig, graph: Graph, models: Mapping[str, Composing]) -> None:
+def check_composing(cfg: ModelConfig, graph: Graph, models: Mapping[str, Composing]) -> bool:
     """The checks that need the composing models (Triton's ``CheckNode`` and ``ValidateEnsembleConfig``):
-    every one available with the versions the steps ask for, batch sizes, and each tensor's data type and
-    shape agreeing between its producer and its consumers."""
+    every one available with the versions the steps ask for, batch sizes, each tensor's data type and
+    shape agreeing between its producer and its consumers, and the streams of decoupled steps. Returns
+    whether the ensemble is decoupled (Triton sets its ``model_transaction_policy`` from that)."""
     name = cfg.name
     missing = [m for m in dependencies(cfg) if models.get(m) is None]
     if missing:
@@ -201,28 +220,52 @@ def check_composing(cfg: ModelConfig, graph: Graph, models: Mapping[str, Composi
             raise _bad(f"ensemble {name} allows maximum batch size {cfg.max_batch_size}, but it contains model "
                        f"{step.model} which only allows maximum batch size to be {composing.max_batch_size}")
         _check_mapping(name, step, composing, tensors)
-    _check_decoupled_origins(cfg, graph, models)
+    return _decoupled(cfg, graph, models)
 
 
-def _check_decoupled_origins(cfg: ModelConfig, graph: Graph, models: Mapping[str, Composing]) -> None:
-    """Triton refuses a step whose inputs come from two different decoupled models: their responses
-    cannot be paired (each response of one drives the steps after it on its own)."""
-    origins: dict[str, frozenset[str]] = {t: frozenset() for t in graph.inputs}
-    pending = list(graph.steps)
+def _decoupled(cfg: ModelConfig, graph: Graph, models: Mapping[str, Composing]) -> bool:
+    """Triton's walk of the data flow (``ValidateEnsembleConfig``): each response of a decoupled step
+    starts a stream of its own (a new label on its outputs, shared by them); a step, or the ensemble's
+    outputs taken together, must not receive tensors of two different streams, whose responses could
+    not be paired. True when some step is decoupled: the ensemble is then decoupled itself."""
+    owner = dict.fromkeys((*graph.inputs, *graph.outputs), cfg.name)  # the model named in the error
+    producer: dict[str, Step] = {}
+    for step in graph.steps:
+        composing = models[step.model].config
+        mapped = dict(step.inputs)
+        order = [mapped[i.name] for i in composing.input if i.name in mapped] if composing is not None else []
+        for tensor in (*order, *(t for _, t in step.inputs), *(t for _, t in step.outputs)):
+            owner.setdefault(tensor, step.model)
+        for _, tensor in step.outputs:
+            producer[tensor] = step
+    labels = dict.fromkeys(graph.inputs, 0)
+    step_labels: dict[int, int] = {}
+    fresh = 0
+    pending = [t for t in producer if t not in labels]
     while pending:
-        ready = [s for s in pending if all(t in origins for _, t in s.inputs)]
+        ready = [t for t in pending if all(p in labels for _, p in producer[t].inputs)]
         if not ready:
-            return  # not reachable for a graph check_scheduling accepted
-        for step in ready:
-            pending.remove(step)
-            sources = frozenset().union(*(origins[t] for _, t in step.inputs))
-            if len(sources) > 1:
-                raise _bad(f"in ensemble {cfg.name}, step of model '{step.model}' receives inputs originated from "
-                           f"different decoupled models: {', '.join(sorted(sources))}")
-            composing = models[step.model].config
-            decoupled = composing is not None and composing.model_transaction_policy.decoupled
-            for _, t in step.outputs:
-                origins[t] = frozenset({step.model}) if decoupled else sources
+            break  # never ready: check_scheduling refused that graph already
+        for tensor in ready:
+            pending.remove(tensor)
+            step = producer[tensor]
+            _same_stream(cfg.name, owner[tensor], [labels[p] for _, p in step.inputs])
+            if step.index not in step_labels:
+                composing = models[step.model].config
+                if composing is not None and composing.model_transaction_policy.decoupled:
+                    fresh += 1
+                    step_labels[step.index] = fresh
+                else:
+                    step_labels[step.index] = labels[step.inputs[0][1]]
+            labels[tensor] = step_labels[step.index]
+    _same_stream(cfg.name, cfg.name, [labels[o] for o in graph.outputs if o in labels])
+    return fresh != 0
+
+
+def _same_stream(ensemble: str, model: str, labels: list[int]) -> None:
+    if len(set(labels)) > 1:
+        raise _bad(f"in ensemble {ensemble}, step of model '{model}' receives inputs originated from "
+                   "different decoupled models")
 
 
 @dataclass(frozen=True, slots=True)

@@ -154,8 +154,13 @@ def test_fill_backend_fields_keeps_name_and_uses_backend_suffix(tmp_path: Path) 
     cm.fill_backend_fields(cfg, "m", _version_dir(tmp_path, "model.onnx"))
     assert cfg.name == "given"
     cfg = mc.ModelConfig()
-    cm.fill_backend_fields(cfg, "detector.mybackend", _version_dir(tmp_path / "empty"))
-    assert (cfg.backend, cfg.platform) == ("mybackend", "")
+    cm.fill_backend_fields(cfg, "detector.my.backend", _version_dir(tmp_path / "empty"))
+    assert (cfg.backend, cfg.platform, cfg.default_model_filename) == ("my.backend", "", "model.my.backend")
+    with pytest.raises(TritonError) as info:  # no file, no backend, no ".<backend>" in the name
+        cm.fill_backend_fields(mc.ModelConfig(), "detector", _version_dir(tmp_path / "empty"))
+    assert info.value.message == ("Invalid model name: Could not determine backend for model 'detector' with no "
+                                  "backend in model configuration. Expected model name of the form "
+                                  "'model.<backend_name>'.")
     ens = mc.ModelConfig(platform="ensemble")
     cm.fill_backend_fields(ens, "pipe", _version_dir(tmp_path, "model.py"))
     assert (ens.backend, ens.default_model_filename) == ("", "")
@@ -300,12 +305,23 @@ def test_validate_accepts_add_sub() -> None:
     cm.validate(_valid_config(), "add_sub", gpu_count=0)
 
 
-def test_validate_name_mismatch() -> None:
+def test_check_name_mismatch() -> None:
     cfg = _valid_config()
     cfg.name = "other"
+    cm.validate(cfg, "add_sub", gpu_count=0)  # Triton checks the name after the rest of the config
     with pytest.raises(TritonError) as info:
-        cm.validate(cfg, "add_sub", gpu_count=0)
-    _invalid(info, "'other'", "'add_sub'")
+        cm.check_name(cfg, "add_sub")
+    assert info.value.message == ("unexpected directory name 'add_sub' for model 'other', directory name must equal "
+                                  "model name")
+
+
+def test_validate_platform_texts() -> None:
+    with pytest.raises(TritonError) as info:
+        cm.validate_platform(mc.ModelConfig(name="m", platform="mystery"))
+    assert info.value.message == "unexpected platform type 'mystery' for m"
+    with pytest.raises(TritonError) as info:
+        cm.validate_platform(mc.ModelConfig(name="e", platform="ensemble", backend="onnxruntime"))
+    assert info.value.message == "Ensemble model 'e' must have platform type 'ensemble' and empty backend type"
 
 
 def test_validate_negative_max_batch_size() -> None:

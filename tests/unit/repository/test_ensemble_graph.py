@@ -84,7 +84,16 @@ def test_a_cycle_leaves_its_tensors_never_ready() -> None:
     steps = """step [ { model_name: "a" input_map { key: "X" value: "IN" } input_map { key: "Z" value: "loop" }
                         output_map { key: "Y" value: "L" } output_map { key: "W" value: "R" } },
                       { model_name: "b" input_map { key: "X" value: "L" } output_map { key: "Y" value: "loop" } } ]"""
+    # Triton's hint walks back from L through 'loop' to L again and then names nothing
     assert _fails(check_scheduling, _ensemble(steps)) == "output 'L' for ensemble 'ens' is not written"
+
+
+def test_an_output_fed_by_a_tensor_nothing_writes() -> None:
+    steps = STEPS.replace('input_map { key: "X" value: "mid" } output_map { key: "Y" value: "R" }',
+                          'input_map { key: "X" value: "nowhere" } output_map { key: "Y" value: "R" }')
+    assert _fails(check_scheduling, _ensemble(steps)) == (
+        "output 'R' for ensemble 'ens' is not written: at least one of its depending tensors, 'nowhere', is not "
+        "connected")
 
 
 def test_an_intermediate_tensor_nobody_reads() -> None:
@@ -179,7 +188,11 @@ def test_a_step_fed_by_two_different_decoupled_models() -> None:
     streaming = {n: _model(n) for n in ("left", "right")}
     for c in streaming.values():
         c.model_transaction_policy.decoupled = True
-    check_composing(cfg, graph, _models(**streaming))  # two streams side by side: fine
+    # Triton pairs the ensemble's outputs too: two streams side by side cannot make one response
+    assert _fails(check_composing, cfg, graph, _models(**streaming)) == (
+        "in ensemble ens, step of model 'ens' receives inputs originated from different decoupled models")
+    assert check_composing(cfg, graph, _models(pre=streaming["left"])) is True  # one stream: a decoupled ensemble
+    assert check_composing(cfg, graph, _models()) is False
     joined = STEPS + """ step [ { model_name: "join" model_version: -1 input_map { key: "X" value: "L" } input_map { key: "Z" value: "R" }
                                  output_map { key: "Y" value: "J" } } ]"""
     cfg = _ensemble(joined)
@@ -188,5 +201,6 @@ def test_a_step_fed_by_two_different_decoupled_models() -> None:
     cfg.output.remove(cfg.output[0])
     join = _model("join")
     join.input.add(name="Z", data_type=join.input[0].data_type, dims=[2])
+    # Triton names the model its tensor map met first with the written tensor: J is an ensemble output
     assert _fails(check_composing, cfg, check_scheduling(cfg), _models(**streaming, join=join)) == (
-        "in ensemble ens, step of model 'join' receives inputs originated from different decoupled models: left, right")
+        "in ensemble ens, step of model 'ens' receives inputs originated from different decoupled models")

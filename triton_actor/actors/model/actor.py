@@ -271,12 +271,12 @@ class ModelActor(Actor):
         config_mod.fill_backend_fields(cfg, self.model, first)
         if ensemble_graph.is_ensemble(cfg) or cfg.HasField("ensemble_scheduling"):
             return self._prepare_ensemble(model_dir, cfg, stamp, available)
+        config_mod.validate_platform(cfg)
+        config_mod.check_name(cfg, self.model)
         backend = self._backends.get(cfg.backend)
-        if backend is None:
-            raise TritonError.invalid_arg(
-                f"model '{self.model}': unable to find backend '{cfg.backend}' "
-                f"(available: {', '.join(sorted(self._backends))})"
-            )
+        if backend is None:  # Triton's text (core backend_model.cc); the built-in backends are listed in the docs
+            raise TritonError.invalid_arg(f"unable to find backend library for backend '{cfg.backend}', try "
+                                          "specifying runtime on the model configuration.")
         if s.auto_complete:
             call_in_thread(backend.auto_complete, cfg, model_dir, first, explicit)
         config_mod.normalize(cfg, self.model, s.gpu_count, s.gpu_support)
@@ -290,6 +290,7 @@ class ModelActor(Actor):
         config_mod.normalize(cfg, self.model, self._settings.gpu_count, self._settings.gpu_support)
         config_mod.validate(cfg, self.model, self._settings.gpu_count, self._settings.gpu_support)
         graph = ensemble_graph.check_scheduling(cfg)
+        config_mod.check_name(cfg, self.model)
         routes = self._routes()
         models = {}
         for name in ensemble_graph.dependencies(cfg):
@@ -298,7 +299,8 @@ class ModelActor(Actor):
                 reasons = [vh.reason for vh in handle.versions.values() if vh.reason]
                 models[name] = ensemble_graph.Composing(handle.config, handle.ready_versions,
                                                         reasons[0] if reasons else "")
-        ensemble_graph.check_composing(cfg, graph, models)
+        # Triton sets an ensemble's policy from its steps, whatever the file says (ensemble_utils.cc)
+        cfg.model_transaction_policy.decoupled = ensemble_graph.check_composing(cfg, graph, models)
         return _Plan(model_dir, stamp, cfg, None, self._select(cfg, available), graph)
 
     def _select(self, cfg: ModelConfig, available: dict[int, Path]) -> dict[int, Path]:

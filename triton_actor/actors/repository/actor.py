@@ -154,7 +154,7 @@ class RepositoryActor(Actor):
             try:
                 model_dir = self._model_dir(name, found)
             except TritonError as e:
-                failures[name] = e.message
+                failures[name] = e.status_text()
                 continue
             if self.control_mode == POLL:
                 self._poll.loaded(name, snapshot.take(model_dir))
@@ -169,7 +169,8 @@ class RepositoryActor(Actor):
             try:
                 r.get()
             except Exception as e:  # noqa: BLE001
-                failures[name] = str(e)
+                # logged at startup with the code as Triton's log shows it ("Invalid argument: ...")
+                failures[name] = e.status_text() if isinstance(e, TritonError) else str(e)
         self.ref.tell(_LoadsFinished(reply, failures))
 
     def on__LoadsFinished(self, msg: _LoadsFinished) -> None:

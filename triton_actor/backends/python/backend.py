@@ -207,7 +207,10 @@ class PythonBackend:
                     f"model '{config.name}': auto_complete_config failed: {python_error_text(e)}") from None
         finally:
             forget_package(module.__name__.rpartition(".")[0])
-        completed = (result if result is not None else helper).as_dict()
+        if not isinstance(result, pb_utils.ModelConfig):  # Triton's stub refuses anything else, None included
+            raise TritonError.internal(f"auto_complete_config function in model '{config.name}' must return a valid "
+                                       "pb.ModelConfig object.")
+        completed = result.as_dict()
         config.Clear()
         try:
             json_format.ParseDict(completed, config)
