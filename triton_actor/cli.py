@@ -1,5 +1,6 @@
 """``triton-actor`` / ``python -m triton_actor``: the entry point. The command line becomes Settings
-(``config/command_line.py``); one process runs the server, ``--workers N`` gunicorn's arbiter."""
+(``config/command_line.py``); one process runs the server, ``--workers N`` gunicorn's arbiter.
+``triton-actor tune ...`` runs the tuner (``tune/``) instead; any other command line is tritonserver's."""
 
 from __future__ import annotations
 
@@ -15,6 +16,10 @@ from .runtime import fastpath
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["tune"]:  # a subcommand only as the first word: tritonserver's flags all start with "--"
+        from .tune.command import main as tune
+
+        sys.exit(tune(argv[1:]))
     settings = parse(argv)
     if settings.workers > 1:  # gunicorn's arbiter, unpatched; each worker patches after the fork
         from .workers import arbiter
