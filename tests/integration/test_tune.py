@@ -1,0 +1,107 @@
+"""``triton-actor tune`` end to end (docs/tune.md): a real server, our load generator, the report.
+
+Each run is kept small (one concurrency, two instance counts, two batch sizes, short windows) so it
+ends in well under a minute; which configuration wins is the host's business, so the tests check what
+was measured and written, not the winner.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import tritonclient.http as httpclient
+from gevent import subprocess  # the test process is gevent-patched (tests/conftest.py)
+
+from .server import ROOT, ServerProcess, add_model
+
+CONFIG = """
+name: "batcher"
+backend: "python"
+max_batch_size: 8
+input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ 4 ] } ]
+output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 4 ] } ]
+dynamic_batching { }
+instance_group [ { count: 2, kind: KIND_CPU } ]
+"""
+
+MODEL_PY = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy() * 2)])
+                for r in requests]
+"""
+
+# from the shipped (2 instances, batch 8) the climbs go down only: both counts and both sizes are measured
+SMALL = ("--model", "batcher", "--concurrency", "2", "--instances", "1,2", "--max-batch-sizes", "4,8",
+         "--dynamic-batching", "on", "--no-preferred", "--queue-delays-us", "0", "--warmup-s", "0.3",
+         "--window-s", "0.3", "--max-windows", "5", "--max-minutes", "2")
+
+
+def _repo(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    add_model(repo, "batcher", CONFIG, MODEL_PY)
+    return repo
+
+
+def _tune(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "triton_actor", "tune", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=110)
+
+
+def _measured(out: Path) -> list[dict[str, str]]:
+    with (out / "points.csv").open() as f:
+        return list(csv.DictReader(f))
+
+
+def test_tune_writes_a_tuned_config_that_our_server_serves(tmp_path: Path,
+                                                            start_server: Callable[..., ServerProcess]) -> None:
+    repo, out = _repo(tmp_path), tmp_path / "report"
+    proc = _tune("--model-repository", str(repo), "--out", str(out), *SMALL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = _measured(out)
+    assert {r["instances"] for r in rows} == {"1", "2"} and {r["max_batch_size"] for r in rows} == {"4", "8"}
+    assert all(not r["error"] and float(r["throughput"]) > 0 for r in rows)
+    assert "points," in proc.stderr and "ETA" in proc.stderr  # the progress lines
+    assert "* pick, b the shipped config; pick: " in proc.stdout  # the table's legend and verdict
+    pick = json.loads((out / "summary.json").read_text())["pick"]["candidate"]
+    for name in ("index.html", "throughput_vs_p99.png", "tuned.pbtxt", "server.log"):
+        assert (out / name).is_file(), name
+    assert (repo / "batcher" / "config.pbtxt").read_text() == CONFIG  # never rewritten
+    tuned = repo / "batcher" / "configs" / "tuned.pbtxt"
+    assert tuned.read_text() == (out / "tuned.pbtxt").read_text()
+    server = start_server(repo, flags=("--model-config-name", "tuned"))
+    served = httpclient.InferenceServerClient(server.url).get_model_config("batcher")
+    assert served["instance_group"][0]["count"] == pick["instances"]
+    assert served["max_batch_size"] == pick["max_batch_size"]
+
+
+def test_attached_with_url_the_server_keeps_its_config_without_apply(tmp_path: Path,
+                                                                     start_server: Callable[..., ServerProcess]) -> None:
+    repo, out = _repo(tmp_path), tmp_path / "report"
+    server = start_server(repo, flags=("--model-control-mode", "explicit", "--load-model", "batcher"))
+    client = httpclient.InferenceServerClient(server.url)
+    before = client.get_model_config("batcher")
+    proc = _tune("--url", server.grpc_url, "--protocol", "grpc", "--model-repository", str(repo), "--out", str(out), *SMALL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert {r["instances"] for r in _measured(out)} == {"1", "2"}  # it did swap configs while it measured
+    assert client.get_model_config("batcher") == before
+    assert client.is_model_ready("batcher")
+    assert not (repo / "batcher" / "configs").exists() and (out / "tuned.pbtxt").is_file()
+
+
+def test_attached_with_apply_the_pick_is_loaded_and_written(tmp_path: Path,
+                                                            start_server: Callable[..., ServerProcess]) -> None:
+    repo, out = _repo(tmp_path), tmp_path / "report"
+    server = start_server(repo, flags=("--model-control-mode", "explicit", "--load-model", "batcher"))
+    proc = _tune("--url", server.url, "--apply", "--model-repository", str(repo), "--out", str(out), *SMALL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    pick = json.loads((out / "summary.json").read_text())["pick"]["candidate"]
+    served = httpclient.InferenceServerClient(server.url).get_model_config("batcher")
+    assert (served["instance_group"][0]["count"], served["max_batch_size"]) == (pick["instances"], pick["max_batch_size"])
+    assert (repo / "batcher" / "configs" / "tuned.pbtxt").is_file()
