@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -105,3 +106,22 @@ def test_attached_with_apply_the_pick_is_loaded_and_written(tmp_path: Path,
     served = httpclient.InferenceServerClient(server.url).get_model_config("batcher")
     assert (served["instance_group"][0]["count"], served["max_batch_size"]) == (pick["instances"], pick["max_batch_size"])
     assert (repo / "batcher" / "configs" / "tuned.pbtxt").is_file()
+
+
+def test_ctrl_c_writes_the_report_of_what_was_measured(tmp_path: Path) -> None:
+    repo, out = _repo(tmp_path), tmp_path / "report"
+    proc = subprocess.Popen([sys.executable, "-m", "triton_actor", "tune", "--model-repository", str(repo),
+                             "--out", str(out), *SMALL], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    seen = []
+    for line in proc.stderr:  # the progress lines (not a terminal: one per point)
+        seen.append(line)
+        if " 1/" in line:
+            proc.send_signal(signal.SIGINT)
+            break
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, "".join(seen) + stdout + stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] and summary["points"] >= 1 and summary["pick"] is not None
+    assert "interrupted: the points measured before the stop" in stdout
+    assert (out / "server.log").read_text().rstrip().endswith("server stopped")  # the server went with us

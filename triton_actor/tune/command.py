@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -70,8 +71,19 @@ def space_from(args: argparse.Namespace, origin: Candidate) -> Space:
                  dynamic=dynamic, queue_delays_us=args.queue_delays_us, preferred=not args.no_preferred)
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGTERM, handled as Ctrl-C: the report of what was measured, the started server stopped."""
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise Stopped(signal.Signals(signum).name)
+
+
 def main(argv: Sequence[str]) -> int:
     args = parser().parse_args(list(argv))
+    # Ctrl-C must reach us even when started from a script that ignores SIGINT in background jobs
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _stop)
     if args.url is None and args.model_repository is None:
         parser().error("--model-repository is required unless --url is given")
     out = args.out or Path(f"tune-{args.model}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -81,6 +93,8 @@ def main(argv: Sequence[str]) -> int:
     except TritonError as e:
         print(f"tune: {e.message}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        return 130
     try:
         outcome = run(args, target, out)
     finally:

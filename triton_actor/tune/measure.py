@@ -64,7 +64,7 @@ class Measurer:
     def _run_loadgen(self, concurrency: int) -> dict[str, Any]:
         spec = json.dumps(dict(self._spec, concurrency=concurrency))
         proc = subprocess.Popen([sys.executable, "-m", "triton_actor.tune.loadgen", spec],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
             out, err = proc.communicate(timeout=self.timing.worst_case_s() + 120)
         except BaseException:  # a timeout or Ctrl-C: the load generator must not outlive the point

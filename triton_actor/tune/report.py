@@ -103,6 +103,8 @@ def table(outcome: Outcome, limit: int = 12) -> str:
         lines.append(f"   ... {len(ranked) - limit} more configurations in points.csv")
     if failed:
         lines.append(f"   {len(failed)} failed point(s), e.g. {failed[0].candidate.label()}: {failed[0].error[:120]}")
+    if outcome.interrupted:
+        lines.append("   interrupted: the points measured before the stop")
     lines.append("* pick, b the shipped config; " + outcome.verdict())
     return "\n".join(lines)
 

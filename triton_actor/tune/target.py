@@ -45,9 +45,14 @@ class Target:
                 "--http-address", "127.0.0.1", "--grpc-port", "0", "--grpc-address", "127.0.0.1",
                 "--metrics-port", "0", "--metrics-address", "127.0.0.1", *flags]
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        with log_path.open("wb") as log:
-            proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log)
-        ports = _wait_ready(proc, log_path)
+        with log_path.open("wb") as log:  # a session of its own: Ctrl-C is the tuner's, which then stops it
+            proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
+        try:
+            ports = _wait_ready(proc, log_path)
+        except BaseException:  # Ctrl-C while it starts: it must not outlive us
+            proc.kill()
+            proc.wait()
+            raise
         return cls(f"127.0.0.1:{ports[protocol]}", protocol, model, proc, log_path)
 
     @classmethod
@@ -115,7 +120,5 @@ def _wait_ready(proc: subprocess.Popen[bytes], log_path: Path) -> dict[str, int]
         if proc.poll() is not None:
             break
         time.sleep(0.05)  # the server writes its log as it starts; a file has no readiness event
-    proc.kill()
-    proc.wait()
     tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
     raise TritonError.unavailable(f"the server did not start (log: {log_path}):\n{tail}")
