@@ -16,7 +16,7 @@ from pathlib import Path
 from . import plots
 from .points import Point, meets, pick, rank_key
 
-CSV_FIELDS = ("index", "instances", "max_batch_size", "dynamic_batching", "preferred_batch_sizes",
+CSV_FIELDS = ("index", "phase", "instances", "max_batch_size", "dynamic_batching", "preferred_batch_sizes",
               "max_queue_delay_us", "concurrency", "throughput", "p50_ms", "p95_ms", "p99_ms", "cv_pct", "stable",
               "windows", "loadgen_cpu_pct", "server_queue_us", "server_compute_us", "failed_requests",
               "meets_budget", "error")
@@ -37,19 +37,24 @@ class Outcome:
     tuned_text: str = ""
     tuned_path: str = ""  # where configs/tuned.pbtxt was written; empty when it was not
     notes: list[str] = field(default_factory=list)
+    confirm: list[Point] = field(default_factory=list)  # the shipped config and the pick again, back to back
 
     @property
     def chosen(self) -> tuple[Point | None, bool]:
         return pick(self.points, self.objective, self.budget_ms)
 
     def gain(self) -> float | None:
-        """The pick over the baseline: throughput ratio (objective throughput) or p99 ratio (latency)."""
+        """The pick over the baseline: throughput ratio (objective throughput) or p99 ratio (latency); from
+        the confirmation pair when there is one (measured back to back, so the host's drift cancels)."""
         chosen, _ = self.chosen
-        if chosen is None or self.baseline is None or not self.baseline.ok:
+        baseline = self.baseline
+        if len(self.confirm) == 2 and all(p.ok for p in self.confirm):
+            baseline, chosen = self.confirm
+        if chosen is None or baseline is None or not baseline.ok:
             return None
         if self.objective == "latency":
-            return self.baseline.p99_ms / chosen.p99_ms if chosen.p99_ms else None
-        return chosen.throughput / self.baseline.throughput
+            return baseline.p99_ms / chosen.p99_ms if chosen.p99_ms else None
+        return chosen.throughput / baseline.throughput
 
     def verdict(self) -> str:
         chosen, met = self.chosen
@@ -60,7 +65,8 @@ class Outcome:
             return (f"no configuration meets {budget}; the closest: {chosen.candidate.label()} at concurrency "
                     f"{chosen.concurrency}, p99 {chosen.p99_ms:.2f} ms")
         gain = self.gain()
-        factor = f" ({gain:.2f}x the shipped config's {self._measure_name()})" if gain else ""
+        again = ", measured again back to back" if len(self.confirm) == 2 else ""
+        factor = f" ({gain:.2f}x the shipped config's {self._measure_name()}{again})" if gain else ""
         return (f"pick: {chosen.candidate.label()} at concurrency {chosen.concurrency}: {chosen.throughput:.1f} "
                 f"infer/s, p99 {chosen.p99_ms:.2f} ms, within {budget}{factor}")
 
@@ -70,9 +76,10 @@ class Outcome:
 
 def csv_rows(outcome: Outcome) -> list[dict[str, object]]:
     rows = []
-    for i, p in enumerate(outcome.points, 1):
+    phases = ["search"] * len(outcome.points) + ["confirm"] * len(outcome.confirm)
+    for i, (phase, p) in enumerate(zip(phases, outcome.points + outcome.confirm, strict=True), 1):
         c = p.candidate
-        rows.append({"index": i, "instances": c.instances, "max_batch_size": c.max_batch_size,
+        rows.append({"index": i, "phase": phase, "instances": c.instances, "max_batch_size": c.max_batch_size,
                      "dynamic_batching": int(c.dynamic_batching), "preferred_batch_sizes": " ".join(map(str, c.preferred)),
                      "max_queue_delay_us": c.queue_delay_us, "concurrency": p.concurrency,
                      "throughput": round(p.throughput, 3), "p50_ms": round(p.p50_ms, 3), "p95_ms": round(p.p95_ms, 3),
@@ -103,6 +110,11 @@ def table(outcome: Outcome, limit: int = 12) -> str:
         lines.append(f"   ... {len(ranked) - limit} more configurations in points.csv")
     if failed:
         lines.append(f"   {len(failed)} failed point(s), e.g. {failed[0].candidate.label()}: {failed[0].error[:120]}")
+    if len(outcome.confirm) == 2:
+        shipped, chosen_again = outcome.confirm
+        lines.append(f"   again, back to back at concurrency {shipped.concurrency}: the shipped config "
+                     f"{shipped.throughput:.1f}/s p99 {shipped.p99_ms:.2f} ms, the pick {chosen_again.throughput:.1f}/s "
+                     f"p99 {chosen_again.p99_ms:.2f} ms")
     if outcome.interrupted:
         lines.append("   interrupted: the points measured before the stop")
     lines.append("* pick, b the shipped config; " + outcome.verdict())

@@ -70,7 +70,7 @@ class Search:
                  budget_ms: float | None = None, max_points: int = 200, out_of_time: Callable[[], bool] = lambda: False,
                  min_gain: float = 0.05, on_point: Callable[[Point], None] = lambda p: None) -> None:
         self.origin, self.space, self.concurrencies = origin, space, sorted(set(concurrencies))
-        self._measure, self._on_point, self._out_of_time = measure, on_point, out_of_time
+        self.measure, self._on_point, self._out_of_time = measure, on_point, out_of_time
         self.objective, self.budget_ms, self.max_points, self.min_gain = objective, budget_ms, max_points, min_gain
         self.points: list[Point] = []
         self.scores: dict[Candidate, Score] = {}
@@ -169,7 +169,7 @@ class Search:
             if len(self.points) >= self.max_points or self._out_of_time():
                 self.scores[candidate] = pick(mine, self.objective, self.budget_ms)
                 raise OutOfBudget
-            point = self._measure(candidate, concurrency)
+            point = self.measure(candidate, concurrency)
             self.points.append(point)
             mine.append(point)
             self._on_point(point)

@@ -75,3 +75,15 @@ def test_without_matplotlib_the_report_says_so(tmp_path: Path, monkeypatch: pyte
 
 def test_pareto_front() -> None:
     assert pareto(_points()) == [_points()[2], _points()[3]]
+
+
+def test_the_gain_comes_from_the_back_to_back_pair_when_there_is_one(tmp_path: Path) -> None:
+    outcome = _outcome(None)
+    outcome.confirm = [Point(BASE, 4, throughput=120, p99_ms=30, stable=True),
+                       Point(TWO, 4, throughput=180, p99_ms=17, stable=True)]
+    assert outcome.gain() == 1.5 and "1.50x the shipped config's throughput, measured again back to back" in outcome.verdict()
+    assert "again, back to back at concurrency 4: the shipped config 120.0/s" in report.table(outcome)
+    report.write(tmp_path, outcome)
+    with (tmp_path / "points.csv").open() as f:
+        phases = [r["phase"] for r in csv.DictReader(f)]
+    assert phases == ["search"] * 5 + ["confirm"] * 2
