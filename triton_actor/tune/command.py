@@ -55,6 +55,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dynamic-batching", choices=("both", "on", "off"), default="both")
     p.add_argument("--queue-delays-us", type=_ints, help="queue delays to consider (default from compute time)")
     p.add_argument("--no-preferred", action="store_true", help="do not try preferred batch sizes")
+    p.add_argument("--isolation", choices=("both", "thread", "process"), default="both",
+                   help="a Python model's execution modes to try (default both)")
     p.add_argument("--warmup-s", type=float, default=1.0)
     p.add_argument("--window-s", type=float, default=1.0)
     p.add_argument("--stability-percentage", type=float, default=10.0)
@@ -63,12 +65,14 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def space_from(args: argparse.Namespace, origin: Candidate) -> Space:
+def space_from(args: argparse.Namespace, origin: Candidate, backend: str = "") -> Space:
     space = default_space(origin, os.cpu_count() or 1)
     dynamic = {"both": (True, False), "on": (True,), "off": (False,)}[args.dynamic_batching]
     batches = space.batch_sizes if args.max_batch_sizes is None or origin.max_batch_size == 0 else args.max_batch_sizes
+    isolation = {"both": ("thread", "process"), "thread": ("thread",), "process": ("process",)}[args.isolation]
     return Space(instances=args.instances or space.instances, batch_sizes=tuple(b for b in batches if b > 0),
-                 dynamic=dynamic, queue_delays_us=args.queue_delays_us, preferred=not args.no_preferred)
+                 dynamic=dynamic, queue_delays_us=args.queue_delays_us, preferred=not args.no_preferred,
+                 isolation=isolation if backend == "python" else ())
 
 
 class Stopped(KeyboardInterrupt):
@@ -113,7 +117,7 @@ def run(args: argparse.Namespace, target: Target, out: Path) -> report.Outcome:
     deadline = started + args.max_minutes * 60
     outcome = report.Outcome(args.model, args.objective, args.latency_budget_ms, [])
     progress = Progress(deadline)
-    search = Search(origin, space_from(args, origin), args.concurrency, Measurer(target, base, base_json, timing),
+    search = Search(origin, space_from(args, origin, base.backend), args.concurrency, Measurer(target, base, base_json, timing),
                     objective=args.objective, budget_ms=args.latency_budget_ms, max_points=args.max_points,
                     out_of_time=lambda: time.monotonic() + timing.warmup_s + 3 * timing.window_s > deadline,
                     on_point=progress.step)

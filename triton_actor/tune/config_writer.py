@@ -3,7 +3,8 @@
 Only the tuned fields change: the first instance group's ``count`` (other groups are dropped: the count
 is tuned for one kind of device), ``max_batch_size`` when the model takes a batch dimension, and
 ``dynamic_batching`` (present or not; its ``preferred_batch_size`` and ``max_queue_delay_microseconds``,
-its other fields kept). ``configs/<name>.pbtxt`` beside ``config.pbtxt`` is what Triton's
+its other fields kept), and for a Python model the ``TRITON_ACTOR_ISOLATION`` parameter (in-process or a
+process per instance, docs/isolation.md) when the candidate sets it. ``configs/<name>.pbtxt`` beside ``config.pbtxt`` is what Triton's
 ``--model-config-name=<name>`` reads instead, so an unchanged Triton serves the pick too.
 """
 
@@ -18,6 +19,7 @@ from .points import Candidate
 
 ModelConfig = model_config.ModelConfig
 TUNED_FIELDS = ("instance_group", "max_batch_size", "dynamic_batching")
+ISOLATION = "TRITON_ACTOR_ISOLATION"  # backends/python/isolated.py's parameter (a string here: tune is above it)
 
 
 def candidate_of(cfg: ModelConfig) -> Candidate:
@@ -27,7 +29,8 @@ def candidate_of(cfg: ModelConfig) -> Candidate:
     db = cfg.dynamic_batching
     return Candidate(instances=instances, max_batch_size=cfg.max_batch_size, dynamic_batching=dynamic,
                      preferred=tuple(db.preferred_batch_size) if dynamic else (),
-                     queue_delay_us=db.max_queue_delay_microseconds if dynamic else 0)
+                     queue_delay_us=db.max_queue_delay_microseconds if dynamic else 0,
+                     isolation=cfg.parameters[ISOLATION].string_value if ISOLATION in cfg.parameters else "")
 
 
 def apply(cfg: ModelConfig, candidate: Candidate) -> ModelConfig:
@@ -52,6 +55,8 @@ def apply(cfg: ModelConfig, candidate: Candidate) -> ModelConfig:
         db.max_queue_delay_microseconds = candidate.queue_delay_us
     else:
         out.ClearField("dynamic_batching")
+    if candidate.isolation:
+        out.parameters[ISOLATION].string_value = candidate.isolation
     return out
 
 

@@ -23,9 +23,10 @@ class Candidate:
     dynamic_batching: bool
     preferred: tuple[int, ...] = ()
     queue_delay_us: int = 0
+    isolation: str = ""  # a Python model's TRITON_ACTOR_ISOLATION: "thread", "process", "" (the server's default)
 
     def label(self) -> str:
-        text = f"{self.instances} inst, batch {self.max_batch_size}"
+        text = f"{self.instances} inst{' (process)' if self.isolation == 'process' else ''}, batch {self.max_batch_size}"
         if not self.dynamic_batching:
             return text + ", no dynamic batching"
         text += f", dynamic (delay {self.queue_delay_us} us"

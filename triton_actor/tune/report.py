@@ -17,7 +17,7 @@ from . import plots
 from .points import Point, meets, pick, rank_key
 
 CSV_FIELDS = ("index", "phase", "instances", "max_batch_size", "dynamic_batching", "preferred_batch_sizes",
-              "max_queue_delay_us", "concurrency", "throughput", "p50_ms", "p95_ms", "p99_ms", "cv_pct", "stable",
+              "max_queue_delay_us", "isolation", "concurrency", "throughput", "p50_ms", "p95_ms", "p99_ms", "cv_pct", "stable",
               "windows", "loadgen_cpu_pct", "server_queue_us", "server_compute_us", "failed_requests",
               "meets_budget", "error")
 
@@ -81,7 +81,7 @@ def csv_rows(outcome: Outcome) -> list[dict[str, object]]:
         c = p.candidate
         rows.append({"index": i, "phase": phase, "instances": c.instances, "max_batch_size": c.max_batch_size,
                      "dynamic_batching": int(c.dynamic_batching), "preferred_batch_sizes": " ".join(map(str, c.preferred)),
-                     "max_queue_delay_us": c.queue_delay_us, "concurrency": p.concurrency,
+                     "max_queue_delay_us": c.queue_delay_us, "isolation": c.isolation, "concurrency": p.concurrency,
                      "throughput": round(p.throughput, 3), "p50_ms": round(p.p50_ms, 3), "p95_ms": round(p.p95_ms, 3),
                      "p99_ms": round(p.p99_ms, 3), "cv_pct": round(p.cv_pct, 2), "stable": int(p.stable),
                      "windows": p.windows, "loadgen_cpu_pct": round(p.loadgen_cpu_pct, 1),
@@ -91,11 +91,11 @@ def csv_rows(outcome: Outcome) -> list[dict[str, object]]:
 
 
 def table(outcome: Outcome, limit: int = 12) -> str:
-    """Each candidate's best point, best first; the pick and the baseline marked, failures counted."""
-    best: dict[object, Point] = {}
+    """Each candidate's best point (as the pick is chosen), best first; the pick and the baseline marked, failures counted."""
+    by_candidate: dict[object, list[Point]] = {}
     for p in outcome.points:
-        if p.ok and (p.candidate not in best or rank_key(p, outcome.objective) > rank_key(best[p.candidate], outcome.objective)):
-            best[p.candidate] = p
+        by_candidate.setdefault(p.candidate, []).append(p)
+    best = {c: chosen for c, ps in by_candidate.items() if (chosen := pick(ps, outcome.objective, outcome.budget_ms)[0])}
     chosen, _ = outcome.chosen
     ranked = sorted(best.values(), key=lambda p: (meets(p, outcome.budget_ms), rank_key(p, outcome.objective)), reverse=True)
     head = f"{'':2} {'configuration':58} {'conc':>4} {'infer/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'cv %':>5} {'lg cpu%':>7}"

@@ -6,13 +6,16 @@ from a start point; we climb one field at a time, in the order that usually matt
 and let the server's own statistics prune and seed the climbs:
 
 1. the shipped config, measured first (the baseline every gain is stated against);
-2. instance count, up by doubling while the requests queue for an instance (queue time per request at
+2. instance count, up by doubling when requests queue for an instance (queue time per request at
    least a tenth of compute time per execution; less means the instances are not what requests wait
-   for), then down when up did not help;
+   for) or the busiest point broke the budget, then down when up did not help;
 3. for a model that takes a batch dimension: dynamic batching on/off, ``max_batch_size`` up then down,
    ``max_queue_delay_microseconds`` from the measured compute time per execution (half, one, two, four
    times it: waiting longer than a batch takes to run rarely pays), preferred batch sizes;
 4. instance count again around the new best (batching moves where the instances stop helping).
+
+Between 2 and 3, a Python model tries its other execution (in-process / a process per instance), and
+climbs the instance count again when that won.
 
 Each candidate is measured at the given concurrencies in ascending order, stopping at the first that
 breaks the latency budget (more clients only add latency) or gains less than ``min_gain`` throughput
@@ -28,6 +31,7 @@ from dataclasses import dataclass, replace
 from .points import Candidate, Point, better, meets, pick
 
 Score = tuple[Point | None, bool]
+PATIENCE = 1  # steps of a climb that may fail to gain before the direction stops
 QUEUEING_SHARE = 0.1  # queue time at least this share of compute time: requests wait for an instance
 
 
@@ -44,6 +48,7 @@ class Space:
     dynamic: tuple[bool, ...] = (True, False)
     queue_delays_us: tuple[int, ...] | None = None  # None: derived from the measured compute time
     preferred: bool = True
+    isolation: tuple[str, ...] = ()  # a Python model's modes to try ("thread", "process"); () leaves it
 
 
 def default_space(origin: Candidate, cores: int) -> Space:
@@ -80,12 +85,16 @@ class Search:
     def plan_size(self) -> int:
         """An upper bound of the points this search measures (for the progress bar's ETA)."""
         batching = len(self.space.batch_sizes) + 1 + 4 + 2 if self.space.batch_sizes else 0
-        return min(self.max_points, len(self.concurrencies) * (1 + 2 * len(self.space.instances) + batching))
+        rounds = 2 + bool(self.space.isolation)  # instance climbs
+        steps = 1 + rounds * len(self.space.instances) + len(self.space.isolation) + batching
+        return min(self.max_points, len(self.concurrencies) * steps)
 
     def run(self) -> None:
         try:
             self._evaluate(self.origin)
             self._instances()
+            if self._isolation():
+                self._instances()
             if self.space.batch_sizes and self.origin.max_batch_size > 0:
                 self._batching()
                 self._instances()
@@ -98,8 +107,16 @@ class Search:
         n = self.best.instances
         up = [v for v in self.space.instances if v > n]
         down = [v for v in reversed(self.space.instances) if v < n]
-        if not (up and self._queueing() and self._climb(lambda v: replace(self.best, instances=v), up)):
+        if not (up and self._instances_may_help() and self._climb(lambda v: replace(self.best, instances=v), up)):
             self._climb(lambda v: replace(self.best, instances=v), down)
+
+    def _isolation(self) -> bool:
+        """The other execution of a Python model (a process per instance runs beside the GIL, at a copy
+        per request); whether it won. An unset mode is the server's default, in-process."""
+        current, won = self.best.isolation or "thread", False
+        for mode in [m for m in self.space.isolation if m != current]:
+            won = self._try(replace(self.best, isolation=mode)) or won
+        return won
 
     def _batching(self) -> None:
         for dynamic in self.space.dynamic:
@@ -135,21 +152,28 @@ class Search:
         compute = point.compute_us if point is not None and point.compute_us > 0 else 500.0
         return sorted({max(1, round(compute * f)) for f in (0.5, 1, 2, 4)})
 
-    def _queueing(self) -> bool:
-        """Whether requests waited for an instance at the best candidate's busiest point (the statistics)."""
+    def _instances_may_help(self) -> bool:
+        """At the best candidate's busiest point: requests waited for an instance (the statistics), or the
+        latency broke the budget (more executions side by side may bring it back under)."""
         mine = [p for p in self.points if p.candidate == self.best and p.ok]
         if not mine or max(p.compute_us for p in mine) <= 0:
             return True  # no statistics (an attached server without them): climb anyway
         busiest = max(mine, key=lambda p: p.concurrency)
-        return busiest.queue_us >= QUEUEING_SHARE * busiest.compute_us
+        return busiest.queue_us >= QUEUEING_SHARE * busiest.compute_us or not meets(busiest, self.budget_ms)
 
     def _climb(self, make: Callable[[int], Candidate], values: Sequence[int]) -> bool:
-        """Try ``values`` in order while each beats the best; whether any did."""
-        moved = False
+        """Try ``values`` in order until ``PATIENCE`` + 1 steps in a row do not beat the best; whether any
+        did, and at once at a candidate that failed. One step of patience crosses a plateau: under a latency budget, two instances may serve no
+        more than one (the next concurrency breaks the budget either way) where four serve twice as much."""
+        moved, misses = False, 0
         for v in values:
-            if not self._try(make(v)):
-                break
-            moved = True
+            candidate = make(v)
+            if self._try(candidate):
+                moved, misses = True, 0
+                continue
+            misses += 1
+            if misses > PATIENCE or self.scores[candidate][0] is None:
+                break  # a candidate that did not load: further along fails the same way (memory, size)
         return moved
 
     def _try(self, candidate: Candidate) -> bool:

@@ -88,3 +88,12 @@ def test_a_config_without_groups_gets_one(tmp_path: Path) -> None:
     assert cw.candidate_of(original).instances == 1
     tuned = cw.apply(original, Candidate(instances=2, max_batch_size=8, dynamic_batching=True))
     assert [g.count for g in tuned.instance_group] == [2]
+
+
+def test_isolation_is_a_parameter_written_only_when_the_candidate_sets_it(tmp_path: Path) -> None:
+    original = cw.read_original(_model(tmp_path), "m")
+    kept = cw.apply(original, Candidate(instances=2, max_batch_size=8, dynamic_batching=True))
+    assert dict(kept.parameters) == dict(original.parameters) and cw.candidate_of(kept).isolation == ""
+    isolated = cw.apply(original, Candidate(instances=2, max_batch_size=8, dynamic_batching=True, isolation="process"))
+    assert isolated.parameters[cw.ISOLATION].string_value == "process" and isolated.parameters["k"].string_value == "v"
+    assert cw.candidate_of(isolated).isolation == "process"

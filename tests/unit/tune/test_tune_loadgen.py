@@ -37,7 +37,8 @@ def test_the_space_follows_the_flags() -> None:
     assert (space.instances, space.batch_sizes, space.dynamic, space.queue_delays_us, space.preferred) == (
         (1, 2), (4, 8), (True,), (0,), False)
     no_batch = command.space_from(args, Candidate(1, 0, False))
-    assert no_batch.batch_sizes == ()
+    assert no_batch.batch_sizes == () and no_batch.isolation == ()
+    assert command.space_from(args, Candidate(1, 0, False), "python").isolation == ("thread", "process")
 
 
 def test_tune_is_a_subcommand_and_bad_usage_exits_2(capsys: pytest.CaptureFixture[str]) -> None:

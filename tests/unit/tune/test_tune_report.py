@@ -87,3 +87,8 @@ def test_the_gain_comes_from_the_back_to_back_pair_when_there_is_one(tmp_path: P
     with (tmp_path / "points.csv").open() as f:
         phases = [r["phase"] for r in csv.DictReader(f)]
     assert phases == ["search"] * 5 + ["confirm"] * 2
+
+
+def test_table_shows_each_configurations_point_within_the_budget() -> None:
+    line = next(x for x in report.table(_outcome(20.0)).splitlines() if x.startswith("b "))
+    assert line.split()[-6:-4] == ["1", "100.0"]  # concurrency 1 (p99 11 ms), not 4 (30 ms, over the budget)

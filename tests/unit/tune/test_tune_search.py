@@ -1,7 +1,7 @@
 """The search (``triton_actor/tune/search.py``) on a simulated model whose surface is known.
 
 The simulated model: ``cores`` usable cores (instances beyond them contend), an execution of a batch of
-``b`` takes ``1 + 0.25 b`` ms, the dynamic batcher gathers up to ``min(max_batch_size, clients per
+``b`` takes ``1 + 0.25 b`` ms (in a process per instance; in-process 1/0.6 of that, the interpreter lock), the dynamic batcher gathers up to ``min(max_batch_size, clients per
 instance)``, and a closed loop of ``c`` clients sees ``max(execution + queue delay, c / capacity)``. The
 search must reach (within its min_gain) the optimum a brute force over the whole grid finds, in a fraction
 of the brute force's points.
@@ -28,7 +28,8 @@ def simulate(c: Candidate, clients: int, refuse_above: int = 10**9) -> Point:
         return Point(c, clients, error="load failed: out of memory")
     per_instance = math.ceil(clients / c.instances)
     b = min(per_instance, c.max_batch_size) if c.dynamic_batching else 1
-    exec_ms = 1.0 + 0.25 * b
+    gil = 1.0 if c.isolation == "process" else 0.6  # in-process instances share one interpreter lock
+    exec_ms = (1.0 + 0.25 * b) / gil
     capacity = min(c.instances, CORES) * 0.85 ** max(0, c.instances - CORES) * b * 1000 / exec_ms
     latency_s = max((exec_ms + c.queue_delay_us / 1000) / 1000, clients / capacity)
     return Point(c, clients, throughput=clients / latency_s, p50_ms=latency_s * 1000, p95_ms=latency_s * 1100,
@@ -107,3 +108,14 @@ def test_plan_size_bounds_the_points() -> None:
     search = Search(ORIGIN, SPACE, CONCURRENCIES, simulate, max_points=500)
     search.run()
     assert len(search.points) <= search.plan_size()
+
+
+def test_a_python_model_tries_the_other_execution_and_keeps_the_winner() -> None:
+    space = Space(instances=SPACE.instances, batch_sizes=SPACE.batch_sizes, isolation=("thread", "process"))
+    search = Search(ORIGIN, space, CONCURRENCIES, simulate, max_points=80)
+    search.run()
+    assert search.best.isolation == "process" and search.best.instances == CORES
+    assert {p.candidate.isolation for p in search.points} == {"", "process"}
+    plain = Search(ORIGIN, SPACE, CONCURRENCIES, simulate, max_points=80)  # not a Python model: never tried
+    plain.run()
+    assert {p.candidate.isolation for p in plain.points} == {""}
