@@ -40,7 +40,7 @@ class TritonPythonModel:
 
 # from the shipped (2 instances, batch 8) the climbs go down only: both counts and both sizes are measured
 SMALL = ("--model", "batcher", "--concurrency", "2", "--instances", "1,2", "--max-batch-sizes", "4,8",
-         "--dynamic-batching", "on", "--no-preferred", "--queue-delays-us", "0", "--warmup-s", "0.3",
+         "--dynamic-batching", "on", "--no-preferred", "--queue-delays-us", "0", "--isolation", "thread", "--warmup-s", "0.3",
          "--window-s", "0.3", "--max-windows", "5", "--max-minutes", "2")
 
 

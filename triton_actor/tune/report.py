@@ -98,12 +98,12 @@ def table(outcome: Outcome, limit: int = 12) -> str:
     best = {c: chosen for c, ps in by_candidate.items() if (chosen := pick(ps, outcome.objective, outcome.budget_ms)[0])}
     chosen, _ = outcome.chosen
     ranked = sorted(best.values(), key=lambda p: (meets(p, outcome.budget_ms), rank_key(p, outcome.objective)), reverse=True)
-    head = f"{'':2} {'configuration':58} {'conc':>4} {'infer/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'cv %':>5} {'lg cpu%':>7}"
+    head = f"{'':2} {'configuration':66} {'conc':>4} {'infer/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'cv %':>5} {'lg cpu%':>7}"
     lines = [head, "-" * len(head)]
     for p in ranked[:limit]:
         mark = "*" if p is chosen else ("b" if outcome.baseline is not None and p.candidate == outcome.baseline.candidate else "")
         flag = "" if meets(p, outcome.budget_ms) else " over budget"
-        lines.append(f"{mark:2} {p.candidate.label():58} {p.concurrency:>4} {p.throughput:>9.1f} {p.p50_ms:>8.2f} "
+        lines.append(f"{mark:2} {p.candidate.label():66} {p.concurrency:>4} {p.throughput:>9.1f} {p.p50_ms:>8.2f} "
                      f"{p.p99_ms:>8.2f} {p.cv_pct:>5.1f} {p.loadgen_cpu_pct:>7.0f}{flag}")
     failed = [p for p in outcome.points if p.error]
     if len(ranked) > limit:
