@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,9 +55,11 @@ class Measurer:
             except TritonError as e:
                 return Point(candidate, concurrency, error=f"load failed: {e.message}")
             self.loaded = candidate
-        before = self.target.statistics()
+        before, cpu, wall = self.target.statistics(), self.target.cpu_seconds(), time.monotonic()
         result = self._run_loadgen(concurrency)
         after = self.target.statistics()
+        if cpu is not None:  # over the whole run of the load generator, its warm-up included
+            after["server_cpu_pct"] = ((self.target.cpu_seconds() or cpu) - cpu) / (time.monotonic() - wall) * 100
         if "error_text" in result:
             return Point(candidate, concurrency, error=result["error_text"])
         return _point(candidate, concurrency, result, before, after)
@@ -80,10 +83,10 @@ class Measurer:
 
 def _point(candidate: Candidate, concurrency: int, r: dict[str, Any], before: dict[str, float],
            after: dict[str, float]) -> Point:
-    delta = {k: max(0.0, after[k] - before[k]) for k in after}
+    delta = {k: max(0.0, after[k] - before[k]) for k in before}
     queue_us = delta["queue_ns"] / delta["count"] / 1000 if delta["count"] else 0.0
     compute_us = delta["compute_ns"] / delta["executions"] / 1000 if delta["executions"] else 0.0
     return Point(candidate, concurrency, throughput=r["throughput"], p50_ms=r["p50_ms"], p95_ms=r["p95_ms"],
                  p99_ms=r["p99_ms"], cv_pct=r["cv_pct"], stable=r["stable"], windows=r["windows"],
-                 loadgen_cpu_pct=r["loadgen_cpu_pct"], queue_us=queue_us, compute_us=compute_us,
+                 loadgen_cpu_pct=r["loadgen_cpu_pct"], server_cpu_pct=after.get("server_cpu_pct", 0.0), queue_us=queue_us, compute_us=compute_us,
                  errors=r["errors"], error=r["error"])

@@ -47,6 +47,7 @@ class Point:
     stable: bool = False  # the windows settled under the stability threshold
     windows: int = 0
     loadgen_cpu_pct: float = 0.0  # the load generator's CPU, % of one core, while it measured
+    server_cpu_pct: float = 0.0  # the started server's CPU over the point, % of one core (0 when attached)
     queue_us: float = 0.0  # the server's statistics over the point: queue time per request
     compute_us: float = 0.0  # and compute (infer) time per execution
     errors: int = 0  # failed requests
@@ -69,11 +70,13 @@ def rank_key(point: Point, objective: str) -> tuple[float, float]:
 
 
 def pick(points: Iterable[Point], objective: str, budget_ms: float | None) -> tuple[Point | None, bool]:
-    """The best point within the budget, and True; or, when none meets it, the closest one and False."""
+    """The best point within the budget (of the stable ones, when there are any), and True; or, when none
+    meets it, the closest one and False."""
     good = [p for p in points if p.ok]
     within = [p for p in good if meets(p, budget_ms)]
+    steady = [p for p in within if p.stable]  # a figure that never settled is a lucky window as often as not
     if within:
-        return max(within, key=lambda p: rank_key(p, objective)), True
+        return max(steady or within, key=lambda p: rank_key(p, objective)), True
     if not good:
         return None, False
     return min(good, key=lambda p: (p.p99_ms, -p.throughput)), False

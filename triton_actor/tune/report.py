@@ -18,7 +18,7 @@ from .points import Point, meets, pick, rank_key
 
 CSV_FIELDS = ("index", "phase", "instances", "max_batch_size", "dynamic_batching", "preferred_batch_sizes",
               "max_queue_delay_us", "isolation", "concurrency", "throughput", "p50_ms", "p95_ms", "p99_ms", "cv_pct", "stable",
-              "windows", "loadgen_cpu_pct", "server_queue_us", "server_compute_us", "failed_requests",
+              "windows", "loadgen_cpu_pct", "server_cpu_pct", "server_queue_us", "server_compute_us", "failed_requests",
               "meets_budget", "error")
 
 
@@ -67,8 +67,9 @@ class Outcome:
         gain = self.gain()
         again = ", measured again back to back" if len(self.confirm) == 2 else ""
         factor = f" ({gain:.2f}x the shipped config's {self._measure_name()}{again})" if gain else ""
+        unsteady = "" if chosen.stable else f" (never stable: cv {chosen.cv_pct:.0f} %)"
         return (f"pick: {chosen.candidate.label()} at concurrency {chosen.concurrency}: {chosen.throughput:.1f} "
-                f"infer/s, p99 {chosen.p99_ms:.2f} ms, within {budget}{factor}")
+                f"infer/s, p99 {chosen.p99_ms:.2f} ms{unsteady}, within {budget}{factor}")
 
     def _measure_name(self) -> str:
         return "p99" if self.objective == "latency" else "throughput"
@@ -84,7 +85,7 @@ def csv_rows(outcome: Outcome) -> list[dict[str, object]]:
                      "max_queue_delay_us": c.queue_delay_us, "isolation": c.isolation, "concurrency": p.concurrency,
                      "throughput": round(p.throughput, 3), "p50_ms": round(p.p50_ms, 3), "p95_ms": round(p.p95_ms, 3),
                      "p99_ms": round(p.p99_ms, 3), "cv_pct": round(p.cv_pct, 2), "stable": int(p.stable),
-                     "windows": p.windows, "loadgen_cpu_pct": round(p.loadgen_cpu_pct, 1),
+                     "windows": p.windows, "loadgen_cpu_pct": round(p.loadgen_cpu_pct, 1), "server_cpu_pct": round(p.server_cpu_pct, 1),
                      "server_queue_us": round(p.queue_us, 1), "server_compute_us": round(p.compute_us, 1),
                      "failed_requests": p.errors, "meets_budget": int(meets(p, outcome.budget_ms)), "error": p.error})
     return rows
@@ -98,13 +99,13 @@ def table(outcome: Outcome, limit: int = 12) -> str:
     best = {c: chosen for c, ps in by_candidate.items() if (chosen := pick(ps, outcome.objective, outcome.budget_ms)[0])}
     chosen, _ = outcome.chosen
     ranked = sorted(best.values(), key=lambda p: (meets(p, outcome.budget_ms), rank_key(p, outcome.objective)), reverse=True)
-    head = f"{'':2} {'configuration':66} {'conc':>4} {'infer/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'cv %':>5} {'lg cpu%':>7}"
+    head = f"{'':2} {'configuration':66} {'conc':>4} {'infer/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'cv %':>5} {'srv cpu%':>8} {'lg cpu%':>7}"
     lines = [head, "-" * len(head)]
     for p in ranked[:limit]:
         mark = "*" if p is chosen else ("b" if outcome.baseline is not None and p.candidate == outcome.baseline.candidate else "")
         flag = "" if meets(p, outcome.budget_ms) else " over budget"
         lines.append(f"{mark:2} {p.candidate.label():66} {p.concurrency:>4} {p.throughput:>9.1f} {p.p50_ms:>8.2f} "
-                     f"{p.p99_ms:>8.2f} {p.cv_pct:>5.1f} {p.loadgen_cpu_pct:>7.0f}{flag}")
+                     f"{p.p99_ms:>8.2f} {p.cv_pct:>5.1f} {p.server_cpu_pct:>8.0f} {p.loadgen_cpu_pct:>7.0f}{flag}")
     failed = [p for p in outcome.points if p.error]
     if len(ranked) > limit:
         lines.append(f"   ... {len(ranked) - limit} more configurations in points.csv")

@@ -10,6 +10,7 @@ caller records it as a failed point); so does a server that does not start, with
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -92,6 +93,18 @@ class Target:
             out["compute_ns"] += float(infer.get("compute_infer", {}).get("ns", 0))
         return out
 
+    def cpu_seconds(self) -> float | None:
+        """The started server's CPU time with its children's (process-isolated instances), user + system,
+        from ``/proc``; None when attached or where there is no ``/proc``."""
+        if self.proc is None or not Path("/proc/self/stat").is_file():
+            return None
+        total = 0.0
+        for entry in Path("/proc").iterdir():
+            stat = _stat(entry) if entry.name.isdigit() else None
+            if stat is not None and (int(entry.name) == self.proc.pid or int(stat[1]) == self.proc.pid):
+                total += (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (proc(5))
+        return total
+
     def restore(self, original: dict[str, Any]) -> None:
         """Serve the config the model had before: reload from the repository, and when that is not the one
         it had (it was loaded with an override), load that one again as an override."""
@@ -108,6 +121,14 @@ class Target:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def _stat(entry: Path) -> list[str] | None:
+    """``/proc/<pid>/stat`` after the command name (state, ppid, ...); None for a process gone meanwhile."""
+    try:
+        return entry.joinpath("stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
 
 
 def _wait_ready(proc: subprocess.Popen[bytes], log_path: Path) -> dict[str, int]:

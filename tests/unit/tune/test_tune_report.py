@@ -91,4 +91,13 @@ def test_the_gain_comes_from_the_back_to_back_pair_when_there_is_one(tmp_path: P
 
 def test_table_shows_each_configurations_point_within_the_budget() -> None:
     line = next(x for x in report.table(_outcome(20.0)).splitlines() if x.startswith("b "))
-    assert line.split()[-6:-4] == ["1", "100.0"]  # concurrency 1 (p99 11 ms), not 4 (30 ms, over the budget)
+    assert line.split()[-7:-5] == ["1", "100.0"]  # concurrency 1 (p99 11 ms), not 4 (30 ms, over the budget)
+
+
+def test_the_pick_is_a_stable_point_when_one_meets_the_budget() -> None:
+    outcome = _outcome(None)
+    lucky = Point(BIG, 4, throughput=900, p50_ms=9, p95_ms=10, p99_ms=11, cv_pct=40, stable=False, windows=8)
+    outcome.points.append(lucky)
+    assert outcome.chosen == (outcome.points[3], True)  # 300/s, stable, not the lucky 900/s
+    outcome.points[:] = [lucky]
+    assert outcome.chosen == (lucky, True) and "(never stable: cv 40 %)" in outcome.verdict()
