@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..errors import TritonError
 from . import config_writer, report
-from .measure import Measurer, Timing
+from .measure import MIN_WINDOWS, Measurer, Timing
 from .points import OBJECTIVES, Candidate, Point, pick
 from .progress import Progress
 from .search import Search, Space, default_space
@@ -112,7 +112,8 @@ def run(args: argparse.Namespace, target: Target, out: Path) -> report.Outcome:
     base_json = target.config_json()
     base = config_writer.from_json(json.dumps(base_json), args.model)
     origin = config_writer.candidate_of(base)
-    timing = Timing(args.warmup_s, args.window_s, 3, max(3, args.max_windows), args.stability_percentage)
+    timing = Timing(args.warmup_s, args.window_s, max_windows=max(MIN_WINDOWS, args.max_windows),
+                    stability_pct=args.stability_percentage)
     started = time.monotonic()
     deadline = started + args.max_minutes * 60
     outcome = report.Outcome(args.model, args.objective, args.latency_budget_ms, [])
@@ -126,6 +127,8 @@ def run(args: argparse.Namespace, target: Target, out: Path) -> report.Outcome:
         search.run()
     except KeyboardInterrupt:
         outcome.interrupted = True
+    except TritonError as e:  # the server stopped answering (a refused load is a failed point, not this)
+        outcome.notes.append(f"the search stopped: {e.message}")
     progress.close()
     outcome.points, outcome.exhausted = search.points, search.exhausted
     outcome.baseline = pick([p for p in search.points if p.candidate == origin], args.objective, args.latency_budget_ms)[0]
@@ -147,6 +150,8 @@ def _confirm(measure: Callable[[Candidate, int], Point], origin: Candidate, outc
         outcome.confirm = [measure(origin, chosen.concurrency), measure(chosen.candidate, chosen.concurrency)]
     except KeyboardInterrupt:
         outcome.interrupted = True
+    except TritonError as e:
+        outcome.notes.append(f"the back-to-back measurement stopped: {e.message}")
 
 
 def _finish(args: argparse.Namespace, target: Target, base: config_writer.ModelConfig, base_json: dict[str, object],

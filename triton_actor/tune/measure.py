@@ -21,6 +21,8 @@ from .loadgen import inputs_from_config
 from .points import Candidate, Point
 from .target import Target
 
+MIN_WINDOWS = 3  # windows that must agree: perf_analyzer's three measurements
+
 
 @dataclass(frozen=True, slots=True)
 class Timing:
@@ -28,7 +30,7 @@ class Timing:
 
     warmup_s: float = 1.0
     window_s: float = 1.0
-    min_windows: int = 3
+    min_windows: int = MIN_WINDOWS
     max_windows: int = 8
     stability_pct: float = 10.0
 
