@@ -21,29 +21,11 @@ import pytest
 import tritonclient.http as httpclient
 from gevent import subprocess  # the test process is gevent-patched (tests/conftest.py)
 
+from scripts import modelgen
 from triton_actor.tune import report
 from triton_actor.tune.points import Candidate, Point
 
-from .server import ROOT, ServerProcess, add_model
-
-CONFIG = """
-name: "batcher"
-backend: "python"
-max_batch_size: 8
-input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ 4 ] } ]
-output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 4 ] } ]
-dynamic_batching { }
-instance_group [ { count: 2, kind: KIND_CPU } ]
-"""
-
-MODEL_PY = """
-import triton_python_backend_utils as pb_utils
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy() * 2)])
-                for r in requests]
-"""
+from .server import ROOT, ServerProcess
 
 # from the shipped (2 instances, batch 8) the climbs go down only: both counts and both sizes are measured
 SMALL = ("--model", "batcher", "--concurrency", "2", "--instances", "1,2", "--max-batch-sizes", "4,8",
@@ -52,8 +34,9 @@ SMALL = ("--model", "batcher", "--concurrency", "2", "--instances", "1,2", "--ma
 
 
 def _repo(tmp_path: Path) -> Path:
+    """``batcher``: 1 ms per execute (outside the GIL), batch 8, dynamic batching, two instances."""
     repo = tmp_path / "repo"
-    add_model(repo, "batcher", CONFIG, MODEL_PY)
+    modelgen.python_identity(repo, "batcher", delay_ms=1, dims=(4,), max_batch_size=8, count=2, dynamic_batching=True)
     return repo
 
 
@@ -70,6 +53,7 @@ def _measured(out: Path) -> list[dict[str, str]]:
 def test_tune_writes_a_tuned_config_that_our_server_serves(tmp_path: Path,
                                                             start_server: Callable[..., ServerProcess]) -> None:
     repo, out = _repo(tmp_path), tmp_path / "report"
+    shipped = (repo / "batcher" / "config.pbtxt").read_text()
     proc = _tune("--model-repository", str(repo), "--out", str(out), *SMALL)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = _measured(out)
@@ -80,7 +64,7 @@ def test_tune_writes_a_tuned_config_that_our_server_serves(tmp_path: Path,
     pick = json.loads((out / "summary.json").read_text())["pick"]["candidate"]
     for name in ("index.html", "throughput_vs_p99.png", "tuned.pbtxt", "server.log"):
         assert (out / name).is_file(), name
-    assert (repo / "batcher" / "config.pbtxt").read_text() == CONFIG  # never rewritten
+    assert (repo / "batcher" / "config.pbtxt").read_text() == shipped  # never rewritten
     tuned = repo / "batcher" / "configs" / "tuned.pbtxt"
     assert tuned.read_text() == (out / "tuned.pbtxt").read_text()
     server = start_server(repo, flags=("--model-config-name", "tuned"))
