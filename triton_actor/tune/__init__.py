@@ -11,7 +11,8 @@ no restart) and measured by a load generator in processes of its own. The pieces
 * ``search.py``: the search over candidates, pure (it is given a ``measure`` function);
 * ``points.py``: candidates, measured points, the objective and the Pareto front, pure values;
 * ``config_writer.py``: a candidate applied to a ``ModelConfig``, ``configs/tuned.pbtxt``;
-* ``report.py`` (+ ``plots.py``): the terminal table, the CSV, the PNG plots and ``index.html``.
+* ``report.py`` (+ ``plots.py``): the terminal table, the CSV, the PNG plots and ``index.html``;
+* ``progress.py``: the progress line and its ETA.
 
 It sits just below the entry point: it uses the repository files' parser and the protocol's tables, and
 talks to the server only over the wire, as any client does.

@@ -26,6 +26,8 @@ from .progress import Progress
 from .search import Search, Space, default_space
 from .target import Target
 
+CONFIRM_ROUNDS = 2  # back-to-back rounds of (shipped, pick) that decide whether the pick stands
+
 
 def _ints(text: str) -> tuple[int, ...]:
     try:
@@ -141,13 +143,15 @@ def run(args: argparse.Namespace, target: Target, out: Path) -> report.Outcome:
 
 
 def _confirm(measure: Callable[[Candidate, int], Point], origin: Candidate, outcome: report.Outcome) -> None:
-    """Measure the shipped config and the pick once more, one after the other at the pick's concurrency:
-    minutes apart, a busy host can move a figure more than a configuration does; back to back it cannot."""
-    chosen, _ = outcome.chosen
-    if chosen is None or chosen.candidate == origin:
+    """Measure the shipped config and the search's best again, alternately, ``CONFIRM_ROUNDS`` times at
+    the pick's concurrency: minutes apart, a busy host can move a figure more than a configuration does;
+    back to back it cannot. The pick stands only if it wins these rounds (``Outcome.chosen``)."""
+    searched, _ = outcome.searched
+    if searched is None or searched.candidate == origin:
         return
     try:
-        outcome.confirm = [measure(origin, chosen.concurrency), measure(chosen.candidate, chosen.concurrency)]
+        for _ in range(CONFIRM_ROUNDS):
+            outcome.confirm += [measure(origin, searched.concurrency), measure(searched.candidate, searched.concurrency)]
     except KeyboardInterrupt:
         outcome.interrupted = True
     except TritonError as e:

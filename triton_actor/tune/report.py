@@ -40,32 +40,53 @@ class Outcome:
     confirm: list[Point] = field(default_factory=list)  # the shipped config and the pick again, back to back
 
     @property
-    def chosen(self) -> tuple[Point | None, bool]:
+    def searched(self) -> tuple[Point | None, bool]:
+        """The search's best point (within the budget, and True; or the closest, and False)."""
         return pick(self.points, self.objective, self.budget_ms)
 
+    @property
+    def chosen(self) -> tuple[Point | None, bool]:
+        """What the run picks: the search's best, unless measured again back to back it lost to the shipped
+        config (the search's figure was the host's luck, not the configuration's); then the shipped one."""
+        if self.refuted() and self.baseline is not None:
+            return self.baseline, meets(self.baseline, self.budget_ms)
+        return self.searched
+
+    def _pairs(self) -> tuple[list[Point], list[Point]] | None:
+        shipped, again = self.confirm[0::2], self.confirm[1::2]
+        if not shipped or len(shipped) != len(again) or not all(p.ok for p in self.confirm):
+            return None
+        return shipped, again
+
     def gain(self) -> float | None:
-        """The pick over the baseline: throughput ratio (objective throughput) or p99 ratio (latency); from
-        the confirmation pair when there is one (measured back to back, so the host's drift cancels)."""
-        chosen, _ = self.chosen
-        baseline = self.baseline
-        if len(self.confirm) == 2 and all(p.ok for p in self.confirm):
-            baseline, chosen = self.confirm
-        if chosen is None or baseline is None or not baseline.ok:
+        """The search's pick over the shipped config: throughput ratio (objective throughput) or p99 ratio
+        (latency); from the back-to-back rounds when there are some (the host's drift cancels)."""
+        pairs = self._pairs()
+        shipped, chosen = (pairs if pairs else ([self.baseline], [self.searched[0]]))
+        if any(p is None or not p.ok for p in [*shipped, *chosen]):
             return None
         if self.objective == "latency":
-            return baseline.p99_ms / chosen.p99_ms if chosen.p99_ms else None
-        return chosen.throughput / baseline.throughput
+            return sum(p.p99_ms for p in shipped) / sum(p.p99_ms for p in chosen)  # type: ignore[union-attr]
+        return sum(p.throughput for p in chosen) / sum(p.throughput for p in shipped)  # type: ignore[union-attr]
+
+    def refuted(self) -> bool:
+        gain = self.gain()
+        return self._pairs() is not None and gain is not None and gain < 1
 
     def verdict(self) -> str:
         chosen, met = self.chosen
         if chosen is None:
             return "no configuration could be measured"
         budget = f"the p99 budget of {self.budget_ms:g} ms" if self.budget_ms is not None else "no latency budget"
+        if self.refuted():
+            lost = self.searched[0]
+            return (f"keeping the shipped config: the search's best, {lost.candidate.label()} at concurrency "  # type: ignore[union-attr]
+                    f"{lost.concurrency}, measured again back to back gave {self.gain():.2f}x its {self._measure_name()}")  # type: ignore[union-attr]
         if not met:
             return (f"no configuration meets {budget}; the closest: {chosen.candidate.label()} at concurrency "
                     f"{chosen.concurrency}, p99 {chosen.p99_ms:.2f} ms")
         gain = self.gain()
-        again = ", measured again back to back" if len(self.confirm) == 2 else ""
+        again = ", measured again back to back" if self._pairs() else ""
         factor = f" ({gain:.2f}x the shipped config's {self._measure_name()}{again})" if gain else ""
         unsteady = "" if chosen.stable else f" (never stable: cv {chosen.cv_pct:.0f} %)"
         return (f"pick: {chosen.candidate.label()} at concurrency {chosen.concurrency}: {chosen.throughput:.1f} "
@@ -111,11 +132,10 @@ def table(outcome: Outcome, limit: int = 12) -> str:
         lines.append(f"   ... {len(ranked) - limit} more configurations in points.csv")
     if failed:
         lines.append(f"   {len(failed)} failed point(s), e.g. {failed[0].candidate.label()}: {failed[0].error[:120]}")
-    if len(outcome.confirm) == 2:
-        shipped, chosen_again = outcome.confirm
+    for shipped, again in zip(outcome.confirm[0::2], outcome.confirm[1::2], strict=False):
         lines.append(f"   again, back to back at concurrency {shipped.concurrency}: the shipped config "
-                     f"{shipped.throughput:.1f}/s p99 {shipped.p99_ms:.2f} ms, the pick {chosen_again.throughput:.1f}/s "
-                     f"p99 {chosen_again.p99_ms:.2f} ms")
+                     f"{shipped.throughput:.1f}/s p99 {shipped.p99_ms:.2f} ms, the search's best {again.throughput:.1f}/s "
+                     f"p99 {again.p99_ms:.2f} ms")
     if outcome.interrupted:
         lines.append("   interrupted: the points measured before the stop")
     lines.append("* pick, b the shipped config; " + outcome.verdict())
@@ -139,7 +159,8 @@ def write(out_dir: Path, outcome: Outcome) -> Path:
                "verdict": outcome.verdict(), "met_budget": met, "gain": outcome.gain(), "points": len(outcome.points),
                "elapsed_s": round(outcome.elapsed_s, 1), "interrupted": outcome.interrupted,
                "exhausted": outcome.exhausted, "noise_cv_pct": _noise(outcome.points), "tuned_path": outcome.tuned_path,
-               "pick": asdict(chosen) if chosen else None, "notes": outcome.notes}
+               "pick": asdict(chosen) if chosen else None, "kept_shipped": outcome.refuted(),
+               "search_best": asdict(outcome.searched[0]) if outcome.searched[0] else None, "notes": outcome.notes}
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
     path = out_dir / "index.html"
     path.write_text(_html(outcome, images, summary), encoding="utf-8")

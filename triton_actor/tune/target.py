@@ -58,7 +58,7 @@ class Target:
 
     @classmethod
     def attach(cls, url: str, protocol: str, model: str) -> Target:
-        target = cls(url, protocol, model)
+        target = cls(url.split("://", 1)[-1].rstrip("/"), protocol, model)  # tritonclient takes host:port
         if not target.call("is_model_ready", model):
             raise TritonError.unavailable(f"model '{model}' is not ready on {url}")
         return target

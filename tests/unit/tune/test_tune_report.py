@@ -101,3 +101,18 @@ def test_the_pick_is_a_stable_point_when_one_meets_the_budget() -> None:
     assert outcome.chosen == (outcome.points[3], True)  # 300/s, stable, not the lucky 900/s
     outcome.points[:] = [lucky]
     assert outcome.chosen == (lucky, True) and "(never stable: cv 40 %)" in outcome.verdict()
+
+
+def test_a_pick_that_loses_back_to_back_gives_way_to_the_shipped_config(tmp_path: Path) -> None:
+    outcome = _outcome(None)
+    outcome.confirm = [Point(BASE, 4, throughput=150, p99_ms=30, stable=True), Point(TWO, 4, throughput=120, p99_ms=17, stable=True),
+                       Point(BASE, 4, throughput=160, p99_ms=30, stable=True), Point(TWO, 4, throughput=130, p99_ms=17, stable=True)]
+    assert outcome.searched[0] is outcome.points[3] and outcome.refuted()
+    assert outcome.chosen == (outcome.baseline, True)
+    assert outcome.verdict() == ("keeping the shipped config: the search's best, 2 inst, batch 8, dynamic (delay 0 us) at "
+                                 "concurrency 4, measured again back to back gave 0.81x its throughput")
+    assert report.table(outcome).count("again, back to back") == 2
+    report.write(tmp_path, outcome)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["kept_shipped"] and summary["pick"]["candidate"]["instances"] == 1
+    assert summary["search_best"]["candidate"]["instances"] == 2
