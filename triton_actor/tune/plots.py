@@ -1,7 +1,8 @@
 """The report's PNG plots, drawn with matplotlib when it is installed (``pip install triton-actor[tune]``).
 
 Throughput against p99 latency for every point, the Pareto front joined and the pick marked (the budget as
-a vertical line); and the best throughput per instance count and per ``max_batch_size``. Without
+a vertical line); and the best throughput per instance count and per ``max_batch_size`` (where more than
+one was measured). Without
 matplotlib nothing is drawn and the report says so: the CSV and the HTML table carry the same figures.
 """
 
@@ -32,15 +33,16 @@ def draw(out_dir: Path, points: Sequence[Point], chosen: Point | None, budget_ms
     import matplotlib.pyplot as plt
 
     names = [_scatter(plt, out_dir / "throughput_vs_p99.png", good, chosen, budget_ms)]
-    names.append(_best_by(plt, out_dir / "throughput_vs_instances.png", good, lambda c: c.instances, "instances"))
-    if any(p.candidate.max_batch_size > 0 for p in good):
+    if len({p.candidate.instances for p in good}) > 1:  # one value makes no line
+        names.append(_best_by(plt, out_dir / "throughput_vs_instances.png", good, lambda c: c.instances, "instances"))
+    if len({p.candidate.max_batch_size for p in good}) > 1:
         names.append(_best_by(plt, out_dir / "throughput_vs_batch.png", good, lambda c: c.max_batch_size,
                               "max_batch_size"))
     return names
 
 
 def _scatter(plt: object, path: Path, good: list[Point], chosen: Point | None, budget_ms: float | None) -> str:
-    fig, ax = plt.subplots(figsize=(7, 4.5))  # type: ignore[attr-defined]
+    fig, ax = plt.subplots(figsize=(7, 5))  # type: ignore[attr-defined]
     ax.scatter([p.p99_ms for p in good], [p.throughput for p in good], s=18, color="#7f8c8d", label="points")
     front = pareto(good)
     ax.plot([p.p99_ms for p in front], [p.throughput for p in front], "-o", color="#2980b9", ms=4,
@@ -52,7 +54,7 @@ def _scatter(plt: object, path: Path, good: list[Point], chosen: Point | None, b
         ax.axvline(budget_ms, color="#c0392b", ls="--", lw=1, label=f"budget {budget_ms:g} ms")
     ax.set_xlabel("p99 latency (ms)")
     ax.set_ylabel("throughput (infer/s)")
-    ax.legend(fontsize=7, loc="best")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)  # below: never over a point
     ax.grid(alpha=0.3)
     return _save(plt, fig, path)
 

@@ -19,7 +19,8 @@ climbs the instance count again when that won.
 
 Each candidate is measured at the given concurrencies in ascending order, stopping at the first that
 breaks the latency budget (more clients only add latency) or gains less than ``min_gain`` throughput
-(saturated). A candidate that fails to load scores nothing and ends its direction. The search ends
+(saturated). A climb ends after ``PATIENCE`` + 1 steps in a row that gain less than ``min_gain``, and at
+once at a candidate that fails to load (it scores nothing). The search ends
 early when the point budget or the time is spent; the points measured so far stay in ``points``.
 """
 
