@@ -18,8 +18,8 @@ Between 2 and 3, a Python model tries its other execution (in-process / a proces
 climbs the instance count again when that won.
 
 Each candidate is measured at the given concurrencies in ascending order, stopping at the first that
-breaks the latency budget (more clients only add latency) or gains less than ``min_gain`` throughput
-(saturated). A climb ends after ``PATIENCE`` + 1 steps in a row that gain less than ``min_gain``, and at
+breaks the latency budget (more clients only add latency) or when two in a row gain less than
+``min_gain`` throughput (saturated). A climb ends after ``PATIENCE`` + 1 steps in a row that gain less than ``min_gain``, and at
 once at a candidate that fails to load (it scores nothing). The search ends
 early when the point budget or the time is spent; the points measured so far stay in ``points``.
 """
@@ -204,6 +204,10 @@ class Search:
         return self.scores[candidate]
 
     def _saturated(self, mine: list[Point]) -> bool:
-        if len(mine) < 2 or self.objective == "latency":
+        """``PATIENCE`` + 1 concurrencies in a row gained less than ``min_gain``: one noisy dip (a busy host
+        between two points) must not hide what more clients would have shown."""
+        steps = PATIENCE + 1
+        if len(mine) <= steps or self.objective == "latency":
             return False
-        return mine[-1].throughput < mine[-2].throughput * (1 + self.min_gain)
+        best_before = max(p.throughput for p in mine[:-steps])
+        return all(p.throughput < best_before * (1 + self.min_gain) for p in mine[-steps:])

@@ -119,3 +119,18 @@ def test_a_python_model_tries_the_other_execution_and_keeps_the_winner() -> None
     plain = Search(ORIGIN, SPACE, CONCURRENCIES, simulate, max_points=80)  # not a Python model: never tried
     plain.run()
     assert {p.candidate.isolation for p in plain.points} == {""}
+
+
+def test_one_dip_in_throughput_does_not_end_the_concurrency_sweep() -> None:
+    rates = {1: 100.0, 4: 90.0, 16: 400.0, 64: 390.0, 256: 380.0}  # a busy minute at 4 clients
+
+    def measure(c: Candidate, clients: int) -> Point:
+        return Point(c, clients, throughput=rates[clients], p99_ms=1.0, stable=True)
+
+    search = Search(ORIGIN, Space(instances=(1,)), (1, 4, 16, 64, 256), measure, max_points=10)
+    search.run()
+    assert [p.concurrency for p in search.points] == [1, 4, 16, 64, 256]  # 64 and 256 both gain nothing: the end
+    rates.update({16: 95.0})
+    flat = Search(ORIGIN, Space(instances=(1,)), (1, 4, 16, 64, 256), measure, max_points=10)
+    flat.run()
+    assert [p.concurrency for p in flat.points] == [1, 4, 16]  # two steps without a gain
