@@ -13,7 +13,8 @@ the budget left by the pinned ones is refused without evicting anything.
 
 Eviction is the unload API's (host ``model.unload`` with ``wait``): the model stops taking requests,
 the requests it holds finish, then its memory is freed; a request that arrives meanwhile loads it
-again on demand. "Idle" means no version of the model has queued or running requests right now.
+again on demand. Idle models (no queued or running request) go first; when all are serving, the least
+recently used still goes (drained) rather than refusing; only pinned models are never unloaded.
 Recency is a dict write of the loop time per routed request (:meth:`touch`), only while a budget is set.
 
 Loads through the load API go through :meth:`load` too (measured, evictable). A model unloaded through
@@ -37,7 +38,7 @@ import gevent.lock
 from ..actors.repository.actor import RepositoryActor
 from ..errors import TritonError
 from ..host.base import Host
-from ..runtime.process_memory import tree_bytes
+from ..runtime.process_memory import release_free_memory, return_large_frees, tree_bytes
 
 log = logging.getLogger(__name__)
 RECENT = 20  # evictions the status page lists
@@ -47,11 +48,14 @@ class MemoryBudget:
     """Which models hold how much memory, in which order they were last used, and the load decisions."""
 
     def __init__(self, limit: int, repository: RepositoryActor, host: Host,
-                 measure: Callable[[], int] = lambda: tree_bytes(unique=True)) -> None:
+                 measure: Callable[[], int] = lambda: tree_bytes(unique=True),
+                 release: Callable[[], None] = release_free_memory) -> None:
         self.limit = limit
         self._repository = repository
         self._host = host
         self._measure = measure
+        self._release = release  # after an eviction: what the model freed really leaves the process
+        return_large_frees()  # a model's arrays go back to the system when it is unloaded
         self._lock = gevent.lock.Semaphore()  # one load or eviction at a time: deltas stay one model's
         self._clock = gevent.get_hub().loop.now  # cached loop time: no system call per request
         self.last_used: dict[str, float] = {}
@@ -89,7 +93,8 @@ class MemoryBudget:
                             name, need, self.limit, self.pinned_bytes)
                 raise TritonError.unavailable(
                     f"failed to load '{name}': it needs about {need} bytes, more than the model memory budget of "
-                    f"{self.limit} bytes ({self.pinned_bytes} held by pinned models)")
+                    f"{self.limit} bytes leaves beside the pinned models ({self.pinned_bytes} bytes; "
+                    f"{self.used()} used now)")
             was = self.resident.pop(name, 0)  # a reload: the old version goes once the new one serves
             self._make_room(name, need)
             before, started = self._measure(), time.monotonic()
@@ -99,7 +104,8 @@ class MemoryBudget:
                 if was:
                     self.resident[name] = was
                 raise
-            grown = max(self._measure() - before, was)
+            after = self._measure()
+            grown = max(after - before, was)
             self.loads += 1
             self.footprint[name] = self.resident[name] = grown
             self.load_secs[name] = time.monotonic() - started
@@ -122,15 +128,17 @@ class MemoryBudget:
                             name, self.used(), self.limit, need)
                 raise TritonError.unavailable(
                     f"failed to load '{name}': model memory budget exhausted: {self.used()} of {self.limit} bytes "
-                    f"used, about {need} needed, and every loaded model is pinned or busy")
+                    f"used ({self.pinned_bytes} by pinned models), about {need} needed, and no loaded model can be "
+                    "unloaded")
             self._evict(victim, name)
 
     def _victim(self, loading: str) -> str | None:
-        """The least recently used model that is resident, unpinned and idle."""
-        for name in sorted(self.resident, key=lambda n: self.last_used.get(n, 0.0)):
-            if name != loading and name not in self.pinned and not self._busy(name):
-                return name
-        return None
+        """The least recently used model that is resident, unpinned and idle; when every one is serving,
+        the least recently used of them (its unload waits for its requests: refusing the load instead
+        would fail a request only because the others were busy at that instant)."""
+        order = [n for n in sorted(self.resident, key=lambda n: self.last_used.get(n, 0.0))
+                 if n != loading and n not in self.pinned]
+        return next((n for n in order if not self._busy(n)), order[0] if order else None)
 
     def _busy(self, name: str) -> bool:
         handle = self._repository.routes.get(name)
@@ -147,10 +155,11 @@ class MemoryBudget:
 
     def _evict(self, victim: str, loading: str) -> None:
         held = self.resident[victim]
-        log.info("memory budget: evicting '%s' (%d bytes, idle, least recently used) to load '%s'",
-                 victim, held, loading)
+        log.info("memory budget: evicting '%s' (%d bytes, least recently used%s) to load '%s'",
+                 victim, held, ", waiting for its requests" if self._busy(victim) else ", idle", loading)
         started = time.monotonic()
         self._host.broadcast("model.unload", {"name": victim, "unload_dependents": True, "wait": True})
+        self._release()
         self.resident.pop(victim, None)
         self.evictions += 1
         self.recent.appendleft({"model": victim, "bytes": held, "for": loading, "time_ns": time.time_ns(),

@@ -67,20 +67,24 @@ def test_the_least_recently_used_idle_unpinned_model_goes_first(tmp_path: Path) 
     assert [m["model"] for m in budget.status()["lru"]] == ["a", "d"]
 
 
-def test_a_load_is_refused_when_nothing_can_go_and_when_the_model_is_bigger_than_the_budget(tmp_path: Path) -> None:
+def test_a_load_is_refused_when_only_pinned_models_hold_the_budget_or_the_model_is_bigger(tmp_path: Path) -> None:
     f = Fakes(tmp_path, {"pinned": 100, "busy": 100, "next": 100, "huge": 500})
     budget = f.budget(250)
     f.held["pinned"] = 100
     budget.pin(["pinned"], 100)
     f.load(budget, "busy")
     f.busy.add("busy")
+    f.load(budget, "next")  # busy is drained rather than the load refused
+    assert f.unloads == ["busy"]
+    f.held["pinned"] = budget.pinned_bytes = 200
     with pytest.raises(TritonError) as e:
-        f.load(budget, "next")
+        f.load(budget, "busy")
     assert e.value.code == Code.UNAVAILABLE
-    assert "budget exhausted: 200 of 250 bytes used, about 100 needed" in e.value.message
+    assert e.value.message == ("failed to load 'busy': it needs about 100 bytes, more than the model memory budget "
+                               "of 250 bytes leaves beside the pinned models (200 bytes; 300 used now)")
     with pytest.raises(TritonError, match="needs about 500 bytes, more than the model memory budget of 250 bytes"):
         f.load(budget, "huge")
-    assert f.unloads == [] and budget.refusals == 2
+    assert f.unloads == ["busy"] and budget.refusals == 2 and budget.resident == {"next": 100}
 
 
 def test_a_model_bigger_than_estimated_makes_the_others_leave_after_its_load(tmp_path: Path) -> None:
