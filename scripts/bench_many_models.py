@@ -54,6 +54,7 @@ class TritonPythonModel:
                 pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())]) for r in requests]
 """
 BODY = json.dumps({"inputs": [{"name": "INPUT0", "shape": [2], "datatype": "FP32", "data": [1.0, 2.0]}]}).encode()
+USED = re.compile(r"memory budget: loaded .*; (\d+) of \d+ used")
 LOADED = re.compile(r"^I(\d{4} \d\d:\d\d:\d\d\.\d{6}) .*memory budget: loaded '([^']+)'")
 
 
@@ -153,6 +154,8 @@ def main() -> int:
         "cold_p50_ms": round(pct(cold, 0.5), 2), "cold_p99_ms": round(pct(cold, 0.99), 2),
         "loads_per_min": round(status["loads"] / minutes, 1), "evictions_per_min": round(status["evictions"] / minutes, 1),
         "peak_above_baseline_mib": round((peak[0] - baseline) / MIB, 1), "baseline_mib": round(baseline / MIB, 1),
+        "budget_used_peak_mib": round(max((int(m.group(1)) for m in map(USED.search, log.read_text().splitlines())
+                                           if m), default=0) / MIB, 1),
         "budget_used_at_end_mib": round(status["used"] / MIB, 1), "log": str(log), "failures": [r[4].decode() for r in failed[:5]],
     }
     print(json.dumps(report, indent=1))

@@ -5,8 +5,8 @@ idle models, and is refused when nothing can go.
 Footprints are measured, not guessed: the unique set size of this process and the processes under it
 (isolated Python models, runtime/process_memory.py) before and after each load, so loads are serialised
 (:attr:`MemoryBudget._lock`) and every delta is one model's. A model's last measured footprint is the
-estimate for its next load; a model never measured is estimated from its files' size on disk, and the
-accounting is corrected once it is measured (a larger model than estimated may push other models out
+estimate for its next load; a model never measured is estimated from its files' size on disk (plus 4 MiB),
+and the accounting is corrected once it is measured (a larger model than estimated may push other models out
 after its load). The models loaded at startup (``--load-model``) are pinned: never evicted, and their
 footprint (measured once, around the startup loads) is held back from the budget. A model larger than
 the budget left by the pinned ones is refused without evicting anything.
@@ -42,6 +42,9 @@ from ..runtime.process_memory import release_free_memory, return_large_frees, tr
 
 log = logging.getLogger(__name__)
 RECENT = 20  # evictions the status page lists
+# added to a never-measured model's files: what an instance holds beside its weights (its thread, module,
+# Python objects; about 2 MiB measured for a numpy model), so the first load is not under-estimated
+FIRST_LOAD_SLACK = 4 << 20
 
 
 class MemoryBudget:
@@ -51,6 +54,7 @@ class MemoryBudget:
                  measure: Callable[[], int] = lambda: tree_bytes(unique=True),
                  release: Callable[[], None] = release_free_memory) -> None:
         self.limit = limit
+        self.slack = FIRST_LOAD_SLACK
         self._repository = repository
         self._host = host
         self._measure = measure
@@ -86,7 +90,7 @@ class MemoryBudget:
         raises UNAVAILABLE when it cannot fit."""
         with self._lock:
             self._forget_unloaded()
-            need = self.footprint.get(name) or on_disk(self._repository.repositories, name)
+            need = self.footprint.get(name) or on_disk(self._repository.repositories, name) + self.slack
             if need > self.limit - self.pinned_bytes:
                 self.refusals += 1
                 log.warning("memory budget: refused '%s': needs %d bytes, budget %d (%d held by pinned models)",

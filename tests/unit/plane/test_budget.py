@@ -46,6 +46,7 @@ class Fakes:
     def budget(self, limit: int) -> MemoryBudget:
         budget = MemoryBudget(limit, self, self, measure=lambda: sum(self.held.values()))  # type: ignore[arg-type]
         budget._clock = itertools.count().__next__  # type: ignore[assignment]  # each use later than the last
+        budget.slack = 0  # estimates are the files' sizes alone
         return budget
 
     def load(self, budget: MemoryBudget, name: str, actual: int | None = None) -> None:
