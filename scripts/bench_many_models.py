@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Many models, one memory budget (``--model-memory-budget`` with ``--model-load-on-demand``, plane/budget.py).
+"""Many models, one memory budget (``--model-memory-budget`` with ``--model-load-on-demand``, plane/memory_budget.py).
 
 Generates ``--models`` Python models that each fill 5..50 MiB of numpy in ``initialize`` (sizes drawn with
 ``--seed``; a sparse weights file of the same size is the estimate before a model's first load), starts our

@@ -46,10 +46,10 @@ from .observability import log_format
 from .observability.log_trace_settings import RuntimeSettings
 from .observability.tracing import Tracer
 from .plane import live_status
-from .plane.budget import MemoryBudget
-from .plane.budget import families as budget_families
 from .plane.calls_from_models import ServerCalls
 from .plane.dataplane import DataPlane
+from .plane.memory_budget import MemoryBudget
+from .plane.memory_budget import families as budget_families
 from .plane.on_demand import OnDemand
 from .protocol import header_forward, http1
 from .protocol.restricted import Restrictions
@@ -121,7 +121,7 @@ class Server:
                                self.host)
         if settings.model_load_on_demand:  # a request loads the model it names, as the load API would
             self.plane.on_demand = OnDemand(self.repository.repositories, lambda name: self.plane.load_model(name, {}))
-        if settings.model_memory_budget:  # loads make room first (plane/budget.py)
+        if settings.model_memory_budget:  # loads make room first (plane/memory_budget.py)
             self.plane.budget = MemoryBudget(settings.model_memory_budget, self.repository, self.host)
         self.server_calls = ServerCalls(self.plane, self.model_hooks)  # BLS and model control from Python models
         self.host.register("status", lambda args: live_status.local_status(self.plane, args))  # the status page

@@ -1,4 +1,4 @@
-"""``--model-memory-budget`` (plane/budget.py) on the real server with ``--model-load-on-demand``: models of a
+"""``--model-memory-budget`` (plane/memory_budget.py) on the real server with ``--model-load-on-demand``: models of a
 known size (a Python model that fills N MiB of numpy in ``initialize``, and a sparse weights file of that
 size, so the estimate before the first load is right too); the least recently used idle model is evicted
 for a new one, a pinned (``--load-model``) model never is, a model larger than the budget is refused, a

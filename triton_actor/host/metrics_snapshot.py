@@ -73,7 +73,7 @@ class MetricsSource:
                  own: Callable[[], list[dict[str, Any]]] | None = None) -> None:
         self.repository = repository
         self.registry = registry  # the server's custom metric families (its Python models')
-        self.own = own  # the server's own families in the same shape (plane/budget.py: loads on demand, budget)
+        self.own = own  # the server's own families in the same shape (plane/memory_budget.py: loads on demand, budget)
 
     def __call__(self, _args: dict[str, Any]) -> dict[str, Any]:
         models = []

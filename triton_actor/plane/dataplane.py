@@ -32,7 +32,7 @@ from ..runtime.response_channel import (
     ChannelResponses,
     StreamAccount,
 )
-from .budget import MemoryBudget
+from .memory_budget import MemoryBudget
 from .on_demand import OnDemand
 from .route import Route
 
@@ -88,7 +88,7 @@ class DataPlane:
         self.accepting = False
         self.host: Host = host or LocalHost()  # host-wide reads and changes go through it (host/base.py)
         self.on_demand: OnDemand | None = None  # --model-load-on-demand (plane/on_demand.py), set by the server
-        self.budget: MemoryBudget | None = None  # --model-memory-budget (plane/budget.py), set by the server
+        self.budget: MemoryBudget | None = None  # --model-memory-budget (plane/memory_budget.py), set by the server
 
     # -- health and metadata ----------------------------------------------------------------------
     def is_live(self) -> bool:

@@ -1,6 +1,6 @@
 """How much memory this process and the processes under it hold, read from ``/proc`` (Linux).
 
-Used to measure what a model's load added (the memory budget, plane/budget.py, and ``triton-actor check``).
+Used to measure what a model's load added (the memory budget, plane/memory_budget.py, and ``triton-actor check``).
 ``unique=True`` counts each process's unique set size (``Private_Clean`` + ``Private_Dirty`` of
 ``smaps_rollup``): a forked child (an isolated Python model) shares its parent's pages until it writes
 them, and its RSS would charge the model with the whole server. ``unique=False``: the resident set size.

@@ -1,4 +1,4 @@
-"""The memory budget's decisions (``plane/budget.py``) with a fake repository, host and memory meter: the
+"""The memory budget's decisions (``plane/memory_budget.py``) with a fake repository, host and memory meter: the
 least recently used idle model goes first, busy and pinned ones never, a model whose measure exceeds its
 estimate makes the others leave after its load, a refused load says budget, used and needed, and
 ``--model-memory-budget`` reads bytes or a percentage."""
@@ -14,7 +14,7 @@ import pytest
 
 from triton_actor.config.command_line import memory_budget
 from triton_actor.errors import Code, TritonError
-from triton_actor.plane.budget import MemoryBudget, families
+from triton_actor.plane.memory_budget import MemoryBudget, families
 
 
 class Fakes:
