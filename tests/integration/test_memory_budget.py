@@ -14,6 +14,8 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from triton_actor.runtime.process_memory import process_bytes, tree_pids
+
 from .model_control import index, live_status, wait_for
 from .server import IDENTITY_CONFIG, add_model
 
@@ -138,3 +140,23 @@ def _input(value: float = 1.0) -> httpclient.InferInput:
     x = httpclient.InferInput("INPUT0", [2], "FP32")
     x.set_data_from_numpy(np.full(2, value, np.float32))
     return x
+
+
+def test_an_evicted_models_memory_leaves_the_server(tmp_path: Path, start_server) -> None:
+    """What the accounting frees is really freed: the server grows by the budget's ``used`` and no more,
+    however many models came and went over keep-alive connections (each of which caches its routes)."""
+    names = [f"m{i}" for i in range(6)]
+    for name in names:
+        _sized(tmp_path, name, 30)
+    server = start_server(tmp_path, flags=_flags(70))
+    clients = [httpclient.InferenceServerClient(server.url) for _ in range(3)]
+    start = _server_bytes(server.proc.pid)
+    for round_ in range(3):
+        for i, name in enumerate(names):
+            assert _infer(clients[(i + round_) % 3], name) == [1.0, 1.0]
+    used = live_status(server.url)["memory_budget"]["used"]
+    assert _server_bytes(server.proc.pid) - start <= used + 16 * MIB  # room for the server's own buffers
+
+
+def _server_bytes(pid: int) -> int:
+    return sum(process_bytes(p, unique=True) for p in tree_pids(pid))
