@@ -6,6 +6,7 @@ request racing the eviction of its model is answered, and the metrics and status
 
 from __future__ import annotations
 
+import re
 import urllib.request
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from triton_actor.runtime.process_memory import process_bytes, tree_pids
 
 from .model_control import index, live_status, wait_for
 from .server import IDENTITY_CONFIG, add_model
+from .test_status_page import _chromium
 
 MIB = 1 << 20
 
@@ -90,6 +92,10 @@ def test_the_least_recently_used_model_makes_room_and_metrics_and_status_show_it
     assert 'nv_model_memory_resident_bytes{model="b"}' not in samples
     assert samples["nv_model_memory_budget_limit_bytes"] == 110 * MIB
     assert samples["nv_model_memory_budget_used_bytes"] <= 110 * MIB
+    dom = _chromium("--virtual-time-budget=3000", "--dump-dom", f"http://{server.url}/status")  # the page shows it
+    lru = re.search(r'<tbody id="lru">(.*?)</tbody>', dom, re.S)
+    assert lru is not None and re.findall(r'<tr><td class="l">(\w+)</td>', lru.group(1)) == ["a", "c"], dom[-3000:]
+    assert "memory budget:" in dom and "b (" in dom  # the last eviction
 
 
 def test_a_pinned_model_is_never_evicted(tmp_path: Path, start_server) -> None:
