@@ -136,11 +136,11 @@ class DataPlane:
         of the repository that has no ready version starts loading here (the route carries the load)."""
         model = self.repository.routes.get(name)
         closed = not self.accepting and not internal
-        if self.budget is not None:  # least recently used first out of the budget
-            self.budget.touch(name)
         if model is None:
             error = TritonError.not_found(f"Request for unknown model: '{name}' is not found")
             return Route(name, version, None, None, error, closed, internal, self._load_on_demand(name, closed))
+        if self.budget is not None:  # least recently used first out of the budget (known names only: bounded)
+            self.budget.touch(name)
         try:
             return Route(name, version, model, model.resolve(version), None, closed, internal)
         except TritonError as e:
