@@ -33,6 +33,7 @@ from ..runtime.response_channel import (
     ChannelResponses,
     StreamAccount,
 )
+from .memory_budget import MemoryBudget
 from .on_demand import OnDemand
 from .route import Route
 
@@ -88,6 +89,7 @@ class DataPlane:
         self.accepting = False
         self.host: Host = host or LocalHost()  # host-wide reads and changes go through it (host/base.py)
         self.on_demand: OnDemand | None = None  # --model-load-on-demand (plane/on_demand.py), set by the server
+        self.budget: MemoryBudget | None = None  # --model-memory-budget (plane/memory_budget.py), set by the server
 
     # -- health and metadata ----------------------------------------------------------------------
     def is_live(self) -> bool:
@@ -138,6 +140,8 @@ class DataPlane:
         if model is None:
             error = TritonError.not_found(f"Request for unknown model: '{name}' is not found")
             return Route(name, version, None, None, error, closed, internal, self._load_on_demand(name, closed))
+        if self.budget is not None:  # least recently used first out of the budget (known names only: bounded)
+            self.budget.touch(name)
         try:
             return Route(name, version, model, model.resolve(version), None, closed, internal)
         except TritonError as e:
@@ -262,7 +266,11 @@ class DataPlane:
         for key, value in files.items():
             if not isinstance(value, bytes):
                 raise TritonError.invalid_arg(f"failed to load '{name}': file override '{key}' must be bytes")
-        self.host.broadcast("model.load", {"name": name, "config": config, "files": files})
+        args = {"name": name, "config": config, "files": files}
+        if self.budget is not None:  # room made first, footprint measured
+            self.budget.load(name, lambda: self.host.broadcast("model.load", args))
+        else:
+            self.host.broadcast("model.load", args)
 
     def unload_model(self, name: str, unload_dependents: bool) -> None:
         """Repository extension ``unload`` (HTTP and gRPC): returns before the model is gone."""

@@ -445,6 +445,9 @@ class PythonInstance:
             if self._loop is not None:
                 self._loop.close()
             forget_package(self._package)
+            # the model's memory goes now, even while something still holds this instance (a connection's
+            # cached route to the unloaded version): the memory budget measures right after an unload
+            self.model = None
 
 
 def _back_to_thread(_request: Any) -> Any:
