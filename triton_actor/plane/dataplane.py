@@ -7,6 +7,7 @@ lifecycle calls and the index go through the typed :class:`~..actors.repository.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -81,6 +82,7 @@ class DataPlane:
         self.strict_readiness = strict_readiness
         self.live = False  # flipped by the server on start / shutdown
         self.runtime = runtime or RuntimeSettings()  # log and trace settings, shared by HTTP and gRPC
+        self.tracer = self.runtime.tracer  # its ``otel`` is read once per request: set in OpenTelemetry mode only
         self.accepting = False
         self.host: Host = host or LocalHost()  # host-wide reads and changes go through it (host/base.py)
 
@@ -152,23 +154,47 @@ class DataPlane:
         pending = self.infer_start(request, internal, route)
         return Served(pending.reply.get(), pending.route)
 
-    def infer_start(self, request: InferRequest, internal: bool = False, route: Route | None = None) -> Pending:
+    def infer_start(self, request: InferRequest, internal: bool = False, route: Route | None = None,
+                    traceparent: str | None = None) -> Pending:
         """Route (unless ``route`` is given and current), validate and queue without waiting: for a
-        caller that answers later, or at once when a quick model already answered (``pending.reply.ready()``)."""
+        caller that answers later, or at once when a quick model already answered (``pending.reply.ready()``).
+        ``traceparent``: the W3C header the client sent (OpenTelemetry mode, observability/otel.py)."""
         route, target = self._serving(request, route, internal)
-        return Pending(target.infer(request), route)
+        if self.tracer.otel is None or internal:
+            return Pending(target.infer(request), route)
+        request, root = self._traced(request, traceparent)
+        reply = target.infer(request)
+        if root is not None:
+            reply.link(lambda _r: request.trace.close(root, ()))
+        return Pending(reply, route)
+
+    def _traced(self, request: InferRequest, traceparent: str | None) -> tuple[InferRequest, Any]:
+        """``request`` with its SpanTrace when sampled, and its ``InferRequest`` span to end with its reply."""
+        begun = self.tracer.begin(request.model_name, traceparent, time.perf_counter_ns())
+        if begun is None:
+            return request, None
+        root, span_trace = begun
+        return request._replace(trace=span_trace), root
 
     def infer_stream(self, request: InferRequest, internal: bool = False,
-                     account: StreamAccount | None = None, route: Route | None = None) -> Streamed:
+                     account: StreamAccount | None = None, route: Route | None = None,
+                     traceparent: str | None = None) -> Streamed:
         """Route, validate and queue a request whose answers are streamed: any number of responses
         from a decoupled model, exactly one from any other. Errors before queueing raise here. A
         decoupled model's ``send()`` waits while the consumer has not taken ``STREAM_MAX_RESPONSES``
         of them or ``STREAM_MAX_BYTES`` (runtime/response_channel.py): a client that reads slowly,
         or not at all, holds back the model instead of filling memory. ``account``: that bound is the
-        client stream's, shared with its other requests (gRPC ModelStreamInfer)."""
+        client stream's, shared with its other requests (gRPC ModelStreamInfer). ``traceparent``: as
+        :meth:`infer_start`'s (the root span ends with the request's last answer)."""
         route, target = self._serving(request, route, internal)
+        root = None
+        if self.tracer.otel is not None and not internal:
+            request, root = self._traced(request, traceparent)
         if not route.decoupled:
-            return Streamed(route, _one_response(target.infer(request)))
+            reply = target.infer(request)
+            if root is not None:
+                reply.link(lambda _r: request.trace.close(root, ()))
+            return Streamed(route, _one_response(reply))
         channel = BoundedResponseChannel(STREAM_MAX_RESPONSES, STREAM_MAX_BYTES, account)
         try:
             reply = target.infer(request._replace(responses=channel))
@@ -176,6 +202,8 @@ class DataPlane:
             channel.close()
             raise
         reply.link(lambda r: channel.send(r.exception(), True) if r.exception() is not None else None)
+        if root is not None:
+            reply.link(lambda _r: request.trace.close(root, ()))
         return Streamed(route, ChannelResponses(channel))
 
     # -- statistics and repository ----------------------------------------------------------------
