@@ -301,7 +301,7 @@ class Server:
         except Exception as e:  # noqa: BLE001
             log.error("unloading models at shutdown: %s", e)
         self.plane.live = False
-        if not self.plane.runtime.tracer.flush(timeout=10):
+        if not self.plane.runtime.tracer.close(timeout=10):
             log.warning("traces still being written at shutdown")
         self.plane.shm.close()
         if self._mirror_poll is not None:
