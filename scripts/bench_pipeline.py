@@ -13,9 +13,10 @@ A Python client (tritonclient HTTP, one connection, concurrency 1) sends ``--req
 model after a warm-up; the server's CPU time (utime + stime from /proc of the server and its child
 processes: Triton's Python stubs) over the run, divided by the requests, is the CPU per inference.
 Measure CPU on a busy machine (other engineers' jobs skew wall times, not CPU); compare runs made in the
-same conditions, ``--rounds`` interleaves the servers.
+same conditions, ``--rounds`` interleaves the servers. Set ``OPENBLAS_NUM_THREADS=1``: numpy's BLAS threads
+spin after each matmul, and on a loaded host their CPU swamps what the servers do.
 
-    .venv/bin/python scripts/bench_pipeline.py --requests 2000 --rounds 3
+    OPENBLAS_NUM_THREADS=1 .venv/bin/python scripts/bench_pipeline.py --requests 2000 --rounds 3
     TRITON_ACTOR_FAST_PATHS=0 .venv/bin/python scripts/bench_pipeline.py     # the slow paths
     .venv/bin/python scripts/bench_pipeline.py --triton                        # and real Triton beside it
     .venv/bin/python scripts/bench_pipeline.py --profile out.prof --only trivial   # cProfile of our server
