@@ -1,7 +1,8 @@
 """``triton-actor`` / ``python -m triton_actor``: the entry point. The command line becomes Settings
 (``config/command_line.py``); one process runs the server, ``--workers N`` gunicorn's arbiter.
-``triton-actor check REPOSITORY`` checks a repository instead (``check/``); tritonserver's command line
-has no positional arguments, so a first argument ``check`` cannot be one of its flags."""
+``triton-actor check REPOSITORY`` checks a repository instead (``check/``), ``triton-actor tune ...`` runs the
+tuner (``tune/``); tritonserver's command line has no positional arguments, so a first argument ``check`` or
+``tune`` cannot be one of its flags."""
 
 from __future__ import annotations
 
@@ -19,6 +20,10 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["check"]:
         _check(argv[1:])
+    if argv[:1] == ["tune"]:  # a subcommand only as the first word: tritonserver's flags all start with "--"
+        from .tune.command import main as tune
+
+        sys.exit(tune(argv[1:]))
     settings = parse(argv)
     if settings.workers > 1:  # gunicorn's arbiter, unpatched; each worker patches after the fork
         from .workers import arbiter

@@ -57,6 +57,9 @@ class InferRequest(NamedTuple):
     # () -> bool, True once the client cancelled the request (it went away, or reset its call); set by
     # the scheduler, when it hands the request to a backend that looks (``observes_cancellation``)
     is_cancelled: Any = None
+    # an OpenTelemetry SpanTrace (observability/otel.py) when the request is traced in that mode: set by
+    # the plane where it came in, spawned by an ensemble for each step
+    trace: Any = None
 
     @property
     def requested_output_names(self) -> tuple[str, ...] | None:

@@ -50,12 +50,15 @@ from .observability.tracing import Tracer
 from .plane import live_status
 from .plane.calls_from_models import ServerCalls
 from .plane.dataplane import DataPlane
+from .plane.memory_budget import MemoryBudget
+from .plane.memory_budget import families as budget_families
 from .plane.on_demand import OnDemand
 from .protocol import header_forward, http1
 from .protocol.restricted import Restrictions
 from .repository import remote
 from .repository.remote import RemoteRepository
 from .runtime import gc_settle, hub_errors
+from .runtime.process_memory import tree_bytes
 
 log = logging.getLogger("triton_actor.server")
 
@@ -123,10 +126,13 @@ class Server:
                                self.host)
         if settings.model_load_on_demand:  # a request loads the model it names, as the load API would
             self.plane.on_demand = OnDemand(self.repository.repositories, lambda name: self.plane.load_model(name, {}))
+        if settings.model_memory_budget:  # loads make room first (plane/memory_budget.py)
+            self.plane.budget = MemoryBudget(settings.model_memory_budget, self.repository, self.host)
         self.server_calls = ServerCalls(self.plane, self.model_hooks)  # BLS and model control from Python models
         self.host.register("status", lambda args: live_status.local_status(self.plane, args))  # the status page
         # this process's share of /metrics: its models' statistics and custom metric families
-        self.metrics_source = MetricsSource(self.repository, self.model_hooks.metrics, self.response_cache)
+        self.metrics_source = MetricsSource(self.repository, self.model_hooks.metrics, self.response_cache,
+                                            self._own_families)
         self.host.register("metrics", self.metrics_source)
         self.metrics: MetricsServer | None = None
         self._slots: ConnectionSlots | None = None  # made by serve(), for every port
@@ -195,13 +201,22 @@ class Server:
             raise StartupError(e.message) from None
         if self.mirrors and s.model_control_mode == "poll" and s.repository_poll_secs > 0:
             self._mirror_poll = gevent.spawn(remote.poll, self.mirrors, s.repository_poll_secs, self.repository.nudge)
+        before = tree_bytes(unique=True) if self.plane.budget is not None else 0
         failures = self.repository.ref.load_all().get()
+        if self.plane.budget is not None:  # the startup models are pinned, their memory held back from the budget
+            self.plane.budget.pin([n for n, h in self.repository.routes.items() if h.ready_versions],
+                                  tree_bytes(unique=True) - before)
         for name, reason in sorted(failures.items()):
             log.error("model '%s' failed to load: %s", name, reason)
         if failures and self.settings.exit_on_error:
             raise StartupError(f"{len(failures)} model(s) failed to load: {', '.join(sorted(failures))}")
         log.info("server is ready: %d model(s) loaded, %d failed",
                  len(self.repository.routes) - len(failures), len(failures))
+
+    def _own_families(self) -> list[dict[str, Any]]:
+        if self.plane.on_demand is None:
+            return []
+        return budget_families(self.plane.on_demand.started, self.plane.budget)
 
     def _openai_options(self) -> OpenAIOptions:
         s = self.settings
@@ -286,7 +301,7 @@ class Server:
         except Exception as e:  # noqa: BLE001
             log.error("unloading models at shutdown: %s", e)
         self.plane.live = False
-        if not self.plane.runtime.tracer.flush(timeout=10):
+        if not self.plane.runtime.tracer.close(timeout=10):
             log.warning("traces still being written at shutdown")
         self.plane.shm.close()
         if self._mirror_poll is not None:

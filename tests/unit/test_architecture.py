@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[2] / PACKAGE
 LAYERS: list[tuple[str, ...]] = [
     ("__main__",),  # python -m triton_actor
     ("cli",),  # the entry point: parses the command line, runs the server or the gunicorn arbiter
+    ("tune",),  # `triton-actor tune`: a client of the server (over the wire), so above everything it runs
     ("check",),  # triton-actor check: a tool that loads each model of a repository in a Server of its own
     ("workers",),  # several worker processes: the arbiter, the gunicorn worker class, the control sockets
     ("server",),  # the composition root: builds the actor tree and the front ends

@@ -30,6 +30,7 @@ from ..protocol._generated import model_config_pb2 as mc
 from ..protocol.v2_http import SEQUENCE_END, SEQUENCE_START
 from ..repository import config as config_mod
 from ..repository import layout
+from ..runtime.process_memory import tree_bytes
 from ..server import Server
 from . import static
 from .report import Failure, ModelResult
@@ -105,26 +106,7 @@ def _one_request(server: Server, name: str, cfg: Any) -> None:
 
 def footprint() -> int:
     """Resident bytes of this process and every process below it (isolated Python models)."""
-    pids, total = {os.getpid()}, 0
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    grew = True
-    while grew:
-        more = {pid for pid, parent in parents.items() if parent in pids} - pids
-        pids |= more
-        grew = bool(more)
-    for pid in pids:
-        try:
-            status = Path(f"/proc/{pid}/status").read_text()
-        except OSError:
-            continue
-        total += next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmRSS:")), 0)
-    return total
+    return tree_bytes()
 
 
 def _report_exit_calls(result: ModelResult, report: Path) -> Any:

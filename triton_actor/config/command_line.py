@@ -123,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="explicit mode: model to load at startup (repeatable; '*' = all)")
     bool_flag(p, "--model-load-on-demand", False,
               "explicit mode: a request for a repository model that is not loaded loads it first")
+    p.add_argument("--model-memory-budget", default="", metavar="BYTES|PERCENT%",
+                   help="with --model-load-on-demand: host memory the loaded models may hold (bytes, or a percentage "
+                        "of MemTotal); the least recently used idle models are unloaded to make room")
     p.add_argument("--repository-poll-secs", type=float, default=15.0,
                    help="poll mode: seconds between repository rescans (0 = no periodic rescan)")
     p.add_argument("--model-load-thread-count", type=int, default=4, help="models loaded in parallel")
@@ -161,6 +164,13 @@ def parse(argv: Sequence[str] | None = None, environ: dict[str, str] | None = No
     if args.model_load_on_demand and args.model_control_mode != "explicit":
         raise SystemExit("error: --model-load-on-demand needs --model-control-mode=explicit (in the other modes "
                          "the repository decides what is loaded)")
+    budget = memory_budget(args.model_memory_budget)
+    if budget and not args.model_load_on_demand:
+        raise SystemExit("error: --model-memory-budget needs --model-load-on-demand (an evicted model must load again "
+                         "when a request names it)")
+    if budget and args.workers > 1:
+        raise SystemExit("error: --model-memory-budget is for one process: not with --workers (each worker would "
+                         "evict on its own the models every worker loads)")
     from ..protocol.restricted import Restrictions
 
     for flag, specs in (("--http-restricted-api", args.http_restricted_api),
@@ -208,6 +218,7 @@ def parse(argv: Sequence[str] | None = None, environ: dict[str, str] | None = No
         model_control_mode=args.model_control_mode,
         load_models=tuple(args.load_models),
         model_load_on_demand=args.model_load_on_demand,
+        model_memory_budget=budget,
         repository_poll_secs=args.repository_poll_secs,
         model_load_thread_count=args.model_load_thread_count,
         model_config_name=args.model_config_name,
@@ -234,3 +245,26 @@ def log_ignored_flags(settings: Settings) -> None:
     """One INFO line per tritonserver flag that was given and has no effect here."""
     for flag, why in settings.ignored_flags:
         logging.getLogger("triton_actor.cli").info("%s accepted for compatibility, no effect: %s", flag, why)
+
+
+def memory_budget(text: str) -> int:
+    """``--model-memory-budget``: bytes (``2000000000``, ``2G``), or ``N%`` of this host's MemTotal; 0 = none."""
+    text = text.strip()
+    if not text:
+        return 0
+    try:
+        if text.endswith("%"):
+            percent = float(text[:-1])
+            if not 0 < percent <= 100:
+                raise ValueError
+            total = next(int(line.split()[1]) * 1024 for line in Path("/proc/meminfo").read_text().splitlines()
+                         if line.startswith("MemTotal:"))
+            return int(total * percent / 100)
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1].upper(), 1)
+        value = int(float(text[:-1] if scale > 1 else text) * scale)
+        if value <= 0:
+            raise ValueError
+        return value
+    except (ValueError, StopIteration):
+        raise SystemExit(f"error: --model-memory-budget={text!r}: give bytes (e.g. 2G) or a percentage of "
+                         "host memory (e.g. 25%)") from None

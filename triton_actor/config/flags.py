@@ -186,7 +186,9 @@ def trace_flags(p: argparse.ArgumentParser) -> None:
     """Triton's ``--trace-config`` and its deprecated single flags (observability/tracing.py records the traces)."""
     p.add_argument("--trace-config", action="append", default=[], metavar="[MODE,]KEY=VALUE",
                    help="trace settings: level=TIMESTAMPS|TENSORS|OFF, rate=N, count=N, triton,file=PATH, "
-                        "triton,log-frequency=N")
+                        "triton,log-frequency=N, mode=triton|opentelemetry, opentelemetry,url=URL, "
+                        "opentelemetry,resource=KEY=VALUE, opentelemetry,bsp_max_queue_size=N (bsp_schedule_delay, "
+                        "bsp_max_export_batch_size)")
     for flag, dest in (("--trace-file", "trace_file"), ("--trace-level", "trace_level"),
                        ("--trace-rate", "trace_rate"), ("--trace-count", "trace_count"),
                        ("--trace-log-frequency", "log_frequency")):

@@ -85,8 +85,9 @@ class GrpcServicer:
         route = self._route(req)
         # Triton: gRPC ModelInfer refuses decoupled models (UNIMPLEMENTED), only the stream serves them
         route.refuse_decoupled("ModelInfer RPC doesn't support models with decoupled transaction policy")
-        request = header_forward.with_forwarded(self._decode(req, route), forwarded or {})
-        return request, self.plane.infer_start(request, route=route)
+        params, traceparent = header_forward.split_trace(forwarded)
+        request = header_forward.with_forwarded(self._decode(req, route), params)
+        return request, self.plane.infer_start(request, route=route, traceparent=traceparent)
 
     def _route(self, req: pb.ModelInferRequest) -> Route:
         """The route of the model and version ``req`` names (an unreadable version: the decode says so)."""
@@ -126,8 +127,9 @@ class GrpcServicer:
         request = None
         try:
             route = self._route(req)
-            request = header_forward.with_forwarded(self._decode(req, route), forwarded or {})
-            streamed = self.plane.infer_stream(request, account=account, route=route)
+            params, traceparent = header_forward.split_trace(forwarded)
+            request = header_forward.with_forwarded(self._decode(req, route), params)
+            streamed = self.plane.infer_stream(request, account=account, route=route, traceparent=traceparent)
         except TritonError as e:
             yield StreamError(v2_grpc.stream_error(req, e.message), e.code, e.message)
             return

@@ -352,6 +352,10 @@ class Connection:
                 call.finished = True
                 call.send_status(GRPC_STATUS[e.code], e.message)
                 return
+        if (method.infer or method.streaming) and self.server.servicer.plane.tracer.otel is not None:
+            traceparent = event.headers.get(b"traceparent")  # OpenTelemetry mode: the W3C context, as Triton reads it
+            if traceparent is not None:
+                call.forwarded = header_forward.with_trace(call.forwarded, traceparent.decode("latin-1"))
         self.calls += 1
         self.server.call_started()
         headers = event.headers

@@ -87,6 +87,11 @@ class Method:
     start: Callable[..., tuple[Any, Any]] | None = None
     finish: Callable[[Any, Any], Any] | None = None
 
+    @property
+    def infer(self) -> bool:
+        """ModelInfer (the one unary method run in two steps): it carries a request for a model."""
+        return self.start is not None
+
 
 def method_table(servicer: GrpcServicer) -> dict[bytes, Method]:
     """``:path`` → method, for ``inference.GRPCInferenceService`` and ``grpc.health.v1.Health/Check``."""

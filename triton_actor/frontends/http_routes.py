@@ -121,7 +121,7 @@ def _infer_routes(app: Flask, plane: DataPlane, forward: re.Pattern[str] | None,
         request = _decode_infer(route, req, plane.shm, offload)
         if forward is not None:
             request = header_forward.with_forwarded(request, header_forward.forwarded(forward, req.headers.items()))
-        pending = plane.infer_start(request, route=route)
+        pending = plane.infer_start(request, route=route, traceparent=req.headers.get("traceparent"))
         response = _answer(pending.reply, req)
         route = pending.route
         work = 0 if sum(a.size for _, a in response.outputs) <= WORK_ON_HUB else \

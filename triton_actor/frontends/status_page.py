@@ -56,6 +56,7 @@ small{color:#666}
 <table><thead><tr><th class="l">model</th><th>version</th><th class="l">state</th><th>instances</th>
 <th>queued</th><th>in flight</th><th>req/s</th><th>success</th><th>fail</th><th>p50 ms</th><th>p90 ms</th>
 <th>p99 ms</th><th class="l">batch sizes</th></tr></thead><tbody id="rows"></tbody></table>
+<div id="budget"></div>
 <p><small>Polls <a href="status.json">status.json</a> every second; latency is end to end in the server,
 percentiles are bucket upper bounds (buckets at most 25% wide).</small></p>
 <script>
@@ -103,7 +104,19 @@ function render(st) {
       `<td class="p50">${live && v.success ? fmt(l.p50, 3) : ""}</td><td>${live && v.success ? fmt(l.p90, 3) : ""}</td>` +
       `<td class="p99">${live && v.success ? fmt(l.p99, 3) : ""}</td><td class="l">${hist(v.batches)}</td></tr>`;
   }).join("");
+  document.getElementById("budget").innerHTML = budget(st.memory_budget);
   document.body.dataset.updates = String(Number(document.body.dataset.updates) + 1);
+}
+function budget(b) {  // --model-memory-budget: resident models, least recently used first, and the last evictions
+  if (!b) return "";
+  const mib = n => fmt(n / 1048576, 1) + " MiB";
+  return `<h2 style="font-size:16px">memory budget: ${mib(b.used)} of ${mib(b.limit)} \\u00b7 ${b.loads} loads, ` +
+    `${b.evictions} evictions, ${b.refusals} refused</h2><table><thead><tr><th class="l">resident (LRU first)</th>` +
+    `<th>bytes</th><th>idle s</th><th>load s</th></tr></thead><tbody id="lru">` +
+    b.lru.map(m => `<tr><td class="l">${esc(m.model)}</td><td>${mib(m.bytes)}</td><td>${fmt(m.idle_secs, 1)}</td>` +
+      `<td>${fmt(m.load_secs, 2)}</td></tr>`).join("") + "</tbody></table><p><small>pinned: " +
+    esc(b.pinned.join(", ") || "none") + " \\u00b7 last evictions: " +
+    esc(b.recent_evictions.map(e => `${e.model} (${mib(e.bytes)}) for ${e.for}`).join(", ") || "none") + "</small></p>";
 }
 async function poll() {
   try {

@@ -61,7 +61,8 @@ def register_handlers(host: Host, repository: RepositoryActor, shm: SharedMemory
 
     host.register("statistics", statistics)
     host.register("model.load", lambda a: repository.ref.load(a["name"], a.get("config"), a.get("files")).get())
-    host.register("model.unload", lambda a: repository.ref.unload(a["name"], a["unload_dependents"]).get(timeout=60))
+    host.register("model.unload", lambda a: repository.ref.unload(a["name"], a["unload_dependents"], a.get("wait", False))
+                  .get(timeout=None if a.get("wait") else 60))
     host.register("model.ready", model_ready)
     # a model this process has a handle for, in any state: an unload of any other name changes nothing
     # (the workers' journal keeps no entry for it)

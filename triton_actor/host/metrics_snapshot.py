@@ -12,6 +12,7 @@ Failure: a version that does not answer (stopped meanwhile) is left out of this 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from ..actors.model.handles import READY
@@ -70,10 +71,12 @@ def custom_families(registry: MetricRegistry) -> list[dict[str, Any]]:
 class MetricsSource:
     """This process's ``metrics`` host handler (registered by the server)."""
 
-    def __init__(self, repository: Any, registry: MetricRegistry, cache: Any = None) -> None:
+    def __init__(self, repository: Any, registry: MetricRegistry, cache: Any = None,
+                 own: Callable[[], list[dict[str, Any]]] | None = None) -> None:
         self.repository = repository
         self.registry = registry  # the server's custom metric families (its Python models')
         self.cache = cache  # the server's response cache store (cache/), None without --cache-config
+        self.own = own  # the server's own families in the same shape (plane/memory_budget.py: loads on demand, budget)
 
     def __call__(self, _args: dict[str, Any]) -> dict[str, Any]:
         models = []
@@ -87,7 +90,7 @@ class MetricsSource:
                 except TritonError as e:  # unloaded between the table read and the ask
                     log.debug("metrics: %s version %d left out: %s", handle.name, v, e)
         flush_isolated(self.registry)  # isolated Python models' custom metrics, current (nothing to do without one)
-        out = {"models": models, "custom": custom_families(self.registry)}
+        out = {"models": models, "custom": custom_families(self.registry) + (self.own() if self.own else [])}
         if self.cache is not None:
             out["cache"] = self.cache.metrics()
         return out

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import TritonError
 from . import log_format
+from .otel import parse_setting
 
 if TYPE_CHECKING:
     from .tracing import Tracer
@@ -40,6 +41,11 @@ class RuntimeSettings:
         self.tracer = tracer
         if trace:  # --trace-config at start-up (trace_file may be set here, and only here)
             self.trace.update({k: list(v) for k, v in trace.items() if k in _TRACE_DEFAULTS})
+        if self.trace["trace_mode"] == ["opentelemetry"]:  # the exporter is the start-up mode's, as Triton's
+            otel: dict[str, Any] = {}
+            for setting in (trace or {}).get(OTEL_KEY, []):
+                parse_setting(setting, otel)
+            tracer.start_otel(otel)
         tracer.configure(self.trace, self.model_trace)
 
     # -- logging ----------------------------------------------------------------------------------
@@ -91,14 +97,15 @@ class RuntimeSettings:
         return self.trace_settings(model)
 
 
+OTEL_KEY = "opentelemetry"  # start-up only: the exporter's settings, never shown by the trace settings API
 _CONFIG_KEYS = {"level": "trace_level", "rate": "trace_rate", "count": "trace_count", "mode": "trace_mode",
                 "file": "trace_file", "log-frequency": "log_frequency"}
 
 
 def trace_config(values: list[str], deprecated: dict[str, list[str]] | None = None) -> dict[str, list[str]]:
     """``--trace-config [mode,]key=value`` flags (and the deprecated ``--trace-level`` etc., given as
-    setting name → values) → start-up trace settings. ``level`` may repeat; OpenTelemetry settings are
-    accepted and ignored (no exporter: docs/compatibility.md). Raises ValueError with the flag's problem."""
+    setting name → values) → start-up trace settings. ``level`` may repeat; ``opentelemetry,KEY=VALUE``
+    settings (observability/otel.py) are kept under :data:`OTEL_KEY`. Raises ValueError with the flag's problem."""
     out: dict[str, list[str]] = {k: list(v) for k, v in (deprecated or {}).items() if v}
     for value in values:
         mode, _, setting = value.rpartition(",")
@@ -106,6 +113,11 @@ def trace_config(values: list[str], deprecated: dict[str, list[str]] | None = No
         if not sep or mode not in ("", "triton", "opentelemetry"):
             raise ValueError(f"invalid --trace-config '{value}': expected [mode,]key=value")
         if mode == "opentelemetry":
+            try:
+                parse_setting(setting, {})
+            except ValueError as e:
+                raise ValueError(f"invalid --trace-config '{value}': {e}") from None
+            out.setdefault(OTEL_KEY, []).append(setting)
             continue
         name = _CONFIG_KEYS.get(key)
         if name is None:

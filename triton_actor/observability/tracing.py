@@ -27,14 +27,18 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gevent
 import gevent.event
 import orjson
 
+from ..errors import TritonError
 from ..protocol import trace_json
 from ..runtime.bridge import call_in_thread
+
+if TYPE_CHECKING:
+    from .otel import OtelExport, SpanTrace
 
 log = logging.getLogger(__name__)
 _LEVELS = ("TIMESTAMPS", "TENSORS")
@@ -43,11 +47,13 @@ _LEVELS = ("TIMESTAMPS", "TENSORS")
 class Sampler:
     """One trace setting in force: which requests to trace and where their entries go."""
 
-    __slots__ = ("levels", "rate", "remaining", "log_frequency", "file", "seen", "collected", "stream")
+    __slots__ = ("levels", "rate", "remaining", "log_frequency", "file", "seen", "collected", "stream", "otel")
 
-    def __init__(self, settings: dict[str, list[str]]) -> None:
+    def __init__(self, settings: dict[str, list[str]], otel: bool = False) -> None:
+        """``otel``: the server exports OpenTelemetry spans (observability/otel.py) instead of writing a file."""
         self.levels = frozenset(v for v in settings.get("trace_level", ["OFF"]) if v in _LEVELS)
-        self.rate = max(1, _int(settings, "trace_rate", 1000))
+        self.otel = otel
+        self.rate = max(0, _int(settings, "trace_rate", 1000))
         self.remaining = _int(settings, "trace_count", -1)
         self.log_frequency = max(0, _int(settings, "log_frequency", 0))
         self.file = (settings.get("trace_file") or [""])[0]
@@ -57,18 +63,23 @@ class Sampler:
 
     @property
     def active(self) -> bool:
+        if self.otel:  # a propagated context is traced after the count ran out too (Triton's force_sample)
+            return bool(self.levels)
         return bool(self.levels) and self.remaining != 0 and bool(self.file)
 
-    def take(self) -> bool:
-        """Count one request; True when it is to be traced."""
-        if self.remaining == 0:
-            return False
+    def take(self, force: bool = False) -> bool:
+        """Count one request; True when it is to be traced. ``force``: it came with an OpenTelemetry
+        context, traced whatever the rate and count say but counted by them (Triton's ``SampleTrace``;
+        rate 0 traces only those)."""
+        if self.rate == 0 or (self.remaining == 0 and not force):
+            return force
         self.seen += 1
         if self.seen % self.rate:  # Triton core: ``(++sample_) % rate_ == 0``
-            return False
+            return force
         if self.remaining > 0:
             self.remaining -= 1
-        return True
+            return True
+        return force or self.remaining < 0
 
 
 def _int(settings: dict[str, list[str]], key: str, default: int) -> int:
@@ -96,6 +107,13 @@ class VersionTrace:
         if sampler is None:
             return
         respond_ns = time.perf_counter_ns()
+        if sampler.otel:  # sampled where the request came in (Tracer.begin): the ones that carry a trace
+            for item in items:
+                span_trace = item.request.trace
+                if span_trace is not None:
+                    span_trace.record(self.model, self.version, item.request.id,
+                                      trace_json.stage_times(item.start_ns, dispatch_ns, end_ns, timings, respond_ns))
+            return
         for i, item in enumerate(items):
             if not sampler.take():
                 continue
@@ -124,6 +142,7 @@ class Tracer:
     def __init__(self) -> None:
         self._global = Sampler({})
         self._models: dict[str, Sampler] = {}
+        self._settings: tuple[dict[str, list[str]], dict[str, dict[str, list[str]]]] = ({}, {})
         self._traces: dict[tuple[str, int], VersionTrace] = {}
         self._last_id = 0
         self._pending: list[tuple[str, bool, list[dict[str, Any]]]] = []  # (file, indexed, entries)
@@ -133,6 +152,30 @@ class Tracer:
         self._idle.set()
         self._writer: gevent.Greenlet | None = None
         self._suffix = ""  # ".worker<N>" for worker N > 0: one writer per file (see for_worker)
+        self.otel: OtelExport | None = None  # mode=opentelemetry (start_otel); read once per request by the plane
+
+    def start_otel(self, settings: dict[str, Any]) -> None:
+        """Export OpenTelemetry spans from now on (start-up, mode=opentelemetry): the SDK is imported here."""
+        from .otel import OtelExport
+
+        try:
+            self.otel = OtelExport(settings, self.next_id)
+        except ImportError as e:
+            raise TritonError.unsupported(f"--trace-config mode=opentelemetry needs the OpenTelemetry SDK "
+                                          f"(pip install 'triton-actor[opentelemetry]'): {e}") from None
+        self.configure(*self._settings)
+
+    def begin(self, model: str, traceparent: str | None, start_ns: int) -> tuple[Any, SpanTrace] | None:
+        """A request for ``model`` comes in (its greenlet): sample it; when traced, its ``InferRequest``
+        span and the :class:`~.otel.SpanTrace` the request carries. Only while :attr:`otel` is set."""
+        assert self.otel is not None
+        sampler = self._models.get(model, self._global)
+        if not sampler.levels:
+            return None
+        parent = self.otel.extract(traceparent)
+        if not sampler.take(force=parent is not None):
+            return None
+        return self.otel.begin(parent, start_ns)
 
     def for_worker(self, worker_id: int) -> None:
         """Several worker processes (host/base.py): trace ids stay unique host-wide (worker N counts from
@@ -145,8 +188,10 @@ class Tracer:
         """Replace every sampler (a settings change); traces held for log_frequency are written first."""
         for old in (self._global, *self._models.values()):
             self._spill(old)
-        self._global = Sampler(global_settings)
-        self._models = {m: Sampler({**global_settings, **o}) for m, o in models.items() if o}
+        self._settings = (global_settings, models)
+        otel = self.otel is not None
+        self._global = Sampler(global_settings, otel)
+        self._models = {m: Sampler({**global_settings, **o}, otel) for m, o in models.items() if o}
         self.refresh()
 
     def refresh(self) -> None:
@@ -218,6 +263,17 @@ class Tracer:
         for sampler in (self._global, *self._models.values()):
             self._spill(sampler)
         return self._idle.wait(timeout)
+
+    def close(self, timeout: float | None = 30) -> bool:
+        """Shutdown: :meth:`flush`, then export the spans the SDK still holds and stop its thread."""
+        written = self.flush(timeout)
+        otel, self.otel = self.otel, None
+        if otel is not None:
+            try:
+                call_in_thread(otel.shutdown)
+            except Exception as e:  # noqa: BLE001 - an exporter that fails at exit must not stop the shutdown
+                log.error("exporting OpenTelemetry spans: %s", e)
+        return written
 
 
 def _write(path: str, entries: list[dict[str, Any]], append: bool) -> None:

@@ -7,6 +7,7 @@ lifecycle calls and the index go through the typed :class:`~..actors.repository.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,7 @@ from ..runtime.response_channel import (
     ChannelResponses,
     StreamAccount,
 )
+from .memory_budget import MemoryBudget
 from .on_demand import OnDemand
 from .route import Route
 
@@ -85,9 +87,11 @@ class DataPlane:
         self.strict_readiness = strict_readiness
         self.live = False  # flipped by the server on start / shutdown
         self.runtime = runtime or RuntimeSettings()  # log and trace settings, shared by HTTP and gRPC
+        self.tracer = self.runtime.tracer  # its ``otel`` is read once per request: set in OpenTelemetry mode only
         self.accepting = False
         self.host: Host = host or LocalHost()  # host-wide reads and changes go through it (host/base.py)
         self.on_demand: OnDemand | None = None  # --model-load-on-demand (plane/on_demand.py), set by the server
+        self.budget: MemoryBudget | None = None  # --model-memory-budget (plane/memory_budget.py), set by the server
 
     # -- health and metadata ----------------------------------------------------------------------
     def is_live(self) -> bool:
@@ -138,6 +142,8 @@ class DataPlane:
         if model is None:
             error = TritonError.not_found(f"Request for unknown model: '{name}' is not found")
             return Route(name, version, None, None, error, closed, internal, self._load_on_demand(name, closed))
+        if self.budget is not None:  # least recently used first out of the budget (known names only: bounded)
+            self.budget.touch(name)
         try:
             return Route(name, version, model, model.resolve(version), None, closed, internal)
         except TritonError as e:
@@ -181,25 +187,47 @@ class DataPlane:
         pending = self.infer_start(request, internal, route)
         return Served(pending.reply.get(), pending.route)
 
-    def infer_start(self, request: InferRequest, internal: bool = False, route: Route | None = None) -> Pending:
+    def infer_start(self, request: InferRequest, internal: bool = False, route: Route | None = None,
+                    traceparent: str | None = None) -> Pending:
         """Route (unless ``route`` is given and current), validate and queue without waiting: for a
         caller that answers later, or at once when a quick model already answered (``pending.reply.ready()``).
         A model loading on demand: the request waits for the load in a greenlet of its own (the caller may be
-        a connection's reader, which must not wait), and ``pending.route`` is the route it got after."""
+        a connection's reader, which must not wait), and ``pending.route`` is the route it got after.
+        ``traceparent``: the W3C header the client sent (OpenTelemetry mode, observability/otel.py)."""
         route, target = self._serving(request, route, internal)
         if target is not None:
-            return Pending(target.infer(request), route)
+            return Pending(self._start(target, request, internal, traceparent), route)
         pending = Pending(Reply(), route)
-        gevent.spawn(self._queue_after_load, request, pending)
+        gevent.spawn(self._queue_after_load, request, pending, internal, traceparent)
         return pending
 
-    def _queue_after_load(self, request: InferRequest, pending: Pending) -> None:
+    def _start(self, target: VersionHandle, request: InferRequest, internal: bool,
+               traceparent: str | None) -> Reply[InferResponse]:
+        """Queue ``request`` with ``target``, traced when OpenTelemetry mode samples it."""
+        if self.tracer.otel is None or internal:
+            return target.infer(request)
+        request, root = self._traced(request, traceparent)
+        reply = target.infer(request)
+        if root is not None:
+            reply.link(lambda _r: request.trace.close(root, ()))
+        return reply
+
+    def _traced(self, request: InferRequest, traceparent: str | None) -> tuple[InferRequest, Any]:
+        """``request`` with its SpanTrace when sampled, and its ``InferRequest`` span to end with its reply."""
+        begun = self.tracer.begin(request.model_name, traceparent, time.perf_counter_ns())
+        if begun is None:
+            return request, None
+        root, span_trace = begun
+        return request._replace(trace=span_trace), root
+
+    def _queue_after_load(self, request: InferRequest, pending: Pending, internal: bool,
+                          traceparent: str | None) -> None:
         outer = pending.reply
         try:
             pending.route, target = self._loaded(request, pending.route)
             if outer.ready():  # the client went away meanwhile
                 return
-            inner = target.infer(request)
+            inner = self._start(target, request, internal, traceparent)
         except TritonError as e:
             outer.fail(e)
             return
@@ -208,18 +236,26 @@ class DataPlane:
         outer.link(lambda r: inner.fail(r.exception()) if r.exception() is not None else None)
 
     def infer_stream(self, request: InferRequest, internal: bool = False,
-                     account: StreamAccount | None = None, route: Route | None = None) -> Streamed:
+                     account: StreamAccount | None = None, route: Route | None = None,
+                     traceparent: str | None = None) -> Streamed:
         """Route, validate and queue a request whose answers are streamed: any number of responses
         from a decoupled model, exactly one from any other. Errors before queueing raise here. A
         decoupled model's ``send()`` waits while the consumer has not taken ``STREAM_MAX_RESPONSES``
         of them or ``STREAM_MAX_BYTES`` (runtime/response_channel.py): a client that reads slowly,
         or not at all, holds back the model instead of filling memory. ``account``: that bound is the
-        client stream's, shared with its other requests (gRPC ModelStreamInfer)."""
+        client stream's, shared with its other requests (gRPC ModelStreamInfer). ``traceparent``: as
+        :meth:`infer_start`'s (the root span ends with the request's last answer)."""
         route, target = self._serving(request, route, internal)
         if target is None:  # loading on demand: this caller may wait (a request's own greenlet)
             route, target = self._loaded(request, route)
+        root = None
+        if self.tracer.otel is not None and not internal:
+            request, root = self._traced(request, traceparent)
         if not route.decoupled:
-            return Streamed(route, _one_response(target.infer(request)))
+            reply = target.infer(request)
+            if root is not None:
+                reply.link(lambda _r: request.trace.close(root, ()))
+            return Streamed(route, _one_response(reply))
         # a client's stream that stops reading ends the request (STREAM_STALL_SECS); a model's BLS call waits
         channel = BoundedResponseChannel(STREAM_MAX_RESPONSES, STREAM_MAX_BYTES, account,
                                          None if internal else STREAM_STALL_SECS)
@@ -229,6 +265,8 @@ class DataPlane:
             channel.close()
             raise
         reply.link(lambda r: channel.send(r.exception(), True) if r.exception() is not None else None)
+        if root is not None:
+            reply.link(lambda _r: request.trace.close(root, ()))
         return Streamed(route, ChannelResponses(channel))
 
     # -- statistics and repository ----------------------------------------------------------------
@@ -262,7 +300,11 @@ class DataPlane:
         for key, value in files.items():
             if not isinstance(value, bytes):
                 raise TritonError.invalid_arg(f"failed to load '{name}': file override '{key}' must be bytes")
-        self.host.broadcast("model.load", {"name": name, "config": config, "files": files})
+        args = {"name": name, "config": config, "files": files}
+        if self.budget is not None:  # room made first, footprint measured
+            self.budget.load(name, lambda: self.host.broadcast("model.load", args))
+        else:
+            self.host.broadcast("model.load", args)
 
     def unload_model(self, name: str, unload_dependents: bool) -> None:
         """Repository extension ``unload`` (HTTP and gRPC): returns before the model is gone."""

@@ -44,7 +44,8 @@ def local_status(plane: DataPlane, _args: dict[str, Any] | None = None) -> dict[
                 pass  # unloaded meanwhile: state and reason only
         versions.append(row)
     return {"worker": plane.host.worker_id, "live": plane.is_live(), "ready": plane.is_ready(),
-            "time_ns": time.time_ns(), "versions": versions, "streams": stream_totals(), "gc": gc_settle.status()}
+            "time_ns": time.time_ns(), "versions": versions, "streams": stream_totals(), "gc": gc_settle.status(),
+            **({"memory_budget": plane.budget.status()} if plane.budget is not None else {})}
 
 
 def _live(status: dict[str, Any]) -> dict[str, Any]:
@@ -91,7 +92,9 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
             "workers": len(parts), "time_ns": max(p["time_ns"] for p in parts),
             "success": sum(v["success"] for v in versions), "fail": sum(v["fail"] for v in versions),
             "versions": versions, "streams": _sum_streams([p.get("streams", {}) for p in parts]),
-            "gc": [p.get("gc", {}) for p in parts]}
+            "gc": [p.get("gc", {}) for p in parts],
+            # one process only (the command line refuses a budget with --workers)
+            **({"memory_budget": parts[0]["memory_budget"]} if "memory_budget" in parts[0] else {})}
 
 
 def _sum_streams(parts: list[dict[str, int]]) -> dict[str, int]:

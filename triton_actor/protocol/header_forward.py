@@ -58,3 +58,20 @@ def forwarded(regex: re.Pattern[str] | None, headers: Iterable[tuple[str, str]])
 def with_forwarded(request: Any, params: dict[str, str]) -> Any:
     """``request`` (an :class:`~triton_actor.inference.InferRequest`) with ``params`` over its own parameters."""
     return request._replace(parameters={**request.parameters, **params}) if params else request
+
+
+# The W3C ``traceparent`` of a gRPC call rides with the forwarded metadata to the servicer under a key no
+# header can have (names hold no spaces), and is taken out there before the rest becomes parameters.
+_TRACE_KEY = " traceparent"
+
+
+def with_trace(forwarded: dict[str, str] | None, traceparent: str) -> dict[str, str]:
+    return {**(forwarded or {}), _TRACE_KEY: traceparent}
+
+
+def split_trace(forwarded: dict[str, str] | None) -> tuple[dict[str, str], str | None]:
+    """(the parameters to forward, the ``traceparent`` :func:`with_trace` put in, or None)."""
+    if not forwarded or _TRACE_KEY not in forwarded:
+        return forwarded or {}, None
+    params = dict(forwarded)
+    return params, params.pop(_TRACE_KEY)

@@ -28,6 +28,8 @@ from .threads import start_native_thread
 log = logging.getLogger(__name__)
 S = TypeVar("S")
 _workers: dict[int, NativeWorker[Any]] = {}  # native thread id → its worker (written by that thread)
+# a Python model's asyncio loop thread → the worker of the instance it runs coroutines for (loop_thread.py)
+_acting: dict[int, NativeWorker[Any]] = {}
 MAX_INTERRUPTIONS = 100  # system errors thrown into an idle worker in a row before it counts as dead
 
 
@@ -362,7 +364,18 @@ def this_thread_hub() -> Any:
 
 def current_worker() -> NativeWorker[Any] | None:
     """The :class:`NativeWorker` whose native thread is calling (None on the hub or another thread)."""
-    return _workers.get(_get_ident())
+    ident = _get_ident()
+    return _workers.get(ident) or _acting.get(ident)
+
+
+def act_for(worker: NativeWorker[Any] | None) -> None:
+    """This thread (an instance's asyncio loop) runs that instance's model code: :func:`current_worker`
+    answers ``worker`` here, so BLS calls made from coroutines count as the instance's (the BLS cycle
+    check). None: stop (at the thread's end)."""
+    if worker is None:
+        _acting.pop(_get_ident(), None)
+    else:
+        _acting[_get_ident()] = worker
 
 
 class RunOnThread(BaseException):

@@ -32,9 +32,10 @@ def test_trace_config_flags() -> None:
     assert trace_config(["level=TIMESTAMPS", "level=TENSORS", "rate=5", "count=3", "triton,file=/t.json",
                          "triton,log-frequency=2", "opentelemetry,url=http://x"]) == {
         "trace_level": ["TIMESTAMPS", "TENSORS"], "trace_rate": ["5"], "trace_count": ["3"],
-        "trace_file": ["/t.json"], "log_frequency": ["2"]}
+        "trace_file": ["/t.json"], "log_frequency": ["2"], "opentelemetry": ["url=http://x"]}
     assert trace_config(["level=OFF"], {"trace_level": ["TIMESTAMPS"]}) == {"trace_level": ["OFF"]}
-    for bad in ("level=MAX", "rate=x", "colour=blue", "rate", "jaeger,rate=1"):
+    for bad in ("level=MAX", "rate=x", "colour=blue", "rate", "jaeger,rate=1", "opentelemetry,colour=blue",
+                "opentelemetry,resource=novalue", "opentelemetry,bsp_max_queue_size=-1"):
         with pytest.raises(ValueError):
             trace_config([bad])
 

@@ -210,7 +210,8 @@ def _start_ensemble(src: VersionSource, rec: Version) -> Version:
     assert src.graph is not None and src.routes is not None
     stats = VersionStats(src.model, src.version)
     max_inflight = src.config.ensemble_scheduling.max_inflight_requests
-    scheduler = EnsembleScheduler(f"ensemble:{src.model}:{src.version}", src.graph, src.routes, stats, max_inflight)
+    scheduler = EnsembleScheduler(f"ensemble:{src.model}:{src.version}", src.graph, src.routes, stats, max_inflight,
+                                  version=src.version)
     scheduler.start()
     log.info("successfully loaded '%s' version %d", src.model, src.version)
     rec.scheduler, rec.validator = scheduler, RequestValidator(src.config)  # type: ignore[assignment]

@@ -260,7 +260,7 @@ class RepositoryActor(Actor):
             stopping: Reply[None] = Reply()
             done = actor.ref.unload(stopping)
             done.link(lambda r: r.exception() and log.error("unloading '%s' failed: %s", msg.name, r.exception()))
-            for event in (stopping, done):  # done: an unload that failed before it stopped anything
+            for event in (done,) if msg.finished else (stopping, done):  # done: also an unload that failed early
                 event.link(lambda _r: msg.reply.ready() or msg.reply.set(None))
             if msg.unload_dependents:
                 loaded = [n for n, h in self.routes.items() if h.ready_versions]

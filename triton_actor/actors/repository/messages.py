@@ -33,6 +33,7 @@ class UnloadModel:
     name: str
     reply: Reply[None]
     unload_dependents: bool = False
+    finished: bool = False  # answer once the model is gone (the memory budget's evictions), not once it stops
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,10 +87,11 @@ class RepositoryRef(ActorRef):
         self.tell(LoadModel(name, done, config, files or {}))
         return done
 
-    def unload(self, name: str, unload_dependents: bool = False) -> Reply[None]:
-        """The unload API (EXPLICIT): completes once the unload started (Triton: asynchronous)."""
+    def unload(self, name: str, unload_dependents: bool = False, finished: bool = False) -> Reply[None]:
+        """The unload API (EXPLICIT): completes once the unload started (Triton: asynchronous), or with
+        ``finished`` once the model is gone (its requests answered, its memory freed)."""
         done: Reply[None] = Reply()
-        self.tell(UnloadModel(name, done, unload_dependents))
+        self.tell(UnloadModel(name, done, unload_dependents, finished))
         return done
 
     def index(self, ready_only: bool = False, timeout: float | None = 60.0) -> list[dict[str, Any]]:

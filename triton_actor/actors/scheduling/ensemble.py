@@ -90,6 +90,8 @@ class _Run:
     readers: list[gevent.Greenlet] = field(default_factory=list)
     tables: list[_Table] = field(default_factory=list)  # every table, so a failure frees all tensors at once
     gates: dict[int, gevent.lock.Semaphore] = field(default_factory=dict)
+    trace: Any = None  # OpenTelemetry: the SpanTrace its steps' traces are spawned from (observability/otel.py)
+    span: Any = None  # and the ensemble's model span, ended with the run
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,13 +116,15 @@ class EnsembleScheduler(InlineActor):
     """The scheduler of one ensemble version."""
 
     def __init__(self, name: str, graph: Graph, routes: Routes, stats: VersionStats, max_inflight: int = 0,
-                 steps_per_turn: int = STEPS_PER_TURN, turns: Callable[[Callable[[object], None]], Any] = WakeTimer) -> None:
+                 steps_per_turn: int = STEPS_PER_TURN, turns: Callable[[Callable[[object], None]], Any] = WakeTimer,
+                 version: int = 1) -> None:
         # ``turns(tell)``: the next-hub-turn timer (a WakeTimer armed with no delay; tests pass a manual one)
         super().__init__(name)
         self._graph = graph
         self._routes = routes
         self._stats = stats
         self._max_inflight = max_inflight
+        self._version = version  # the span's triton.model_version
         self._runs: set[_Run] = set()
         self._drains: list[Reply[None]] = []
         self._ready: collections.deque[tuple[_Run, _Table, Step]] = collections.deque()  # FIFO, all runs
@@ -132,6 +136,8 @@ class EnsembleScheduler(InlineActor):
     # -- messages ---------------------------------------------------------------------------------
     def on_Enqueue(self, msg: Enqueue) -> None:
         run = _Run(msg, msg.request.responses)
+        if msg.request.trace is not None:  # Triton: the ensemble's span is the parent of its steps' spans
+            run.span, run.trace = msg.request.trace.open(self._graph.name, self._version, msg.request.id, msg.start_ns)
         self._runs.add(run)
         table = _Table(dict(msg.request.inputs), set())
         run.tables.append(table)
@@ -299,7 +305,8 @@ class EnsembleScheduler(InlineActor):
             return
         plan = self._plans[step.index]
         request = InferRequest(step.model, step.version, top.id, plan.inputs(table.tensors), plan.requested,
-                               top.parameters, False, top.priority, top.timeout_us, top.correlation_id, top.flags)
+                               top.parameters, False, top.priority, top.timeout_us, top.correlation_id, top.flags,
+                               trace=run.trace.spawn() if run.trace is not None else None)
         channel = None
         try:
             handle = self._routes().get(step.model)
@@ -409,6 +416,8 @@ class EnsembleScheduler(InlineActor):
             if run.decoupled is not None:
                 run.decoupled.send(None, True)
             msg.reply.set(None)  # type: ignore[arg-type]  # ignored when answered above (decoupled: unused)
+        if run.span is not None:
+            run.trace.close(run.span)
         self._maybe_drained()
 
     def _fail(self, run: _Run, error: BaseException) -> None:
@@ -424,6 +433,8 @@ class EnsembleScheduler(InlineActor):
         if run.decoupled is not None:
             run.decoupled.send(error, True)
         msg.reply.fail(error)
+        if run.span is not None:
+            run.trace.close(run.span)
         for reader in run.readers:
             reader.kill(block=False)
         run.readers.clear()

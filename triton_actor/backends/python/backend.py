@@ -9,7 +9,7 @@ the version folder, so relative imports inside the version folder work (Triton i
 
 from __future__ import annotations
 
-import asyncio
+import contextvars
 import importlib
 import importlib.machinery
 import importlib.util
@@ -33,8 +33,13 @@ from ...inference import InferRequest, InferResponse
 from ...repository import config as config_mod
 from ...repository.config import ModelConfig
 from ...repository.layout import model_file
+from ...runtime.bridge import RunOnThread
+from ...runtime.loop_thread import LoopThread
+from ...runtime.threads import native_thread_id
 from ..base import IMPORT_LOCK, RESCHEDULE, BackendInstance, InstanceContext, Result
+from . import response_rules as rules
 from . import triton_python_backend_utils as pb_utils
+from .stub_argv import as_stub
 from .triton_python_backend_utils import serving
 
 # model.py files do `import triton_python_backend_utils as pb_utils`: serve them our module.
@@ -140,7 +145,8 @@ def import_model(model: str, version_dir: Path, filename: str, tag: str) -> type
         before = set(sys.modules)
         sys.path[:0] = [str(version_dir), folder]
         try:
-            spec.loader.exec_module(module)
+            with as_stub():
+                spec.loader.exec_module(module)
             error = None
         except MODEL_ERRORS as e:
             error = e
@@ -201,7 +207,8 @@ class PythonBackend:
                 return
             helper = pb_utils.ModelConfig(config_mod.to_json_dict(config))
             try:
-                result = hook(helper)
+                with as_stub():
+                    result = hook(helper)
             except MODEL_ERRORS as e:
                 raise TritonError.internal(
                     f"model '{config.name}': auto_complete_config failed: {python_error_text(e)}") from None
@@ -252,7 +259,7 @@ class PythonInstance:
         filename = ctx.config.default_model_filename or "model.py"
         # the module's top-level code runs under the backends' import lock (inside import_model);
         # initialize() runs in parallel with other models' loads (--model-load-thread-count)
-        with serving.using(self._server):
+        with serving.using(self._server), serving.outside_execute():
             module = import_model(ctx.model_name, ctx.version_dir, filename, f"v{ctx.version}_i{ctx.index}")
             self._package = module.__name__.rpartition(".")[0]
             try:
@@ -263,11 +270,12 @@ class PythonInstance:
 
     def _init(self, module: types.ModuleType) -> None:
         ctx = self.ctx
+        self._thread = native_thread_id()  # the instance's own: execute elsewhere runs inline on the hub
         self.model = module.TritonPythonModel()
         self.decoupled = ctx.config.model_transaction_policy.decoupled
         self.inline_ok = _may_run_inline(ctx, self.model, self.decoupled)
         self.observes_cancellation = not self.decoupled  # decoupled requests read their ResponseChannel
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop: LoopThread | None = None  # Triton's stub makes it at the first coroutine
         init = getattr(self.model, "initialize", None)
         if init is not None:
             args = {
@@ -280,49 +288,69 @@ class PythonInstance:
                 "model_name": ctx.model_name,
             }
             try:
-                self._await(init(args))
+                with as_stub():
+                    self._await(init(args))
             except MODEL_ERRORS as e:
                 raise TritonError.internal(python_error_text(e)) from None
 
+    def _loop_thread(self) -> LoopThread:
+        if self._loop is None:
+            self._loop = LoopThread()
+        return self._loop
+
     def _await(self, value: Any) -> Any:
+        """A coroutine (or other awaitable) runs on the instance's loop, which runs forever on a thread
+        of its own (Triton's stub: tasks the model started go on after the call); this thread waits."""
         if inspect.isawaitable(value):
-            if self._loop is None:
-                self._loop = asyncio.new_event_loop()
-            return self._loop.run_until_complete(value)
+            return self._loop_thread().wait(_awaiting(value), contextvars.copy_context())
         return value
 
     def execute(self, requests: list[InferRequest]) -> list[Result]:
         token = _enter(self._server)  # on the instance's thread, or inline in a hub greenlet
         try:
-            if self.decoupled:
-                return self._execute_decoupled(requests)
-            return self._execute(requests)
+            with as_stub():
+                if self.decoupled:
+                    return self._execute_decoupled(requests)
+                return self._execute(requests)
         finally:
             _leave(token)
 
     def _execute(self, requests: list[InferRequest]) -> list[Result]:
-        pb_requests = [_to_pb(r, _default_mode_sender) for r in requests]
+        # inline (on the hub), a model that answers through a sender goes back to its thread: its
+        # response may come from a thread of its own after execute returned, and waiting must not block the hub
+        sender = rules.default_mode_sender if native_thread_id() == self._thread else _back_to_thread
+        pb_requests = [_to_pb(r, sender) for r in requests]
         try:
             responses = self.model.execute(pb_requests)
             if type(responses) is not list:  # a list is never awaitable: skip the awaitable test
                 responses = self._await(responses)
         except MODEL_ERRORS as e:
-            err = self._model_error(e)
-            return [err] * len(requests)
+            failed = rules.fail_default(pb_requests, self._model_error(e))
+            return [r if isinstance(r, TritonError) else self._from_pb(r) for r in failed]
         if responses is None:  # answered through response senders (Triton's default-mode senders)
-            responses = [_sent_response(pb) for pb in pb_requests]
-        if (type(responses) is not list and not isinstance(responses, list | tuple)) or len(responses) != len(requests):
-            got = len(responses) if isinstance(responses, list | tuple) else type(responses).__name__
-            err = TritonError.internal(
-                f"Failed to process the request(s) for model '{self.ctx.instance_name}', "
-                f"message: execute() must return a list of {len(requests)} InferenceResponse objects, got {got}"
-            )
-            return [err] * len(requests)
-        results = [self._from_pb(r) for r in responses]
-        for i, pb in enumerate(pb_requests):
-            if pb._release_flags == _RELEASE_RESCHEDULE:  # its response is None (Triton's rule)
-                results[i] = RESCHEDULE
-        return results
+            responses = [None] * len(requests)
+        elif type(responses) is not list and not isinstance(responses, list):
+            return [self._returned_error(f"Expected a list in the execute return, found type '{type(responses)}'.")
+                    ] * len(requests)
+        elif len(responses) != len(requests):
+            return [self._returned_error(
+                "Number of InferenceResponse objects do not match the number of InferenceRequest objects. "
+                f"InferenceRequest(s) size is:{len(requests)}, and InferenceResponse(s) size is:{len(responses)}\n")
+            ] * len(requests)
+        return [self._result_of(pb, r) for pb, r in zip(pb_requests, responses, strict=True)]
+
+    def _result_of(self, pb: Any, response: Any) -> Result:
+        if pb._release_flags == _RELEASE_RESCHEDULE:  # its response is None (Triton's rule)
+            return RESCHEDULE
+        if response is None:  # sent through the sender, maybe later by the model's own thread
+            return self._from_pb(rules.wait_sent(pb, self.ctx.instance_name))
+        if pb._response_sender is not None:
+            response = rules.take_returned(pb, response)
+        return self._from_pb(response)
+
+    def _returned_error(self, message: str) -> TritonError:
+        return TritonError.internal(
+            f"Failed to process the request(s) for model '{self.ctx.instance_name}', message: {message}")
 
     def _execute_decoupled(self, requests: list[InferRequest]) -> list[Result]:
         """Responses travel through each request's sender into its ResponseChannel, from ``execute``
@@ -339,16 +367,38 @@ class PythonInstance:
             pb._cancelled = channel.is_cancelled
             pb_requests.append(pb)
         try:
-            returned = self._await(self.model.execute(pb_requests))
+            returned = self.model.execute(pb_requests)
+            if inspect.iscoroutine(returned):  # Triton's stub runs it in the background, on the model's loop
+                self._in_background(returned, pb_requests)
+                return [None] * len(requests)
+            returned = self._await(returned)
         except MODEL_ERRORS as e:
-            return [self._model_error(e)] * len(requests)
+            return rules.fail_decoupled(pb_requests, self._model_error(e))  # type: ignore[return-value]
         if returned is not None:
-            log.warning("decoupled model '%s': execute() returned %s; responses must go through the response "
-                        "sender, the returned value is ignored", self.ctx.model_name, type(returned).__name__)
+            error = rules.must_return_none(self.ctx.instance_name)
+            log.error("%s", error.message)
+            return rules.fail_decoupled(pb_requests, error)  # type: ignore[return-value]
         # None: execute ran, the responses travel through the senders; a request the model released
         # with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE comes back in a later execute, same sender
         return [RESCHEDULE if pb._release_flags == _RELEASE_RESCHEDULE else None  # type: ignore[misc]
                 for pb in pb_requests]
+
+    def _in_background(self, coroutine: Any, pb_requests: list[Any]) -> None:
+        """A decoupled ``async def execute`` runs on the loop while the instance takes the next batch, so
+        coroutines of several batches overlap. What it raises is logged (as Triton's stub logs it) and
+        ends the requests it left open with that error (Triton's leave their clients waiting)."""
+
+        def done(future: Any) -> None:  # the loop's thread
+            error = None if future.cancelled() else future.exception()
+            if error is None:
+                return
+            failure = self._model_error(error)
+            for pb, open_ in zip(pb_requests, rules.close_senders(pb_requests), strict=True):
+                if open_:
+                    pb._response_sender._deliver(pb_utils.InferenceResponse(
+                        error=pb_utils.TritonError(failure.message, int(failure.code))), True)
+
+        self._loop_thread().submit(coroutine, contextvars.copy_context(), done)
 
     def _deliverer(self, channel: Any) -> Callable[[Any, bool], None]:
         def deliver(response: Any, final: bool) -> None:
@@ -389,27 +439,24 @@ class PythonInstance:
         fin = getattr(self.model, "finalize", None)
         try:
             if fin is not None:
-                with serving.using(self._server):
+                with serving.using(self._server), serving.outside_execute(), as_stub():
                     self._await(fin())
         finally:
             if self._loop is not None:
                 self._loop.close()
             forget_package(self._package)
+            # the model's memory goes now, even while something still holds this instance (a connection's
+            # cached route to the unloaded version): the memory budget measures right after an unload
+            self.model = None
 
 
-def _default_mode_sender(request: Any) -> Any:
-    """A sender for a non-decoupled model's request: it keeps the one response for ``execute``'s caller."""
-    box: list[Any] = []
-    request._sent = box
-    return pb_utils.InferenceResponseSender(lambda response, _final: box.append(response), request.is_cancelled)
+def _back_to_thread(_request: Any) -> Any:
+    """A model running inline asks for a response sender: run the batch again on its thread (for good)."""
+    raise RunOnThread()
 
 
-def _sent_response(request: Any) -> Any:
-    box = getattr(request, "_sent", None)
-    if not box or box[0] is None:
-        return pb_utils.InferenceResponse(error=pb_utils.TritonError(
-            "execute() returned None and sent no response for this request through its response sender"))
-    return box[0]
+async def _awaiting(value: Any) -> Any:
+    return await value
 
 
 def _output_array(tensor: Any) -> np.ndarray:

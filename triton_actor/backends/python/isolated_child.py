@@ -21,6 +21,7 @@ reply; at end of the commands (the server stopped it) the main thread returns; a
 
 from __future__ import annotations
 
+import asyncio
 import faulthandler
 import itertools
 import logging
@@ -38,12 +39,14 @@ from ...errors import TritonError
 from ...inference import response_bytes
 from ...repository.config import ModelConfig
 from ...runtime.stream_credits import SendCredit, SharedCredits, Window
+from ...runtime.threads import start_native_thread
 from ..base import InstanceContext
 from . import isolation_wire as wire
 from .backend import PythonBackend, PythonInstance, python_error_text
 from .frame_pipe import FrameReader, FrameWriter
 from .isolated_child_bls import BlsStreams
 from .metrics_forwarding import MetricsForwarder
+from .stub_argv import STUB_ARGV
 from .triton_python_backend_utils import metrics as custom_metrics
 from .triton_python_backend_utils import serving
 
@@ -344,6 +347,60 @@ class ModelProcess:
         return self.bls_streams.open(call_id, waiter)
 
 
+    def bls_async(self, request: Any, decoupled: bool) -> Any:
+        """The ``bls_async_executor``: the call waits on a thread of its own, so the model's asyncio loop
+        runs its other coroutines meanwhile (as in-process and in Triton's stub); decoupled, the future
+        is done once the first response is in, as Triton's is."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+
+        def run() -> None:
+            try:
+                ok, value = True, self.bls(request, decoupled)
+                if decoupled:
+                    value = _Prefetched(value)
+            except Exception as e:  # noqa: BLE001 - delivered through the future
+                ok, value = False, e
+            loop.call_soon_threadsafe(_settle, future, ok, value)
+
+        start_native_thread(run)
+        return future
+
+
+def _settle(future: Any, ok: bool, value: Any) -> None:
+    """The model's loop thread."""
+    if future.cancelled():
+        return
+    if ok:
+        future.set_result(value)
+    else:
+        future.set_exception(value)
+
+
+class _Prefetched:
+    """A BLS stream whose first response was taken (on the call's thread): it yields it first."""
+
+    def __init__(self, responses: Any) -> None:
+        self._responses = responses
+        self._first = [next(responses, _NOTHING)]
+
+    def __iter__(self) -> _Prefetched:
+        return self
+
+    def __next__(self) -> Any:
+        if self._first:
+            first = self._first.pop()
+            if first is not _NOTHING:
+                return first
+        return next(self._responses)
+
+    def __getattr__(self, name: str) -> Any:  # cancel() and the rest: the stream's own
+        return getattr(self._responses, name)
+
+
+_NOTHING = object()
+
+
 class _ModelControl:
     """``pb_utils.load_model`` & co. in this process: asked of the server."""
 
@@ -384,13 +441,15 @@ class _ForwardLogs(logging.Handler):
 def main(argv: list[str]) -> int:
     faulthandler.enable()  # a segfault's traceback goes to stderr, which the server logs
     commands, inbox, replies, outbox = (int(fd) for fd in argv[1:5])
+    sys.argv = list(STUB_ARGV)  # what the model sees, as in Triton's stub process (stub_argv.py)
     process = ModelProcess(FrameReader(commands), FrameReader(inbox), FrameWriter(replies, threading.Lock()),
                            FrameWriter(outbox, threading.Lock()))  # the model's threads, the main and the reader send
     root = logging.getLogger()
     root.setLevel(int(argv[5]) if len(argv) > 5 else logging.INFO)
     root.addHandler(_ForwardLogs(process))
     # this process runs one model for one server: its hooks answer every thread of the model
-    serving.install(serving.ServerHooks(bls_executor=process.bls, model_control=_ModelControl(process)))
+    serving.install(serving.ServerHooks(bls_executor=process.bls, bls_async_executor=process.bls_async,
+                                        model_control=_ModelControl(process)))
     custom_metrics._forward = process.metrics
     threading.Thread(target=process.read, name="isolation-reader", daemon=True).start()
     process.serve()

@@ -21,32 +21,58 @@ from .tensor import Tensor
 
 
 class InferenceResponseSender:
-    """What ``request.get_response_sender()`` returns for a decoupled model: sends any number of
-    responses for one request, the last one (or a response-less call) with
-    ``TRITONSERVER_RESPONSE_COMPLETE_FINAL``. The server gives it ``deliver(response, final)`` and
-    ``cancelled()``; ``send`` may be called from ``execute`` or from a thread the model started."""
+    """What ``request.get_response_sender()`` returns: sends responses for one request, the last one (or
+    a response-less call) with ``TRITONSERVER_RESPONSE_COMPLETE_FINAL``. The server gives it
+    ``deliver(response, final)`` and ``cancelled()``; ``send`` may be called from ``execute`` or from a
+    thread the model started. The checks and their texts are those of Triton's ``response_sender.cc``,
+    in its order; a non-decoupled model's sender takes one response (and the final flag after it)."""
 
-    def __init__(self, deliver: Callable[[Any, bool], None], cancelled: Callable[[], bool]) -> None:
+    def __init__(self, deliver: Callable[[Any, bool], None], cancelled: Callable[[], bool],
+                 decoupled: bool = True) -> None:
         self._deliver = deliver
         self._cancelled = cancelled
+        self._decoupled = decoupled
         self._closed = False
+        self._sent = 0  # calls that went through, the final flag's included (Triton's counter)
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
-        if self._closed:
-            raise TritonModelException("Unable to send response. Response sender has been closed.")
         if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
-            raise TritonModelException(f"Invalid response flags: {flags}")
-        if response is None:
-            if flags != TRITONSERVER_RESPONSE_COMPLETE_FINAL:
-                raise TritonModelException(
-                    "Inference Response object must be provided when the response flags is set to zero."
-                )
-        elif not isinstance(response, InferenceResponse):
+            raise TritonModelException("Unable to send response. Unsupported flag provided.")
+        if response is None and flags == 0:
+            raise TritonModelException(
+                "Inference Response object must be provided when the response flags is set to zero.")
+        if response is not None and not isinstance(response, InferenceResponse):
             raise _ArgTypeError(f"send() expects an InferenceResponse, got {type(response).__name__}")
         final = flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        self._count(response, final)
+        self._deliver(response, final)
+
+    def _count(self, response: InferenceResponse | None, final: bool) -> None:
+        """Refuse what Triton refuses, then count the call (and close on the final flag)."""
+        if not self._decoupled:
+            if response is not None and self._sent:
+                raise TritonModelException(
+                    "Unable to send response. Non-decoupled model cannot send more than one response.")
+            if response is None and not self._sent:
+                raise TritonModelException("Unable to send response. Non-decoupled model cannot send "
+                                           "complete final before sending a response.")
+        if self._closed:
+            raise TritonModelException("Unable to send response. Response sender has been closed.")
         if final:
             self._closed = True
-        self._deliver(response, final)
+        self._sent += 1
+
+    def _returned(self, response: InferenceResponse) -> None:
+        """The server: ``execute`` returned ``response`` for this request, which counts as sending it
+        with the final flag (Triton's stub does that before it delivers returned responses)."""
+        self._count(response, True)
+
+    def close(self) -> None:
+        """The server: the request is over (``execute`` failed): later sends raise."""
+        self._closed = True
+
+    def is_closed(self) -> bool:
+        return self._closed
 
     def is_cancelled(self) -> bool:
         return bool(self._cancelled())

@@ -25,11 +25,12 @@ import asyncio
 from typing import Any
 
 from .errors import TritonModelException
-from .serving import current
+from .serving import check_bls_allowed, current
 
 
 def bls_exec(request: Any, decoupled: bool) -> Any:
     """``InferenceRequest.exec``: run ``request`` on its ``model_name`` through the server."""
+    check_bls_allowed()
     executor = current().bls_executor
     if executor is None:
         raise TritonModelException("BLS is not supported by this server yet")
@@ -38,6 +39,7 @@ def bls_exec(request: Any, decoupled: bool) -> Any:
 
 def bls_async_exec(request: Any, decoupled: bool) -> Any:
     """``InferenceRequest.async_exec``: an awaitable of what ``bls_exec`` returns."""
+    check_bls_allowed()
     hooks = current()
     async_executor = hooks.bls_async_executor
     if async_executor is not None:

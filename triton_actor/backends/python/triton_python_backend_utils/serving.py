@@ -55,6 +55,9 @@ _current: ContextVar[ServerHooks | None] = ContextVar("triton_python_backend_uti
 # process-wide: the servers (or the isolated model's process) running here, for threads without a context
 _installed: list[ServerHooks] = []
 _UNSERVED = ServerHooks()  # no server in this process
+# True while a model's ``initialize`` or ``finalize`` runs (in that call's context only): Triton's stub
+# refuses BLS then (``infer_request.cc``: "BLS is only supported during the 'execute' function.")
+_outside_execute: ContextVar[bool] = ContextVar("triton_python_backend_utils.outside_execute", default=False)
 
 
 def current() -> ServerHooks:
@@ -90,6 +93,22 @@ def using(hooks: ServerHooks | None) -> Iterator[None]:
         yield
     finally:
         leave(token)
+
+
+@contextlib.contextmanager
+def outside_execute() -> Iterator[None]:
+    """``with outside_execute():`` the model's ``initialize`` / ``finalize`` runs: BLS is refused."""
+    token = _outside_execute.set(True)
+    try:
+        yield
+    finally:
+        _outside_execute.reset(token)
+
+
+def check_bls_allowed() -> None:
+    """Raise Triton's error when BLS is called from ``initialize`` or ``finalize``."""
+    if _outside_execute.get():
+        raise TritonModelException("BLS is only supported during the 'execute' function.")
 
 
 def install(hooks: ServerHooks) -> None:

@@ -1,0 +1,166 @@
+"""OpenTelemetry traces (``--trace-config mode=opentelemetry``, observability/otel.py) sent to an OTLP/HTTP
+receiver in this test process, which decodes each export (``ExportTraceServiceRequest``, protobuf) into spans.
+
+Checked: Triton's span tree for an ensemble (``InferRequest`` → the ensemble's model span → a model span per
+step → its ``compute`` span), Triton's attributes and events, the W3C ``traceparent`` the client sent (HTTP
+header, gRPC metadata) as the spans' trace and parent, the resource from the flags, and ``rate`` sampling with
+a propagated context traced whatever the rate says.
+"""
+
+from __future__ import annotations
+
+import gzip
+import secrets
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import gevent
+import gevent.event
+import gevent.pywsgi
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from .server import ServerProcess
+from .test_ensemble import pipeline
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Receiver:
+    """An OTLP/HTTP traces endpoint: every span posted, flattened to a dict, and an event per export."""
+
+    def __init__(self) -> None:
+        self.spans: list[dict] = []
+        self.resources: list[dict[str, str]] = []
+        self.arrived = gevent.event.Event()
+        self.server = gevent.pywsgi.WSGIServer(("127.0.0.1", 0), self._app, log=None)
+        self.server.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_port}/v1/traces"
+
+    def _app(self, environ: dict, start_response: Callable) -> list[bytes]:
+        body = environ["wsgi.input"].read()
+        if environ.get("HTTP_CONTENT_ENCODING") == "gzip":
+            body = gzip.decompress(body)
+        export = ExportTraceServiceRequest.FromString(body)
+        for rs in export.resource_spans:
+            self.resources.append({a.key: a.value.string_value for a in rs.resource.attributes})
+            for ss in rs.scope_spans:
+                self.spans += [_flat(s, ss.scope.name) for s in ss.spans]
+        self.arrived.set()
+        start_response("200 OK", [("Content-Type", "application/x-protobuf"), ("Content-Length", "0")])
+        return [b""]
+
+    def wait_for(self, condition: Callable[[], bool], timeout: float = 30) -> None:
+        """Wait on exports (each sets ``arrived``) until ``condition`` holds."""
+        with gevent.Timeout(timeout, AssertionError(f"spans never arrived; have {self.spans}")):
+            while not condition():
+                self.arrived.wait()
+                self.arrived.clear()
+
+
+def _flat(span, scope: str) -> dict:
+    def value(v):
+        return v.string_value if v.HasField("string_value") else v.int_value
+    return {"name": span.name, "trace_id": span.trace_id.hex(), "span_id": span.span_id.hex(),
+            "parent": span.parent_span_id.hex(), "kind": span.kind, "scope": scope,
+            "attrs": {a.key: value(a.value) for a in span.attributes}, "events": [e.name for e in span.events],
+            "start": span.start_time_unix_nano, "end": span.end_time_unix_nano}
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver()
+    yield r
+    r.server.stop()
+
+
+def _flags(receiver: Receiver, rate: int) -> tuple[str, ...]:
+    return ("--trace-config", "mode=opentelemetry", "--trace-config", "level=TIMESTAMPS",
+            "--trace-config", f"rate={rate}", "--trace-config", f"opentelemetry,url={receiver.url}",
+            "--trace-config", "opentelemetry,bsp_schedule_delay=50",
+            "--trace-config", "opentelemetry,resource=service.name=otel-test",
+            "--trace-config", "opentelemetry,resource=deployment=ci")
+
+
+def _traceparent() -> tuple[str, str, str]:
+    trace_id, span_id = secrets.token_hex(16), secrets.token_hex(8)
+    return f"00-{trace_id}-{span_id}-01", trace_id, span_id
+
+
+def _http_infer(server: ServerProcess, model: str, headers: dict[str, str] | None = None) -> None:
+    client = httpclient.InferenceServerClient(server.url, network_timeout=60)
+    x = httpclient.InferInput("IN" if model == "ens" else "X", [1, 2], "FP32")
+    x.set_data_from_numpy(np.ones((1, 2), np.float32))
+    try:
+        client.infer(model, [x], headers=headers, request_id="r-1")
+    finally:
+        client.close()
+
+
+def test_ensemble_span_tree_follows_the_clients_traceparent(tmp_path: Path, start_server, receiver: Receiver) -> None:
+    pipeline(tmp_path)
+    server = start_server(tmp_path, flags=_flags(receiver, rate=1000))
+    header, trace_id, client_span = _traceparent()
+    _http_infer(server, "ens", {"traceparent": header})
+
+    def mine() -> list[dict]:
+        return [s for s in receiver.spans if s["trace_id"] == trace_id]
+    receiver.wait_for(lambda: len(mine()) == 8)  # InferRequest, ens, 3 steps, 3 compute spans
+    spans = mine()
+    (root,) = [s for s in spans if s["name"] == "InferRequest"]
+    (ens,) = [s for s in spans if s["name"] == "ens"]
+    steps = [s for s in spans if s["name"] in ("inc", "dbl")]
+    computes = [s for s in spans if s["name"] == "compute"]
+    assert root["parent"] == client_span and root["scope"] == "triton-server" and root["kind"] == 2  # SERVER
+    assert ens["parent"] == root["span_id"]
+    assert ens["attrs"] == {"triton.model_name": "ens", "triton.model_version": 1, "triton.trace_id": ens["attrs"]["triton.trace_id"],
+                            "triton.trace_parent_id": 0, "triton.request_id": "r-1"}
+    assert ens["events"] == ["REQUEST_START", "QUEUE_START", "REQUEST_END"]
+    assert sorted(s["name"] for s in steps) == ["dbl", "dbl", "inc"]
+    for step in steps:
+        assert step["parent"] == ens["span_id"]
+        assert step["attrs"]["triton.trace_parent_id"] == ens["attrs"]["triton.trace_id"]
+        assert step["attrs"]["triton.model_name"] == step["name"] and step["attrs"]["triton.request_id"] == "r-1"
+        assert step["events"] == ["REQUEST_START", "QUEUE_START", "REQUEST_END"]
+        assert ens["start"] <= step["start"] <= step["end"] <= ens["end"]
+    assert len({s["attrs"]["triton.trace_id"] for s in (ens, *steps)}) == 4  # a trace id of its own each
+    assert sorted(c["parent"] for c in computes) == sorted(s["span_id"] for s in steps)
+    for compute in computes:
+        assert compute["events"] == ["COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END"]
+    assert {"service.name": "otel-test", "deployment": "ci"}.items() <= receiver.resources[0].items()
+
+    # gRPC: the context comes as call metadata
+    header, trace_id, client_span = _traceparent()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    x = grpcclient.InferInput("X", [1, 2], "FP32")
+    x.set_data_from_numpy(np.ones((1, 2), np.float32))
+    client.infer("inc", [x], headers={"traceparent": header})
+    client.close()
+    receiver.wait_for(lambda: len(mine()) == 3)
+    by_name = {s["name"]: s for s in mine()}
+    assert by_name["InferRequest"]["parent"] == client_span
+    assert by_name["inc"]["parent"] == by_name["InferRequest"]["span_id"]
+    assert by_name["compute"]["parent"] == by_name["inc"]["span_id"]
+
+
+def test_rate_samples_and_a_propagated_context_is_always_traced(tmp_path: Path, start_server,
+                                                                 receiver: Receiver) -> None:
+    pipeline(tmp_path)
+    server = start_server(tmp_path, flags=_flags(receiver, rate=3))
+    settings = httpclient.InferenceServerClient(server.url).get_trace_settings()
+    assert settings["trace_mode"] == "opentelemetry" and settings["trace_rate"] == "3"
+    for _ in range(6):  # requests 3 and 6 are sampled
+        _http_infer(server, "inc")
+    header, trace_id, _ = _traceparent()
+    _http_infer(server, "inc", {"traceparent": header})  # the 7th: not on the rate, traced for its context
+    assert server.stop() == 0  # shutdown exports every span still held
+    roots = [s for s in receiver.spans if s["name"] == "InferRequest"]
+    assert len(roots) == 3
+    assert sum(s["trace_id"] == trace_id for s in roots) == 1
+    assert sum(s["name"] == "inc" for s in receiver.spans) == 3

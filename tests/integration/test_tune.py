@@ -1,0 +1,143 @@
+"""``triton-actor tune`` end to end (docs/tune.md): a real server, our load generator, the report (and
+the report page in headless chromium: ``TUNE_REPORT_SCREENSHOT=docs/tune_report.png`` keeps the picture).
+
+Each run is kept small (one concurrency, two instance counts, two batch sizes, short windows) so it
+ends in well under a minute; which configuration wins is the host's business, so the tests check what
+was measured and written, not the winner.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import tritonclient.http as httpclient
+from gevent import subprocess  # the test process is gevent-patched (tests/conftest.py)
+
+from scripts import modelgen
+from triton_actor.tune import report
+from triton_actor.tune.points import Candidate, Point
+
+from .server import ROOT, ServerProcess
+
+# from the shipped (2 instances, batch 8) the climbs go down only: both counts and both sizes are measured
+SMALL = ("--model", "batcher", "--concurrency", "2", "--instances", "1,2", "--max-batch-sizes", "4,8",
+         "--dynamic-batching", "on", "--no-preferred", "--queue-delays-us", "0", "--isolation", "thread", "--warmup-s", "0.3",
+         "--window-s", "0.3", "--max-windows", "5", "--max-minutes", "2")
+
+
+def _repo(tmp_path: Path) -> Path:
+    """``batcher``: 1 ms per execute (outside the GIL), batch 8, dynamic batching, two instances."""
+    repo = tmp_path / "repo"
+    modelgen.python_identity(repo, "batcher", delay_ms=1, dims=(4,), max_batch_size=8, count=2, dynamic_batching=True)
+    return repo
+
+
+def _tune(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "triton_actor", "tune", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=110)
+
+
+def _measured(out: Path) -> list[dict[str, str]]:
+    with (out / "points.csv").open() as f:
+        return list(csv.DictReader(f))
+
+
+def test_tune_writes_a_tuned_config_that_our_server_serves(tmp_path: Path,
+                                                            start_server: Callable[..., ServerProcess]) -> None:
+    repo, out = _repo(tmp_path), tmp_path / "report"
+    shipped = (repo / "batcher" / "config.pbtxt").read_text()
+    proc = _tune("--model-repository", str(repo), "--out", str(out), *SMALL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = _measured(out)
+    assert {r["instances"] for r in rows} == {"1", "2"} and {r["max_batch_size"] for r in rows} == {"4", "8"}
+    assert all(not r["error"] and float(r["throughput"]) > 0 and float(r["server_cpu_pct"]) > 0 for r in rows)
+    assert "points," in proc.stderr and "ETA" in proc.stderr  # the progress lines
+    assert "* pick, b the shipped config; pick: " in proc.stdout  # the table's legend and verdict
+    pick = json.loads((out / "summary.json").read_text())["pick"]["candidate"]
+    for name in ("index.html", "throughput_vs_p99.png", "tuned.pbtxt", "server.log"):
+        assert (out / name).is_file(), name
+    assert (repo / "batcher" / "config.pbtxt").read_text() == shipped  # never rewritten
+    tuned = repo / "batcher" / "configs" / "tuned.pbtxt"
+    assert tuned.read_text() == (out / "tuned.pbtxt").read_text()
+    server = start_server(repo, flags=("--model-config-name", "tuned"))
+    served = httpclient.InferenceServerClient(server.url).get_model_config("batcher")
+    assert served["instance_group"][0]["count"] == pick["instances"]
+    assert served["max_batch_size"] == pick["max_batch_size"]
+
+
+def test_attached_with_url_the_server_keeps_its_config_without_apply(tmp_path: Path,
+                                                                     start_server: Callable[..., ServerProcess]) -> None:
+    repo, out = _repo(tmp_path), tmp_path / "report"
+    server = start_server(repo, flags=("--model-control-mode", "explicit", "--load-model", "batcher"))
+    client = httpclient.InferenceServerClient(server.url)
+    before = client.get_model_config("batcher")
+    proc = _tune("--url", server.grpc_url, "--protocol", "grpc", "--model-repository", str(repo), "--out", str(out), *SMALL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = _measured(out)
+    assert {r["instances"] for r in rows} == {"1", "2"}  # it did swap configs while it measured
+    assert {r["server_cpu_pct"] for r in rows} == {"0.0"}  # not its process: not counted
+    assert client.get_model_config("batcher") == before
+    assert client.is_model_ready("batcher")
+    assert not (repo / "batcher" / "configs").exists() and (out / "tuned.pbtxt").is_file()
+
+
+def test_attached_with_apply_the_pick_is_loaded_and_written(tmp_path: Path,
+                                                            start_server: Callable[..., ServerProcess]) -> None:
+    repo, out = _repo(tmp_path), tmp_path / "report"
+    server = start_server(repo, flags=("--model-control-mode", "explicit", "--load-model", "batcher"))
+    proc = _tune("--url", server.url, "--apply", "--model-repository", str(repo), "--out", str(out), *SMALL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    pick = json.loads((out / "summary.json").read_text())["pick"]["candidate"]
+    served = httpclient.InferenceServerClient(server.url).get_model_config("batcher")
+    assert (served["instance_group"][0]["count"], served["max_batch_size"]) == (pick["instances"], pick["max_batch_size"])
+    assert (repo / "batcher" / "configs" / "tuned.pbtxt").is_file()
+
+
+def test_ctrl_c_writes_the_report_of_what_was_measured(tmp_path: Path) -> None:
+    repo, out = _repo(tmp_path), tmp_path / "report"
+    proc = subprocess.Popen([sys.executable, "-m", "triton_actor", "tune", "--model-repository", str(repo),
+                             "--out", str(out), *SMALL], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    seen = []
+    for line in proc.stderr:  # the progress lines (not a terminal: one per point)
+        seen.append(line)
+        if " 1/" in line:
+            proc.send_signal(signal.SIGINT)
+            break
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, "".join(seen) + stdout + stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] and summary["points"] >= 1 and summary["pick"] is not None
+    assert "interrupted: the points measured before the stop" in stdout
+    assert (out / "server.log").read_text().rstrip().endswith("server stopped")  # the server went with us
+
+
+@pytest.mark.host_tools
+def test_the_report_page_renders_with_its_plots_in_chromium(tmp_path: Path) -> None:
+    points = [Point(Candidate(n, b, True, (b,)), c, throughput=t, p50_ms=p99 / 2, p95_ms=p99 * 0.9, p99_ms=p99,
+                    cv_pct=3.0, stable=True, windows=3)
+              for n, b, c, t, p99 in [(2, 16, 1, 900, 1.5), (2, 16, 4, 1500, 4.0), (4, 16, 4, 1700, 3.5),
+                                      (4, 16, 16, 1900, 12.0), (1, 16, 4, 1100, 5.0), (4, 32, 4, 1750, 3.4)]]
+    outcome = report.Outcome("identity_batch", "throughput", 10.0, points, baseline=points[1], elapsed_s=42,
+                             tuned_text="# tuned\n", confirm=[points[1], points[5]])
+    index = report.write(tmp_path, outcome)
+    shot = tmp_path / "shot.png"
+    chromium = shutil.which("chromium") or "/usr/bin/chromium"
+    done = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                           "--hide-scrollbars", f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1000,1400",
+                           f"--screenshot={shot}", index.as_uri()], capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0 and shot.read_bytes()[:4] == b"\x89PNG", done.stderr
+    dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                          f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", index.as_uri()],
+                         capture_output=True, text=True, timeout=90).stdout
+    assert dom.count("<img") == 3 and "1.17x the shipped config" in dom
+    if os.environ.get("TUNE_REPORT_SCREENSHOT"):
+        shutil.copy(shot, os.environ["TUNE_REPORT_SCREENSHOT"])

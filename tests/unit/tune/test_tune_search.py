@@ -1,0 +1,136 @@
+"""The search (``triton_actor/tune/search.py``) on a simulated model whose surface is known.
+
+The simulated model: ``cores`` usable cores (instances beyond them contend), an execution of a batch of
+``b`` takes ``1 + 0.25 b`` ms (in a process per instance; in-process 1/0.6 of that, the interpreter lock), the dynamic batcher gathers up to ``min(max_batch_size, clients per
+instance)``, and a closed loop of ``c`` clients sees ``max(execution + queue delay, c / capacity)``. The
+search must reach (within its min_gain) the optimum a brute force over the whole grid finds, in a fraction
+of the brute force's points.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from triton_actor.tune.points import Candidate, Point, pick
+from triton_actor.tune.search import Search, Space, default_space
+
+CORES = 4
+CONCURRENCIES = (1, 4, 16, 64)
+ORIGIN = Candidate(instances=1, max_batch_size=8, dynamic_batching=True)
+SPACE = default_space(ORIGIN, cores=4)  # instances 1, 2, 4, 8; batch sizes 1..128
+
+
+def simulate(c: Candidate, clients: int, refuse_above: int = 10**9) -> Point:
+    if c.max_batch_size > refuse_above:
+        return Point(c, clients, error="load failed: out of memory")
+    per_instance = math.ceil(clients / c.instances)
+    b = min(per_instance, c.max_batch_size) if c.dynamic_batching else 1
+    gil = 1.0 if c.isolation == "process" else 0.6  # in-process instances share one interpreter lock
+    exec_ms = (1.0 + 0.25 * b) / gil
+    capacity = min(c.instances, CORES) * 0.85 ** max(0, c.instances - CORES) * b * 1000 / exec_ms
+    latency_s = max((exec_ms + c.queue_delay_us / 1000) / 1000, clients / capacity)
+    return Point(c, clients, throughput=clients / latency_s, p50_ms=latency_s * 1000, p95_ms=latency_s * 1100,
+                 p99_ms=latency_s * 1200, stable=True, queue_us=max(0.0, latency_s * 1e6 - exec_ms * 1000),
+                 compute_us=exec_ms * 1000)
+
+
+def brute_force(budget_ms: float | None, objective: str = "throughput") -> tuple[Point | None, int]:
+    points = [simulate(Candidate(n, b, db), c) for n, b, db, c in
+              itertools.product(SPACE.instances, SPACE.batch_sizes, (True, False), CONCURRENCIES)]
+    return pick(points, objective, budget_ms)[0], len(points)
+
+
+@pytest.mark.parametrize("budget_ms", [None, 10.0, 3.0])
+def test_finds_the_optimum_within_its_point_budget(budget_ms: float | None) -> None:
+    best, brute_points = brute_force(budget_ms)
+    search = Search(ORIGIN, SPACE, CONCURRENCIES, simulate, budget_ms=budget_ms, max_points=60)
+    search.run()
+    chosen, met = pick(search.points, "throughput", budget_ms)
+    assert met and chosen is not None and best is not None
+    assert chosen.throughput >= best.throughput * 0.95, (chosen, best)
+    assert not search.exhausted and len(search.points) <= 60 and len(search.points) * 4 < brute_points
+
+
+def test_latency_objective_finds_the_lowest_p99() -> None:
+    best, _ = brute_force(None, "latency")
+    search = Search(ORIGIN, SPACE, CONCURRENCIES, simulate, objective="latency", max_points=60)
+    search.run()
+    chosen, _ = pick(search.points, "latency", None)
+    assert chosen is not None and best is not None and chosen.p99_ms <= best.p99_ms * 1.05
+
+
+def test_a_candidate_that_fails_to_load_is_recorded_and_the_search_goes_on() -> None:
+    search = Search(ORIGIN, SPACE, CONCURRENCIES, lambda c, n: simulate(c, n, refuse_above=16), max_points=60)
+    search.run()
+    failed = [p for p in search.points if p.error]
+    assert failed and all(p.candidate.max_batch_size > 16 for p in failed)
+    assert len({p.candidate for p in failed}) == 1  # the failure ends the direction: 32 only, never 64
+    assert search.best.max_batch_size == 16 and not search.exhausted
+
+
+def test_a_budget_no_configuration_meets_gives_the_closest() -> None:
+    search = Search(ORIGIN, SPACE, CONCURRENCIES, simulate, budget_ms=0.5, max_points=60)
+    search.run()
+    chosen, met = pick(search.points, "throughput", 0.5)
+    assert not met and chosen is not None
+    assert chosen.p99_ms == min(p.p99_ms for p in search.points if p.ok)
+
+
+def test_the_point_budget_and_the_clock_end_the_search_with_what_was_measured() -> None:
+    search = Search(ORIGIN, SPACE, CONCURRENCIES, simulate, max_points=5)
+    search.run()
+    assert search.exhausted and len(search.points) == 5
+    ticks = iter(range(100))
+    timed = Search(ORIGIN, SPACE, CONCURRENCIES, simulate, out_of_time=lambda: next(ticks) >= 3)
+    timed.run()
+    assert timed.exhausted and len(timed.points) == 3
+
+
+def test_no_queueing_skips_more_instances() -> None:
+    """At one client nothing waits for an instance: the statistics say more instances cannot help."""
+    search = Search(ORIGIN, Space(instances=(1, 2, 4, 8)), (1,), simulate, max_points=60)
+    search.run()
+    assert {p.candidate.instances for p in search.points} == {1}
+
+
+def test_a_model_without_a_batch_dimension_tunes_instances_only() -> None:
+    origin = Candidate(instances=1, max_batch_size=0, dynamic_batching=False)
+    search = Search(origin, default_space(origin, cores=4), CONCURRENCIES, simulate, max_points=60)
+    search.run()
+    assert {(p.candidate.max_batch_size, p.candidate.dynamic_batching) for p in search.points} == {(0, False)}
+    assert search.best.instances == CORES
+
+
+def test_plan_size_bounds_the_points() -> None:
+    search = Search(ORIGIN, SPACE, CONCURRENCIES, simulate, max_points=500)
+    search.run()
+    assert len(search.points) <= search.plan_size()
+
+
+def test_a_python_model_tries_the_other_execution_and_keeps_the_winner() -> None:
+    space = Space(instances=SPACE.instances, batch_sizes=SPACE.batch_sizes, isolation=("thread", "process"))
+    search = Search(ORIGIN, space, CONCURRENCIES, simulate, max_points=80)
+    search.run()
+    assert search.best.isolation == "process" and search.best.instances == CORES
+    assert {p.candidate.isolation for p in search.points} == {"", "process"}
+    plain = Search(ORIGIN, SPACE, CONCURRENCIES, simulate, max_points=80)  # not a Python model: never tried
+    plain.run()
+    assert {p.candidate.isolation for p in plain.points} == {""}
+
+
+def test_one_dip_in_throughput_does_not_end_the_concurrency_sweep() -> None:
+    rates = {1: 100.0, 4: 90.0, 16: 400.0, 64: 390.0, 256: 380.0}  # a busy minute at 4 clients
+
+    def measure(c: Candidate, clients: int) -> Point:
+        return Point(c, clients, throughput=rates[clients], p99_ms=1.0, stable=True)
+
+    search = Search(ORIGIN, Space(instances=(1,)), (1, 4, 16, 64, 256), measure, max_points=10)
+    search.run()
+    assert [p.concurrency for p in search.points] == [1, 4, 16, 64, 256]  # 64 and 256 both gain nothing: the end
+    rates.update({16: 95.0})
+    flat = Search(ORIGIN, Space(instances=(1,)), (1, 4, 16, 64, 256), measure, max_points=10)
+    flat.run()
+    assert [p.concurrency for p in flat.points] == [1, 4, 16]  # two steps without a gain

@@ -1,0 +1,45 @@
+"""``sys.argv`` as model code sees it: ``['']``, what Triton's python backend stub process has.
+
+The stub embeds Python through pybind11 without arguments, so a model's ``sys.argv`` is ``['']`` at
+import, in ``initialize``, ``execute`` and ``finalize`` (checked on Triton 2.51). Triton's own QA models
+call ``unittest.main(..., exit=False)`` inside ``execute``, which parses ``sys.argv``: with the
+server's flags there argparse ends the request with ``SystemExit: 2``.
+
+In-process, ``sys.argv`` is the server's, and it is one per process: :func:`as_stub` puts ``['']`` in
+place while any model code runs (counted across the instances' threads: the last one out puts the
+server's back), so the server's own argv is untouched outside model calls. A thread a model started
+itself sees the server's argv once no model call is running; process isolation gives the model a
+process whose argv is ``['']`` throughout (``isolated_child.py``). Owner: this module (the count and
+the saved argv, under a native lock). Failure: none; the argv is restored whatever the model raised.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+
+from ...runtime.threads import native_lock
+
+STUB_ARGV = [""]
+_lock = native_lock()
+_inside = 0  # model calls running now, all threads together
+_saved: list[str] = []  # the server's argv while they run
+
+
+@contextlib.contextmanager
+def as_stub() -> Iterator[None]:
+    """``with as_stub():`` model code runs with ``sys.argv == ['']``."""
+    global _inside, _saved
+    with _lock:
+        if not _inside:
+            _saved = sys.argv
+            sys.argv = list(STUB_ARGV)
+        _inside += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _inside -= 1
+            if not _inside:
+                sys.argv = _saved

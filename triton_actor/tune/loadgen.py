@@ -1,0 +1,191 @@
+"""The load generator: ``python -m triton_actor.tune.loadgen SPEC_JSON`` prints one JSON result line.
+
+Its own process, so it never shares the server's interpreter (nor the tuner's). A closed loop as
+perf_analyzer's concurrency mode: ``concurrency`` requests in flight, each answered one followed by the
+next, binary tensors through the official ``tritonclient`` (HTTP: that many greenlets on geventhttpclient's
+pool; gRPC: that many chains of ``async_infer`` callbacks). After a warm-up it measures in windows until
+the last ``min_windows`` agree: the coefficient of variation of their throughput and of their mean latency
+both under ``stability_pct`` (perf_analyzer's ``--stability-percentage``), or ``max_windows`` is reached
+(then ``stable`` is false). The figures are those of the last ``min_windows`` windows; its own CPU time
+over them is reported, since on a small host the load generator competes with the server.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..protocol import dtypes
+
+Stop = Callable[[], None]
+
+
+def inputs_from_config(cfg_json: dict[str, Any]) -> list[dict[str, Any]]:
+    """Request inputs synthesised from a model's config (as ``/v2/models/M/config`` prints it): batch 1
+    in front when the model batches, a variable dimension taken as 1, optional inputs left out."""
+    batch = [1] if int(cfg_json.get("max_batch_size", 0)) > 0 else []
+    out = []
+    for spec in cfg_json.get("input", []):
+        if spec.get("optional"):
+            continue
+        dims = [int(d) if int(d) > 0 else 1 for d in spec.get("dims", [])]
+        wire = dtypes.BY_ENUM_NAME[spec.get("data_type", "TYPE_FP32")].wire
+        out.append({"name": spec["name"], "datatype": wire, "shape": batch + dims})
+    return out
+
+
+def synthesise(datatype: str, shape: list[int], rng: np.random.Generator) -> np.ndarray:
+    if datatype == "BYTES":
+        return np.full(shape, b"tune", dtype=np.object_)
+    dtype = dtypes.BY_WIRE[datatype].numpy
+    if dtype is None:
+        raise ValueError(f"cannot synthesise {datatype} inputs")
+    if dtype.kind == "f":
+        return rng.random(shape).astype(dtype)
+    if dtype.kind == "b":
+        return np.zeros(shape, dtype=dtype)
+    return rng.integers(0, 8, size=shape).astype(dtype)  # small: integer inputs are often indices
+
+
+def _http(spec: dict[str, Any], latencies: list[float], errors: list[str]) -> tuple[Stop, Callable[[float], None]]:
+    import gevent
+    import tritonclient.http as client_module
+
+    client = client_module.InferenceServerClient(spec["url"], concurrency=spec["concurrency"], network_timeout=120)
+    inputs, outputs = _tensors(client_module, spec, binary=True)
+    running = [True]
+
+    def loop() -> None:
+        while running[0]:
+            start = time.perf_counter()
+            try:
+                client.infer(spec["model"], inputs, outputs=outputs)
+                latencies.append(time.perf_counter() - start)
+            except Exception as e:  # noqa: BLE001 - counted and reported: the point records it
+                errors.append(str(e))
+                gevent.sleep(0.01)  # a model that refuses every request must not spin the loop
+
+    greenlets = [gevent.spawn(loop) for _ in range(spec["concurrency"])]
+
+    def stop() -> None:
+        running[0] = False
+        gevent.joinall(greenlets, timeout=60)
+        client.close()
+
+    return stop, gevent.sleep
+
+
+def _grpc(spec: dict[str, Any], latencies: list[float], errors: list[str]) -> tuple[Stop, Callable[[float], None]]:
+    import tritonclient.grpc as client_module
+
+    client = client_module.InferenceServerClient(spec["url"])
+    inputs, outputs = _tensors(client_module, spec, binary=False)
+    state = {"running": True, "in_flight": 0}
+
+    def issue() -> None:
+        state["in_flight"] += 1
+        start = time.perf_counter()
+        client.async_infer(spec["model"], inputs, lambda result, error: done(start, error), outputs=outputs)
+
+    def done(start: float, error: Any) -> None:  # runs in gRPC's callback thread
+        state["in_flight"] -= 1
+        if error is None:
+            latencies.append(time.perf_counter() - start)
+        else:
+            errors.append(str(error))
+            time.sleep(0.01)
+        if state["running"]:
+            issue()
+
+    for _ in range(spec["concurrency"]):
+        issue()
+
+    def stop() -> None:
+        state["running"] = False
+        deadline = time.monotonic() + 60
+        while state["in_flight"] > 0 and time.monotonic() < deadline:
+            time.sleep(0.01)  # the last answers arrive on gRPC's thread; nothing to wait on here
+        client.close()
+
+    return stop, time.sleep
+
+
+def _tensors(module: Any, spec: dict[str, Any], *, binary: bool) -> tuple[list[Any], list[Any]]:
+    rng = np.random.default_rng(0)
+    inputs = []
+    for item in spec["inputs"]:
+        tensor = module.InferInput(item["name"], item["shape"], item["datatype"])
+        data = synthesise(item["datatype"], item["shape"], rng)
+        if binary:
+            tensor.set_data_from_numpy(data, binary_data=True)
+        else:
+            tensor.set_data_from_numpy(data)
+        inputs.append(tensor)
+    kwargs = {"binary_data": True} if binary else {}
+    return inputs, [module.InferRequestedOutput(name, **kwargs) for name in spec["outputs"]]
+
+
+def _cv(values: list[float]) -> float:
+    mean = float(np.mean(values))
+    return float(np.std(values) / mean * 100) if mean > 0 else 100.0
+
+
+def measure(spec: dict[str, Any]) -> dict[str, Any]:
+    """Warm up, then windows until stable; the result as a JSON-ready dict."""
+    latencies: list[float] = []
+    errors: list[str] = []
+    stop, sleep = (_grpc if spec.get("protocol") == "grpc" else _http)(spec, latencies, errors)
+    k = spec.get("min_windows", 3)
+    windows: list[tuple[float, list[float]]] = []
+    stable = False
+    try:
+        sleep(spec.get("warmup_s", 1.0))
+        cursor, cpu0, wall0 = len(latencies), _cpu(), time.perf_counter()
+        while len(windows) < spec.get("max_windows", 10):
+            start = time.perf_counter()
+            sleep(spec.get("window_s", 1.0))
+            done, elapsed = latencies[cursor:], time.perf_counter() - start
+            cursor += len(done)
+            windows.append((len(done) / elapsed, done))
+            last = windows[-k:]
+            if len(last) == k and all(w[1] for w in last) and max(
+                    _cv([w[0] for w in last]), _cv([float(np.mean(w[1])) for w in last])) < spec.get("stability_pct", 10):
+                stable = True
+                break
+        cpu_pct = (_cpu() - cpu0) / (time.perf_counter() - wall0) * 100
+    finally:
+        stop()
+    return _result(windows[-k:], len(windows), cpu_pct, errors, stable)
+
+
+def _result(last: list[tuple[float, list[float]]], count: int, cpu_pct: float, errors: list[str],
+            stable: bool) -> dict[str, Any]:
+    merged = np.array([x for w in last for x in w[1]]) * 1000
+    rates = [w[0] for w in last]
+    p50, p95, p99 = (float(np.percentile(merged, q)) for q in (50, 95, 99)) if merged.size else (0.0, 0.0, 0.0)
+    cv = _cv(rates) if merged.size else 100.0
+    return {"throughput": float(np.mean(rates)) if rates else 0.0, "p50_ms": p50, "p95_ms": p95, "p99_ms": p99,
+            "cv_pct": cv, "stable": stable, "windows": count,
+            "loadgen_cpu_pct": cpu_pct, "errors": len(errors), "error": errors[0] if errors and not merged.size else ""}
+
+
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def main(argv: list[str]) -> int:
+    result = measure(json.loads(argv[0]))
+    sys.stdout.write(json.dumps(result) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
