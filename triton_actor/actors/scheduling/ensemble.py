@@ -318,8 +318,7 @@ class EnsembleScheduler(InlineActor):
                 request = request._replace(responses=channel)
                 reply = version.infer(request)
             elif fastpath.enabled:  # answered on the stack that completes it (ensemble_step.py)
-                tell = self.ref.tell
-                reply = StepReply(lambda r: _quiet(tell, _StepAnswered(run, table, step, r)))
+                reply = StepReply(lambda r: self._step_answered(_StepAnswered(run, table, step, r)))
                 version.enqueue(request, checked_batch(self._checked, step.index, version, request), reply)
                 table.plain += 1  # its answer is queued behind this handler, whenever it comes
                 return
@@ -337,6 +336,16 @@ class EnsembleScheduler(InlineActor):
         else:
             table.streams += 1
             run.readers.append(gevent.spawn(self._read_stream, run, table, step, channel, reply))
+
+    def _step_answered(self, msg: _StepAnswered) -> None:
+        """A step's StepReply completed. While this actor drains (a step it started ran inline below it),
+        the answer is queued behind the composing scheduler's handler, so that one finishes its batch
+        (statistics, trace spans) first; completed from elsewhere (an instance thread's completion),
+        it is told in the next hub callback, as a linked Reply is."""
+        if self._draining:
+            _quiet(self.ref.tell, msg)
+        else:
+            gevent.get_hub().loop.run_callback(_quiet, self.ref.tell, msg)
 
     def _read_stream(self, run: _Run, table: _Table, step: Step, channel: ResponseChannel,
                      reply: Reply[InferResponse]) -> None:
