@@ -9,7 +9,8 @@ specification): a step's request skips its model's :class:`~..model.validation.R
 the same validator already accepted the same input names, types and shapes for that step (a bounded
 memo: the check depends on nothing else, so the answer is the same; a request it would refuse is never
 memoized and is refused as before), and its reply calls the ensemble back on the stack that completes
-it (:class:`StepReply`) instead of in a later hub callback. With a composing model that runs inline,
+it (:class:`StepReply`; the ensemble queues it there only while it drains below, else it waits for the
+next hub callback as a linked reply does). With a composing model that runs inline,
 a whole chain of steps then runs in the request's greenlet: no hub turn and no greenlet spawned per
 step. Everything else is the slow path's: the request still goes through its model's scheduler
 (statistics, dynamic batching, queue policy, ``max_inflight``, traces) and response cache front.
