@@ -607,3 +607,45 @@ ensemble_scheduling {{ step [
                for r in _stream_n(server, "fan", 3)]
     assert sorted(a[0] for a in answers) == [0.0, 2.0, 4.0]
     assert all(a[1] == {a[0] / 2} for a in answers)
+
+
+def _shape_chain(repo: Path) -> None:
+    """chain: IN → ``any`` (passes on whatever length it gets) → ``two`` (takes only [2]) → OUT."""
+    for name, dims in (("any", "-1"), ("two", "2")):
+        add_model(repo, name, f"""
+backend: "python"
+input [ {{ name: "X", data_type: TYPE_FP32, dims: [ {dims} ] }} ]
+output [ {{ name: "Y", data_type: TYPE_FP32, dims: [ {dims} ] }} ]
+""", ARITH_PY)
+    add_ensemble(repo, "chain", """
+platform: "ensemble"
+input [ { name: "IN", data_type: TYPE_FP32, dims: [ -1 ] } ]
+output [ { name: "OUT", data_type: TYPE_FP32, dims: [ 2 ] } ]
+ensemble_scheduling { step [
+  { model_name: "any" model_version: -1 input_map { key: "X" value: "IN" } output_map { key: "Y" value: "T" } },
+  { model_name: "two" model_version: -1 input_map { key: "X" value: "T" } output_map { key: "Y" value: "OUT" } }
+] }
+""")
+
+
+def test_a_step_refused_by_its_model_stays_refused(tmp_path: Path, start_server) -> None:
+    """A step's request is checked against its model's config as any request is (the fast path
+    remembers the input shapes a step's model accepted, never one it refused), with both models
+    running inline by then."""
+    _shape_chain(tmp_path)
+    server = start_server(tmp_path)
+    client = httpclient.InferenceServerClient(server.url, network_timeout=60)
+
+    def ask(n: int) -> httpclient.InferResult:
+        x = httpclient.InferInput("IN", [n], "FP32")
+        x.set_data_from_numpy(np.arange(n, dtype=np.float32))
+        return client.infer("chain", [x])
+
+    for _ in range(40):  # past the inline promotion (32 short runs)
+        assert ask(2).as_numpy("OUT").tolist() == [0.0, 1.0]
+    for _ in range(2):
+        with pytest.raises(InferenceServerException) as e:
+            ask(3)
+        assert "unexpected shape for input 'X' for model 'two'. Expected [2], got [3]" in e.value.message()
+    assert ask(2).as_numpy("OUT").tolist() == [0.0, 1.0]
+    client.close()

@@ -44,10 +44,12 @@ class CachedVersion:
         self.store, self.stats, self.model, self.version, self.scheduler = store, stats, model, version, scheduler
         stats.cache_enabled = True
 
-    def infer(self, request: InferRequest, batch: int) -> Reply[InferResponse]:
+    def infer(self, request: InferRequest, batch: int, reply: Reply[InferResponse] | None = None) -> Reply[InferResponse]:
+        """Answer ``request`` (checked: ``batch`` is its batch size) in ``reply``, a new one if None."""
         start = _clock()
         key = request_key(self.model, self.version, request)
-        reply: Reply[InferResponse] = Reply()
+        if reply is None:
+            reply = Reply()
         if self.store.blocking:  # a network lookup: not in the caller, which may be a connection's reader
             gevent.spawn(self._lookup_then_run, request, batch, key, reply, start)
             return reply

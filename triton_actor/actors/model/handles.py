@@ -88,6 +88,12 @@ class VersionHandle:
         self.scheduler.ref.tell(Enqueue(request, batch, reply, time.perf_counter_ns()))
         return reply
 
+    def enqueue(self, request: InferRequest, batch: int, reply: Reply[InferResponse]) -> None:
+        """Queue a request its caller checked with :attr:`validator` (``batch``: what the check gave),
+        answering ``reply`` (caller's greenlet; an ensemble step, ``scheduling/ensemble_step.py``)."""
+        assert self.scheduler is not None
+        self.scheduler.ref.tell(Enqueue(request, batch, reply, time.perf_counter_ns()))
+
     def statistics(self) -> dict[str, object]:
         assert self.scheduler is not None
         return self.scheduler.ref.ask(GetStats(), timeout=30)
@@ -108,6 +114,10 @@ class CachedVersionHandle(VersionHandle):
         """Validate, then look up; a miss is queued as by :meth:`VersionHandle.infer` (caller's greenlet)."""
         assert self.validator is not None
         return self.cache.infer(request, self.validator.check(request))
+
+    def enqueue(self, request: InferRequest, batch: int, reply: Reply[InferResponse]) -> None:
+        """As :meth:`VersionHandle.enqueue`, through the cache: a hit answers ``reply`` at once."""
+        self.cache.infer(request, batch, reply)
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,13 +40,14 @@ import gevent
 import gevent.lock
 
 from ...errors import Code, TritonError
-from ...inference import InferInput, InferRequest, InferResponse, RequestedOutput
+from ...inference import InferInput, InferRequest, InferResponse
 from ...metrics.statistics import VersionStats
-from ...protocol.dtypes import from_numpy
 from ...repository.ensemble_graph import Graph, Step
+from ...runtime import fastpath
 from ...runtime.kernel import InlineActor, Reply
 from ...runtime.response_channel import STREAM_MAX_BYTES, STREAM_MAX_RESPONSES, BoundedResponseChannel, ResponseChannel
 from ...runtime.wake_timer import Wake, WakeTimer
+from .ensemble_step import MEMO_SIZE, StepPlan, StepReply, checked_batch
 from .scheduler import Drain, Enqueue, GetStats, GetStatus
 
 Routes = Callable[[], Mapping[str, Any]]  # name → ModelHandle (the repository's routing table, read live)
@@ -129,6 +130,8 @@ class EnsembleScheduler(InlineActor):
         self._ready: collections.deque[tuple[_Run, _Table, Step]] = collections.deque()  # FIFO, all runs
         self._steps_per_turn = steps_per_turn
         self._turn = turns(self.ref.tell)  # armed while steps wait in ``_ready``
+        self._plans = [StepPlan(step) for step in graph.steps]  # by step index
+        self._checked = fastpath.BoundedCache(f"ensemble steps of {name}", MEMO_SIZE)  # ensemble_step.checked_batch
 
     # -- messages ---------------------------------------------------------------------------------
     def on_Enqueue(self, msg: Enqueue) -> None:
@@ -153,7 +156,7 @@ class EnsembleScheduler(InlineActor):
             return
         response = msg.reply.value()
         try:
-            outputs = _mapped(msg.step, response)
+            outputs = self._plans[msg.step.index].mapped(response)
         except TritonError as e:
             self._fail(run, e)
             return
@@ -175,7 +178,7 @@ class EnsembleScheduler(InlineActor):
             return
         if isinstance(item, InferResponse):
             try:
-                outputs = _mapped(msg.step, item)
+                outputs = self._plans[msg.step.index].mapped(item)
             except TritonError as e:
                 self._fail(run, e)
                 return
@@ -300,10 +303,9 @@ class EnsembleScheduler(InlineActor):
         if run.decoupled is not None and run.decoupled.is_cancelled():
             self._fail(run, TritonError(Code.CANCELLED, "[request id: " + (top.id or "<id_unknown>") + "] cancelled"))
             return
-        inputs = {name: table.tensors[tensor]._replace(name=name) for name, tensor in step.inputs}
-        request = InferRequest(step.model, step.version, top.id, inputs,
-                               tuple(RequestedOutput(name) for name, _ in step.outputs), top.parameters, False,
-                               top.priority, top.timeout_us, top.correlation_id, top.flags,
+        plan = self._plans[step.index]
+        request = InferRequest(step.model, step.version, top.id, plan.inputs(table.tensors), plan.requested,
+                               top.parameters, False, top.priority, top.timeout_us, top.correlation_id, top.flags,
                                trace=run.trace.spawn() if run.trace is not None else None)
         channel = None
         try:
@@ -314,7 +316,14 @@ class EnsembleScheduler(InlineActor):
             if handle.config.model_transaction_policy.decoupled:
                 channel = BoundedResponseChannel(self._max_inflight or STREAM_MAX_RESPONSES, STREAM_MAX_BYTES)
                 request = request._replace(responses=channel)
-            reply = version.infer(request)
+                reply = version.infer(request)
+            elif fastpath.enabled:  # answered on the stack that completes it (ensemble_step.py)
+                reply = StepReply(lambda r: self._step_answered(_StepAnswered(run, table, step, r)))
+                version.enqueue(request, checked_batch(self._checked, step.index, version, request), reply)
+                table.plain += 1  # its answer is queued behind this handler, whenever it comes
+                return
+            else:
+                reply = version.infer(request)
         except TritonError as e:
             if channel is not None:
                 channel.close()
@@ -327,6 +336,16 @@ class EnsembleScheduler(InlineActor):
         else:
             table.streams += 1
             run.readers.append(gevent.spawn(self._read_stream, run, table, step, channel, reply))
+
+    def _step_answered(self, msg: _StepAnswered) -> None:
+        """A step's StepReply completed. While this actor drains (a step it started ran inline below it),
+        the answer is queued behind the composing scheduler's handler, so that one finishes its batch
+        (statistics, trace spans) first; completed from elsewhere (an instance thread's completion),
+        it is told in the next hub callback, as a linked Reply is."""
+        if self._draining:
+            _quiet(self.ref.tell, msg)
+        else:
+            gevent.get_hub().loop.run_callback(_quiet, self.ref.tell, msg)
 
     def _read_stream(self, run: _Run, table: _Table, step: Step, channel: ResponseChannel,
                      reply: Reply[InferResponse]) -> None:
@@ -438,21 +457,6 @@ class EnsembleScheduler(InlineActor):
             for reply in self._drains:
                 reply.set(None)
             self._drains.clear()
-
-
-def _mapped(step: Step, response: InferResponse) -> dict[str, InferInput]:
-    """The step's outputs under their ensemble names, as tensors the next steps take as they are."""
-    by_name = dict(step.outputs)
-    out: dict[str, InferInput] = {}
-    for name, data in response.outputs:
-        tensor = by_name.get(name)
-        if tensor is None:
-            continue
-        dtype = from_numpy(data.dtype)
-        if dtype is None:
-            raise TritonError.internal(f"output '{name}' of model '{step.model}' has an unsupported type {data.dtype}")
-        out[tensor] = InferInput(tensor, dtype, tuple(data.shape), data)
-    return out
 
 
 def _quiet(tell: Callable[[object], None], message: object) -> None:

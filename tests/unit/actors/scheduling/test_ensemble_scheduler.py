@@ -14,11 +14,13 @@ from google.protobuf import text_format
 
 from triton_actor.actors.scheduling.ensemble import EnsembleScheduler
 from triton_actor.actors.scheduling.scheduler import Enqueue
+from triton_actor.errors import TritonError
 from triton_actor.inference import InferInput, InferRequest, InferResponse
 from triton_actor.metrics.statistics import VersionStats
 from triton_actor.protocol.dtypes import BY_WIRE
 from triton_actor.repository.config import ModelConfig
 from triton_actor.repository.ensemble_graph import check_scheduling
+from triton_actor.runtime import fastpath
 from triton_actor.runtime.kernel import Reply
 from triton_actor.runtime.response_channel import BoundedResponseChannel
 from triton_actor.runtime.wake_timer import Wake
@@ -47,8 +49,18 @@ class ManualTurns:
         self.tell(Wake(self))
 
 
+class AcceptsAll:
+    """A composing model's validator that accepts every request (batch size 1)."""
+
+    def check(self, _request: InferRequest) -> int:
+        return 1
+
+
 class FakeModel:
-    """A composing model: every request it gets waits in ``calls`` for the test to answer it."""
+    """A composing model: every request it gets waits in ``calls`` for the test to answer it (``infer``
+    on the slow path, ``enqueue`` with the ensemble's own reply on the fast path)."""
+
+    validator = AcceptsAll()
 
     def __init__(self, name: str, decoupled: bool = False) -> None:
         self.name = name
@@ -64,6 +76,22 @@ class FakeModel:
         reply: Reply[InferResponse] = Reply()
         self.calls.append((request, reply))
         return reply
+
+    def enqueue(self, request: InferRequest, _batch: int, reply: Reply[InferResponse]) -> None:
+        self.calls.append((request, reply))
+
+
+class InlineModel(FakeModel):
+    """A composing model that answers on the caller's stack (Y = X), as a model promoted to run inline."""
+
+    def infer(self, request: InferRequest) -> Reply[InferResponse]:
+        reply = super().infer(request)
+        reply.set(InferResponse([("Y", request.inputs["X"].data)]))
+        return reply
+
+    def enqueue(self, request: InferRequest, batch: int, reply: Reply[InferResponse]) -> None:
+        super().enqueue(request, batch, reply)
+        reply.set(InferResponse([("Y", request.inputs["X"].data)]))
 
 
 def _tensor(name: str, value: float) -> InferInput:
@@ -204,3 +232,72 @@ def test_a_fork_with_nothing_to_run_settles_once_its_parent_started_everything()
     item, final = stream.receive(timeout=10)
     assert final and "finished without producing its outputs" in str(item)  # the request ended
     assert sched.runs_need() == []
+
+
+class CountingValidator:
+    """A composing model's validator that counts its checks and refuses FP32 inputs of shape (2,)."""
+
+    def __init__(self) -> None:
+        self.checks = 0
+
+    def check(self, request: InferRequest) -> int:
+        self.checks += 1
+        if any(t.shape == (2,) for t in request.inputs.values()):
+            raise TritonError.invalid_arg("unexpected shape")
+        return 1
+
+
+def _chain() -> Any:
+    return _graph(["OUT"], [("first", {"X": "IN"}, {"Y": "T"}), ("second", {"X": "T"}, {"Y": "OUT"})])
+
+
+def test_the_next_step_starts_on_the_stack_that_answered_the_last() -> None:
+    """Fast path: with composing models that answer inline, a step's answer starts the next step on the
+    same stack, and the whole chain is answered before the ensemble's Enqueue returns (no hub turn in
+    between); the slow path gets there one hub turn per step later. Tensors are handed on uncopied."""
+    first, second = InlineModel("first"), InlineModel("second")
+    sched, _turns = _scheduler(_chain(), [first, second], 64)
+    reply = _enqueue(sched)
+    if fastpath.enabled:
+        assert reply.ready() and len(second.calls) == 1
+    _handled(reply.ready)
+    assert second.calls[0][0].inputs["X"].data is first.calls[0][0].inputs["X"].data
+    assert reply.get(timeout=10).outputs[0][0] == "OUT"
+
+
+def test_a_step_answered_from_elsewhere_reaches_the_ensemble_in_a_hub_callback() -> None:
+    """An answer completed while the ensemble is idle (an instance thread's completion) is handled in
+    the next hub callback, as a linked reply is: the composing scheduler finishes its batch first."""
+    first, second = FakeModel("first"), FakeModel("second")
+    sched, _turns = _scheduler(_chain(), [first, second], 64)
+    reply = _enqueue(sched)
+    _handled(lambda: len(first.calls) == 1)
+    _answer(first, 0)
+    assert not second.calls
+    _handled(lambda: len(second.calls) == 1)
+    _answer(second, 0)
+    assert reply.get(timeout=10).outputs[0][0] == "OUT"
+
+
+def test_a_step_request_is_checked_once_per_shape_and_still_refused_when_wrong() -> None:
+    """Fast path: the composing model's check runs once for a step's input signature, then is
+    remembered; a request it refuses fails its ensemble request with that error every time."""
+    first, second = FakeModel("first"), FakeModel("second")
+    first.validator = CountingValidator()
+    sched, _turns = _scheduler(_chain(), [first, second], 64)
+    for i in range(3):
+        reply = _enqueue(sched)
+        _handled(lambda i=i: len(first.calls) == i + 1)
+        _answer(first, i)
+        _handled(lambda i=i: len(second.calls) == i + 1)
+        _answer(second, i)
+        reply.get(timeout=10)
+    assert first.validator.checks == (1 if fastpath.enabled else 0)  # slow path: infer() checks, as a model's own
+    for _ in range(2):
+        bad: Reply[InferResponse] = Reply()
+        request = InferRequest("ens", 1, "", {"IN": InferInput("IN", BY_WIRE["FP32"], (2,), np.zeros(2, np.float32))})
+        sched.ref.tell(Enqueue(request, 1, bad, 0))
+        if fastpath.enabled:
+            with pytest.raises(TritonError, match="unexpected shape"):
+                bad.get(timeout=10)
+    assert first.validator.checks == (3 if fastpath.enabled else 0)

@@ -1,0 +1,99 @@
+"""What the ensemble scheduler prepares once per step, and the fast path of one step (docs/performance.md#where-a-pipeline-steps-time-goes).
+
+A :class:`StepPlan` per step of the graph, built when the ensemble version loads: the outputs the step
+asks for and the map from its model's output names to ensemble tensors, so a step allocates neither
+again. Hub thread, owned by the :class:`~.ensemble.EnsembleScheduler`.
+
+The fast path (:mod:`...runtime.fastpath`; with it off every step takes the slow path, which is the
+specification): a step's request skips its model's :class:`~..model.validation.RequestValidator` when
+the same validator already accepted the same input names, types and shapes for that step (a bounded
+memo: the check depends on nothing else, so the answer is the same; a request it would refuse is never
+memoized and is refused as before), and its reply calls the ensemble back on the stack that completes
+it (:class:`StepReply`; the ensemble queues it there only while it drains below, else it waits for the
+next hub callback as a linked reply does). With a composing model that runs inline,
+a whole chain of steps then runs in the request's greenlet: no hub turn and no greenlet spawned per
+step. Everything else is the slow path's: the request still goes through its model's scheduler
+(statistics, dynamic batching, queue policy, ``max_inflight``, traces) and response cache front.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ...errors import TritonError
+from ...inference import InferInput, InferRequest, InferResponse, RequestedOutput
+from ...protocol.dtypes import from_numpy
+from ...repository.ensemble_graph import Step
+from ...runtime import fastpath
+from ...runtime.kernel import Reply
+
+MEMO_SIZE = 1024  # (step, validator, input signature) entries per ensemble version
+
+
+class StepReply(Reply[InferResponse]):
+    """A step's reply that calls ``then(self)`` as soon as it is completed (the completing stack, hub
+    thread): the ensemble's actor queues the answer when it is busy, so the stack does not grow per step."""
+
+    __slots__ = ("_then",)
+
+    def __init__(self, then: Callable[[Reply[InferResponse]], None]) -> None:
+        super().__init__()
+        self._then = then
+
+    def set(self, value: InferResponse) -> None:
+        if not self._result.ready():
+            self._result.set(value)
+            self._then(self)
+
+    def fail(self, error: BaseException) -> None:
+        if not self._result.ready():
+            self._result.set_exception(error)
+            self._then(self)
+
+
+class StepPlan:
+    """One step's fixed parts: its requested outputs and its output map (built once per version)."""
+
+    __slots__ = ("step", "requested", "out_map")
+
+    def __init__(self, step: Step) -> None:
+        self.step = step
+        self.requested = tuple(RequestedOutput(name) for name, _ in step.outputs)
+        self.out_map = dict(step.outputs)
+
+    def inputs(self, tensors: dict[str, InferInput]) -> dict[str, InferInput]:
+        """The step's inputs under its model's names: the same arrays; a tensor whose name already
+        matches is handed on as it is."""
+        out = {}
+        for name, tensor in self.step.inputs:
+            t = tensors[tensor]
+            out[name] = t if t.name == name else fastpath.new_tuple(InferInput, (name, t.dtype, t.shape, t.data))
+        return out
+
+    def mapped(self, response: InferResponse) -> dict[str, InferInput]:
+        """The step's outputs under their ensemble names, as tensors the next steps take as they are."""
+        by_name = self.out_map
+        out: dict[str, InferInput] = {}
+        for name, data in response.outputs:
+            tensor = by_name.get(name)
+            if tensor is None:
+                continue
+            dtype = from_numpy(data.dtype)
+            if dtype is None:
+                raise TritonError.internal(
+                    f"output '{name}' of model '{self.step.model}' has an unsupported type {data.dtype}")
+            out[tensor] = InferInput(tensor, dtype, tuple(data.shape), data)
+        return out
+
+
+def checked_batch(memo: fastpath.BoundedCache[Any, int], index: int, version: Any, request: InferRequest) -> int:
+    """The batch size ``version``'s validator gives ``request`` (raising what it raises), looked up first
+    in ``memo`` by step, validator and input signature (a miss always while fast paths are off)."""
+    validator = version.validator
+    key = (index, validator, tuple((n, t.dtype, t.shape) for n, t in request.inputs.items()))
+    batch = memo.get(key)
+    if batch is None:
+        batch = validator.check(request)
+        memo.put(key, batch)
+    return batch
