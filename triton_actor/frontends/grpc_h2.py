@@ -87,6 +87,9 @@ class GrpcH2Server:
         self.slots = slots or ConnectionSlots()  # descriptors of all ports (descriptors.py)
         self.restrictions = restrictions or None  # --grpc-restricted-protocol; None: no check at all
         self.servicer = servicer
+        # the server's tracer: in OpenTelemetry mode (its ``otel`` set at start) inference calls carry the
+        # client's W3C traceparent to the plane; a servicer without a plane (a benchmark's stub) has none
+        self.tracer = getattr(getattr(servicer, "plane", None), "tracer", None)
         self.address = address
         self.port = port
         self.max_receive = int(opts.get("grpc.max_receive_message_length", MAX_MESSAGE))
@@ -352,7 +355,8 @@ class Connection:
                 call.finished = True
                 call.send_status(GRPC_STATUS[e.code], e.message)
                 return
-        if (method.infer or method.streaming) and self.server.servicer.plane.tracer.otel is not None:
+        tracer = self.server.tracer
+        if (method.infer or method.streaming) and tracer is not None and tracer.otel is not None:
             traceparent = event.headers.get(b"traceparent")  # OpenTelemetry mode: the W3C context, as Triton reads it
             if traceparent is not None:
                 call.forwarded = header_forward.with_trace(call.forwarded, traceparent.decode("latin-1"))
