@@ -138,6 +138,17 @@ def _thread_ids(url: str, model: str, n: int) -> list[int]:
     return ids
 
 
+def _until_promoted(url: str, model: str, most: int = 400) -> list[int]:
+    """Ask until the answer comes from another thread than the first (the promotion), at most ``most``
+    times. The promotion needs 32 runs in a row under 200 us of CPU each: on a busy machine a run that a
+    collection or a preemption made slow starts the streak again, so a fixed count of requests was not
+    always enough (40 failed once in CI)."""
+    ids: list[int] = []
+    while len(ids) < most and (len(ids) < 2 or ids[0] == ids[-1]):
+        ids += _thread_ids(url, model, 8)
+    return ids
+
+
 def _input(values: list[float]) -> httpclient.InferInput:
     x = httpclient.InferInput("INPUT0", [2], "FP32")
     x.set_data_from_numpy(np.array(values, dtype=np.float32))
@@ -174,7 +185,7 @@ def test_a_model_that_depends_on_its_thread_keeps_answering_and_its_thread(serve
 
 
 def test_a_bad_request_to_a_promoted_model_fails_alone_and_the_model_stays_inline(server) -> None:
-    first = _thread_ids(server.url, "picky", 40)
+    first = _until_promoted(server.url, "picky") if fastpath.enabled else _thread_ids(server.url, "picky", 40)
     client = httpclient.InferenceServerClient(server.url)
     try:
         for _ in range(25):  # each used to double the streak the next promotion needed: 32 x 2^25
