@@ -60,7 +60,10 @@ def test_tune_writes_a_tuned_config_that_our_server_serves(tmp_path: Path,
     assert {r["instances"] for r in rows} == {"1", "2"} and {r["max_batch_size"] for r in rows} == {"4", "8"}
     assert all(not r["error"] and float(r["throughput"]) > 0 and float(r["server_cpu_pct"]) > 0 for r in rows)
     assert "points," in proc.stderr and "ETA" in proc.stderr  # the progress lines
-    assert "* pick, b the shipped config; pick: " in proc.stdout  # the table's legend and verdict
+    # the table's legend and verdict: a pick, or (on a noisy machine the back-to-back rounds can refute the
+    # search's best) the shipped config kept; either way the written tuned.pbtxt is what the summary picked
+    assert "* pick, b the shipped config; pick: " in proc.stdout or \
+        "* pick, b the shipped config; keeping the shipped config: " in proc.stdout, proc.stdout
     pick = json.loads((out / "summary.json").read_text())["pick"]["candidate"]
     for name in ("index.html", "throughput_vs_p99.png", "tuned.pbtxt", "server.log"):
         assert (out / name).is_file(), name
