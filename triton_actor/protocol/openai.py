@@ -26,6 +26,9 @@ from .payloads import json_object
 DEFAULT_MAX_TOKENS = 16  # Triton's --default-max-tokens default
 MAX_N = 16  # choices per request: each is one model request
 MAX_STOPS = 4  # OpenAI's limit on stop sequences
+# texts in one embeddings request, OpenAI's own limit: a model without batching makes one model request
+# per text, all queued at once, so a 64 MiB body of one-character strings would queue millions of them
+MAX_EMBEDDING_INPUTS = 2048
 
 # keys the server consumes or refuses; the rest of a request's keys reach the model in sampling_parameters
 _NOT_SAMPLING = frozenset({
@@ -198,6 +201,8 @@ def parse_embeddings(body: bytes) -> Embeddings:
     texts = [given] if isinstance(given, str) else given
     if not isinstance(texts, list) or not texts:
         raise invalid("input", "must be a string or a non-empty list of strings")
+    if len(texts) > MAX_EMBEDDING_INPUTS:
+        raise invalid("input", f"must hold at most {MAX_EMBEDDING_INPUTS} strings, got {len(texts)}")
     if not all(isinstance(t, str) for t in texts):
         raise TritonError.unsupported("'input' of token ids is not supported: send text")
     if any(not t for t in texts):

@@ -63,6 +63,15 @@ def test_embeddings_request() -> None:
             openai.parse_embeddings(orjson.dumps(bad))
 
 
+def test_an_embeddings_request_holds_a_bounded_number_of_texts() -> None:
+    """Each text of a model without batching is its own queued request: the list is bounded as OpenAI's is."""
+    most = openai.MAX_EMBEDDING_INPUTS
+    assert len(openai.parse_embeddings(_body(model="m", input=["a"] * most)).texts) == most
+    with pytest.raises(TritonError) as info:
+        openai.parse_embeddings(_body(model="m", input=["a"] * (most + 1)))
+    assert info.value.code == Code.INVALID_ARG and f"at most {most} strings" in info.value.message
+
+
 def test_stop_scanner_finds_a_stop_split_over_pieces() -> None:
     scanner = openai_responses.StopScanner(("END",))
     sent = [scanner.feed(p) for p in ("abc E", "N", "D tail")]
