@@ -113,7 +113,8 @@ class Server:
         self.repository = RepositoryActor([*settings.model_repositories, *(m.root for m in self.mirrors)],
                                           backends, load, settings.model_control_mode, settings.load_models,
                                           settings.repository_poll_secs, settings.model_load_thread_count,
-                                          refresh=refresh, announce=lost.announce)
+                                          refresh=refresh, announce=lost.announce,
+                                          on_demand=settings.model_load_on_demand)
         lost.register(self.repository)
         shm = SharedMemoryRegistry(settings.allow_client_shm, load.gpu_count, region_total())
         runtime = RuntimeSettings(trace=settings.trace_config, tracer=self.tracer,
@@ -125,7 +126,7 @@ class Server:
                                hostwide.HostRuntimeSettings(runtime, self.host),  # type: ignore[arg-type]
                                self.host)
         if settings.model_load_on_demand:  # a request loads the model it names, as the load API would
-            self.plane.on_demand = OnDemand(self.repository.repositories, lambda name: self.plane.load_model(name, {}))
+            self.plane.on_demand = OnDemand(self.repository.repositories, lambda name: self.plane.load_model(name, {}, demand=True))
         if settings.model_memory_budget:  # loads make room first (plane/memory_budget.py)
             self.plane.budget = MemoryBudget(settings.model_memory_budget, self.repository, self.host)
         self.server_calls = ServerCalls(self.plane, self.model_hooks)  # BLS and model control from Python models

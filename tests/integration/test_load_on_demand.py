@@ -1,10 +1,12 @@
 """``--model-load-on-demand`` (plane/on_demand.py) on the real server, EXPLICIT mode: a request for a model
 of the repository that is not loaded loads it and is answered; many requests share one load; a failed load
 answers each waiting request with its error and the next request tries again; a name with no folder is
-Triton's unknown-model answer and loads nothing; a request's timeout bounds its wait."""
+Triton's unknown-model answer and loads nothing; a request's timeout bounds its wait. POLL mode: requests
+load models, rescans keep the loaded ones in step with their folders and load nothing new by themselves."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +15,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from .model_control import index, wait_for
+from .model_control import add_tagged, answers, ask, index, tagged, wait_for
 from .server import IDENTITY_CONFIG, IDENTITY_PY, add_model
 from .test_lifecycle import BAD_INIT_PY
 
@@ -109,3 +111,24 @@ def test_a_requests_timeout_bounds_its_wait_for_the_load(tmp_path: Path, start_s
     wait_for(lambda: index(client).get(("slow", "1"), {}).get("state") == "READY", what="the load to finish")
     assert client.infer("slow", [_input(5.0)]).as_numpy("OUTPUT0").tolist() == [5.0, 5.0]
 
+
+
+def test_poll_mode_loads_on_request_and_keeps_only_the_loaded_models_in_step(tmp_path: Path, start_server) -> None:
+    model_b = add_tagged(tmp_path, "b", edition=1)
+    add_tagged(tmp_path, "pinned", edition=2)
+    server = start_server(tmp_path, flags=("--model-control-mode=poll", "--repository-poll-secs=1",
+                                           "--model-load-on-demand", "--load-model=pinned"))
+    client = httpclient.InferenceServerClient(server.url)
+    assert index(client)[("pinned", "1")]["state"] == "READY"
+    assert index(client).get(("b", "1"), {}).get("state") != "READY"  # --load-model only, as EXPLICIT
+    with pytest.raises(InferenceServerException, match="explicit model load / unload is not allowed if polling"):
+        client.load_model("b")  # the load API stays refused in POLL mode, as in Triton
+    assert ask(client, "b") == 101  # a request loads it
+    add_tagged(tmp_path, "c", edition=3)  # a new folder, before b changes: every later rescan sees it
+    (model_b / "1" / "model.py").write_text(tagged(4))
+    wait_for(lambda: answers(client, "b", 104), 15.0, "the loaded model b to be reloaded with its new code")
+    assert "loading 'c'" not in server.log()  # the rescans that reloaded b left c alone
+    assert index(client).get(("c", "1"), {}).get("state") != "READY"
+    shutil.rmtree(model_b)
+    wait_for(lambda: ("b", "1") not in index(client), 15.0, "b to be unloaded once its folder is gone")
+    assert ask(client, "c") == 103 and ask(client, "pinned") == 102

@@ -122,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--load-model", action="append", default=[], dest="load_models", metavar="NAME",
                    help="explicit mode: model to load at startup (repeatable; '*' = all)")
     bool_flag(p, "--model-load-on-demand", False,
-              "explicit mode: a request for a repository model that is not loaded loads it first")
+              "explicit or poll mode: a request for a repository model that is not loaded loads it first")
     p.add_argument("--model-memory-budget", default="", metavar="BYTES|PERCENT%",
                    help="with --model-load-on-demand: host memory the loaded models may hold (bytes, or a percentage "
                         "of MemTotal); the least recently used idle models are unloaded to make room")
@@ -161,8 +161,8 @@ def parse(argv: Sequence[str] | None = None, environ: dict[str, str] | None = No
         raise SystemExit("error: --load-model='*' must be the only --load-model if given at all")
     if args.repository_poll_secs < 0:
         raise SystemExit("error: --repository-poll-secs must be >= 0")
-    if args.model_load_on_demand and args.model_control_mode != "explicit":
-        raise SystemExit("error: --model-load-on-demand needs --model-control-mode=explicit (in the other modes "
+    if args.model_load_on_demand and args.model_control_mode not in ("explicit", "poll"):
+        raise SystemExit("error: --model-load-on-demand needs --model-control-mode=explicit or poll (in NONE mode "
                          "the repository decides what is loaded)")
     budget = memory_budget(args.model_memory_budget)
     if budget and not args.model_load_on_demand:

@@ -92,7 +92,7 @@ class Settings:
     auto_complete: bool = True
     model_control_mode: str = "none"
     load_models: tuple[str, ...] = ()  # --load-model (explicit mode); ("*",) = every model
-    model_load_on_demand: bool = False  # explicit mode: a request loads a repository model (plane/on_demand.py)
+    model_load_on_demand: bool = False  # explicit or poll mode: a request loads a repository model (plane/on_demand.py)
     model_memory_budget: int = 0  # bytes the loaded models may hold, 0 = no budget (plane/memory_budget.py)
     repository_poll_secs: float = 15.0  # poll mode; 0 disables the periodic rescan
     model_load_thread_count: int = 4  # models that load at the same time

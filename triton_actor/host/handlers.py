@@ -60,8 +60,10 @@ def register_handlers(host: Host, repository: RepositoryActor, shm: SharedMemory
         (shm.unregister_system if args["kind"] == "system" else shm.unregister_cuda)(args["name"])
 
     host.register("statistics", statistics)
-    host.register("model.load", lambda a: repository.ref.load(a["name"], a.get("config"), a.get("files")).get())
-    host.register("model.unload", lambda a: repository.ref.unload(a["name"], a["unload_dependents"], a.get("wait", False))
+    host.register("model.load", lambda a: repository.ref.load(a["name"], a.get("config"), a.get("files"),
+                                                              a.get("demand", False)).get())
+    host.register("model.unload", lambda a: repository.ref.unload(a["name"], a["unload_dependents"], a.get("wait", False),
+                                                                  a.get("demand", False))
                   .get(timeout=None if a.get("wait") else 60))
     host.register("model.ready", model_ready)
     # a model this process has a handle for, in any state: an unload of any other name changes nothing

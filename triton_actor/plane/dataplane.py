@@ -287,10 +287,11 @@ class DataPlane:
     def repository_index(self, ready_only: bool) -> list[dict[str, Any]]:
         return self.repository.ref.index(ready_only, timeout=60)
 
-    def load_model(self, name: str, parameters: dict[str, Any]) -> None:
+    def load_model(self, name: str, parameters: dict[str, Any], demand: bool = False) -> None:
         """Repository extension ``load`` (HTTP and gRPC). ``parameters``: ``config`` (JSON text) and
         ``file:<version>/<name>`` (bytes) overrides, already decoded by the front end; other keys are
-        ignored. Returns once the load finished; raises its error (https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_model_repository.md)."""
+        ignored. Returns once the load finished; raises its error (https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_model_repository.md).
+        ``demand``: a request started it (plane/on_demand.py), which POLL mode allows too."""
         config = parameters.get("config")
         if config is not None and not isinstance(config, str):
             raise TritonError.internal(f"failed to load '{name}': the 'config' parameter must be a JSON string")
@@ -300,7 +301,7 @@ class DataPlane:
         for key, value in files.items():
             if not isinstance(value, bytes):
                 raise TritonError.invalid_arg(f"failed to load '{name}': file override '{key}' must be bytes")
-        args = {"name": name, "config": config, "files": files}
+        args = {"name": name, "config": config, "files": files, **({"demand": True} if demand else {})}
         if self.budget is not None:  # room made first, footprint measured
             self.budget.load(name, lambda: self.host.broadcast("model.load", args))
         else:

@@ -162,7 +162,8 @@ class MemoryBudget:
         log.info("memory budget: evicting '%s' (%d bytes, least recently used%s) to load '%s'",
                  victim, held, ", waiting for its requests" if self._busy(victim) else ", idle", loading)
         started = time.monotonic()
-        self._host.broadcast("model.unload", {"name": victim, "unload_dependents": True, "wait": True})
+        self._host.broadcast("model.unload", {"name": victim, "unload_dependents": True, "wait": True,
+                                               "demand": True})
         self._release()
         self.resident.pop(victim, None)
         self.evictions += 1

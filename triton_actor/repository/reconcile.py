@@ -25,6 +25,7 @@ class Actions:
 @dataclass(slots=True)
 class Reconciler:
     settle_s: float
+    loaded_only: bool = False  # --model-load-on-demand: a folder alone loads nothing, a request does
     applied: dict[str, Stamp] = field(default_factory=dict)  # model → stamp it was last loaded from
     _changed: dict[str, tuple[Stamp, float]] = field(default_factory=dict)  # model → new stamp, first seen
 
@@ -33,10 +34,17 @@ class Reconciler:
         self.applied[name] = stamp
         self._changed.pop(name, None)
 
+    def forget(self, name: str) -> None:
+        """``name`` was unloaded on purpose (an eviction): no rescan acts on it until it is loaded again."""
+        self.applied.pop(name, None)
+        self._changed.pop(name, None)
+
     def step(self, found: dict[str, Stamp], now: float) -> Actions:
         """One rescan: ``found`` is every (unique) model folder on disk with its stamp."""
         out = Actions()
         for name, stamp in found.items():
+            if self.loaded_only and name not in self.applied:
+                continue
             if self.applied.get(name) == stamp:
                 self._changed.pop(name, None)
                 continue

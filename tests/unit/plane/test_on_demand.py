@@ -61,8 +61,9 @@ def test_a_failed_load_is_each_waiting_requests_answer(tmp_path: Path) -> None:
             on_demand.wait("m", load, 0)  # type: ignore[arg-type]
 
 
-def test_the_flag_needs_explicit_mode() -> None:
-    assert parse(["--model-repository", "r", "--model-control-mode=explicit", "--model-load-on-demand"],
-                 environ={}).model_load_on_demand
-    with pytest.raises(SystemExit, match="--model-load-on-demand needs --model-control-mode=explicit"):
+def test_the_flag_needs_explicit_or_poll_mode() -> None:
+    for mode in ("explicit", "poll"):
+        assert parse(["--model-repository", "r", f"--model-control-mode={mode}", "--model-load-on-demand"],
+                     environ={}).model_load_on_demand
+    with pytest.raises(SystemExit, match="--model-load-on-demand needs --model-control-mode=explicit or poll"):
         parse(["--model-repository", "r", "--model-load-on-demand"], environ={})

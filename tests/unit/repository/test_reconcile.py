@@ -47,3 +47,18 @@ def test_a_folder_removed_while_settling_is_forgotten() -> None:
     r.step({"b": _stamp("b1")}, 0.0)
     assert not r.step({}, 0.5).settling
     assert r.step({"b": _stamp("b1")}, 5.0).load == []  # seen anew: settles again
+
+
+def test_on_demand_a_new_folder_loads_nothing_and_loaded_models_follow_their_files() -> None:
+    r = Reconciler(settle_s=0.0, loaded_only=True)
+    for t in (0.0, 1.0):  # a folder alone: a request loads it, not a rescan
+        actions = r.step({"new": _stamp("n1")}, t)
+        assert actions.load == [] and not actions.settling
+    r.loaded("a", _stamp("a1"))  # a request loaded it
+    r.step({"a": _stamp("a2"), "new": _stamp("n1")}, 2.0)
+    assert r.step({"a": _stamp("a2"), "new": _stamp("n1")}, 2.0).load == ["a"]  # its files changed: reload
+    r.forget("a")  # evicted by the memory budget
+    r.step({"a": _stamp("a3")}, 3.0)
+    assert r.step({"a": _stamp("a3")}, 3.0).load == [] and r.step({}, 4.0).unload == []
+    r.loaded("a", _stamp("a3"))
+    assert r.step({}, 5.0).unload == ["a"]  # loaded, then its folder went away

@@ -28,7 +28,11 @@ what was loaded only for it (:class:`~...repository.dependencies.Dependencies`, 
 
 POLL is reconciliation (docs/architecture.md, "Lifecycle"): each rescan (every ``--repository-poll-secs``,
 sooner when :mod:`.watcher` nudges) feeds the stamps on disk to the reconciler and carries out the
-loads and unloads it answers; a change is loaded once the folder was quiet for ``SETTLE_S``.
+loads and unloads it answers; a change is loaded once the folder was quiet for ``SETTLE_S``. With
+``--model-load-on-demand`` POLL starts with the ``--load-model`` models only, a request loads the others
+(``demand`` loads, refused to the load API as in plain POLL), and a rescan keeps only the loaded models in
+step with their folders: it reloads a loaded model whose files changed and unloads one whose folder is gone,
+but never loads a model only because its folder appeared (:class:`~...repository.reconcile.Reconciler`).
 """
 
 from __future__ import annotations
@@ -104,7 +108,8 @@ class RepositoryActor(Actor):
     def __init__(self, repositories: list[Path], backends: dict[str, Backend], settings: LoadSettings,
                  control_mode: str = NONE, startup_models: tuple[str, ...] = (), poll_secs: float = 15.0,
                  load_threads: int = 4, restarts: RestartBudget | None = None,
-                 refresh: Callable[[], object] | None = None, announce: Announce | None = None) -> None:
+                 refresh: Callable[[], object] | None = None, announce: Announce | None = None,
+                 on_demand: bool = False) -> None:
         super().__init__("repository")
         self._announce = announce  # the model actors' word that a version lost its instances (host/handlers.py)
         self._refresh = refresh  # re-syncs object-store mirrors (repository/remote.py) before a load
@@ -117,7 +122,9 @@ class RepositoryActor(Actor):
         self._settings = settings
         self._gate = gevent.lock.Semaphore(max(1, load_threads))
         self._models: dict[str, ModelActor] = {}
-        self._poll = Reconciler(SETTLE_S)  # POLL: what was loaded from which files, what is settling
+        self._on_demand = on_demand  # --model-load-on-demand: requests load models, evictions unload them
+        # POLL: what was loaded from which files, what is settling (on demand: only what is loaded)
+        self._poll = Reconciler(SETTLE_S, loaded_only=on_demand)
         self._graph = Dependencies()  # which ensemble needs which model; what was loaded only as a dependency
         self._rescan_due: gevent.Greenlet | None = None
         self._timer: gevent.Greenlet | None = None
@@ -143,9 +150,10 @@ class RepositoryActor(Actor):
         found = layout.list_models(self.repositories)
         names = list(found)
         failures: dict[str, str] = {}
-        if self.control_mode == EXPLICIT:
+        named = self.control_mode == EXPLICIT or (self.control_mode == POLL and self._on_demand)
+        if named:
             names = names if self._startup_models == ("*",) else list(self._startup_models)
-        if self.control_mode == EXPLICIT:  # --load-model of an ensemble loads its composing models too
+        if named:  # --load-model of an ensemble loads its composing models too
             wanted = set(names)
             names = list(dict.fromkeys(n for name in names for n in self._graph.closure(name, self._disk_deps(found))))
             self._graph.implicit.update(n for n in names if n not in wanted)
@@ -183,7 +191,7 @@ class RepositoryActor(Actor):
         What fails before a load starts (unknown or invalid name, bad overrides) is Triton's 500
         ``failed to load 'm', failed to poll from model repository``, with the reason appended (Triton
         only logs it; scripts/triton_reference/NOTES.md, pass 4)."""
-        if self.control_mode != EXPLICIT:
+        if not self._may_change(msg.demand):
             raise TritonError.unavailable(_REFUSED)
         if self._refresh is not None:  # Triton polls the repository on every load: sync the mirrors first
             gevent.spawn(self._refresh_for, msg)
@@ -229,6 +237,9 @@ class RepositoryActor(Actor):
                 self._graph.implicit.add(name)  # Triton: "not explicitly loaded"
             starts[name] = loader(found[name][0])
         starts[msg.name] = loader(model_dir, override, owned)
+        if self.control_mode == POLL:  # a demand load: from now on the rescans keep it in step with its files
+            for name in starts:
+                self._poll.loaded(name, snapshot.take(found[name][0] if name != msg.name else model_dir))
         done = self._load_in_order(starts)
         done[msg.name].link(lambda r: msg.reply.fail(r.exception()) if r.exception() else msg.reply.set(None))
 
@@ -251,8 +262,10 @@ class RepositoryActor(Actor):
         unknown model (or a name that cannot be one) is not an error. ``unload_dependents``: the models
         loaded only because this ensemble needed them, and needed by no other loaded model, are
         unloaded once it is gone."""
-        if self.control_mode != EXPLICIT:
+        if not self._may_change(msg.demand):
             raise TritonError.unavailable(_REFUSED)
+        if self.control_mode == POLL:
+            self._poll.forget(msg.name)  # evicted: a rescan neither reloads nor unloads it again
         actor = self._models.get(msg.name)
         if actor is not None:
             # answered once the model is UNLOADING (not ready, no new request reaches it), as Triton's
@@ -269,6 +282,10 @@ class RepositoryActor(Actor):
                 gevent.spawn(unload_after, done, deps)
             return
         msg.reply.set(None)
+
+    def _may_change(self, demand: bool) -> bool:
+        """The load and unload APIs are EXPLICIT's; on demand, POLL loads and evicts too."""
+        return self.control_mode == EXPLICIT or (demand and self._on_demand and self.control_mode == POLL)
 
     def _model_dir(self, name: str, found: dict[str, list[Path]]) -> Path:
         dirs = found.get(name) if layout.is_valid_model_name(name) else None

@@ -26,6 +26,7 @@ class LoadModel:
     reply: Reply[None]
     config: str | None = None
     files: dict[str, bytes] = field(default_factory=dict)
+    demand: bool = False  # started by a request (--model-load-on-demand), not the load API
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +35,7 @@ class UnloadModel:
     reply: Reply[None]
     unload_dependents: bool = False
     finished: bool = False  # answer once the model is gone (the memory budget's evictions), not once it stops
+    demand: bool = False  # an eviction of --model-load-on-demand, not the unload API
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,17 +83,21 @@ class RepositoryRef(ActorRef):
         self.tell(LoadAll(done))
         return done
 
-    def load(self, name: str, config: str | None = None, files: dict[str, bytes] | None = None) -> Reply[None]:
-        """The load API (EXPLICIT): completes when the model loaded, or fails with the reason."""
+    def load(self, name: str, config: str | None = None, files: dict[str, bytes] | None = None,
+             demand: bool = False) -> Reply[None]:
+        """The load API (EXPLICIT), or with ``demand`` a load a request started (EXPLICIT or POLL with
+        --model-load-on-demand): completes when the model loaded, or fails with the reason."""
         done: Reply[None] = Reply()
-        self.tell(LoadModel(name, done, config, files or {}))
+        self.tell(LoadModel(name, done, config, files or {}, demand))
         return done
 
-    def unload(self, name: str, unload_dependents: bool = False, finished: bool = False) -> Reply[None]:
-        """The unload API (EXPLICIT): completes once the unload started (Triton: asynchronous), or with
-        ``finished`` once the model is gone (its requests answered, its memory freed)."""
+    def unload(self, name: str, unload_dependents: bool = False, finished: bool = False,
+               demand: bool = False) -> Reply[None]:
+        """The unload API (EXPLICIT), or with ``demand`` an eviction of --model-load-on-demand: completes once
+        the unload started (Triton: asynchronous), or with ``finished`` once the model is gone (its
+        requests answered, its memory freed)."""
         done: Reply[None] = Reply()
-        self.tell(UnloadModel(name, done, unload_dependents, finished))
+        self.tell(UnloadModel(name, done, unload_dependents, finished, demand))
         return done
 
     def index(self, ready_only: bool = False, timeout: float | None = 60.0) -> list[dict[str, Any]]:
