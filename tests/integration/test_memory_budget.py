@@ -166,3 +166,21 @@ def test_an_evicted_models_memory_leaves_the_server(tmp_path: Path, start_server
 
 def _server_bytes(pid: int) -> int:
     return sum(process_bytes(p, unique=True) for p in tree_pids(pid))
+
+
+def test_a_burst_for_many_cold_models_is_answered_in_full_and_the_budget_holds(tmp_path: Path, start_server) -> None:
+    """Issue 28's burst, scaled to the suite: a request for each of 40 cold models at once, room for about 6:
+    the loads queue, every request is answered with its own model's output, and no decision ever used more
+    than the budget."""
+    names = [f"m{i:02d}" for i in range(40)]
+    for name in names:
+        _sized(tmp_path, name, 4)
+    server = start_server(tmp_path, flags=_flags(30))
+    client = httpclient.InferenceServerClient(server.url, concurrency=len(names), network_timeout=300)
+    pending = [(i, client.async_infer(name, [_input(float(i))])) for i, name in enumerate(names)]
+    assert [p.get_result().as_numpy("OUTPUT0").tolist() for _, p in pending] == [[float(i)] * 2 for i, _ in pending]
+    client.close()
+    used = [(int(u), int(limit)) for u, limit in re.findall(r"memory budget: loaded .*; (\d+) of (\d+) used", server.log())]
+    assert len(used) == len(names) and all(u <= limit for u, limit in used), used
+    budget = live_status(server.url)["memory_budget"]
+    assert budget["evictions"] >= len(names) - 8 and budget["used"] <= budget["limit"]
