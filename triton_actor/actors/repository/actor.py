@@ -28,11 +28,8 @@ what was loaded only for it (:class:`~...repository.dependencies.Dependencies`, 
 
 POLL is reconciliation (docs/architecture.md, "Lifecycle"): each rescan (every ``--repository-poll-secs``,
 sooner when :mod:`.watcher` nudges) feeds the stamps on disk to the reconciler and carries out the
-loads and unloads it answers; a change is loaded once the folder was quiet for ``SETTLE_S``. With
-``--model-load-on-demand`` POLL starts with the ``--load-model`` models only, a request loads the others
-(``demand`` loads, refused to the load API as in plain POLL), and a rescan keeps only the loaded models in
-step with their folders: it reloads a loaded model whose files changed and unloads one whose folder is gone,
-but never loads a model only because its folder appeared (:class:`~...repository.reconcile.Reconciler`).
+loads and unloads it answers; a change is loaded once the folder was quiet for ``SETTLE_S``. On demand
+(docs/repository.md#load-on-first-request), requests load models and rescans follow only the loaded ones.
 """
 
 from __future__ import annotations
@@ -107,9 +104,8 @@ class RepositoryActor(Actor):
 
     def __init__(self, repositories: list[Path], backends: dict[str, Backend], settings: LoadSettings,
                  control_mode: str = NONE, startup_models: tuple[str, ...] = (), poll_secs: float = 15.0,
-                 load_threads: int = 4, restarts: RestartBudget | None = None,
-                 refresh: Callable[[], object] | None = None, announce: Announce | None = None,
-                 on_demand: bool = False) -> None:
+                 load_threads: int = 4, restarts: RestartBudget | None = None, on_demand: bool = False,
+                 refresh: Callable[[], object] | None = None, announce: Announce | None = None) -> None:
         super().__init__("repository")
         self._announce = announce  # the model actors' word that a version lost its instances (host/handlers.py)
         self._refresh = refresh  # re-syncs object-store mirrors (repository/remote.py) before a load
@@ -123,8 +119,7 @@ class RepositoryActor(Actor):
         self._gate = gevent.lock.Semaphore(max(1, load_threads))
         self._models: dict[str, ModelActor] = {}
         self._on_demand = on_demand  # --model-load-on-demand: requests load models, evictions unload them
-        # POLL: what was loaded from which files, what is settling (on demand: only what is loaded)
-        self._poll = Reconciler(SETTLE_S, loaded_only=on_demand)
+        self._poll = Reconciler(SETTLE_S, loaded_only=on_demand)  # POLL: what was loaded from which files
         self._graph = Dependencies()  # which ensemble needs which model; what was loaded only as a dependency
         self._rescan_due: gevent.Greenlet | None = None
         self._timer: gevent.Greenlet | None = None
@@ -237,9 +232,8 @@ class RepositoryActor(Actor):
                 self._graph.implicit.add(name)  # Triton: "not explicitly loaded"
             starts[name] = loader(found[name][0])
         starts[msg.name] = loader(model_dir, override, owned)
-        if self.control_mode == POLL:  # a demand load: from now on the rescans keep it in step with its files
-            for name in starts:
-                self._poll.loaded(name, snapshot.take(found[name][0] if name != msg.name else model_dir))
+        for name in starts if self.control_mode == POLL else ():  # a demand load: rescans follow it from now on
+            self._poll.loaded(name, snapshot.take(found[name][0] if name != msg.name else model_dir))
         done = self._load_in_order(starts)
         done[msg.name].link(lambda r: msg.reply.fail(r.exception()) if r.exception() else msg.reply.set(None))
 
