@@ -59,6 +59,7 @@ from .repository import remote
 from .repository.remote import RemoteRepository
 from .runtime import gc_settle, hub_errors
 from .runtime.process_memory import tree_bytes
+from .runtime.response_channel import OpenStreams
 
 log = logging.getLogger("triton_actor.server")
 
@@ -85,8 +86,10 @@ class Server:
         hub_errors.install()  # a greenlet's SystemExit is model code's, not a way to end the server
         self.host: Host = host or LocalHost()  # what is host-wide with several workers (host/base.py)
         # this server's own, handed down rather than kept in modules, so two servers in one process share
-        # none: the tracer (to every scheduler), the hooks and custom metric families of its Python models
+        # none: the tracer (to every scheduler), the hooks and custom metric families of its Python models,
+        # the response channels it has open (/status.json's streams)
         self.tracer = Tracer()
+        self.streams = OpenStreams()
         self.model_hooks = ServerHooks(metrics=MetricRegistry())
         # the response cache's store (--cache-config): this server's (each worker's) own, connected in load_models
         self.response_cache = response_cache.create(settings.cache_config)
@@ -103,6 +106,7 @@ class Server:
             # one rate limiter for all the models (--rate-limit=execution_count); per worker with --workers
             rate_limiter=RateLimiter(list(settings.rate_limit_resources)) if settings.rate_limit != "off" else None,
             response_cache=self.response_cache,
+            streams=self.streams,
         )
         backends = backends or default_backends(settings.backend_config)
         # object-store repositories are mirrored into local folders the repository actor reads (remote.py)
@@ -124,7 +128,7 @@ class Server:
         self.plane = DataPlane(self.repository, settings.server_id, settings.strict_readiness,
                                hostwide.HostSharedMemory(shm, self.host),  # type: ignore[arg-type]
                                hostwide.HostRuntimeSettings(runtime, self.host),  # type: ignore[arg-type]
-                               self.host)
+                               self.host, self.streams)
         if settings.model_load_on_demand:  # a request loads the model it names, as the load API would
             self.plane.on_demand = OnDemand(self.repository.repositories, lambda name: self.plane.load_model(name, {}, demand=True))
         if settings.model_memory_budget:  # loads make room first (plane/memory_budget.py)

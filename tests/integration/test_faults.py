@@ -196,7 +196,7 @@ import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
     def initialize(self, args):
-        time.sleep(0)
+        time.sleep(0)  # gives the thread its hub (see above)
 
     def execute(self, requests):
         out = []

@@ -47,7 +47,7 @@ class TritonPythonModel:
         self.index = float(self.name.rsplit("_", 1)[1])
         self.thread = threading.get_native_id()
         if HUB:
-            time.sleep(0)
+            time.sleep(0)  # model code: gives its thread a gevent hub (time is patched), what is tested
 
     def execute(self, requests):
         out = []

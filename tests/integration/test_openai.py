@@ -246,7 +246,7 @@ def test_a_client_leaving_before_the_answer_cancels_the_generation(server: Serve
     deadline = time.monotonic() + 60
     while finished() == before:  # the request ends (cancelled) long before it could have generated that much
         assert time.monotonic() < deadline, server.log()
-        gevent.sleep(0.05)
+        gevent.sleep(0.05)  # polling the statistics under a deadline
     triton.close()
 
 

@@ -1,8 +1,9 @@
 """Two ``Server`` objects in one process share no state (docs/architecture.md#process-wide-state).
 
-Each server owns its tracer, the hooks its Python models call the server through (BLS, model control)
-and the registry of their custom metric families; before, all three were module globals, so the server
-started last took the other's traces, answered its models' BLS calls and counted its custom metrics.
+Each server owns its tracer, the hooks its Python models call the server through (BLS, model control),
+the registry of their custom metric families and its open response channels; before, all four were module
+globals, so the server started last took the other's traces, answered its models' BLS calls and counted
+its custom metrics, and each server's ``/status.json`` counted the other's streams.
 Both servers run in this process (HTTP on port 0, the official tritonclient), each on a repository of
 its own with the same model names: a ``target`` that answers with its server's tag, and a ``caller``
 that counts its requests in a custom counter and asks ``target`` through BLS.
@@ -19,6 +20,9 @@ import pytest
 import tritonclient.http as httpclient
 
 from triton_actor.config.command_line import parse
+from triton_actor.inference import InferInput, InferRequest
+from triton_actor.plane import live_status
+from triton_actor.protocol.dtypes import BY_WIRE
 from triton_actor.server import Server
 
 from .server import add_model
@@ -59,12 +63,27 @@ class TritonPythonModel:
             responses.append(pb_utils.InferenceResponse([pb_utils.get_output_tensor_by_name(answer, "OUT")]))
         return responses
 """
+STREAM_CONFIG = ('name: "stream"\nbackend: "python"\nmax_batch_size: 0\n'
+                 'model_transaction_policy { decoupled: true }\n' + IO)
+STREAM_PY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for r in requests:
+            sender = r.get_response_sender()
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([b"x"], dtype=object))]),
+                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
 
 
 def _server(root: Path, tag: str) -> Server:
     repo = root / f"repo_{tag}"
     add_model(repo, "target", TARGET_CONFIG, TARGET_PY.format(tag=tag))
     add_model(repo, "caller", CALLER_CONFIG, CALLER_PY)
+    add_model(repo, "stream", STREAM_CONFIG, STREAM_PY)
     settings = parse(["--model-repository", str(repo), "--http-port", "0", "--http-address", "127.0.0.1",
                       "--allow-grpc=false", "--allow-metrics=false", "--trace-config", "level=TIMESTAMPS",
                       "--trace-config", "rate=1", "--trace-config", f"triton,file={root / f'trace_{tag}.json'}"])
@@ -137,3 +156,20 @@ def test_custom_metric_families_count_their_own_servers_requests(servers: dict[s
     _infer(a, "caller")
     assert _calls(a) - before_a == 1
     assert _calls(b) - before_b == 3
+
+
+def _open_streams(server: Server) -> int:
+    return live_status.local_status(server.plane)["streams"]["open"]
+
+
+def test_each_server_counts_its_own_open_streams(servers: dict[str, Server]) -> None:
+    a, b = servers["A"], servers["B"]
+    request = InferRequest("stream", -1, "", {"IN": InferInput("IN", BY_WIRE["INT32"], (1,), np.array([1], np.int32))})
+    streamed = a.plane.infer_stream(request)  # A's channel stays open until its final response is read
+    try:
+        assert (_open_streams(a), _open_streams(b)) == (1, 0)
+        item, final = next(streamed.responses)
+        assert final and not isinstance(item, Exception)
+    finally:
+        streamed.responses.close()  # type: ignore[attr-defined]
+    assert (_open_streams(a), _open_streams(b)) == (0, 0)

@@ -32,6 +32,7 @@ from ..runtime.response_channel import (
     STREAM_STALL_SECS,
     BoundedResponseChannel,
     ChannelResponses,
+    OpenStreams,
     StreamAccount,
 )
 from .memory_budget import MemoryBudget
@@ -80,7 +81,7 @@ class DataPlane:
 
     def __init__(self, repository: RepositoryActor, server_id: str = "triton", strict_readiness: bool = True,
                  shm: SharedMemoryRegistry | None = None, runtime: RuntimeSettings | None = None,
-                 host: Host | None = None) -> None:
+                 host: Host | None = None, streams: OpenStreams | None = None) -> None:
         self.repository = repository
         self.shm = shm or SharedMemoryRegistry()
         self.server_id = server_id
@@ -90,6 +91,8 @@ class DataPlane:
         self.tracer = self.runtime.tracer  # its ``otel`` is read once per request: set in OpenTelemetry mode only
         self.accepting = False
         self.host: Host = host or LocalHost()  # host-wide reads and changes go through it (host/base.py)
+        # the server's open response channels: what clients' streams hold (/status.json's streams)
+        self.streams = streams or OpenStreams()
         self.on_demand: OnDemand | None = None  # --model-load-on-demand (plane/on_demand.py), set by the server
         self.budget: MemoryBudget | None = None  # --model-memory-budget (plane/memory_budget.py), set by the server
 
@@ -258,7 +261,7 @@ class DataPlane:
             return Streamed(route, _one_response(reply))
         # a client's stream that stops reading ends the request (STREAM_STALL_SECS); a model's BLS call waits
         channel = BoundedResponseChannel(STREAM_MAX_RESPONSES, STREAM_MAX_BYTES, account,
-                                         None if internal else STREAM_STALL_SECS)
+                                         None if internal else STREAM_STALL_SECS, self.streams)
         try:
             reply = target.infer(request._replace(responses=channel))
         except BaseException:

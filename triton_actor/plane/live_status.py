@@ -3,7 +3,7 @@
 :func:`local_status` is this process's ``"status"`` host handler (registered by the server): the repository
 index (every model version with its state and reason) and, for each READY version, its scheduler's
 :class:`~..actors.scheduling.scheduler.GetStatus` answer, and ``streams``: what streaming requests hold that their
-clients have not taken yet (:func:`~..runtime.response_channel.stream_totals`). :func:`merge` sums the answers of every worker into what
+clients have not taken yet (the server's :class:`~..runtime.response_channel.OpenStreams`). :func:`merge` sums the answers of every worker into what
 ``/status.json`` serves: counts and latency histograms are added first, then percentiles are read from
 the summed histogram (percentiles of workers cannot be averaged).
 
@@ -20,7 +20,6 @@ from ..actors.model.handles import READY
 from ..errors import TritonError
 from ..metrics.statistics import LATENCY_BUCKETS, percentile_ns
 from ..runtime import gc_settle
-from ..runtime.response_channel import stream_totals
 from .dataplane import DataPlane
 
 _SUMMED = ("queued", "running", "busy_instances", "success", "fail", "inference_count", "execution_count",
@@ -44,7 +43,7 @@ def local_status(plane: DataPlane, _args: dict[str, Any] | None = None) -> dict[
                 pass  # unloaded meanwhile: state and reason only
         versions.append(row)
     return {"worker": plane.host.worker_id, "live": plane.is_live(), "ready": plane.is_ready(),
-            "time_ns": time.time_ns(), "versions": versions, "streams": stream_totals(), "gc": gc_settle.status(),
+            "time_ns": time.time_ns(), "versions": versions, "streams": plane.streams.totals(), "gc": gc_settle.status(),
             **({"memory_budget": plane.budget.status()} if plane.budget is not None else {})}
 
 

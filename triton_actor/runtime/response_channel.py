@@ -63,6 +63,31 @@ _STALL_STEPS = 5
 Item = tuple[Any, bool]  # (InferResponse | TritonError | None, final)
 
 
+class OpenStreams:
+    """The bounded channels of one server not yet closed, and what they hold (``/status.json``'s
+    ``streams``). The ``Server`` makes one and hands it to the data plane and the ensembles, so two
+    servers in one process count their own. Hub thread: channels join when made and leave when closed;
+    a channel nobody closed is not kept for ever (the set is weak)."""
+
+    __slots__ = ("_open",)
+
+    def __init__(self) -> None:
+        self._open: weakref.WeakSet[BoundedResponseChannel] = weakref.WeakSet()
+
+    def add(self, channel: BoundedResponseChannel) -> None:
+        self._open.add(channel)
+
+    def discard(self, channel: BoundedResponseChannel) -> None:
+        self._open.discard(channel)
+
+    def totals(self) -> dict[str, int]:
+        """What the channels hold now (hub thread)."""
+        held = [c.held for c in list(self._open)]
+        return {"open": len(held), "responses": sum(h[0] for h in held), "bytes": sum(h[1] for h in held),
+                "waiting_senders": sum(h[2] for h in held), "max_responses": STREAM_MAX_RESPONSES,
+                "max_bytes": STREAM_MAX_BYTES}
+
+
 class ResponseChannel:
     """Responses of one streaming request, from whichever thread produces them to one greenlet.
 
@@ -211,14 +236,15 @@ class BoundedResponseChannel(ResponseChannel):
 
     __slots__ = ("_max_count", "_max_bytes", "_resume_count", "_resume_bytes", "_sizes", "_bytes_in",
                  "_bytes_out", "_waiters", "_hub_thread", "on_taken", "on_closed", "remote_waiting", "_account",
-                 "_stall", "_taken", "__weakref__")
+                 "_stall", "_taken", "_streams", "__weakref__")
 
     def __init__(self, max_count: int, max_bytes: int | None = None, account: StreamAccount | None = None,
-                 stall: float | None = None) -> None:
+                 stall: float | None = None, streams: OpenStreams | None = None) -> None:
         """``account``: the bound this channel shares with the other requests of its stream (instead
         of ``max_count`` / ``max_bytes`` of its own). ``stall``: a producer that waited that many seconds
         while the consumer took nothing ends the request (:meth:`_stalled`); None: it waits as long as
-        the consumer lives (a BLS caller, an ensemble's step)."""
+        the consumer lives (a BLS caller, an ensemble's step). ``streams``: the server's open channels,
+        which count this one until it closes (None: uncounted)."""
         super().__init__()
         if account is not None:
             max_count, max_bytes = account.max_count, account.max_bytes
@@ -240,7 +266,9 @@ class BoundedResponseChannel(ResponseChannel):
         # (responses, bytes) dropped unread by close(), the final not counted: the hub, once
         self.on_closed: Callable[[int, int], None] | None = None
         self.remote_waiting = False  # its send waits for credit (written by the thread that reads it)
-        _open.add(self)
+        self._streams = streams
+        if streams is not None:
+            streams.add(self)
 
     @property
     def held(self) -> tuple[int, int, int]:
@@ -377,7 +405,8 @@ class BoundedResponseChannel(ResponseChannel):
             self._items.clear()
             self._sizes.clear()
         self._release()
-        _open.discard(self)
+        if self._streams is not None:
+            self._streams.discard(self)
         on_closed, self.on_closed = self.on_closed, None
         if on_closed is not None:
             on_closed(*charged)
@@ -430,17 +459,3 @@ class ChannelResponses:
             channel.close()
 
     __del__ = close  # dropped unclosed (as a generator is closed when collected)
-
-
-# bounded channels not yet closed (hub thread); weak, so one nobody closed is not kept for ever by this
-_open: weakref.WeakSet[BoundedResponseChannel] = weakref.WeakSet()
-
-
-def stream_totals() -> dict[str, int]:
-    """What the bounded channels of this process hold now (hub thread; for ``/status.json``)."""
-    held = [c.held for c in list(_open)]
-    return {"open": len(held), "responses": sum(h[0] for h in held), "bytes": sum(h[1] for h in held),
-            "waiting_senders": sum(h[2] for h in held), "max_responses": STREAM_MAX_RESPONSES,
-            "max_bytes": STREAM_MAX_BYTES}
-
-

@@ -1,5 +1,8 @@
 """The request memory budget (frontends/budget.py): first come first served, one oversized request
-alone, waits that run out or are killed give their place back."""
+alone, waits that run out or are killed give their place back.
+
+``gevent.sleep(0)`` is one turn of the hub, not a wait on time: the greenlets just spawned run until they
+wait on the budget, in the order they were spawned."""
 
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ def test_scrapes_arriving_during_a_render_share_the_next_one() -> None:
     gevent.sleep(0)  # the first render runs (waits on the gate)
     state["value"] = 1  # what happened after the first render started
     later = [gevent.spawn(shared) for _ in range(10)]
-    gevent.sleep(0)
+    gevent.sleep(0)  # one hub turn: they run until they wait for the next render
     gate.set()
     gevent.joinall([first, *later], timeout=5, raise_error=True)
     assert first.value == b"0"
@@ -74,9 +74,9 @@ def test_a_failed_render_fails_the_scrapes_that_shared_it_and_the_next_starts_af
 
     shared = SharedRender(render, gap=0.0)
     first = gevent.spawn(shared)
-    gevent.sleep(0)
+    gevent.sleep(0)  # one hub turn: the first render runs (waits on the gate)
     joined = [gevent.spawn(shared) for _ in range(3)]  # they share the second render, which fails
-    gevent.sleep(0)
+    gevent.sleep(0)  # one hub turn: they run until they wait for it
     gate.set()
     gevent.joinall([first, *joined], timeout=5)
     assert first.value == b"ok"

@@ -43,7 +43,7 @@ def test_waiting_is_bounded_in_number_and_by_the_requests_timeout(tmp_path: Path
     assert info.value.code == Code.UNAVAILABLE and "already wait" in info.value.message
     release.set()
     waiter.get(timeout=10)
-    slow = OnDemand([tmp_path], lambda name: gevent.sleep(10))
+    slow = OnDemand([tmp_path], lambda name: gevent.sleep(10))  # a load slower than the wait's 1 ms timeout
     with pytest.raises(TritonError, match="timeout expired while model 'm' was loading"):
         slow.wait("m", slow.start("m"), 1000)  # type: ignore[arg-type]
 

@@ -252,10 +252,12 @@ def test_reply_completes_even_when_close_times_out() -> None:
 
 
 @pytest.mark.timeout(30)
-def test_threads_a_job_starts_keep_running_while_the_worker_is_idle(workers) -> None:
-    """Model code on a worker may start a ``threading.Thread`` (a greenlet of the worker thread's own
-    hub, ``threading`` being patched) and return; that thread must go on running while the worker
-    waits for its next job: decoupled models answer from such threads."""
+@pytest.mark.parametrize("kind", ["greenlet", "thread"])
+def test_threads_a_job_starts_keep_running_while_the_worker_is_idle(workers, kind: str) -> None:
+    """Model code on a worker may start a thread and return; that thread must go on running while the
+    worker waits for its next job: decoupled models answer from such threads. Under the server's
+    patching a ``threading.Thread`` is a native thread; a model that uses gevent (or ``threading`` where
+    it is patched, as in the test process) starts a greenlet of the worker thread's own hub."""
     import threading
     import time
 
@@ -266,10 +268,13 @@ def test_threads_a_job_starts_keep_running_while_the_worker_is_idle(workers) -> 
     def job(_state: str, n: int) -> str:
         def later() -> None:
             for i in range(n):
-                time.sleep(0.01)  # patched: yields to the worker thread's hub
+                time.sleep(0.01)  # the model's pace (time is patched: a greenlet yields to its hub)
                 channel.send(i, i == n - 1)
 
-        threading.Thread(target=later, daemon=True).start()
+        if kind == "greenlet":
+            gevent.spawn(later)
+        else:
+            threading.Thread(target=later, daemon=True).start()
         return "started"
 
     w = _worker(workers, "w")

@@ -2,71 +2,80 @@
 back to the waiting thread, a background run survives the garbage collector while it waits on a future
 nobody else holds, and the loop's thread answers ``current_worker()`` as the instance that made it.
 
-The checks run in a child interpreter without gevent's patching, as the server runs model code (it
-leaves ``threading`` native); this test process patches everything, and an asyncio loop woken from
-another native thread does not work under that."""
+These hold under the server's patching (``threading`` native), which is where model code runs. Under the
+test process's own patching (``threading`` too, for tritonclient's gRPC client) the loop's thread is woken
+through a patched lock and the first ``wait`` never returns: so they are marked ``server_patching`` and
+run in the child pytest of tests/unit/test_server_patching.py, patched as the server is.
+"""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
+import asyncio
+import gc
+import weakref
 
-ROOT = Path(__file__).resolve().parents[3]
+import pytest
 
-CHECKS = r'''
-import asyncio, gc, weakref
 from triton_actor.runtime import bridge, loop_thread
 from triton_actor.runtime.loop_thread import LoopThread
 from triton_actor.runtime.threads import NativeEvent
 
-async def value(x):
-    await asyncio.sleep(0)
+pytestmark = [pytest.mark.server_patching, pytest.mark.timeout(30)]
+
+
+async def _value(x: int) -> int:
+    await asyncio.sleep(0)  # a turn of the model's loop
     return x * 2
 
-async def fails():
+
+async def _fails() -> None:
     raise ValueError("from the coroutine")
 
-loop = LoopThread()
-assert loop.wait(value(21)) == 42
-try:
-    loop.wait(fails())
-    raise AssertionError("no error")
-except ValueError as e:
-    assert str(e) == "from the coroutine"
 
-# a background run waiting on a future only it holds survives a collection
-waiting, finished, holder = NativeEvent(), NativeEvent(), []
-async def background():
-    future = asyncio.get_running_loop().create_future()
-    holder.append(future)
-    waiting.set()
-    await future
-    finished.set()
-loop.submit(background())
-assert waiting.wait(10)
-future_ref = weakref.ref(holder.pop())
-gc.collect()
-future = future_ref()
-assert future is not None, "the waiting task and its future were collected"
-loop.loop.call_soon_threadsafe(future.set_result, None)
-assert finished.wait(10), "the background run was lost"
-loop.close()
-
-# made on an instance's thread, the loop's thread acts for its worker
-worker = object()
-loop_thread.current_worker = lambda: worker
-acting = LoopThread()
-async def ask():
-    return bridge.current_worker()
-assert acting.wait(ask()) is worker
-acting.close()
-assert bridge.current_worker() is None
-print("ok")
-'''
+def test_results_and_errors_come_back_to_the_waiting_thread() -> None:
+    loop = LoopThread()
+    try:
+        assert loop.wait(_value(21)) == 42
+        with pytest.raises(ValueError, match="from the coroutine"):
+            loop.wait(_fails())
+    finally:
+        loop.close()
 
 
-def test_loop_thread_in_a_plain_interpreter() -> None:
-    done = subprocess.run([sys.executable, "-c", CHECKS], cwd=ROOT, capture_output=True, text=True, timeout=60,
-                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
-    assert done.stdout.strip() == "ok", done.stderr
+def test_a_background_run_waiting_on_a_future_only_it_holds_survives_a_collection() -> None:
+    loop = LoopThread()
+    waiting, finished, holder = NativeEvent(), NativeEvent(), []
+
+    async def background() -> None:
+        future = asyncio.get_running_loop().create_future()
+        holder.append(future)
+        waiting.set()
+        await future
+        finished.set()
+
+    try:
+        loop.submit(background())
+        assert waiting.wait(10)
+        future_ref = weakref.ref(holder.pop())
+        gc.collect()
+        future = future_ref()
+        assert future is not None, "the waiting task and its future were collected"
+        loop.loop.call_soon_threadsafe(future.set_result, None)
+        assert finished.wait(10), "the background run was lost"
+    finally:
+        loop.close()
+
+
+def test_the_loops_thread_acts_for_the_instance_that_made_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    worker = object()
+    monkeypatch.setattr(loop_thread, "current_worker", lambda: worker)  # made on an instance's thread
+    acting = LoopThread()
+
+    async def ask() -> object:
+        return bridge.current_worker()
+
+    try:
+        assert acting.wait(ask()) is worker
+    finally:
+        acting.close()
+    assert bridge.current_worker() is None

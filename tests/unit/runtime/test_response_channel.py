@@ -5,8 +5,6 @@ sleeps: the tests wait on the channel's own report of a waiting producer (a boun
 
 from __future__ import annotations
 
-import threading
-
 import gevent
 import numpy as np
 import pytest
@@ -125,8 +123,8 @@ def test_a_producer_greenlet_on_a_thread_with_its_own_hub_waits_alone() -> None:
 
     def thread_main() -> None:
         try:
-            sender = threading.Thread(target=lambda: [channel.send(i, False) for i in range(10)])
-            sender.start()  # a greenlet of this thread's hub (threading is patched)
+            # a greenlet of this thread's hub, as a model's gevent "thread" is (whatever the patching)
+            sender = gevent.spawn(lambda: [channel.send(i, False) for i in range(10)])
             for i in range(50):
                 ticks.append(i)
                 gevent.sleep(0)  # this thread's hub runs its other greenlets meanwhile
@@ -256,8 +254,8 @@ def test_a_producer_greenlet_whose_consumer_takes_nothing_for_the_stall_ends_the
 
     def thread_main() -> None:
         try:
-            sender = threading.Thread(target=lambda: [channel.send(i, False) for i in range(10)])
-            sender.start()  # a greenlet of this thread's hub: it waits on a watcher, with the stall's timeout
+            # a greenlet of this thread's hub: it waits on a watcher, with the stall's timeout
+            sender = gevent.spawn(lambda: [channel.send(i, False) for i in range(10)])
             sender.join()
         finally:
             done.release()

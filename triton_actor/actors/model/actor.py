@@ -384,7 +384,7 @@ class ModelActor(Actor):
                 self.model, v, plan.model_dir, plan.selected[v], plan.config, config_json, plan.backend,
                 backend_config, plan.stamp.part(plan.selected[v].name), self._settings.workers, plan.graph,
                 self._routes, self._version_down, self._settings.tracer, self._settings.server_hooks,
-                self._settings.rate_limiter, self._settings.response_cache),
+                self._settings.rate_limiter, self._settings.response_cache, self._settings.streams),
                 self._settings.load_timeout_s, self._settings.latency_metrics, self._settings.load_retries)
             for v in versions
         }

@@ -16,6 +16,7 @@ from ...observability.tracing import Tracer
 from ...repository import snapshot
 from ...repository.config import ModelConfig
 from ...runtime.kernel import ActorRef, Reply
+from ...runtime.response_channel import OpenStreams
 from ..scheduling.rate_limiter import RateLimiter
 from .version import Version
 
@@ -44,6 +45,9 @@ class LoadSettings:
     # the server's response cache store (cache/: local or redis), None without --cache-config; each version
     # whose config enables response_cache answers through it (actors/model/cached.py)
     response_cache: Any = None
+    # the server's open response channels (runtime/response_channel.py): an ensemble's decoupled steps
+    # count there, for /status.json's streams; None: uncounted
+    streams: OpenStreams | None = None
 
 
 @dataclass(frozen=True, slots=True)

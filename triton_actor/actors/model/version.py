@@ -25,6 +25,7 @@ from ...repository.config import ModelConfig
 from ...repository.ensemble_graph import Graph
 from ...repository.snapshot import FileEntry
 from ...runtime.kernel import Reply
+from ...runtime.response_channel import OpenStreams
 from ..scheduling.batch_queue import BatchPolicy
 from ..scheduling.ensemble import EnsembleScheduler, Routes
 from ..scheduling.instance import ModelInstance
@@ -109,6 +110,7 @@ class VersionSource:
     server_hooks: Any = None  # the server's pb_utils ServerHooks, for every instance (LoadSettings.server_hooks)
     rate_limiter: RateLimiter | None = None  # the server's (LoadSettings.rate_limiter); None: --rate-limit=off
     response_cache: Any = None  # the server's cache store (LoadSettings.response_cache); None: no --cache-config
+    streams: OpenStreams | None = None  # the server's open channels (LoadSettings.streams), for an ensemble's steps
 
 
 def start_version(src: VersionSource, load_timeout_s: float,
@@ -211,7 +213,7 @@ def _start_ensemble(src: VersionSource, rec: Version) -> Version:
     stats = VersionStats(src.model, src.version)
     max_inflight = src.config.ensemble_scheduling.max_inflight_requests
     scheduler = EnsembleScheduler(f"ensemble:{src.model}:{src.version}", src.graph, src.routes, stats, max_inflight,
-                                  version=src.version)
+                                  version=src.version, streams=src.streams)
     scheduler.start()
     log.info("successfully loaded '%s' version %d", src.model, src.version)
     rec.scheduler, rec.validator = scheduler, RequestValidator(src.config)  # type: ignore[assignment]

@@ -45,7 +45,13 @@ from ...metrics.statistics import VersionStats
 from ...repository.ensemble_graph import Graph, Step
 from ...runtime import fastpath
 from ...runtime.kernel import InlineActor, Reply
-from ...runtime.response_channel import STREAM_MAX_BYTES, STREAM_MAX_RESPONSES, BoundedResponseChannel, ResponseChannel
+from ...runtime.response_channel import (
+    STREAM_MAX_BYTES,
+    STREAM_MAX_RESPONSES,
+    BoundedResponseChannel,
+    OpenStreams,
+    ResponseChannel,
+)
 from ...runtime.wake_timer import Wake, WakeTimer
 from .ensemble_step import MEMO_SIZE, StepPlan, StepReply, checked_batch
 from .scheduler import Drain, Enqueue, GetStats, GetStatus
@@ -117,9 +123,11 @@ class EnsembleScheduler(InlineActor):
 
     def __init__(self, name: str, graph: Graph, routes: Routes, stats: VersionStats, max_inflight: int = 0,
                  steps_per_turn: int = STEPS_PER_TURN, turns: Callable[[Callable[[object], None]], Any] = WakeTimer,
-                 version: int = 1) -> None:
-        # ``turns(tell)``: the next-hub-turn timer (a WakeTimer armed with no delay; tests pass a manual one)
+                 version: int = 1, streams: OpenStreams | None = None) -> None:
+        # ``turns(tell)``: the next-hub-turn timer (a WakeTimer armed with no delay; tests pass a manual one);
+        # ``streams``: the server's open channels, which count the channels of decoupled steps (/status.json)
         super().__init__(name)
+        self._streams = streams
         self._graph = graph
         self._routes = routes
         self._stats = stats
@@ -314,7 +322,8 @@ class EnsembleScheduler(InlineActor):
                 raise TritonError.not_found(f"Request for unknown model: '{step.model}' is not found")
             version = handle.resolve(step.version)
             if handle.config.model_transaction_policy.decoupled:
-                channel = BoundedResponseChannel(self._max_inflight or STREAM_MAX_RESPONSES, STREAM_MAX_BYTES)
+                channel = BoundedResponseChannel(self._max_inflight or STREAM_MAX_RESPONSES, STREAM_MAX_BYTES,
+                                                 streams=self._streams)
                 request = request._replace(responses=channel)
                 reply = version.infer(request)
             elif fastpath.enabled:  # answered on the stack that completes it (ensemble_step.py)
