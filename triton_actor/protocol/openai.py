@@ -26,6 +26,8 @@ from .payloads import json_object
 DEFAULT_MAX_TOKENS = 16  # Triton's --default-max-tokens default
 MAX_N = 16  # choices per request: each is one model request
 MAX_STOPS = 4  # OpenAI's limit on stop sequences
+MAX_LOGPROBS = 5  # alternatives per token of a completion (OpenAI's and Triton's schema: logprobs <= 5)
+MAX_TOP_LOGPROBS = 20  # alternatives per token of a chat (top_logprobs <= 20)
 # texts in one embeddings request, OpenAI's own limit: a model without batching makes one model request
 # per text, all queued at once, so a 64 MiB body of one-character strings would queue millions of them
 MAX_EMBEDDING_INPUTS = 2048
@@ -54,6 +56,7 @@ class Generation:
     max_tokens: int
     stop: tuple[str, ...]
     sampling: dict[str, Any]  # what the model's sampling_parameters JSON holds (max_tokens and stop included)
+    logprobs: int | None = None  # alternatives per token the client wants with log probabilities; None: none
 
     @property
     def chat(self) -> bool:
@@ -113,8 +116,6 @@ def _stops(value: Any) -> tuple[str, ...]:
 def _refuse_unsupported(data: dict[str, Any]) -> None:
     if data.get("logit_bias") is not None:
         raise TritonError.unsupported("'logit_bias' is not supported")
-    if data.get("logprobs") not in (None, False, 0) or data.get("top_logprobs") is not None:
-        raise TritonError.unsupported("'logprobs' are not supported: the model contract gives no log probabilities")
     if data.get("tools") or data.get("tool_choice") not in (None, "none") or data.get("functions"):
         raise TritonError.unsupported("'tools' are not supported: tool calling needs a tool-call parser")
     if data.get("suffix") is not None:
@@ -123,14 +124,33 @@ def _refuse_unsupported(data: dict[str, Any]) -> None:
         raise TritonError.unsupported("'best_of' above 1 is not supported")
 
 
+def _completion_logprobs(data: dict[str, Any]) -> int | None:
+    """A completion's ``logprobs``: how many alternatives per token; 0 or none asks for nothing (as Triton's)."""
+    return _number(data, "logprobs", 0, MAX_LOGPROBS, integer=True) or None
+
+
+def _chat_logprobs(data: dict[str, Any]) -> int | None:
+    """A chat's ``logprobs`` (a flag) and ``top_logprobs`` (alternatives per token, 0 when not given)."""
+    top = _number(data, "top_logprobs", 0, MAX_TOP_LOGPROBS, integer=True)
+    if not _flag(data, "logprobs"):
+        if top is not None:  # Triton's frontend's words, which its tests look for
+            raise invalid("top_logprobs", "refused: `top_logprobs` can only be used when `logprobs` is True")
+        return None
+    return top or 0
+
+
 def _generation(data: dict[str, Any], prompt: str, messages: tuple[tuple[str, str], ...],
                 max_tokens_keys: tuple[str, ...], default_max_tokens: int) -> Generation:
     model = _model(data)
     _refuse_unsupported(data)
+    logprobs = _chat_logprobs(data) if messages else _completion_logprobs(data)
+    if logprobs is not None and data.get("echo"):
+        raise TritonError.unsupported("'logprobs' with 'echo' is not supported: the model contract gives no "
+                                      "log probabilities of the prompt")
     stream = _flag(data, "stream")
     options = data.get("stream_options")
-    if options is not None and not stream:
-        raise invalid("stream_options", "can only be used when 'stream' is true")
+    if options is not None and not stream:  # Triton's frontend's words, which its tests look for
+        raise invalid("stream_options", "refused: `stream_options` can only be used when `stream` is True")
     if options is not None and not isinstance(options, dict):
         raise invalid("stream_options", "must be an object")
     include_usage = options is not None and options.get("include_usage") is True
@@ -151,7 +171,10 @@ def _generation(data: dict[str, Any], prompt: str, messages: tuple[tuple[str, st
     sampling["max_tokens"] = max_tokens
     if stop:
         sampling["stop"] = list(stop)
-    return Generation(model, prompt, messages, stream, include_usage, n, _flag(data, "echo"), max_tokens, stop, sampling)
+    if logprobs is not None:  # vLLM's key: the alternatives per token (the model also gets return_logprobs)
+        sampling["logprobs"] = logprobs
+    return Generation(model, prompt, messages, stream, include_usage, n, _flag(data, "echo"), max_tokens, stop,
+                      sampling, logprobs)
 
 
 def parse_completion(body: bytes, default_max_tokens: int = DEFAULT_MAX_TOKENS) -> Generation:

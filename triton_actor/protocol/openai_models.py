@@ -8,7 +8,9 @@ request's sampling keys as JSON), ``exclude_input_in_output`` (BOOL, ``not echo`
 ``return_num_input_tokens`` / ``return_num_output_tokens`` (BOOL, true) and TensorRT-LLM's separate
 ``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``frequency_penalty``, ``presence_penalty`` inputs
 (in the model's own datatype). Any other required input and the model is not of the contract.
-Outputs ``num_input_tokens`` / ``num_output_tokens`` (integers), when given, are the ``usage`` counts.
+Outputs ``num_input_tokens`` / ``num_output_tokens`` (integers), when given, are the ``usage`` counts; a
+BYTES output ``logprobs`` (the vLLM backend's JSON, :mod:`.openai_logprobs`) makes the model one that gives
+log probabilities, asked for with ``return_logprobs`` (BOOL) and ``sampling_parameters.logprobs``.
 
 **Embeddings** (``/v1/embeddings``): any model, not decoupled, with exactly one required input, of BYTES,
 and exactly one floating-point output (the MiniLM ensemble: ``TEXT`` → ``EMBEDDING``). A list of texts
@@ -24,15 +26,18 @@ import orjson
 
 from ..errors import TritonError
 from ..inference import InferInput, InferRequest, InferResponse, RequestedOutput
+from . import openai_logprobs
 from .dtypes import BYTES, DType
 from .openai import Generation
+from .openai_logprobs import Token
 
 # (name, datatype, dims, optional) of one input or output of the model's config
 Spec = tuple[str, DType, tuple[int, ...], bool]
 
 GENERATION_DOC = "docs/openai.md#the-model-contracts"
 _FLOATS = frozenset({"FP16", "FP32", "FP64"})
-_BOOL_INPUTS = ("stream", "exclude_input_in_output", "return_num_input_tokens", "return_num_output_tokens")
+_BOOL_INPUTS = ("stream", "exclude_input_in_output", "return_num_input_tokens", "return_num_output_tokens",
+                "return_logprobs")
 _SEPARATE = ("max_tokens", "temperature", "top_p", "seed", "frequency_penalty", "presence_penalty")
 _KNOWN = frozenset({"text_input", "sampling_parameters", *_BOOL_INPUTS, *_SEPARATE})
 
@@ -42,6 +47,7 @@ class GenerationModel:
     inputs: tuple[Spec, ...]  # the contract's inputs the model declares
     max_batch_size: int
     decoupled: bool
+    logprobs: bool = False  # whether it declares the BYTES output 'logprobs'
 
     @property
     def echoes(self) -> bool:
@@ -71,7 +77,8 @@ def generation_contract(model: str, inputs: list[Spec], outputs: list[Spec], max
     unknown = [name for name, _, _, optional in inputs if not optional and name not in _KNOWN]
     if unknown:
         raise not_of_contract(model, "generation", f"it requires input(s) {unknown} the API cannot fill")
-    return GenerationModel(tuple(s for s in inputs if s[0] in _KNOWN), max_batch_size, decoupled)
+    logprobs = any(name == "logprobs" and dtype is BYTES for name, dtype, *_ in outputs)
+    return GenerationModel(tuple(s for s in inputs if s[0] in _KNOWN), max_batch_size, decoupled, logprobs)
 
 
 def embedding_contract(model: str, inputs: list[Spec], outputs: list[Spec], max_batch_size: int,
@@ -107,6 +114,9 @@ def _tensor(spec: Spec, max_batch_size: int, value: object) -> InferInput:
 def generation_request(contract: GenerationModel, model: str, prompt: str, gen: Generation,
                        request_id: str = "") -> InferRequest:
     """The model request of one choice of ``gen`` (``prompt``: the rendered chat template for a chat)."""
+    if gen.logprobs is not None and not contract.logprobs:
+        raise TritonError.unsupported(f"'logprobs' are not given by model '{model}': it declares no BYTES output "
+                                      f"'logprobs' (see {GENERATION_DOC})")
     values: dict[str, object] = {
         "text_input": prompt.encode(),
         "stream": gen.stream and contract.decoupled,
@@ -114,6 +124,7 @@ def generation_request(contract: GenerationModel, model: str, prompt: str, gen: 
         "exclude_input_in_output": not gen.echo,
         "return_num_input_tokens": True,
         "return_num_output_tokens": True,
+        "return_logprobs": gen.logprobs is not None,
     }
     values.update((key, gen.sampling[key]) for key in _SEPARATE if key in gen.sampling)
     tensors = {}
@@ -139,6 +150,14 @@ def tokens_of(response: InferResponse) -> tuple[int | None, int | None]:
         if name in ("num_input_tokens", "num_output_tokens") and array.size and array.dtype.kind in "iu":
             found[name] = int(array.reshape(-1)[0])
     return found.get("num_input_tokens"), found.get("num_output_tokens")
+
+
+def logprobs_of(response: InferResponse, top_n: int) -> list[Token] | None:
+    """The tokens of the model's ``logprobs`` output (None: it gave none, or JSON ``null``)."""
+    for name, array in response.outputs:
+        if name == "logprobs" and array.size:
+            return openai_logprobs.parse(array.reshape(-1)[0], top_n)
+    return None
 
 
 def embedding_requests(contract: EmbeddingModel, model: str, texts: tuple[str, ...]) -> list[tuple[InferRequest, int]]:

@@ -43,7 +43,8 @@ def test_chat_prefers_max_completion_tokens_and_joins_text_parts() -> None:
     ({"model": "m", "prompt": "x", "n": True}, Code.INVALID_ARG, "n"),
     ({"model": "m", "prompt": "x", "stop": ["a"] * 5}, Code.INVALID_ARG, "stop"),
     ({"model": "m", "prompt": "x", "stream_options": {"include_usage": True}}, Code.INVALID_ARG, "stream_options"),
-    ({"model": "m", "prompt": "x", "logprobs": 2}, Code.UNSUPPORTED, "logprobs"),
+    ({"model": "m", "prompt": "x", "logprobs": 6}, Code.INVALID_ARG, "logprobs"),
+    ({"model": "m", "prompt": "x", "logprobs": 2, "echo": True}, Code.UNSUPPORTED, "logprobs"),
     ({"model": "m", "prompt": "x", "suffix": "y"}, Code.UNSUPPORTED, "suffix"),
 ])
 def test_bad_completions_name_their_parameter(fields: dict[str, object], code: Code, param: str) -> None:
