@@ -91,7 +91,8 @@ def _number(data: dict[str, Any], key: str, low: float, high: float, integer: bo
         return None
     kinds = (int,) if integer else (int, float)
     if isinstance(value, bool) or not isinstance(value, kinds) or not low <= value <= high:
-        raise invalid(key, f"must be {'an integer' if integer else 'a number'} from {low:g} to {high:g}, got {value!r}")
+        bounds = f"from {low} to {high}" if integer else f"from {low:g} to {high:g}"  # 2147483648, not 2.14748e+09
+        raise invalid(key, f"must be {'an integer' if integer else 'a number'} {bounds}, got {value!r}")
     return value
 
 
@@ -165,6 +166,8 @@ def _generation(data: dict[str, Any], prompt: str, messages: tuple[tuple[str, st
     _number(data, "seed", -(1 << 63), (1 << 64) - 1, integer=True)
     for key in ("frequency_penalty", "presence_penalty"):
         _number(data, key, -2, 2)
+    _number(data, "min_tokens", 0, 1 << 31, integer=True)  # vLLM's extensions that Triton's schema checks
+    _flag(data, "ignore_eos")
     n = _number(data, "n", 1, MAX_N, integer=True) or 1
     stop = _stops(data.get("stop"))
     sampling = {k: v for k, v in data.items() if k not in _NOT_SAMPLING and v is not None}
@@ -246,14 +249,16 @@ _TYPES = {Code.INVALID_ARG: "invalid_request_error", Code.UNSUPPORTED: "invalid_
 
 
 def error_body(error: TritonError, code: str | None = None, param: str | None = None) -> bytes:
-    """OpenAI's error object: ``{"error": {"message", "type", "param", "code"}}``."""
+    """OpenAI's error object, ``{"error": {"message", "type", "param", "code"}}``, and the message again as
+    ``detail``: Triton's OpenAI frontend answers FastAPI's ``{"detail": message}``, which its clients read
+    (and its test suite does); OpenAI's clients read ``error`` and ignore the rest."""
     match = _PARAM.match(error.message)
     return orjson.dumps({"error": {
         "message": error.message,
         "type": _TYPES.get(error.code, "server_error"),
         "param": param or (match.group(1) if match else None),
         "code": code,
-    }})
+    }, "detail": error.message})
 
 
 def auth_error_body(message: str) -> bytes:
