@@ -118,9 +118,14 @@ def test_embeddings_match_the_v2_infer_of_the_same_model(client: openai.OpenAI, 
     triton = httpclient.InferenceServerClient(server.url)
     text = httpclient.InferInput("TEXT", [3, 1], "BYTES")
     text.set_data_from_numpy(np.array([[s.encode()] for s in SENTENCES], dtype=np.object_))
-    expected = triton.infer("minilm_ensemble", [text]).as_numpy("EMBEDDING")
-    triton.close()
+    answer = triton.infer("minilm_ensemble", [text])
+    expected = answer.as_numpy("EMBEDDING")
     np.testing.assert_allclose(got, expected, atol=1e-6)
+    assert floats.usage.prompt_tokens == floats.usage.total_tokens == answer.as_numpy("num_input_tokens").sum() > 0
+    # the count Triton's own OpenAI test expects of this model (tokenized by vLLM) for one sentence
+    one = client.embeddings.create(model="minilm_ensemble", input="The food was delicious and the waiter...")
+    assert one.usage.prompt_tokens == 12
+    triton.close()
     raw = client.embeddings.create(model="minilm_ensemble", input=SENTENCES, encoding_format="base64")
     decoded = np.array([np.frombuffer(base64.b64decode(d.embedding), dtype="<f4") for d in raw.data])
     np.testing.assert_array_equal(decoded, expected)

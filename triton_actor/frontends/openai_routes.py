@@ -90,7 +90,8 @@ def openai_routes(app: Flask, plane: DataPlane, options: OpenAIOptions) -> None:
         pending = [(plane.infer_start(r), rows) for r, rows in parts]  # all queued first: batched together
         answers = _answers([p.reply for p, _ in pending], req)
         rows = [openai_models.embedding_rows(contract, a, n) for a, (_, n) in zip(answers, pending, strict=True)]
-        return _json(openai_responses.embeddings(request.model, _stack(rows), request.base64))
+        tokens = sum(openai_models.embedding_tokens(contract, a) for a in answers)
+        return _json(openai_responses.embeddings(request.model, _stack(rows), request.base64, tokens))
 
     @route("/v1/completions", "openai_completions", "POST")
     def completions(req: HttpRequest) -> Reply:

@@ -13,7 +13,8 @@ BYTES output ``logprobs`` (the vLLM backend's JSON, :mod:`.openai_logprobs`) mak
 log probabilities, asked for with ``return_logprobs`` (BOOL) and ``sampling_parameters.logprobs``.
 
 **Embeddings** (``/v1/embeddings``): any model, not decoupled, with exactly one required input, of BYTES,
-and exactly one floating-point output (the MiniLM ensemble: ``TEXT`` → ``EMBEDDING``). A list of texts
+and exactly one floating-point output (the MiniLM ensemble: ``TEXT`` → ``EMBEDDING``); an integer output
+``num_input_tokens``, when declared, is ``usage.prompt_tokens`` (summed over the texts). A list of texts
 becomes one request of ``n`` rows (``max_batch_size`` rows at most each), so dynamic batching sees them.
 """
 
@@ -36,6 +37,7 @@ Spec = tuple[str, DType, tuple[int, ...], bool]
 
 GENERATION_DOC = "docs/openai.md#the-model-contracts"
 _FLOATS = frozenset({"FP16", "FP32", "FP64"})
+_INTEGERS = frozenset({"INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64"})
 _BOOL_INPUTS = ("stream", "exclude_input_in_output", "return_num_input_tokens", "return_num_output_tokens",
                 "return_logprobs")
 _SEPARATE = ("max_tokens", "temperature", "top_p", "seed", "frequency_penalty", "presence_penalty")
@@ -60,6 +62,7 @@ class EmbeddingModel:
     input: Spec
     output: str
     max_batch_size: int
+    tokens: str | None = None  # its integer output 'num_input_tokens', when it declares one: usage.prompt_tokens
 
 
 def not_of_contract(model: str, kind: str, why: str) -> TritonError:
@@ -91,7 +94,8 @@ def embedding_contract(model: str, inputs: list[Spec], outputs: list[Spec], max_
         raise not_of_contract(model, "embeddings", "it needs exactly one floating-point output")
     if decoupled:
         raise not_of_contract(model, "embeddings", "it is decoupled")
-    return EmbeddingModel(required[0], floats[0], max_batch_size)
+    tokens = next((name for name, dtype, *_ in outputs if name == "num_input_tokens" and dtype.wire in _INTEGERS), None)
+    return EmbeddingModel(required[0], floats[0], max_batch_size, tokens)
 
 
 def _shape(dims: tuple[int, ...], max_batch_size: int, rows: int = 1) -> tuple[int, ...]:
@@ -166,7 +170,7 @@ def embedding_requests(contract: EmbeddingModel, model: str, texts: tuple[str, .
     name, dtype, dims, _ = contract.input
     mbs = contract.max_batch_size
     per = mbs if mbs > 0 else (len(texts) if dims and dims[0] < 0 else 1)
-    wanted = (RequestedOutput(contract.output),)
+    wanted = (RequestedOutput(contract.output),) + ((RequestedOutput(contract.tokens),) if contract.tokens else ())
     requests = []
     for start in range(0, len(texts), per):
         part = texts[start:start + per]
@@ -177,6 +181,14 @@ def embedding_requests(contract: EmbeddingModel, model: str, texts: tuple[str, .
         data = np.array([t.encode() for t in part], dtype=np.object_).reshape(shape)
         requests.append((InferRequest(model, -1, "", {name: InferInput(name, dtype, shape, data)}, wanted), len(part)))
     return requests
+
+
+def embedding_tokens(contract: EmbeddingModel, response: InferResponse) -> int:
+    """The input tokens of one response's texts, as the model counted them (0 when it does not)."""
+    for name, array in response.outputs:
+        if name == contract.tokens and array.dtype.kind in "iu":
+            return int(array.sum())
+    return 0
 
 
 def embedding_rows(contract: EmbeddingModel, response: InferResponse, rows: int) -> np.ndarray:
