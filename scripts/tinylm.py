@@ -59,10 +59,11 @@ instance_group [ { count: 2, kind: KIND_CPU } ]
 parameters { key: "token_delay_ms" value: { string_value: "%(delay)s" } }
 """
 
-# the chat template (Jinja, as a Hugging Face tokenizer keeps it): one line per message, then the answer's cue
+# the chat template (Jinja, as a Hugging Face tokenizer keeps it): one line per message, then the answer's cue,
+# its space included: a character model's first token would be that space, an answer of no word at one token
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}{{ m['role'] | capitalize }}: {{ m['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}Assistant:{% endif %}"
+    "{% if add_generation_prompt %}Assistant: {% endif %}"
 )
 
 

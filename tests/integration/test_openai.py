@@ -166,8 +166,8 @@ def test_chat_streamed_and_not_say_the_same(client: openai.OpenAI) -> None:
     assert whole.object == "chat.completion" and whole.choices[0].message.role == "assistant"
     text = whole.choices[0].message.content
     assert len(text) == 40 and whole.usage.completion_tokens == 40
-    # the template of tiny_lm/tokenizer_config.json made the prompt: 'System: ...\nUser: ...\nAssistant:'
-    assert whole.usage.prompt_tokens == len("System: Be brief.\nUser: What does the server do?\nAssistant:")
+    # the template of tiny_lm/tokenizer_config.json made the prompt: 'System: ...\nUser: ...\nAssistant: '
+    assert whole.usage.prompt_tokens == len("System: Be brief.\nUser: What does the server do?\nAssistant: ")
     chunks = list(client.chat.completions.create(model="tiny_lm", messages=messages, stream=True,
                                                  stream_options={"include_usage": True}, **GREEDY))
     assert chunks[0].choices[0].delta.role == "assistant"
