@@ -32,7 +32,7 @@ from ..protocol import openai, openai_logprobs, openai_models, openai_responses,
 from ..protocol.dtypes import BY_ENUM_VALUE
 from ..protocol.openai_logprobs import Aligner, Token
 from ..protocol.openai_models import Spec
-from ..protocol.openai_responses import Choice, StopScanner
+from ..protocol.openai_responses import Answer, Choice, StopScanner
 from ..runtime.kernel import Reply as Reply_
 from .http import JSON_HEADERS, HttpRequest, Reply, View
 from .http_status import OPENAI_STATUS, status_line
@@ -189,7 +189,7 @@ def _answers(replies: list[Reply_[InferResponse]], req: HttpRequest) -> list[Inf
     return [reply.get() for reply in replies]
 
 
-def _collected(choices: _Choices, req: HttpRequest) -> list[tuple[str, str, dict[str, Any] | None]]:
+def _collected(choices: _Choices, req: HttpRequest) -> list[Answer]:
     """Every choice's (text, finish_reason, logprobs). A client that closes its connection meanwhile cancels the
     generation, as it does a stream or an /infer: the reading greenlet is dropped and the requests closed."""
     if req.peer_gone is None:
@@ -249,7 +249,7 @@ class _Choices:
                                        "though the request asked for them (return_logprobs)")
         return tokens or []
 
-    def collect(self, index: int) -> tuple[str, str, dict[str, Any] | None]:
+    def collect(self, index: int) -> Answer:
         """The choice's (text, finish_reason, logprobs in OpenAI's shape or None)."""
         texts, tokens = [], []
         for piece, logprobs in self.pieces(index):
