@@ -216,6 +216,8 @@ def test_the_openai_port_serves_the_same_routes_only(server: ServerProcess) -> N
     assert len(answer.choices[0].text) == 40
     c.close()
     assert _http("GET", f"http://127.0.0.1:{port}/v2/health/ready")[0] == 404
+    assert _http("GET", f"http://127.0.0.1:{port}/health/ready")[0] == 200  # Triton's frontend's probe there
+    assert _http("GET", f"http://{server.url}/health/ready")[0] == 404  # not a route of the HTTP port
 
 
 def test_a_client_leaving_mid_stream_cancels_the_generation(client: openai.OpenAI, server: ServerProcess) -> None:
