@@ -3,14 +3,18 @@
 
 One server on a repository written by ``scripts/minilm.py`` (the encoder with dynamic batching); for each
 route and each ``--concurrency``, that many closed-loop clients (greenlets, one keep-alive connection each)
-send one sentence per request for ``--seconds``; requests/s and the mean latency are printed, with the
-OpenAI route's overhead (``1 - v1 / v2`` of the rates). The client runs on the server's machine: on a small
-one it takes CPU from the server, the same for both routes.
+send one sentence per request for ``--seconds``, the two routes taking turns ``--rounds`` times so that a
+change in the machine's load falls on both. Printed: requests/s, the mean latency and the server's CPU time
+per request (user + system from ``/proc/<pid>/stat`` of the server and its child processes, over the
+requests answered), with the OpenAI route's overhead in each (``v1 / v2 - 1`` of the CPU per request, ``1 -
+v1 / v2`` of the rates). CPU per request is the steadier figure on a shared machine: it does not count the
+time the server waited for a core. The client runs on the server's machine: on a small one it takes CPU
+from the server, the same for both routes.
 
 With ``--generation``: ``tiny_lm`` (``scripts/tinylm.py``, no delay per token) streams ``--tokens`` greedy
 tokens per request, one request at a time, over SSE (``/v1/completions``, ``stream: true``) and over the gRPC
 stream (``ModelStreamInfer`` through ``tritonclient.grpc``); time to first token and tokens/s, medians over
-``--requests`` requests.
+``--requests`` requests, and the server's CPU time per token over them all.
 
     .venv/bin/pip install -e ".[onnx,examples]"
     .venv/bin/python scripts/bench_openai.py                      # c = 1,8,32; 5 s each: about a minute
@@ -20,6 +24,7 @@ stream (``ModelStreamInfer`` through ``tritonclient.grpc``); time to first token
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -44,8 +49,31 @@ ROUTES = {
 }
 
 
-def drive(port: int, path: str, body: bytes, concurrency: int, seconds: float) -> tuple[float, float]:
-    """(requests/s, mean latency ms) of ``concurrency`` closed-loop clients for ``seconds``."""
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` and of its live children (a Python model's own process,
+    where a model runs isolated), from ``/proc``."""
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def own(stat: str) -> float:
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state is field 3 of stat(5)
+        return (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        if int(entry.name) == pid or ppid == pid:
+            total += own(stat)
+    return total
+
+
+def drive(port: int, path: str, body: bytes, concurrency: int, seconds: float) -> tuple[int, float, float]:
+    """(requests answered, seconds, latency ms summed) of ``concurrency`` closed-loop clients for ``seconds``."""
     import gevent
     from geventhttpclient import HTTPClient
     done: list[float] = []
@@ -66,8 +94,7 @@ def drive(port: int, path: str, body: bytes, concurrency: int, seconds: float) -
 
     started = time.perf_counter()
     gevent.joinall([gevent.spawn(client) for _ in range(concurrency)], raise_error=True)
-    elapsed = time.perf_counter() - started
-    return len(done) / elapsed, 1000 * sum(done) / max(1, len(done))
+    return len(done), time.perf_counter() - started, 1000 * sum(done)
 
 
 def sse_stream(port: int, tokens: int) -> tuple[float, int, float]:
@@ -131,15 +158,17 @@ def generation(args: argparse.Namespace, work: Path) -> None:
                       "--grpc-address", "127.0.0.1", log=work / "server.log")
     try:
         wait_ready(port, proc, timeout=120)
-        print("| transport | time to first token ms (median) | tokens/s (median) | tokens |")
-        print("| --- | --- | --- | --- |")
+        print("| transport | time to first token ms (median) | tokens/s (median) | tokens | server CPU µs/token |")
+        print("| --- | --- | --- | --- | --- |")
         for name, run in (("SSE /v1/completions", lambda: sse_stream(port, args.tokens)),
                           ("gRPC ModelStreamInfer", lambda: grpc_stream(f"127.0.0.1:{grpc_port}", args.tokens))):
             run()  # warm up
+            cpu = cpu_seconds(proc.pid)
             runs = [run() for _ in range(args.requests)]
+            per_token = 1e6 * (cpu_seconds(proc.pid) - cpu) / sum(r[1] for r in runs)
             ttft = sorted(r[0] for r in runs)[len(runs) // 2]
             rate = sorted(r[1] / r[2] for r in runs)[len(runs) // 2]
-            print(f"| {name} | {1000 * ttft:.1f} | {rate:.0f} | {runs[0][1]} |", flush=True)
+            print(f"| {name} | {1000 * ttft:.1f} | {rate:.0f} | {runs[0][1]} | {per_token:.0f} |", flush=True)
     finally:
         stop_servers([proc], work)
 
@@ -152,13 +181,22 @@ def embeddings(args: argparse.Namespace, work: Path) -> None:
         wait_ready(port, proc, timeout=180)
         for path, body in ROUTES.values():  # warm both routes up
             drive(port, path, body, 2, 1.0)
-        print("| concurrency | v2 infer req/s | v1/embeddings req/s | overhead | v2 ms | v1 ms |")
-        print("| --- | --- | --- | --- | --- | --- |")
+        print("| concurrency | v2 infer req/s | v1/embeddings req/s | rate overhead | v2 CPU ms/req "
+              "| v1 CPU ms/req | CPU overhead | v2 ms | v1 ms |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for c in args.concurrency:
-            v2_rate, v2_ms = drive(port, *ROUTES["v2 infer"], c, args.seconds)
-            v1_rate, v1_ms = drive(port, *ROUTES["v1/embeddings"], c, args.seconds)
-            print(f"| {c} | {v2_rate:.0f} | {v1_rate:.0f} | {100 * (1 - v1_rate / v2_rate):+.1f} % "
-                  f"| {v2_ms:.1f} | {v1_ms:.1f} |", flush=True)
+            sums = {name: [0, 0.0, 0.0, 0.0] for name in ROUTES}  # requests, seconds, latency ms, CPU s
+            for _ in range(args.rounds):
+                for name, (path, body) in ROUTES.items():
+                    cpu = cpu_seconds(proc.pid)
+                    n, elapsed, latency = drive(port, path, body, c, args.seconds / args.rounds)
+                    for i, value in enumerate((n, elapsed, latency, cpu_seconds(proc.pid) - cpu)):
+                        sums[name][i] += value
+            (n2, s2, l2, c2), (n1, s1, l1, c1) = sums["v2 infer"], sums["v1/embeddings"]
+            cpu2, cpu1 = 1000 * c2 / n2, 1000 * c1 / n1
+            print(f"| {c} | {n2 / s2:.0f} | {n1 / s1:.0f} | {100 * (1 - (n1 / s1) / (n2 / s2)):+.1f} % "
+                  f"| {cpu2:.2f} | {cpu1:.2f} | {100 * (cpu1 / cpu2 - 1):+.1f} % | {l2 / n2:.1f} | {l1 / n1:.1f} |",
+                  flush=True)
     finally:
         stop_servers([proc], work)
 
@@ -166,7 +204,8 @@ def embeddings(args: argparse.Namespace, work: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
-    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--seconds", type=float, default=5.0, help="per route and concurrency, over all rounds")
+    parser.add_argument("--rounds", type=int, default=5, help="turns each route takes per concurrency")
     parser.add_argument("--generation", action="store_true", help="streamed generation instead of embeddings")
     parser.add_argument("--tokens", type=int, default=200, help="tokens per generation")
     parser.add_argument("--requests", type=int, default=20, help="generations per transport")

@@ -135,7 +135,10 @@ input [
   { name: "TOKEN_EMBEDDINGS", data_type: TYPE_FP32, dims: [ -1, 384 ] },
   { name: "ATTENTION_MASK", data_type: TYPE_INT64, dims: [ -1 ] }
 ]
-output [ { name: "EMBEDDING", data_type: TYPE_FP32, dims: [ 384 ] } ]
+output [
+  { name: "EMBEDDING", data_type: TYPE_FP32, dims: [ 384 ] },
+  { name: "NUM_TOKENS", data_type: TYPE_INT32, dims: [ 1 ] }
+]
 instance_group [ { count: 1, kind: KIND_CPU } ]
 """,
     "minilm_ensemble": """# sentence embeddings: minilm_tokenize -> minilm_encoder_onnx -> minilm_pool (scripts/minilm.py)
@@ -143,7 +146,11 @@ name: "{name}"
 platform: "ensemble"
 max_batch_size: 64
 input [ { name: "TEXT", data_type: TYPE_STRING, dims: [ 1 ] } ]
-output [ { name: "EMBEDDING", data_type: TYPE_FP32, dims: [ 384 ] } ]
+# num_input_tokens: the OpenAI-compatible /v1/embeddings reports it as usage.prompt_tokens (docs/openai.md)
+output [
+  { name: "EMBEDDING", data_type: TYPE_FP32, dims: [ 384 ] },
+  { name: "num_input_tokens", data_type: TYPE_INT32, dims: [ 1 ] }
+]
 ensemble_scheduling {
   step [
     {
@@ -166,6 +173,7 @@ ensemble_scheduling {
       input_map { key: "TOKEN_EMBEDDINGS" value: "token_embeddings" }
       input_map { key: "ATTENTION_MASK" value: "attention_mask" }
       output_map { key: "EMBEDDING" value: "EMBEDDING" }
+      output_map { key: "NUM_TOKENS" value: "num_input_tokens" }
     }
   ]
 }

@@ -34,7 +34,8 @@ Ask it anything and it will answer with words about servers, models, requests an
 CONFIG = """\
 # tiny_lm: a character-level trigram model behind the OpenAI-compatible API (scripts/tinylm.py writes it).
 # Triton's OpenAI-frontend contract: text_input, stream, sampling_parameters, exclude_input_in_output in;
-# text_output (and the token counts) out; decoupled, so a stream is one response per character.
+# text_output (and the token counts, and logprobs as the vLLM backend gives them) out; decoupled, so a
+# stream is one response per character.
 name: "tiny_lm"
 backend: "python"
 max_batch_size: 0
@@ -45,21 +46,24 @@ input [
   { name: "sampling_parameters", data_type: TYPE_STRING, dims: [ 1 ], optional: true },
   { name: "exclude_input_in_output", data_type: TYPE_BOOL, dims: [ 1 ], optional: true },
   { name: "return_num_input_tokens", data_type: TYPE_BOOL, dims: [ 1 ], optional: true },
-  { name: "return_num_output_tokens", data_type: TYPE_BOOL, dims: [ 1 ], optional: true }
+  { name: "return_num_output_tokens", data_type: TYPE_BOOL, dims: [ 1 ], optional: true },
+  { name: "return_logprobs", data_type: TYPE_BOOL, dims: [ 1 ], optional: true }
 ]
 output [
   { name: "text_output", data_type: TYPE_STRING, dims: [ -1 ] },
   { name: "num_input_tokens", data_type: TYPE_INT32, dims: [ 1 ] },
-  { name: "num_output_tokens", data_type: TYPE_INT32, dims: [ 1 ] }
+  { name: "num_output_tokens", data_type: TYPE_INT32, dims: [ 1 ] },
+  { name: "logprobs", data_type: TYPE_STRING, dims: [ -1 ] }
 ]
 instance_group [ { count: 2, kind: KIND_CPU } ]
 parameters { key: "token_delay_ms" value: { string_value: "%(delay)s" } }
 """
 
-# the chat template (Jinja, as a Hugging Face tokenizer keeps it): one line per message, then the answer's cue
+# the chat template (Jinja, as a Hugging Face tokenizer keeps it): one line per message, then the answer's cue,
+# its space included: a character model's first token would be that space, an answer of no word at one token
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}{{ m['role'] | capitalize }}: {{ m['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}Assistant:{% endif %}"
+    "{% if add_generation_prompt %}Assistant: {% endif %}"
 )
 
 

@@ -9,7 +9,11 @@ response-less final flag; otherwise one response holds the whole text. Sampling 
 characters, ``stop`` (strings that end the text, left out of it; a stream leaves them to the server, which cuts
 the text and cancels the rest). Every response
 carries ``num_input_tokens`` (the prompt's characters) and ``num_output_tokens`` (its own characters).
-A client that goes away stops the generation (``is_cancelled``).
+With ``return_logprobs`` true it also carries ``logprobs`` as the vLLM backend gives them: JSON, one object
+per character of the response, ``{token_id: {"logprob", "rank", "decoded_token"}}`` with the sampled
+character first, then the ``sampling_parameters.logprobs`` most likely ones (the model's own distribution,
+before temperature and top_p, as vLLM's default). A client that goes away stops the generation
+(``is_cancelled``).
 """
 
 import json
@@ -56,37 +60,41 @@ class TritonPythonModel:
         params = json.loads(_input(request, "sampling_parameters", b"{}") or b"{}")
         stream = bool(_input(request, "stream", False))
         echo = not bool(_input(request, "exclude_input_in_output", True))
+        top_n = int(params.get("logprobs") or 0) if bool(_input(request, "return_logprobs", False)) else None
         stops = params.get("stop") or []
         stops = [stops] if isinstance(stops, str) else stops
         rng = np.random.default_rng(params.get("seed"))
         context = [INDEX.get(ch, INDEX[" "]) for ch in (" " + " " + prompt)[-2:]]
-        text, tokens = prompt if echo else "", 0
+        text, entries, generated = "", [], 0
         if stream and echo:
-            sender.send(self._response(prompt, prompt, 0))
-            text = ""
+            sender.send(self._response(prompt, prompt, 0, [] if top_n is not None else None))
         for _ in range(int(params.get("max_tokens", 16))):
             if sender.is_cancelled():
-                pb_utils.Logger.log_info(f"tiny_lm: request cancelled after {tokens} tokens")
+                pb_utils.Logger.log_info(f"tiny_lm: request cancelled after {generated} tokens")
                 break
-            ch = ALPHABET[self._sample(context, rng, float(params.get("temperature", 1.0)),
-                                       float(params.get("top_p", 1.0)))]
-            context = [context[1], INDEX[ch]]
-            tokens += 1
-            text += ch
-            cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
-            if cut >= 0 and not stream:  # a stream's stop strings are the server's to cut: it holds text back
-                text = text[:cut]
-                break
-            if stream:
+            probs = self.probs[context[0], context[1]]
+            token = self._sample(probs, rng, float(params.get("temperature", 1.0)), float(params.get("top_p", 1.0)))
+            entry = None if top_n is None else self._logprobs(probs, token, top_n)
+            context = [context[1], token]
+            generated += 1
+            if stream:  # a stream's stop strings are the server's to cut: it holds text back
                 time.sleep(self.delay)
-                sender.send(self._response(ch, prompt, 1))
+                sender.send(self._response(ALPHABET[token], prompt, 1, None if entry is None else [entry]))
+                continue
+            text += ALPHABET[token]
+            entries.append(entry)
+            cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
+            if cut >= 0:
+                text, entries = text[:cut], entries[:cut]
+                break
         if not stream:
-            sender.send(self._response(text, prompt, tokens), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            sender.send(self._response((prompt if echo else "") + text, prompt, generated,
+                                       None if top_n is None else entries),
+                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         else:
             sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
-    def _sample(self, context, rng, temperature, top_p):
-        probs = self.probs[context[0], context[1]]
+    def _sample(self, probs, rng, temperature, top_p):
         if temperature <= 0:
             return int(np.argmax(probs))
         probs = probs ** (1.0 / temperature)
@@ -95,9 +103,20 @@ class TritonPythonModel:
         keep = min(len(ranked), int(np.searchsorted(np.cumsum(ranked), top_p)) + 1)  # the nucleus: top_p of the mass
         return int(order[rng.choice(keep, p=ranked[:keep] / ranked[:keep].sum())])
 
-    def _response(self, text, prompt, tokens):
-        return pb_utils.InferenceResponse([
+    def _logprobs(self, probs, token, top_n):
+        """vLLM's entry for one generated token: the sampled one first, then the top_n most likely."""
+        order = np.argsort(-probs, kind="stable")  # ties: the alphabet's order, as argmax breaks them
+        rank = np.empty(len(order), dtype=np.int64)
+        rank[order] = np.arange(1, len(order) + 1)
+        return {str(int(i)): {"logprob": float(np.log(probs[i])), "rank": int(rank[i]), "decoded_token": ALPHABET[i]}
+                for i in (token, *order[:top_n])}
+
+    def _response(self, text, prompt, tokens, logprobs=None):
+        tensors = [
             pb_utils.Tensor("text_output", np.array([text.encode()], dtype=np.object_)),
             pb_utils.Tensor("num_input_tokens", np.array([len(prompt)], dtype=np.int32)),
             pb_utils.Tensor("num_output_tokens", np.array([tokens], dtype=np.int32)),
-        ])
+        ]
+        if logprobs is not None:
+            tensors.append(pb_utils.Tensor("logprobs", np.array([json.dumps(logprobs).encode()], dtype=np.object_)))
+        return pb_utils.InferenceResponse(tensors)

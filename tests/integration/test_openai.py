@@ -118,9 +118,14 @@ def test_embeddings_match_the_v2_infer_of_the_same_model(client: openai.OpenAI, 
     triton = httpclient.InferenceServerClient(server.url)
     text = httpclient.InferInput("TEXT", [3, 1], "BYTES")
     text.set_data_from_numpy(np.array([[s.encode()] for s in SENTENCES], dtype=np.object_))
-    expected = triton.infer("minilm_ensemble", [text]).as_numpy("EMBEDDING")
-    triton.close()
+    answer = triton.infer("minilm_ensemble", [text])
+    expected = answer.as_numpy("EMBEDDING")
     np.testing.assert_allclose(got, expected, atol=1e-6)
+    assert floats.usage.prompt_tokens == floats.usage.total_tokens == answer.as_numpy("num_input_tokens").sum() > 0
+    # the count Triton's own OpenAI test expects of this model (tokenized by vLLM) for one sentence
+    one = client.embeddings.create(model="minilm_ensemble", input="The food was delicious and the waiter...")
+    assert one.usage.prompt_tokens == 12
+    triton.close()
     raw = client.embeddings.create(model="minilm_ensemble", input=SENTENCES, encoding_format="base64")
     decoded = np.array([np.frombuffer(base64.b64decode(d.embedding), dtype="<f4") for d in raw.data])
     np.testing.assert_array_equal(decoded, expected)
@@ -161,8 +166,8 @@ def test_chat_streamed_and_not_say_the_same(client: openai.OpenAI) -> None:
     assert whole.object == "chat.completion" and whole.choices[0].message.role == "assistant"
     text = whole.choices[0].message.content
     assert len(text) == 40 and whole.usage.completion_tokens == 40
-    # the template of tiny_lm/tokenizer_config.json made the prompt: 'System: ...\nUser: ...\nAssistant:'
-    assert whole.usage.prompt_tokens == len("System: Be brief.\nUser: What does the server do?\nAssistant:")
+    # the template of tiny_lm/tokenizer_config.json made the prompt: 'System: ...\nUser: ...\nAssistant: '
+    assert whole.usage.prompt_tokens == len("System: Be brief.\nUser: What does the server do?\nAssistant: ")
     chunks = list(client.chat.completions.create(model="tiny_lm", messages=messages, stream=True,
                                                  stream_options={"include_usage": True}, **GREEDY))
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -211,6 +216,8 @@ def test_the_openai_port_serves_the_same_routes_only(server: ServerProcess) -> N
     assert len(answer.choices[0].text) == 40
     c.close()
     assert _http("GET", f"http://127.0.0.1:{port}/v2/health/ready")[0] == 404
+    assert _http("GET", f"http://127.0.0.1:{port}/health/ready")[0] == 200  # Triton's frontend's probe there
+    assert _http("GET", f"http://{server.url}/health/ready")[0] == 404  # not a route of the HTTP port
 
 
 def test_a_client_leaving_mid_stream_cancels_the_generation(client: openai.OpenAI, server: ServerProcess) -> None:

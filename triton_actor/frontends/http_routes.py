@@ -50,9 +50,15 @@ def create_app(plane: DataPlane, forward: re.Pattern[str] | None = None, offload
 
 
 def openai_app(plane: DataPlane, options: OpenAIOptions) -> Flask:
-    """The app of ``--openai-port``: the OpenAI routes only, as Triton's frontend serves on its port."""
+    """The app of ``--openai-port``: the OpenAI routes, as Triton's frontend serves on its port, and its
+    readiness probe ``/health/ready`` (a deployment moved from that frontend probes it there)."""
     app = empty_app()
     openai_routes(app, plane, options)
+
+    @app.get("/health/ready")
+    def openai_health_ready(req: HttpRequest) -> Reply:
+        return _OK_EMPTY if plane.is_ready() else _NOT_READY
+
     return app
 
 

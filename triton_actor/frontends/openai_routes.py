@@ -28,10 +28,11 @@ from flask import Flask
 from ..errors import Code, TritonError
 from ..inference import InferResponse
 from ..plane.dataplane import DataPlane, Streamed
-from ..protocol import openai, openai_models, openai_responses, restricted
+from ..protocol import openai, openai_logprobs, openai_models, openai_responses, restricted
 from ..protocol.dtypes import BY_ENUM_VALUE
+from ..protocol.openai_logprobs import Aligner, Token
 from ..protocol.openai_models import Spec
-from ..protocol.openai_responses import Choice, StopScanner
+from ..protocol.openai_responses import Answer, Choice, StopScanner
 from ..runtime.kernel import Reply as Reply_
 from .http import JSON_HEADERS, HttpRequest, Reply, View
 from .http_status import OPENAI_STATUS, status_line
@@ -89,7 +90,8 @@ def openai_routes(app: Flask, plane: DataPlane, options: OpenAIOptions) -> None:
         pending = [(plane.infer_start(r), rows) for r, rows in parts]  # all queued first: batched together
         answers = _answers([p.reply for p, _ in pending], req)
         rows = [openai_models.embedding_rows(contract, a, n) for a, (_, n) in zip(answers, pending, strict=True)]
-        return _json(openai_responses.embeddings(request.model, _stack(rows), request.base64))
+        tokens = sum(openai_models.embedding_tokens(contract, a) for a in answers)
+        return _json(openai_responses.embeddings(request.model, _stack(rows), request.base64, tokens))
 
     @route("/v1/completions", "openai_completions", "POST")
     def completions(req: HttpRequest) -> Reply:
@@ -187,8 +189,8 @@ def _answers(replies: list[Reply_[InferResponse]], req: HttpRequest) -> list[Inf
     return [reply.get() for reply in replies]
 
 
-def _collected(choices: _Choices, req: HttpRequest) -> list[tuple[str, str]]:
-    """Every choice's (text, finish_reason). A client that closes its connection meanwhile cancels the
+def _collected(choices: _Choices, req: HttpRequest) -> list[Answer]:
+    """Every choice's (text, finish_reason, logprobs). A client that closes its connection meanwhile cancels the
     generation, as it does a stream or an /infer: the reading greenlet is dropped and the requests closed."""
     if req.peer_gone is None:
         return [choices.collect(i) for i in range(len(choices.streams))]
@@ -210,11 +212,13 @@ class _Choices:
         self.counts = [Choice(gen.max_tokens) for _ in range(gen.n)]
         self.stopped = False  # whether the choice read last ended at a stop string
 
-    def pieces(self, index: int) -> Iterator[str]:
-        """The choice's text as it may be sent (stop strings applied); then ``finish_reason`` is known."""
-        scanner = StopScanner(self.gen.stop)
+    def pieces(self, index: int) -> Iterator[tuple[str, list[Token] | None]]:
+        """The choice's text as it may be sent (stop strings applied), each piece with the log probabilities
+        of the tokens it completes (None when not asked); then ``finish_reason`` is known."""
+        scanner, aligner, sent = StopScanner(self.gen.stop), Aligner(), 0
+        wanted = self.gen.logprobs is not None
         if self.echo:
-            yield self.echo
+            yield self.echo, None
         for item, _final in self.streams[index].responses:
             if isinstance(item, TritonError):
                 raise item
@@ -222,20 +226,41 @@ class _Choices:
                 continue
             text = openai_models.text_of(item)
             self.counts[index].count(text, openai_models.tokens_of(item))
+            if wanted:
+                aligner.add(self._logprobs(item, text))
             piece = scanner.feed(text)
+            sent += len(piece)
             if piece:
-                yield piece
+                yield piece, aligner.take(sent) if wanted else None
             if scanner.stopped:
                 break
         self.stopped = scanner.stopped
         self.streams[index].responses.close()  # stopped early: cancels the rest of the generation
         rest = scanner.flush()
-        if rest:
-            yield rest
+        sent += len(rest)
+        last = aligner.rest(sent) if wanted else None
+        if rest or last:
+            yield rest, last
 
-    def collect(self, index: int) -> tuple[str, str]:
-        text = "".join(self.pieces(index))
-        return text, self.counts[index].finish_reason(self.stopped)
+    def _logprobs(self, response: InferResponse, text: str) -> list[Token]:
+        tokens = openai_models.logprobs_of(response, self.gen.logprobs or 0)
+        if tokens is None and text:  # the contract says it does: a model that does not is at fault
+            raise TritonError.internal(f"model '{self.gen.model}' gave text without its 'logprobs' output, "
+                                       "though the request asked for them (return_logprobs)")
+        return tokens or []
+
+    def collect(self, index: int) -> Answer:
+        """The choice's (text, finish_reason, logprobs in OpenAI's shape or None)."""
+        texts, tokens = [], []
+        for piece, logprobs in self.pieces(index):
+            texts.append(piece)
+            tokens.extend(logprobs or ())
+        return "".join(texts), self.counts[index].finish_reason(self.stopped), self.logprobs(tokens)
+
+    def logprobs(self, tokens: list[Token] | None) -> dict[str, Any] | None:
+        if self.gen.logprobs is None or tokens is None:
+            return None
+        return openai_logprobs.chat(tokens) if self.gen.chat else openai_logprobs.completion(tokens)
 
     def close(self) -> None:
         for streamed in self.streams:
@@ -256,8 +281,8 @@ class _Events:
                 start = chunks.start(i)
                 if start:
                     yield start
-                for piece in choices.pieces(i):
-                    yield chunks.text(i, piece)
+                for piece, tokens in choices.pieces(i):
+                    yield chunks.text(i, piece, logprobs=choices.logprobs(tokens))
                 yield chunks.text(i, "", choices.counts[i].finish_reason(choices.stopped))
         except TritonError as e:  # the status line went out already: the error is the last event
             yield openai_responses.error_chunk(openai.error_body(e))

@@ -26,6 +26,8 @@ from .payloads import json_object
 DEFAULT_MAX_TOKENS = 16  # Triton's --default-max-tokens default
 MAX_N = 16  # choices per request: each is one model request
 MAX_STOPS = 4  # OpenAI's limit on stop sequences
+MAX_LOGPROBS = 5  # alternatives per token of a completion (OpenAI's and Triton's schema: logprobs <= 5)
+MAX_TOP_LOGPROBS = 20  # alternatives per token of a chat (top_logprobs <= 20)
 # texts in one embeddings request, OpenAI's own limit: a model without batching makes one model request
 # per text, all queued at once, so a 64 MiB body of one-character strings would queue millions of them
 MAX_EMBEDDING_INPUTS = 2048
@@ -54,6 +56,7 @@ class Generation:
     max_tokens: int
     stop: tuple[str, ...]
     sampling: dict[str, Any]  # what the model's sampling_parameters JSON holds (max_tokens and stop included)
+    logprobs: int | None = None  # alternatives per token the client wants with log probabilities; None: none
 
     @property
     def chat(self) -> bool:
@@ -88,7 +91,8 @@ def _number(data: dict[str, Any], key: str, low: float, high: float, integer: bo
         return None
     kinds = (int,) if integer else (int, float)
     if isinstance(value, bool) or not isinstance(value, kinds) or not low <= value <= high:
-        raise invalid(key, f"must be {'an integer' if integer else 'a number'} from {low:g} to {high:g}, got {value!r}")
+        bounds = f"from {low} to {high}" if integer else f"from {low:g} to {high:g}"  # 2147483648, not 2.14748e+09
+        raise invalid(key, f"must be {'an integer' if integer else 'a number'} {bounds}, got {value!r}")
     return value
 
 
@@ -113,8 +117,6 @@ def _stops(value: Any) -> tuple[str, ...]:
 def _refuse_unsupported(data: dict[str, Any]) -> None:
     if data.get("logit_bias") is not None:
         raise TritonError.unsupported("'logit_bias' is not supported")
-    if data.get("logprobs") not in (None, False, 0) or data.get("top_logprobs") is not None:
-        raise TritonError.unsupported("'logprobs' are not supported: the model contract gives no log probabilities")
     if data.get("tools") or data.get("tool_choice") not in (None, "none") or data.get("functions"):
         raise TritonError.unsupported("'tools' are not supported: tool calling needs a tool-call parser")
     if data.get("suffix") is not None:
@@ -123,14 +125,33 @@ def _refuse_unsupported(data: dict[str, Any]) -> None:
         raise TritonError.unsupported("'best_of' above 1 is not supported")
 
 
+def _completion_logprobs(data: dict[str, Any]) -> int | None:
+    """A completion's ``logprobs``: how many alternatives per token; 0 or none asks for nothing (as Triton's)."""
+    return _number(data, "logprobs", 0, MAX_LOGPROBS, integer=True) or None
+
+
+def _chat_logprobs(data: dict[str, Any]) -> int | None:
+    """A chat's ``logprobs`` (a flag) and ``top_logprobs`` (alternatives per token, 0 when not given)."""
+    top = _number(data, "top_logprobs", 0, MAX_TOP_LOGPROBS, integer=True)
+    if not _flag(data, "logprobs"):
+        if top is not None:  # Triton's frontend's words, which its tests look for
+            raise invalid("top_logprobs", "refused: `top_logprobs` can only be used when `logprobs` is True")
+        return None
+    return top or 0
+
+
 def _generation(data: dict[str, Any], prompt: str, messages: tuple[tuple[str, str], ...],
                 max_tokens_keys: tuple[str, ...], default_max_tokens: int) -> Generation:
     model = _model(data)
     _refuse_unsupported(data)
+    logprobs = _chat_logprobs(data) if messages else _completion_logprobs(data)
+    if logprobs is not None and data.get("echo"):
+        raise TritonError.unsupported("'logprobs' with 'echo' is not supported: the model contract gives no "
+                                      "log probabilities of the prompt")
     stream = _flag(data, "stream")
     options = data.get("stream_options")
-    if options is not None and not stream:
-        raise invalid("stream_options", "can only be used when 'stream' is true")
+    if options is not None and not stream:  # Triton's frontend's words, which its tests look for
+        raise invalid("stream_options", "refused: `stream_options` can only be used when `stream` is True")
     if options is not None and not isinstance(options, dict):
         raise invalid("stream_options", "must be an object")
     include_usage = options is not None and options.get("include_usage") is True
@@ -145,13 +166,18 @@ def _generation(data: dict[str, Any], prompt: str, messages: tuple[tuple[str, st
     _number(data, "seed", -(1 << 63), (1 << 64) - 1, integer=True)
     for key in ("frequency_penalty", "presence_penalty"):
         _number(data, key, -2, 2)
+    _number(data, "min_tokens", 0, 1 << 31, integer=True)  # vLLM's extensions that Triton's schema checks
+    _flag(data, "ignore_eos")
     n = _number(data, "n", 1, MAX_N, integer=True) or 1
     stop = _stops(data.get("stop"))
     sampling = {k: v for k, v in data.items() if k not in _NOT_SAMPLING and v is not None}
     sampling["max_tokens"] = max_tokens
     if stop:
         sampling["stop"] = list(stop)
-    return Generation(model, prompt, messages, stream, include_usage, n, _flag(data, "echo"), max_tokens, stop, sampling)
+    if logprobs is not None:  # vLLM's key: the alternatives per token (the model also gets return_logprobs)
+        sampling["logprobs"] = logprobs
+    return Generation(model, prompt, messages, stream, include_usage, n, _flag(data, "echo"), max_tokens, stop,
+                      sampling, logprobs)
 
 
 def parse_completion(body: bytes, default_max_tokens: int = DEFAULT_MAX_TOKENS) -> Generation:
@@ -223,14 +249,16 @@ _TYPES = {Code.INVALID_ARG: "invalid_request_error", Code.UNSUPPORTED: "invalid_
 
 
 def error_body(error: TritonError, code: str | None = None, param: str | None = None) -> bytes:
-    """OpenAI's error object: ``{"error": {"message", "type", "param", "code"}}``."""
+    """OpenAI's error object, ``{"error": {"message", "type", "param", "code"}}``, and the message again as
+    ``detail``: Triton's OpenAI frontend answers FastAPI's ``{"detail": message}``, which its clients read
+    (and its test suite does); OpenAI's clients read ``error`` and ignore the rest."""
     match = _PARAM.match(error.message)
     return orjson.dumps({"error": {
         "message": error.message,
         "type": _TYPES.get(error.code, "server_error"),
         "param": param or (match.group(1) if match else None),
         "code": code,
-    }})
+    }, "detail": error.message})
 
 
 def auth_error_body(message: str) -> bytes:

@@ -8,10 +8,13 @@ request's sampling keys as JSON), ``exclude_input_in_output`` (BOOL, ``not echo`
 ``return_num_input_tokens`` / ``return_num_output_tokens`` (BOOL, true) and TensorRT-LLM's separate
 ``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``frequency_penalty``, ``presence_penalty`` inputs
 (in the model's own datatype). Any other required input and the model is not of the contract.
-Outputs ``num_input_tokens`` / ``num_output_tokens`` (integers), when given, are the ``usage`` counts.
+Outputs ``num_input_tokens`` / ``num_output_tokens`` (integers), when given, are the ``usage`` counts; a
+BYTES output ``logprobs`` (the vLLM backend's JSON, :mod:`.openai_logprobs`) makes the model one that gives
+log probabilities, asked for with ``return_logprobs`` (BOOL) and ``sampling_parameters.logprobs``.
 
 **Embeddings** (``/v1/embeddings``): any model, not decoupled, with exactly one required input, of BYTES,
-and exactly one floating-point output (the MiniLM ensemble: ``TEXT`` → ``EMBEDDING``). A list of texts
+and exactly one floating-point output (the MiniLM ensemble: ``TEXT`` → ``EMBEDDING``); an integer output
+``num_input_tokens``, when declared, is ``usage.prompt_tokens`` (summed over the texts). A list of texts
 becomes one request of ``n`` rows (``max_batch_size`` rows at most each), so dynamic batching sees them.
 """
 
@@ -24,15 +27,19 @@ import orjson
 
 from ..errors import TritonError
 from ..inference import InferInput, InferRequest, InferResponse, RequestedOutput
+from . import openai_logprobs
 from .dtypes import BYTES, DType
 from .openai import Generation
+from .openai_logprobs import Token
 
 # (name, datatype, dims, optional) of one input or output of the model's config
 Spec = tuple[str, DType, tuple[int, ...], bool]
 
 GENERATION_DOC = "docs/openai.md#the-model-contracts"
 _FLOATS = frozenset({"FP16", "FP32", "FP64"})
-_BOOL_INPUTS = ("stream", "exclude_input_in_output", "return_num_input_tokens", "return_num_output_tokens")
+_INTEGERS = frozenset({"INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64"})
+_BOOL_INPUTS = ("stream", "exclude_input_in_output", "return_num_input_tokens", "return_num_output_tokens",
+                "return_logprobs")
 _SEPARATE = ("max_tokens", "temperature", "top_p", "seed", "frequency_penalty", "presence_penalty")
 _KNOWN = frozenset({"text_input", "sampling_parameters", *_BOOL_INPUTS, *_SEPARATE})
 
@@ -42,6 +49,7 @@ class GenerationModel:
     inputs: tuple[Spec, ...]  # the contract's inputs the model declares
     max_batch_size: int
     decoupled: bool
+    logprobs: bool = False  # whether it declares the BYTES output 'logprobs'
 
     @property
     def echoes(self) -> bool:
@@ -54,6 +62,7 @@ class EmbeddingModel:
     input: Spec
     output: str
     max_batch_size: int
+    tokens: str | None = None  # its integer output 'num_input_tokens', when it declares one: usage.prompt_tokens
 
 
 def not_of_contract(model: str, kind: str, why: str) -> TritonError:
@@ -71,7 +80,8 @@ def generation_contract(model: str, inputs: list[Spec], outputs: list[Spec], max
     unknown = [name for name, _, _, optional in inputs if not optional and name not in _KNOWN]
     if unknown:
         raise not_of_contract(model, "generation", f"it requires input(s) {unknown} the API cannot fill")
-    return GenerationModel(tuple(s for s in inputs if s[0] in _KNOWN), max_batch_size, decoupled)
+    logprobs = any(name == "logprobs" and dtype is BYTES for name, dtype, *_ in outputs)
+    return GenerationModel(tuple(s for s in inputs if s[0] in _KNOWN), max_batch_size, decoupled, logprobs)
 
 
 def embedding_contract(model: str, inputs: list[Spec], outputs: list[Spec], max_batch_size: int,
@@ -84,7 +94,8 @@ def embedding_contract(model: str, inputs: list[Spec], outputs: list[Spec], max_
         raise not_of_contract(model, "embeddings", "it needs exactly one floating-point output")
     if decoupled:
         raise not_of_contract(model, "embeddings", "it is decoupled")
-    return EmbeddingModel(required[0], floats[0], max_batch_size)
+    tokens = next((name for name, dtype, *_ in outputs if name == "num_input_tokens" and dtype.wire in _INTEGERS), None)
+    return EmbeddingModel(required[0], floats[0], max_batch_size, tokens)
 
 
 def _shape(dims: tuple[int, ...], max_batch_size: int, rows: int = 1) -> tuple[int, ...]:
@@ -107,6 +118,9 @@ def _tensor(spec: Spec, max_batch_size: int, value: object) -> InferInput:
 def generation_request(contract: GenerationModel, model: str, prompt: str, gen: Generation,
                        request_id: str = "") -> InferRequest:
     """The model request of one choice of ``gen`` (``prompt``: the rendered chat template for a chat)."""
+    if gen.logprobs is not None and not contract.logprobs:
+        raise TritonError.unsupported(f"'logprobs' are not given by model '{model}': it declares no BYTES output "
+                                      f"'logprobs' (see {GENERATION_DOC})")
     values: dict[str, object] = {
         "text_input": prompt.encode(),
         "stream": gen.stream and contract.decoupled,
@@ -114,6 +128,7 @@ def generation_request(contract: GenerationModel, model: str, prompt: str, gen: 
         "exclude_input_in_output": not gen.echo,
         "return_num_input_tokens": True,
         "return_num_output_tokens": True,
+        "return_logprobs": gen.logprobs is not None,
     }
     values.update((key, gen.sampling[key]) for key in _SEPARATE if key in gen.sampling)
     tensors = {}
@@ -141,13 +156,21 @@ def tokens_of(response: InferResponse) -> tuple[int | None, int | None]:
     return found.get("num_input_tokens"), found.get("num_output_tokens")
 
 
+def logprobs_of(response: InferResponse, top_n: int) -> list[Token] | None:
+    """The tokens of the model's ``logprobs`` output (None: it gave none, or JSON ``null``)."""
+    for name, array in response.outputs:
+        if name == "logprobs" and array.size:
+            return openai_logprobs.parse(array.reshape(-1)[0], top_n)
+    return None
+
+
 def embedding_requests(contract: EmbeddingModel, model: str, texts: tuple[str, ...]) -> list[tuple[InferRequest, int]]:
     """(request, its number of texts): one request per ``max_batch_size`` texts (a model without
     batching: one per text, or all in one when its first dimension is variable)."""
     name, dtype, dims, _ = contract.input
     mbs = contract.max_batch_size
     per = mbs if mbs > 0 else (len(texts) if dims and dims[0] < 0 else 1)
-    wanted = (RequestedOutput(contract.output),)
+    wanted = (RequestedOutput(contract.output),) + ((RequestedOutput(contract.tokens),) if contract.tokens else ())
     requests = []
     for start in range(0, len(texts), per):
         part = texts[start:start + per]
@@ -158,6 +181,14 @@ def embedding_requests(contract: EmbeddingModel, model: str, texts: tuple[str, .
         data = np.array([t.encode() for t in part], dtype=np.object_).reshape(shape)
         requests.append((InferRequest(model, -1, "", {name: InferInput(name, dtype, shape, data)}, wanted), len(part)))
     return requests
+
+
+def embedding_tokens(contract: EmbeddingModel, response: InferResponse) -> int:
+    """The input tokens of one response's texts, as the model counted them (0 when it does not)."""
+    for name, array in response.outputs:
+        if name == contract.tokens and array.dtype.kind in "iu":
+            return int(array.sum())
+    return 0
 
 
 def embedding_rows(contract: EmbeddingModel, response: InferResponse, rows: int) -> np.ndarray:

@@ -90,19 +90,23 @@ def _head(rid: str, kind: str, created: int, model: str) -> dict[str, Any]:
     return {"id": rid, "object": kind, "created": created, "model": model, "system_fingerprint": None}
 
 
-def completion(rid: str, created: int, model: str, texts: list[tuple[str, str]], counts: dict[str, int]) -> bytes:
-    """``texts``: (text, finish_reason) per choice."""
+# one choice of an answer: (text, finish_reason, logprobs in OpenAI's shape or None)
+Answer = tuple[str, str, dict[str, Any] | None]
+
+
+def completion(rid: str, created: int, model: str, texts: list[Answer], counts: dict[str, int]) -> bytes:
     body = _head(rid, "text_completion", created, model)
-    body["choices"] = [{"index": i, "text": text, "logprobs": None, "finish_reason": reason}
-                       for i, (text, reason) in enumerate(texts)]
+    body["choices"] = [{"index": i, "text": text, "logprobs": logprobs, "finish_reason": reason}
+                       for i, (text, reason, logprobs) in enumerate(texts)]
     body["usage"] = counts
     return orjson.dumps(body)
 
 
-def chat(rid: str, created: int, model: str, texts: list[tuple[str, str]], counts: dict[str, int]) -> bytes:
+def chat(rid: str, created: int, model: str, texts: list[Answer], counts: dict[str, int]) -> bytes:
     body = _head(rid, "chat.completion", created, model)
     body["choices"] = [{"index": i, "message": {"role": "assistant", "content": text, "refusal": None},
-                        "logprobs": None, "finish_reason": reason} for i, (text, reason) in enumerate(texts)]
+                        "logprobs": logprobs, "finish_reason": reason}
+                       for i, (text, reason, logprobs) in enumerate(texts)]
     body["usage"] = counts
     return orjson.dumps(body)
 
@@ -131,12 +135,13 @@ class Chunks:
         return self._chunk([{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                              "finish_reason": None}])
 
-    def text(self, index: int, text: str, finish_reason: str | None = None) -> bytes:
+    def text(self, index: int, text: str, finish_reason: str | None = None,
+             logprobs: dict[str, Any] | None = None) -> bytes:
         if self.chat:
             choice = {"index": index, "delta": {"content": text} if text or finish_reason is None else {},
-                      "logprobs": None, "finish_reason": finish_reason}
+                      "logprobs": logprobs, "finish_reason": finish_reason}
         else:
-            choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
         return self._chunk([choice])
 
     def usage(self, counts: dict[str, int]) -> bytes:

@@ -112,7 +112,8 @@ def openai_rules(specs: Iterable[tuple[str, str, str]]) -> dict[str, Rule]:
     for apis, header, value in specs:
         for api in apis.split(","):
             if api not in OPENAI_APIS:
-                raise ValueError(f"--openai-restricted-api: unknown API '{api}'; available: {list(OPENAI_APIS)}")
+                raise ValueError(f"--openai-restricted-api: Unknown API '{api}'. Available APIs: "  # Triton's words
+                                 f"{list(OPENAI_APIS)}")
             if api in rules:
                 raise ValueError(f"--openai-restricted-api: restricted api '{api}' can not be specified in "
                                  "multiple config groups")

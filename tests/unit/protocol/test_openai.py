@@ -43,15 +43,20 @@ def test_chat_prefers_max_completion_tokens_and_joins_text_parts() -> None:
     ({"model": "m", "prompt": "x", "n": True}, Code.INVALID_ARG, "n"),
     ({"model": "m", "prompt": "x", "stop": ["a"] * 5}, Code.INVALID_ARG, "stop"),
     ({"model": "m", "prompt": "x", "stream_options": {"include_usage": True}}, Code.INVALID_ARG, "stream_options"),
-    ({"model": "m", "prompt": "x", "logprobs": 2}, Code.UNSUPPORTED, "logprobs"),
+    ({"model": "m", "prompt": "x", "logprobs": 6}, Code.INVALID_ARG, "logprobs"),
+    ({"model": "m", "prompt": "x", "logprobs": 2, "echo": True}, Code.UNSUPPORTED, "logprobs"),
     ({"model": "m", "prompt": "x", "suffix": "y"}, Code.UNSUPPORTED, "suffix"),
+    ({"model": "m", "prompt": "x", "min_tokens": -1}, Code.INVALID_ARG, "min_tokens"),
+    ({"model": "m", "prompt": "x", "ignore_eos": 123}, Code.INVALID_ARG, "ignore_eos"),
 ])
 def test_bad_completions_name_their_parameter(fields: dict[str, object], code: Code, param: str) -> None:
     with pytest.raises(TritonError) as e:
         openai.parse_completion(orjson.dumps(fields))
     assert e.value.code is code
-    error = orjson.loads(openai.error_body(e.value))["error"]
+    body = orjson.loads(openai.error_body(e.value))
+    error = body["error"]
     assert error["param"] == param and error["type"] == "invalid_request_error"
+    assert body["detail"] == error["message"]  # Triton's frontend's field, for its clients
 
 
 def test_embeddings_request() -> None:
