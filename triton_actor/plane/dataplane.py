@@ -16,6 +16,7 @@ import gevent
 
 from ..actors.model.handles import READY, ModelHandle, VersionHandle
 from ..actors.repository.actor import RepositoryActor
+from ..actors.scheduling.rate_limiter import RateLimiter
 from ..errors import TritonError
 from ..host import handlers as hostwide
 from ..host.base import Host, LocalHost
@@ -95,6 +96,7 @@ class DataPlane:
         self.streams = streams or OpenStreams()
         self.on_demand: OnDemand | None = None  # --model-load-on-demand (plane/on_demand.py), set by the server
         self.budget: MemoryBudget | None = None  # --model-memory-budget (plane/memory_budget.py), set by the server
+        self.rate_limiter: RateLimiter | None = None  # --rate-limit=execution_count's, for the status page
 
     # -- health and metadata ----------------------------------------------------------------------
     def is_live(self) -> bool:

@@ -44,7 +44,8 @@ def local_status(plane: DataPlane, _args: dict[str, Any] | None = None) -> dict[
         versions.append(row)
     return {"worker": plane.host.worker_id, "live": plane.is_live(), "ready": plane.is_ready(),
             "time_ns": time.time_ns(), "versions": versions, "streams": plane.streams.totals(), "gc": gc_settle.status(),
-            **({"memory_budget": plane.budget.status()} if plane.budget is not None else {})}
+            **({"memory_budget": plane.budget.status()} if plane.budget is not None else {}),
+            **({"rate_limiter": plane.rate_limiter.status()} if plane.rate_limiter is not None else {})}
 
 
 def _live(status: dict[str, Any]) -> dict[str, Any]:
@@ -93,7 +94,10 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
             "versions": versions, "streams": _sum_streams([p.get("streams", {}) for p in parts]),
             "gc": [p.get("gc", {}) for p in parts],
             # one process only (the command line refuses a budget with --workers)
-            **({"memory_budget": parts[0]["memory_budget"]} if "memory_budget" in parts[0] else {})}
+            **({"memory_budget": parts[0]["memory_budget"]} if "memory_budget" in parts[0] else {}),
+            # per worker: which resources it holds now, which of its instances wait (the host's units are shared)
+            **({"rate_limiter": [{"worker": p["worker"], **p["rate_limiter"]} for p in parts]}
+               if "rate_limiter" in parts[0] else {})}
 
 
 def _sum_streams(parts: list[dict[str, int]]) -> dict[str, int]:
