@@ -132,7 +132,7 @@ class Server:
                                hostwide.HostRuntimeSettings(runtime, self.host),  # type: ignore[arg-type]
                                self.host, self.streams)
         if settings.model_load_on_demand:  # a request loads the model it names, as the load API would
-            self.plane.on_demand = OnDemand(self.repository.repositories, lambda name: self.plane.load_model(name, {}, demand=True))
+            self.plane.on_demand = OnDemand(self.repository.repositories, self.plane.load_on_demand)
         self.plane.rate_limiter = load.rate_limiter
         if settings.model_memory_budget:  # loads make room first (plane/memory_budget.py)
             self.plane.budget = MemoryBudget(settings.model_memory_budget, self.repository, self.host)

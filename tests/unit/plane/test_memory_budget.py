@@ -14,13 +14,16 @@ import pytest
 
 from triton_actor.config.command_line import memory_budget
 from triton_actor.errors import Code, TritonError
+from triton_actor.host.base import LocalHost
 from triton_actor.plane.memory_budget import MemoryBudget, families
 
 
-class Fakes:
-    """Models that hold ``size[name]`` bytes while loaded; ``busy`` ones have a request running."""
+class Fakes(LocalHost):
+    """Models that hold ``size[name]`` bytes while loaded; ``busy`` ones have a request running. The host
+    of one process (its handlers are the budget's), whose broadcast is the fake unload."""
 
     def __init__(self, tmp_path: Path, size: dict[str, int]) -> None:
+        super().__init__()
         self.size = size
         self.held: dict[str, int] = {}
         self.busy: set[str] = set()
@@ -38,10 +41,11 @@ class Fakes:
     def _status(self, name: str) -> Any:
         return lambda: {"queued": 0, "running": 1 if name in self.busy else 0}
 
-    def broadcast(self, kind: str, args: dict[str, Any]) -> None:
-        assert kind == "model.unload" and args["wait"]
+    def broadcast(self, kind: str, args: dict[str, Any] | None = None) -> list[Any]:
+        assert kind == "model.unload" and args is not None and args["wait"]
         self.unloads.append(args["name"])
         self.held.pop(args["name"])
+        return [None]
 
     def budget(self, limit: int) -> MemoryBudget:
         budget = MemoryBudget(limit, self, self, measure=lambda: sum(self.held.values()))  # type: ignore[arg-type]
