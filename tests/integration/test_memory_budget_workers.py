@@ -7,13 +7,18 @@ gunicorn workers, so each model is held twice; a worker that replaces a dead one
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import signal
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import tritonclient.http as httpclient
+from geventhttpclient.response import HTTPParseError
+from tritonclient.utils import InferenceServerException
 
 from .gunicorn_server import Gunicorn
 from .model_control import live_status, wait_for
@@ -92,11 +97,17 @@ def test_the_budget_is_the_hosts_and_every_worker_holds_the_same_models(tmp_path
         g.stop()
 
 
-def test_loads_on_demand_started_in_two_workers_load_the_model_once(tmp_path: Path) -> None:
+Sent = list[tuple[httpclient.InferenceServerClient, httpclient.InferAsyncRequest]]
+
+
+@contextlib.contextmanager
+def _loads_started_in_both(tmp_path: Path) -> Iterator[tuple[Gunicorn, Path, Sent]]:
+    """Two workers, each with a request that started a load of the cold model 'slow' (whose initialize
+    waits at the gate): one of them decides and loads, the other waits for the host lock."""
     gate = tmp_path / "gate"
     add_model(tmp_path / "repo", "slow", IDENTITY_CONFIG, SLOW_PY.format(gate=str(gate)))
     g = Gunicorn("--model-repository", str(tmp_path / "repo"), *_flags(200), workers=2)
-    sent: list[tuple[httpclient.InferenceServerClient, httpclient.InferAsyncRequest]] = []
+    sent: Sent = []
     try:
         g.wait_serving(2)
         for _ in range(25):  # fresh connections until both workers started a load (the first one waits at the gate)
@@ -106,16 +117,52 @@ def test_loads_on_demand_started_in_two_workers_load_the_model_once(tmp_path: Pa
             if _started_in_both(g):
                 break
         assert _started_in_both(g), g.log()
-        gate.touch()
-        assert all(r.get_result().as_numpy("OUTPUT0").tolist() == [3.0, 3.0] for _, r in sent)
-        assert g.log().count("memory budget: loaded 'slow'") == 1  # one decision, one load in each worker
-        assert live_status(g.url)["memory_budget"]["loads"] == 1
-        assert _ready_rows(g.url)["slow"]["workers"] == 2
+        yield g, gate, sent
     finally:
         gate.touch()
         for c, _ in sent:
             c.close()
         g.stop()
+
+
+def test_loads_on_demand_started_in_two_workers_load_the_model_once(tmp_path: Path) -> None:
+    with _loads_started_in_both(tmp_path) as (g, gate, sent):
+        gate.touch()
+        assert all(r.get_result().as_numpy("OUTPUT0").tolist() == [3.0, 3.0] for _, r in sent)
+        assert g.log().count("memory budget: loaded 'slow'") == 1  # one decision, one load in each worker
+        assert live_status(g.url)["memory_budget"]["loads"] == 1
+        assert _ready_rows(g.url)["slow"]["workers"] == 2
+
+
+def test_a_worker_killed_during_its_load_on_demand_lets_the_other_decide(tmp_path: Path) -> None:
+    with _loads_started_in_both(tmp_path) as (g, gate, sent):
+        deciding = _holder_of(_run_dir(g) / "memory-budget.lock")
+        os.kill(deciding, signal.SIGKILL)  # dies holding the host lock, in the middle of the load
+        gate.touch()
+        answered = []
+        for _, request in sent:
+            try:
+                answered.append(request.get_result().as_numpy("OUTPUT0").tolist())
+            except (InferenceServerException, HTTPParseError, OSError):
+                pass  # the requests the killed worker had: their connection went with it
+        assert answered and all(a == [3.0, 3.0] for a in answered), answered  # the other worker loaded it
+        assert g.log().count("memory budget: loaded 'slow'") == 1  # the survivor's decision
+
+
+def _run_dir(g: Gunicorn) -> Path:
+    m = re.search(r"triton_actor: run directory (\S+)", g.stderr.text())
+    assert m is not None, g.log()
+    return Path(m.group(1))
+
+
+def _holder_of(lock: Path) -> int:
+    """The pid holding an exclusive ``flock`` on ``lock`` (``/proc/locks``)."""
+    inode = f":{lock.stat().st_ino}"
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()
+        if fields[1] == "FLOCK" and fields[5].endswith(inode):
+            return int(fields[4])
+    raise AssertionError(f"nobody holds {lock}")
 
 
 def _started_in_both(g: Gunicorn) -> bool:
