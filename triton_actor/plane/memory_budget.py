@@ -72,14 +72,16 @@ class HostView:
     footprints: dict[str, list[int]]  # model → each worker's last measure of it (the workers that have one)
     last_used: dict[str, float]
     busy: set[str]
+    unmeasured: set[str]  # loaded in some worker that holds no share of it (a decider died during its load)
 
     def used(self) -> int:
         return self.pinned_bytes + sum(self.resident.values())
 
     @classmethod
     def of(cls, parts: list[dict[str, Any]]) -> HostView:
-        view = cls(len(parts), 0, set(), {}, {}, {}, set())
+        view = cls(len(parts), 0, set(), {}, {}, {}, set(), set())
         for part in parts:
+            view.unmeasured.update(part.get("unmeasured", ()))
             view.pinned_bytes += part["pinned_bytes"]
             view.pinned.update(part["pinned"])
             view.busy.update(part["busy"])
@@ -161,6 +163,8 @@ class MemoryBudget:
             if if_absent and self._loaded(name):
                 return
             view = HostView.of(self._host.gather("budget.state"))
+            for other in view.unmeasured - view.resident.keys():  # counted at their estimate: they can be evicted
+                view.resident[other] = self._estimate(view, other)
             need = self._estimate(view, name)
             if need > self.limit - view.pinned_bytes:
                 self.refusals += 1
@@ -258,9 +262,11 @@ class MemoryBudget:
     def _state(self, _args: dict[str, Any]) -> dict[str, Any]:
         """``budget.state``: what this process holds, for a decision (plain data)."""
         self.forget_unloaded()
+        loaded = [n for n, h in self._repository.routes.items() if h.ready_versions and n not in self.pinned]
         return {"pinned_bytes": self.pinned_bytes, "pinned": sorted(self.pinned), "resident": dict(self.resident),
                 "footprint": dict(self.footprint), "last_used": dict(self.last_used),
-                "busy": [n for n in self.resident if self._busy(n)]}
+                "busy": [n for n in loaded if self._busy(n)],
+                "unmeasured": [n for n in loaded if n not in self.resident]}
 
     def _measure_share(self, args: dict[str, Any]) -> int:
         """``budget.measure``: ``before`` a load, give back what evictions freed and remember this process's

@@ -121,3 +121,13 @@ def test_the_flag_reads_bytes_suffixes_and_percentages() -> None:
     for bad in ("0", "-1", "lots", "150%", "0%"):
         with pytest.raises(SystemExit):
             memory_budget(bad)
+
+
+def test_a_loaded_model_nobody_measured_is_counted_at_its_estimate_and_can_be_evicted(tmp_path: Path) -> None:
+    """A worker whose deciding peer died during a load holds the model with no share of it anywhere."""
+    f = Fakes(tmp_path, {"orphan": 100, "a": 100, "b": 100})
+    budget = f.budget(250)
+    f.held["orphan"] = 100  # loaded, never measured
+    f.load(budget, "a")
+    f.load(budget, "b")  # 300 with the orphan: it is the least recently used, it goes
+    assert f.unloads == ["orphan"] and set(f.held) == {"a", "b"}
