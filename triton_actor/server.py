@@ -103,8 +103,10 @@ class Server:
             load_retries=settings.model_load_retry_count,
             tracer=self.tracer,
             server_hooks=self.model_hooks,
-            # one rate limiter for all the models (--rate-limit=execution_count); per worker with --workers
-            rate_limiter=RateLimiter(list(settings.rate_limit_resources)) if settings.rate_limit != "off" else None,
+            # one rate limiter for all the models (--rate-limit=execution_count); with --workers one per worker,
+            # taking its units from the host's (workers/resources.py)
+            rate_limiter=(RateLimiter(list(settings.rate_limit_resources), self.host.shared_units())
+                          if settings.rate_limit != "off" else None),
             response_cache=self.response_cache,
             streams=self.streams,
         )
@@ -130,7 +132,8 @@ class Server:
                                hostwide.HostRuntimeSettings(runtime, self.host),  # type: ignore[arg-type]
                                self.host, self.streams)
         if settings.model_load_on_demand:  # a request loads the model it names, as the load API would
-            self.plane.on_demand = OnDemand(self.repository.repositories, lambda name: self.plane.load_model(name, {}, demand=True))
+            self.plane.on_demand = OnDemand(self.repository.repositories, self.plane.load_on_demand)
+        self.plane.rate_limiter = load.rate_limiter
         if settings.model_memory_budget:  # loads make room first (plane/memory_budget.py)
             self.plane.budget = MemoryBudget(settings.model_memory_budget, self.repository, self.host)
         self.server_calls = ServerCalls(self.plane, self.model_hooks)  # BLS and model control from Python models

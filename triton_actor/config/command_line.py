@@ -125,7 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
               "explicit or poll mode: a request for a repository model that is not loaded loads it first")
     p.add_argument("--model-memory-budget", default="", metavar="BYTES|PERCENT%",
                    help="with --model-load-on-demand: host memory the loaded models may hold (bytes, or a percentage "
-                        "of MemTotal); the least recently used idle models are unloaded to make room")
+                        "of MemTotal); the least recently used idle models are unloaded to make room; with --workers, the "
+                        "host's: every worker's copy of a model counts")
     p.add_argument("--repository-poll-secs", type=float, default=15.0,
                    help="poll mode: seconds between repository rescans (0 = no periodic rescan)")
     p.add_argument("--model-load-thread-count", type=int, default=4, help="models loaded in parallel")
@@ -168,9 +169,6 @@ def parse(argv: Sequence[str] | None = None, environ: dict[str, str] | None = No
     if budget and not args.model_load_on_demand:
         raise SystemExit("error: --model-memory-budget needs --model-load-on-demand (an evicted model must load again "
                          "when a request names it)")
-    if budget and args.workers > 1:
-        raise SystemExit("error: --model-memory-budget is for one process: not with --workers (each worker would "
-                         "evict on its own the models every worker loads)")
     from ..protocol.restricted import Restrictions
 
     for flag, specs in (("--http-restricted-api", args.http_restricted_api),

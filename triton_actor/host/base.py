@@ -11,6 +11,11 @@ settings reach every worker. Everything that needs that goes through a :class:`H
   (``statistics``, ``metrics``). A worker that does not answer in time is left out of the sum and logged.
 * ``host.broadcast(kind, args)`` -- run a command on every worker and return their answers, this worker's
   first; a worker's error is raised here as :class:`~..errors.TritonError` (the caller decides how to undo).
+* ``host.shared_units()`` -- the rate limiter's resources as the host's (None with one process: the
+  limiter's own are the server's).
+* ``host.exclusive(name, timeout)`` -- a lock held by one worker of the host at a time (a context manager;
+  one process: the caller's own serialisation is enough, nothing is taken). Decisions for the whole host
+  (the model memory budget's) run under it.
 
 :class:`LocalHost` is the one-process host (no workers): it calls the local handler and nothing else, so the
 code that uses it is the same with and without workers. The multi-worker host lives in
@@ -22,9 +27,11 @@ Nothing on the inference hot path goes through a host.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from ..actors.scheduling.rate_limiter import SharedUnits
 from ..errors import TritonError
 
 Handler = Callable[[dict[str, Any]], Any]
@@ -40,6 +47,10 @@ class Host(Protocol):
     def gather(self, kind: str, args: dict[str, Any] | None = None) -> list[Any]: ...
 
     def broadcast(self, kind: str, args: dict[str, Any] | None = None) -> list[Any]: ...
+
+    def shared_units(self) -> SharedUnits | None: ...
+
+    def exclusive(self, name: str, timeout: float) -> contextlib.AbstractContextManager[None]: ...
 
 
 class LocalHost:
@@ -66,3 +77,9 @@ class LocalHost:
 
     def broadcast(self, kind: str, args: dict[str, Any] | None = None) -> list[Any]:
         return [self.local(kind, args)]
+
+    def shared_units(self) -> SharedUnits | None:
+        return None
+
+    def exclusive(self, name: str, timeout: float) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()

@@ -113,7 +113,8 @@ def merge_latency(a: dict[str, Any] | None, b: dict[str, Any]) -> dict[str, Any]
 
 
 def merge_custom(snapshots: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Sum the models' own series over workers (counters, gauges and histogram buckets alike)."""
+    """Sum the models' own series over workers (counters, gauges and histogram buckets alike); a family
+    marked ``"merge": "max"`` (a setting every worker has, such as the model memory budget) takes the largest."""
     families: dict[str, dict[str, Any]] = {}
     for snap in snapshots:
         for fam in snap.get("custom", []):
@@ -127,6 +128,8 @@ def merge_custom(snapshots: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
                     have["counts"] = [a + b for a, b in zip(have["counts"], s["counts"], strict=False)]
                     have["sum"] += s["sum"]
                     have["count"] += s["count"]
+                elif fam.get("merge") == "max":
+                    have["value"] = max(have["value"], s["value"])
                 else:
                     have["value"] += s["value"]
     return [{**f, "series": list(f["series"].values())} for _, f in sorted(families.items())]

@@ -16,6 +16,7 @@ import gevent
 
 from ..actors.model.handles import READY, ModelHandle, VersionHandle
 from ..actors.repository.actor import RepositoryActor
+from ..actors.scheduling.rate_limiter import RateLimiter
 from ..errors import TritonError
 from ..host import handlers as hostwide
 from ..host.base import Host, LocalHost
@@ -38,6 +39,8 @@ from ..runtime.response_channel import (
 from .memory_budget import MemoryBudget
 from .on_demand import OnDemand
 from .route import Route
+
+ON_DEMAND_LOCK_TIMEOUT_S = 600.0  # another worker's load on demand: as long as a load may take
 
 SERVER_VERSION = "2.51.0"  # the Triton release whose protocol we speak (clients compare versions)
 
@@ -95,6 +98,7 @@ class DataPlane:
         self.streams = streams or OpenStreams()
         self.on_demand: OnDemand | None = None  # --model-load-on-demand (plane/on_demand.py), set by the server
         self.budget: MemoryBudget | None = None  # --model-memory-budget (plane/memory_budget.py), set by the server
+        self.rate_limiter: RateLimiter | None = None  # --rate-limit=execution_count's, for the status page
 
     # -- health and metadata ----------------------------------------------------------------------
     def is_live(self) -> bool:
@@ -309,6 +313,19 @@ class DataPlane:
             self.budget.load(name, lambda: self.host.broadcast("model.load", args))
         else:
             self.host.broadcast("model.load", args)
+
+    def load_on_demand(self, name: str) -> None:
+        """A request's load (plane/on_demand.py): as the load API's, except that a model loaded meanwhile is
+        not loaded again. With ``--workers`` a request in each worker may start one for the same model; the
+        first loads it in every worker, the others find it loaded (one at a time: the host lock)."""
+        if self.budget is not None:
+            self.budget.load(name, lambda: self.host.broadcast("model.load", {"name": name, "config": None, "files": {},
+                                                                              "demand": True}), if_absent=True)
+            return
+        with self.host.exclusive("load-on-demand", ON_DEMAND_LOCK_TIMEOUT_S):
+            handle = self.repository.routes.get(name)
+            if handle is None or not handle.ready_versions:
+                self.load_model(name, {}, demand=True)
 
     def unload_model(self, name: str, unload_dependents: bool) -> None:
         """Repository extension ``unload`` (HTTP and gRPC): returns before the model is gone."""

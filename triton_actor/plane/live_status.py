@@ -21,6 +21,7 @@ from ..errors import TritonError
 from ..metrics.statistics import LATENCY_BUCKETS, percentile_ns
 from ..runtime import gc_settle
 from .dataplane import DataPlane
+from .memory_budget import merge_status
 
 _SUMMED = ("queued", "running", "busy_instances", "success", "fail", "inference_count", "execution_count",
            "success_ns", "queue_ns", "compute_ns")
@@ -44,7 +45,8 @@ def local_status(plane: DataPlane, _args: dict[str, Any] | None = None) -> dict[
         versions.append(row)
     return {"worker": plane.host.worker_id, "live": plane.is_live(), "ready": plane.is_ready(),
             "time_ns": time.time_ns(), "versions": versions, "streams": plane.streams.totals(), "gc": gc_settle.status(),
-            **({"memory_budget": plane.budget.status()} if plane.budget is not None else {})}
+            **({"memory_budget": plane.budget.status()} if plane.budget is not None else {}),
+            **({"rate_limiter": plane.rate_limiter.status()} if plane.rate_limiter is not None else {})}
 
 
 def _live(status: dict[str, Any]) -> dict[str, Any]:
@@ -92,8 +94,12 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
             "success": sum(v["success"] for v in versions), "fail": sum(v["fail"] for v in versions),
             "versions": versions, "streams": _sum_streams([p.get("streams", {}) for p in parts]),
             "gc": [p.get("gc", {}) for p in parts],
-            # one process only (the command line refuses a budget with --workers)
-            **({"memory_budget": parts[0]["memory_budget"]} if "memory_budget" in parts[0] else {})}
+            # the host's: every worker's share added up
+            **({"memory_budget": merge_status([p["memory_budget"] for p in parts if "memory_budget" in p])}
+               if "memory_budget" in parts[0] else {}),
+            # per worker: which resources it holds now, which of its instances wait (the host's units are shared)
+            **({"rate_limiter": [{"worker": p["worker"], **p["rate_limiter"]} for p in parts]}
+               if "rate_limiter" in parts[0] else {})}
 
 
 def _sum_streams(parts: list[dict[str, int]]) -> dict[str, int]:

@@ -18,8 +18,18 @@ recently used still goes (drained) rather than refusing; only pinned models are 
 Recency is a dict write of the loop time per routed request (:meth:`touch`), only while a budget is set.
 
 Loads through the load API go through :meth:`load` too (measured, evictable). A model unloaded through
-the API leaves the accounting at the next decision. One process only: with ``--workers`` the command
-line refuses a budget (each worker would decide alone about models that every worker loads).
+the API leaves the accounting at the next decision.
+
+**With ``--workers``** every worker loads its own copy of every model (the load and unload broadcasts, the
+journal), so the budget is the host's: the sum over workers. Each worker keeps its own share (its
+measured bytes of each model it loaded, its pinned bytes, when it last served each model); a decision is
+made by one worker at a time for the host (the host lock ``memory-budget``, :meth:`Host.exclusive`): it
+gathers every worker's share (``budget.state``: host used = the sum, recency = the latest of any worker,
+busy = busy in any worker), evicts through the unload broadcast (every worker unloads, the journal keeps
+the host's resident set for a worker that starts later), and measures the load in every worker
+(``budget.measure`` before and after: each worker records its own delta as its share). So every worker
+holds the same resident set and each one's footprint counts. With one process the same code gathers its
+one share: nothing else changes. Metrics and the status page add the workers' shares up.
 Owner: the data plane; everything runs in hub greenlets.
 """
 
@@ -29,8 +39,9 @@ import collections
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import gevent
 import gevent.lock
@@ -45,6 +56,42 @@ RECENT = 20  # evictions the status page lists
 # added to a never-measured model's files: what an instance holds beside its weights (its thread, module,
 # Python objects; about 2 MiB measured for a numpy model), so the first load is not under-estimated
 FIRST_LOAD_SLACK = 4 << 20
+# how long a decision waits for another worker's (a load in every worker: as long as a load may take)
+HOST_LOCK_TIMEOUT_S = 600.0
+T = TypeVar("T")
+
+
+@dataclass
+class HostView:
+    """Every worker's shares, added up: what a decision for the host looks at (one process: its own)."""
+
+    workers: int
+    pinned_bytes: int
+    pinned: set[str]
+    resident: dict[str, int]  # model → bytes over every worker
+    footprints: dict[str, list[int]]  # model → each worker's last measure of it (the workers that have one)
+    last_used: dict[str, float]
+    busy: set[str]
+    unmeasured: set[str]  # loaded in some worker that holds no share of it (a decider died during its load)
+
+    def used(self) -> int:
+        return self.pinned_bytes + sum(self.resident.values())
+
+    @classmethod
+    def of(cls, parts: list[dict[str, Any]]) -> HostView:
+        view = cls(len(parts), 0, set(), {}, {}, {}, set(), set())
+        for part in parts:
+            view.unmeasured.update(part.get("unmeasured", ()))
+            view.pinned_bytes += part["pinned_bytes"]
+            view.pinned.update(part["pinned"])
+            view.busy.update(part["busy"])
+            for name, held in part["resident"].items():
+                view.resident[name] = view.resident.get(name, 0) + held
+            for name, held in part["footprint"].items():
+                view.footprints.setdefault(name, []).append(held)
+            for name, used in part["last_used"].items():
+                view.last_used[name] = max(used, view.last_used.get(name, used))
+        return view
 
 
 class MemoryBudget:
@@ -63,7 +110,7 @@ class MemoryBudget:
         self._lock = gevent.lock.Semaphore()  # one load or eviction at a time: deltas stay one model's
         self._clock = gevent.get_hub().loop.now  # cached loop time: no system call per request
         self.last_used: dict[str, float] = {}
-        self.resident: dict[str, int] = {}  # loaded models → measured bytes
+        self.resident: dict[str, int] = {}  # loaded models → measured bytes (this process's share)
         self.footprint: dict[str, int] = {}  # every model measured so far → its last measure (the estimate)
         self.load_secs: dict[str, float] = {}
         self.pinned: set[str] = set()
@@ -72,6 +119,9 @@ class MemoryBudget:
         self.evictions = 0
         self.refusals = 0
         self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=RECENT)
+        self._before: dict[str, int] = {}  # model → this process's bytes before its load (budget.measure)
+        host.register("budget.state", self._state)
+        host.register("budget.measure", self._measure_share)
 
     def touch(self, name: str) -> None:
         self.last_used[name] = self._clock()
@@ -82,67 +132,99 @@ class MemoryBudget:
         self.pinned_bytes = max(held, 0)
         log.info("memory budget: %d bytes; %d pinned model(s) hold %d bytes", self.limit, len(names), held)
 
+    def adopt(self, replay: Callable[[], T]) -> T:
+        """Run ``replay`` (a worker that starts replays the journal: the models loaded on demand since the
+        server started) and count what it added as this worker's share of those models, split in
+        proportion to the other workers' measures of them (evenly when none has one)."""
+        before = self._measure()
+        result = replay()
+        grown = max(self._measure() - before, 0)
+        routes = self._repository.routes
+        names = [n for n, h in routes.items() if h.ready_versions and n not in self.pinned]
+        if names:
+            view = HostView.of(self._host.gather("budget.state"))
+            weights = {n: sum(view.footprints.get(n, [])) / max(len(view.footprints.get(n, [])), 1) or 1.0
+                       for n in names}
+            total = sum(weights.values())
+            for n in names:
+                self.footprint[n] = self.resident[n] = int(grown * weights[n] / total)
+            log.info("memory budget: this worker's replayed loads hold %d bytes (%s)", grown, ", ".join(sorted(names)))
+        return result
+
     def used(self) -> int:
+        """This process's share (with one process, all of it)."""
         return self.pinned_bytes + sum(self.resident.values())
 
-    def load(self, name: str, do_load: Callable[[], None]) -> None:
-        """Make room for ``name`` and run ``do_load`` (the load API's host call), measuring what it added;
-        raises UNAVAILABLE when it cannot fit."""
-        with self._lock:
-            self._forget_unloaded()
-            need = self.footprint.get(name) or on_disk(self._repository.repositories, name) + self.slack
-            if need > self.limit - self.pinned_bytes:
+    def load(self, name: str, do_load: Callable[[], None], if_absent: bool = False) -> None:
+        """Make room for ``name`` and run ``do_load`` (the load API's host call), measuring what it added in
+        every worker; raises UNAVAILABLE when it cannot fit. ``if_absent`` (a load on demand): nothing to do
+        when the model is loaded by the time this decision's turn comes (another worker's request loaded it)."""
+        with self._lock, self._host.exclusive("memory-budget", HOST_LOCK_TIMEOUT_S):
+            if if_absent and self._loaded(name):
+                return
+            view = HostView.of(self._host.gather("budget.state"))
+            for other in view.unmeasured - view.resident.keys():  # counted at their estimate: they can be evicted
+                view.resident[other] = self._estimate(view, other)
+            need = self._estimate(view, name)
+            if need > self.limit - view.pinned_bytes:
                 self.refusals += 1
                 log.warning("memory budget: refused '%s': needs %d bytes, budget %d (%d held by pinned models)",
-                            name, need, self.limit, self.pinned_bytes)
+                            name, need, self.limit, view.pinned_bytes)
                 raise TritonError.unavailable(
                     f"failed to load '{name}': it needs about {need} bytes, more than the model memory budget of "
-                    f"{self.limit} bytes leaves beside the pinned models ({self.pinned_bytes} bytes; "
-                    f"{self.used()} used now)")
-            was = self.resident.pop(name, 0)  # a reload: the old version goes once the new one serves
-            self._make_room(name, need)
-            before, started = self._measure(), time.monotonic()
-            try:
-                do_load()
-            except BaseException:
-                if was:
-                    self.resident[name] = was
-                raise
-            after = self._measure()
-            grown = max(after - before, was)
+                    f"{self.limit} bytes leaves beside the pinned models ({view.pinned_bytes} bytes; "
+                    f"{view.used()} used now)")
+            view.resident.pop(name, 0)  # a reload: the old version goes once the new one serves
+            self._make_room(view, name, need)
+            started = time.monotonic()
+            self._host.gather("budget.measure", {"name": name, "phase": "before"})
+            do_load()
+            grown = sum(self._host.gather("budget.measure", {"name": name, "phase": "after"}))
             self.loads += 1
-            self.footprint[name] = self.resident[name] = grown
+            view.resident[name] = grown
             self.load_secs[name] = time.monotonic() - started
             self.touch(name)
             log.info("memory budget: loaded '%s' in %.2fs: %d bytes measured (%d estimated); %d of %d used",
-                     name, self.load_secs[name], grown, need, self.used(), self.limit)
-            if self.used() > self.limit:  # the estimate was low: the others make room now
+                     name, self.load_secs[name], grown, need, view.used(), self.limit)
+            if view.used() > self.limit:  # the estimate was low: the others make room now
                 try:
-                    self._make_room(name, 0)
+                    self._make_room(view, name, 0)
                 except TritonError as e:
                     log.warning("memory budget: over by %d bytes after loading '%s': %s",
-                                self.used() - self.limit, name, e.message)
+                                view.used() - self.limit, name, e.message)
 
-    def _make_room(self, name: str, need: int) -> None:
-        while self.used() + need > self.limit:
-            victim = self._victim(name)
+    def _estimate(self, view: HostView, name: str) -> int:
+        """The host's bytes for ``name``: the workers' last measures (one that never loaded it counted as
+        their mean), or its files plus the slack in every worker when none has measured it."""
+        measured = view.footprints.get(name)
+        if measured:
+            return sum(measured) * view.workers // len(measured)
+        return (on_disk(self._repository.repositories, name) + self.slack) * view.workers
+
+    def _loaded(self, name: str) -> bool:
+        handle = self._repository.routes.get(name)
+        return handle is not None and bool(handle.ready_versions)
+
+    def _make_room(self, view: HostView, name: str, need: int) -> None:
+        while view.used() + need > self.limit:
+            victim = self._victim(view, name)
             if victim is None:
                 self.refusals += 1
                 log.warning("memory budget: refused '%s': %d of %d bytes used, %d needed, nothing evictable",
-                            name, self.used(), self.limit, need)
+                            name, view.used(), self.limit, need)
                 raise TritonError.unavailable(
-                    f"failed to load '{name}': model memory budget exhausted: {self.used()} of {self.limit} bytes "
-                    f"used ({self.pinned_bytes} by pinned models), about {need} needed, and no loaded model can be "
+                    f"failed to load '{name}': model memory budget exhausted: {view.used()} of {self.limit} bytes "
+                    f"used ({view.pinned_bytes} by pinned models), about {need} needed, and no loaded model can be "
                     "unloaded")
-            self._evict(victim, name)
+            self._evict(view, victim, name)
 
-    def _victim(self, loading: str) -> str | None:
-        """The least recently used model that is resident, unpinned and idle; when every one is serving,
-        the least recently used of them (its unload waits for its requests: refusing the load instead
-        would fail a request only because the others were busy at that instant)."""
-        order = [n for n in sorted(self.resident, key=lambda n: self.last_used.get(n, 0.0))
-                 if n != loading and n not in self.pinned]
-        return next((n for n in order if not self._busy(n)), order[0] if order else None)
+    def _victim(self, view: HostView, loading: str) -> str | None:
+        """The least recently used model that is resident, unpinned and idle (in every worker); when every
+        one is serving, the least recently used of them (its unload waits for its requests: refusing the
+        load instead would fail a request only because the others were busy at that instant)."""
+        order = [n for n in sorted(view.resident, key=lambda n: view.last_used.get(n, 0.0))
+                 if n != loading and n not in view.pinned]
+        return next((n for n in order if n not in view.busy), order[0] if order else None)
 
     def _busy(self, name: str) -> bool:
         handle = self._repository.routes.get(name)
@@ -157,27 +239,55 @@ class MemoryBudget:
                 return True
         return False
 
-    def _evict(self, victim: str, loading: str) -> None:
-        held = self.resident[victim]
+    def _evict(self, view: HostView, victim: str, loading: str) -> None:
+        held = view.resident[victim]
         log.info("memory budget: evicting '%s' (%d bytes, least recently used%s) to load '%s'",
-                 victim, held, ", waiting for its requests" if self._busy(victim) else ", idle", loading)
+                 victim, held, ", waiting for its requests" if victim in view.busy else ", idle", loading)
         started = time.monotonic()
         self._host.broadcast("model.unload", {"name": victim, "unload_dependents": True, "wait": True,
                                                "demand": True})
-        self._release()
-        self.resident.pop(victim, None)
+        view.resident.pop(victim, None)
+        self.forget_unloaded()  # the other workers drop their share when next asked (state, status, metrics)
         self.evictions += 1
         self.recent.appendleft({"model": victim, "bytes": held, "for": loading, "time_ns": time.time_ns(),
                                 "unload_secs": round(time.monotonic() - started, 3)})
 
-    def _forget_unloaded(self) -> None:
-        """Models unloaded through the API (or lost) leave the accounting."""
+    def forget_unloaded(self) -> None:
+        """Models unloaded through the API (or lost, or evicted) leave this process's accounting."""
         routes = self._repository.routes
         for name in [n for n in self.resident if not (n in routes and routes[n].ready_versions)]:
             self.resident.pop(name)
 
+    # -- host handlers: this process's share, for the worker that decides ---------------------------------
+    def _state(self, _args: dict[str, Any]) -> dict[str, Any]:
+        """``budget.state``: what this process holds, for a decision (plain data)."""
+        self.forget_unloaded()
+        loaded = [n for n, h in self._repository.routes.items() if h.ready_versions and n not in self.pinned]
+        return {"pinned_bytes": self.pinned_bytes, "pinned": sorted(self.pinned), "resident": dict(self.resident),
+                "footprint": dict(self.footprint), "last_used": dict(self.last_used),
+                "busy": [n for n in loaded if self._busy(n)],
+                "unmeasured": [n for n in loaded if n not in self.resident]}
+
+    def _measure_share(self, args: dict[str, Any]) -> int:
+        """``budget.measure``: ``before`` a load, give back what evictions freed and remember this process's
+        bytes; ``after`` it, record the growth as this process's share of the model and return it (a
+        reload keeps at least the old share: the old version was freed meanwhile)."""
+        name = args["name"]
+        if args["phase"] == "before":
+            self.forget_unloaded()
+            self._release()  # what the evicted models freed really leaves the process
+            self._before[name] = self._measure()
+            return 0
+        before = self._before.pop(name, None)
+        if before is None:  # this worker started during the load: it loaded the model from the journal
+            return 0
+        grown = max(self._measure() - before, self.resident.get(name, 0))
+        self.footprint[name] = self.resident[name] = grown
+        return grown
+
     def status(self) -> dict[str, Any]:
         """The status page's part: resident set in LRU order (least recent first), last evictions."""
+        self.forget_unloaded()
         now = self._clock()
         order = sorted(self.resident, key=lambda n: self.last_used.get(n, 0.0))
         return {"limit": self.limit, "used": self.used(), "pinned_bytes": self.pinned_bytes,
@@ -185,6 +295,25 @@ class MemoryBudget:
                 "lru": [{"model": n, "bytes": self.resident[n], "idle_secs": round(now - self.last_used.get(n, now), 3),
                          "load_secs": round(self.load_secs.get(n, 0.0), 3)} for n in order],
                 "pinned": sorted(self.pinned), "recent_evictions": list(self.recent)}
+
+
+def merge_status(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every worker's :meth:`MemoryBudget.status` → the host's: bytes and counts added up, a model's
+    idle time the shortest of any worker's, the evictions of every worker newest first."""
+    if len(parts) == 1:
+        return parts[0]
+    lru: dict[str, dict[str, Any]] = {}
+    for part in parts:
+        for e in part["lru"]:
+            m = lru.setdefault(e["model"], {**e, "bytes": 0})
+            m["bytes"] += e["bytes"]
+            m["idle_secs"] = min(m["idle_secs"], e["idle_secs"])
+            m["load_secs"] = max(m["load_secs"], e["load_secs"])
+    recent = sorted((e for part in parts for e in part["recent_evictions"]), key=lambda e: -e["time_ns"])
+    return {"limit": parts[0]["limit"], **{k: sum(p[k] for p in parts) for k in
+                                          ("used", "pinned_bytes", "loads", "evictions", "refusals")},
+            "lru": sorted(lru.values(), key=lambda e: -e["idle_secs"]), "pinned": parts[0]["pinned"],
+            "recent_evictions": recent[:RECENT], "workers": len(parts)}
 
 
 def on_disk(repositories: list[Path], name: str) -> int:
@@ -203,19 +332,24 @@ def families(on_demand_loads: int, budget: MemoryBudget | None) -> list[dict[str
                    [({}, on_demand_loads)])]
     if budget is None:
         return out
+    budget.forget_unloaded()
     return [*out,
             _family("nv_model_memory_evictions_total", "Number of models unloaded to make room in the memory budget",
                     "counter", [({}, budget.evictions)]),
             _family("nv_model_memory_refusals_total", "Number of loads refused by the memory budget", "counter",
                     [({}, budget.refusals)]),
+            # each worker's share: the sum over workers is the host's
             _family("nv_model_memory_resident_bytes", "Measured host memory of each loaded model, in bytes", "gauge",
                     [({"model": n}, b) for n, b in sorted(budget.resident.items())]),
             _family("nv_model_memory_budget_used_bytes", "Host memory the loaded models hold, in bytes", "gauge",
                     [({}, budget.used())]),
             _family("nv_model_memory_budget_limit_bytes", "The model memory budget, in bytes", "gauge",
-                    [({}, budget.limit)])]
+                    [({}, budget.limit)], merge="max")]  # every worker's is the host's: not added up
 
 
-def _family(name: str, description: str, kind: str, series: list[tuple[dict[str, str], float]]) -> dict[str, Any]:
+def _family(name: str, description: str, kind: str, series: list[tuple[dict[str, str], float]],
+            merge: str = "sum") -> dict[str, Any]:
+    """``merge``: how the workers' series add up into the host's (metrics/families.py ``merge_custom``)."""
     return {"name": name, "description": description, "kind": kind,
-            "series": [{"labels": labels, "value": value} for labels, value in series]}
+            "series": [{"labels": labels, "value": value} for labels, value in series],
+            **({"merge": merge} if merge != "sum" else {})}

@@ -90,7 +90,9 @@ class TritonWorker(Worker):
             log.error("worker %d: %s; exiting (--exit-on-error=true)", self.age, e)
             host.leave()
             sys.exit(Arbiter.WORKER_BOOT_ERROR)
-        for error in replay(host, changes):
+        budget = server.plane.budget  # with a memory budget, what the replayed loads hold is this worker's share
+        errors = budget.adopt(lambda: replay(host, changes)) if budget is not None else replay(host, changes)
+        for error in errors:
             log.error("worker %d: replaying a host-wide change failed: %s", self.age, error)
         gc_settle.settle()  # before it serves (runtime/gc_settle.py)
         server.serve(dict(zip(("http", "grpc", "metrics"), self.sockets, strict=False)))

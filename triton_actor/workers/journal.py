@@ -143,13 +143,14 @@ def _short(name: str, limit: int = 64) -> str:
 
 
 @contextlib.contextmanager
-def locked(run_dir: str | Path, timeout: float) -> Iterator[None]:
-    """Hold the host's control lock (exclusive) for the block; TritonError UNAVAILABLE after ``timeout``."""
-    fd = os.open(Path(run_dir) / "control.lock", os.O_RDWR | os.O_CREAT, 0o600)
+def locked(run_dir: str | Path, timeout: float, name: str = "control") -> Iterator[None]:
+    """Hold the host's lock ``name`` (exclusive; ``control``: the control lock) for the block; TritonError
+    UNAVAILABLE after ``timeout``."""
+    fd = os.open(Path(run_dir) / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
         delay = 0.001
-        with gevent.Timeout(timeout, TritonError.unavailable(
-                f"another model-control change held the server's control lock for over {timeout:.0f} s")):
+        what = "model-control change held the server's control lock" if name == "control" else f"worker held the {name} lock"
+        with gevent.Timeout(timeout, TritonError.unavailable(f"another {what} for over {timeout:.0f} s")):
             while True:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -13,6 +13,7 @@ a native thread. Reads (``gather``) take no lock.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from pathlib import Path
@@ -27,6 +28,7 @@ from ..host.base import LocalHost
 from ..runtime.bridge import call_in_thread
 from . import control
 from .journal import Change, Journal, change_key, latest, locked
+from .resources import HostUnits
 
 log = logging.getLogger("triton_actor.workers")
 
@@ -48,6 +50,19 @@ class WorkerHost(LocalHost):
         (self.run_dir / "ready").mkdir(exist_ok=True)
         self.socket_path = str(self.run_dir / "workers" / f"{self.pid}.sock")
         self._server: control.ControlServer | None = None
+        self._units: HostUnits | None = None
+
+    def shared_units(self) -> HostUnits:
+        """The rate limiter's units, shared by every worker (workers/resources.py)."""
+        if self._units is None:
+            self._units = HostUnits(self.run_dir)
+        return self._units
+
+    def exclusive(self, name: str, timeout: float) -> contextlib.AbstractContextManager[None]:
+        """The host's lock ``name`` (a file in the run directory; the kernel lets it go if this worker dies).
+        Not ``control``: a holder of it broadcasts changes, which take the control lock."""
+        assert name != "control"
+        return locked(self.run_dir, timeout, name)
 
     # -- lifecycle (the worker class calls these) --------------------------------------------------
     def join(self) -> list[tuple[str, str, dict[str, Any]]]:

@@ -14,13 +14,16 @@ import pytest
 
 from triton_actor.config.command_line import memory_budget
 from triton_actor.errors import Code, TritonError
+from triton_actor.host.base import LocalHost
 from triton_actor.plane.memory_budget import MemoryBudget, families
 
 
-class Fakes:
-    """Models that hold ``size[name]`` bytes while loaded; ``busy`` ones have a request running."""
+class Fakes(LocalHost):
+    """Models that hold ``size[name]`` bytes while loaded; ``busy`` ones have a request running. The host
+    of one process (its handlers are the budget's), whose broadcast is the fake unload."""
 
     def __init__(self, tmp_path: Path, size: dict[str, int]) -> None:
+        super().__init__()
         self.size = size
         self.held: dict[str, int] = {}
         self.busy: set[str] = set()
@@ -38,10 +41,11 @@ class Fakes:
     def _status(self, name: str) -> Any:
         return lambda: {"queued": 0, "running": 1 if name in self.busy else 0}
 
-    def broadcast(self, kind: str, args: dict[str, Any]) -> None:
-        assert kind == "model.unload" and args["wait"]
+    def broadcast(self, kind: str, args: dict[str, Any] | None = None) -> list[Any]:
+        assert kind == "model.unload" and args is not None and args["wait"]
         self.unloads.append(args["name"])
         self.held.pop(args["name"])
+        return [None]
 
     def budget(self, limit: int) -> MemoryBudget:
         budget = MemoryBudget(limit, self, self, measure=lambda: sum(self.held.values()))  # type: ignore[arg-type]
@@ -117,3 +121,13 @@ def test_the_flag_reads_bytes_suffixes_and_percentages() -> None:
     for bad in ("0", "-1", "lots", "150%", "0%"):
         with pytest.raises(SystemExit):
             memory_budget(bad)
+
+
+def test_a_loaded_model_nobody_measured_is_counted_at_its_estimate_and_can_be_evicted(tmp_path: Path) -> None:
+    """A worker whose deciding peer died during a load holds the model with no share of it anywhere."""
+    f = Fakes(tmp_path, {"orphan": 100, "a": 100, "b": 100})
+    budget = f.budget(250)
+    f.held["orphan"] = 100  # loaded, never measured
+    f.load(budget, "a")
+    f.load(budget, "b")  # 300 with the orphan: it is the least recently used, it goes
+    assert f.unloads == ["orphan"] and set(f.held) == {"a", "b"}

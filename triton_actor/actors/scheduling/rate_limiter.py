@@ -21,9 +21,18 @@ One departure: an instance whose group names no resources never stages. Triton s
 head of the line that may wait for resources; here it runs as without the limiter (there is nothing to
 limit, and such a model pays nothing for the limiter).
 
-Owner: the ``Server`` (one limiter for all its models; with ``--workers``, one per worker process). Hub
-thread only: the schedulers call it from their handlers; a grant is delivered by calling the waiter's
-``on_grant`` on the hub (the pool turns it into a message to its scheduler).
+With ``--workers`` the resources are the host's, as they are Triton's one server's: each worker keeps its
+own line (priorities order the instances of one worker), and a head that fits in its worker also takes
+its units from :class:`SharedUnits` (workers/resources.py: a lock per unit in the run directory, which the
+kernel gives back when a worker dies); when another worker holds them, the head waits and the limiter
+tries again every few milliseconds (:data:`POLL_FIRST_S` up to :data:`POLL_MOST_S`). Between workers a
+resource goes to whichever asks first, with one rule for fairness: a worker that waits for a resource
+holds its turn, so a worker that gives the resource back cannot take it again at once (the two take
+turns). One process: no shared units, nothing changes and nothing is paid.
+
+Owner: the ``Server`` (one limiter for all its models; one per worker process, joined through its shared
+units). Hub thread only: the schedulers call it from their handlers; a grant is delivered by calling the
+waiter's ``on_grant`` on the hub (the pool turns it into a message to its scheduler).
 """
 
 from __future__ import annotations
@@ -32,12 +41,38 @@ import heapq
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
+
+import gevent
 
 from ...errors import TritonError
 
 GLOBAL = -1  # the device key of a global resource
 EVERY_DEVICE = -2  # the device of --rate-limit-resource=NAME:COUNT (every device; config/flags.py)
+# A head that waits for another worker's units asks again after 0.5 ms, doubling up to 5 ms: a unit given
+# back elsewhere is taken within 5 ms, and a waiting worker makes at most 200 tries (a few lock calls
+# each, microseconds) a second.
+POLL_FIRST_S = 0.0005
+POLL_MOST_S = 0.005
+
+Resources = tuple[tuple[tuple[str, int], int], ...]
+
+
+class SharedUnits(Protocol):
+    """The host's units of each resource, shared with the other workers (workers/resources.py)."""
+
+    def take(self, resources: Resources, totals: dict[tuple[str, int], int]) -> Any | None:
+        """Every unit ``resources`` names, out of ``totals`` per resource, as a lease; None when another
+        worker holds some (nothing is kept then but this worker's turn for the one it waits for)."""
+        ...
+
+    def give(self, lease: Any) -> None:
+        """Back to the host, what :meth:`take` returned."""
+        ...
+
+    def stop_waiting(self) -> None:
+        """This worker no longer waits for a resource: its turn goes."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,13 +106,16 @@ class Waiter:
     held: bool = False
     on_grant: Callable[[], None] | None = None
     seq: int = field(default=0)
+    lease: Any = None  # the host's units it holds (SharedUnits.take), with --workers
 
 
 class RateLimiter:
     """The resources and the line of staged instances; see the module docstring."""
 
-    def __init__(self, explicit: list[tuple[str, int, int]] | None = None) -> None:
+    def __init__(self, explicit: list[tuple[str, int, int]] | None = None, shared: SharedUnits | None = None) -> None:
         self._explicit = list(explicit or [])
+        self._shared = shared  # with --workers: the host's units (None: this process's are the server's)
+        self._polling: gevent.Greenlet | None = None  # asks the host again while the head waits for its units
         self._waiters: set[Waiter] = set()
         self._totals: dict[tuple[str, int], int] = {}
         self._used: dict[tuple[str, int], int] = {}
@@ -173,23 +211,51 @@ class RateLimiter:
         waiter.held = False
         for key, count in waiter.needs.resources:
             self._used[key] -= count
+        if waiter.lease is not None:
+            assert self._shared is not None
+            self._shared.give(waiter.lease)
+            waiter.lease = None
 
     def allocate(self, asker: Waiter | None = None) -> bool:
-        """Grant the head of the line while its resources are free; ``asker`` (staging now) is not called
-        back: True when it got them."""
-        line, got = self._line, False
+        """Grant the head of the line while its resources are free (here, and with --workers on the host);
+        ``asker`` (staging now) is not called back: True when it got them."""
+        line, got, shared = self._line, False, self._shared
         while line and self._fits(line[0][2]):
-            waiter = heapq.heappop(line)[2]
+            waiter = line[0][2]
+            if shared is not None:
+                waiter.lease = shared.take(waiter.needs.resources, self._totals)
+                if waiter.lease is None:  # another worker holds some: the head waits, the line with it
+                    self._poll_host()
+                    return got
+            heapq.heappop(line)
             self._hold(waiter)
             if waiter is asker:
                 got = True
             else:
                 assert waiter.on_grant is not None
                 waiter.on_grant()
+        if shared is not None and self._polling is not None:
+            shared.stop_waiting()  # nobody here waits for the host any more
+            self._polling = None
         return got
+
+    def _poll_host(self) -> None:
+        if self._polling is None:
+            self._polling = gevent.spawn(self._ask_host_again)
+
+    def _ask_host_again(self) -> None:
+        """While the head waits for units another worker holds: ask again (the host's locks cannot wake a
+        waiter without a native thread blocked on them, and such a thread outlives a greenlet that stops)."""
+        me, delay = gevent.getcurrent(), POLL_FIRST_S
+        while self._polling is me:
+            gevent.sleep(delay)
+            delay = min(delay * 2, POLL_MOST_S)
+            if self._polling is me:
+                self.allocate()
 
     def status(self) -> dict[str, Any]:
         """Totals, use and the line (the status page, tests)."""
         return {"resources": {f"{name}@{'global' if d == GLOBAL else d}": [self._used.get((name, d), 0), total]
                               for (name, d), total in sorted(self._totals.items())},
-                "waiting": [e[2].name for e in sorted(self._line, key=lambda e: e[:2])]}
+                "waiting": [e[2].name for e in sorted(self._line, key=lambda e: e[:2])],
+                "waiting_for_host": self._polling is not None}

@@ -4,6 +4,7 @@ instance with the lowest executions x priority goes next, and the head of the li
 
 from __future__ import annotations
 
+import gevent.event
 import pytest
 
 from triton_actor.actors.scheduling.rate_limiter import EVERY_DEVICE, GLOBAL, Needs, RateLimiter, Waiter
@@ -102,3 +103,42 @@ def test_withdrawn_and_unregistered_instances_leave_the_line() -> None:
     limiter.withdraw(b)
     limiter.unregister([a])  # a's version unloads while it holds R: c goes next
     assert got == ["c"] and limiter.status()["waiting"] == []
+
+
+class HeldElsewhere:
+    """The host's units (``SharedUnits``) while another worker holds R, until :attr:`free`."""
+
+    def __init__(self) -> None:
+        self.free = False
+        self.taken = 0
+        self.turn_given_up = 0
+
+    def take(self, resources: object, totals: object) -> str | None:
+        if not self.free:
+            return None
+        self.taken += 1
+        return "lease"
+
+    def give(self, lease: str) -> None:
+        self.taken -= 1
+
+    def stop_waiting(self) -> None:
+        self.turn_given_up += 1
+
+
+def test_a_head_whose_units_another_worker_holds_waits_and_is_granted_once_they_are_free() -> None:
+    units = HeldElsewhere()
+    limiter = RateLimiter(shared=units)
+    head = _one(limiter, _needs(("R", GLOBAL, 1)), "A")
+    behind = _one(limiter, _needs(("S", GLOBAL, 1)), "B")
+    granted = gevent.event.Event()
+    assert not limiter.ask(head, granted.set)  # free here, held by another worker
+    assert not limiter.ask(behind, lambda: None)  # the head of the line is not passed
+    assert limiter.status()["waiting_for_host"] and limiter.status()["waiting"] == ["A", "B"]
+    units.free = True  # the other worker gave R back: the limiter's next try takes it
+    assert granted.wait(10)
+    assert head.held and behind.held and units.taken == 2
+    assert not limiter.status()["waiting_for_host"] and units.turn_given_up == 1
+    limiter.give_back(head)
+    limiter.give_back(behind)
+    assert units.taken == 0 and head.lease is None
