@@ -173,7 +173,7 @@ class IsolatedInstance:
         if self.decoupled and any(r.responses is None for r in requests):
             return [TritonError.unsupported(
                 f"model '{self.ctx.model_name}' is decoupled: it answers only streaming requests")] * len(requests)
-        windows: dict[int, tuple[int, int | None, int | None] | None] = {}
+        windows: dict[int, tuple[int, int | None, int | None, float | None] | None] = {}
         if self.decoupled:
             streams = [session.key_for(r.responses) for r in requests]
             keys: list[int | None] = [key for key, _window in streams]
