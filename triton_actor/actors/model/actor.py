@@ -48,6 +48,7 @@ from ...errors import TritonError
 from ...repository import config as config_mod
 from ...repository import ensemble_graph, layout, snapshot
 from ...repository.config import ModelConfig
+from ...repository.public_paths import LOAD_REQUEST, PublicPaths, public_text
 from ...runtime.bridge import call_in_thread
 from ...runtime.kernel import Actor, Reply
 from ..scheduling.ensemble import Routes
@@ -384,7 +385,7 @@ class ModelActor(Actor):
                 self.model, v, plan.model_dir, plan.selected[v], plan.config, config_json, plan.backend,
                 backend_config, plan.stamp.part(plan.selected[v].name), self._settings.workers, plan.graph,
                 self._routes, self._version_down, self._settings.tracer, self._settings.server_hooks,
-                self._settings.rate_limiter, self._settings.response_cache),
+                self._settings.rate_limiter, self._settings.response_cache, self._public_paths()),
                 self._settings.load_timeout_s, self._settings.latency_metrics, self._settings.load_retries)
             for v in versions
         }
@@ -400,8 +401,14 @@ class ModelActor(Actor):
 
     def _public_text(self, text: str) -> str:
         """``text`` with the temporary folder a load request's files were written to named as
-        ``<load request>``: a model's traceback showed the server's temporary path to the client."""
-        return text if self._private is None else text.replace(str(self._private), "<load request>")
+        ``<load request>``, an object-store repository's copy as its URL: a model's traceback showed the
+        server's temporary path to the client."""
+        return public_text(text, self._public_paths())
+
+    def _public_paths(self) -> PublicPaths:
+        """The server's folders this model's files may live in, and what a client reads for them."""
+        paths = self._settings.public_paths
+        return paths if self._private is None else ((str(self._private), LOAD_REQUEST), *paths)
 
     def _loaded_from(self, plan: _Plan, msg: Load) -> None:
         # an override marks the source stale: a later load without one reloads from disk (https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_model_repository.md)

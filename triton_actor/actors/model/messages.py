@@ -15,6 +15,7 @@ from ...backends.devices import runtime_gpu_support
 from ...observability.tracing import Tracer
 from ...repository import snapshot
 from ...repository.config import ModelConfig
+from ...repository.public_paths import PublicPaths
 from ...runtime.kernel import ActorRef, Reply
 from ..scheduling.rate_limiter import RateLimiter
 from .version import Version
@@ -44,6 +45,9 @@ class LoadSettings:
     # the server's response cache store (cache/: local or redis), None without --cache-config; each version
     # whose config enables response_cache answers through it (actors/model/cached.py)
     response_cache: Any = None
+    # the local copies of object-store repositories and their URLs: what a client reads instead of the
+    # copy's path in an error (repository/public_paths.py)
+    public_paths: PublicPaths = ()
 
 
 @dataclass(frozen=True, slots=True)

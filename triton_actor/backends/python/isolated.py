@@ -111,7 +111,7 @@ class IsolatedInstance:
         session = _Session(ctx.instance_name, ctx.server_hooks)
         init = (ctx.model_name, ctx.version, str(ctx.model_dir), str(ctx.version_dir),
                 ctx.config.SerializeToString(), ctx.config_json, ctx.instance_name, ctx.kind, ctx.device_id,
-                ctx.index, dict(ctx.backend_config))
+                ctx.index, dict(ctx.backend_config), ctx.public_paths)
         try:
             session.ask(("init", init))
         except _Exited as e:

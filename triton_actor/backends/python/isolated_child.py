@@ -269,12 +269,13 @@ class ModelProcess:
         return "" if self.instance is None else self.instance.ctx.model_name
 
     def _on_init(self, ctx: tuple[Any, ...]) -> bool:
-        name, version, model_dir, version_dir, config, config_json, instance, kind, device, index, backend_config = ctx
+        (name, version, model_dir, version_dir, config, config_json, instance, kind, device, index, backend_config,
+         public_paths) = ctx
         parsed = ModelConfig()
         parsed.ParseFromString(config)
         self.instance = PythonInstance(InstanceContext(
             name, version, Path(model_dir), Path(version_dir), parsed, config_json, instance, kind, device, index,
-            backend_config))
+            backend_config, None, tuple(public_paths)))
         return self.instance.decoupled
 
     def _on_execute(self, requests: list[tuple[Any, ...]], log_level: int,
