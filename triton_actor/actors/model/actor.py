@@ -33,7 +33,6 @@ unloads them. Messages still queued in the failed actor fail UNAVAILABLE ("actor
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import shutil
 from collections.abc import Callable
@@ -263,9 +262,8 @@ class ModelActor(Actor):
         if override is None:
             cfg, explicit = config_mod.read(model_dir, self.model, auto_complete=s.auto_complete,
                                             config_name=s.config_name)
-        else:
-            cfg = ModelConfig()
-            cfg.CopyFrom(override)
+        else:  # the load's own message (LoadModel's parse): completed in place, a copy cost its size again
+            cfg = override
             explicit = frozenset(f.name for f, _ in cfg.ListFields())
         available = layout.list_versions(model_dir)
         first = available[min(available, key=str)] if available else None
@@ -378,7 +376,7 @@ class ModelActor(Actor):
 
     def _start(self, plan: _Plan, versions: list[int]) -> dict[int, Version]:
         """Start ``versions`` in parallel helper greenlets; every result is READY or UNAVAILABLE."""
-        config_json = json.dumps(config_mod.to_json_dict(plan.config))
+        config_json = config_mod.to_json_text(plan.config)
         backend_config = self._settings.backend_config.get(plan.config.backend, {})
         jobs = {
             v: gevent.spawn(start_version, VersionSource(

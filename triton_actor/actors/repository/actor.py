@@ -230,7 +230,8 @@ class RepositoryActor(Actor):
             starts[name] = loader(found[name][0])
         starts[msg.name] = loader(model_dir, override, owned)
         done = self._load_in_order(starts)
-        done[msg.name].link(lambda r: msg.reply.fail(r.exception()) if r.exception() else msg.reply.set(None))
+        reply = msg.reply  # not msg: its config text would be held until the load ends
+        done[msg.name].link(lambda r: reply.fail(r.exception()) if r.exception() else reply.set(None))
 
     def _load_request(self, msg: LoadModel) -> tuple[Path, ModelConfig | None, bool]:
         """Where the model actor loads from: the model's folder, or a private copy with the overrides."""
