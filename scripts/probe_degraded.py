@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from bench_hostile import ECHO_CONFIG, ECHO_MODEL, _free_port, _status_kb  # scripts/ is on sys.path
 
@@ -173,27 +174,40 @@ PROBES = {"stalled-sse": stalled_sse, "config-override": config_override, "frami
           "load-errors": load_errors, "status-headers": status_headers}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("probe", choices=sorted(PROBES))
-    ap.add_argument("--count", type=int, default=800, help="stalled-sse: responses of 64 KiB the model sends")
-    ap.add_argument("--mib", type=float, default=100.0, help="config-override: MiB of the override")
+def arguments(doc: str | None, probes: dict[str, Any], count: tuple[int, str], mib: tuple[float, str]) -> argparse.Namespace:
+    """The command line of a probe script: the probe's name, ``--count`` and ``--mib`` (default, help), ``--flags``."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("probe", choices=sorted(probes))
+    ap.add_argument("--count", type=int, default=count[0], help=count[1])
+    ap.add_argument("--mib", type=float, default=mib[0], help=mib[1])
     ap.add_argument("--flags", default="", help="extra server flags")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = arguments(__doc__, PROBES, (800, "stalled-sse: responses of 64 KiB the model sends"),
+                     (100.0, "config-override: MiB of the override"))
+    explicit = args.probe in ("config-override", "load-errors")
+    flags = ["--model-control-mode", "explicit", "--load-model", "flood"] if explicit else []
+    run(PROBES[args.probe], {"flood": (FLOOD_CONFIG, FLOOD_MODEL),
+                             "plain": (ECHO_CONFIG.replace('name: "echo"', ""), ECHO_MODEL)}, flags, args)
+
+
+def run(probe: Any, models: dict[str, tuple[str, str]], flags: list[str], args: argparse.Namespace) -> None:
+    """Start a server on a throw-away repository of ``models`` (name: (config, model.py)) with ``flags``
+    and ``--flags``, run ``probe(port, server, args)``, print its figures as JSON, stop the server."""
     with tempfile.TemporaryDirectory() as tmp:
-        for name, config, model in (("flood", FLOOD_CONFIG, FLOOD_MODEL), ("plain", ECHO_CONFIG.replace('name: "echo"', ""), ECHO_MODEL)):
+        for name, (config, model) in models.items():
             Path(tmp, name, "1").mkdir(parents=True)
             Path(tmp, name, "config.pbtxt").write_text(config)
             Path(tmp, name, "1", "model.py").write_text(model)
-        explicit = args.probe in ("config-override", "load-errors")
-        flags = ["--model-control-mode", "explicit", "--load-model", "flood"] if explicit else []
         port = _free_port()
         server = _start(tmp, port, flags + args.flags.split())
         try:
-            print(json.dumps(PROBES[args.probe](port, server, args), indent=1))
+            print(json.dumps(probe(port, server, args), indent=1))
         finally:
             server.terminate()
-            server.wait(30)
+            server.wait(60)
 
 
 if __name__ == "__main__":

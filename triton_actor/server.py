@@ -93,6 +93,8 @@ class Server:
         self.model_hooks = ServerHooks(metrics=MetricRegistry())
         # the response cache's store (--cache-config): this server's (each worker's) own, connected in load_models
         self.response_cache = response_cache.create(settings.cache_config)
+        # object-store repositories are mirrored into local folders the repository actor reads (remote.py)
+        self.mirrors = [RemoteRepository(url, settings.remote_cache_dir) for url in settings.remote_repositories]
         load = LoadSettings(
             gpu_count=gpu_count(),
             auto_complete=settings.auto_complete,
@@ -109,10 +111,10 @@ class Server:
                           if settings.rate_limit != "off" else None),
             response_cache=self.response_cache,
             streams=self.streams,
+            # a model's error names its mirror's URL, not the local copy (repository/public_paths.py)
+            public_paths=tuple((str(m.root), m.url.rstrip("/")) for m in self.mirrors),
         )
         backends = backends or default_backends(settings.backend_config)
-        # object-store repositories are mirrored into local folders the repository actor reads (remote.py)
-        self.mirrors = [RemoteRepository(url, settings.remote_cache_dir) for url in settings.remote_repositories]
         self._mirror_poll: gevent.Greenlet | None = None
         refresh = self._sync_mirrors if self.mirrors and settings.model_control_mode == "explicit" else None
         lost = hostwide.LostVersions(self.host)  # a version without instances goes down in every worker

@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 import gevent
+import numpy as np
 import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
@@ -375,3 +376,52 @@ def test_a_failed_load_does_not_name_the_servers_temporary_folder(tmp_path: Path
     for text in (data.decode(), index.decode()):
         assert "<load request>/1/model.py" in text and "triton_actor_m_" not in text, text
         assert tempfile.gettempdir() + "/" not in text, text
+
+
+RAISING_PY = """
+import os
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.data = os.path.join(args["model_repository"], "data.bin")
+
+    def execute(self, requests):
+        raise RuntimeError("cannot read " + self.data)
+"""
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_running_model_s_error_names_its_own_files_but_not_the_servers_temporary_folder(
+        tmp_path: Path, start_server, isolation: str) -> None:
+    """Triton answers an exception of ``execute`` with the model's traceback (pb_stub.cc), whose paths are
+    the model's files where the server keeps them: the user's own for a repository on disk (kept: users
+    need them), but a folder of the server's for a load request's files. Those are named as the load
+    error names them, ``<load request>``, in the traceback and in the message alike (before, only the
+    load's error was: a running model's named the server's temporary directory); isolated as in-process."""
+    repo = tmp_path / "repo"
+    parameters = f'parameters [ {{ key: "TRITON_ACTOR_ISOLATION" value: {{ string_value: "{isolation}" }} }} ]'
+    add_model(repo, "on_disk", IDENTITY_CONFIG + parameters, RAISING_PY)
+    add_model(repo, "uploaded", IDENTITY_CONFIG, RAISING_PY)  # loaded below from the request's files only
+    server = start_server(repo, flags=(*EXPLICIT, "--load-model=on_disk"))
+    config = json.dumps({"backend": "python", "max_batch_size": 0,
+                         "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+                         "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+                         "parameters": {"TRITON_ACTOR_ISOLATION": {"string_value": isolation}}})
+    body = json.dumps({"parameters": {"config": config,
+                                      "file:1/model.py": base64.b64encode(RAISING_PY.encode()).decode()}}).encode()
+    got, _, data = _post(server, "/v2/repository/models/uploaded/load", body)
+    assert got == 200, data
+    client = httpclient.InferenceServerClient(server.url)
+    inputs = [httpclient.InferInput("INPUT0", [1], "FP32")]
+    inputs[0].set_data_from_numpy(np.zeros(1, np.float32))
+    texts = {}
+    for model in ("on_disk", "uploaded"):
+        with pytest.raises(InferenceServerException) as e:
+            client.infer(model, inputs)
+        texts[model] = e.value.message()
+    own = str(repo / "on_disk")
+    assert f"cannot read {own}/data.bin" in texts["on_disk"] and f"{own}/1/model.py(" in texts["on_disk"], texts
+    uploaded = texts["uploaded"]
+    assert "cannot read <load request>/data.bin" in uploaded and "<load request>/1/model.py(" in uploaded, uploaded
+    assert "triton_actor_uploaded_" not in uploaded and tempfile.gettempdir() + "/" not in uploaded, uploaded

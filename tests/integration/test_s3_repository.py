@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
@@ -14,6 +15,7 @@ from tritonclient.utils import InferenceServerException
 from .gunicorn_server import PID_CONFIG, PID_PY, Gunicorn, pids_seen
 from .model_control import add_tagged, answers, ask, gone, index, tagged, wait_for
 from .s3 import Bucket, moto_endpoint  # noqa: F401 - the fixture
+from .server import IDENTITY_CONFIG
 
 POLL = ("--model-control-mode=poll", "--repository-poll-secs=0.5")
 WITHIN = 20.0  # a poll period, the settle time (1 s) and a python model's load, with margin on a busy machine
@@ -105,3 +107,48 @@ def test_s3_repository_with_workers(tmp_path: Path, moto_endpoint: str,  # noqa:
         assert pids_seen(g.url, workers, model="pid2") == workers
     finally:
         assert g.stop() == 0
+
+
+FAILING_PY = """
+import os
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.data = os.path.join(args["model_repository"], "data.bin")
+        if args["model_name"] == "bad_init":
+            raise RuntimeError("cannot open " + self.data)
+
+    def execute(self, requests):
+        raise RuntimeError("cannot read " + self.data)
+"""
+
+
+def test_s3_model_errors_name_the_bucket_not_the_local_copy(tmp_path: Path, moto_endpoint: str,  # noqa: F811
+                                                           monkeypatch: pytest.MonkeyPatch, start_server) -> None:
+    """A model of an object-store repository runs from the server's local copy: its traceback (Triton's
+    text) named that copy, a temporary folder of the server. Its errors, at load and while it runs, name
+    the repository's URL instead, so the user still finds the file."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    monkeypatch.setenv("TRITON_AWS_MOUNT_DIRECTORY", str(cache))
+    bucket = Bucket(moto_endpoint, "failing")
+    for name in ("bad_run", "bad_init"):
+        bucket.put(f"repo/{name}/config.pbtxt", IDENTITY_CONFIG)
+        bucket.put(f"repo/{name}/1/model.py", FAILING_PY)
+    server = start_server("s3://failing/repo", flags=("--model-control-mode=explicit", "--load-model=bad_run"))
+    client = httpclient.InferenceServerClient(server.url)
+    with pytest.raises(InferenceServerException) as load:
+        client.load_model("bad_init")
+    inputs = [httpclient.InferInput("INPUT0", [1], "FP32")]
+    inputs[0].set_data_from_numpy(np.zeros(1, np.float32))
+    with pytest.raises(InferenceServerException) as run:
+        client.infer("bad_run", inputs)
+    reason = {m["name"]: m.get("reason", "") for m in client.get_model_repository_index()}["bad_init"]
+    for text, name, what in ((run.value.message(), "bad_run", "read"), (load.value.message(), "bad_init", "open"),
+                             (reason, "bad_init", "open")):
+        url = f"s3://failing/repo/{name}"
+        assert f"cannot {what} {url}/data.bin" in text and f"{url}/1/model.py(" in text, text
+        assert str(cache) not in text and "triton-actor-repo-" not in text, text
+

@@ -275,12 +275,15 @@ def test_a_grpc_client_that_reads_nothing_holds_back_the_model(tmp_path: Path, s
     stream.close()
 
 
-def test_a_grpc_client_that_stops_reading_frees_the_instance(tmp_path: Path, start_server) -> None:
+@ISOLATION
+def test_a_grpc_client_that_stops_reading_frees_the_instance(tmp_path: Path, start_server,
+                                                             flags: tuple[str, ...]) -> None:
     """A gRPC stream that keeps a zero window and stays open: once it took nothing for STREAM_STALL_SECS
     (10 s) while the model waited, the request is cancelled and the instance serves others, well before
-    the 60 s window_timeout (which, before, was what released the model)."""
+    the 60 s window_timeout (which, before, was what released the model; isolated, the model's send
+    waits in its own process and says so every 2 s, and the cancel crosses back as a client's does)."""
     repo, out = _flood_repo(tmp_path)
-    server = start_server(repo)
+    server = start_server(repo, flags=flags)
     count = 400
     stream = _ZeroWindowStream(server, _flood_request("stalled", count, 64 << 10))
     try:
@@ -379,12 +382,14 @@ def test_an_http_client_that_reads_no_events_holds_back_the_model(tmp_path: Path
     _assert_serves_again(server)
 
 
-def test_an_http_client_that_stops_reading_frees_the_instance(tmp_path: Path, start_server) -> None:
+@ISOLATION
+def test_an_http_client_that_stops_reading_frees_the_instance(tmp_path: Path, start_server,
+                                                              flags: tuple[str, ...]) -> None:
     """A generate_stream client that stops reading and stays connected: once it took nothing for
     STREAM_STALL_SECS while the model waited, the request is cancelled and the instance serves others
     with the client still there (before, the model waited until the send timeout, here 600 s)."""
     repo, out = _flood_repo(tmp_path)
-    server = start_server(repo, flags=("--http-send-timeout-secs", "600"))
+    server = start_server(repo, flags=("--http-send-timeout-secs", "600", *flags))
     count = 600
     sock = _generate_stream(server, "stalled", count, 64 << 10)
     try:

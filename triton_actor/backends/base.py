@@ -9,6 +9,7 @@ from typing import Any, Protocol
 from ..errors import TritonError
 from ..inference import InferRequest, InferResponse
 from ..repository.config import ModelConfig
+from ..repository.public_paths import PublicPaths
 from ..runtime.threads import native_rlock
 
 
@@ -30,6 +31,9 @@ class InstanceContext:
     # what the server that loads it gives its Python models (pb_utils ``serving.ServerHooks``: BLS, model
     # control, custom metrics); None outside a server (unit tests, an isolated model's own process)
     server_hooks: Any = None
+    # the server's folders its files may live in (a load request's, an object-store repository's copy)
+    # and what its errors name instead (repository/public_paths.py)
+    public_paths: PublicPaths = ()
 
 
 Result = InferResponse | TritonError

@@ -18,7 +18,7 @@ FILE_PREFIX = "file:"
 
 
 def _parameters(body: bytes) -> dict[str, Any]:
-    if not body.strip():
+    if not body or body.isspace():  # not strip(): a body with a trailing newline was copied whole
         return {}
     try:
         data = orjson.loads(body)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import orjson
 from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import FieldDescriptor
 
@@ -284,6 +285,17 @@ def to_json_dict(cfg: ModelConfig) -> dict[str, Any]:
     data = json_format.MessageToDict(cfg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
     _numbers(cfg.DESCRIPTOR, data)
     return _ordered(cfg.DESCRIPTOR, data)
+
+
+def to_json_text(cfg: ModelConfig) -> str:
+    """:func:`to_json_dict` as JSON text, the ``model_config`` a backend gets (a Python model's
+    ``args["model_config"]``), compact as Triton's TritonJson writes it. Made with orjson and the dict
+    dropped before the text is decoded: a config of one big field is held at most twice over meanwhile
+    (json.dumps held the dict, its escaped chunks and their join: three times, issue 23's overrides)."""
+    data = to_json_dict(cfg)
+    raw = orjson.dumps(data)
+    del data
+    return raw.decode()
 
 
 def _ordered(desc: Any, data: dict[str, Any]) -> dict[str, Any]:

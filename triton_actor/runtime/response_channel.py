@@ -7,7 +7,9 @@ bound (warmup, which reads only after ``execute`` returned); :class:`BoundedResp
 client's stream gets (``DataPlane.infer_stream``): once the responses not yet taken by the front end
 reach :data:`STREAM_MAX_RESPONSES` or :data:`STREAM_MAX_BYTES`, the producer's ``send()`` waits until the
 front end took them down to half of that, and a client's stream that takes none for :data:`STREAM_STALL_SECS`
-meanwhile is cancelled (a model waiting on it held its instance until the 60 s send timeout). The front end takes the next response only once it wrote the
+meanwhile is cancelled (a model waiting on it held its instance until the 60 s send timeout; an isolated
+model's producer, waiting in its own process, says it still waits: :meth:`~BoundedResponseChannel.remote_wait`).
+The front end takes the next response only once it wrote the
 last one (gRPC: within the stream's flow-control window; HTTP: into the socket), so a client that stops
 reading stops the model, as grpc-go's ``Send`` blocks on flow control; before, a client advertising a
 zero window made the server hold every response the model sent (800 x 1 MiB: RSS 422 -> 1222 MB).
@@ -236,7 +238,7 @@ class BoundedResponseChannel(ResponseChannel):
 
     __slots__ = ("_max_count", "_max_bytes", "_resume_count", "_resume_bytes", "_sizes", "_bytes_in",
                  "_bytes_out", "_waiters", "_hub_thread", "on_taken", "on_closed", "remote_waiting", "_account",
-                 "_stall", "_taken", "_streams", "__weakref__")
+                 "_stall", "_taken", "_streams", "_remote_seen", "_remote_quiet", "__weakref__")
 
     def __init__(self, max_count: int, max_bytes: int | None = None, account: StreamAccount | None = None,
                  stall: float | None = None, streams: OpenStreams | None = None) -> None:
@@ -266,6 +268,7 @@ class BoundedResponseChannel(ResponseChannel):
         # (responses, bytes) dropped unread by close(), the final not counted: the hub, once
         self.on_closed: Callable[[int, int], None] | None = None
         self.remote_waiting = False  # its send waits for credit (written by the thread that reads it)
+        self._remote_seen = self._remote_quiet = 0  # that producer's looks: progress seen, looks without any
         self._streams = streams
         if streams is not None:
             streams.add(self)
@@ -278,6 +281,30 @@ class BoundedResponseChannel(ResponseChannel):
     @property
     def window(self) -> Window:
         return Window(self._max_count, self._max_bytes)
+
+    @property
+    def stall_look(self) -> float | None:
+        """How often a waiting producer looks whether its consumer took anything (None: no stall)."""
+        return None if self._stall is None else self._stall / _STALL_STEPS
+
+    def remote_wait(self, waiting: bool) -> None:
+        """The thread that reads a producer in another process (isolated.py): its send started to wait
+        for credit (True), looks again while it waits (True, every :attr:`stall_look` s), or goes on
+        (False). The looks count as an in-process producer's timed-out waits do (:meth:`wait_for_room`):
+        with nothing taken for ``stall`` s the request is cancelled there as here, or a client that stopped
+        reading held an isolated model's instance until the send timeout, as it did an in-process one's."""
+        if not waiting:
+            self.remote_waiting = False
+            return
+        progress = self._progress()
+        if not self.remote_waiting:
+            self.remote_waiting = True
+            self._remote_seen, self._remote_quiet = progress, 0
+            return
+        self._remote_quiet = self._remote_quiet + 1 if progress == self._remote_seen else 0
+        self._remote_seen = progress
+        if self._stall is not None and self._remote_quiet >= _STALL_STEPS:
+            self._stalled()
 
     @property
     def account(self) -> StreamAccount | None:
@@ -382,7 +409,12 @@ class BoundedResponseChannel(ResponseChannel):
         error = TritonError(Code.CANCELLED, f"the client took no response for {self._stall:g} s while the "
                                             "model waited for it to read; the request was cancelled")
         if self._queue(error, True, 0):
-            self._cancelled = True  # on_cancel is a producer in another process's: it never waits here
+            self._cancelled = True
+            # a producer in another process hears it as a client's cancel (its waiting send returns);
+            # on_cancel never waits (it queues a frame), so the reader thread may call it
+            on_cancel, self.on_cancel = self.on_cancel, None
+            if on_cancel is not None:
+                on_cancel()
         self._wake_waiters()
 
     def _wake_waiters(self) -> None:

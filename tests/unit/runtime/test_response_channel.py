@@ -263,3 +263,42 @@ def test_a_producer_greenlet_whose_consumer_takes_nothing_for_the_stall_ends_the
     _start(thread_main, ())
     _until(lambda: not done.locked(), "the stalled greenlet to be released")
     _assert_ended_cancelled(channel, 2)
+
+
+def test_a_remote_producer_whose_consumer_takes_nothing_for_the_stall_is_cancelled() -> None:
+    """An isolated model's send waits for credit in its own process and says so every ``stall_look`` s
+    (``remote_wait``): five looks with nothing taken cancel the request as an in-process producer's
+    timed-out waits do, and its process is told (``on_cancel``) once; a look after the client took a
+    response starts the count again."""
+    channel = BoundedResponseChannel(4, stall=10.0)
+    told: list[bool] = []
+    channel.on_cancel = lambda: told.append(True)
+    assert channel.stall_look == 2.0
+    for i in range(4):
+        channel.put(i, False, 0)
+    channel.remote_wait(True)  # starts to wait
+    for _ in range(4):
+        channel.remote_wait(True)
+    channel.receive(timeout=5)  # the client took one: the next look sees progress
+    for _ in range(5):
+        channel.remote_wait(True)
+    assert not channel.is_cancelled() and told == [] and channel.held[2] == 1
+    channel.remote_wait(True)  # the fifth look in a row with nothing taken
+    assert channel.is_cancelled() and told == [True]
+    channel.remote_wait(True)
+    channel.remote_wait(False)  # its send returned
+    assert told == [True]
+    got = [channel.receive(timeout=5) for _ in range(4)]
+    assert got[:3] == [(i, False) for i in range(1, 4)]
+    assert got[-1][1] and isinstance(got[-1][0], TritonError) and got[-1][0].code == Code.CANCELLED
+    channel.close()
+
+
+def test_a_remote_producer_of_a_consumer_with_no_stall_waits_as_long_as_it_lives() -> None:
+    """A BLS caller or an ensemble's step has no stall: looks never cancel (and none are asked for)."""
+    channel = BoundedResponseChannel(4)
+    assert channel.stall_look is None
+    for _ in range(20):
+        channel.remote_wait(True)
+    assert not channel.is_cancelled()
+    channel.close()

@@ -33,7 +33,6 @@ unloads them. Messages still queued in the failed actor fail UNAVAILABLE ("actor
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import shutil
 from collections.abc import Callable
@@ -48,6 +47,7 @@ from ...errors import TritonError
 from ...repository import config as config_mod
 from ...repository import ensemble_graph, layout, snapshot
 from ...repository.config import ModelConfig
+from ...repository.public_paths import LOAD_REQUEST, PublicPaths, public_text
 from ...runtime.bridge import call_in_thread
 from ...runtime.kernel import Actor, Reply
 from ..scheduling.ensemble import Routes
@@ -262,9 +262,8 @@ class ModelActor(Actor):
         if override is None:
             cfg, explicit = config_mod.read(model_dir, self.model, auto_complete=s.auto_complete,
                                             config_name=s.config_name)
-        else:
-            cfg = ModelConfig()
-            cfg.CopyFrom(override)
+        else:  # the load's own message (LoadModel's parse): completed in place, a copy cost its size again
+            cfg = override
             explicit = frozenset(f.name for f, _ in cfg.ListFields())
         available = layout.list_versions(model_dir)
         first = available[min(available, key=str)] if available else None
@@ -377,14 +376,15 @@ class ModelActor(Actor):
 
     def _start(self, plan: _Plan, versions: list[int]) -> dict[int, Version]:
         """Start ``versions`` in parallel helper greenlets; every result is READY or UNAVAILABLE."""
-        config_json = json.dumps(config_mod.to_json_dict(plan.config))
+        config_json = config_mod.to_json_text(plan.config)
         backend_config = self._settings.backend_config.get(plan.config.backend, {})
         jobs = {
             v: gevent.spawn(start_version, VersionSource(
                 self.model, v, plan.model_dir, plan.selected[v], plan.config, config_json, plan.backend,
                 backend_config, plan.stamp.part(plan.selected[v].name), self._settings.workers, plan.graph,
                 self._routes, self._version_down, self._settings.tracer, self._settings.server_hooks,
-                self._settings.rate_limiter, self._settings.response_cache, self._settings.streams),
+                self._settings.rate_limiter, self._settings.response_cache, self._settings.streams,
+                self._public_paths()),
                 self._settings.load_timeout_s, self._settings.latency_metrics, self._settings.load_retries)
             for v in versions
         }
@@ -400,8 +400,14 @@ class ModelActor(Actor):
 
     def _public_text(self, text: str) -> str:
         """``text`` with the temporary folder a load request's files were written to named as
-        ``<load request>``: a model's traceback showed the server's temporary path to the client."""
-        return text if self._private is None else text.replace(str(self._private), "<load request>")
+        ``<load request>``, an object-store repository's copy as its URL: a model's traceback showed the
+        server's temporary path to the client."""
+        return public_text(text, self._public_paths())
+
+    def _public_paths(self) -> PublicPaths:
+        """The server's folders this model's files may live in, and what a client reads for them."""
+        paths = self._settings.public_paths
+        return paths if self._private is None else ((str(self._private), LOAD_REQUEST), *paths)
 
     def _loaded_from(self, plan: _Plan, msg: Load) -> None:
         # an override marks the source stale: a later load without one reloads from disk (https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_model_repository.md)

@@ -15,6 +15,7 @@ from ...backends.devices import runtime_gpu_support
 from ...observability.tracing import Tracer
 from ...repository import snapshot
 from ...repository.config import ModelConfig
+from ...repository.public_paths import PublicPaths
 from ...runtime.kernel import ActorRef, Reply
 from ...runtime.response_channel import OpenStreams
 from ..scheduling.rate_limiter import RateLimiter
@@ -48,6 +49,9 @@ class LoadSettings:
     # the server's open response channels (runtime/response_channel.py): an ensemble's decoupled steps
     # count there, for /status.json's streams; None: uncounted
     streams: OpenStreams | None = None
+    # the local copies of object-store repositories and their URLs: what a client reads instead of the
+    # copy's path in an error (repository/public_paths.py)
+    public_paths: PublicPaths = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ from ...observability.tracing import Tracer
 from ...repository import layout
 from ...repository.config import ModelConfig
 from ...repository.ensemble_graph import Graph
+from ...repository.public_paths import PublicPaths
 from ...repository.snapshot import FileEntry
 from ...runtime.kernel import Reply
 from ...runtime.response_channel import OpenStreams
@@ -111,6 +112,7 @@ class VersionSource:
     rate_limiter: RateLimiter | None = None  # the server's (LoadSettings.rate_limiter); None: --rate-limit=off
     response_cache: Any = None  # the server's cache store (LoadSettings.response_cache); None: no --cache-config
     streams: OpenStreams | None = None  # the server's open channels (LoadSettings.streams), for an ensemble's steps
+    public_paths: PublicPaths = ()  # what its errors name instead of the server's folders (ModelActor._public_paths)
 
 
 def start_version(src: VersionSource, load_timeout_s: float,
@@ -248,7 +250,7 @@ def _placements(src: VersionSource) -> list[tuple[Any, int, int]]:
 def _contexts(src: VersionSource) -> list[InstanceContext]:
     return [InstanceContext(src.model, src.version, src.model_dir, src.version_dir, src.config, src.config_json,
                             _instance_name(group.name, i), _KIND_NAMES.get(group.kind, "CPU"), device, n,
-                            src.backend_config, src.server_hooks)
+                            src.backend_config, src.server_hooks, src.public_paths)
             for n, (group, device, i) in enumerate(_placements(src))]
 
 

@@ -26,10 +26,9 @@ helper greenlets of :mod:`.load_order`); ensembles that contain each other fail 
 text. In EXPLICIT mode loading an ensemble loads what it needs first, and ``unload_dependents`` unloads
 what was loaded only for it (:class:`~...repository.dependencies.Dependencies`, owned here).
 
-POLL is reconciliation (docs/architecture.md, "Lifecycle"): each rescan (every ``--repository-poll-secs``,
-sooner when :mod:`.watcher` nudges) feeds the stamps on disk to the reconciler and carries out the
-loads and unloads it answers; a change is loaded once the folder was quiet for ``SETTLE_S``. On demand
-(docs/repository.md#load-on-first-request), requests load models and rescans follow only the loaded ones.
+POLL is reconciliation (docs/architecture.md, "Lifecycle"): each rescan (``--repository-poll-secs``, or
+a :mod:`.watcher` nudge) feeds the stamps on disk to the reconciler and carries out the loads and unloads it
+answers, once a folder was quiet for ``SETTLE_S``; on demand, only for the loaded models (docs/repository.md).
 """
 
 from __future__ import annotations
@@ -235,7 +234,8 @@ class RepositoryActor(Actor):
         for name in starts if self.control_mode == POLL else ():  # a demand load: rescans follow it from now on
             self._poll.loaded(name, snapshot.take(found[name][0] if name != msg.name else model_dir))
         done = self._load_in_order(starts)
-        done[msg.name].link(lambda r: msg.reply.fail(r.exception()) if r.exception() else msg.reply.set(None))
+        reply = msg.reply  # not msg: its config text would be held until the load ends
+        done[msg.name].link(lambda r: reply.fail(r.exception()) if r.exception() else reply.set(None))
 
     def _load_request(self, msg: LoadModel) -> tuple[Path, ModelConfig | None, bool]:
         """Where the model actor loads from: the model's folder, or a private copy with the overrides."""

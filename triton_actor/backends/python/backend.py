@@ -33,6 +33,7 @@ from ...inference import InferRequest, InferResponse
 from ...repository import config as config_mod
 from ...repository.config import ModelConfig
 from ...repository.layout import model_file
+from ...repository.public_paths import PublicPaths, public_text
 from ...runtime.bridge import RunOnThread
 from ...runtime.loop_thread import LoopThread
 from ...runtime.threads import native_thread_id
@@ -167,13 +168,15 @@ def import_model(model: str, version_dir: Path, filename: str, tag: str) -> type
     return module
 
 
-def python_error_text(e: BaseException) -> str:
+def python_error_text(e: BaseException, paths: PublicPaths = ()) -> str:
     """``"<Type>: <message>\n\nAt:\n  <file>(<line>): <function>\n"``, innermost frame first, frames of
-    this server left out: the text Triton's python backend produces for an exception in model code."""
+    this server left out: the text Triton's python backend produces for an exception in model code; the
+    server's own folders in it (``paths``: a load request's, an object-store repository's copy) named as
+    the client knows them."""
     frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith(_OWN_DIR)]
     lines = "".join(f"  {f.filename}({f.lineno}): {f.name}\n" for f in reversed(frames))
     text = f"{type(e).__name__}: {e}"
-    return f"{text}\n\nAt:\n{lines}" if lines else text
+    return public_text(f"{text}\n\nAt:\n{lines}" if lines else text, paths)
 
 
 class PythonBackend:
@@ -291,7 +294,7 @@ class PythonInstance:
                 with as_stub():
                     self._await(init(args))
             except MODEL_ERRORS as e:
-                raise TritonError.internal(python_error_text(e)) from None
+                raise TritonError.internal(python_error_text(e, ctx.public_paths)) from None
 
     def _loop_thread(self) -> LoopThread:
         if self._loop is None:
@@ -409,7 +412,8 @@ class PythonInstance:
     def _model_error(self, e: BaseException) -> TritonError:
         log.error("model '%s' execute raised:\n%s", self.ctx.model_name, "".join(traceback.format_exception(e)))
         return TritonError.internal(
-            f"Failed to process the request(s) for model '{self.ctx.instance_name}', message: {python_error_text(e)}"
+            f"Failed to process the request(s) for model '{self.ctx.instance_name}', message: "
+            f"{python_error_text(e, self.ctx.public_paths)}"
         )
 
     def _from_pb(self, response: Any) -> Result:

@@ -111,7 +111,7 @@ class IsolatedInstance:
         session = _Session(ctx.instance_name, ctx.server_hooks)
         init = (ctx.model_name, ctx.version, str(ctx.model_dir), str(ctx.version_dir),
                 ctx.config.SerializeToString(), ctx.config_json, ctx.instance_name, ctx.kind, ctx.device_id,
-                ctx.index, dict(ctx.backend_config))
+                ctx.index, dict(ctx.backend_config), ctx.public_paths)
         try:
             session.ask(("init", init))
         except _Exited as e:
@@ -173,7 +173,7 @@ class IsolatedInstance:
         if self.decoupled and any(r.responses is None for r in requests):
             return [TritonError.unsupported(
                 f"model '{self.ctx.model_name}' is decoupled: it answers only streaming requests")] * len(requests)
-        windows: dict[int, tuple[int, int | None, int | None] | None] = {}
+        windows: dict[int, tuple[int, int | None, int | None, float | None] | None] = {}
         if self.decoupled:
             streams = [session.key_for(r.responses) for r in requests]
             keys: list[int | None] = [key for key, _window in streams]

@@ -66,12 +66,14 @@ class ChildChannel:
     The final response is never charged to the credit (it never waits, and is never granted back).
     """
 
-    __slots__ = ("_process", "key", "account", "cancelled", "_finished", "_credit", "_room")
+    __slots__ = ("_process", "key", "account", "cancelled", "_finished", "_credit", "_room", "_look")
 
-    def __init__(self, process: ModelProcess, key: int, window: Window | None, account: int | None = None) -> None:
+    def __init__(self, process: ModelProcess, key: int, window: Window | None, account: int | None = None,
+                 look: float | None = None) -> None:
         self._process = process
         self.key = key
         self.account = account  # the stream's, whose window the request shares (None: one of its own)
+        self._look = look  # a waiting send says it still waits every ``look`` s (None: once)
         self.cancelled = False  # set by the reader thread when the server says the client went away
         self._finished = False
         if account is None:  # the credit, the flags: model threads and the reader
@@ -112,10 +114,13 @@ class ChildChannel:
 
     def _wait_for_credit(self) -> None:
         """Under ``_room``: the server is told this request's sender waits (its ``/status.json``
-        ``streams.waiting_senders``), then told it goes on, in order with the responses."""
+        ``streams.waiting_senders``), then told it goes on, in order with the responses. Meanwhile it
+        says again every ``look`` s that it still waits: the server, which knows what the client took,
+        cancels the request once the client took nothing for its stall time (a ``("cancel", key)``)."""
         self._process.send(("waiting", self.key, True))
         while not self._credit.may_send() and not self.cancelled and not self._finished:
-            self._room.wait()
+            if not self._room.wait(self._look):
+                self._process.send(("waiting", self.key, True))
         self._process.send(("waiting", self.key, False))
 
     def is_cancelled(self) -> bool:
@@ -264,16 +269,17 @@ class ModelProcess:
         return "" if self.instance is None else self.instance.ctx.model_name
 
     def _on_init(self, ctx: tuple[Any, ...]) -> bool:
-        name, version, model_dir, version_dir, config, config_json, instance, kind, device, index, backend_config = ctx
+        (name, version, model_dir, version_dir, config, config_json, instance, kind, device, index, backend_config,
+         public_paths) = ctx
         parsed = ModelConfig()
         parsed.ParseFromString(config)
         self.instance = PythonInstance(InstanceContext(
             name, version, Path(model_dir), Path(version_dir), parsed, config_json, instance, kind, device, index,
-            backend_config))
+            backend_config, None, tuple(public_paths)))
         return self.instance.decoupled
 
     def _on_execute(self, requests: list[tuple[Any, ...]], log_level: int,
-                    windows: dict[int, tuple[int, int | None, int | None] | None]) -> list[Any]:
+                    windows: dict[int, tuple[int, int | None, int | None, float | None] | None]) -> list[Any]:
         instance = self.instance
         assert instance is not None
         if log_level != _root.level:  # changed at run time (/v2/logging): what the model logs follows
@@ -293,16 +299,17 @@ class ModelProcess:
                 for r in requests:
                     self.channels.pop(r[-1], None)  # its key (None: nobody can cancel it)
 
-    def _channel(self, windows: dict[int, tuple[int, int | None, int | None] | None],
+    def _channel(self, windows: dict[int, tuple[int, int | None, int | None, float | None] | None],
                  key: int) -> tuple[ChildChannel, None]:
-        """A decoupled request's stand-in channel; ``windows[key]``: its stream's bound and account (None: none)."""
+        """A decoupled request's stand-in channel; ``windows[key]``: its stream's bound, account and how
+        often a waiting send says it still waits (None: no bound)."""
         window = windows.get(key)
         with self._keys:
             self._last_key = max(self._last_key, key)
             channel = self.channels.get(key)
             if channel is None:
                 channel = self.channels[key] = (ChildChannel(self, key, None) if window is None else
-                                                ChildChannel(self, key, Window(*window[:2]), window[2]))
+                                                ChildChannel(self, key, Window(*window[:2]), *window[2:]))
                 channel.cancelled = key in self._early
                 self._early.discard(key)
         return channel, None

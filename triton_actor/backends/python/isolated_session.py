@@ -100,9 +100,10 @@ class _Session:
     def new_key(self) -> int:
         return next(self._next_key)
 
-    def key_for(self, channel: Any) -> tuple[int, tuple[int, int | None, int | None] | None]:
+    def key_for(self, channel: Any) -> tuple[int, tuple[int, int | None, int | None, float | None] | None]:
         """The key of a decoupled request's channel, and its window as ``execute`` sends it (``(responses,
-        bytes, account)``, the account's id None for a window of its own; None: no bound). Its client's
+        bytes, account, look)``, the account's id None for a window of its own, ``look`` how often a send
+        waiting for credit says it still waits, None: never; None: no bound). Its client's
         going away is told to the child at once, and so is what its client takes (see :meth:`_taken`)."""
         window = channel.window
         with self._lock:
@@ -119,7 +120,7 @@ class _Session:
                     channel.on_taken = partial(self._taken, ("credit", key), CreditReturn(window))
         if channel.is_cancelled():  # gone before it was armed
             self._cancel_once(key)
-        return key, None if window is None else (*window, None if account is None else account[0])
+        return key, None if window is None else (*window, None if account is None else account[0], channel.stall_look)
 
     def _account_of(self, account: Any) -> tuple[int, CreditReturn] | None:
         """Under the lock: a stream account's id in the child and its grants (None: no account)."""
@@ -181,7 +182,7 @@ class _Session:
             with self._lock:
                 channel = self._channels.get(message[1])
             if channel is not None and channel.window is not None:
-                channel.remote_waiting = message[2]
+                channel.remote_wait(message[2])
         elif kind == "log":
             _log_record(message[1])
         elif kind == "call":  # made while no command runs (a decoupled model's own thread)
