@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import gevent
 
@@ -33,6 +33,20 @@ from ..scheduling.messages import Enqueue
 
 log = logging.getLogger(__name__)
 _clock = time.perf_counter_ns
+
+
+# encoded answers kept per entry: the variants one client uses (HTTP binary or JSON outputs, gRPC) are
+# a few; a client cycling through output selections on one input gets the rest encoded on each hit
+MAX_VARIANTS = 4
+
+
+class Hit(NamedTuple):
+    """An answer found in the cache by :meth:`CachedVersion.answer`: the entry, its key, and the front
+    that remembers what front ends encode from it."""
+
+    entry: cache_entry.Entry
+    key: bytes
+    front: CachedVersion
 
 
 class CachedVersion:
@@ -59,6 +73,28 @@ class CachedVersion:
         else:
             self._run(request, batch, key, reply, start, _clock() - start)
         return reply
+
+    def answer(self, request: InferRequest, batch: int) -> Hit | Reply[InferResponse]:
+        """:meth:`infer` for the plane's fast path (``plane/cache_front.py``, local stores only): a hit
+        is counted as :meth:`infer` counts it and handed back as it is, with no response made, for the
+        front end to answer from what it encoded before; a miss is queued and its reply returned."""
+        start = _clock()
+        key = request_key(self.model, self.version, request)
+        found = self._lookup(key)
+        if found is None:
+            reply: Reply[InferResponse] = Reply()
+            self._run(request, batch, key, reply, start, _clock() - start)
+            return reply
+        end = _clock()
+        self.stats.record_cache_hit(end - start, end - start)
+        return Hit(found, key, self)
+
+    def remember(self, hit: Hit, variant: Any, encoded: Any, nbytes: int) -> None:
+        """Keep a front end's ``encoded`` answer of ``hit`` (its ``variant``) beside its entry, counted in
+        the store's bytes; nothing is kept when that does not fit or the entry is gone meanwhile."""
+        entry = hit.entry
+        if len(entry.encoded) < MAX_VARIANTS and self.store.grow(hit.key, entry, nbytes):
+            entry.encoded[variant] = encoded
 
     def _lookup(self, key: bytes) -> cache_entry.Entry | None:
         """The store's answer, counted in its server-wide counters (nv_cache_* gauges)."""
