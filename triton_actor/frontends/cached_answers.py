@@ -19,9 +19,12 @@ from typing import Any
 import orjson
 
 from ..inference import InferRequest, InferResponse
-from ..plane.dataplane import Pending
+from ..plane import cache_front
+from ..plane.dataplane import DataPlane, Pending
 from ..plane.route import Route
+from ..protocol import v2_http
 from ..protocol._generated import grpc_service_pb2 as pb
+from ..protocol.v2_http import parse_header_length as parse_length
 
 # (request, response, route) -> what the front end's regular encoder gives
 Encode = Callable[[InferRequest, InferResponse, Route], Any]
@@ -69,9 +72,22 @@ def _http_with_id(kept: tuple[bytes, Any], rid: str) -> tuple[list[bytes], int |
     return [head, memoryview(body)[1:]], (None if json_length is None else json_length + len(head) - 1)
 
 
-def http_body(pending: Pending, request: InferRequest, encode: Encode) -> tuple[list[bytes], int | None]:
-    """The body chunks and JSON header length of a hit's HTTP answer (as ``encode`` gives them)."""
-    return _answer(pending, request, "http", encode, _http_kept, _http_with_id)
+def http_body(pending: Pending, request: InferRequest, encode: Encode,
+              body: tuple[str | None, bytes] | None = None) -> tuple[list[bytes], int | None]:
+    """The body chunks and JSON header length of a hit's HTTP answer (as ``encode`` gives them).
+    ``body``: the request's header length and body when those bytes always decode to ``request``
+    (no headers forwarded, no content coding, binary tensors only), remembered for :func:`http_again`."""
+    answer = _answer(pending, request, "http", encode, _http_kept, _http_with_id)
+    if body is not None and v2_http.planned(body[1], parse_length(body[0])):
+        cache_front.learn(pending.hit, body, len(body[1]), variant(request, "http"), request.id)
+    return answer
+
+
+def http_again(plane: DataPlane, route: Route, body: tuple[str | None, bytes]) -> tuple[list[bytes], int | None] | None:
+    """The answer to a request body answered from the cache before (``plane/cache_front.py``'s
+    :func:`~..plane.cache_front.again`), or None."""
+    known = cache_front.again(plane, route, body, len(body[1]))
+    return None if known is None else _http_with_id(*known)
 
 
 class Serialized:

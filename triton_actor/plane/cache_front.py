@@ -15,10 +15,20 @@ store (its lookup waits on the network, in a greenlet of its own), for a request
 mode (its spans are made on the regular path), and whenever the route is not the one to queue with
 as it is (a reload swapped the model, on-demand loading, a server that stopped accepting requests).
 Runs in the request's greenlet or a connection's reader; never waits.
+
+:func:`again` goes one step earlier for a front end that can name a request by its bytes (HTTP: the
+body and its header length): a request body this version answered from the cache before, with an
+answer kept for it, is answered from that entry again without being decoded, checked or keyed
+(``CachedVersion.bodies``, per loaded version: its validator checked those bytes, its key was made
+from them). The entry is still looked up each time, so an evicted or replaced one is not answered.
 """
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+from typing import Any
+
+from ..actors.model.cached import BODY_MAX, Hit
 from ..actors.model.handles import CachedVersionHandle
 from ..inference import InferRequest
 from ..runtime import fastpath
@@ -41,3 +51,24 @@ def start(plane: DataPlane, request: InferRequest, route: Route, traceparent: st
     answered: Reply[None] = Reply()
     answered.set(None)
     return Pending(answered, route, found)  # type: ignore[arg-type]
+
+
+def again(plane: DataPlane, route: Route, body: Hashable, size: int) -> tuple[Any, str] | None:
+    """What a front end kept of the entry a request ``body`` (``size`` bytes) was answered from before,
+    and that request's id; None when the body is not known (or its entry or answer is gone): the
+    request then goes the regular way. ``route`` must be the one the plane just made for the request."""
+    target = route.target
+    if target.__class__ is not CachedVersionHandle or size > BODY_MAX or route.closed or plane.tracer.otel is not None:
+        return None
+    known = target.cache.bodies.get(body)  # always None while fast paths are off
+    if known is None:
+        return None
+    key, kind, rid = known
+    found = target.cache.repeat(key, kind)
+    return None if found is None else (found.encoded[kind], rid)
+
+
+def learn(hit: Hit, body: Hashable, size: int, kind: Any, rid: str) -> None:
+    """Remember that ``body`` (``size`` bytes) is answered by ``hit`` in ``kind``, for :func:`again`."""
+    if size <= BODY_MAX and kind in hit.entry.encoded:
+        hit.front.bodies.put(body, (hit.key, kind, rid))
