@@ -14,6 +14,11 @@ Rounds interleave the servers so machine noise hits all alike; medians are repor
     .venv/bin/python scripts/bench_cache.py --rounds 2 --window-ms 2000
 
 Writes ``bench_out/cache.json`` and ``bench_out/cache.md``.
+
+``--cpu-per-hit N`` measures our server alone instead, without perf_analyzer: N identical add_sub
+requests (perf_analyzer's body) one after another on one keep-alive connection, then N
+``/v2/health/ready``, and prints the server's CPU time per request for each (the hit's own cost is the
+difference: the HTTP driver's is in both). Run it with another checkout's ``PYTHONPATH`` to compare.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -81,6 +87,52 @@ def cache_counts(port: int) -> tuple[int, int, int]:
     return int(d["cache_hit"]["count"]), int(d["cache_miss"]["count"]), int(d["success"]["count"])
 
 
+def _raw_request(head: bytes, body: bytes = b"", path: str = "/v2/models/add_sub/infer") -> bytes:
+    if not body:
+        return f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
+            f"Inference-Header-Content-Length: {len(head)}\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+def _exchange(sock: socket.socket, request: bytes) -> None:
+    """Send one request and read its whole answer (Content-Length framed)."""
+    sock.sendall(request)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, rest = data.partition(b"\r\n\r\n")
+    length = int(next(line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")).split(b":")[1])
+    while len(rest) < length:
+        rest += sock.recv(65536)
+
+
+def cpu_per_hit(n: int) -> int:
+    """``--cpu-per-hit``: our server's CPU per cache hit and per health check, one client, no perf_analyzer."""
+    work = Path(tempfile.mkdtemp(prefix="bench_cache_cpu_"))
+    cached_repo(work / "repo")
+    port = free_port()
+    proc = start("triton_actor", work / "repo", port)
+    try:
+        wait_ready(port, proc)
+        head = json.dumps({"inputs": [{"name": f"INPUT{i}", "shape": [4], "datatype": "FP32",
+                                       "parameters": {"binary_data_size": 16}} for i in (0, 1)],
+                           "outputs": [{"name": f"OUTPUT{i}", "parameters": {"binary_data": True}} for i in (0, 1)]}).encode()
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            for what, request in (("cache hit", _raw_request(head, head + bytes(32))),
+                                  ("health", _raw_request(b"", path="/v2/health/ready"))):
+                for _ in range(min(n, 300)):  # the first is the miss; warm up
+                    _exchange(sock, request)
+                cpu0 = cpu_seconds(proc.pid)
+                for _ in range(n):
+                    _exchange(sock, request)
+                print(f"[bench] {what}: {(cpu_seconds(proc.pid) - cpu0) * 1e6 / n:.1f} µs of server CPU per request "
+                      f"(load average {os.getloadavg()[0]:.2f})", flush=True)
+    finally:
+        stop_servers([proc], work)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=2)
@@ -89,7 +141,11 @@ def main() -> int:
     ap.add_argument("--stability", type=int, default=30, help="perf_analyzer's stability percentage")
     ap.add_argument("--out", type=Path, default=ROOT / "bench_out")
     ap.add_argument("--uncached", action="store_true", help="also triton_actor without the cache")
+    ap.add_argument("--cpu-per-hit", type=int, default=0, metavar="N",
+                    help="only our server's CPU per hit and per health check over N sequential requests")
     args = ap.parse_args()
+    if args.cpu_per_hit:
+        return cpu_per_hit(args.cpu_per_hit)
     if not (TOOLS / "perf_analyzer").exists():
         raise SystemExit(f"{TOOLS}/perf_analyzer missing: run scripts/install_bench_tools.sh")
     conc = [int(c) for c in args.concurrency.split(",")]

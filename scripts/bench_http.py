@@ -14,6 +14,11 @@ Writes ``bench_out/http.json`` and ``bench_out/http.md``.
 ``--metrics-compare`` measures what metrics cost instead (no Triton): triton_actor with ``--allow-metrics=false``
 against triton_actor with metrics on and ``/metrics`` scraped every ``--scrape-interval-ms`` (as Prometheus
 would) during the run; the ratio column is metrics on / metrics off (the goal: >= 0.95 at c=4; docs/performance.md#metrics).
+
+``--otel-compare`` measures what OpenTelemetry tracing costs (no Triton): triton_actor with tracing off, and with
+``--trace-config mode=opentelemetry`` at ``rate=1`` (every request traced: three spans each) and ``rate=1000``,
+exporting to an OTLP/HTTP sink in this script (it answers 200 and counts the exports); the ratio column is
+traced / off (docs/traces.md).
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -128,6 +135,37 @@ class MetricsScraper:
         self._stop.set()
 
 
+class OtlpSink:
+    """``--otel-compare``: an OTLP/HTTP traces endpoint on a free port that takes every export (200) and counts them."""
+
+    def __init__(self) -> None:
+        sink = self
+        self.exports = self.bytes = 0
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # http.server calls it by this name
+                sink.bytes += len(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                sink.exports += 1
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def starter(self, rate: int) -> Callable[[Path, int], subprocess.Popen]:
+        url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
+        return lambda repo, port: start_ours(repo, port, "--trace-config", "mode=opentelemetry", "--trace-config",
+                                             "level=TIMESTAMPS", "--trace-config", f"rate={rate}",
+                                             "--trace-config", f"opentelemetry,url={url}")
+
+    def stop(self) -> None:
+        self.server.shutdown()
+
+
 def start_triton(repo: Path, port: int) -> subprocess.Popen:
     args = [str(TOOLS / "tritonserver"), f"--model-repository={repo}", "--http-address=127.0.0.1",
             f"--http-port={port}", "--allow-grpc=false", "--allow-metrics=false", "--log-info=false"]
@@ -179,11 +217,19 @@ def main() -> int:
     ap.add_argument("--stability", type=int, default=20,
                     help="perf_analyzer's stability percentage (raise it on a busy machine)")
     ap.add_argument("--scrape-interval-ms", type=int, default=1000, help="--metrics-compare: scrape period")
+    ap.add_argument("--otel-compare", action="store_true",
+                    help="triton_actor with tracing off vs OpenTelemetry at rate 1 and 1000; no Triton")
     args = ap.parse_args()
     scraper = MetricsScraper(args.scrape_interval_ms / 1000) if args.metrics_compare else None
-    starters = ((("metrics_off", start_metrics_off), ("metrics_on", scraper.start_server)) if scraper else
-                (("triton_actor", start_metrics_off), ("triton", start_triton)))
-    base = "metrics_off" if scraper else "triton"
+    sink = OtlpSink() if args.otel_compare else None
+    starters: tuple[tuple[str, Callable[[Path, int], subprocess.Popen]], ...]
+    if sink is not None:
+        starters = (("trace_off", start_metrics_off), ("otel_rate1", sink.starter(1)), ("otel_rate1000", sink.starter(1000)))
+    elif scraper is not None:
+        starters = (("metrics_off", start_metrics_off), ("metrics_on", scraper.start_server))
+    else:
+        starters = (("triton_actor", start_metrics_off), ("triton", start_triton))
+    base = "trace_off" if sink else "metrics_off" if scraper else "triton"
     if not (TOOLS / "perf_analyzer").exists():
         raise SystemExit(f"{TOOLS}/perf_analyzer missing: run scripts/install_bench_tools.sh")
     conc = [int(c) for c in args.concurrency.split(",")]
@@ -220,6 +266,9 @@ def main() -> int:
             scraper.stop()
             print(f"[bench] /metrics scraped {scraper.scrapes} times during the run", flush=True)
         stop_servers([proc for proc, _ in servers.values()], work)
+        if sink is not None:
+            sink.stop()
+            print(f"[bench] OTLP sink took {sink.exports} exports, {sink.bytes} bytes", flush=True)
     med = {n: {c: {k: statistics.median(x[k] for x in runs) for k in runs[0]} for c, runs in per.items()}
            for n, per in results.items()}
     lines = [f"| concurrency | server | infer/s (median) | p50 µs | p99 µs | ratio vs {base} (infer/s) |",
@@ -233,9 +282,10 @@ def main() -> int:
     lines.append("")
     lines.append("Resident memory, add_sub loaded (Triton: server + its python stub): " + ", ".join(
         f"{n} {memory[n]:.0f} MB at start, {memory_after[n]:.0f} MB after the run" for n in servers))
+    lines.append(f"Load average at the end: {os.getloadavg()}")
     table = "\n".join(lines)
     print(table)
-    stem = "http_metrics" if scraper else "http"
+    stem = "http_otel" if sink else "http_metrics" if scraper else "http"
     (args.out / f"{stem}.md").write_text(table + "\n")
     (args.out / f"{stem}.json").write_text(json.dumps({"results": results, "median": med, "memory_mb": memory,
                                                     "memory_after_mb": memory_after, "load": os.getloadavg()},

@@ -24,7 +24,7 @@ import tritonclient.http as httpclient
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from .server import ServerProcess
-from .test_ensemble import pipeline
+from .test_ensemble import _arith_config, pipeline
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -164,3 +164,48 @@ def test_rate_samples_and_a_propagated_context_is_always_traced(tmp_path: Path, 
     assert len(roots) == 3
     assert sum(s["trace_id"] == trace_id for s in roots) == 1
     assert sum(s["name"] == "inc" for s in receiver.spans) == 3
+
+
+CALLER_PY = """
+import triton_python_backend_utils as pb_utils
+
+def bls(request, model, **trace):
+    x = pb_utils.get_input_tensor_by_name(request, "X")
+    return pb_utils.InferenceRequest(model_name=model, inputs=[x], requested_output_names=["Y"], **trace).exec()
+
+class TritonPythonModel:
+    def execute(self, requests):
+        answers = [(bls(r, "inc", trace=r.trace()), bls(r, "dbl")) for r in requests]  # dbl: not traced
+        return [pb_utils.InferenceResponse([pb_utils.get_output_tensor_by_name(a, "Y")]) for a, _ in answers]
+"""
+
+
+def test_bls_calls_given_the_trace_are_children_of_the_callers_compute_span(tmp_path: Path, start_server,
+                                                                           receiver: Receiver) -> None:
+    """As Triton: a BLS request built with ``trace=request.trace()`` is a child trace whose model span
+    hangs from the caller's compute span; one built without it is not traced."""
+    from .server import add_model
+
+    pipeline(tmp_path)
+    add_model(tmp_path, "caller", _arith_config({"role": "caller"}), CALLER_PY)
+    server = start_server(tmp_path, flags=_flags(receiver, rate=1))
+    header, trace_id, client_span = _traceparent()
+    _http_infer(server, "caller", {"traceparent": header})
+
+    def mine() -> list[dict]:
+        return [s for s in receiver.spans if s["trace_id"] == trace_id]
+    receiver.wait_for(lambda: len(mine()) == 5)  # InferRequest, caller, its compute, inc, inc's compute
+    by_name: dict[str, list[dict]] = {}
+    for s in mine():
+        by_name.setdefault(s["name"], []).append(s)
+    (root,), (caller,), (inc,) = by_name["InferRequest"], by_name["caller"], by_name["inc"]
+    computes = {c["parent"]: c for c in by_name["compute"]}
+    assert set(by_name) == {"InferRequest", "caller", "inc", "compute"} and root["parent"] == client_span
+    assert caller["parent"] == root["span_id"] and set(computes) == {caller["span_id"], inc["span_id"]}
+    caller_compute = computes[caller["span_id"]]
+    assert inc["parent"] == caller_compute["span_id"]
+    assert caller_compute["start"] <= inc["start"] <= inc["end"] <= caller_compute["end"]
+    assert inc["attrs"]["triton.trace_parent_id"] == caller["attrs"]["triton.trace_id"] != inc["attrs"]["triton.trace_id"]
+    assert "triton.request_id" not in inc["attrs"]  # the BLS request has no id
+    assert server.stop() == 0  # every span exported: the untraced call made none
+    assert not [s for s in receiver.spans if s["name"] == "dbl"]

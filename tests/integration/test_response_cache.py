@@ -280,3 +280,106 @@ def test_redis_over_tls_with_triton_keys(tmp_path: Path, start_server: Start, pk
     finally:
         proc.kill()
         proc.wait(timeout=30)
+
+
+TWO_CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [ { name: "IN", data_type: TYPE_FP32, dims: [ -1 ] } ]
+output [ { name: "SAME", data_type: TYPE_FP32, dims: [ -1 ] }, { name: "TWICE", data_type: TYPE_FP32, dims: [ -1 ] } ]
+response_cache { enable: true }
+"""
+
+TWO_PY = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("SAME", x), pb_utils.Tensor("TWICE", x * 2)]))
+        return out
+"""
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.timeout(120)
+def test_each_hit_answers_with_its_own_request_id_and_outputs(tmp_path: Path, start_server: Start, protocol: str) -> None:
+    """Hits answered from bytes kept per cache entry (frontends/cached_answers.py) carry the id of the
+    request they answer, never the one before, and the outputs and encoding that request asked for."""
+    repo = tmp_path / "repo"
+    add_model(repo, "two", TWO_CONFIG, TWO_PY)
+    server = start_server(repo, flags=("--cache-config", "local,size=1048576"))
+    client = Client(protocol, server)
+    a = np.arange(5, dtype=np.float32)
+    # (id, requested outputs as (name, binary) or None for all, a hit?)
+    plan = [("first", None, False), ("second", None, True), ("", None, True), ("first", None, True),
+            ('q"uote\\é', None, True), ("x", [("SAME", False)], False), ("y", [("SAME", True)], True),
+            ("", [("SAME", False)], True), ("z" * 300, [("SAME", False)], True)]
+    try:
+        for rid, outputs, _ in [*plan, *plan]:  # the second time all hits (HTTP: by their bodies' bytes)
+            x = client.mod.InferInput("IN", [5], "FP32")
+            x.set_data_from_numpy(a)
+            wanted = None if outputs is None else [
+                client.mod.InferRequestedOutput(n) if client.grpc else client.mod.InferRequestedOutput(n, binary_data=b)
+                for n, b in outputs]
+            result = client.infer("two", [x], request_id=rid, outputs=wanted)
+            answered = result.get_response()
+            assert (answered.id if client.grpc else answered.get("id", "")) == rid
+            np.testing.assert_array_equal(result.as_numpy("SAME"), a)
+            if outputs is None:
+                np.testing.assert_array_equal(result.as_numpy("TWICE"), a * 2)
+            else:
+                assert result.as_numpy("TWICE") is None
+                if not client.grpc:  # binary or JSON data as this request asked, whatever the kept entry saw first
+                    assert ("data" in answered["outputs"][0]) is not outputs[0][1]
+        hits = sum(hit for *_, hit in plan) + len(plan)
+        if not client.grpc:  # a kept answer compressed as the client asks
+            x = client.mod.InferInput("IN", [5], "FP32")
+            x.set_data_from_numpy(a)
+            result = client.infer("two", [x], request_id="first", response_compression_algorithm="gzip")
+            assert result.get_response()["id"] == "first"
+            np.testing.assert_array_equal(result.as_numpy("TWICE"), a * 2)
+            hits += 1
+        assert _model_stats(server, "two") == (hits, len(plan) - sum(hit for *_, hit in plan), 2)
+        assert _metric(server, "nv_cache_num_hits", "") == hits
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_repeated_body_never_answers_from_a_stale_entry(tmp_path: Path, start_server: Start) -> None:
+    """Bodies answered from the cache before are answered again by their bytes (fast path): not once
+    their entry is evicted, and never for an input read from shared memory, whose bytes change under
+    the same body."""
+    import tritonclient.utils.shared_memory as shm
+
+    server = start_server(_repo(tmp_path), flags=("--cache-config=local,size=24000", "--allow-client-shm=true"))
+    client = Client("http", server)
+    region = shm.create_shared_memory_region("in", f"/cache_{tmp_path.name}", 8000)
+    try:
+        a, b = np.zeros(2000, np.float32), np.ones(4000, np.float32)
+        for _ in range(3):
+            _infer(client, a)  # a miss, then hits; the last one by its body
+        assert _stats(server)["exec"] == 1
+        _infer(client, b)  # evicts a: 24000 bytes hold a's 8000 (and its kept answer's), or b's 16000, not both
+        np.testing.assert_array_equal(_infer(client, a), a)  # not answered from the evicted entry: runs again
+        assert _stats(server)["exec"] == 3
+
+        client.register_system_shared_memory("in", f"/cache_{tmp_path.name}", 8000)
+
+        def from_region(values: np.ndarray) -> np.ndarray:
+            shm.set_shared_memory_region(region, [values])
+            x = client.mod.InferInput("INPUT0", [2000], "FP32")
+            x.set_shared_memory("in", 8000)
+            return client.infer("cached", [x]).as_numpy("OUTPUT0")
+
+        for _ in range(3):
+            np.testing.assert_array_equal(from_region(a + 1), a + 1)  # the same body each time
+        c = np.full(2000, 7, np.float32)
+        np.testing.assert_array_equal(from_region(c), c)  # same body, other bytes in the region
+    finally:
+        client.unregister_system_shared_memory()
+        shm.destroy_shared_memory_region(region)
+        client.close()

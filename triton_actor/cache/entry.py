@@ -2,7 +2,10 @@
 
 A hit hands out a fresh :class:`~..inference.InferResponse` each time (encoders and ensembles set
 fields on it) whose arrays are the entry's read-only copies: the model that produced them may reuse
-its buffers after answering, and no reader may change what the next hit gets. :func:`encode` and
+its buffers after answering, and no reader may change what the next hit gets. Beside the tensors an
+entry keeps the answers front ends encoded from it (``encoded``: a front end's variant, such as HTTP
+with binary outputs, to its bytes without a request id), so a repeated hit is not encoded again
+(``frontends/cached_answers.py``, a fast path); the store counts their bytes (``extra``) in its size. :func:`encode` and
 :func:`decode` are the bytes a Redis server stores: a JSON head (names, datatypes, shapes, lengths,
 parameters) then the raw buffers, BYTES elements length-prefixed as on Triton's wire; no pickle, so
 a shared Redis cannot make this process run code.
@@ -11,7 +14,7 @@ a shared Redis cannot make this process run code.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -23,11 +26,15 @@ _HEAD = struct.Struct("<I")
 _OVERHEAD = 64  # bytes an entry costs besides its buffers (key, bookkeeping): a floor for tiny outputs
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, eq=False)
 class Entry:
+    """Never changed once stored, but for ``encoded`` and ``extra`` (the hub thread's, as the store)."""
+
     outputs: tuple[tuple[str, np.ndarray], ...]
     parameters: dict[str, Any]
     nbytes: int
+    encoded: dict[Any, Any] = field(default_factory=dict)
+    extra: int = 0  # bytes of ``encoded``
 
     def response(self) -> InferResponse:
         return InferResponse(list(self.outputs), dict(self.parameters))

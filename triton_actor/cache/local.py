@@ -3,7 +3,7 @@
 Triton's local cache (https://github.com/triton-inference-server/local_cache) keeps entries in one
 buffer of ``size`` bytes and evicts the least recently used until a new entry fits; an entry larger
 than the whole cache is not kept. Here the bytes are the outputs' buffers plus a small overhead per
-entry (:mod:`.entry`). Owned by the server that made it and used only on its hub thread (lookups and
+entry (:mod:`.entry`), its key, and the answers front ends encoded from it and keep beside it (:meth:`LocalCache.grow`). Owned by the server that made it and used only on its hub thread (lookups and
 inserts come from request greenlets and reply callbacks, never from an instance thread), so no lock.
 With ``--workers`` each worker has its own, as each Triton process has its own.
 """
@@ -48,14 +48,31 @@ class LocalCache:
             return False
         old = self._entries.pop(key, None)
         if old is not None:
-            self.used -= old.nbytes + len(key)
-        while self.used + cost > self.size:
-            gone_key, gone = self._entries.popitem(last=False)
-            self.used -= gone.nbytes + len(gone_key)
-            self.evictions += 1
+            self.used -= old.nbytes + old.extra + len(key)
+        self._make_room(cost)
         self._entries[key] = entry
         self.used += cost
         return True
+
+    def grow(self, key: bytes, entry: Entry, n: int) -> bool:
+        """Count ``n`` more bytes for ``entry`` (an encoded answer kept beside it) when it is still the
+        one under ``key`` and all of it still fits; others go first, least recently used first."""
+        if self._entries.get(key) is not entry or entry.nbytes + entry.extra + n + len(key) > self.size:
+            return False
+        del self._entries[key]  # out while room is made, so it is not the one that goes; back as the newest
+        cost = entry.nbytes + entry.extra + len(key)
+        self.used -= cost
+        self._make_room(cost + n)
+        entry.extra += n
+        self._entries[key] = entry
+        self.used += cost + n
+        return True
+
+    def _make_room(self, cost: int) -> None:
+        while self.used + cost > self.size:
+            gone_key, gone = self._entries.popitem(last=False)
+            self.used -= gone.nbytes + gone.extra + len(gone_key)
+            self.evictions += 1
 
     def metrics(self) -> dict[str, int]:
         return self.counters.snapshot(len(self._entries), self.used, self.size, self.evictions)

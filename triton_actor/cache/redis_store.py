@@ -96,6 +96,10 @@ class RedisCache:
     def insert(self, key: bytes, entry: Entry) -> bool:
         return self._call("SET", PREFIX + key, encode(entry)) is not None
 
+    def grow(self, key: bytes, entry: Entry, n: int) -> bool:
+        """Nothing is kept beside an entry: each lookup decodes a new one from the server's bytes."""
+        return False
+
     def _call(self, command: str, *args: Any) -> Any:
         """One command; any failure is None (a miss, an entry not kept), logged once per outage."""
         import redis

@@ -15,13 +15,15 @@ import gevent
 import gevent.lock
 
 from ..errors import Code, TritonError
-from ..inference import InferRequest
+from ..inference import InferRequest, InferResponse
+from ..plane import cache_front
 from ..plane.dataplane import DataPlane, Pending
 from ..plane.route import Route
 from ..protocol import header_forward, v2_grpc
 from ..protocol._generated import grpc_service_pb2 as pb
 from ..protocol._generated import health_pb2
 from ..runtime.response_channel import StreamAccount
+from . import cached_answers
 from .offload import Offload
 
 log = logging.getLogger(__name__)
@@ -87,7 +89,7 @@ class GrpcServicer:
         route.refuse_decoupled("ModelInfer RPC doesn't support models with decoupled transaction policy")
         params, traceparent = header_forward.split_trace(forwarded)
         request = header_forward.with_forwarded(self._decode(req, route), params)
-        return request, self.plane.infer_start(request, route=route, traceparent=traceparent)
+        return request, cache_front.start(self.plane, request, route, traceparent)
 
     def _route(self, req: pb.ModelInferRequest) -> Route:
         """The route of the model and version ``req`` names (an unreadable version: the decode says so)."""
@@ -105,6 +107,8 @@ class GrpcServicer:
                                 route.inputs)
 
     def finish_infer(self, request: InferRequest, pending: Pending) -> pb.ModelInferResponse:
+        if pending.hit is not None:  # answered from the response cache (a fast path)
+            return cached_answers.grpc_message(pending, request, self._encode)
         try:
             response = pending.reply.get()
         except gevent.GreenletExit:
@@ -112,7 +116,9 @@ class GrpcServicer:
             # dropped by its scheduler instead of run (one already running finishes unseen)
             pending.reply.fail(TritonError(Code.CANCELLED, "request cancelled by the client"))
             raise
-        route = pending.route
+        return self._encode(request, response, pending.route)
+
+    def _encode(self, request: InferRequest, response: InferResponse, route: Route) -> pb.ModelInferResponse:
         return v2_grpc.encode_infer_response(request, response, route.version, route.labels, route.batching,
                                              self.plane.shm)
 

@@ -18,12 +18,13 @@ from flask import Flask
 
 from ..errors import Code, TritonError
 from ..inference import InferRequest, InferResponse
+from ..plane import cache_front
 from ..plane.dataplane import DataPlane, Streamed
 from ..plane.route import Route
 from ..protocol import codings, generate, header_forward, payloads, repository_http, v2_http, v2_http_response
 from ..protocol.shm_windows import SharedMemoryAccess
 from ..runtime.kernel import Reply as Reply_
-from . import compression
+from . import cached_answers, compression
 from .http import JSON_HEADERS, TEXT_HEADERS, HttpRequest, Reply, View, json_reply
 from .offload import WORK_ON_HUB, Offload, json_work
 from .openai_routes import OpenAIOptions, openai_routes
@@ -124,17 +125,34 @@ def _infer_routes(app: Flask, plane: DataPlane, forward: re.Pattern[str] | None,
     @versioned(app, "/infer", "POST")
     def infer(req: HttpRequest, model: str, version: int = -1) -> Reply:
         route = plane.route(model, version)
+        body = _same_bytes_same_request(req, forward)
+        if body is not None:  # a body answered from the response cache before (a fast path)
+            again = cached_answers.http_again(plane, route, body)
+            if again is not None:
+                return _infer_reply(*again, req.headers.get("accept-encoding"))
         request = _decode_infer(route, req, plane.shm, offload)
         if forward is not None:
             request = header_forward.with_forwarded(request, header_forward.forwarded(forward, req.headers.items()))
-        pending = plane.infer_start(request, route=route, traceparent=req.headers.get("traceparent"))
-        response = _answer(pending.reply, req)
-        route = pending.route
+        pending = cache_front.start(plane, request, route, req.headers.get("traceparent"))
+        if pending.hit is not None:  # answered from the response cache (a fast path)
+            chunks, json_length = cached_answers.http_body(pending, request, encode, body)
+        else:
+            chunks, json_length = encode(request, _answer(pending.reply, req), pending.route)
+        return _infer_reply(chunks, json_length, req.headers.get("accept-encoding"))
+
+    def encode(request: InferRequest, response: InferResponse, route: Route) -> tuple[list[bytes], int | None]:
         work = 0 if sum(a.size for _, a in response.outputs) <= WORK_ON_HUB else \
             v2_http_response.json_output_elements(request, response, route.labels, route.batching)
-        chunks, json_length = offload.run(work, v2_http_response.encode_infer_response, request, response,
-                                          route.version, route.labels, route.batching, plane.shm)
-        return _infer_reply(chunks, json_length, req.headers.get("accept-encoding"))
+        return offload.run(work, v2_http_response.encode_infer_response, request, response,
+                           route.version, route.labels, route.batching, plane.shm)
+
+
+def _same_bytes_same_request(req: HttpRequest, forward: re.Pattern[str] | None) -> tuple[str | None, bytes] | None:
+    """The request's header length and body when they alone decide the request (no headers forwarded to
+    the model, no content coding): what a response-cache hit may be remembered by."""
+    if forward is not None or "content-encoding" in req.headers:
+        return None
+    return req.headers.get("inference-header-content-length"), req.body
 
 
 def _answer(reply: Reply_[InferResponse], req: HttpRequest) -> InferResponse:

@@ -167,6 +167,7 @@ class ServerCalls:
 
     def _infer_on_hub(self, request: InferRequest, worker: NativeWorker[Any] | None) -> InferResponse | TritonError:
         try:
+            request = _bls_traced(request)
             route, target = self._enter(request, worker)
         except TritonError as e:
             return e
@@ -190,6 +191,7 @@ class ServerCalls:
         read_on = gevent.event.Event()
         reading.wake = HubSignal(read_on.set)  # the model's thread takes them: it wakes us past the bound
         try:
+            request = _bls_traced(request)
             route, target = self._enter(request, worker)
             responses = self.plane.infer_stream(request, internal=True, route=route).responses
             count = size_sum = 0
@@ -407,9 +409,16 @@ def _to_infer_request(pb: Any) -> InferRequest:
     outputs = tuple(RequestedOutput(_text(n)) for n in names) if names else None
     version = pb.model_version()
     # names taken from a BYTES tensor arrive as bytes (Triton's example does that: its bindings take them)
+    # trace=request.trace(): the caller's trace, made the child's on the hub (_bls_traced)
+    trace = getattr(pb._trace, "_span_trace", None) if pb._trace is not None else None
     return InferRequest(_text(pb.model_name()), -1 if version in (None, "") else int(version), pb.request_id() or "",
                         inputs, outputs, pb._parameters_dict(), False, 0, int(pb.timeout() or 0),
-                        pb.correlation_id(), int(pb.flags() or 0))
+                        pb.correlation_id(), int(pb.flags() or 0), trace=trace)
+
+
+def _bls_traced(request: InferRequest) -> InferRequest:
+    """A request given its caller's trace (OpenTelemetry mode): with the child trace of its own (hub)."""
+    return request if request.trace is None else request._replace(trace=request.trace.bls_child())
 
 
 def _text(value: Any) -> str:

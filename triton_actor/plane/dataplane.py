@@ -55,10 +55,13 @@ class Served:
 
 @dataclass(slots=True)
 class Pending:
-    """A queued inference: ``reply`` completes with the response; ``route`` is what the encoder reads."""
+    """A queued inference: ``reply`` completes with the response; ``route`` is what the encoder reads.
+    ``hit``: the response cache's answer, found before the scheduler (``cache_front.py``, a fast path),
+    which the front end answers from (``reply`` is then set, with no response in it)."""
 
     reply: Reply[InferResponse]
     route: Route
+    hit: Any = None
 
 
 @dataclass(slots=True)

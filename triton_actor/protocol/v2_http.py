@@ -86,6 +86,13 @@ def decode_infer_request(body: bytes, header_length: int | None, model_name: str
     return request
 
 
+def planned(body: bytes, header_length: int | None) -> bool:
+    """Whether ``body`` was decoded from a kept plan: plain binary tensors in the body, nothing read
+    from shared memory, so the same bytes always decode to the same request."""
+    return header_length is not None and 0 < header_length <= _PLAN_HEADER_MAX and header_length <= len(body) \
+        and _PLANS.get(bytes(body[:header_length])) is not None
+
+
 assert InferInput._fields == ("name", "dtype", "shape", "data")
 assert InferRequest._fields[:6] == ("model_name", "model_version", "id", "inputs", "outputs", "parameters")
 

@@ -84,3 +84,30 @@ def test_bytes_elements_are_length_prefixed() -> None:
     one = np.array([b"ab", b"c"], dtype=object)
     two = np.array([b"a", b"bc"], dtype=object)
     assert request_key("m", 1, _request(one, "BYTES")) != request_key("m", 1, _request(two, "BYTES"))
+
+
+def test_encoded_answers_kept_beside_an_entry_count_in_its_bytes() -> None:
+    one = _entry(100).nbytes + 1
+    cache = LocalCache(3 * one)
+    entries = {key: _entry(100) for key in (b"a", b"b", b"c")}
+    for key, kept in entries.items():
+        cache.insert(key, kept)
+    assert cache.grow(b"a", entries[b"a"], one)  # room made: b, the least recently used, goes
+    assert cache.lookup(b"b") is None and cache.evictions == 1
+    assert cache.used == 3 * one and entries[b"a"].extra == one
+    cache.insert(b"d", _entry(100))  # c goes
+    assert cache.lookup(b"c") is None and cache.evictions == 2
+    cache.insert(b"e", _entry(100))  # then a (just looked up by no one): its bytes and what was kept beside it
+    assert cache.lookup(b"a") is None and cache.used == 2 * one and cache.evictions == 3
+
+
+def test_growing_is_refused_for_a_replaced_entry_or_past_the_size() -> None:
+    cache = LocalCache(4096)
+    old = _entry(100)
+    cache.insert(b"k", old)
+    cache.insert(b"k", _entry(100))  # replaced meanwhile: what the old one's hit encoded is not kept
+    assert not cache.grow(b"k", old, 10)
+    assert not cache.grow(b"gone", old, 10)
+    kept = cache.lookup(b"k")
+    assert kept is not None and not cache.grow(b"k", kept, 4096)
+    assert cache.used == kept.nbytes + 1 and kept.extra == 0

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import gevent
 
@@ -28,6 +28,7 @@ from ...cache.keys import request_key
 from ...errors import TritonError
 from ...inference import InferRequest, InferResponse
 from ...metrics.statistics import VersionStats
+from ...runtime.fastpath import BoundedCache
 from ...runtime.kernel import Reply
 from ..scheduling.messages import Enqueue
 
@@ -35,14 +36,35 @@ log = logging.getLogger(__name__)
 _clock = time.perf_counter_ns
 
 
+# encoded answers kept per entry: the variants one client uses (HTTP binary or JSON outputs, gRPC) are
+# a few; a client cycling through output selections on one input gets the rest encoded on each hit
+MAX_VARIANTS = 4
+# request bodies remembered per version (frontends/cached_answers.py): a repeating client's working
+# set is a few bodies; at most BODIES of BODY_MAX bytes (1 MiB a version) besides the cache's size
+BODIES = 64
+BODY_MAX = 16 * 1024
+
+
+class Hit(NamedTuple):
+    """An answer found in the cache by :meth:`CachedVersion.answer`: the entry, its key, and the front
+    that remembers what front ends encode from it."""
+
+    entry: cache_entry.Entry
+    key: bytes
+    front: CachedVersion
+
+
 class CachedVersion:
     """One version's cache front: ``store`` is the server's (local or redis), shared by its models."""
 
-    __slots__ = ("store", "stats", "model", "version", "scheduler")
+    __slots__ = ("store", "stats", "model", "version", "scheduler", "bodies")
 
     def __init__(self, store: Any, stats: VersionStats, model: str, version: int, scheduler: Any) -> None:
         self.store, self.stats, self.model, self.version, self.scheduler = store, stats, model, version, scheduler
         stats.cache_enabled = True
+        # request bodies answered from the cache before → (key, variant, id): frontends/cached_answers.py.
+        # This version's own: the same bytes were checked by its validator and keyed for its entries.
+        self.bodies: BoundedCache[Any, tuple[bytes, Any, str]] = BoundedCache("cache.bodies", BODIES)
 
     def infer(self, request: InferRequest, batch: int, reply: Reply[InferResponse] | None = None) -> Reply[InferResponse]:
         """Answer ``request`` (checked: ``batch`` is its batch size) in ``reply``, a new one if None."""
@@ -60,18 +82,56 @@ class CachedVersion:
             self._run(request, batch, key, reply, start, _clock() - start)
         return reply
 
-    def _lookup(self, key: bytes) -> cache_entry.Entry | None:
-        """The store's answer, counted in its server-wide counters (nv_cache_* gauges)."""
-        counters = self.store.counters
+    def answer(self, request: InferRequest, batch: int) -> Hit | Reply[InferResponse]:
+        """:meth:`infer` for the plane's fast path (``plane/cache_front.py``, local stores only): a hit
+        is counted as :meth:`infer` counts it and handed back as it is, with no response made, for the
+        front end to answer from what it encoded before; a miss is queued and its reply returned."""
+        start = _clock()
+        key = request_key(self.model, self.version, request)
+        found = self._lookup(key)
+        if found is None:
+            reply: Reply[InferResponse] = Reply()
+            self._run(request, batch, key, reply, start, _clock() - start)
+            return reply
+        end = _clock()
+        self.stats.record_cache_hit(end - start, end - start)
+        return Hit(found, key, self)
+
+    def repeat(self, key: bytes, variant: Any) -> cache_entry.Entry | None:
+        """A hit on ``key`` whose answer in ``variant`` is kept (the front end sends it), counted as
+        :meth:`answer` counts one; None, and nothing counted, when either is gone: the request then
+        takes the way of any other and is looked up (and counted) there."""
         start = _clock()
         found = self.store.lookup(key)
-        counters.lookup_ns += _clock() - start
-        counters.lookups += 1
-        if found is None:
-            counters.misses += 1
-        else:
-            counters.hits += 1
+        if found is None or variant not in found.encoded:
+            return None
+        end = _clock()
+        self._count(True, end - start)
+        self.stats.record_cache_hit(end - start, end - start)
         return found
+
+    def remember(self, hit: Hit, variant: Any, encoded: Any, nbytes: int) -> None:
+        """Keep a front end's ``encoded`` answer of ``hit`` (its ``variant``) beside its entry, counted in
+        the store's bytes; nothing is kept when that does not fit or the entry is gone meanwhile."""
+        entry = hit.entry
+        if len(entry.encoded) < MAX_VARIANTS and self.store.grow(hit.key, entry, nbytes):
+            entry.encoded[variant] = encoded
+
+    def _lookup(self, key: bytes) -> cache_entry.Entry | None:
+        """The store's answer, counted in its server-wide counters (nv_cache_* gauges)."""
+        start = _clock()
+        found = self.store.lookup(key)
+        self._count(found is not None, _clock() - start)
+        return found
+
+    def _count(self, hit: bool, ns: int) -> None:
+        counters = self.store.counters
+        counters.lookup_ns += ns
+        counters.lookups += 1
+        if hit:
+            counters.hits += 1
+        else:
+            counters.misses += 1
 
     def _lookup_then_run(self, request: InferRequest, batch: int, key: bytes, reply: Reply[InferResponse],
                          start: int) -> None:

@@ -494,4 +494,6 @@ def _to_pb(request: InferRequest, sender_factory: Callable[[Any], Any] | None = 
     )
     if request.is_cancelled is not None:
         pb._cancelled = request.is_cancelled
+    if request.trace is not None:  # OpenTelemetry: request.trace() hands it to the model's BLS requests
+        pb._trace = pb_utils.InferenceTrace(request.trace)
     return pb

@@ -55,10 +55,16 @@ class PreferredMemory:
 
 
 class InferenceTrace:
-    """Placeholder trace handle; tracing contexts are not propagated here."""
+    """A request's trace handle (``request.trace()``): given to a BLS request (``trace=``), it makes that
+    request's spans children of this request's, as Triton's (OpenTelemetry mode; otherwise nothing)."""
+
+    __slots__ = ("_span_trace",)
+
+    def __init__(self, span_trace: Any = None) -> None:
+        self._span_trace = span_trace  # the server's (observability/otel.py SpanTrace), None: not traced
 
     def get_context(self, mode: str = "opentelemetry") -> str | None:
-        """Return the trace context (always None: no tracing)."""
+        """Return the trace context (None here: not passed on as text)."""
         return None
 
 

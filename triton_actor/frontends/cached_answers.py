@@ -1,0 +1,120 @@
+"""Answers to response-cache hits from bytes encoded once per cache entry (a fast path, ``runtime/fastpath.py``).
+
+A hit found before the scheduler (``plane/cache_front.py``) carries its cache entry. The first hit of
+an entry in a front end's variant (HTTP: the request's output selection and binary choices; gRPC: its
+output selection) is encoded as any answer, with no request id, and kept beside the entry (counted in
+the cache's bytes, :meth:`~..actors.model.cached.CachedVersion.remember`); every later hit sends those
+bytes with its own request's id put in, where the regular encoder puts it: first in the HTTP JSON
+header, as field 3 of a gRPC ``ModelInferResponse`` (after the model's name and version). Outputs
+classified or written to shared memory are encoded on every hit (labels are the serving version's, a
+region's contents the client's), as are hits on the slow path (the regular encoder on a fresh
+response, ``entry.response()``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from ..inference import InferRequest, InferResponse
+from ..plane import cache_front
+from ..plane.dataplane import DataPlane, Pending
+from ..plane.route import Route
+from ..protocol import v2_http
+from ..protocol._generated import grpc_service_pb2 as pb
+from ..protocol.v2_http import parse_header_length as parse_length
+
+# (request, response, route) -> what the front end's regular encoder gives
+Encode = Callable[[InferRequest, InferResponse, Route], Any]
+
+
+def variant(request: InferRequest, front: str) -> tuple[Any, ...] | None:
+    """What a front end's encoding of a cached answer depends on besides the entry and the id; None
+    when it also depends on something outside the request (labels, shared memory)."""
+    outputs = request.outputs
+    if outputs is None:
+        return front, request.binary_output, None
+    for out in outputs:
+        if out.classification or out.shm is not None:
+            return None
+    return front, request.binary_output, tuple((o.name, o.binary) for o in outputs)
+
+
+def _answer(pending: Pending, request: InferRequest, front: str, encode: Encode,
+            keep: Callable[[Any, InferRequest, Route], tuple[bytes, Any]],
+            with_id: Callable[[tuple[bytes, Any], str], Any]) -> Any:
+    """``with_id`` of what ``front`` kept of the hit's entry for ``request``'s variant (``keep`` makes it
+    from the regular encoding, with no id, the first time); the regular encoding itself when such an
+    answer is not kept."""
+    hit = pending.hit
+    kind = variant(request, front)
+    if kind is None:
+        return encode(request, hit.entry.response(), pending.route)
+    kept = hit.entry.encoded.get(kind)
+    if kept is None:
+        kept = keep(encode(request._replace(id=""), hit.entry.response(), pending.route), request, pending.route)
+        hit.front.remember(hit, kind, kept, len(kept[0]))
+    return with_id(kept, request.id)
+
+
+def _http_kept(encoded: tuple[list[bytes], int | None], request: InferRequest, route: Route) -> tuple[bytes, Any]:
+    chunks, json_length = encoded
+    return (chunks[0] if len(chunks) == 1 else b"".join(chunks)), json_length
+
+
+def _http_with_id(kept: tuple[bytes, Any], rid: str) -> tuple[list[bytes], int | None]:
+    body, json_length = kept
+    if not rid:
+        return [body], json_length
+    head = b'{"id":' + orjson.dumps(rid) + b","  # the regular encoder's header starts with the id
+    return [head, memoryview(body)[1:]], (None if json_length is None else json_length + len(head) - 1)
+
+
+def http_body(pending: Pending, request: InferRequest, encode: Encode,
+              body: tuple[str | None, bytes] | None = None) -> tuple[list[bytes], int | None]:
+    """The body chunks and JSON header length of a hit's HTTP answer (as ``encode`` gives them).
+    ``body``: the request's header length and body when those bytes always decode to ``request``
+    (no headers forwarded, no content coding, binary tensors only), remembered for :func:`http_again`."""
+    answer = _answer(pending, request, "http", encode, _http_kept, _http_with_id)
+    if body is not None and v2_http.planned(body[1], parse_length(body[0])):
+        cache_front.learn(pending.hit, body, len(body[1]), variant(request, "http"), request.id)
+    return answer
+
+
+def http_again(plane: DataPlane, route: Route, body: tuple[str | None, bytes]) -> tuple[list[bytes], int | None] | None:
+    """The answer to a request body answered from the cache before (``plane/cache_front.py``'s
+    :func:`~..plane.cache_front.again`), or None."""
+    known = cache_front.again(plane, route, body, len(body[1]))
+    return None if known is None else _http_with_id(*known)
+
+
+class Serialized:
+    """A gRPC answer already serialized (what the call sends of a message: ``SerializeToString()``)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def SerializeToString(self) -> bytes:  # protobuf's name: what the call sends of a message
+        return self.data
+
+
+def _grpc_kept(message: Any, request: InferRequest, route: Route) -> tuple[bytes, Any]:
+    """The message's bytes and where its id goes: after the model's name and version (fields 1, 2)."""
+    at = pb.ModelInferResponse(model_name=request.model_name, model_version=str(route.version)).ByteSize()
+    return message.SerializeToString(), at
+
+
+def _grpc_with_id(kept: tuple[bytes, Any], rid: str) -> Serialized:
+    data, at = kept
+    if not rid:
+        return Serialized(data)
+    return Serialized(b"".join((data[:at], pb.ModelInferResponse(id=rid).SerializeToString(), data[at:])))
+
+
+def grpc_message(pending: Pending, request: InferRequest, encode: Encode) -> Any:
+    """A hit's ``ModelInferResponse``, or its bytes (:class:`Serialized`)."""
+    return _answer(pending, request, "grpc", encode, _grpc_kept, _grpc_with_id)
