@@ -399,7 +399,7 @@ class PythonInstance:
             for pb, open_ in zip(pb_requests, rules.close_senders(pb_requests), strict=True):
                 if open_:
                     pb._response_sender._deliver(pb_utils.InferenceResponse(
-                        error=pb_utils.TritonError(failure.message, int(failure.code))), True)
+                        error=pb_utils.TritonError._of(failure.message, failure.code)), True)
 
         self._loop_thread().submit(coroutine, contextvars.copy_context(), done)
 
