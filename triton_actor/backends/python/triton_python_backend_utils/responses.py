@@ -111,17 +111,18 @@ class InferenceResponse(JsonParameters):
             if not is_list_of(output_tensors, _tensor_or_none):
                 raise _incompatible(output_tensors, error, parameters)
             output_tensors = list(output_tensors)
+        empty = False  # one pass over the tensors (per-response path); the stub's check comes after pybind11's
         for tensor in output_tensors:
             if type(tensor) is not Tensor and not isinstance(tensor, Tensor):
                 if tensor is not None:
                     raise _incompatible(output_tensors, error, parameters)
+                empty = True
         if error is not None and not isinstance(error, TritonError):
             raise _incompatible(output_tensors, error, parameters)
         if parameters is not None:
             check_parameters(parameters, allow_float=False)
-        for tensor in output_tensors:
-            if tensor is None:
-                raise TritonModelException("Output tensor for inference response should not be empty.")
+        if empty:
+            raise TritonModelException("Output tensor for inference response should not be empty.")
         self._output_tensors = output_tensors
         self._error = error
         self._parameters = parameters
