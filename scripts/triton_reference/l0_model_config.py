@@ -9,6 +9,10 @@ The cases are laid out as the suite's ``test.sh`` lays them out (``autofill_nopl
 ensemble,python}/*`` must fail to load with the text of their ``expected`` file in an ``E`` log line;
 ``autofill_noplatform_success/{ensemble,python}/*`` must load and ``/config`` must equal an ``expected``
 file over HTTP or gRPC, as ``compare_status.py`` checks), all with ``--strict-model-config=false``.
+``--load-api OUT.json`` instead starts each refused case's repository in EXPLICIT mode with nothing
+loaded and asks the load API for the case's model over HTTP and gRPC, from the files and again with
+its config given as an override; it writes what each answer was (HTTP status and ``error``, gRPC code
+and details) so that two runs (``--server ours`` / ``triton``) can be compared with ``--compare``.
 The ``identity`` and ``repeat`` backends of the composing models do not exist in the PyPI build of
 Triton nor in ours: those models become Python models with the same config (``repeat`` stays
 decoupled), which changes nothing the checks look at. Cases that need TensorRT, OpenVINO, ONNX or
@@ -72,9 +76,9 @@ def prepare(qa: Path, case: Path, dest: Path, should_load: bool) -> Path:
     return expected_dir
 
 
-def start(server: str, models: Path, log: Path) -> tuple[subprocess.Popen, int, int]:
+def start(server: str, models: Path, log: Path, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, int, int]:
     http, grpc = free_port(), free_port()
-    common = [f"--model-repository={models}", "--strict-model-config=false", "--http-address=127.0.0.1",
+    common = [*extra, f"--model-repository={models}", "--strict-model-config=false", "--http-address=127.0.0.1",
               f"--http-port={http}", "--grpc-address=127.0.0.1", f"--grpc-port={grpc}", f"--metrics-port={free_port()}"]
     if server == "triton":
         args = [str(TRITON), *common, "--allow-metrics=false"]
@@ -150,17 +154,126 @@ def run_case(qa: Path, case: Path, server: str, should_load: bool) -> str:
                 proc.wait(30)
 
 
+def _http_load(http: int, model: str, config: str | None) -> dict:
+    import urllib.error
+    import urllib.request
+
+    body = json.dumps({"parameters": {"config": config}} if config is not None else {}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{http}/v2/repository/models/{model}/load", data=body,
+                                 method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return {"status": r.status}
+    except urllib.error.HTTPError as e:
+        text = e.read().decode(errors="replace")
+        try:
+            text = json.loads(text)["error"]
+        except (ValueError, KeyError, TypeError):
+            pass
+        return {"status": e.code, "error": text}
+
+
+def _grpc_load(grpc: int, model: str, config: str | None) -> dict:
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    try:
+        grpcclient.InferenceServerClient(f"127.0.0.1:{grpc}").load_model(model, config=config)
+        return {"code": "OK"}
+    except InferenceServerException as e:
+        return {"code": e.status(), "error": e.message()}
+
+
+def _override(models: Path, model: str) -> str | None:
+    """The model's config file as the load API's JSON ``config`` (None where protobuf cannot read it)."""
+    import tritonclient.grpc.model_config_pb2 as mc
+    from google.protobuf import json_format, text_format
+
+    path = models / model / "config.pbtxt"
+    if not path.is_file():
+        return None
+    try:
+        cfg = text_format.Parse(path.read_text(), mc.ModelConfig())
+    except text_format.ParseError:
+        return None
+    return json_format.MessageToJson(cfg, preserving_proto_field_name=True)
+
+
+def load_api_case(qa: Path, case: Path, server: str) -> dict:
+    """The load API's answers for one refused case: from its files, then with its config as an override."""
+    out: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        dest = Path(tmp)
+        prepare(qa, case, dest, False)
+        models = dest / "models"
+        proc, http, grpc = start(server, models, dest / "server.log", ("--model-control-mode=explicit",))
+        try:
+            if not wait(proc, http):
+                return {"error": "did not start"}
+            config = _override(models, case.name)
+            for label, cfg in (("files", None), ("override", config)):
+                if label == "override" and cfg is None:
+                    continue
+                out[label] = {"http": _http_load(http, case.name, cfg), "grpc": _grpc_load(grpc, case.name, cfg)}
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    return out
+
+
+def _normalized(answer: dict) -> dict:
+    """One answer with what cannot match across servers taken out: temporary folders, the frames of
+    Triton's own ``triton_python_backend_utils.py`` in a traceback, and the reason we keep after
+    Triton's poll text (docs/compatibility.md)."""
+    text = answer.get("error")
+    if text is None:
+        return answer
+    text = re.sub(r"/tmp/[^/]+/models/", "<tmp>/models/", text)
+    text = re.sub(r"\n  \S*triton_python_backend_utils\.py\(\d+\): \w+", "", text)
+    text = re.sub(r"(failed to poll from model repository): .*", r"\1", text, flags=re.S)
+    return {**answer, "error": text}
+
+
+def compare(a: Path, b: Path) -> int:
+    """Print the cases whose load API answers differ between two ``--load-api`` files (each case's first
+    answer over HTTP and gRPC, from the files and with the override; a second load of a model Triton
+    refused may answer otherwise, as gRPC comes second: its ``no version is available``)."""
+    left, right = json.loads(a.read_text()), json.loads(b.read_text())
+    same = 0
+    for case in left:
+        l_case, r_case = ({k: {p: _normalized(v) for p, v in d.items()} if isinstance(d, dict) else d
+                           for k, d in side.get(case, {}).items()} for side in (left, right))
+        if l_case == r_case:
+            same += 1
+            continue
+        print(f"DIFF {case}\n  {a.name}: {json.dumps(l_case)}\n  {b.name}: {json.dumps(r_case)}")
+    print(f"{same} of {len(left)} cases answer the same")
+    return 0 if same == len(left) else 1
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--qa", type=Path, required=True, help="the qa folder (holding L0_model_config)")
+    parser.add_argument("--qa", type=Path, help="the qa folder (holding L0_model_config)")
     parser.add_argument("--server", choices=("ours", "triton"), default="ours")
     parser.add_argument("--only", default="", help="run the cases whose path contains this")
+    parser.add_argument("--load-api", type=Path, help="write the load API's answers for the refused cases here")
+    parser.add_argument("--compare", type=Path, nargs=2, help="compare two --load-api files")
     args = parser.parse_args()
+    if args.compare:
+        return compare(*args.compare)
     base = args.qa / "L0_model_config"
     cases = [(c, False) for g in FAIL_GROUPS for c in sorted((base / g).iterdir())]
     cases += [(c, True) for g in OK_GROUPS for c in sorted((base / g).iterdir())]
     passed = 0
     selected = [(c, ok) for c, ok in cases if args.only in str(c)]
+    if args.load_api:
+        answers = {}
+        for case, should_load in selected:
+            if not should_load:
+                answers[str(case.relative_to(base))] = load_api_case(args.qa, case, args.server)
+                print(case.relative_to(base), json.dumps(answers[str(case.relative_to(base))]), flush=True)
+        args.load_api.write_text(json.dumps(answers, indent=1, sort_keys=True))
+        return 0
     for case, should_load in selected:
         why = run_case(args.qa, case, args.server, should_load)
         passed += not why

@@ -119,7 +119,9 @@ def test_broken_update_keeps_the_old_version_serving(tmp_path: Path, start_serve
     client = httpclient.InferenceServerClient(server.url)
     (model_dir / "config.pbtxt").write_text("max_batch_size: -3 nonsense {")
     e = _error(client.load_model, "m")
-    assert e.status() == "400" and "config.pbtxt" in e.message()
+    # a config that does not parse fails Triton's poll: 500, its text, the reason after it
+    assert e.status() == "500" and e.message().startswith("failed to load 'm', failed to poll from model repository: ")
+    assert "config.pbtxt" in e.message()
     assert ask(client, "m") == 101
     entry = index(client)[("m", "1")]
     assert entry["state"] == "READY" and entry["reason"].startswith("update failed, the previous version keeps serving")

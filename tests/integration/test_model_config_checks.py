@@ -11,6 +11,8 @@ on both servers).
 from __future__ import annotations
 
 import json
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -171,6 +173,41 @@ def _refusal(call, *args, **kw) -> str:
 def test_refused_at_load_with_tritons_text(server, folder: str, expected: str) -> None:
     for client in (httpclient.InferenceServerClient(server.url), grpcclient.InferenceServerClient(server.grpc_url)):
         assert expected in _refusal(client.load_model, folder)
+
+
+def _poll_failed(name: str) -> str:
+    return f"failed to load '{name}', failed to poll from model repository"
+
+
+# (folder, HTTP status, gRPC code, message): the load API's answer as Triton 2.51 gives it, by the stage of
+# its load the refusal comes from (measured with scripts/triton_reference/l0_model_config.py --load-api):
+# the config alone fails the poll (Triton only logs the reason; ours keeps it after the text), an ensemble
+# against its steps fails the model, the backend fails each version
+LOAD_API = [
+    ("has_backend", 500, "StatusCode.INTERNAL", _poll_failed("has_backend") + ": Ensemble model 'has_backend' must "
+     "have platform type 'ensemble' and empty backend type"),
+    ("no_version", 500, "StatusCode.INTERNAL", _poll_failed("no_version") + ": " + REFUSED[7][2]),
+    ("invalid_decoupled_branching", 400, "StatusCode.INVALID_ARGUMENT",
+     f"load failed for model 'invalid_decoupled_branching': {REFUSED[5][2]}\n"),
+    ("unknown_backend.unknown", 400, "StatusCode.INVALID_ARGUMENT", "load failed for model 'unknown_backend.unknown': "
+     f"version 1 is at UNAVAILABLE state: Invalid argument: {REFUSED[8][2]};\n"),
+    ("no_return", 400, "StatusCode.INVALID_ARGUMENT",
+     f"load failed for model 'no_return': version 1 is at UNAVAILABLE state: Internal: {REFUSED[9][2]};\n"),
+]
+
+
+@pytest.mark.parametrize(("folder", "status", "code", "message"), LOAD_API, ids=[c[0] for c in LOAD_API])
+def test_the_load_api_words_a_refusal_as_triton_does(server, folder: str, status: int, code: str, message: str) -> None:
+    request = urllib.request.Request(f"http://{server.url}/v2/repository/models/{folder}/load", data=b"{}",
+                                     method="POST")
+    with pytest.raises(urllib.error.HTTPError) as http_error:
+        urllib.request.urlopen(request, timeout=60)
+    assert http_error.value.code == status
+    assert json.loads(http_error.value.read())["error"] == message
+    assert _refusal(httpclient.InferenceServerClient(server.url).load_model, folder) == message
+    with pytest.raises(InferenceServerException) as grpc_error:
+        grpcclient.InferenceServerClient(server.grpc_url).load_model(folder)
+    assert (grpc_error.value.status(), grpc_error.value.message()) == (code, message)
 
 
 def test_refused_through_a_config_override(server) -> None:

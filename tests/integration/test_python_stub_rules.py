@@ -271,3 +271,70 @@ def test_bls_is_refused_outside_execute(tmp_path: Path, start_server: Any, flags
         assert _http(client, "bls_finalize") == [1]
     server.stop()
     assert notes.read_text() == "finalize: BLS is only supported during the 'execute' function.\n"
+
+
+# Triton's qa/L0_backend_python argument_validation checks (triton-inference-server/server, Copyright
+# 2022-2024 NVIDIA CORPORATION & AFFILIATES, BSD-3-Clause: redistribution with this notice), as exact
+# types: where pybind11 refuses an argument Triton raises a plain TypeError, where the stub's code does
+# a TritonModelException (measured on Triton 2.51 with a probe model: scripts/triton_reference/NOTES.md)
+ARGUMENTS_PY = COMMON + """
+T = pb_utils.Tensor("INPUT0", np.asarray([1, 2], dtype=np.int32))
+R = dict(model_name="m", inputs=[T], requested_output_names=["o"])
+CHECKS = [
+    ("pb_utils.InferenceRequest(inputs=[None], model_name='m', requested_output_names=['o'])", "TritonModelException"),
+    ("pb_utils.InferenceRequest(inputs=None, model_name='m', requested_output_names=['o'])", "TypeError"),
+    ("pb_utils.InferenceRequest(**dict(R, model_name=None))", "TypeError"),
+    ("pb_utils.InferenceRequest(**dict(R, requested_output_names=[None]))", "TypeError"),
+    ("pb_utils.InferenceRequest(**dict(R, requested_output_names=None))", "TypeError"),
+    ("pb_utils.InferenceRequest(**R, correlation_id=None)", "TypeError"),
+    ("pb_utils.InferenceRequest(**R, request_id=None)", "TypeError"),
+    ("pb_utils.InferenceRequest(**R, model_version=None)", "TypeError"),
+    ("pb_utils.InferenceRequest(**R, flags=None)", "TypeError"),
+    ("pb_utils.InferenceRequest(**R, correlation_id=1.5)", "TritonModelException"),
+    ("pb_utils.InferenceRequest(**dict(R, requested_output_names=['']))", "TritonModelException"),
+    ("pb_utils.InferenceResponse(output_tensors=[None])", "TritonModelException"),
+    ("pb_utils.InferenceResponse(output_tensors=None)", "TypeError"),
+    ("pb_utils.Tensor(None, np.zeros(1))", "TypeError"),
+    ("pb_utils.Tensor('OUTPUT0', None)", "TypeError"),
+    ("pb_utils.Tensor('', None)", "TypeError"),
+    ("pb_utils.Tensor('', np.zeros(1))", "TritonModelException"),
+    ("pb_utils.Tensor.from_dlpack('OUTPUT0', None)", "TritonModelException"),
+    ("pb_utils.Tensor.from_dlpack('', None)", "TritonModelException"),
+    ("pb_utils.Logger.log('Invalid Level', None)", "TypeError"),
+    ("pb_utils.Logger.log('Invalid Level', 1)", "TypeError"),
+    ("pb_utils.Logger.log_info(None)", "TypeError"),
+    ("pb_utils.Logger.log_warn(None)", "TypeError"),
+    ("pb_utils.Logger.log_error(None)", "TypeError"),
+    ("pb_utils.Logger.log_verbose(None)", "TypeError"),
+    ("pb_utils.TritonError('x', 3)", "TypeError"),
+    ("pb_utils.InferenceRequest(**R, correlation_id=5).correlation_id() == 5", None),
+    ("pb_utils.InferenceRequest(**R, correlation_id='id-5').correlation_id() == 'id-5'", None),
+    ("pb_utils.InferenceRequest(requested_output_names=[], inputs=[], model_name='m') is not None", None),
+    ("pb_utils.InferenceResponse(output_tensors=[]) is not None", None),
+    ("pb_utils.Logger.log('Level unspecified') is None", None),
+]
+
+class TritonPythonModel:
+    def execute(self, requests):
+        ok = True
+        for code, expected in CHECKS:
+            try:
+                result, raised = eval(code), None
+            except Exception as e:
+                result, raised = None, type(e).__name__
+            if raised != expected or (expected is None and result is not True):
+                ok = False
+                note(f"{{code}}: raised {{raised}}, expected {{expected}}")
+        return [answer(int(ok)) for _ in requests]
+"""
+
+
+@ISOLATION
+def test_argument_checks_raise_tritons_exception_types(tmp_path: Path, start_server: Any, flags: tuple[str, ...]) -> None:
+    notes, repo = tmp_path / "notes.txt", tmp_path / "repo"
+    add_model(repo, "arguments", CONFIG.format(name="arguments", extra=""), ARGUMENTS_PY.format(notes=str(notes)))
+    server = start_server(repo, flags=flags)
+    with httpclient.InferenceServerClient(server.url) as client:
+        answer = _http(client, "arguments")
+    assert (notes.read_text() if notes.exists() else "") == ""
+    assert answer == [1]

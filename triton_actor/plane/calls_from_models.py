@@ -430,7 +430,7 @@ def _to_pb_response(result: Any, names: tuple[str, ...] | None) -> Any:
     if result is None:  # a final flag without a response
         return pb_utils.InferenceResponse()
     if isinstance(result, TritonError):
-        return pb_utils.InferenceResponse(error=pb_utils.TritonError(result.message, int(result.code)))
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError._of(result.message, result.code))
     if isinstance(result, BaseException):
         return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(result)))
     tensors = []

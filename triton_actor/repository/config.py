@@ -339,3 +339,14 @@ def _whole(value: Any) -> Any:
 
 def data_type_name(value: int) -> str:
     return mc.DataType.Name(value)
+
+
+def version_policy(cfg: ModelConfig, unset_latest: int = 0) -> tuple[str, Any]:
+    """``cfg``'s version policy as ``layout.select_versions`` takes it; ``unset_latest``: the number of
+    latest versions where none is set (normalize makes it 1)."""
+    policy = cfg.version_policy.WhichOneof("policy_choice")
+    if policy == "latest":
+        return policy, cfg.version_policy.latest.num_versions
+    if policy == "specific":
+        return policy, list(cfg.version_policy.specific.versions)
+    return policy or "latest", unset_latest if policy is None else 0

@@ -52,7 +52,19 @@ from ...runtime.bridge import call_in_thread
 from ...runtime.kernel import Actor, Reply
 from ..scheduling.ensemble import Routes
 from .handles import LOADING, READY, UNAVAILABLE, UNLOADING, ModelHandle
-from .messages import Handover, Load, LoadSettings, MarkDown, ModelRef, Restart, Unload, VersionDown
+from .messages import (
+    Handover,
+    Load,
+    LoadRefused,
+    LoadSettings,
+    MarkDown,
+    ModelRef,
+    Restart,
+    Unload,
+    VersionDown,
+    failure_text,
+    raise_failures,
+)
 from .version import Version, VersionSource, start_version, stop_version
 
 log = logging.getLogger(__name__)
@@ -258,6 +270,15 @@ class ModelActor(Actor):
             self._update(plan, msg, serving)
 
     def _prepare(self, model_dir: Path, override: ModelConfig | None, stamp: snapshot.Stamp) -> _Plan:
+        """The config and versions to load; a refusal says which of Triton's load stages it is (``LoadRefused``)."""
+        try:
+            return self._prepare_stages(model_dir, override, stamp)
+        except LoadRefused:
+            raise
+        except TritonError as e:
+            raise LoadRefused(e, "poll") from None
+
+    def _prepare_stages(self, model_dir: Path, override: ModelConfig | None, stamp: snapshot.Stamp) -> _Plan:
         s = self._settings
         if override is None:
             cfg, explicit = config_mod.read(model_dir, self.model, auto_complete=s.auto_complete,
@@ -272,20 +293,27 @@ class ModelActor(Actor):
             return self._prepare_ensemble(model_dir, cfg, stamp, available)
         config_mod.validate_platform(cfg)
         config_mod.check_name(cfg, self.model)
-        backend = self._backends.get(cfg.backend)
-        if backend is None:  # Triton's text (core backend_model.cc); the built-in backends are listed in the docs
-            raise TritonError.invalid_arg(f"unable to find backend library for backend '{cfg.backend}', try "
-                                          "specifying runtime on the model configuration.")
-        if s.auto_complete:
-            call_in_thread(backend.auto_complete, cfg, model_dir, first, explicit)
-        config_mod.normalize(cfg, self.model, s.gpu_count, s.gpu_support)
-        config_mod.validate(cfg, self.model, s.gpu_count, s.gpu_support)
+        try:  # Triton's backend model and its auto-complete run per version: each selected version fails
+            backend = self._backends.get(cfg.backend)
+            if backend is None:  # Triton's text (core backend_model.cc); the built-in backends are listed in the docs
+                raise TritonError.invalid_arg(f"unable to find backend library for backend '{cfg.backend}', try "
+                                              "specifying runtime on the model configuration.")
+            if s.auto_complete:
+                call_in_thread(backend.auto_complete, cfg, model_dir, first, explicit)
+            config_mod.normalize(cfg, self.model, s.gpu_count, s.gpu_support)
+            config_mod.validate(cfg, self.model, s.gpu_count, s.gpu_support)
+        except TritonError as e:
+            versions = tuple(layout.select_versions(*config_mod.version_policy(cfg, unset_latest=1), available))
+            # the file's own mistakes are the poll's; with auto-complete Triton checks the completed
+            # config when the version loads (model.cc), which is where the backend's errors come from
+            stage = "version" if versions and (s.auto_complete or backend is None) else "poll"
+            raise LoadRefused(e, stage, versions) from None
         return _Plan(model_dir, stamp, cfg, backend, self._select(cfg, available))
 
     def _prepare_ensemble(self, model_dir: Path, cfg: ModelConfig, stamp: snapshot.Stamp,
                           available: dict[int, Path]) -> _Plan:
-        """An ensemble: no backend; its graph is checked, then against the composing models as the
-        routing table shows them now (the repository loads them first)."""
+        """An ensemble: no backend; its graph is checked (the poll's checks), then against the composing
+        models as the routing table shows them now (the repository loads them first; Triton's model stage)."""
         config_mod.normalize(cfg, self.model, self._settings.gpu_count, self._settings.gpu_support)
         config_mod.validate(cfg, self.model, self._settings.gpu_count, self._settings.gpu_support)
         graph = ensemble_graph.check_scheduling(cfg)
@@ -298,22 +326,18 @@ class ModelActor(Actor):
                 reasons = [vh.reason for vh in handle.versions.values() if vh.reason]
                 models[name] = ensemble_graph.Composing(handle.config, handle.ready_versions,
                                                         reasons[0] if reasons else "")
-        # Triton sets an ensemble's policy from its steps, whatever the file says (ensemble_utils.cc)
-        cfg.model_transaction_policy.decoupled = ensemble_graph.check_composing(cfg, graph, models)
+        try:
+            # Triton sets an ensemble's policy from its steps, whatever the file says (ensemble_utils.cc)
+            cfg.model_transaction_policy.decoupled = ensemble_graph.check_composing(cfg, graph, models)
+        except TritonError as e:
+            raise LoadRefused(e, "model") from None
         return _Plan(model_dir, stamp, cfg, None, self._select(cfg, available), graph)
 
     def _select(self, cfg: ModelConfig, available: dict[int, Path]) -> dict[int, Path]:
-        policy = cfg.version_policy.WhichOneof("policy_choice")
-        arg: object = 0
-        if policy == "latest":
-            arg = cfg.version_policy.latest.num_versions
-        elif policy == "specific":
-            arg = list(cfg.version_policy.specific.versions)
-        selected = layout.select_versions(policy or "latest", arg, available)  # type: ignore[arg-type]
-        if not selected:
-            raise TritonError.invalid_arg(
-                f"at least one version must be available under the version policy of model '{self.model}'"
-            )
+        selected = layout.select_versions(*config_mod.version_policy(cfg), available)
+        if not selected:  # Triton's model lifecycle picks the versions: a refusal of its model stage
+            raise LoadRefused(TritonError.invalid_arg(
+                f"at least one version must be available under the version policy of model '{self.model}'"), "model")
         return {v: available[v] for v in selected}
 
     def _first_load(self, plan: _Plan, msg: Load) -> None:
@@ -324,7 +348,7 @@ class ModelActor(Actor):
         self._versions.update(self._start(plan, list(plan.selected)))
         self._loaded_from(plan, msg)
         self._publish_now()
-        _raise_failures(self.model, self._versions)
+        raise_failures(self.model, self._versions)
 
     def _update(self, plan: _Plan, msg: Load, serving: dict[int, Version]) -> None:
         """Load what changed beside what serves, swap, then drain and unload what was replaced."""
@@ -353,8 +377,8 @@ class ModelActor(Actor):
                     stop_version(rec, self.model)  # never routed to: nothing to drain
             for v in added:
                 del self._versions[v]
-            self._update_failed(serving, _failure_text(self.model, started))
-            _raise_failures(self.model, started)
+            self._update_failed(serving, failure_text(self.model, started))
+            raise_failures(self.model, started)
         replaced = [serving[v] for v in todo if v in serving] + [serving[v] for v in dropped]
         self._versions = {v: rec for v, rec in self._versions.items()  # Triton keeps listing unloaded versions
                           if (rec.state == READY or rec.reason == "unloaded") and v not in dropped}
@@ -396,7 +420,11 @@ class ModelActor(Actor):
 
     def _public(self, e: TritonError) -> TritonError:
         text = self._public_text(e.message)
-        return e if text == e.message else TritonError(e.code, text)
+        if text == e.message:
+            return e
+        if isinstance(e, LoadRefused):
+            return LoadRefused(TritonError(e.code, text), e.stage, e.versions)
+        return TritonError(e.code, text)
 
     def _public_text(self, text: str) -> str:
         """``text`` with the temporary folder a load request's files were written to named as
@@ -466,15 +494,3 @@ def _shared(stamp: snapshot.Stamp) -> tuple[snapshot.FileEntry, ...]:
     files are compared parsed, so a ``version_policy`` edit does not reload the other versions."""
     return tuple(f for f in stamp.files if layout.parse_version(f[0].split("/", 1)[0]) is None
                  and f[0] != "config.pbtxt" and not f[0].startswith("configs/"))
-
-
-def _failure_text(model: str, versions: dict[int, Version]) -> str:
-    """Triton's load error: ``load failed for model 'm': version 1 is at UNAVAILABLE state: <reason>;\\n``."""
-    failed = "".join(f"version {v} is at {rec.state} state: {rec.reason};\n"
-                     for v, rec in sorted(versions.items()) if rec.state != READY)
-    return f"load failed for model '{model}': {failed}"
-
-
-def _raise_failures(model: str, versions: dict[int, Version]) -> None:
-    if any(rec.state != READY for rec in versions.values()):
-        raise TritonError.invalid_arg(_failure_text(model, versions))

@@ -56,7 +56,7 @@ from ...runtime.kernel import Actor, Reply
 from ...runtime.supervisor import RestartBudget
 from ..model.actor import Announce, ModelActor
 from ..model.handles import READY, UNAVAILABLE, ModelHandle, VersionHandle
-from ..model.messages import LoadSettings, Restart
+from ..model.messages import LoadRefused, LoadSettings, Restart, load_api_error
 from .load_order import Start, loader, start_after, unload_after
 from .messages import (
     Index,
@@ -234,8 +234,8 @@ class RepositoryActor(Actor):
         for name in starts if self.control_mode == POLL else ():  # a demand load: rescans follow it from now on
             self._poll.loaded(name, snapshot.take(found[name][0] if name != msg.name else model_dir))
         done = self._load_in_order(starts)
-        reply = msg.reply  # not msg: its config text would be held until the load ends
-        done[msg.name].link(lambda r: reply.fail(r.exception()) if r.exception() else reply.set(None))
+        reply, name = msg.reply, msg.name  # not msg (its config text); Triton's words for a refusal
+        done[name].link(lambda r: reply.fail(load_api_error(name, r.exception())) if r.exception() else reply.set(None))
 
     def _load_request(self, msg: LoadModel) -> tuple[Path, ModelConfig | None, bool]:
         """Where the model actor loads from: the model's folder, or a private copy with the overrides."""
@@ -431,7 +431,7 @@ class RepositoryActor(Actor):
             cycle = self._graph.cycle(name)
             if cycle is not None:
                 self._set_route(ModelHandle(name, None, {-1: VersionHandle(-1, UNAVAILABLE, cycle)}, ()))
-                done[name].fail(TritonError.invalid_arg(cycle))
+                done[name].fail(LoadRefused(TritonError.invalid_arg(cycle), "model"))  # Triton's model stage
                 continue
             waits = [done[d] for d in self._graph.of(name) if d in done]
             ref = self._actor_for(name).ref

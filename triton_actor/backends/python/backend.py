@@ -213,8 +213,7 @@ class PythonBackend:
                 with as_stub():
                     result = hook(helper)
             except MODEL_ERRORS as e:
-                raise TritonError.internal(
-                    f"model '{config.name}': auto_complete_config failed: {python_error_text(e)}") from None
+                raise TritonError.internal(python_error_text(e)) from None  # the stub's text: the error itself
         finally:
             forget_package(module.__name__.rpartition(".")[0])
         if not isinstance(result, pb_utils.ModelConfig):  # Triton's stub refuses anything else, None included
@@ -399,7 +398,7 @@ class PythonInstance:
             for pb, open_ in zip(pb_requests, rules.close_senders(pb_requests), strict=True):
                 if open_:
                     pb._response_sender._deliver(pb_utils.InferenceResponse(
-                        error=pb_utils.TritonError(failure.message, int(failure.code))), True)
+                        error=pb_utils.TritonError._of(failure.message, failure.code)), True)
 
         self._loop_thread().submit(coroutine, contextvars.copy_context(), done)
 

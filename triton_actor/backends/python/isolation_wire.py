@@ -123,24 +123,25 @@ def pb_request_to_wire(request: Any) -> tuple[Any, ...]:
 def pb_request_from_wire(wire: tuple[Any, ...]) -> Any:
     """Server: the model's BLS request, rebuilt for the server's own ``InferenceRequest.exec``."""
     request_id, correlation_id, inputs, names, model, version, flags, timeout, parameters, memory = wire
+    extra = {} if memory is None else {"preferred_memory": pb_utils.PreferredMemory(*memory)}
     return pb_utils.InferenceRequest(
         request_id=request_id, correlation_id=correlation_id, inputs=_tensors_from_wire(inputs),
         requested_output_names=names, model_name=model, model_version=version, flags=flags, timeout=timeout,
-        preferred_memory=None if memory is None else pb_utils.PreferredMemory(*memory), parameters=parameters)
+        parameters=parameters, **extra)
 
 
 def pb_response_to_wire(response: Any) -> tuple[Any, ...]:
     """Server: a BLS answer."""
     error = response.error()
     return (_tensors_to_wire(response.output_tensors()),
-            None if error is None else (error.message(), error.code()), response._parameters)
+            None if error is None else (error.message(), int(error.code())), response._parameters)
 
 
 def pb_response_from_wire(wire: tuple[Any, ...]) -> Any:
     """Model process: the BLS answer as the model would have got it in-process."""
     outputs, error, parameters = wire
     return pb_utils.InferenceResponse(_tensors_from_wire(outputs),
-                                      None if error is None else pb_utils.TritonError(*error), parameters)
+                                      None if error is None else pb_utils.TritonError._of(*error), parameters)
 
 
 def call_answer(message: tuple[Any, ...]) -> Any:

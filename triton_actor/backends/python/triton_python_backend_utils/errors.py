@@ -1,15 +1,18 @@
 """The errors a model sees: ``TritonModelException`` (raised) and ``TritonError`` (attached to a response).
 
-Owner: nobody; plain values. Argument checks across the package raise ``_ArgTypeError`` /
-``_ArgValueError``, which a model can catch as the builtin ``TypeError`` / ``ValueError`` or as
-``TritonModelException`` (Triton's pybind layer raises either, depending on the call).
+Owner: nobody; plain values. Where Triton's pybind11 layer refuses an argument (``Tensor``,
+``InferenceRequest``, ``InferenceResponse``, ``TritonError``, ``Logger``) the classes raise its plain
+``TypeError`` (``pybind_args``), and the stub's own checks ``TritonModelException``, as Triton's
+``qa/L0_backend_python`` argument_validation expects. The other argument checks raise
+``_ArgTypeError`` / ``_ArgValueError``, which a model can catch as the builtin ``TypeError`` /
+``ValueError`` or as ``TritonModelException``.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from enum import IntEnum
 
-import numpy as np
+from .pybind_args import as_str, incompatible, is_str
 
 
 class TritonModelException(Exception):
@@ -28,8 +31,9 @@ class _ArgValueError(TritonModelException, ValueError):
     """Bad argument value; catchable as ValueError or TritonModelException."""
 
 
-class TritonError:
-    """Error attached to an ``InferenceResponse``; codes are ``TRITONSERVER_Error_Code``."""
+class _ErrorCode(IntEnum):
+    """``TritonError.__ErrorCode``: Triton binds the codes as an enum, and its constructor takes only
+    members (``TritonError("m", 3)`` is a ``TypeError`` there); members compare equal to the numbers."""
 
     UNKNOWN = 0
     INTERNAL = 1
@@ -40,34 +44,44 @@ class TritonError:
     ALREADY_EXISTS = 6
     CANCELLED = 7
 
-    _CODE_NAMES: ClassVar[dict[int, str]] = {
-        0: "UNKNOWN",
-        1: "INTERNAL",
-        2: "NOT_FOUND",
-        3: "INVALID_ARG",
-        4: "UNAVAILABLE",
-        5: "UNSUPPORTED",
-        6: "ALREADY_EXISTS",
-        7: "CANCELLED",
-    }
 
-    def __init__(self, message: str, code: int = INTERNAL) -> None:
-        if message is None:
-            raise _ArgTypeError("TritonError message must not be None")
-        if isinstance(code, bool) or not isinstance(code, (int, np.integer)):
-            raise _ArgTypeError(f"TritonError code must be an int, got {type(code).__name__}")
-        code = int(code)
-        if code not in self._CODE_NAMES:
-            raise _ArgValueError(f"unknown TritonError code {code}")
-        self._message = str(message)
+# its repr, as in pybind11's signature text: <__ErrorCode.INTERNAL: 1> (the qualname stays: pickle finds it)
+_ErrorCode.__name__ = "__ErrorCode"
+
+_SIGNATURE = ("c_python_backend_utils.TritonError(message: str, code: c_python_backend_utils.TritonError.__ErrorCode"
+              " = <__ErrorCode.INTERNAL: 1>)")
+
+
+class TritonError:
+    """Error attached to an ``InferenceResponse``; codes are ``TRITONSERVER_Error_Code``."""
+
+    UNKNOWN = _ErrorCode.UNKNOWN
+    INTERNAL = _ErrorCode.INTERNAL
+    NOT_FOUND = _ErrorCode.NOT_FOUND
+    INVALID_ARG = _ErrorCode.INVALID_ARG
+    UNAVAILABLE = _ErrorCode.UNAVAILABLE
+    UNSUPPORTED = _ErrorCode.UNSUPPORTED
+    ALREADY_EXISTS = _ErrorCode.ALREADY_EXISTS
+    CANCELLED = _ErrorCode.CANCELLED
+
+    def __init__(self, message: str, code: _ErrorCode = _ErrorCode.INTERNAL) -> None:
+        if not is_str(message) or type(code) is not _ErrorCode:
+            given = (message,) if code is _ErrorCode.INTERNAL else (message, code)  # the default shows as not given
+            raise incompatible("__init__", _SIGNATURE, given, constructor=True)
+        self._message = as_str(message)
         self._code = code
+
+    @classmethod
+    def _of(cls, message: str, code: int) -> TritonError:
+        """The server's constructor: an error it answers a model with, from a numeric code."""
+        return cls(message, _ErrorCode(int(code)))
 
     def message(self) -> str:
         """Return the error message."""
         return self._message
 
-    def code(self) -> int:
-        """Return the numeric error code (e.g. ``TritonError.INTERNAL``)."""
+    def code(self) -> _ErrorCode:
+        """Return the error code (e.g. ``TritonError.INTERNAL``; equal to its number)."""
         return self._code
 
     def __str__(self) -> str:
@@ -75,4 +89,3 @@ class TritonError:
 
     def __repr__(self) -> str:
         return self._message
-

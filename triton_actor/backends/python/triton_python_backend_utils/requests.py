@@ -6,14 +6,15 @@ Owner: the server builds one request per client request on the instance's native
 that the model owns it, and may use it from threads it started (``get_response_sender``,
 ``is_cancelled``). The server sets ``_response_sender`` / ``_cancelled`` (decoupled models) or a
 ``_sender_factory`` (others), and reads ``_release_flags`` after ``execute`` (rescheduling).
-Failure: bad constructor arguments raise ``TypeError``/``ValueError`` that are also
-``TritonModelException``; ``exec`` / ``async_exec`` go through ``server_calls`` and raise
+Failure: constructor arguments Triton's pybind11 would not convert raise its plain ``TypeError``, the
+stub's own checks ``TritonModelException``; ``exec`` / ``async_exec`` go through ``server_calls`` and raise
 ``TritonModelException`` while no server wired BLS (a model used outside the server).
 """
 
 from __future__ import annotations
 
 import json
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +27,7 @@ from .constants import (
 )
 from .errors import TritonModelException, _ArgValueError
 from .parameters import JsonParameters, check_parameters
+from .pybind_args import INT64, UINT32, UINT64, as_str, incompatible, is_int, is_list_of, is_str, pybind_repr
 from .tensor import Tensor
 
 
@@ -69,6 +71,26 @@ class InferenceTrace:
 
 
 _NO_TRACE = InferenceTrace()
+_DEFAULT_MEMORY = PreferredMemory(TRITONSERVER_MEMORY_CPU)  # shown as the default in pybind11's signature
+
+# the constructor's parameters as Triton binds them (pb_stub.cc), in its order
+_PARAMS = ("request_id", "correlation_id", "inputs", "requested_output_names", "model_name", "model_version",
+           "flags", "timeout", "preferred_memory", "trace", "parameters")
+_PARAM_SET = frozenset(_PARAMS)
+
+
+def _tensor_or_none(item: Any) -> bool:
+    return item is None or isinstance(item, Tensor)  # a shared_ptr: None converts (the stub refuses it later)
+
+
+def _incompatible(args: tuple[Any, ...], kwargs: dict[str, Any]) -> TypeError:
+    signature = (
+        "c_python_backend_utils.InferenceRequest(request_id: str = '', correlation_id: object = 0, inputs: "
+        "List[triton::backend::python::PbTensor], requested_output_names: List[str], model_name: str, "
+        "model_version: int = -1, flags: int = 0, timeout: int = 0, preferred_memory: "
+        f"c_python_backend_utils.PreferredMemory = {pybind_repr(_DEFAULT_MEMORY)}, trace: "
+        f"c_python_backend_utils.InferenceTrace = {pybind_repr(_NO_TRACE)}, parameters: object = None)")
+    return incompatible("__init__", signature, args, kwargs.items(), constructor=True)
 
 
 class InferenceRequest(JsonParameters):
@@ -89,34 +111,54 @@ class InferenceRequest(JsonParameters):
     _sender_factory: Callable[[InferenceRequest], Any] | None = None
     _cancelled: Any = False
 
-    def __init__(
-        self,
-        request_id: str = "",
-        correlation_id: int | str = 0,
-        inputs: list[Tensor] | None = None,
-        requested_output_names: list[str] | None = None,
-        model_name: str = "",
-        model_version: int = -1,
-        flags: int = 0,
-        timeout: int = 0,
-        preferred_memory: PreferredMemory | None = None,
-        trace: InferenceTrace | None = None,
-        parameters: dict[str, bool | int | str] | str | None = None,
-    ) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """``InferenceRequest(request_id="", correlation_id=0, inputs, requested_output_names, model_name,
+        model_version=-1, flags=0, timeout=0, preferred_memory=..., trace=..., parameters=None)``.
+        Arguments pybind11 would not convert raise its ``TypeError`` (None included); then the stub's
+        checks (parameters, correlation id, empty inputs and output names) raise ``TritonModelException``,
+        in its order. Bound by hand so that the error shows the call as pybind11 does. Triton requires
+        ``inputs``, ``requested_output_names`` and ``model_name``; here they may be left out (no inputs,
+        every output, the model's own name is not assumed: ""), as this server always allowed."""
+        values = dict(zip(_PARAMS, args, strict=False))  # past the end: refused below
+        if len(args) > len(_PARAMS) or any(k not in _PARAM_SET or k in values for k in kwargs):
+            raise _incompatible(args, kwargs)
+        values.update(kwargs)
+        get = values.get
+        request_id, correlation_id = get("request_id", ""), get("correlation_id", 0)
+        inputs, names, model_name = get("inputs", ()), get("requested_output_names", ()), get("model_name", "")
+        model_version, flags, timeout = get("model_version", -1), get("flags", 0), get("timeout", 0)
+        preferred_memory, trace = get("preferred_memory"), get("trace")
+        if not (is_str(request_id) and correlation_id is not None and is_list_of(inputs, _tensor_or_none)
+                and is_list_of(names, is_str) and is_str(model_name) and is_int(model_version, *INT64)
+                and is_int(flags, *UINT32) and is_int(timeout, *UINT64)
+                and ("preferred_memory" not in values or isinstance(preferred_memory, PreferredMemory))
+                and ("trace" not in values or isinstance(trace, InferenceTrace))):
+            raise _incompatible(args, kwargs)
+        parameters = get("parameters")
         if parameters is not None:
             check_parameters(parameters, allow_float=True)
+        request_id, model_name = as_str(request_id), as_str(model_name)
+        if isinstance(correlation_id, int):
+            if not 0 <= correlation_id < 2**64:  # pybind11's cast to uint64_t
+                raise RuntimeError("Unable to cast Python instance to C++ type (#define "
+                                   "PYBIND11_DETAILED_ERROR_MESSAGES or compile in debug mode for details)")
+            correlation_id = int(correlation_id)
+        elif not isinstance(correlation_id, str):
+            raise TritonModelException("Correlation ID must be integer or string")
+        if any(t is None for t in inputs):
+            raise TritonModelException(f"Input tensor for request with id '{request_id}' and model name "
+                                       f"'{model_name}' should not be empty.")
+        if any(not n for n in names):
+            raise TritonModelException(f"Requested output name for request with id '{request_id}' and model name "
+                                       f"'{model_name}' should not be empty.")
         self._request_id = request_id
         self._correlation_id = correlation_id
-        self._inputs = inputs if isinstance(inputs, list) else list(inputs or ())
-        self._requested_output_names = (
-            requested_output_names
-            if isinstance(requested_output_names, list)
-            else list(requested_output_names or ())
-        )
+        self._inputs = inputs if type(inputs) is list else list(inputs)
+        self._requested_output_names = [as_str(n) for n in names]
         self._model_name = model_name
-        self._model_version = model_version
-        self._flags = flags
-        self._timeout = timeout
+        self._model_version = operator.index(model_version)
+        self._flags = operator.index(flags)
+        self._timeout = operator.index(timeout)
         if preferred_memory is not None:
             self._preferred_memory = preferred_memory
         if trace is not None:
@@ -186,7 +228,10 @@ class InferenceRequest(JsonParameters):
 
     def set_flags(self, flags: int) -> None:
         """Set the request flags."""
-        self._flags = flags
+        if not is_int(flags, *UINT32):
+            raise incompatible("set_flags", "(self: c_python_backend_utils.InferenceRequest, arg0: int) -> None",
+                               (self, flags))
+        self._flags = operator.index(flags)
 
     def timeout(self) -> int:
         """Return the timeout in microseconds (0 = none)."""
@@ -245,11 +290,11 @@ class InferenceRequest(JsonParameters):
 
     def exec(self, decoupled: bool = False) -> Any:
         """Run this request on ``model_name`` (BLS) and return the response(s)."""
-        return server_calls.bls_exec(self, decoupled)
+        return server_calls.bls_exec(self, _decoupled(self, "exec", decoupled))
 
     def async_exec(self, decoupled: bool = False) -> Any:
         """Like ``exec`` but returns an awaitable; call from a running event loop."""
-        return server_calls.bls_async_exec(self, decoupled)
+        return server_calls.bls_async_exec(self, _decoupled(self, "async_exec", decoupled))
 
     def __repr__(self) -> str:
         names = [t.name() for t in self._inputs]
@@ -258,6 +303,14 @@ class InferenceRequest(JsonParameters):
             f"model_name={self._model_name!r}, inputs={names})"
         )
 
+
+
+def _decoupled(request: InferenceRequest, method: str, value: Any) -> bool:
+    """pybind11's ``bool`` with ``none(false)``: anything with a truth value but None."""
+    if value is None or not hasattr(type(value), "__bool__"):
+        raise incompatible(method, "(self: c_python_backend_utils.InferenceRequest, decoupled: bool = False) -> object",
+                           (request,), [("decoupled", value)])
+    return bool(value)
 
 
 def get_input_tensor_by_name(inference_request: Any, name: str) -> Tensor | None:

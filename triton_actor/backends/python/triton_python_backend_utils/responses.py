@@ -5,18 +5,20 @@ Owner: the model builds responses (on the instance's native thread or a thread i
 them to the server by returning them from ``execute`` or through the request's sender; the server
 reads ``_output_tensors`` / ``_error`` / ``_parameters`` directly on the hot path. A sender belongs to
 one request: the server gives it ``deliver(response, final)`` and ``cancelled()``; after the final
-flag it is closed. Failure: bad arguments raise ``TypeError`` that is also ``TritonModelException``;
+flag it is closed. Failure: arguments Triton's pybind11 would not convert raise its plain ``TypeError``,
+a None output tensor ``TritonModelException`` (the stub's check);
 misuse of a sender (after close, bad flags) raises ``TritonModelException`` with Triton's wording.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from .constants import TRITONSERVER_RESPONSE_COMPLETE_FINAL
 from .errors import TritonError, TritonModelException, _ArgTypeError
 from .parameters import JsonParameters, check_parameters
+from .pybind_args import incompatible, is_list_of
 from .tensor import Tensor
 
 
@@ -78,37 +80,49 @@ class InferenceResponseSender:
         return bool(self._cancelled())
 
 
+def _tensor_or_none(item: Any) -> bool:
+    return item is None or isinstance(item, Tensor)
+
+
+def _incompatible(output_tensors: Any, error: Any, parameters: Any) -> TypeError:
+    """pybind11's text for a bad argument; the call is shown with the arguments it gave as keywords."""
+    given = [("output_tensors", output_tensors)]
+    if error is not None:
+        given.append(("error", error))
+    if parameters is not None:
+        given.append(("parameters", parameters))
+    signature = ("c_python_backend_utils.InferenceResponse(output_tensors: List[c_python_backend_utils.Tensor] = [], "
+                 "error: c_python_backend_utils.TritonError = None, parameters: object = None)")
+    return incompatible("__init__", signature, (), given, constructor=True)
+
+
 class InferenceResponse(JsonParameters):
     """A response: output tensors and/or an error, plus optional parameters."""
 
     def __init__(
         self,
-        output_tensors: list[Tensor] | None = None,
+        output_tensors: list[Tensor] | tuple[()] = (),  # a tuple: each response gets a list
         error: TritonError | None = None,
         parameters: dict[str, bool | int | str] | str | None = None,
     ) -> None:
-        if output_tensors is None:
-            output_tensors = []
-        elif type(output_tensors) is not list and not isinstance(output_tensors, list):
-            if isinstance(output_tensors, (str, bytes, Tensor)) or not isinstance(
-                output_tensors, Iterable
-            ):
-                raise _ArgTypeError(
-                    "output_tensors must be a list of Tensor, got "
-                    f"{type(output_tensors).__name__}"
-                )
+        # what pybind11 would not convert (None or a non-sequence for the list, an item that is no Tensor
+        # or None, an error that is no TritonError) is its TypeError; a None item is the stub's error
+        if type(output_tensors) is not list:
+            if not is_list_of(output_tensors, _tensor_or_none):
+                raise _incompatible(output_tensors, error, parameters)
             output_tensors = list(output_tensors)
+        empty = False  # one pass over the tensors (per-response path); the stub's check comes after pybind11's
         for tensor in output_tensors:
             if type(tensor) is not Tensor and not isinstance(tensor, Tensor):
-                raise _ArgTypeError(
-                    f"output_tensors must contain Tensor objects, found {type(tensor).__name__}"
-                )
+                if tensor is not None:
+                    raise _incompatible(output_tensors, error, parameters)
+                empty = True
         if error is not None and not isinstance(error, TritonError):
-            raise _ArgTypeError(
-                f"error must be a TritonError or None, got {type(error).__name__}"
-            )
+            raise _incompatible(output_tensors, error, parameters)
         if parameters is not None:
             check_parameters(parameters, allow_float=False)
+        if empty:
+            raise TritonModelException("Output tensor for inference response should not be empty.")
         self._output_tensors = output_tensors
         self._error = error
         self._parameters = parameters

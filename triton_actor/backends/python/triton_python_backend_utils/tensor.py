@@ -1,8 +1,10 @@
 """``pb_utils.Tensor``: a named numpy array, with DLPack import and export.
 
 Owner: the request or response that holds it; a tensor is built and read on the instance's native
-thread (or a thread the model started) and is not shared. Failure: a bad name or an array of a dtype
-Triton has no type for raises at construction; DLPack problems raise ``TritonModelException``.
+thread (or a thread the model started) and is not shared. Failure: arguments Triton's pybind11 would
+not convert (a name that is no str, data that is no array) raise its plain ``TypeError``; an empty
+name (Triton's stub check) and DLPack problems ``TritonModelException``; a dtype Triton has no type for
+raises at construction.
 ``Tensor._trusted`` is the server's constructor for request inputs it has already validated (hot path).
 
 BF16 (as in Triton's python backend, ``pb_tensor.cc``): numpy has no bfloat16, so ``as_numpy()`` raises
@@ -18,12 +20,17 @@ import numpy as np
 
 from . import dlpack, dtypes
 from .constants import TYPE_BF16
-from .errors import TritonModelException, _ArgTypeError, _ArgValueError
+from .errors import TritonModelException, _ArgTypeError
+from .pybind_args import as_str, incompatible, is_str
 
 # Bound by assignment, not by ``from .dtypes import``: CPython 3.11 compiles ``name.get(...)`` on a name an
 # import statement bound as an attribute load (it assumes a module), which builds a bound method on every
 # call; measured +60 ns per ``Tensor(...)``, the per-output path.
 _NUMPY_TO_TRITON = dtypes._NUMPY_TO_TRITON
+_SIGNATURE = "c_python_backend_utils.Tensor(arg0: str, arg1: numpy.ndarray)"
+# pb_tensor.cc's text, its line continuation's spaces included
+_NOT_DLPACK = ("Provided tensor is not supported. Tensor must be a DLPack capsule         or have `__dlpack__` and "
+               "`__dlpack_device__` attributes")
 
 
 class _CapsuleHolder:
@@ -52,21 +59,23 @@ class Tensor:
     """A named tensor backed by a C-contiguous numpy array (always in CPU memory)."""
 
     def __init__(self, name: str, data: Any) -> None:
-        # exact-type tests first (cheaper than isinstance on this per-output path), the general ones after
+        # exact-type tests first (cheaper than isinstance on this per-output path), the general ones after;
+        # arguments pybind11 would not convert are its TypeError, before the stub's empty-name check
+        given = name
         if type(name) is not str and not isinstance(name, str):
-            raise _ArgTypeError(f"Tensor name must be a str, got {type(name).__name__}")
-        if not name:
-            raise _ArgValueError("Tensor name cannot be an empty string.")
+            if not isinstance(name, bytes):
+                raise incompatible("__init__", _SIGNATURE, (given, data), constructor=True)
+            name = as_str(name)
         if type(data) is not np.ndarray and not isinstance(data, np.ndarray):
+            # an array-like is taken too (Triton's pybind11 takes only ndarrays)
             if isinstance(data, np.generic) or hasattr(data, "__array__") or hasattr(
                 data, "__array_interface__"
             ):
                 data = np.asarray(data)
             else:
-                raise _ArgTypeError(
-                    f"data for tensor '{name}' must be a numpy array, "
-                    f"got {type(data).__name__}"
-                )
+                raise incompatible("__init__", _SIGNATURE, (given, data), constructor=True)
+        if not name:
+            raise TritonModelException("Tensor name cannot be an empty string.")
         dtype = data.dtype
         triton_dtype = _NUMPY_TO_TRITON.get(dtype.type)
         if triton_dtype is None:
@@ -147,13 +156,16 @@ class Tensor:
     @staticmethod
     def from_dlpack(name: str, dlpack_tensor: Any) -> Tensor:
         """Create a tensor from a DLPack capsule or an object with ``__dlpack__`` (BF16 included)."""
+        if not is_str(name):
+            raise incompatible("from_dlpack", "(self: str, arg0: object) -> c_python_backend_utils.Tensor",
+                               (name, dlpack_tensor))
+        name = as_str(name)
+        if not name:
+            raise TritonModelException("Tensor name cannot be an empty string.")
         source = dlpack_tensor
-        exporter = hasattr(source, "__dlpack__")
+        exporter = hasattr(source, "__dlpack__") and hasattr(source, "__dlpack_device__")
         if not exporter and type(source).__name__ != "PyCapsule":
-            raise _ArgTypeError(
-                "from_dlpack expects a DLPack capsule or an object with __dlpack__, "
-                f"got {type(source).__name__}"
-            )
+            raise TritonModelException(_NOT_DLPACK)
         try:
             capsule = _export(source) if exporter else source
             bf16 = dlpack.is_bf16(capsule)
