@@ -295,9 +295,10 @@ class ModelInstance:
             # the thread's run gives the batch its answer, as for any exception
             self._retry_on_thread(requests, done)
             return
-        if any(isinstance(r, BaseException) for r in value[0]):
-            self._retry_on_thread(requests, done)
-            return
+        for result in value[0]:  # a loop, not any() over a generator: this runs for every inline batch
+            if isinstance(result, BaseException):
+                self._retry_on_thread(requests, done)
+                return
         self._after_inline_run(_thread_ns() - c0, value[1][1])
         done(True, value)
 
