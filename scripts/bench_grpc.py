@@ -3,10 +3,14 @@
 
 Every server serves a copy of ``model_repository`` (add_sub: FP32 [4], python backend). Rounds
 interleave servers, protocols and concurrencies so machine noise hits all alike; the table gives
-medians, p50/p99 and the ratio ours/Triton per protocol.
+medians, p50/p99, the ratio ours/Triton per protocol, and the server's CPU per inference: user + system
+time of its process tree from /proc (Triton: tritonserver and its python stub) over each perf_analyzer
+run, divided by the inferences its statistics endpoint counted meanwhile. CPU time is what a busy
+machine does not blur: it is the figure to compare there, wall-clock rates only on a quiet machine.
 
     scripts/install_bench_tools.sh          # once: perf_analyzer and real tritonserver
     .venv/bin/python scripts/bench_grpc.py --rounds 3
+    .venv/bin/python scripts/bench_grpc.py --root before=/path/to/other/checkout   # another commit beside
 
 Writes ``bench_out/grpc.json`` and ``bench_out/grpc.md``.
 """
@@ -23,14 +27,16 @@ import tempfile
 from pathlib import Path
 
 from bench_http import ROOT, TOOLS, copy_add_sub, free_port, perf, rss_kb, stop_servers, wait_ready
+from bench_workers import cpu_s, served, tree
 
 
-def start_ours(repo: Path, http: int, grpc: int, variant: str) -> subprocess.Popen:
-    """The server as shipped (``variant`` names it in the table)."""
+def start_ours(repo: Path, http: int, grpc: int, root: Path = ROOT) -> subprocess.Popen:
+    """The server as shipped, from checkout ``root`` (this one unless ``--root`` names another)."""
     args = [sys.executable, "-m", "triton_actor", "--model-repository", str(repo), "--http-port", str(http),
             "--http-address", "127.0.0.1", "--grpc-port", str(grpc), "--grpc-address", "127.0.0.1",
             "--log-info=false", "--allow-metrics=false"]
-    return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = dict(os.environ, PYTHONPATH=str(root))
+    return subprocess.Popen(args, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def start_triton(repo: Path, http: int, grpc: int) -> subprocess.Popen:
@@ -40,12 +46,16 @@ def start_triton(repo: Path, http: int, grpc: int) -> subprocess.Popen:
     return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def measure(port: int, c: int, window_ms: int, out_csv: Path, protocol: str) -> dict[str, float] | None:
+def measure(pid: int, ports: dict[str, int], c: int, window_ms: int, out_csv: Path,
+            protocol: str) -> dict[str, float] | None:
+    """One perf_analyzer run, with the server's CPU per inference over it (``cpu_us``)."""
+    cpu0, n0 = cpu_s(tree(pid)), served(ports["http"])
     try:
-        return perf(port, c, window_ms, out_csv, protocol)
+        res = perf(ports[protocol], c, window_ms, out_csv, protocol)
     except SystemExit as e:  # perf_analyzer could not stabilise on a noisy machine: record a gap
         print(f"[bench] {str(e).splitlines()[0] if str(e) else 'perf_analyzer failed'}", flush=True)
         return None
+    return res | {"cpu_us": (cpu_s(tree(pid)) - cpu0) * 1e6 / max(1, served(ports["http"]) - n0)}
 
 
 def main() -> int:
@@ -53,8 +63,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--concurrency", default="1,4")
     ap.add_argument("--protocols", default="grpc,http")
-    ap.add_argument("--variants", default="builtin",
-                    help="names of triton_actor servers to start (each the server as shipped)")
+    ap.add_argument("--root", action="append", default=[], metavar="NAME=PATH",
+                    help="also measure the server of another checkout (e.g. before=/work/wt-old), named NAME")
     ap.add_argument("--window-ms", type=int, default=3000)
     ap.add_argument("--no-triton", action="store_true")
     ap.add_argument("--out", type=Path, default=ROOT / "bench_out")
@@ -66,16 +76,17 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bench_grpc_"))
     servers: dict[str, tuple[subprocess.Popen, dict[str, int]]] = {}
-    names = [f"triton_actor[{v}]" for v in args.variants.split(",")] + ([] if args.no_triton else ["triton"])
+    roots = {"triton_actor": ROOT} | {n: Path(p).resolve() for n, p in (r.split("=", 1) for r in args.root)}
+    names = [*roots] + ([] if args.no_triton else ["triton"])
     try:
         for name in names:
-            repo = work / name.replace("[", "_").replace("]", "")
+            repo = work / name
             copy_add_sub(repo)
             ports = {"http": free_port(), "grpc": free_port()}
             if name == "triton":
                 proc = start_triton(repo, ports["http"], ports["grpc"])
             else:
-                proc = start_ours(repo, ports["http"], ports["grpc"], name[len("triton_actor["):-1])
+                proc = start_ours(repo, ports["http"], ports["grpc"], roots[name])
             wait_ready(ports["http"], proc)
             servers[name] = (proc, ports)
             print(f"[bench] {name} ready on {ports}", flush=True)
@@ -83,20 +94,21 @@ def main() -> int:
         for r in range(args.rounds):
             for c in conc:
                 for protocol in protocols:
-                    for name, (_, ports) in servers.items():
-                        res = measure(ports[protocol], c, args.window_ms, work / "pa.csv", protocol)
+                    for name, (proc, ports) in servers.items():
+                        res = measure(proc.pid, ports, c, args.window_ms, work / "pa.csv", protocol)
                         if res is None:
                             continue
                         results.setdefault(f"{protocol}|{c}|{name}", []).append(res)
                         print(f"[bench] round {r + 1} {protocol:4s} c={c} {name:22s} {res['rps']:7.0f} infer/s "
-                              f"p50 {res['p50_us']:5.0f} us p99 {res['p99_us']:6.0f} us", flush=True)
+                              f"p50 {res['p50_us']:5.0f} us p99 {res['p99_us']:6.0f} us "
+                              f"CPU {res['cpu_us']:5.0f} us/inference (load {os.getloadavg()[0]:.2f})", flush=True)
         memory = {n: rss_kb(p.pid, n == "triton") / 1024 for n, (p, _) in servers.items()}
     finally:
         stop_servers([proc for proc, _ in servers.values()], work)
     med = {k: {m: statistics.median(x[m] for x in runs) for m in runs[0]} | {"n": len(runs)}
            for k, runs in results.items()}
-    lines = ["| protocol | concurrency | server | infer/s (median) | p50 µs | p99 µs | ratio vs Triton | runs |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| protocol | concurrency | server | infer/s (median) | p50 µs | p99 µs | ratio vs Triton "
+             "| CPU µs/inference | CPU vs Triton | runs |", "|---|---|---|---|---|---|---|---|---|---|"]
     for protocol in protocols:
         for c in conc:
             ref = med.get(f"{protocol}|{c}|triton")
@@ -105,8 +117,9 @@ def main() -> int:
                 if m is None:
                     continue
                 ratio = f"{m['rps'] / ref['rps']:.2f}x" if ref else "-"
+                cpu_ratio = f"{m['cpu_us'] / ref['cpu_us']:.2f}" if ref else "-"
                 lines.append(f"| {protocol} | {c} | {name} | {m['rps']:.0f} | {m['p50_us']:.0f} | {m['p99_us']:.0f} "
-                             f"| {ratio} | {m['n']} |")
+                             f"| {ratio} | {m['cpu_us']:.0f} | {cpu_ratio} | {m['n']} |")
     lines.append("")
     lines.append(f"load average at the end: {os.getloadavg()}; resident memory MB: "
                  + ", ".join(f"{n} {v:.0f}" for n, v in memory.items()))

@@ -118,10 +118,24 @@ class VersionStats:
         v = total_ns >> 8  # latency_bucket(total_ns), inlined: a call costs more than the arithmetic
         b = v.bit_length()
         self.latency[(b * 4 + ((v >> (b - 3)) & 3) if b < _LAST_OCTAVE else LATENCY_BUCKETS - 1) if b >= 3 else v] += 1
-        for duration, ns in ((self._success, total_ns), (self._queue, queue_ns), (self._input, timings[0]),
-                             (self._infer, timings[1]), (self._output, timings[2])):
-            duration.count += 1
-            duration.ns += ns
+        # written out rather than looped over (duration, ns) pairs: the loop built six tuples per request and
+        # ran 175 bytecodes, this about half of them
+        d = self._success
+        d.count += 1
+        d.ns += total_ns
+        d = self._queue
+        d.count += 1
+        d.ns += queue_ns
+        ci_ns, inf_ns, co_ns = timings
+        d = self._input
+        d.count += 1
+        d.ns += ci_ns
+        d = self._infer
+        d.count += 1
+        d.ns += inf_ns
+        d = self._output
+        d.count += 1
+        d.ns += co_ns
         if self.latency_recorder is not None:
             self.latency_recorder.observe(total_ns, queue_ns, timings)
 

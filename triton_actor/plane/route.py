@@ -19,7 +19,7 @@ routes again if a reload swapped it meanwhile (a big body decoded on a native th
 from __future__ import annotations
 
 from collections.abc import Container
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..actors.model.handles import ModelHandle, VersionHandle
 from ..errors import TritonError
@@ -47,6 +47,17 @@ class Route:
     internal: bool = False
     # the model is loading on demand (plane/on_demand.py): the request waits for it, then is routed again
     loading: Reply[None] | None = None
+    # what every request's decode reads, worked out once per route (the data plane reuses a route while its
+    # model handle is current): the config's transaction policy and the serving version's input names
+    _decoupled: bool = field(default=False, init=False, repr=False, compare=False)
+    _inputs: Container[str] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        cfg = self.model.config if self.model is not None else None
+        object.__setattr__(self, "_decoupled", cfg is not None and cfg.model_transaction_policy.decoupled)
+        target = self.target
+        if target is not None and target.validator is not None:
+            object.__setattr__(self, "_inputs", target.validator.inputs)
 
     def serving(self) -> VersionHandle:
         """The version to queue the request with; Triton's error when there is none."""
@@ -60,21 +71,19 @@ class Route:
     # -- what the decoder and encoder read ------------------------------------------------------
     @property
     def decoupled(self) -> bool:
-        cfg = self.model.config if self.model is not None else None
-        return cfg is not None and cfg.model_transaction_policy.decoupled
+        return self._decoupled
 
     def refuse_decoupled(self, message: str) -> None:
         """One request, one response (HTTP ``/infer``, gRPC ``ModelInfer``) refuses decoupled models, as
         Triton does (https://github.com/triton-inference-server/server/blob/main/docs/user_guide/decoupled_models.md)."""
-        if self.decoupled:
+        if self._decoupled:
             raise TritonError.unsupported(message)
 
     @property
     def inputs(self) -> Container[str] | None:
         """The serving version's input names (its validator's), so a decoder can refuse a request naming
         more inputs than the model has before converting them; None when no version serves it."""
-        target = self.target
-        return target.validator.inputs if target is not None and target.validator is not None else None
+        return self._inputs
 
     @property
     def version(self) -> int:

@@ -100,6 +100,16 @@ class Reply(Generic[T]):
         return self._result.value
 
 
+def _table_of(cls: type) -> dict[type, Callable[..., Any]]:
+    """The handler table of actor class ``cls`` (message class → handler, filled as messages come), one
+    per class, not inherited: each class finds its own ``on_*`` methods."""
+    table = cls.__dict__.get("_dispatch_table")
+    if table is None:
+        table = {}
+        cls._dispatch_table = table  # type: ignore[attr-defined]
+    return table
+
+
 class ChildFailed:
     """Event to a supervisor: ``child`` raised ``error`` while handling a tell."""
 
@@ -168,6 +178,7 @@ class Actor:
         self._loop: gevent.Greenlet | None = None
         self._stopping = False
         self._current: tuple[object, Reply[Any] | None] | None = None  # being handled: failed if the loop dies
+        self._table = _table_of(type(self))  # the class's handlers, read here by every message
         self.ref = self.ref_class(self)
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -247,10 +258,7 @@ class Actor:
 
     def _handle(self, message: object, reply: Reply[Any] | None) -> None:
         cls = type(message)
-        table = type(self).__dict__.get("_dispatch_table")
-        if table is None:
-            table = {}
-            type(self)._dispatch_table = table
+        table = self._table
         handler = table.get(cls)
         if handler is None:
             handler = table[cls] = getattr(type(self), "on_" + cls.__name__, None) or _unhandled

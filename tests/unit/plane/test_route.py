@@ -117,3 +117,24 @@ def test_decoupled_models_are_refused_by_the_route() -> None:
     with pytest.raises(TritonError) as info:
         route.refuse_decoupled("no streams here")
     assert info.value.code == Code.UNSUPPORTED
+
+
+def test_a_route_is_reused_while_the_routing_table_stays_and_made_anew_after_a_change() -> None:
+    from triton_actor.runtime import fastpath
+
+    plane = _plane(_model(1))
+    first = plane.route("m", -1)
+    again = plane.route("m", -1)
+    assert (again is first) == fastpath.enabled  # fast path: no new Route per request; slow path: a new one each time
+    assert again == first
+    assert plane.route("m", 1) is not first  # another version asked for: a route of its own
+    plane.accepting = False
+    assert plane.route("m", -1).closed and not first.closed  # the server's state is part of the route
+    plane.accepting = True
+    reloaded = _model(1, 2)
+    plane.repository.routes = MappingProxyType({"m": reloaded})  # a new table: routes of the old one are not served
+    after = plane.route("m", -1)
+    assert after.model is reloaded and after.version == 2
+    plane.repository.routes = MappingProxyType({})  # unloaded: the old route is not kept alive by the plane
+    assert plane.route("m", -1).target is None
+    assert len(plane._routes) == 0 or not fastpath.enabled

@@ -41,6 +41,8 @@ from ..base import IMPORT_LOCK, RESCHEDULE, BackendInstance, InstanceContext, Re
 from . import response_rules as rules
 from . import triton_python_backend_utils as pb_utils
 from .stub_argv import as_stub
+from .stub_argv import enter as _stub_enter
+from .stub_argv import leave as _stub_leave
 from .triton_python_backend_utils import serving
 
 # model.py files do `import triton_python_backend_utils as pb_utils`: serve them our module.
@@ -309,12 +311,13 @@ class PythonInstance:
 
     def execute(self, requests: list[InferRequest]) -> list[Result]:
         token = _enter(self._server)  # on the instance's thread, or inline in a hub greenlet
+        _stub_enter()
         try:
-            with as_stub():
-                if self.decoupled:
-                    return self._execute_decoupled(requests)
-                return self._execute(requests)
+            if self.decoupled:
+                return self._execute_decoupled(requests)
+            return self._execute(requests)
         finally:
+            _stub_leave()
             _leave(token)
 
     def _execute(self, requests: list[InferRequest]) -> list[Result]:

@@ -11,6 +11,9 @@ server's back), so the server's own argv is untouched outside model calls. A thr
 itself sees the server's argv once no model call is running; process isolation gives the model a
 process whose argv is ``['']`` throughout (``isolated_child.py``). Owner: this module (the count and
 the saved argv, under a native lock). Failure: none; the argv is restored whatever the model raised.
+
+``execute`` calls :func:`enter` and :func:`leave` itself: the ``contextmanager`` form cost 2.4 µs of CPU
+per call (a generator, its wrapper object, ``next`` twice), two plain calls 0.6 µs, on every request.
 """
 
 from __future__ import annotations
@@ -27,19 +30,30 @@ _inside = 0  # model calls running now, all threads together
 _saved: list[str] = []  # the server's argv while they run
 
 
-@contextlib.contextmanager
-def as_stub() -> Iterator[None]:
-    """``with as_stub():`` model code runs with ``sys.argv == ['']``."""
+def enter() -> None:
+    """A model call starts: ``sys.argv`` is ``['']`` until the last call running ends (:func:`leave`)."""
     global _inside, _saved
     with _lock:
         if not _inside:
             _saved = sys.argv
             sys.argv = list(STUB_ARGV)
         _inside += 1
+
+
+def leave() -> None:
+    """A model call ended (whatever it raised): the last one out puts the server's argv back."""
+    global _inside
+    with _lock:
+        _inside -= 1
+        if not _inside:
+            sys.argv = _saved
+
+
+@contextlib.contextmanager
+def as_stub() -> Iterator[None]:
+    """``with as_stub():`` model code runs with ``sys.argv == ['']``."""
+    enter()
     try:
         yield
     finally:
-        with _lock:
-            _inside -= 1
-            if not _inside:
-                sys.argv = _saved
+        leave()
