@@ -39,10 +39,9 @@ from ...runtime.loop_thread import LoopThread
 from ...runtime.threads import native_thread_id
 from ..base import IMPORT_LOCK, RESCHEDULE, BackendInstance, InstanceContext, Result
 from . import response_rules as rules
+from . import stub_argv
 from . import triton_python_backend_utils as pb_utils
 from .stub_argv import as_stub
-from .stub_argv import enter as _stub_enter
-from .stub_argv import leave as _stub_leave
 from .triton_python_backend_utils import serving
 
 # model.py files do `import triton_python_backend_utils as pb_utils`: serve them our module.
@@ -311,13 +310,13 @@ class PythonInstance:
 
     def execute(self, requests: list[InferRequest]) -> list[Result]:
         token = _enter(self._server)  # on the instance's thread, or inline in a hub greenlet
-        _stub_enter()
+        stub_argv.enter()
         try:
             if self.decoupled:
                 return self._execute_decoupled(requests)
             return self._execute(requests)
         finally:
-            _stub_leave()
+            stub_argv.leave()
             _leave(token)
 
     def _execute(self, requests: list[InferRequest]) -> list[Result]:
