@@ -37,6 +37,7 @@ from ..runtime.response_channel import (
 from .memory_budget import MemoryBudget
 from .on_demand import OnDemand
 from .route import Route
+from .tune_report import TuneReport
 
 SERVER_VERSION = "2.51.0"  # the Triton release whose protocol we speak (clients compare versions)
 
@@ -92,6 +93,7 @@ class DataPlane:
         self.host: Host = host or LocalHost()  # host-wide reads and changes go through it (host/base.py)
         self.on_demand: OnDemand | None = None  # --model-load-on-demand (plane/on_demand.py), set by the server
         self.budget: MemoryBudget | None = None  # --model-memory-budget (plane/memory_budget.py), set by the server
+        self.tune_report = TuneReport()  # the last `tune --url` run's report, linked from the status page
 
     # -- health and metadata ----------------------------------------------------------------------
     def is_live(self) -> bool:

@@ -45,7 +45,8 @@ def local_status(plane: DataPlane, _args: dict[str, Any] | None = None) -> dict[
         versions.append(row)
     return {"worker": plane.host.worker_id, "live": plane.is_live(), "ready": plane.is_ready(),
             "time_ns": time.time_ns(), "versions": versions, "streams": stream_totals(), "gc": gc_settle.status(),
-            **({"memory_budget": plane.budget.status()} if plane.budget is not None else {})}
+            **({"memory_budget": plane.budget.status()} if plane.budget is not None else {}),
+            **({"tune_report": report} if (report := plane.tune_report.status()) is not None else {})}
 
 
 def _live(status: dict[str, Any]) -> dict[str, Any]:
@@ -94,7 +95,9 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
             "versions": versions, "streams": _sum_streams([p.get("streams", {}) for p in parts]),
             "gc": [p.get("gc", {}) for p in parts],
             # one process only (the command line refuses a budget with --workers)
-            **({"memory_budget": parts[0]["memory_budget"]} if "memory_budget" in parts[0] else {})}
+            **({"memory_budget": parts[0]["memory_budget"]} if "memory_budget" in parts[0] else {}),
+            # every worker was told the same folder (host.broadcast); a worker started since was not
+            **next(({"tune_report": p["tune_report"]} for p in parts if "tune_report" in p), {})}
 
 
 def _sum_streams(parts: list[dict[str, int]]) -> dict[str, int]:
