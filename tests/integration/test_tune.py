@@ -175,7 +175,8 @@ def _chromium_dom(server: ServerProcess, tmp_path: Path) -> str:
     return done.stdout
 
 
-def test_open_loop_latency_counts_the_queue_a_closed_loop_hides(tmp_path: Path,
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_open_loop_latency_counts_the_queue_a_closed_loop_hides(tmp_path: Path, protocol: str,
                                                                start_server: Callable[..., ServerProcess]) -> None:
     """One instance, 20 ms per request, no batching: about 50/s. Offered 150/s in an open loop, the
     backlog grows and each latency, timed from the request's scheduled send, includes its wait; the
@@ -183,7 +184,7 @@ def test_open_loop_latency_counts_the_queue_a_closed_loop_hides(tmp_path: Path,
     repo = tmp_path / "repo"
     modelgen.python_identity(repo, "slow", delay_ms=20, dims=(4,), max_batch_size=0, count=1)
     server = start_server(repo)
-    spec = {"url": server.url, "protocol": "http", "model": "slow", "outputs": ["OUTPUT0"],
+    spec = {"url": server.url if protocol == "http" else server.grpc_url, "protocol": protocol, "model": "slow", "outputs": ["OUTPUT0"],
             "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4]}], "warmup_s": 0.2, "window_s": 0.5,
             "min_windows": 3, "max_windows": 4, "stability_pct": 10}
     opened = _loadgen(dict(spec, request_rate=150))
