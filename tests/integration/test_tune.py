@@ -19,6 +19,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 import tritonclient.http as httpclient
 from gevent import subprocess  # the test process is gevent-patched (tests/conftest.py)
@@ -242,3 +243,44 @@ def test_the_report_page_renders_with_its_plots_in_chromium(tmp_path: Path) -> N
     assert dom.count("<img") == 3 and "1.17x the shipped config" in dom
     if os.environ.get("TUNE_REPORT_SCREENSHOT"):
         shutil.copy(shot, os.environ["TUNE_REPORT_SCREENSHOT"])
+
+
+def test_an_ensemble_tunes_its_composing_models_and_serves_with_their_tuned_configs(
+        tmp_path: Path, start_server: Callable[..., ServerProcess]) -> None:
+    repo, out = tmp_path / "repo", tmp_path / "report"
+    for name in ("first", "second"):
+        modelgen.python_identity(repo, name, delay_ms=1, dims=(4,), max_batch_size=8, count=1, dynamic_batching=True)
+    (repo / "pipe" / "1").mkdir(parents=True)
+    (repo / "pipe" / "config.pbtxt").write_text(PIPE)
+    proc = _tune("--model-repository", str(repo), "--model", "pipe", "--out", str(out), "--concurrency", "2",
+                 "--instances", "1,2", "--max-batch-sizes", "4,8", "--dynamic-batching", "on", "--no-preferred",
+                 "--queue-delays-us", "0", "--isolation", "thread", "--warmup-s", "0.3", "--window-s", "0.3",
+                 "--max-windows", "5", "--max-minutes", "2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = _measured(out)
+    assert {r["model"] for r in rows} == {"first", "second"} and all(not r["error"] for r in rows)
+    assert {r["max_batch_size"] for r in rows} <= {"4", "8"}  # never below the ensemble's 4
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["ensemble"]) == {"first", "second"}
+    assert not (repo / "pipe" / "configs").exists()
+    server = start_server(repo, flags=("--model-config-name", "tuned"))
+    client = httpclient.InferenceServerClient(server.url)
+    for name in ("first", "second"):
+        served = client.get_model_config(name)
+        assert served["instance_group"][0]["count"] == summary["ensemble"][name]["instances"]
+        assert (out / f"tuned-{name}.pbtxt").read_text() == (repo / name / "configs" / "tuned.pbtxt").read_text()
+    inp = httpclient.InferInput("IN", [1, 4], "FP32")
+    inp.set_data_from_numpy(np.arange(4, dtype=np.float32).reshape(1, 4))
+    assert client.infer("pipe", [inp]).as_numpy("OUT").tolist() == [[0.0, 1.0, 2.0, 3.0]]
+
+
+PIPE = """name: "pipe"
+platform: "ensemble"
+max_batch_size: 4
+input [ { name: "IN", data_type: TYPE_FP32, dims: [ 4 ] } ]
+output [ { name: "OUT", data_type: TYPE_FP32, dims: [ 4 ] } ]
+ensemble_scheduling { step [
+  { model_name: "first", model_version: -1, input_map { key: "INPUT0" value: "IN" } output_map { key: "OUTPUT0" value: "MID" } },
+  { model_name: "second", model_version: -1, input_map { key: "INPUT0" value: "MID" } output_map { key: "OUTPUT0" value: "OUT" } }
+] }
+"""
