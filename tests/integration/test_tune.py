@@ -251,7 +251,7 @@ def test_an_ensemble_tunes_its_composing_models_and_serves_with_their_tuned_conf
     for name in ("first", "second"):
         modelgen.python_identity(repo, name, delay_ms=1, dims=(4,), max_batch_size=8, count=1, dynamic_batching=True)
     (repo / "pipe" / "1").mkdir(parents=True)
-    (repo / "pipe" / "config.pbtxt").write_text(PIPE)
+    (repo / "pipe" / "config.pbtxt").write_text(modelgen.ensemble_chain_config("pipe", ["first", "second"]))
     proc = _tune("--model-repository", str(repo), "--model", "pipe", "--out", str(out), "--concurrency", "2",
                  "--instances", "1,2", "--max-batch-sizes", "4,8", "--dynamic-batching", "on", "--no-preferred",
                  "--queue-delays-us", "0", "--isolation", "thread", "--warmup-s", "0.3", "--window-s", "0.3",
@@ -272,15 +272,3 @@ def test_an_ensemble_tunes_its_composing_models_and_serves_with_their_tuned_conf
     inp = httpclient.InferInput("IN", [1, 4], "FP32")
     inp.set_data_from_numpy(np.arange(4, dtype=np.float32).reshape(1, 4))
     assert client.infer("pipe", [inp]).as_numpy("OUT").tolist() == [[0.0, 1.0, 2.0, 3.0]]
-
-
-PIPE = """name: "pipe"
-platform: "ensemble"
-max_batch_size: 4
-input [ { name: "IN", data_type: TYPE_FP32, dims: [ 4 ] } ]
-output [ { name: "OUT", data_type: TYPE_FP32, dims: [ 4 ] } ]
-ensemble_scheduling { step [
-  { model_name: "first", model_version: -1, input_map { key: "INPUT0" value: "IN" } output_map { key: "OUTPUT0" value: "MID" } },
-  { model_name: "second", model_version: -1, input_map { key: "INPUT0" value: "MID" } output_map { key: "OUTPUT0" value: "OUT" } }
-] }
-"""

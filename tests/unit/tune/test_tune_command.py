@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from scripts import modelgen
 from triton_actor.errors import TritonError
 from triton_actor.repository import config as cm
 from triton_actor.tune import command
@@ -26,16 +27,7 @@ instance_group [ { count: 1, kind: KIND_CPU } ]
 """
 
 
-ENSEMBLE = """name: "pipe"
-platform: "ensemble"
-max_batch_size: 4
-input [ { name: "IN", data_type: TYPE_FP32, dims: [ 4 ] } ]
-output [ { name: "OUT", data_type: TYPE_FP32, dims: [ 4 ] } ]
-ensemble_scheduling { step [
-  { model_name: "a", model_version: -1, input_map { key: "INPUT0" value: "IN" } output_map { key: "OUTPUT0" value: "MID" } },
-  { model_name: "b", model_version: -1, input_map { key: "INPUT0" value: "MID" } output_map { key: "OUTPUT0" value: "OUT" } }
-] }
-"""
+ENSEMBLE = modelgen.ensemble_chain_config("pipe", ["a", "b"])
 
 
 def _served(text: str, name: str = "m") -> dict[str, Any]:
