@@ -549,6 +549,19 @@ def python_identity(
     return model_dir
 
 
+def ensemble_chain_config(name: str, steps: Sequence[str], *, max_batch_size: int = 4, dims: Sequence[int] = (4,)) -> str:
+    """An ensemble ``IN -> steps[0] -> ... -> OUT`` of identity-shaped models (``INPUT0 -> OUTPUT0``, FP32
+    ``dims``), as ``python_identity`` makes them."""
+    shape = ", ".join(map(str, dims))
+    tensors = ["IN", *(f"MID{i}" for i in range(len(steps) - 1)), "OUT"]
+    wired = ",\n".join(f'  {{ model_name: "{m}", model_version: -1, input_map {{ key: "INPUT0" value: "{tensors[i]}" }} '
+                        f'output_map {{ key: "OUTPUT0" value: "{tensors[i + 1]}" }} }}' for i, m in enumerate(steps))
+    return (f'name: "{name}"\nplatform: "ensemble"\nmax_batch_size: {max_batch_size}\n'
+            f'input [ {{ name: "IN", data_type: TYPE_FP32, dims: [ {shape} ] }} ]\n'
+            f'output [ {{ name: "OUT", data_type: TYPE_FP32, dims: [ {shape} ] }} ]\n'
+            f"ensemble_scheduling {{ step [\n{wired}\n] }}\n")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # helpers
 

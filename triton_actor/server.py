@@ -140,6 +140,7 @@ class Server:
             self.plane.budget = MemoryBudget(settings.model_memory_budget, self.repository, self.host)
         self.server_calls = ServerCalls(self.plane, self.model_hooks)  # BLS and model control from Python models
         self.host.register("status", lambda args: live_status.local_status(self.plane, args))  # the status page
+        self.host.register("tune.report", lambda args: self.plane.tune_report.set(args["path"]))  # its report link
         # this process's share of /metrics: its models' statistics and custom metric families
         self.metrics_source = MetricsSource(self.repository, self.model_hooks.metrics, self.response_cache,
                                             self._own_families)

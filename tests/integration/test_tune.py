@@ -14,9 +14,12 @@ import os
 import shutil
 import signal
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 import tritonclient.http as httpclient
 from gevent import subprocess  # the test process is gevent-patched (tests/conftest.py)
@@ -30,7 +33,7 @@ from .server import ROOT, ServerProcess
 # from the shipped (2 instances, batch 8) the climbs go down only: both counts and both sizes are measured
 SMALL = ("--model", "batcher", "--concurrency", "2", "--instances", "1,2", "--max-batch-sizes", "4,8",
          "--dynamic-batching", "on", "--no-preferred", "--queue-delays-us", "0", "--isolation", "thread", "--warmup-s", "0.3",
-         "--window-s", "0.3", "--max-windows", "5", "--max-minutes", "2")
+         "--window-s", "0.3", "--max-windows", "5", "--max-minutes", "2", "--workers", "1")
 
 
 def _repo(tmp_path: Path) -> Path:
@@ -96,12 +99,108 @@ def test_attached_with_apply_the_pick_is_loaded_and_written(tmp_path: Path,
                                                             start_server: Callable[..., ServerProcess]) -> None:
     repo, out = _repo(tmp_path), tmp_path / "report"
     server = start_server(repo, flags=("--model-control-mode", "explicit", "--load-model", "batcher"))
+    assert "tune_report" not in _get_json(server, "/status.json")
     proc = _tune("--url", server.url, "--apply", "--model-repository", str(repo), "--out", str(out), *SMALL)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     pick = json.loads((out / "summary.json").read_text())["pick"]["candidate"]
     served = httpclient.InferenceServerClient(server.url).get_model_config("batcher")
     assert (served["instance_group"][0]["count"], served["max_batch_size"]) == (pick["instances"], pick["max_batch_size"])
     assert (repo / "batcher" / "configs" / "tuned.pbtxt").is_file()
+    # the server's status page links the run's report, served from the report folder
+    linked = _get_json(server, "/status.json")["tune_report"]
+    assert linked["model"] == "batcher" and linked["url"] == "tune/report/"
+    assert linked["verdict"] == json.loads((out / "summary.json").read_text())["verdict"]
+    status, headers, body = _get(server, "/tune/report/")
+    assert status == 200 and body == (out / "index.html").read_bytes() and "img-src 'self'" in headers["Content-Security-Policy"]
+    status, headers, body = _get(server, "/tune/report/throughput_vs_p99.png")
+    assert (status, headers["Content-Type"], body[:4]) == (200, "image/png", b"\x89PNG")
+    assert _get(server, "/tune/report/points.csv")[2] == (out / "points.csv").read_bytes()
+    assert "the server's status page links this report" in json.dumps(json.loads((out / "summary.json").read_text())["notes"])
+    html = _chromium_dom(server, tmp_path)
+    assert 'id="tune-report" href="tune/report/"' in html, html[-2000:]
+
+
+def test_the_report_route_serves_the_report_folder_and_nothing_outside_it(
+        tmp_path: Path, start_server: Callable[..., ServerProcess]) -> None:
+    out = tmp_path / "report"
+    point = Point(Candidate(1, 8, True, (8,)), 1, throughput=10.0, p50_ms=1, p95_ms=1, p99_ms=1, stable=True, windows=3)
+    report.write(out, report.Outcome("batcher", "throughput", None, [point], baseline=point))
+    (tmp_path / "secret.json").write_text('{"secret": 1}')
+    (out / "escape.json").symlink_to(tmp_path / "secret.json")  # a link out of the folder
+    (out / "sub").mkdir()
+    (out / "sub" / "inner.json").write_text("{}")
+    (out / "server.log").write_text("not a report file")
+    server = start_server(_repo(tmp_path), flags=("--model-control-mode", "explicit", "--load-model", "batcher"))
+    for bad in ("relative/path", str(tmp_path), str(tmp_path / "missing")):  # not absolute / not a report / absent
+        assert _post(server, "/v2/tune/report", {"path": bad})[0] == 400, bad
+    assert _get(server, "/tune/report/")[0] == 404  # nothing registered yet
+    assert _post(server, "/v2/tune/report", {"path": str(out)})[0] == 200
+    assert _get(server, "/tune/report/summary.json")[0] == 200
+    for name in ("escape.json", "sub/inner.json", "..%2Fsecret.json", "%2E%2E/secret.json", "server.log", ".hidden.json",
+                 "missing.png"):
+        assert _get(server, "/tune/report/" + name)[0] == 404, name
+    assert _post(server, "/v2/tune/report", {"path": str(out)}, method="GET")[0] == 405
+
+
+def _request(server: ServerProcess, path: str, data: bytes | None = None,
+             method: str = "GET") -> tuple[int, dict[str, str], bytes]:
+    request = urllib.request.Request(f"http://{server.url}{path}", data, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+def _get(server: ServerProcess, path: str) -> tuple[int, dict[str, str], bytes]:
+    return _request(server, path)
+
+
+def _get_json(server: ServerProcess, path: str) -> dict:
+    status, _, body = _get(server, path)
+    assert status == 200, body
+    return json.loads(body)
+
+
+def _post(server: ServerProcess, path: str, body: dict, method: str = "POST") -> tuple[int, dict[str, str], bytes]:
+    return _request(server, path, json.dumps(body).encode(), method)
+
+
+def _chromium_dom(server: ServerProcess, tmp_path: Path) -> str:
+    """The status page's DOM after its script polled /status.json and rendered (headless chromium)."""
+    chromium = shutil.which("chromium") or "/usr/bin/chromium"
+    done = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                           f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=3000", "--dump-dom",
+                           f"http://{server.url}/status"], capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_open_loop_latency_counts_the_queue_a_closed_loop_hides(tmp_path: Path, protocol: str,
+                                                               start_server: Callable[..., ServerProcess]) -> None:
+    """One instance, 20 ms per request, no batching: about 50/s. Offered 150/s in an open loop, the
+    backlog grows and each latency, timed from the request's scheduled send, includes its wait; the
+    closed loop at 4 clients is never more than 4 requests deep and shows about 4 executions."""
+    repo = tmp_path / "repo"
+    modelgen.python_identity(repo, "slow", delay_ms=20, dims=(4,), max_batch_size=0, count=1)
+    server = start_server(repo)
+    spec = {"url": server.url if protocol == "http" else server.grpc_url, "protocol": protocol, "model": "slow", "outputs": ["OUTPUT0"],
+            "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4]}], "warmup_s": 0.2, "window_s": 0.5,
+            "min_windows": 3, "max_windows": 4, "stability_pct": 10}
+    opened = _loadgen(dict(spec, request_rate=150))
+    closed = _loadgen(dict(spec, concurrency=4))
+    assert not opened["error"] and not closed["error"]
+    assert opened["throughput"] < 150 * 0.8  # it could not keep up with the offered rate
+    assert opened["p50_ms"] > closed["p99_ms"], (opened, closed)  # the queue is in the open loop's figures
+    assert not opened["stable"]  # latency grows window after window
+
+
+def _loadgen(spec: dict) -> dict:
+    done = subprocess.run([sys.executable, "-m", "triton_actor.tune.loadgen", json.dumps(spec)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def test_ctrl_c_writes_the_report_of_what_was_measured(tmp_path: Path) -> None:
@@ -144,3 +243,32 @@ def test_the_report_page_renders_with_its_plots_in_chromium(tmp_path: Path) -> N
     assert dom.count("<img") == 3 and "1.17x the shipped config" in dom
     if os.environ.get("TUNE_REPORT_SCREENSHOT"):
         shutil.copy(shot, os.environ["TUNE_REPORT_SCREENSHOT"])
+
+
+def test_an_ensemble_tunes_its_composing_models_and_serves_with_their_tuned_configs(
+        tmp_path: Path, start_server: Callable[..., ServerProcess]) -> None:
+    repo, out = tmp_path / "repo", tmp_path / "report"
+    for name in ("first", "second"):
+        modelgen.python_identity(repo, name, delay_ms=1, dims=(4,), max_batch_size=8, count=1, dynamic_batching=True)
+    (repo / "pipe" / "1").mkdir(parents=True)
+    (repo / "pipe" / "config.pbtxt").write_text(modelgen.ensemble_chain_config("pipe", ["first", "second"]))
+    proc = _tune("--model-repository", str(repo), "--model", "pipe", "--out", str(out), "--concurrency", "2",
+                 "--instances", "1,2", "--max-batch-sizes", "4,8", "--dynamic-batching", "on", "--no-preferred",
+                 "--queue-delays-us", "0", "--isolation", "thread", "--warmup-s", "0.3", "--window-s", "0.3",
+                 "--max-windows", "5", "--max-minutes", "2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = _measured(out)
+    assert {r["model"] for r in rows} == {"first", "second"} and all(not r["error"] for r in rows)
+    assert {r["max_batch_size"] for r in rows} <= {"4", "8"}  # never below the ensemble's 4
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["ensemble"]) == {"first", "second"}
+    assert not (repo / "pipe" / "configs").exists()
+    server = start_server(repo, flags=("--model-config-name", "tuned"))
+    client = httpclient.InferenceServerClient(server.url)
+    for name in ("first", "second"):
+        served = client.get_model_config(name)
+        assert served["instance_group"][0]["count"] == summary["ensemble"][name]["instances"]
+        assert (out / f"tuned-{name}.pbtxt").read_text() == (repo / name / "configs" / "tuned.pbtxt").read_text()
+    inp = httpclient.InferInput("IN", [1, 4], "FP32")
+    inp.set_data_from_numpy(np.arange(4, dtype=np.float32).reshape(1, 4))
+    assert client.infer("pipe", [inp]).as_numpy("OUT").tolist() == [[0.0, 1.0, 2.0, 3.0]]

@@ -4,6 +4,9 @@ script polls ``/status.json`` every second; no build step, nothing fetched from 
 ``/status.json`` is :func:`~..plane.live_status.merge` over ``host.gather("status")``: host-wide with several
 workers. The request rate is computed by the page from two answers (the server's clock in each), so the
 server keeps no rate state. Views run in the request's greenlet.
+
+The last ``tune --url`` run's report (``plane/tune_report.py``): ``POST /v2/tune/report {"path": DIR}``
+tells every worker where it is, the page links it, and ``/tune/report/`` serves that folder read-only.
 """
 
 from __future__ import annotations
@@ -14,8 +17,10 @@ import re
 
 from flask import Flask
 
+from ..errors import TritonError
 from ..plane import live_status
 from ..plane.dataplane import DataPlane
+from ..protocol import payloads
 from .http import HttpRequest, Reply, json_reply
 
 
@@ -28,6 +33,20 @@ def status_routes(app: Flask, plane: DataPlane) -> None:
     @app.get("/status.json")
     def status_json(req: HttpRequest) -> Reply:
         return json_reply(live_status.merge(plane.host.gather("status")))
+
+    @app.post("/v2/tune/report")
+    def tune_report_register(req: HttpRequest) -> Reply:
+        path = payloads.json_object(req.payload()).get("path")
+        if not isinstance(path, str):
+            raise TritonError.invalid_arg("expected {\"path\": \"<the report folder>\"}")
+        return json_reply(plane.host.broadcast("tune.report", {"path": path})[0])
+
+    @app.get("/tune/report/")
+    @app.get("/tune/report/<name>")
+    def tune_report_file(req: HttpRequest, name: str = "") -> Reply:
+        body, content_type = plane.tune_report.file(name)
+        headers = [("Content-Type", content_type), ("Cache-Control", "no-store"), *_REPORT_HEADERS]
+        return "200 OK", headers, body
 
 
 PAGE = b"""<!doctype html>
@@ -57,6 +76,7 @@ small{color:#666}
 <th>queued</th><th>in flight</th><th>req/s</th><th>success</th><th>fail</th><th>p50 ms</th><th>p90 ms</th>
 <th>p99 ms</th><th class="l">batch sizes</th></tr></thead><tbody id="rows"></tbody></table>
 <div id="budget"></div>
+<p id="tune"></p>
 <p><small>Polls <a href="status.json">status.json</a> every second; latency is end to end in the server,
 percentiles are bucket upper bounds (buckets at most 25% wide).</small></p>
 <script>
@@ -105,6 +125,9 @@ function render(st) {
       `<td class="p99">${live && v.success ? fmt(l.p99, 3) : ""}</td><td class="l">${hist(v.batches)}</td></tr>`;
   }).join("");
   document.getElementById("budget").innerHTML = budget(st.memory_budget);
+  const t = st.tune_report;  // the last `triton-actor tune --url` run (plane/tune_report.py)
+  document.getElementById("tune").innerHTML = t ? `last tuning run (${esc(t.model)}): ` +
+    `<a id="tune-report" href="${esc(t.url)}">report</a> <small>${esc(t.verdict)}</small>` : "";
   document.body.dataset.updates = String(Number(document.body.dataset.updates) + 1);
 }
 function budget(b) {  // --model-memory-budget: resident models, least recently used first, and the last evictions
@@ -144,6 +167,10 @@ def _csp(page: bytes) -> str:
             "img-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 
 
+# a report page has no script and shows its own PNG plots; the rest as the status page
+_REPORT_HEADERS = [("Content-Security-Policy", "default-src 'none'; img-src 'self'; style-src 'unsafe-inline'; "
+                    "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"),
+                   ("X-Content-Type-Options", "nosniff"), ("Referrer-Policy", "no-referrer")]
 _HTML_HEADERS = [("Content-Type", "text/html; charset=utf-8"), ("Cache-Control", "no-store"),
                  ("Content-Security-Policy", _csp(PAGE)), ("X-Content-Type-Options", "nosniff"),
                  ("Referrer-Policy", "no-referrer")]

@@ -40,6 +40,7 @@ from ..runtime.response_channel import (
 from .memory_budget import MemoryBudget
 from .on_demand import OnDemand
 from .route import Route
+from .tune_report import TuneReport
 
 ON_DEMAND_LOCK_TIMEOUT_S = 600.0  # another worker's load on demand: as long as a load may take
 _ROUTES_CACHED = 1024  # (model, version) pairs clients name; a full cache is cleared and refills in a request each
@@ -108,6 +109,7 @@ class DataPlane:
         # (a route held on after its model's unload would keep its instances alive)
         self._routes: BoundedCache[tuple[str, int, bool, bool], Route] = BoundedCache("plane.routes", _ROUTES_CACHED)
         self._routes_of: object = None  # the routing table those routes were made from
+        self.tune_report = TuneReport()  # the last `tune --url` run's report, linked from the status page
 
     # -- health and metadata ----------------------------------------------------------------------
     def is_live(self) -> bool:

@@ -46,7 +46,8 @@ def local_status(plane: DataPlane, _args: dict[str, Any] | None = None) -> dict[
     return {"worker": plane.host.worker_id, "live": plane.is_live(), "ready": plane.is_ready(),
             "time_ns": time.time_ns(), "versions": versions, "streams": plane.streams.totals(), "gc": gc_settle.status(),
             **({"memory_budget": plane.budget.status()} if plane.budget is not None else {}),
-            **({"rate_limiter": plane.rate_limiter.status()} if plane.rate_limiter is not None else {})}
+            **({"rate_limiter": plane.rate_limiter.status()} if plane.rate_limiter is not None else {}),
+            **({"tune_report": report} if (report := plane.tune_report.status()) is not None else {})}
 
 
 def _live(status: dict[str, Any]) -> dict[str, Any]:
@@ -99,7 +100,9 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
                if "memory_budget" in parts[0] else {}),
             # per worker: which resources it holds now, which of its instances wait (the host's units are shared)
             **({"rate_limiter": [{"worker": p["worker"], **p["rate_limiter"]} for p in parts]}
-               if "rate_limiter" in parts[0] else {})}
+               if "rate_limiter" in parts[0] else {}),
+            # every worker was told the same folder (host.broadcast); a worker started since was not
+            **next(({"tune_report": p["tune_report"]} for p in parts if "tune_report" in p), {})}
 
 
 def _sum_streams(parts: list[dict[str, int]]) -> dict[str, int]:

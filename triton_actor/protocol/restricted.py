@@ -22,6 +22,7 @@ HTTP_ENDPOINTS = {
     "model_config": "model-config",
     "repository_index": "model-repository", "repository_load": "model-repository",
     "repository_unload": "model-repository",
+    "tune_report_register": "model-repository",  # names a folder the server then serves (plane/tune_report.py)
     "model_stats": "statistics",
     "trace_settings": "trace",
     "logging_settings": "logging",
@@ -45,7 +46,8 @@ GRPC_METHODS = {
 
 # our own endpoints that show what restricted ones do: /status.json is statistics and the repository's
 # states and load errors, so it needs what each of those needs (the page itself is static)
-HTTP_ENDPOINTS_OF_SEVERAL = {"status_json": ("statistics", "model-repository")}
+HTTP_ENDPOINTS_OF_SEVERAL = {"status_json": ("statistics", "model-repository"),
+                             "tune_report_file": ("statistics", "model-repository")}  # the report: both, as the page
 
 
 def http_categories(endpoint: str) -> tuple[str, ...]:

@@ -1,13 +1,15 @@
 """``triton-actor tune``: find the configuration of one model that serves it best on this host.
 
-A sweep of candidate configurations (instances, ``max_batch_size``, dynamic batching, preferred batch sizes,
-queue delay), each loaded into a running server through the load API's ``config`` override (load-then-swap,
-no restart) and measured by a load generator in processes of its own. The pieces, top first:
+A sweep of candidate configurations (instances and their kind, ``max_batch_size``, dynamic batching,
+preferred batch sizes, queue delay; for an ensemble its composing models'), each loaded into a running
+server through the load API's ``config`` override (load-then-swap, no restart; only ``--workers`` restarts a
+server started here) and measured by a load generator in processes of its own. The pieces, top first:
 
 * ``command.py``: the command line, the run (server, search, report) and Ctrl-C;
 * ``target.py``: the server under test, started here in EXPLICIT mode or attached with ``--url``;
 * ``measure.py``: one point = load the candidate, run the load generator, read the server's statistics;
-* ``loadgen.py``: the load generator, ``python -m triton_actor.tune.loadgen`` (closed loop, tritonclient);
+* ``loadgen.py``: the load generator, ``python -m triton_actor.tune.loadgen`` (closed loop, or an open loop
+  of Poisson arrivals timed from the schedule; tritonclient);
 * ``search.py``: the search over candidates, pure (it is given a ``measure`` function);
 * ``points.py``: candidates, measured points, the objective and the Pareto front, pure values;
 * ``config_writer.py``: a candidate applied to a ``ModelConfig``, ``configs/tuned.pbtxt``;

@@ -1,7 +1,7 @@
 """A candidate applied to a ``ModelConfig``: the load API's override and ``configs/tuned.pbtxt``.
 
 Only the tuned fields change: the first instance group's ``count`` (other groups are dropped: the count
-is tuned for one kind of device), ``max_batch_size`` when the model takes a batch dimension, and
+is tuned for one kind of device) and its ``kind`` when the candidate sets one (a host with a GPU), ``max_batch_size`` when the model takes a batch dimension, and
 ``dynamic_batching`` (present or not; its ``preferred_batch_size`` and ``max_queue_delay_microseconds``,
 its other fields kept), and for a Python model the ``TRITON_ACTOR_ISOLATION`` parameter (in-process or a
 process per instance, docs/isolation.md) when the candidate sets it. ``configs/<name>.pbtxt`` beside ``config.pbtxt`` is what Triton's
@@ -22,15 +22,17 @@ TUNED_FIELDS = ("instance_group", "max_batch_size", "dynamic_batching")
 ISOLATION = "TRITON_ACTOR_ISOLATION"  # backends/python/isolated.py's parameter (a string here: tune is above it)
 
 
-def candidate_of(cfg: ModelConfig) -> Candidate:
-    """The tuned fields as a config sets them (one instance when it names no group, as Triton's default)."""
+def candidate_of(cfg: ModelConfig, model: str = "") -> Candidate:
+    """The tuned fields as a config sets them (one instance when it names no group, as Triton's default);
+    ``model`` names an ensemble's composing model the candidate is for."""
     instances = cfg.instance_group[0].count if cfg.instance_group and cfg.instance_group[0].count else 1
     dynamic = cfg.HasField("dynamic_batching")
     db = cfg.dynamic_batching
     return Candidate(instances=instances, max_batch_size=cfg.max_batch_size, dynamic_batching=dynamic,
                      preferred=tuple(db.preferred_batch_size) if dynamic else (),
                      queue_delay_us=db.max_queue_delay_microseconds if dynamic else 0,
-                     isolation=cfg.parameters[ISOLATION].string_value if ISOLATION in cfg.parameters else "")
+                     isolation=cfg.parameters[ISOLATION].string_value if ISOLATION in cfg.parameters else "",
+                     model=model)
 
 
 def apply(cfg: ModelConfig, candidate: Candidate) -> ModelConfig:
@@ -42,6 +44,11 @@ def apply(cfg: ModelConfig, candidate: Candidate) -> ModelConfig:
         out.instance_group[0].count = candidate.instances
     else:
         out.instance_group.add(count=candidate.instances)
+    if candidate.kind:
+        group = out.instance_group[0]
+        group.kind = model_config.mc.ModelInstanceGroup.Kind.Value(candidate.kind)
+        if candidate.kind != "KIND_GPU":
+            del group.gpus[:]  # a CPU group must name no GPU (Triton refuses it)
     if cfg.max_batch_size > 0:
         out.max_batch_size = candidate.max_batch_size
     if candidate.dynamic_batching:

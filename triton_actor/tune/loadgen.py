@@ -8,6 +8,16 @@ the last ``min_windows`` agree: the coefficient of variation of their throughput
 both under ``stability_pct`` (perf_analyzer's ``--stability-percentage``), or ``max_windows`` is reached
 (then ``stable`` is false). The figures are those of the last ``min_windows`` windows; its own CPU time
 over them is reported, since on a small host the load generator competes with the server.
+
+With ``request_rate`` it is an open loop instead (perf_analyzer's ``--request-rate-range`` with
+``--request-distribution poisson``): requests are sent at Poisson arrival times whether or not earlier
+ones were answered, and each latency is measured from the request's *scheduled* send time, not from
+when it got a connection or was written. A closed loop (or an open loop timed from the actual send)
+waits for the server before it sends the next request, so the waits a real client population would
+see in the queue never enter a figure (coordinated omission); from the schedule they do, and a server
+that cannot keep up shows latencies that grow window after window (never stable) and a throughput below
+the offered rate. At most ``MAX_OUTSTANDING`` requests are kept in flight; one that finds that many is
+counted failed (a backlog that large is minutes of latency at any rate we measure).
 """
 
 from __future__ import annotations
@@ -16,7 +26,7 @@ import json
 import resource
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -24,6 +34,16 @@ import numpy as np
 from ..protocol import dtypes
 
 Stop = Callable[[], None]
+MAX_OUTSTANDING = 4096  # the open loop's backlog bound: its greenlets or callbacks, a few KiB each
+OPEN_LOOP_CONNECTIONS = 64  # HTTP connections the open loop may use at once (a request beyond waits, timed)
+
+
+def arrivals(rate: float, rng: np.random.Generator, start: float = 0.0) -> Iterator[float]:
+    """Poisson arrivals at ``rate`` per second from ``start``: exponential gaps of mean ``1 / rate``."""
+    t = start
+    while True:
+        t += float(rng.exponential(1.0 / rate))
+        yield t
 
 
 def inputs_from_config(cfg_json: dict[str, Any]) -> list[dict[str, Any]]:
@@ -95,11 +115,9 @@ def _grpc(spec: dict[str, Any], latencies: list[float], errors: list[str]) -> tu
 
     def done(start: float, error: Any) -> None:  # runs in gRPC's callback thread
         state["in_flight"] -= 1
-        if error is None:
-            latencies.append(time.perf_counter() - start)
-        else:
-            errors.append(str(error))
-            time.sleep(0.01)
+        _record(latencies, errors, start, error)
+        if error is not None:
+            time.sleep(0.01)  # a model that refuses every request must not spin the loop
         if state["running"]:
             issue()
 
@@ -114,6 +132,106 @@ def _grpc(spec: dict[str, Any], latencies: list[float], errors: list[str]) -> tu
         client.close()
 
     return stop, time.sleep
+
+
+def _http_open(spec: dict[str, Any], latencies: list[float], errors: list[str]) -> tuple[Stop, Callable[[float], None]]:
+    import gevent
+    import gevent.pool
+    import tritonclient.http as client_module
+
+    client = client_module.InferenceServerClient(spec["url"], concurrency=OPEN_LOOP_CONNECTIONS, network_timeout=120)
+    inputs, outputs = _tensors(client_module, spec, binary=True)
+    pool, running = gevent.pool.Pool(), [True]
+
+    def one(scheduled: float) -> None:
+        try:
+            client.infer(spec["model"], inputs, outputs=outputs)
+            latencies.append(time.perf_counter() - scheduled)  # from the schedule: queueing is counted
+        except Exception as e:  # noqa: BLE001 - counted and reported: the point records it
+            errors.append(str(e))
+
+    def schedule() -> None:
+        for t in arrivals(spec["request_rate"], np.random.default_rng(spec.get("seed", 0)), time.perf_counter()):
+            delay = t - time.perf_counter()
+            if delay > 0:
+                gevent.sleep(delay)  # the next arrival; a late wake-up sends at once, still timed from t
+            if not running[0]:
+                return
+            if len(pool) >= MAX_OUTSTANDING:
+                errors.append(f"more than {MAX_OUTSTANDING} requests outstanding: the server cannot keep up")
+                continue
+            pool.spawn(one, t)
+
+    scheduler = gevent.spawn(schedule)
+
+    def stop() -> None:
+        running[0] = False
+        scheduler.join(timeout=10)
+        pool.kill(timeout=10)  # the backlog of an overloaded point is not waited for: it is measured already
+        client.close()
+
+    return stop, gevent.sleep
+
+
+def _grpc_open(spec: dict[str, Any], latencies: list[float], errors: list[str]) -> tuple[Stop, Callable[[float], None]]:
+    """gRPC's asyncio client on an event loop of its own thread: one scheduler coroutine and a task per
+    request. A thread sleeping to each arrival, sending with ``async_infer`` beside gRPC's callback
+    threads, fell behind its own schedule on the busy 2-core host (load average 12): 56.8/s served of
+    100/s offered, p99 589 ms; this way 94.9/s, p99 133 ms, as HTTP's greenlets (95.1/s), same seed."""
+    import asyncio
+    import threading
+
+    import tritonclient.grpc.aio as client_module
+
+    loop = asyncio.new_event_loop()
+    stopping = asyncio.Event()
+    ready = threading.Event()
+    outstanding: set[asyncio.Task[None]] = set()
+
+    async def one(client: Any, inputs: list[Any], outputs: list[Any], scheduled: float) -> None:
+        try:
+            await client.infer(spec["model"], inputs, outputs=outputs)
+            _record(latencies, errors, scheduled, None)  # from the schedule: queueing is counted
+        except Exception as e:  # noqa: BLE001 - counted and reported: the point records it
+            _record(latencies, errors, scheduled, e)
+
+    async def schedule() -> None:
+        client = client_module.InferenceServerClient(spec["url"])
+        inputs, outputs = _tensors(client_module, spec, binary=False)
+        ready.set()
+        for t in arrivals(spec["request_rate"], np.random.default_rng(spec.get("seed", 0)), time.perf_counter()):
+            try:
+                await asyncio.wait_for(stopping.wait(), max(0.0, t - time.perf_counter()))
+                break  # stopped
+            except asyncio.TimeoutError:
+                pass  # the next arrival; a late wake-up sends at once, still timed from t
+            if len(outstanding) >= MAX_OUTSTANDING:
+                errors.append(f"more than {MAX_OUTSTANDING} requests outstanding: the server cannot keep up")
+                continue
+            task = loop.create_task(one(client, inputs, outputs, t))
+            outstanding.add(task)
+            task.add_done_callback(outstanding.discard)
+        for task in list(outstanding):  # the backlog of an overloaded point is not waited for: it is measured already
+            task.cancel()
+        await asyncio.gather(*outstanding, return_exceptions=True)
+        await client.close()
+
+    runner = threading.Thread(target=loop.run_until_complete, args=(schedule(),), name="open-loop", daemon=True)
+    runner.start()
+    ready.wait(30)
+
+    def stop() -> None:
+        loop.call_soon_threadsafe(stopping.set)
+        runner.join(timeout=30)
+
+    return stop, time.sleep
+
+
+def _record(latencies: list[float], errors: list[str], since: float, error: Any) -> None:
+    if error is None:
+        latencies.append(time.perf_counter() - since)
+    else:
+        errors.append(str(error))
 
 
 def _tensors(module: Any, spec: dict[str, Any], *, binary: bool) -> tuple[list[Any], list[Any]]:
@@ -140,7 +258,9 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     """Warm up, then windows until stable; the result as a JSON-ready dict."""
     latencies: list[float] = []
     errors: list[str] = []
-    stop, sleep = (_grpc if spec.get("protocol") == "grpc" else _http)(spec, latencies, errors)
+    grpc, open_loop = spec.get("protocol") == "grpc", bool(spec.get("request_rate"))
+    start = {(False, False): _http, (True, False): _grpc, (False, True): _http_open, (True, True): _grpc_open}
+    stop, sleep = start[grpc, open_loop](spec, latencies, errors)
     k = spec.get("min_windows", 3)
     windows: list[tuple[float, list[float]]] = []
     stable = False
@@ -159,9 +279,10 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
                 stable = True
                 break
         cpu_pct = (_cpu() - cpu0) / (time.perf_counter() - wall0) * 100
+        measured = list(errors)  # the open loop's backlog, cut off by the stop, is no failure of the server
     finally:
         stop()
-    return _result(windows[-k:], len(windows), cpu_pct, errors, stable)
+    return _result(windows[-k:], len(windows), cpu_pct, measured, stable)
 
 
 def _result(last: list[tuple[float, list[float]]], count: int, cpu_pct: float, errors: list[str],

@@ -1,5 +1,11 @@
 """One point: load the candidate (when it is not the one loaded), run the load generator, read the server's
-statistics around it. The ``measure`` function the search is given.
+statistics around it. The ``measure`` function the search is given; its load level is a concurrency, or
+with ``open_loop`` an offered request rate.
+
+A candidate's ``model`` names the ensemble's composing model it is for: that model is loaded and its
+statistics read, while the load generator sends to the ensemble. A candidate whose ``workers`` differs
+from the server's restarts the server started here with that many (``Target.restart``) and loads the
+candidate on it.
 
 Runs in the tuner's main thread; the load generator is a child process (``loadgen.py``) it waits for. A
 candidate the server refuses to load is a failed point carrying the server's message (what was serving
@@ -39,35 +45,54 @@ class Timing:
 
 
 class Measurer:
-    """``measurer(candidate, concurrency) -> Point`` against ``target``; ``base`` is the served config
-    the candidates are applied to."""
+    """``measurer(candidate, level) -> Point`` against ``target``; ``base`` is the served config the
+    candidates are applied to (``bases``: an ensemble's composing models', by name)."""
 
-    def __init__(self, target: Target, base: config_writer.ModelConfig, base_json: dict[str, Any], timing: Timing) -> None:
-        self.target, self.base, self.timing = target, base, timing
-        self.loaded: Candidate | None = config_writer.candidate_of(base)
-        self._spec = {"url": target.url, "protocol": target.protocol, "model": target.model,
+    def __init__(self, target: Target, base: config_writer.ModelConfig, base_json: dict[str, Any], timing: Timing,
+                 *, open_loop: bool = False, bases: dict[str, config_writer.ModelConfig] | None = None) -> None:
+        self.target, self.timing, self.open_loop = target, timing, open_loop
+        self.bases = bases or {"": base}
+        self.shipped = {name: config_writer.candidate_of(cfg, name) for name, cfg in self.bases.items()}
+        self.loaded: dict[str, Candidate] = dict(self.shipped)
+        self._spec = {"protocol": target.protocol, "model": target.model,
                       "inputs": inputs_from_config(base_json), "outputs": [o["name"] for o in base_json.get("output", [])],
                       "warmup_s": timing.warmup_s, "window_s": timing.window_s, "min_windows": timing.min_windows,
                       "max_windows": timing.max_windows, "stability_pct": timing.stability_pct}
 
-    def __call__(self, candidate: Candidate, concurrency: int) -> Point:
-        if candidate != self.loaded:
+    def __call__(self, candidate: Candidate, level: int) -> Point:
+        if (candidate.workers or 1) != self.target.workers:
             try:
-                self.target.load(config_writer.override_json(config_writer.apply(self.base, candidate)))
+                self.target.restart(candidate.workers or 1)
             except TritonError as e:
-                return Point(candidate, concurrency, error=f"load failed: {e.message}")
-            self.loaded = candidate
-        before, cpu, wall = self.target.statistics(), self.target.cpu_seconds(), time.monotonic()
-        result = self._run_loadgen(concurrency)
-        after = self.target.statistics()
+                return self._failed(candidate, level, f"restart with --workers {candidate.workers or 1} failed: {e.message}")
+            self.loaded = dict(self.shipped)  # a fresh server serves the repository's configs
+        try:
+            self.ensure(candidate)
+        except TritonError as e:
+            return self._failed(candidate, level, f"load failed: {e.message}")
+        stats_of = candidate.model
+        before, cpu, wall = self.target.statistics(stats_of), self.target.cpu_seconds(), time.monotonic()
+        result = self._run_loadgen(level)
+        after = self.target.statistics(stats_of)
         if cpu is not None:  # over the whole run of the load generator, its warm-up included
             after["server_cpu_pct"] = ((self.target.cpu_seconds() or cpu) - cpu) / (time.monotonic() - wall) * 100
         if "error_text" in result:
-            return Point(candidate, concurrency, error=result["error_text"])
-        return _point(candidate, concurrency, result, before, after)
+            return self._failed(candidate, level, result["error_text"])
+        return _point(candidate, level, result, before, after, self.open_loop)
 
-    def _run_loadgen(self, concurrency: int) -> dict[str, Any]:
-        spec = json.dumps(dict(self._spec, concurrency=concurrency))
+    def ensure(self, candidate: Candidate) -> None:
+        """Load ``candidate`` unless it is what serves (an ensemble's pick, before the next model's search)."""
+        if candidate != self.loaded[candidate.model]:
+            self.target.load(config_writer.override_json(config_writer.apply(self.bases[candidate.model], candidate)),
+                             candidate.model)
+            self.loaded[candidate.model] = candidate
+
+    def _failed(self, candidate: Candidate, level: int, error: str) -> Point:
+        return Point(candidate, 0 if self.open_loop else level, error=error, request_rate=level if self.open_loop else 0.0)
+
+    def _run_loadgen(self, level: int) -> dict[str, Any]:
+        load = {"request_rate": level, "concurrency": 0} if self.open_loop else {"concurrency": level}
+        spec = json.dumps(dict(self._spec, url=self.target.url, **load))
         proc = subprocess.Popen([sys.executable, "-m", "triton_actor.tune.loadgen", spec],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
@@ -83,12 +108,12 @@ class Measurer:
         return json.loads(lines[-1])
 
 
-def _point(candidate: Candidate, concurrency: int, r: dict[str, Any], before: dict[str, float],
-           after: dict[str, float]) -> Point:
+def _point(candidate: Candidate, level: int, r: dict[str, Any], before: dict[str, float],
+           after: dict[str, float], open_loop: bool = False) -> Point:
     delta = {k: max(0.0, after[k] - before[k]) for k in before}
     queue_us = delta["queue_ns"] / delta["count"] / 1000 if delta["count"] else 0.0
     compute_us = delta["compute_ns"] / delta["executions"] / 1000 if delta["executions"] else 0.0
-    return Point(candidate, concurrency, throughput=r["throughput"], p50_ms=r["p50_ms"], p95_ms=r["p95_ms"],
+    return Point(candidate, 0 if open_loop else level, request_rate=level if open_loop else 0.0, throughput=r["throughput"], p50_ms=r["p50_ms"], p95_ms=r["p95_ms"],
                  p99_ms=r["p99_ms"], cv_pct=r["cv_pct"], stable=r["stable"], windows=r["windows"],
                  loadgen_cpu_pct=r["loadgen_cpu_pct"], server_cpu_pct=after.get("server_cpu_pct", 0.0), queue_us=queue_us, compute_us=compute_us,
                  errors=r["errors"], error=r["error"])

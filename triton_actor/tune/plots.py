@@ -49,7 +49,7 @@ def _scatter(plt: object, path: Path, good: list[Point], chosen: Point | None, b
             label="Pareto front")
     if chosen is not None:
         ax.scatter([chosen.p99_ms], [chosen.throughput], s=160, marker="*", color="#e67e22", zorder=5,
-                   label=f"pick: {chosen.candidate.label()}, c={chosen.concurrency}")
+                   label=f"pick: {chosen.candidate.label()}, {chosen.load_label()}")
     if budget_ms is not None:
         ax.axvline(budget_ms, color="#c0392b", ls="--", lw=1, label=f"budget {budget_ms:g} ms")
     ax.set_xlabel("p99 latency (ms)")

@@ -24,9 +24,16 @@ class Candidate:
     preferred: tuple[int, ...] = ()
     queue_delay_us: int = 0
     isolation: str = ""  # a Python model's TRITON_ACTOR_ISOLATION: "thread", "process", "" (the server's default)
+    workers: int = 0  # the server's --workers (a restart, not a config field); 0: as the server was started
+    kind: str = ""  # the instance group's kind, "KIND_CPU" or "KIND_GPU"; "": as the config has it
+    model: str = ""  # an ensemble's composing model these fields are for; "": the tuned model itself
 
     def label(self) -> str:
-        text = f"{self.instances} inst{' (process)' if self.isolation == 'process' else ''}, batch {self.max_batch_size}"
+        where = f"{self.model}: " if self.model else ""
+        kind = " GPU" if self.kind == "KIND_GPU" else ""
+        text = f"{where}{self.instances} inst{kind}{' (process)' if self.isolation == 'process' else ''}, batch {self.max_batch_size}"
+        if self.workers:
+            text = f"{self.workers} worker{'s' if self.workers > 1 else ''}, " + text
         if not self.dynamic_batching:
             return text + ", no dynamic batching"
         text += f", dynamic (delay {self.queue_delay_us} us"
@@ -38,7 +45,7 @@ class Point:
     """One measurement. ``error`` is set when the candidate failed to load or every request failed."""
 
     candidate: Candidate
-    concurrency: int
+    concurrency: int  # closed loop: requests in flight (0 in the open loop)
     throughput: float = 0.0  # inferences per second over the stable windows
     p50_ms: float = 0.0
     p95_ms: float = 0.0
@@ -52,10 +59,22 @@ class Point:
     compute_us: float = 0.0  # and compute (infer) time per execution
     errors: int = 0  # failed requests
     error: str = ""
+    request_rate: float = 0.0  # open loop: the offered rate, requests per second (0 in the closed loop)
 
     @property
     def ok(self) -> bool:
         return not self.error and self.throughput > 0
+
+    @property
+    def level(self) -> float:
+        """The load it was measured at: the offered rate in the open loop, else the concurrency."""
+        return self.request_rate or self.concurrency
+
+    def load_label(self) -> str:
+        return f"r={self.request_rate:g}/s" if self.request_rate else f"c={self.concurrency}"
+
+    def load_words(self) -> str:
+        return f"request rate {self.request_rate:g}/s" if self.request_rate else f"concurrency {self.concurrency}"
 
 
 def meets(point: Point, budget_ms: float | None) -> bool:

@@ -30,7 +30,7 @@ class Progress:
         filled = round(WIDTH * self.done / self.total)
         what = point.error[:60] if point.error else f"{point.throughput:.1f}/s p99 {point.p99_ms:.1f} ms"
         line = (f"[{'#' * filled}{'.' * (WIDTH - filled)}] {self.done}/{self.total} points, "
-                f"ETA {_clock(self.eta_s(time.monotonic()))} | {point.candidate.label()} c={point.concurrency}: {what}")
+                f"ETA {_clock(self.eta_s(time.monotonic()))} | {point.candidate.label()} {point.load_label()}: {what}")
         if self._live:
             self.stream.write("\r\x1b[K" + line)
         else:

@@ -14,10 +14,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import plots
-from .points import Point, meets, pick, rank_key
+from .points import Candidate, Point, meets, pick, rank_key
 
 CSV_FIELDS = ("index", "phase", "instances", "max_batch_size", "dynamic_batching", "preferred_batch_sizes",
-              "max_queue_delay_us", "isolation", "concurrency", "throughput", "p50_ms", "p95_ms", "p99_ms", "cv_pct", "stable",
+              "max_queue_delay_us", "isolation", "kind", "workers", "model", "concurrency", "request_rate", "throughput", "p50_ms", "p95_ms", "p99_ms", "cv_pct", "stable",
               "windows", "loadgen_cpu_pct", "server_cpu_pct", "server_queue_us", "server_compute_us", "failed_requests",
               "meets_budget", "error")
 
@@ -38,10 +38,17 @@ class Outcome:
     tuned_path: str = ""  # where configs/tuned.pbtxt was written; empty when it was not
     notes: list[str] = field(default_factory=list)
     confirm: list[Point] = field(default_factory=list)  # the shipped config and the pick again, back to back
+    # an ensemble: each composing model's pick (its search's best), and the last search's best point, which
+    # was measured with every earlier pick loaded (a point of an earlier search had the later models shipped)
+    ensemble: dict[str, Candidate] = field(default_factory=dict)
+    ensemble_best: tuple[Point | None, bool] | None = None
+    tuned_texts: dict[str, str] = field(default_factory=dict)  # an ensemble's: composing model -> its tuned.pbtxt
 
     @property
     def searched(self) -> tuple[Point | None, bool]:
         """The search's best point (within the budget, and True; or the closest, and False)."""
+        if self.ensemble_best is not None:
+            return self.ensemble_best
         return pick(self.points, self.objective, self.budget_ms)
 
     @property
@@ -80,17 +87,23 @@ class Outcome:
         budget = f"the p99 budget of {self.budget_ms:g} ms" if self.budget_ms is not None else "no latency budget"
         if self.refuted():
             lost = self.searched[0]
-            return (f"keeping the shipped config: the search's best, {lost.candidate.label()} at concurrency "  # type: ignore[union-attr]
-                    f"{lost.concurrency}, measured again back to back gave {self.gain():.2f}x its {self._measure_name()}")  # type: ignore[union-attr]
+            return (f"keeping the shipped config: the search's best, {lost.candidate.label()} at "  # type: ignore[union-attr]
+                    f"{lost.load_words()}, measured again back to back gave {self.gain():.2f}x its {self._measure_name()}")  # type: ignore[union-attr]
         if not met:
-            return (f"no configuration meets {budget}; the closest: {chosen.candidate.label()} at concurrency "
-                    f"{chosen.concurrency}, p99 {chosen.p99_ms:.2f} ms")
+            return (f"no configuration meets {budget}; the closest: {chosen.candidate.label()} at "
+                    f"{chosen.load_words()}, p99 {chosen.p99_ms:.2f} ms")
         gain = self.gain()
         again = ", measured again back to back" if self._pairs() else ""
         factor = f" ({gain:.2f}x the shipped config's {self._measure_name()}{again})" if gain else ""
         unsteady = "" if chosen.stable else f" (never stable: cv {chosen.cv_pct:.0f} %)"
-        return (f"pick: {chosen.candidate.label()} at concurrency {chosen.concurrency}: {chosen.throughput:.1f} "
+        return (f"pick: {self._label(chosen)} at {chosen.load_words()}: {chosen.throughput:.1f} "
                 f"infer/s, p99 {chosen.p99_ms:.2f} ms{unsteady}, within {budget}{factor}")
+
+    def _label(self, chosen: Point) -> str:
+        """The pick's configuration; for an ensemble, every composing model's pick."""
+        if not self.ensemble:
+            return chosen.candidate.label()
+        return "; ".join(c.label() for c in self.ensemble.values())
 
     def _measure_name(self) -> str:
         return "p99" if self.objective == "latency" else "throughput"
@@ -103,7 +116,8 @@ def csv_rows(outcome: Outcome) -> list[dict[str, object]]:
         c = p.candidate
         rows.append({"index": i, "phase": phase, "instances": c.instances, "max_batch_size": c.max_batch_size,
                      "dynamic_batching": int(c.dynamic_batching), "preferred_batch_sizes": " ".join(map(str, c.preferred)),
-                     "max_queue_delay_us": c.queue_delay_us, "isolation": c.isolation, "concurrency": p.concurrency,
+                     "max_queue_delay_us": c.queue_delay_us, "isolation": c.isolation, "kind": c.kind, "workers": c.workers, "model": c.model,
+                     "concurrency": p.concurrency, "request_rate": p.request_rate,
                      "throughput": round(p.throughput, 3), "p50_ms": round(p.p50_ms, 3), "p95_ms": round(p.p95_ms, 3),
                      "p99_ms": round(p.p99_ms, 3), "cv_pct": round(p.cv_pct, 2), "stable": int(p.stable),
                      "windows": p.windows, "loadgen_cpu_pct": round(p.loadgen_cpu_pct, 1), "server_cpu_pct": round(p.server_cpu_pct, 1),
@@ -120,12 +134,13 @@ def table(outcome: Outcome, limit: int = 12) -> str:
     best = {c: chosen for c, ps in by_candidate.items() if (chosen := pick(ps, outcome.objective, outcome.budget_ms)[0])}
     chosen, _ = outcome.chosen
     ranked = sorted(best.values(), key=lambda p: (meets(p, outcome.budget_ms), rank_key(p, outcome.objective)), reverse=True)
-    head = f"{'':2} {'configuration':66} {'conc':>4} {'infer/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'cv %':>5} {'srv cpu%':>8} {'lg cpu%':>7}"
+    column = "req/s" if any(p.request_rate for p in outcome.points) else "conc"
+    head = f"{'':2} {'configuration':66} {column:>5} {'infer/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'cv %':>5} {'srv cpu%':>8} {'lg cpu%':>7}"
     lines = [head, "-" * len(head)]
     for p in ranked[:limit]:
         mark = "*" if p is chosen else ("b" if outcome.baseline is not None and p.candidate == outcome.baseline.candidate else "")
         flag = "" if meets(p, outcome.budget_ms) else " over budget"
-        lines.append(f"{mark:2} {p.candidate.label():66} {p.concurrency:>4} {p.throughput:>9.1f} {p.p50_ms:>8.2f} "
+        lines.append(f"{mark:2} {p.candidate.label():66} {p.level:>5g} {p.throughput:>9.1f} {p.p50_ms:>8.2f} "
                      f"{p.p99_ms:>8.2f} {p.cv_pct:>5.1f} {p.server_cpu_pct:>8.0f} {p.loadgen_cpu_pct:>7.0f}{flag}")
     failed = [p for p in outcome.points if p.error]
     if len(ranked) > limit:
@@ -133,7 +148,7 @@ def table(outcome: Outcome, limit: int = 12) -> str:
     if failed:
         lines.append(f"   {len(failed)} failed point(s), e.g. {failed[0].candidate.label()}: {failed[0].error[:120]}")
     for shipped, again in zip(outcome.confirm[0::2], outcome.confirm[1::2], strict=False):
-        lines.append(f"   again, back to back at concurrency {shipped.concurrency}: the shipped config "
+        lines.append(f"   again, back to back at {shipped.load_words()}: the shipped config "
                      f"{shipped.throughput:.1f}/s p99 {shipped.p99_ms:.2f} ms, the search's best {again.throughput:.1f}/s "
                      f"p99 {again.p99_ms:.2f} ms")
     if outcome.interrupted:
@@ -151,6 +166,8 @@ def write(out_dir: Path, outcome: Outcome) -> Path:
         writer.writerows(csv_rows(outcome))
     if outcome.tuned_text:
         (out_dir / "tuned.pbtxt").write_text(outcome.tuned_text, encoding="utf-8")
+    for model, text in outcome.tuned_texts.items():
+        (out_dir / f"tuned-{model}.pbtxt").write_text(text, encoding="utf-8")
     chosen, met = outcome.chosen
     images = plots.draw(out_dir, outcome.points, chosen, outcome.budget_ms)
     if not images and not plots.available():
@@ -160,7 +177,8 @@ def write(out_dir: Path, outcome: Outcome) -> Path:
                "elapsed_s": round(outcome.elapsed_s, 1), "interrupted": outcome.interrupted,
                "exhausted": outcome.exhausted, "noise_cv_pct": _noise(outcome.points), "tuned_path": outcome.tuned_path,
                "pick": asdict(chosen) if chosen else None, "kept_shipped": outcome.refuted(),
-               "search_best": asdict(outcome.searched[0]) if outcome.searched[0] else None, "notes": outcome.notes}
+               "search_best": asdict(outcome.searched[0]) if outcome.searched[0] else None, "notes": outcome.notes,
+               "ensemble": {name: asdict(c) for name, c in outcome.ensemble.items()}}
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
     path = out_dir / "index.html"
     path.write_text(_html(outcome, images, summary), encoding="utf-8")
@@ -186,6 +204,7 @@ def _html(outcome: Outcome, images: list[str], summary: dict[str, object]) -> st
     facts += outcome.notes
     pictures = "".join(f'<p><img src="{esc(name)}" alt="{esc(name)}"></p>' for name in images)
     tuned = f"<h2>tuned.pbtxt</h2><pre>{esc(outcome.tuned_text)}</pre>" if outcome.tuned_text else ""
+    tuned += "".join(f"<h2>{esc(model)}: tuned.pbtxt</h2><pre>{esc(text)}</pre>" for model, text in outcome.tuned_texts.items())
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>tune {esc(outcome.model)}</title>"
             "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:12px}"
             "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}</style></head><body>"

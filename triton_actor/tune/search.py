@@ -1,6 +1,6 @@
 """The search: coordinate climbs from the model's own config, stopped where a direction stops helping.
 
-Pure: it is given ``measure(candidate, concurrency) -> Point`` and a clock check, so the unit tests run it
+Pure: it is given ``measure(candidate, level) -> Point`` and a clock check, so the unit tests run it
 on a simulated model. Model Analyzer's quick mode is the bar: it hill-climbs instance count and batch size
 from a start point; we climb one field at a time, in the order that usually matters most on a CPU host,
 and let the server's own statistics prune and seed the climbs:
@@ -14,11 +14,16 @@ and let the server's own statistics prune and seed the climbs:
    times it: waiting longer than a batch takes to run rarely pays), preferred batch sizes;
 4. instance count again around the new best (batching moves where the instances stop helping).
 
-Between 2 and 3, a Python model tries its other execution (in-process / a process per instance), and
-climbs the instance count again when that won.
+Between 2 and 3, a Python model tries its other execution (in-process / a process per instance), a host
+with a GPU the other instance kind (KIND_CPU / KIND_GPU), and a server started by the tuner more worker
+processes (``--workers``: the one field that costs a restart); the instance count climbs again after any
+of them won.
 
-Each candidate is measured at the given concurrencies in ascending order, stopping at the first that
-breaks the latency budget (more clients only add latency) or when two in a row gain less than
+The load levels are client concurrencies (closed loop) or offered request rates (open loop): the search
+only orders them; ``measure`` knows which they are.
+
+Each candidate is measured at the given load levels in ascending order, stopping at the first that
+breaks the latency budget (more load only adds latency) or when two in a row gain less than
 ``min_gain`` throughput (saturated). A climb ends after ``PATIENCE`` + 1 steps in a row that gain less than ``min_gain``, and at
 once at a candidate that fails to load (it scores nothing). The search ends
 early when the point budget or the time is spent; the points measured so far stay in ``points``.
@@ -50,17 +55,19 @@ class Space:
     queue_delays_us: tuple[int, ...] | None = None  # None: derived from the measured compute time
     preferred: bool = True
     isolation: tuple[str, ...] = ()  # a Python model's modes to try ("thread", "process"); () leaves it
+    kinds: tuple[str, ...] = ()  # instance kinds other than the config's to try ("KIND_GPU"...); () leaves it
+    workers: tuple[int, ...] = ()  # --workers values to try (each a server restart); () leaves it
 
 
 def default_space(origin: Candidate, cores: int) -> Space:
     """Instances 1..2 x cores by doubling (and the shipped count); batch sizes 1..128 by doubling (and the
     shipped one) when the model takes a batch dimension."""
-    instances = _doubling(1, max(2 * cores, 1)) | {origin.instances}
-    batches = _doubling(1, 128) | {origin.max_batch_size} if origin.max_batch_size > 0 else set()
+    instances = doubling(1, max(2 * cores, 1)) | {origin.instances}
+    batches = doubling(1, 128) | {origin.max_batch_size} if origin.max_batch_size > 0 else set()
     return Space(tuple(sorted(instances)), tuple(sorted(batches)))
 
 
-def _doubling(low: int, high: int) -> set[int]:
+def doubling(low: int, high: int) -> set[int]:
     out, v = {high}, low
     while v < high:
         out.add(v)
@@ -71,11 +78,11 @@ def _doubling(low: int, high: int) -> set[int]:
 class Search:
     """One run. ``measure`` runs in the caller's thread; ``on_point`` is told of every point."""
 
-    def __init__(self, origin: Candidate, space: Space, concurrencies: Sequence[int],
+    def __init__(self, origin: Candidate, space: Space, levels: Sequence[int],
                  measure: Callable[[Candidate, int], Point], *, objective: str = "throughput",
                  budget_ms: float | None = None, max_points: int = 200, out_of_time: Callable[[], bool] = lambda: False,
                  min_gain: float = 0.05, on_point: Callable[[Point], None] = lambda p: None) -> None:
-        self.origin, self.space, self.concurrencies = origin, space, sorted(set(concurrencies))
+        self.origin, self.space, self.levels = origin, space, sorted(set(levels))
         self.measure, self._on_point, self._out_of_time = measure, on_point, out_of_time
         self.objective, self.budget_ms, self.max_points, self.min_gain = objective, budget_ms, max_points, min_gain
         self.points: list[Point] = []
@@ -86,16 +93,18 @@ class Search:
     def plan_size(self) -> int:
         """An upper bound of the points this search measures (for the progress bar's ETA)."""
         batching = len(self.space.batch_sizes) + 1 + 4 + 2 if self.space.batch_sizes else 0
-        rounds = 2 + bool(self.space.isolation)  # instance climbs
-        steps = 1 + rounds * len(self.space.instances) + len(self.space.isolation) + batching
-        return min(self.max_points, len(self.concurrencies) * steps)
+        rounds = 2 + bool(self.space.isolation) + bool(self.space.kinds) + bool(self.space.workers)  # instance climbs
+        others = len(self.space.isolation) + len(self.space.kinds) + len(self.space.workers)
+        steps = 1 + rounds * len(self.space.instances) + others + batching
+        return min(self.max_points, len(self.levels) * steps)
 
     def run(self) -> None:
         try:
             self._evaluate(self.origin)
             self._instances()
-            if self._isolation():
-                self._instances()
+            for other in (self._isolation, self._kind, self._workers):
+                if other():
+                    self._instances()
             if self.space.batch_sizes and self.origin.max_batch_size > 0:
                 self._batching()
                 self._instances()
@@ -118,6 +127,20 @@ class Search:
         for mode in [m for m in self.space.isolation if m != current]:
             won = self._try(replace(self.best, isolation=mode)) or won
         return won
+
+    def _kind(self) -> bool:
+        """The instance kinds the config does not have (``kinds`` leaves out its own; empty where the host
+        has no GPU: ``command.instance_kinds``); whether one won."""
+        won = False
+        for kind in [k for k in self.space.kinds if k != self.best.kind]:
+            won = self._try(replace(self.best, kind=kind)) or won
+        return won
+
+    def _workers(self) -> bool:
+        """More worker processes, up by doubling (each a restart of the server: the load API cannot change
+        them); whether any won. An unset count is the server's own, one."""
+        n = self.best.workers or 1
+        return self._climb(lambda v: replace(self.best, workers=v), [v for v in self.space.workers if v > n])
 
     def _batching(self) -> None:
         for dynamic in self.space.dynamic:
@@ -159,7 +182,7 @@ class Search:
         mine = [p for p in self.points if p.candidate == self.best and p.ok]
         if not mine or max(p.compute_us for p in mine) <= 0:
             return True  # no statistics (an attached server without them): climb anyway
-        busiest = max(mine, key=lambda p: p.concurrency)
+        busiest = max(mine, key=lambda p: p.level)
         return busiest.queue_us >= QUEUEING_SHARE * busiest.compute_us or not meets(busiest, self.budget_ms)
 
     def _climb(self, make: Callable[[int], Candidate], values: Sequence[int]) -> bool:
@@ -190,11 +213,11 @@ class Search:
         if candidate in self.scores:
             return self.scores[candidate]
         mine: list[Point] = []
-        for concurrency in self.concurrencies:
+        for level in self.levels:
             if len(self.points) >= self.max_points or self._out_of_time():
                 self.scores[candidate] = pick(mine, self.objective, self.budget_ms)
                 raise OutOfBudget
-            point = self.measure(candidate, concurrency)
+            point = self.measure(candidate, level)
             self.points.append(point)
             mine.append(point)
             self._on_point(point)

@@ -1,13 +1,19 @@
-"""The load generator's inputs (``triton_actor/tune/loadgen.py``) and the command line's parsing
-(``tune/command.py``, ``cli.py``'s dispatch); the measuring itself runs in the integration test."""
+"""The load generator's inputs and open-loop schedule (``triton_actor/tune/loadgen.py``), the command line's
+parsing (``tune/command.py``, ``cli.py``'s dispatch) and its choice of axes (workers, instance kind); the
+measuring itself runs in the integration test."""
 
 from __future__ import annotations
+
+import itertools
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from triton_actor import cli
-from triton_actor.tune import command, loadgen
+from triton_actor.backends import devices
+from triton_actor.tune import command, loadgen, search
 from triton_actor.tune.points import Candidate
 
 
@@ -51,3 +57,42 @@ def test_tune_is_a_subcommand_and_bad_usage_exits_2(capsys: pytest.CaptureFixtur
     with pytest.raises(SystemExit) as e:
         cli.main(["tune", "--model", "m", "--url", "x:1", "--concurrency", "a"])
     assert e.value.code == 2
+
+
+def test_open_loop_arrivals_are_poisson_at_the_rate() -> None:
+    """Exponential gaps: mean 1/rate, coefficient of variation 1 (a fixed-interval sender would show 0),
+    the same schedule for the same seed."""
+    times = list(itertools.islice(loadgen.arrivals(200.0, np.random.default_rng(7), start=10.0), 20000))
+    gaps = np.diff([10.0, *times])
+    assert times[0] > 10.0 and all(b > a for a, b in itertools.pairwise(times))
+    assert abs(gaps.mean() * 200.0 - 1) < 0.03 and abs(gaps.std() / gaps.mean() - 1) < 0.05
+    again = list(itertools.islice(loadgen.arrivals(200.0, np.random.default_rng(7), start=10.0), 5))
+    assert again == times[:5]
+
+
+def test_workers_are_tried_only_on_a_server_started_here() -> None:
+    args = command.parser().parse_args(["--model", "m", "--model-repository", "r"])
+    assert command.space_from(args, Candidate(1, 0, False), workers=False).workers == ()
+    assert command.space_from(args, Candidate(1, 0, False), workers=True).workers == tuple(
+        n for n in sorted(search.doubling(1, os.cpu_count() or 1)) if n > 1)
+    listed = command.parser().parse_args(["--model", "m", "--model-repository", "r", "--workers", "1,2,3"])
+    assert command.space_from(listed, Candidate(1, 0, False), workers=True).workers == (2, 3)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["tune", "--model", "m", "--url", "x:1", "--workers", "2"])  # a restart needs our own server
+    assert e.value.code == 2
+
+
+def test_instance_kind_is_tuned_only_where_a_gpu_is_visible(tmp_path: Path) -> None:
+    """The decision from a fake device list (the driver's /proc/driver/nvidia/gpus folders)."""
+    proc = tmp_path / "gpus"
+    proc.mkdir()
+    assert command.instance_kinds("KIND_CPU", devices.gpu_count({}, proc), local=True) == (
+        (), "instance kind: not tuned, no GPU on this host (no /proc/driver/nvidia/gpus entry visible)")
+    for bus in ("0000:01:00.0", "0000:02:00.0"):
+        (proc / bus).mkdir()
+    kinds, why = command.instance_kinds("KIND_CPU", devices.gpu_count({}, proc), local=True)
+    assert kinds == ("KIND_GPU",) and "2 GPU(s)" in why
+    assert command.instance_kinds("KIND_GPU", devices.gpu_count({}, proc), local=True)[0] == ("KIND_CPU",)
+    hidden = devices.gpu_count({"CUDA_VISIBLE_DEVICES": "-1"}, proc)
+    assert command.instance_kinds("KIND_CPU", hidden, local=True)[0] == ()
+    assert command.instance_kinds("KIND_CPU", 2, local=False)[0] == ()  # another host's devices: unknown here

@@ -134,3 +134,51 @@ def test_one_dip_in_throughput_does_not_end_the_concurrency_sweep() -> None:
     flat = Search(ORIGIN, Space(instances=(1,)), (1, 4, 16, 64, 256), measure, max_points=10)
     flat.run()
     assert [p.concurrency for p in flat.points] == [1, 4, 16]  # two steps without a gain
+
+
+def _workers_and_kind(c: Candidate, clients: int) -> Point:
+    """One worker serves 500/s whatever its instances (the interpreter lock); each more worker adds as
+    much, up to the 4 cores; a GPU instance runs twice as fast. Instances help only beyond one worker."""
+    workers = c.workers or 1
+    rate = 500.0 * min(workers, CORES) * (2 if c.kind == "KIND_GPU" else 1) * min(c.instances, workers) ** 0.5
+    rate = min(rate, clients * 1000.0)
+    latency_ms = clients / rate * 1000
+    return Point(c, clients, throughput=rate, p50_ms=latency_ms, p95_ms=latency_ms, p99_ms=latency_ms, stable=True,
+                 queue_us=latency_ms * 500, compute_us=latency_ms * 500)
+
+
+def test_more_workers_are_tried_by_doubling_and_the_instances_climb_again() -> None:
+    space = Space(instances=(1, 2, 4), workers=(2, 4))
+    search = Search(Candidate(1, 0, False), space, (4, 16), _workers_and_kind, max_points=60)
+    search.run()
+    assert search.best.workers == 4 and search.best.instances == 4
+    tried = [p.candidate.workers for p in search.points]
+    assert tried.index(4) > tried.index(2)  # 2 before 4: each a restart, so never more than the climb needs
+    none = Search(Candidate(1, 0, False), Space(instances=(1, 2, 4)), (4, 16), _workers_and_kind, max_points=60)
+    none.run()  # attached (--url) or an ensemble: the server is never restarted
+    assert {p.candidate.workers for p in none.points} == {0}
+
+
+def test_the_other_instance_kind_is_tried_only_where_the_space_names_it() -> None:
+    gpu = Search(Candidate(1, 0, False), Space(instances=(1,), kinds=("KIND_GPU",)), (4,), _workers_and_kind)
+    gpu.run()
+    assert gpu.best.kind == "KIND_GPU"
+    cpu_only = Search(Candidate(1, 0, False), Space(instances=(1,)), (4,), _workers_and_kind)
+    cpu_only.run()
+    assert {p.candidate.kind for p in cpu_only.points} == {""}
+
+
+def test_request_rates_are_load_levels_as_concurrencies_are() -> None:
+    """Open loop: the search sweeps rates in ascending order and stops at the first over the budget."""
+    def measure(c: Candidate, rate: int) -> Point:
+        served = min(rate, 300.0 * c.instances)
+        p99 = 5.0 if rate <= served else 500.0  # past saturation the backlog grows: latency explodes
+        return Point(c, 0, request_rate=rate, throughput=served, p50_ms=p99, p95_ms=p99, p99_ms=p99, stable=True)
+
+    search = Search(Candidate(1, 0, False), Space(instances=(1, 2, 4)), (100, 200, 400, 800), measure,
+                    budget_ms=50.0, max_points=40)
+    search.run()
+    first = [p.request_rate for p in search.points if p.candidate.instances == 1]
+    assert first == [100, 200, 400]  # 400/s broke the budget: 800/s is not measured
+    best, met = pick(search.points, "throughput", 50.0)
+    assert met and best is not None and best.request_rate == 800 and best.candidate.instances >= 4
