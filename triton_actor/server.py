@@ -137,7 +137,8 @@ class Server:
             self.plane.on_demand = OnDemand(self.repository.repositories, self.plane.load_on_demand)
         self.plane.rate_limiter = load.rate_limiter
         if settings.model_memory_budget:  # loads make room first (plane/memory_budget.py)
-            self.plane.budget = MemoryBudget(settings.model_memory_budget, self.repository, self.host)
+            self.plane.budget = MemoryBudget(settings.model_memory_budget, self.repository, self.host,
+                                             unload_wait_s=settings.exit_timeout_secs)
         self.server_calls = ServerCalls(self.plane, self.model_hooks)  # BLS and model control from Python models
         self.host.register("status", lambda args: live_status.local_status(self.plane, args))  # the status page
         self.host.register("tune.report", lambda args: self.plane.tune_report.set(args["path"]))  # its report link

@@ -315,7 +315,9 @@ class TritonPythonModel:
 """
 
 # Y = X * X; OVERLAP = 1 when another instance was busy at the same time (watched for 0.2 s);
-# AHEAD = how many responses the producer had sent beyond this one when it arrived
+# AHEAD = how many responses the producer had sent beyond this one when it arrived. The step for X = 0 first
+# waits until the producer finished (or 2 s): a producer the server does not hold back is then 9 ahead
+# whatever the machine's load (comparing a free producer's speed with the step's made the test flaky)
 SLOW_SQUARE_PY = """
 import json, os, time, uuid
 import numpy as np
@@ -328,10 +330,14 @@ class TritonPythonModel:
         self.sent = os.path.join(params["progress"]["string_value"], "sent")
 
     def execute(self, requests):
-        with open(self.sent) as f:
-            sent = float(f.read())
         mine = os.path.join(self.dir, uuid.uuid4().hex)
         open(mine, "w").close()
+        x0 = float(pb_utils.get_input_tensor_by_name(requests[0], "X").as_numpy()[0])
+        deadline = time.time() + 2
+        while x0 == 0 and not os.path.exists(self.sent + ".done") and time.time() < deadline:
+            time.sleep(0.01)  # the first step waits for the producer (2 s at most: it may be held back)
+        with open(self.sent) as f:
+            sent = float(f.read())
         overlap = 0.0
         deadline = time.time() + 0.2
         while time.time() < deadline and not overlap:

@@ -184,3 +184,23 @@ def test_a_burst_for_many_cold_models_is_answered_in_full_and_the_budget_holds(t
     assert len(used) == len(names) and all(u <= limit for u, limit in used), used
     budget = live_status(server.url)["memory_budget"]
     assert budget["evictions"] >= len(names) - 8 and budget["used"] <= budget["limit"]
+
+
+def test_an_eviction_whose_finalize_hangs_fails_the_load_and_frees_the_lock(tmp_path: Path, start_server) -> None:
+    """The victim's finalize waits on a gate: the load that evicts it fails once --exit-timeout-secs pass
+    (before the fix it waited forever and so did every later load); the victim keeps its bytes meanwhile."""
+    gate = tmp_path / "gate"
+    _sized(tmp_path, "hangs", 40, gate=str(gate))
+    _sized(tmp_path, "b", 40)
+    _sized(tmp_path, "c", 10)
+    server = start_server(tmp_path, flags=_flags(70, "--exit-timeout-secs=2"))
+    client = httpclient.InferenceServerClient(server.url, network_timeout=120)
+    assert _infer(client, "hangs") == [1.0, 1.0]
+    with pytest.raises(InferenceServerException, match="evicting 'hangs' did not finish within 2 s"):
+        _infer(client, "b")
+    assert Path(str(gate) + ".finalizing").exists()
+    assert server.stderr.wait(lambda: "memory budget: 'hangs' did not finish unloading" in server.log(), 30), \
+        server.log()  # the server's stderr reaches the test on a reader of its own
+    gate.touch()  # the finalize ends: the model is gone and its bytes with it
+    assert _infer(client, "b") == [1.0, 1.0]
+    assert _infer(client, "c") == [1.0, 1.0]

@@ -64,7 +64,7 @@ def register_handlers(host: Host, repository: RepositoryActor, shm: SharedMemory
                                                               a.get("demand", False)).get())
     host.register("model.unload", lambda a: repository.ref.unload(a["name"], a["unload_dependents"], a.get("wait", False),
                                                                   a.get("demand", False))
-                  .get(timeout=None if a.get("wait") else 60))
+                  .get(timeout=a.get("wait_s") if a.get("wait") else 60))
     host.register("model.ready", model_ready)
     # a model this process has a handle for, in any state: an unload of any other name changes nothing
     # (the workers' journal keeps no entry for it)

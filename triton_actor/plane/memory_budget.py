@@ -99,8 +99,11 @@ class MemoryBudget:
 
     def __init__(self, limit: int, repository: RepositoryActor, host: Host,
                  measure: Callable[[], int] = lambda: tree_bytes(unique=True),
-                 release: Callable[[], None] = release_free_memory) -> None:
+                 release: Callable[[], None] = release_free_memory, unload_wait_s: float = 30.0) -> None:
         self.limit = limit
+        # an eviction waits this long for its victim's requests and finalize (the server's
+        # --exit-timeout-secs, its one bound on in-flight work): a hung finalize must not hold every later load
+        self.unload_wait_s = unload_wait_s
         self.slack = FIRST_LOAD_SLACK
         self._repository = repository
         self._host = host
@@ -244,8 +247,16 @@ class MemoryBudget:
         log.info("memory budget: evicting '%s' (%d bytes, least recently used%s) to load '%s'",
                  victim, held, ", waiting for its requests" if victim in view.busy else ", idle", loading)
         started = time.monotonic()
-        self._host.broadcast("model.unload", {"name": victim, "unload_dependents": True, "wait": True,
-                                               "demand": True})
+        try:
+            self._host.broadcast("model.unload", {"name": victim, "unload_dependents": True, "wait": True,
+                                                   "demand": True, "wait_s": self.unload_wait_s})
+        except (gevent.Timeout, TritonError) as e:
+            # the victim keeps its bytes (it is still going away): the load fails, later loads are not held
+            log.error("memory budget: '%s' did not finish unloading within %.0f s (%s); refusing '%s'",
+                      victim, self.unload_wait_s, e, loading)
+            raise TritonError.unavailable(
+                f"failed to load '{loading}': evicting '{victim}' did not finish within {self.unload_wait_s:.0f} s "
+                "(its requests or its finalize are still running); it keeps its memory until it is gone") from None
         view.resident.pop(victim, None)
         self.forget_unloaded()  # the other workers drop their share when next asked (state, status, metrics)
         self.evictions += 1

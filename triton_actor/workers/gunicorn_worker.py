@@ -50,7 +50,28 @@ class TritonWorker(Worker):
         # gunicorn's listeners, re-wrapped as cooperative sockets (as gunicorn's own gevent worker does)
         self.sockets = [gevent.socket.socket(s.FAMILY, gevent.socket.SOCK_STREAM, fileno=s.sock.detach())
                         for s in self.sockets]
-        super().init_process()
+        try:
+            super().init_process()  # serves until the worker drained and its server stopped
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else int(e.code is not None)
+        self._exit(code)
+
+    def _exit(self, code: int) -> None:
+        """End the worker without the C-level teardown of an interpreter exit. The arbiter imported the
+        runtimes before it forked (``arbiter.preload``), and importing onnxruntime starts a native thread:
+        this process inherited that thread's C++ object but not the thread, so the library's static
+        destructors join a thread that does not exist (``std::system_error: Invalid argument``, then
+        SIGABRT; SIGSEGV in some runs). The server already stopped and released everything it holds,
+        so what is left is to flush the logs, as a forked child of ``multiprocessing`` ends."""
+        log.info("Worker exiting (pid: %s)", self.pid)  # gunicorn's own line, whose ``finally`` is skipped
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass  # a closed or broken stream: nothing more can reach it
+        os._exit(code)
 
     def load_wsgi(self) -> None:
         self.wsgi = unused_app
