@@ -158,6 +158,14 @@ def test_config_and_file_overrides(tmp_path: Path, start_server) -> None:
     assert sorted(p.name for p in model_dir.rglob("*")) == before  # the repository is untouched
     client.load_model("m")  # without overrides: back to the repository's files
     assert ask(client, "m") == 101
+    # gRPC's RepositoryModelLoad hands the data plane its own parameters too (the text popped, then
+    # parsed from its one-shot holder: issue 23)
+    import tritonclient.grpc as grpcclient
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    grpc.load_model("m", config=config.replace('"override"', '"over gRPC"'))
+    assert client.get_model_config("m")["parameters"]["note"]["string_value"] == "over gRPC"
+    client.load_model("m")
+    assert ask(client, "m") == 101
     # past 64 KiB, the config is parsed and the files written on a native thread (actors/repository/actor.py)
     big = json.loads(config)
     big["parameters"].update({f"p{i}": {"string_value": "x" * 64} for i in range(2000)})

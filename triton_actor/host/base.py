@@ -41,6 +41,9 @@ class Host(Protocol):
     """The seam between per-process state and what a client sees host-wide."""
 
     worker_id: int
+    # the changes it keeps (--workers: the journal, for the workers started later): a load's config text
+    # must outlive its parse there; in one process the text is dropped once parsed (issue 23)
+    journals: bool
 
     def register(self, kind: str, handler: Handler) -> None: ...
 
@@ -57,6 +60,7 @@ class LocalHost:
     """One process, no workers: ``gather`` and ``broadcast`` answer with this process's handler alone."""
 
     worker_id = 0
+    journals = False
 
     def __init__(self) -> None:
         self.handlers: dict[str, Handler] = {}

@@ -25,7 +25,7 @@ from ..inference import InferRequest, InferResponse
 from ..observability.log_trace_settings import RuntimeSettings
 from ..protocol import payloads
 from ..repository import config as config_mod
-from ..repository.overrides import FILE_PREFIX, check_config_size
+from ..repository.overrides import FILE_PREFIX, ConfigText, check_config_size
 from ..runtime.fastpath import BoundedCache
 from ..runtime.kernel import Reply
 from ..runtime.response_channel import (
@@ -320,14 +320,18 @@ class DataPlane:
 
     def load_model(self, name: str, parameters: dict[str, Any], demand: bool = False) -> None:
         """Repository extension ``load`` (HTTP and gRPC). ``parameters``: ``config`` (JSON text) and
-        ``file:<version>/<name>`` (bytes) overrides, already decoded by the front end; other keys are
+        ``file:<version>/<name>`` (bytes) overrides, already decoded by the front end (its own dict: the
+        ``config`` is popped from it); other keys are
         ignored. Returns once the load finished; raises its error (https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_model_repository.md).
         ``demand``: a request started it (plane/on_demand.py), which POLL mode allows too."""
-        config = parameters.get("config")
+        # popped, not read: the front end's parameters (its decode's own dict) keep no reference to the text
+        config: str | ConfigText | None = parameters.pop("config", None)
         if config is not None and not isinstance(config, str):
             raise TritonError.internal(f"failed to load '{name}': the 'config' parameter must be a JSON string")
         if config is not None:
             check_config_size(name, config)  # before the workers journal or any of them parses it
+            if not self.host.journals:  # one process: the parse takes the text and it goes (issue 23)
+                config = ConfigText(config)
         files = {k: v for k, v in parameters.items() if k.startswith(FILE_PREFIX)}
         for key, value in files.items():
             if not isinstance(value, bytes):

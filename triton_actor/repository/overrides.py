@@ -23,7 +23,8 @@ FILE_PREFIX = "file:"
 # is held several times over while it loads (the request's body and text, JSON objects while it is
 # parsed, the message, the JSON the backend gets): 103 MB peaked at 928 MB and kept 550 MB while the
 # model was loaded, before the normalized copy went (the message is completed in place: a 3.9 MiB
-# override peaked at 7.9 times its size, now 5.5, scripts/trace_config_override.py)
+# override peaked at 7.9 times its size, 5.5, then 4.8 once the text went at its parse,
+# scripts/trace_config_override.py)
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
 _OBJECT_START = re.compile(r"\s*\{")
 
@@ -34,6 +35,34 @@ def check_config_size(model: str, text: str) -> None:
         raise TritonError.invalid_arg(
             f"failed to load '{model}': the 'config' parameter is {len(text)} characters, more than the "
             f"{MAX_CONFIG_BYTES} a model configuration override may have")
+
+
+class ConfigText:
+    """A ``config`` override's text handed from the front end to its one parse, which takes it: the slot
+    is cleared then, so the text goes as soon as it is parsed instead of living, referenced from the
+    front end's parameters and the messages on the way, until the load finished (issue 23: one more
+    copy of the override for the whole load). One process only: ``--workers`` journals the text."""
+
+    __slots__ = ("_text", "size")
+
+    def __init__(self, text: str) -> None:
+        self._text: str | None = text
+        self.size = len(text)
+
+    def take(self) -> str:
+        text, self._text = self._text, None
+        if text is None:
+            raise TritonError.internal("a load's config override was parsed twice")
+        return text
+
+    def __len__(self) -> int:
+        return self.size
+
+
+def take_text(config: str | ConfigText) -> str:
+    """The text of a ``config`` override given as text, or taken from its holder (:class:`ConfigText`);
+    passed straight to the parse, never bound by the caller, so that a holder's text goes once parsed."""
+    return config.take() if isinstance(config, ConfigText) else config
 
 
 def parse_config(model: str, text: str) -> ModelConfig:

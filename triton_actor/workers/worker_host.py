@@ -39,6 +39,8 @@ CHANGE_TIMEOUT_S = 600.0  # a model load on every worker: as long as a load may 
 class WorkerHost(LocalHost):
     """This worker's view of the host; ``worker_id`` is gunicorn's worker age (1, 2, ...)."""
 
+    journals = True  # a load's config text is journaled and sent to the other workers: kept as text
+
     def __init__(self, run_dir: str | Path, worker_id: int, pid: int | None = None) -> None:
         super().__init__()
         self.run_dir = Path(run_dir)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import TritonError
+from ...repository.overrides import ConfigText
 from ...runtime.kernel import ActorRef, Reply
 from ..model.handles import ModelHandle
 
@@ -24,7 +25,7 @@ class LoadAll:
 class LoadModel:
     name: str
     reply: Reply[None]
-    config: str | None = None
+    config: str | ConfigText | None = None  # a holder: its one parse takes the text (issue 23)
     files: dict[str, bytes] = field(default_factory=dict)
     demand: bool = False  # started by a request (--model-load-on-demand), not the load API
 
@@ -83,7 +84,7 @@ class RepositoryRef(ActorRef):
         self.tell(LoadAll(done))
         return done
 
-    def load(self, name: str, config: str | None = None, files: dict[str, bytes] | None = None,
+    def load(self, name: str, config: str | ConfigText | None = None, files: dict[str, bytes] | None = None,
              demand: bool = False) -> Reply[None]:
         """The load API (EXPLICIT), or with ``demand`` a load a request started (EXPLICIT or POLL with
         --model-load-on-demand): completes when the model loaded, or fails with the reason."""

@@ -82,3 +82,41 @@ def test_explicit_load_refreshes_object_store_mirrors_first(tmp_path: Path) -> N
         assert calls == ["sync", "sync"] and actor._models == {}
     finally:
         actor.stop(timeout=5)
+
+
+@pytest.mark.parametrize("journals", [False, True])
+def test_a_config_override_text_is_held_only_until_parsed(repo, journals: bool) -> None:
+    """Issue 23: the load API's ``config`` text was referenced from the front end's parameters, the data
+    plane's broadcast and the repository actor's message for the whole load (one more copy of a 3.9 MiB
+    override until it served). Now the data plane pops it into a one-shot holder that the repository
+    actor's parse empties; with ``--workers`` (a host that journals) the text stays text, as the journal
+    and the other workers need it."""
+    import json
+
+    from triton_actor.host.base import LocalHost
+    from triton_actor.plane.dataplane import DataPlane
+    from triton_actor.repository.overrides import ConfigText
+
+    actor, _tmp_path = repo
+    host = LocalHost()
+    host.journals = journals  # type: ignore[misc]
+    passed: list[object] = []
+
+    def load(a: dict) -> None:
+        passed.append(a["config"])
+        return actor.ref.load(a["name"], a["config"], a["files"]).get(5)
+
+    host.register("model.load", load)
+    plane = DataPlane(actor, host=host)  # type: ignore[arg-type]
+    text = json.dumps({"backend": "no_such_backend", "parameters": {"filler": {"string_value": "x" * 100_000}}})
+    parameters: dict = {"config": text}
+    with pytest.raises(TritonError, match="no_such_backend"):  # parsed, then refused: the backend is unknown
+        plane.load_model("m", parameters)
+    assert parameters == {}  # popped: the front end's decoded parameters hold no copy while it loads
+    if journals:
+        assert passed == [text]
+        return
+    (holder,) = passed
+    assert isinstance(holder, ConfigText) and len(holder) == len(text)
+    with pytest.raises(TritonError, match="parsed twice"):  # the parse took the text: nothing else holds it
+        holder.take()
