@@ -73,7 +73,10 @@ def test_each_model_gets_its_line_and_the_exit_status_says_whether_all_loaded(br
     assert lines["identity"].startswith("OK ")
     # the server's own text, with the file and line it names
     assert lines["bad_config"].startswith("FAIL ")
-    assert f"{broken_repo / 'bad_config' / 'config.pbtxt'}:3: model 'bad_config': invalid config at" in out
+    # the file and line, then the load API's answer as Triton 2.51 words it (its wrapper, then the reason)
+    config = broken_repo / "bad_config" / "config.pbtxt"
+    assert (f"{config}:3: failed to load 'bad_config', failed to poll from model repository: model 'bad_config': "
+            f"invalid config at {config}:3:") in lines["bad_config"]
     assert "os._exit(3)" in lines["exits"] and f"{broken_repo / 'exits' / '1' / 'model.py'}:" in lines["exits"]
     assert "SIGSEGV" in lines["segfaults"] and f"{broken_repo / 'segfaults' / '1' / 'model.py'}:" in lines["segfaults"]
     assert lines["sys_exits"].startswith("FAIL ") and "SystemExit: 4" in lines["sys_exits"]

@@ -25,7 +25,9 @@ server imports only the last one's constants). That process is a plain Python pr
 cancel thread and the model's own threads are ordinary ``threading`` threads, and the runtime, built
 around the server's hub, has nothing to give them. ``backends/python/child_process.py`` and
 ``frame_pipe.py`` are *not* excepted: the server runs them (the first is the server's view of the
-process; the second is shared, and takes its lock from its caller).
+process; the second is shared, and takes its lock from its caller). Likewise ``tune/loadgen.py``: the
+load generator of ``triton-actor tune`` runs only as its own ``python -m`` process, never in the server's
+interpreter; its gRPC open loop runs tritonclient's asyncio client on an event loop of its own thread.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ CHILD_PROCESS_ONLY = {
     PACKAGE / "backends" / "python" / "isolated_child.py",
     PACKAGE / "backends" / "python" / "isolated_child_bls.py",
     PACKAGE / "backends" / "python" / "metrics_forwarding.py",
+    PACKAGE / "tune" / "loadgen.py",
 }
 THREAD_MODULES = {"threading", "_thread", "queue", "_queue", "concurrent.futures"}
 HUB_INTERNALS = {"threadpool", "async_", "get_original"}
