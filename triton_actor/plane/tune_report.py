@@ -17,7 +17,9 @@ report of 200 points is about 100 KiB), read whole.
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +44,7 @@ class TuneReport:
             raise TritonError.invalid_arg(f"the tune report folder must be an absolute path, got '{path}'")
         try:
             folder = folder.resolve(strict=True)
-            summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+            summary = json.loads(_small_file(folder / "summary.json").decode("utf-8"))
         except (OSError, ValueError) as e:
             raise TritonError.invalid_arg(f"'{path}' is not a tune report folder: {e}") from None
         if not isinstance(summary, dict) or not {"model", "verdict"} <= summary.keys() \
@@ -66,8 +68,19 @@ class TuneReport:
             raise TritonError.not_found(f"no tune report file '{name}'")
         try:
             path = (self.folder / name).resolve(strict=True)
-            if path.parent != self.folder or not path.is_file() or path.stat().st_size > MAX_FILE_BYTES:
+            if path.parent != self.folder:
                 raise OSError("outside the report")
-            return path.read_bytes(), CONTENT_TYPES[match.group(1)]
+            return _small_file(path), CONTENT_TYPES[match.group(1)]
         except OSError:
             raise TritonError.not_found(f"no tune report file '{name}'") from None
+
+
+def _small_file(path: Path) -> bytes:
+    """A regular file's bytes, at most MAX_FILE_BYTES: the folder is a client's word, so its summary.json may be
+    a FIFO (a read that never ends) or a link to a device that never runs out."""
+    # O_NONBLOCK: opening a FIFO does not wait for a writer (a regular file reads as without it)
+    with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_FILE_BYTES:
+            raise OSError(f"{path.name} is not a regular file of at most {MAX_FILE_BYTES} bytes")
+        return f.read(MAX_FILE_BYTES + 1)[:MAX_FILE_BYTES]
