@@ -1,4 +1,4 @@
-"""Load on first request (``--model-load-on-demand``, EXPLICIT mode): a request for a model that is in a
+"""Load on first request (``--model-load-on-demand``, EXPLICIT or POLL mode): a request for a model that is in a
 repository folder but not loaded starts its load, waits for it, then runs.
 
 Triton loads only what its repository or the load API says (its issues #7279, #3583: users ask for this).
