@@ -31,13 +31,14 @@ from typing import Any
 from ..actors.model.cached import BODY_MAX, Hit
 from ..actors.model.handles import CachedVersionHandle
 from ..inference import InferRequest
+from ..observability.wire_trace import WireTrace
 from ..runtime import fastpath
 from ..runtime.kernel import Reply
 from .dataplane import DataPlane, Pending
 from .route import Route
 
 
-def start(plane: DataPlane, request: InferRequest, route: Route, traceparent: str | None = None) -> Pending:
+def start(plane: DataPlane, request: InferRequest, route: Route, traceparent: str | WireTrace | None = None) -> Pending:
     """``plane.infer_start(request, route=route, traceparent=traceparent)``, a cache hit answered at once."""
     target = route.target
     if not fastpath.enabled or target.__class__ is not CachedVersionHandle or plane.tracer.otel is not None:
