@@ -373,16 +373,19 @@ class Call:
         instance is demoted back to its thread right after it (``ModelInstance``, DEMOTE_WALL_NS)."""
         start, finish = self.method.start, self.method.finish
         assert start is not None and finish is not None
-        try:
-            request, pending = start(self._one_request(), self.forwarded)
-            if pending.reply.ready():
+        try:  # first, a message answered from the response cache before, by its bytes (cached_answers.py)
+            payload, kept = (None, None) if self.forwarded is not None else self.method.again(self.buf)
+            if payload is None:
+                request, pending = start(self._one_request(), self.forwarded)
+                if not pending.reply.ready():
+                    self.greenlet = gevent.spawn(self._answer, lambda: finish(request, pending).SerializeToString())
+                    return
                 payload = finish(request, pending).SerializeToString()
+                if kept is not None:
+                    self.method.learn(kept, request, pending)
         except Exception as e:  # noqa: BLE001 - every failure is answered as the call's status
             self._failed(e)
             self.finish()
-            return
-        if not pending.reply.ready():
-            self.greenlet = gevent.spawn(self._answer, lambda: finish(request, pending).SerializeToString())
             return
         if self.out_coding is not None:  # compressed in its own greenlet (a big answer, on a thread)
             self.greenlet = gevent.spawn(self._answer, lambda: payload)

@@ -17,7 +17,7 @@ as it is (a reload swapped the model, on-demand loading, a server that stopped a
 Runs in the request's greenlet or a connection's reader; never waits.
 
 :func:`again` goes one step earlier for a front end that can name a request by its bytes (HTTP: the
-body and its header length): a request body this version answered from the cache before, with an
+body and its header length; gRPC: the ModelInferRequest's bytes without its id): a request body this version answered from the cache before, with an
 answer kept for it, is answered from that entry again without being decoded, checked or keyed
 (``CachedVersion.bodies``, per loaded version: its validator checked those bytes, its key was made
 from them). The entry is still looked up each time, so an evicted or replaced one is not answered.
