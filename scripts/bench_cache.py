@@ -6,7 +6,9 @@ Both servers serve Triton's own ``add_sub`` (``scripts/triton_reference/add_sub`
 perf_analyzer sends one request over and over (``--input-data zero``): after the first, every request
 is a hit on both servers (the script checks the statistics: misses stay at 1). Reported per server and
 concurrency: infer/s, p50/p99, the ratio ours/Triton, and CPU per hit (the server's user+system time,
-Triton's with its python stub, over the requests the statistics counted). ``--uncached`` adds
+Triton's with its python stub, over the requests the statistics counted) and perf_analyzer's own CPU per
+request (its user+system time, the same count): on a machine with few cores the client's CPU is in every
+throughput figure, and bounds what any server can reach there. ``--uncached`` adds
 triton_actor without ``--cache-config`` (every request runs add_sub) for what the cache saves here.
 Rounds interleave the servers so machine noise hits all alike; medians are reported.
 
@@ -18,7 +20,7 @@ Writes ``bench_out/cache.json`` and ``bench_out/cache.md``.
 ``--cpu-per-hit N`` measures our server alone instead, without perf_analyzer: N identical add_sub
 requests (perf_analyzer's body) one after another on one keep-alive connection, then N
 ``/v2/health/ready``, and prints the server's CPU time per request for each (the hit's own cost is the
-difference: the HTTP driver's is in both). Run it with another checkout's ``PYTHONPATH`` to compare.
+difference: the HTTP driver's is in both); then N add_sub requests over gRPC, each with its own id. Run it with another checkout's ``PYTHONPATH`` to compare.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import socket
 import statistics
 import subprocess
@@ -55,14 +58,16 @@ def cached_repo(repo: Path) -> None:
     config.write_text(config.read_text() + "\nresponse_cache { enable: true }\n")
 
 
-def start(name: str, repo: Path, port: int) -> subprocess.Popen:
-    """``triton``, ``triton_actor`` (both with the local cache) or ``triton_actor_uncached``."""
+def start(name: str, repo: Path, port: int, grpc_port: int = 0) -> subprocess.Popen:
+    """``triton``, ``triton_actor`` (both with the local cache) or ``triton_actor_uncached``; gRPC on
+    ``grpc_port`` (ours only) when given."""
     if name == "triton":
         args = [str(TOOLS / "tritonserver"), f"--model-repository={repo}", "--http-address=127.0.0.1",
                 f"--http-port={port}", "--allow-grpc=false", "--allow-metrics=false", "--log-info=false", CACHE_FLAG]
     else:
         args = [sys.executable, "-m", "triton_actor", "--model-repository", str(repo), "--http-port", str(port),
-                "--http-address", "127.0.0.1", "--log-info=false", "--allow-grpc=false", "--allow-metrics=false",
+                "--http-address", "127.0.0.1", "--log-info=false", "--allow-metrics=false",
+                *((f"--grpc-port={grpc_port}",) if grpc_port else ("--allow-grpc=false",)),
                 *(() if name.endswith("uncached") else (CACHE_FLAG,))]
     return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -78,6 +83,12 @@ def cpu_seconds(pid: int) -> float:
             continue
         total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
     return total / _TICK
+
+
+def children_cpu_seconds() -> float:
+    """User + system time of this script's ended children (perf_analyzer's runs)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def cache_counts(port: int) -> tuple[int, int, int]:
@@ -110,8 +121,8 @@ def cpu_per_hit(n: int) -> int:
     """``--cpu-per-hit``: our server's CPU per cache hit and per health check, one client, no perf_analyzer."""
     work = Path(tempfile.mkdtemp(prefix="bench_cache_cpu_"))
     cached_repo(work / "repo")
-    port = free_port()
-    proc = start("triton_actor", work / "repo", port)
+    port, grpc_port = free_port(), free_port()
+    proc = start("triton_actor", work / "repo", port, grpc_port)
     try:
         wait_ready(port, proc)
         head = json.dumps({"inputs": [{"name": f"INPUT{i}", "shape": [4], "datatype": "FP32",
@@ -128,9 +139,32 @@ def cpu_per_hit(n: int) -> int:
                     _exchange(sock, request)
                 print(f"[bench] {what}: {(cpu_seconds(proc.pid) - cpu0) * 1e6 / n:.1f} µs of server CPU per request "
                       f"(load average {os.getloadavg()[0]:.2f})", flush=True)
+        _grpc_cpu_per_hit(proc, grpc_port, n)
     finally:
         stop_servers([proc], work)
     return 0
+
+
+def _grpc_cpu_per_hit(proc: subprocess.Popen, port: int, n: int) -> None:
+    """The same request over gRPC (tritonclient, one channel), each with an id of its own, as a client
+    numbering its requests sends them: our server's CPU per hit."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+    inputs = [grpcclient.InferInput(f"INPUT{i}", [4], "FP32") for i in (0, 1)]
+    for x in inputs:
+        x.set_data_from_numpy(np.zeros(4, np.float32))
+    try:
+        for k in range(min(n, 300)):
+            client.infer("add_sub", inputs, request_id=str(k))
+        cpu0 = cpu_seconds(proc.pid)
+        for k in range(n):
+            client.infer("add_sub", inputs, request_id=str(k))
+        print(f"[bench] gRPC cache hit: {(cpu_seconds(proc.pid) - cpu0) * 1e6 / n:.1f} µs of server CPU per request "
+              f"(load average {os.getloadavg()[0]:.2f})", flush=True)
+    finally:
+        client.close()
 
 
 def main() -> int:
@@ -164,26 +198,27 @@ def main() -> int:
         for r in range(args.rounds):
             for c in conc:
                 for name, (proc, port) in servers.items():
-                    cpu0, (_, _, done0) = cpu_seconds(proc.pid), cache_counts(port)
+                    cpu0, (_, _, done0), client0 = cpu_seconds(proc.pid), cache_counts(port), children_cpu_seconds()
                     res = perf(port, c, args.window_ms, work / "pa.csv", stability=args.stability,
                                extra=("--input-data", "zero"))
                     hits, misses, done = cache_counts(port)
                     res["cpu_us_per_request"] = (cpu_seconds(proc.pid) - cpu0) * 1e6 / max(1, done - done0)
+                    res["client_cpu_us_per_request"] = (children_cpu_seconds() - client0) * 1e6 / max(1, done - done0)
                     res["hits"], res["misses"] = hits, misses
                     results[name][c].append(res)
                     print(f"[bench] round {r + 1} c={c} {name:12s} {res['rps']:8.0f} infer/s p50 {res['p50_us']:5.0f} us "
-                          f"cpu {res['cpu_us_per_request']:5.0f} us/req hits {hits} misses {misses}", flush=True)
+                          f"cpu {res['cpu_us_per_request']:5.0f} us/req client {res['client_cpu_us_per_request']:5.0f} us/req hits {hits} misses {misses}", flush=True)
     finally:
         stop_servers([proc for proc, _ in servers.values()], work)
     med = {n: {c: {k: statistics.median(x[k] for x in runs) for k in runs[0]} for c, runs in per.items()}
            for n, per in results.items()}
-    lines = ["| concurrency | server | infer/s (median) | p50 µs | p99 µs | CPU µs per request | misses | ratio vs triton |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| concurrency | server | infer/s (median) | p50 µs | p99 µs | CPU µs per request | perf_analyzer CPU µs "
+             "per request | misses | ratio vs triton |", "|---|---|---|---|---|---|---|---|---|"]
     for c in conc:
         for name in servers:
             m = med[name][c]
             lines.append(f"| {c} | {name} | {m['rps']:.0f} | {m['p50_us']:.0f} | {m['p99_us']:.0f} | "
-                         f"{m['cpu_us_per_request']:.0f} | {m['misses']:.0f} | "
+                         f"{m['cpu_us_per_request']:.0f} | {m['client_cpu_us_per_request']:.0f} | {m['misses']:.0f} | "
                          f"{m['rps'] / med['triton'][c]['rps']:.2f}x |")
     table = "\n".join([*lines, "", f"load average at the end: {os.getloadavg()}"])
     print(table)

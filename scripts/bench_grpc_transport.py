@@ -68,6 +68,12 @@ class StubServicer:
     def stream_infer(self, req: Any, *_: Any) -> Any:
         yield from ()
 
+    def again_infer(self, buf: bytearray) -> tuple[None, None]:  # no response cache: never answered by bytes
+        return None, None
+
+    def learn_infer(self, kept: Any, request: Any, pending: Any) -> None:
+        pass
+
     def __getattr__(self, name: str) -> Any:
         return lambda req: pb.ServerLiveResponse(live=True)
 

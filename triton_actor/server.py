@@ -193,7 +193,7 @@ class Server:
                                          Restrictions(s.http_restricted_api, "--http-restricted-api"))
             self.http = HttpServer(s.http_address, s.http_port, self.frontend, self._http_limits(),
                                    s.http_max_connections, listeners.get("http"), budget, slots,
-                                   reuse_port=s.reuse_http_port)
+                                   reuse_port=s.reuse_http_port, tracer=self.plane.tracer)
             self.http.start()
             log.info("Started HTTPService at %s:%d", s.http_address, self.http.server_port)
         if s.openai_port is not None:

@@ -56,6 +56,10 @@ class Receiver:
         start_response("200 OK", [("Content-Type", "application/x-protobuf"), ("Content-Length", "0")])
         return [b""]
 
+    def of(self, trace_id: str) -> list[dict]:
+        """The spans of one trace (by its W3C trace id)."""
+        return [s for s in self.spans if s["trace_id"] == trace_id]
+
     def wait_for(self, condition: Callable[[], bool], timeout: float = 30) -> None:
         """Wait on exports (each sets ``arrived``) until ``condition`` holds."""
         with gevent.Timeout(timeout, AssertionError(f"spans never arrived; have {self.spans}")):
@@ -70,6 +74,7 @@ def _flat(span, scope: str) -> dict:
     return {"name": span.name, "trace_id": span.trace_id.hex(), "span_id": span.span_id.hex(),
             "parent": span.parent_span_id.hex(), "kind": span.kind, "scope": scope,
             "attrs": {a.key: value(a.value) for a in span.attributes}, "events": [e.name for e in span.events],
+            "event_ns": [e.time_unix_nano for e in span.events],
             "start": span.start_time_unix_nano, "end": span.end_time_unix_nano}
 
 
@@ -99,6 +104,18 @@ def _http_infer(server: ServerProcess, model: str, headers: dict[str, str] | Non
     x.set_data_from_numpy(np.ones((1, 2), np.float32))
     try:
         client.infer(model, [x], headers=headers, request_id="r-1")
+    finally:
+        client.close()
+
+
+def _grpc_infer(server: ServerProcess, *headers: dict[str, str]) -> None:
+    """``inc`` over gRPC, once per ``headers``."""
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    x = grpcclient.InferInput("X", [1, 2], "FP32")
+    x.set_data_from_numpy(np.ones((1, 2), np.float32))
+    try:
+        for h in headers:
+            client.infer("inc", [x], headers=h)
     finally:
         client.close()
 
@@ -137,16 +154,47 @@ def test_ensemble_span_tree_follows_the_clients_traceparent(tmp_path: Path, star
 
     # gRPC: the context comes as call metadata
     header, trace_id, client_span = _traceparent()
-    client = grpcclient.InferenceServerClient(server.grpc_url)
-    x = grpcclient.InferInput("X", [1, 2], "FP32")
-    x.set_data_from_numpy(np.ones((1, 2), np.float32))
-    client.infer("inc", [x], headers={"traceparent": header})
-    client.close()
+    _grpc_infer(server, {"traceparent": header})
     receiver.wait_for(lambda: len(mine()) == 3)
     by_name = {s["name"]: s for s in mine()}
     assert by_name["InferRequest"]["parent"] == client_span
     assert by_name["inc"]["parent"] == by_name["InferRequest"]["span_id"]
     assert by_name["compute"]["parent"] == by_name["inc"]["span_id"]
+
+
+def _root_events_as_triton_names_them(spans: list[dict], front: str) -> None:
+    """The root span's events are the front end's five, in Triton's order and in time order, around the
+    model span's; the model and compute spans keep theirs (Triton's QA opentelemetry_unittest.py)."""
+    by_name = {s["name"]: s for s in spans}
+    root, model = by_name["InferRequest"], by_name["inc"]
+    recv = "HTTP_RECV" if front == "HTTP" else "GRPC_WAITREAD"
+    assert root["events"] == [f"{recv}_START", f"{recv}_END", "INFER_RESPONSE_COMPLETE",
+                              f"{front}_SEND_START", f"{front}_SEND_END"]
+    assert model["events"] == ["REQUEST_START", "QUEUE_START", "REQUEST_END"]
+    assert by_name["compute"]["events"] == ["COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END"]
+    recv_start, recv_end, complete, send_start, send_end = root["event_ns"]
+    assert recv_start <= recv_end <= model["start"] <= model["end"] <= complete <= send_start <= send_end
+    assert root["start"] <= model["start"] and send_end == root["end"]  # the root ends with its send
+
+
+def test_the_request_span_has_the_front_ends_recv_and_send_events(tmp_path: Path, start_server,
+                                                                  receiver: Receiver) -> None:
+    """As Triton's front ends stamp them (``Trace::CaptureTimestamp`` on the root span): HTTP_RECV_*/GRPC_WAITREAD_*,
+    INFER_RESPONSE_COMPLETE and HTTP_SEND_*/GRPC_SEND_*, for an HTTP and a gRPC request."""
+    pipeline(tmp_path)
+    server = start_server(tmp_path, flags=_flags(receiver, rate=1))
+    header, http_trace, client_span = _traceparent()
+    _http_infer(server, "inc", {"traceparent": header})
+    receiver.wait_for(lambda: len(receiver.of(http_trace)) == 3)  # InferRequest, inc, compute
+    _root_events_as_triton_names_them(receiver.of(http_trace), "HTTP")
+    assert [s["parent"] for s in receiver.of(http_trace) if s["name"] == "InferRequest"] == [client_span]
+
+    header, grpc_trace, _ = _traceparent()
+    _grpc_infer(server, {"traceparent": header}, {})  # the second: no context, a trace of its own
+    receiver.wait_for(lambda: len(receiver.spans) == 9)
+    _root_events_as_triton_names_them(receiver.of(grpc_trace), "GRPC")
+    (other,) = {s["trace_id"] for s in receiver.spans} - {http_trace, grpc_trace}
+    _root_events_as_triton_names_them(receiver.of(other), "GRPC")
 
 
 def test_rate_samples_and_a_propagated_context_is_always_traced(tmp_path: Path, start_server,

@@ -348,15 +348,16 @@ def test_each_hit_answers_with_its_own_request_id_and_outputs(tmp_path: Path, st
         client.close()
 
 
+@pytest.mark.parametrize("protocol", PROTOCOLS)
 @pytest.mark.timeout(120)
-def test_a_repeated_body_never_answers_from_a_stale_entry(tmp_path: Path, start_server: Start) -> None:
-    """Bodies answered from the cache before are answered again by their bytes (fast path): not once
-    their entry is evicted, and never for an input read from shared memory, whose bytes change under
-    the same body."""
+def test_a_repeated_body_never_answers_from_a_stale_entry(tmp_path: Path, start_server: Start, protocol: str) -> None:
+    """Bodies (HTTP) and ModelInferRequest bytes but for the id (gRPC) answered from the cache before are
+    answered again by their bytes (fast path): not once their entry is evicted, and never for an input
+    read from shared memory, whose bytes change under the same body."""
     import tritonclient.utils.shared_memory as shm
 
     server = start_server(_repo(tmp_path), flags=("--cache-config=local,size=24000", "--allow-client-shm=true"))
-    client = Client("http", server)
+    client = Client(protocol, server)
     region = shm.create_shared_memory_region("in", f"/cache_{tmp_path.name}", 8000)
     try:
         a, b = np.zeros(2000, np.float32), np.ones(4000, np.float32)

@@ -9,6 +9,14 @@ header, as field 3 of a gRPC ``ModelInferResponse`` (after the model's name and 
 classified or written to shared memory are encoded on every hit (labels are the serving version's, a
 region's contents the client's), as are hits on the slow path (the regular encoder on a fresh
 response, ``entry.response()``).
+
+A request named by its bytes goes one step earlier (``plane/cache_front.py``'s ``again``): an HTTP body
+(:func:`http_again`), or a gRPC ``ModelInferRequest``'s bytes with its id cut out
+(:func:`grpc_again`, ``protocol/grpc_infer_bytes.py``; the call's reader asks before it decodes the
+message): bytes answered from the cache before are answered from the same entry again, with this
+request's id, without being decoded, checked or keyed. A gRPC message naming a shared-memory region,
+or one whose call forwards metadata to the model (``--grpc-header-forward-pattern``), is never
+remembered so: the same bytes would name other inputs.
 """
 
 from __future__ import annotations
@@ -18,11 +26,13 @@ from typing import Any
 
 import orjson
 
+from ..actors.model.cached import BODY_MAX
+from ..errors import TritonError
 from ..inference import InferRequest, InferResponse
 from ..plane import cache_front
 from ..plane.dataplane import DataPlane, Pending
 from ..plane.route import Route
-from ..protocol import v2_http
+from ..protocol import grpc_infer_bytes, v2_grpc, v2_http
 from ..protocol._generated import grpc_service_pb2 as pb
 from ..protocol.v2_http import parse_header_length as parse_length
 
@@ -118,3 +128,31 @@ def _grpc_with_id(kept: tuple[bytes, Any], rid: str) -> Serialized:
 def grpc_message(pending: Pending, request: InferRequest, encode: Encode) -> Any:
     """A hit's ``ModelInferResponse``, or its bytes (:class:`Serialized`)."""
     return _answer(pending, request, "grpc", encode, _grpc_kept, _grpc_with_id)
+
+
+def grpc_again(plane: DataPlane, buf: bytearray) -> tuple[bytes | None, Any]:
+    """``buf``, one uncompressed gRPC message (a ModelInferRequest): ``(its answer's bytes, None)``, the
+    message taken out of ``buf``, when the same bytes but for the id were answered from the cache before
+    (``protocol/grpc_infer_bytes.py``); else ``(None, what grpc_learn remembers it by, or None)``."""
+    if len(buf) < 5 or buf[0] or int.from_bytes(buf[1:5], "big") != len(buf) - 5 or len(buf) > BODY_MAX:
+        return None, None
+    split = grpc_infer_bytes.split_id(bytes(buf[5:]))
+    if split is None:
+        return None, None
+    rest, name, version, rid = split
+    try:
+        route = plane.route(name.decode(), v2_grpc.parse_version(version.decode()) if version else -1)
+        rid_text = rid.decode()
+    except (TritonError, UnicodeDecodeError):
+        return None, None  # the regular decode says what is wrong
+    known = cache_front.again(plane, route, rest, len(rest))
+    if known is None:
+        return None, (None if b"shared_memory_region" in rest else rest)  # the same bytes, another region's contents
+    del buf[:]
+    return _grpc_with_id(known[0], rid_text).data, None
+
+
+def grpc_learn(rest: bytes, request: InferRequest, pending: Pending) -> None:
+    """Remember that a ModelInferRequest's bytes without its id (``rest``) were answered from the cache."""
+    if pending.hit is not None:
+        cache_front.learn(pending.hit, rest, len(rest), variant(request, "grpc"), "")

@@ -91,6 +91,14 @@ class GrpcServicer:
         request = header_forward.with_forwarded(self._decode(req, route), params)
         return request, cache_front.start(self.plane, request, route, traceparent)
 
+    def again_infer(self, buf: bytearray) -> tuple[bytes | None, Any]:
+        """A ModelInfer message answered from the response cache before: its answer's bytes, the message
+        taken out of ``buf`` (:func:`.cached_answers.grpc_again`)."""
+        return cached_answers.grpc_again(self.plane, buf)
+
+    def learn_infer(self, kept: Any, request: InferRequest, pending: Pending) -> None:
+        cached_answers.grpc_learn(kept, request, pending)
+
     def _route(self, req: pb.ModelInferRequest) -> Route:
         """The route of the model and version ``req`` names (an unreadable version: the decode says so)."""
         try:

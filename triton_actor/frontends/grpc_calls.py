@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import zlib
 from collections.abc import Callable
+from time import perf_counter_ns
 from typing import Any
 
 import gevent
@@ -24,6 +25,7 @@ import gevent.queue
 from google.protobuf.message import DecodeError
 
 from ..errors import TritonError
+from ..observability.wire_trace import WireTrace
 from ..protocol import codings
 from ..protocol import http2 as h2
 from ..protocol._generated import grpc_service_pb2 as pb
@@ -67,7 +69,7 @@ class Call:
 
     __slots__ = ("conn", "stream", "sid", "method", "encoding", "buf", "inbox", "send_lock", "greenlet",
                  "input_done", "done", "finished", "started", "requests", "errors_end_stream", "held", "kept",
-                 "deadline", "expired", "out_coding", "account", "forwarded")
+                 "deadline", "expired", "out_coding", "account", "forwarded", "wire")
 
     STREAM_REQUESTS = 128  # ModelStreamInfer requests running at once on one stream; more wait in the inbox
 
@@ -95,6 +97,7 @@ class Call:
         self.out_coding: str | None = None  # its answers' grpc-encoding (--grpc-infer-response-compression-level)
         self.account: StreamAccount | None = None  # a stream's bound on undelivered responses, all its requests'
         self.forwarded: dict[str, str] | None = None  # metadata given to the model (--grpc-header-forward-pattern)
+        self.wire: WireTrace | None = None  # a ModelInfer call's wire stamps, OpenTelemetry mode only
 
     def set_deadline(self, timeout: float | None) -> None:
         """The client's ``grpc-timeout``: when it passes before the call is over, the call's work is
@@ -196,6 +199,8 @@ class Call:
         if self.input_done:
             return
         self.input_done = True
+        if self.wire is not None:  # Triton's GRPC_WAITREAD_END: the request message is in
+            self.wire.recv_end = perf_counter_ns()
         if self.inbox is not None:
             self.inbox.put(_END)
         elif not self.done:
@@ -229,6 +234,8 @@ class Call:
         trailers too (a unary answer: one write when it fits the windows)."""
         if self.done:
             return False
+        if self.wire is not None:
+            self.wire.sending()
         limit = self.conn.server.max_send
         if len(payload) > limit:
             raise Refused(RESOURCE_EXHAUSTED, f"Sent message larger than max ({len(payload)} vs. {limit})")
@@ -282,6 +289,8 @@ class Call:
         """The call's handler is done (or never ran): it no longer counts as running."""
         if not self.finished:
             self.finished = True
+            if self.wire is not None:  # the request's InferRequest span ends here, answered or not
+                self.wire.sent()
             if self.deadline is not None:
                 self.deadline.close()
                 self.deadline = None
@@ -364,20 +373,25 @@ class Call:
         instance is demoted back to its thread right after it (``ModelInstance``, DEMOTE_WALL_NS)."""
         start, finish = self.method.start, self.method.finish
         assert start is not None and finish is not None
-        try:
-            request, pending = start(self._one_request(), self.forwarded)
-            if pending.reply.ready():
+        try:  # first, a message answered from the response cache before, by its bytes (cached_answers.py)
+            payload, kept = (None, None) if self.forwarded is not None else self.method.again(self.buf)
+            if payload is None:
+                request, pending = start(self._one_request(), self.forwarded)
+                if not pending.reply.ready():
+                    self.greenlet = gevent.spawn(self._answer, lambda: finish(request, pending).SerializeToString())
+                    return
                 payload = finish(request, pending).SerializeToString()
+                if kept is not None:
+                    self.method.learn(kept, request, pending)
         except Exception as e:  # noqa: BLE001 - every failure is answered as the call's status
             self._failed(e)
             self.finish()
             return
-        if not pending.reply.ready():
-            self.greenlet = gevent.spawn(self._answer, lambda: finish(request, pending).SerializeToString())
-            return
         if self.out_coding is not None:  # compressed in its own greenlet (a big answer, on a thread)
             self.greenlet = gevent.spawn(self._answer, lambda: payload)
             return
+        if self.wire is not None:
+            self.wire.sending()
         try:
             sent = len(payload) <= self.conn.server.max_send and \
                 self.conn.h2.send_response(self.sid, RESPONSE_HEAD, h2.grpc_message(payload), OK_TRAILERS)

@@ -35,6 +35,7 @@ import gevent.pool
 
 from ..config.settings import Settings, default_grpc_max_connections
 from ..errors import TritonError
+from ..observability.wire_trace import WireTrace
 from ..protocol import codings, header_forward, restricted
 from ..protocol import h2_connection as h2c
 from ..protocol import h2_events as h2e
@@ -358,8 +359,12 @@ class Connection:
         tracer = self.server.tracer
         if (method.infer or method.streaming) and tracer is not None and tracer.otel is not None:
             traceparent = event.headers.get(b"traceparent")  # OpenTelemetry mode: the W3C context, as Triton reads it
-            if traceparent is not None:
-                call.forwarded = header_forward.with_trace(call.forwarded, traceparent.decode("latin-1"))
+            context = None if traceparent is None else traceparent.decode("latin-1")
+            if method.infer:  # Triton's GRPC_WAITREAD_START: the call's headers are in
+                call.wire = WireTrace("GRPC", context, time.perf_counter_ns())
+                call.forwarded = header_forward.with_trace(call.forwarded, call.wire)
+            elif context is not None:
+                call.forwarded = header_forward.with_trace(call.forwarded, context)
         self.calls += 1
         self.server.call_started()
         headers = event.headers

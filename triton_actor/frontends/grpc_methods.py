@@ -86,6 +86,10 @@ class Method:
     streaming: bool
     start: Callable[..., tuple[Any, Any]] | None = None
     finish: Callable[[Any, Any], Any] | None = None
+    # ModelInfer's message buffer → (its answer's bytes when the response cache answered the same bytes
+    # before, else None; what ``learn(kept, request, pending)`` remembers them by, or None): fast path
+    again: Callable[[bytearray], tuple[bytes | None, Any]] = lambda _buf: (None, None)
+    learn: Callable[[Any, Any, Any], None] = lambda _kept, _request, _pending: None
 
     @property
     def infer(self) -> bool:
@@ -102,7 +106,8 @@ def method_table(servicer: GrpcServicer) -> dict[bytes, Method]:
         call = servicer.stream_infer if streaming else getattr(servicer, method.name)
         path = f"/inference.GRPCInferenceService/{method.name}".encode()
         if method.name == "ModelInfer":
-            methods[path] = Method(request_type.FromString, call, False, servicer.start_infer, servicer.finish_infer)
+            methods[path] = Method(request_type.FromString, call, False, servicer.start_infer, servicer.finish_infer,
+                                   servicer.again_infer, servicer.learn_infer)
         else:
             methods[path] = Method(request_type.FromString, call, streaming)
     methods[b"/grpc.health.v1.Health/Check"] = Method(health_pb2.HealthCheckRequest.FromString, servicer.Check, False)

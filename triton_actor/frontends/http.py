@@ -22,6 +22,7 @@ from flask import Flask
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from ..errors import TritonError
+from ..observability.wire_trace import WireTrace
 from ..protocol import codings, restricted
 from ..protocol.restricted import Restrictions
 from ..runtime import fastpath
@@ -59,6 +60,8 @@ class HttpRequest:
     peer_gone: Callable[[], gevent.event.Event] | None = None
     # the driver's: hold more of the request memory budget for this request (None: no budget)
     hold: Hold | None = None
+    # the driver's stamps of this request on the wire, made only in OpenTelemetry mode (observability/wire_trace.py)
+    wire: WireTrace | None = None
 
     def payload(self) -> bytes:
         """The body with ``Content-Encoding: gzip|deflate`` undone, never over ``max_size`` bytes; the
@@ -124,7 +127,8 @@ class HttpFrontend:
         self._idle: gevent.event.Event | None = None  # created by wait_idle (shutdown) only
 
     def __call__(self, method: str, path: str, query: str, headers: dict[str, str], body: bytes,
-                 peer_gone: Callable[[], gevent.event.Event] | None = None, hold: Hold | None = None) -> Reply:
+                 peer_gone: Callable[[], gevent.event.Event] | None = None, hold: Hold | None = None,
+                 wire: WireTrace | None = None) -> Reply:
         """Route and answer one request; ``path`` is percent-decoded."""
         try:
             route = self._routes.get((method, path))
@@ -135,7 +139,7 @@ class HttpFrontend:
                 refusal = self._refusal(endpoint, headers)
                 if refusal is not None:
                     return status_line(403), JSON_HEADERS, orjson.dumps({"error": refusal})
-            req = HttpRequest(method, path, query, headers, body, self.max_input_size, peer_gone, hold)
+            req = HttpRequest(method, path, query, headers, body, self.max_input_size, peer_gone, hold, wire)
             return self._views[endpoint](req, **args)
         except TritonError as e:
             return error_response(e)

@@ -133,7 +133,7 @@ def _infer_routes(app: Flask, plane: DataPlane, forward: re.Pattern[str] | None,
         request = _decode_infer(route, req, plane.shm, offload)
         if forward is not None:
             request = header_forward.with_forwarded(request, header_forward.forwarded(forward, req.headers.items()))
-        pending = cache_front.start(plane, request, route, req.headers.get("traceparent"))
+        pending = cache_front.start(plane, request, route, req.wire or req.headers.get("traceparent"))
         if pending.hit is not None:  # answered from the response cache (a fast path)
             chunks, json_length = cached_answers.http_body(pending, request, encode, body)
         else:

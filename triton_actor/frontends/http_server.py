@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import socket
 from collections.abc import Iterable
-from time import monotonic
+from time import monotonic, perf_counter_ns
 from typing import Any
 from urllib.parse import unquote
 
@@ -36,6 +36,8 @@ import orjson
 from gevent.socket import wait_read
 
 from ..errors import TritonError
+from ..observability.tracing import Tracer
+from ..observability.wire_trace import WireTrace
 from ..protocol import http1
 from ..runtime.socket_io import Woken, recv_when_readable, send_all, send_now, wake_reader
 from .budget import FIRST_INSTALLMENT, ByteBudget, with_room
@@ -122,8 +124,10 @@ class HttpServer:
     def __init__(self, address: str, port: int, frontend: HttpFrontend, limits: http1.Limits = http1.DEFAULT_LIMITS,
                  max_connections: int = 1024, listener: socket.socket | None = None,
                  budget: ByteBudget | None = None, slots: ConnectionSlots | None = None, name: str = "HTTP",
-                 reuse_port: bool = False) -> None:
+                 reuse_port: bool = False, tracer: Tracer | None = None) -> None:
         self.frontend = frontend
+        # the server's tracer: in OpenTelemetry mode (its ``otel`` set) each request gets a WireTrace
+        self.tracer = tracer
         self.limits = limits
         self.name = name
         self.budget = budget or ByteBudget(0)  # request bytes held by all connections (budget.py)
@@ -252,7 +256,7 @@ class HttpServer:
             sock.close()
 
     def _serve(self, conn: _Connection) -> None:
-        sock, http, frontend = conn.sock, conn.http, self.frontend
+        sock, http, frontend, tracer = conn.sock, conn.http, self.frontend, self.tracer
         while True:  # closing: the answer says Connection: close, and the loop ends after it is sent
             head = http.next_event() if http.buf else http1.NEED_DATA  # empty: it needs data
             if head is http1.NEED_DATA:
@@ -261,6 +265,9 @@ class HttpServer:
                 return
             # unpacked, not read by name: a NamedTuple's field getters are CPython 3.11's slow path
             method, target, _version, headers, keep_alive, expect_continue, length = head
+            wire = None
+            if tracer is not None and tracer.otel is not None:  # Triton's HTTP_RECV_START: the head is in
+                wire = WireTrace("HTTP", headers.get("traceparent"), perf_counter_ns())
             conn.held = self._reserve(conn, length)
             frontend.begin()
             try:
@@ -271,13 +278,21 @@ class HttpServer:
                     event = self._read_event(sock, http) if length != http1.CHUNKED else self._read_chunked(conn)
                 (body,) = event
                 path, _, query = target.partition("?")
-                reply = frontend(method, unquote(path, "latin-1"), query, headers, body, conn.peer_gone, conn.hold)
+                if wire is None:
+                    reply = frontend(method, unquote(path, "latin-1"), query, headers, body, conn.peer_gone, conn.hold)
+                else:
+                    wire.recv_end = perf_counter_ns()
+                    reply = frontend(method, unquote(path, "latin-1"), query, headers, body, conn.peer_gone, conn.hold,
+                                     wire)
+                    wire.sending()
                 if conn.watcher is not None:
                     conn.end_watch()
                 keep_alive = keep_alive and not self._closing
                 if not self._send(conn, method, reply, keep_alive):
                     return
             finally:
+                if wire is not None:
+                    wire.sent()  # the request's InferRequest span ends here, sent or not
                 frontend.end()
                 self.budget.release(conn.held)
                 conn.held = 0

@@ -17,7 +17,7 @@ as it is (a reload swapped the model, on-demand loading, a server that stopped a
 Runs in the request's greenlet or a connection's reader; never waits.
 
 :func:`again` goes one step earlier for a front end that can name a request by its bytes (HTTP: the
-body and its header length): a request body this version answered from the cache before, with an
+body and its header length; gRPC: the ModelInferRequest's bytes without its id): a request body this version answered from the cache before, with an
 answer kept for it, is answered from that entry again without being decoded, checked or keyed
 (``CachedVersion.bodies``, per loaded version: its validator checked those bytes, its key was made
 from them). The entry is still looked up each time, so an evicted or replaced one is not answered.
@@ -31,13 +31,14 @@ from typing import Any
 from ..actors.model.cached import BODY_MAX, Hit
 from ..actors.model.handles import CachedVersionHandle
 from ..inference import InferRequest
+from ..observability.wire_trace import WireTrace
 from ..runtime import fastpath
 from ..runtime.kernel import Reply
 from .dataplane import DataPlane, Pending
 from .route import Route
 
 
-def start(plane: DataPlane, request: InferRequest, route: Route, traceparent: str | None = None) -> Pending:
+def start(plane: DataPlane, request: InferRequest, route: Route, traceparent: str | WireTrace | None = None) -> Pending:
     """``plane.infer_start(request, route=route, traceparent=traceparent)``, a cache hit answered at once."""
     target = route.target
     if not fastpath.enabled or target.__class__ is not CachedVersionHandle or plane.tracer.otel is not None:

@@ -23,6 +23,7 @@ from ..host.base import Host, LocalHost
 from ..host.shared_memory import SharedMemoryRegistry
 from ..inference import InferRequest, InferResponse
 from ..observability.log_trace_settings import RuntimeSettings
+from ..observability.wire_trace import WireTrace
 from ..protocol import payloads
 from ..repository import config as config_mod
 from ..repository.overrides import FILE_PREFIX, ConfigText, check_config_size
@@ -219,12 +220,14 @@ class DataPlane:
         return Served(pending.reply.get(), pending.route)
 
     def infer_start(self, request: InferRequest, internal: bool = False, route: Route | None = None,
-                    traceparent: str | None = None) -> Pending:
+                    traceparent: str | WireTrace | None = None) -> Pending:
         """Route (unless ``route`` is given and current), validate and queue without waiting: for a
         caller that answers later, or at once when a quick model already answered (``pending.reply.ready()``).
         A model loading on demand: the request waits for the load in a greenlet of its own (the caller may be
         a connection's reader, which must not wait), and ``pending.route`` is the route it got after.
-        ``traceparent``: the W3C header the client sent (OpenTelemetry mode, observability/otel.py)."""
+        ``traceparent``: the W3C header the client sent (OpenTelemetry mode, observability/otel.py), or the
+        front end's :class:`~..observability.wire_trace.WireTrace` that carries it (its receive and send
+        events go on the request's ``InferRequest`` span, which the front end then ends after its send)."""
         route, target = self._serving(request, route, internal)
         if target is not None:
             return Pending(self._start(target, request, internal, traceparent), route)
@@ -233,18 +236,25 @@ class DataPlane:
         return pending
 
     def _start(self, target: VersionHandle, request: InferRequest, internal: bool,
-               traceparent: str | None) -> Reply[InferResponse]:
+               traceparent: str | WireTrace | None) -> Reply[InferResponse]:
         """Queue ``request`` with ``target``, traced when OpenTelemetry mode samples it."""
         if self.tracer.otel is None or internal:
             return target.infer(request)
         request, root = self._traced(request, traceparent)
         reply = target.infer(request)
-        if root is not None:
+        if root is None:
+            return reply
+        if isinstance(traceparent, WireTrace):  # the front end stamps its send and ends the span after it
+            traceparent.begun(root, request.trace.export.offset)
+            reply.link(lambda _r: traceparent.answered())
+        else:
             reply.link(lambda _r: request.trace.close(root, ()))
         return reply
 
-    def _traced(self, request: InferRequest, traceparent: str | None) -> tuple[InferRequest, Any]:
+    def _traced(self, request: InferRequest, traceparent: str | WireTrace | None) -> tuple[InferRequest, Any]:
         """``request`` with its SpanTrace when sampled, and its ``InferRequest`` span to end with its reply."""
+        if isinstance(traceparent, WireTrace):
+            traceparent = traceparent.traceparent
         begun = self.tracer.begin(request.model_name, traceparent, time.perf_counter_ns())
         if begun is None:
             return request, None
@@ -252,7 +262,7 @@ class DataPlane:
         return request._replace(trace=span_trace), root
 
     def _queue_after_load(self, request: InferRequest, pending: Pending, internal: bool,
-                          traceparent: str | None) -> None:
+                          traceparent: str | WireTrace | None) -> None:
         outer = pending.reply
         try:
             pending.route, target = self._loaded(request, pending.route)

@@ -65,11 +65,12 @@ def with_forwarded(request: Any, params: dict[str, str]) -> Any:
 _TRACE_KEY = " traceparent"
 
 
-def with_trace(forwarded: dict[str, str] | None, traceparent: str) -> dict[str, str]:
+def with_trace(forwarded: dict[str, Any] | None, traceparent: Any) -> dict[str, Any]:
+    """``traceparent``: the header's text, or the front end's object that carries it (a WireTrace)."""
     return {**(forwarded or {}), _TRACE_KEY: traceparent}
 
 
-def split_trace(forwarded: dict[str, str] | None) -> tuple[dict[str, str], str | None]:
+def split_trace(forwarded: dict[str, Any] | None) -> tuple[dict[str, str], Any]:
     """(the parameters to forward, the ``traceparent`` :func:`with_trace` put in, or None)."""
     if not forwarded or _TRACE_KEY not in forwarded:
         return forwarded or {}, None

@@ -1,0 +1,67 @@
+"""A request's time on the wire, as Triton's front ends stamp it on the ``InferRequest`` span in
+OpenTelemetry mode (server ``src/tracer.cc``: ``Trace::CaptureTimestamp`` adds an event to the root span).
+
+Triton's HTTP front end stamps ``HTTP_RECV_START`` and ``HTTP_RECV_END`` (the request read), its gRPC one
+``GRPC_WAITREAD_START`` and ``GRPC_WAITREAD_END`` (the call's read of its message); both stamp
+``INFER_RESPONSE_COMPLETE`` when the core hands the response back and ``<front>_SEND_START`` and
+``<front>_SEND_END`` around its send; the root span ends when the trace is released, after the send
+(Triton's QA ``opentelemetry_unittest.py`` checks these five events on the root span and no others).
+
+Who owns what: a front end makes one :class:`WireTrace` per unary inference request, only while the
+server traces in OpenTelemetry mode (one attribute check per request otherwise), and hands it to the data
+plane in place of the ``traceparent`` string. When the request is sampled the plane gives it the root
+span (:meth:`begun`) and stamps the response (:meth:`answered`); the front end ends the span after its
+send (:meth:`sent`, called on every way out, so a root span is always exported). Not sampled: every
+call here does nothing. Hub only; stamps are ``time.perf_counter_ns``, converted to wall-clock time by
+the export's offset as the other spans' stamps are.
+"""
+
+from __future__ import annotations
+
+from time import perf_counter_ns
+from typing import Any
+
+# the front end's names for its receive events (Triton's http_server.cc and grpc infer handler)
+_RECV = {"HTTP": ("HTTP_RECV_START", "HTTP_RECV_END"), "GRPC": ("GRPC_WAITREAD_START", "GRPC_WAITREAD_END")}
+
+
+class WireTrace:
+    """One request's front-end stamps, and its ``InferRequest`` span once the plane sampled it."""
+
+    __slots__ = ("front", "traceparent", "recv_start", "recv_end", "send_start", "root", "offset")
+
+    def __init__(self, front: str, traceparent: str | None, recv_start: int) -> None:
+        """``front``: ``"HTTP"`` or ``"GRPC"``; ``recv_start``: when its request began to arrive."""
+        self.front, self.traceparent, self.recv_start = front, traceparent, recv_start
+        self.recv_end = recv_start  # the front end sets it once the request is read
+        self.send_start = 0
+        self.root: Any = None  # the InferRequest span (sampled and not yet ended)
+        self.offset = 0
+
+    def begun(self, root: Any, offset: int) -> None:
+        """The plane sampled the request: ``root`` is its span, ``offset`` the export's clock offset."""
+        self.root, self.offset = root, offset
+        start, end = _RECV[self.front]
+        root.add_event(start, timestamp=self.recv_start + offset)
+        root.add_event(end, timestamp=self.recv_end + offset)
+
+    def answered(self) -> None:
+        """The response is ready (the model answered or failed): Triton's ``INFER_RESPONSE_COMPLETE``."""
+        if self.root is not None:
+            self.root.add_event("INFER_RESPONSE_COMPLETE", timestamp=perf_counter_ns() + self.offset)
+
+    def sending(self) -> None:
+        """The front end starts to send the answer."""
+        self.send_start = perf_counter_ns()
+
+    def sent(self) -> None:
+        """The answer is sent, or the request ended without one: the send events (when it was sent)
+        and the span's end. Once; later calls (and a response after it) do nothing."""
+        root, self.root = self.root, None
+        if root is None:
+            return
+        now = perf_counter_ns() + self.offset
+        if self.send_start:
+            root.add_event(f"{self.front}_SEND_START", timestamp=self.send_start + self.offset)
+            root.add_event(f"{self.front}_SEND_END", timestamp=now)
+        root.end(end_time=now)
