@@ -25,6 +25,7 @@ from ...errors import Code, TritonError
 from ...inference import InferRequest, InferResponse
 from ...repository import config as config_mod
 from ...repository.config import ModelConfig
+from ...runtime import fastpath
 from ...runtime.bridge import RunOnThread
 from ...runtime.loop_thread import LoopThread
 from ...runtime.threads import native_thread_id
@@ -123,20 +124,30 @@ class PythonInstance:
         # model code runs as its server's: pb_utils calls (BLS, model control, MetricFamily) reach that server
         self._server = ctx.server_hooks
         filename = ctx.config.default_model_filename or "model.py"
-        # the module's top-level code runs under the backends' import lock (inside import_model);
-        # initialize() runs in parallel with other models' loads (--model-load-thread-count)
-        with serving.using(self._server), serving.outside_execute():
-            module = import_model(ctx.model_name, ctx.version_dir, filename, f"v{ctx.version}_i{ctx.index}")
-            self._package = module.__name__.rpartition(".")[0]
-            try:
-                self._init(module)
-            except BaseException:
-                forget_package(self._package)
-                raise
+        # sys.argv is the stub's from here until finalize: once per load, not twice per call (stub_argv.py)
+        stub_argv.enter()
+        self._argv_held = True
+        try:
+            # the module's top-level code runs under the backends' import lock (inside import_model);
+            # initialize() runs in parallel with other models' loads (--model-load-thread-count)
+            with serving.using(self._server), serving.outside_execute():
+                module = import_model(ctx.model_name, ctx.version_dir, filename, f"v{ctx.version}_i{ctx.index}")
+                self._package = module.__name__.rpartition(".")[0]
+                try:
+                    self._init(module)
+                except BaseException:
+                    forget_package(self._package)
+                    raise
+        except BaseException:
+            self._release_argv()
+            raise
 
     def _init(self, module: types.ModuleType) -> None:
         ctx = self.ctx
         self._thread = native_thread_id()  # the instance's own: execute elsewhere runs inline on the hub
+        # the server's hooks stay current after a call, in the thread or greenlet that ran it (serving.py):
+        # a ContextVar read per call instead of a set and a reset; with fast paths off, set and reset
+        self._hooks_stay = fastpath.enabled and self._server is not None
         self.model = module.TritonPythonModel()
         self.decoupled = ctx.config.model_transaction_policy.decoupled
         self.inline_ok = _may_run_inline(ctx, self.model, self.decoupled)
@@ -172,21 +183,27 @@ class PythonInstance:
         return value
 
     def execute(self, requests: list[InferRequest]) -> list[Result]:
-        token = _enter(self._server)  # on the instance's thread, or inline in a hub greenlet
-        stub_argv.enter()
+        """On the instance's thread, or inline in a hub greenlet."""
+        if self._hooks_stay:
+            if _current_hooks() is not self._server:
+                _enter(self._server)
+            if self.decoupled:
+                return self._execute_decoupled(requests)
+            return self._execute(requests)
+        token = _enter(self._server)
         try:
             if self.decoupled:
                 return self._execute_decoupled(requests)
             return self._execute(requests)
         finally:
-            stub_argv.leave()
             _leave(token)
 
     def _execute(self, requests: list[InferRequest]) -> list[Result]:
         # inline (on the hub), a model that answers through a sender goes back to its thread: its
         # response may come from a thread of its own after execute returned, and waiting must not block the hub
         sender = rules.default_mode_sender if native_thread_id() == self._thread else _back_to_thread
-        pb_requests = [_to_pb(r, sender) for r in requests]
+        # one request (the usual inline batch): no comprehension (a function call of its own)
+        pb_requests = [_served(requests[0], sender)] if len(requests) == 1 else [_served(r, sender) for r in requests]
         try:
             responses = self.model.execute(pb_requests)
             if type(responses) is not list:  # a list is never awaitable: skip the awaitable test
@@ -204,6 +221,8 @@ class PythonInstance:
                 "Number of InferenceResponse objects do not match the number of InferenceRequest objects. "
                 f"InferenceRequest(s) size is:{len(requests)}, and InferenceResponse(s) size is:{len(responses)}\n")
             ] * len(requests)
+        if len(responses) == 1:  # one request (the usual inline batch): no zip, no comprehension
+            return [self._result_of(pb_requests[0], responses[0])]
         return [self._result_of(pb, r) for pb, r in zip(pb_requests, responses, strict=True)]
 
     def _result_of(self, pb: Any, response: Any) -> Result:
@@ -229,7 +248,7 @@ class PythonInstance:
             if channel is None:
                 return [TritonError.unsupported(
                     f"model '{self.ctx.model_name}' is decoupled: it answers only streaming requests")] * len(requests)
-            pb = _to_pb(r)
+            pb = _served(r)
             pb._response_sender = pb_utils.InferenceResponseSender(self._deliverer(channel), channel.is_cancelled)
             pb._cancelled = channel.is_cancelled
             pb_requests.append(pb)
@@ -310,12 +329,19 @@ class PythonInstance:
                 with serving.using(self._server), serving.outside_execute(), as_stub():
                     self._await(fin())
         finally:
+            self._release_argv()
             if self._loop is not None:
                 self._loop.close()
             forget_package(self._package)
             # the model's memory goes now, even while something still holds this instance (a connection's
             # cached route to the unloaded version): the memory budget measures right after an unload
             self.model = None
+
+
+    def _release_argv(self) -> None:
+        if self._argv_held:  # once, whether finalize runs once or again
+            self._argv_held = False
+            stub_argv.leave()
 
 
 def _back_to_thread(_request: Any) -> Any:
@@ -335,29 +361,12 @@ def _output_array(tensor: Any) -> np.ndarray:
 
 
 _RELEASE_RESCHEDULE = pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
-_enter, _leave = serving.enter, serving.leave
-_trusted = pb_utils.Tensor._trusted
-_from_server = pb_utils.InferenceRequest._from_server
+_enter, _leave, _current_hooks = serving.enter, serving.leave, serving.peek
+_served = pb_utils.InferenceRequest._served
 _Response = pb_utils.InferenceResponse
 _Tensor = pb_utils.Tensor
 
 
 def _to_pb(request: InferRequest, sender_factory: Callable[[Any], Any] | None = None) -> Any:
-    outputs = request.outputs
-    pb = _from_server(
-        request.id,
-        request.correlation_id,
-        {name: _trusted(name, t.data, t.dtype.enum_value) for name, t in request.inputs.items()},
-        [] if outputs is None else [o.name for o in outputs],
-        request.model_name,
-        request.model_version,
-        request.flags,
-        request.timeout_us,
-        request.parameters,
-        sender_factory,
-    )
-    if request.is_cancelled is not None:
-        pb._cancelled = request.is_cancelled
-    if request.trace is not None:  # OpenTelemetry: request.trace() hands it to the model's BLS requests
-        pb._trace = pb_utils.InferenceTrace(request.trace)
-    return pb
+    """The ``pb_utils.InferenceRequest`` a model's ``execute`` gets for ``request`` (benchmarks call it)."""
+    return _served(request, sender_factory)
