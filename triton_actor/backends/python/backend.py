@@ -337,7 +337,6 @@ class PythonInstance:
             # cached route to the unloaded version): the memory budget measures right after an unload
             self.model = None
 
-
     def _release_argv(self) -> None:
         if self._argv_held:  # once, whether finalize runs once or again
             self._argv_held = False
