@@ -12,6 +12,10 @@ Times, in µs per call (best of ``--repeat`` runs of ``--number`` calls each):
   timed separately (``pb parse`` / ``pb serialize``) since the transport does them.
 
     .venv/bin/python scripts/bench_python_backend.py [--number 20000] [--repeat 5]
+    PYTHONPATH=<checkout> .venv/bin/python scripts/bench_python_backend.py --cpu 7   # execute's CPU time only
+
+``--cpu ROUNDS`` times ``python execute`` by this thread's CPU clock instead (best and median of ROUNDS
+rounds of ``--number`` calls): on a machine shared with other jobs, the figure that compares checkouts.
 """
 
 from __future__ import annotations
@@ -73,17 +77,40 @@ def bench(label: str, fn, number: int, repeat: int, results: dict[str, float]) -
     print(f"{label:<28} {best:8.2f} us")
 
 
+def cpu_time(inst: py_backend.PythonInstance, reqs: list[InferRequest], number: int, rounds: int) -> int:
+    """Print ``execute``'s CPU time per call (this thread's clock: preemption by other jobs is not counted)."""
+    import os
+    import statistics
+    import time
+
+    for _ in range(number // 10):
+        inst.execute(reqs)
+    per = []
+    for _ in range(rounds):
+        t0 = time.thread_time_ns()
+        for _ in range(number):
+            inst.execute(reqs)
+        per.append((time.thread_time_ns() - t0) / number / 1e3)
+    print(f"python execute (1 request): best {min(per):.2f} us, median {statistics.median(per):.2f} us CPU "
+          f"({rounds} x {number}; load average {os.getloadavg()[0]:.2f})")
+    inst.finalize()
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--number", type=int, default=20000)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--cpu", type=int, default=0, metavar="ROUNDS", help="only execute's CPU time, ROUNDS rounds")
     args = ap.parse_args()
     n, r = args.number, args.repeat
 
     inst = make_instance()
     req = make_request()
     reqs = [req]
+    if args.cpu:
+        return cpu_time(inst, reqs, n, args.cpu)
     response = inst.execute(reqs)[0]
     assert not isinstance(response, Exception), response
     pb_req = py_backend._to_pb(req)

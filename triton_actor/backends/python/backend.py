@@ -1,23 +1,16 @@
 """The Python backend: runs Triton ``model.py`` files (``class TritonPythonModel``) unchanged, in-process.
 
 Triton runs each instance in a stub process; we run it on the instance's native thread, which is
-why a request costs microseconds here instead of an IPC round trip. Each instance imports its own
-copy of the module (Triton instances never share Python state), as a package whose ``__path__`` is
-the version folder, so relative imports inside the version folder work (Triton imports
-``<version>.model`` with the model and version folders on ``sys.path``; we add those too).
+why a request costs microseconds here instead of an IPC round trip. How ``model.py`` is imported
+(a fresh package per instance) is ``model_import.py``'s.
 """
 
 from __future__ import annotations
 
 import contextvars
-import importlib
-import importlib.machinery
-import importlib.util
 import inspect
 import json
 import logging
-import os
-import re
 import sys
 import traceback
 import types
@@ -32,8 +25,7 @@ from ...errors import Code, TritonError
 from ...inference import InferRequest, InferResponse
 from ...repository import config as config_mod
 from ...repository.config import ModelConfig
-from ...repository.layout import model_file
-from ...repository.public_paths import PublicPaths, public_text
+from ...runtime import fastpath
 from ...runtime.bridge import RunOnThread
 from ...runtime.loop_thread import LoopThread
 from ...runtime.threads import native_thread_id
@@ -41,143 +33,15 @@ from ..base import IMPORT_LOCK, RESCHEDULE, BackendInstance, InstanceContext, Re
 from . import response_rules as rules
 from . import stub_argv
 from . import triton_python_backend_utils as pb_utils
+from .model_import import MODEL_ERRORS, forget_package, import_model, python_error_text
 from .stub_argv import as_stub
 from .triton_python_backend_utils import serving
 
 # model.py files do `import triton_python_backend_utils as pb_utils`: serve them our module.
 sys.modules.setdefault("triton_python_backend_utils", pb_utils)
 
+__all__ = ["MODEL_ERRORS", "PythonBackend", "PythonInstance", "forget_package", "import_model", "python_error_text"]
 log = logging.getLogger(__name__)
-_ROOT_PACKAGE = "triton_actor_models"
-_OWN_DIR = str(Path(__file__).resolve().parents[2])  # the triton_actor package
-_sequence = 0
-# What model code raises that is the model's own error: any Exception, and the two BaseExceptions a
-# model raises on purpose, sys.exit() and an interrupt (Triton's stub reports them like any other
-# Python error). Left to propagate, they would reach gevent's hub, which re-raises them in the main
-# greenlet and ends the server (docs/testing.md#faults-and-soak). GreenletExit, gevent.Timeout and RunOnThread
-# are not the model's: they pass through.
-MODEL_ERRORS = (Exception, SystemExit, KeyboardInterrupt)
-
-
-# What each imported model package holds, so unloading gives it back: its sys.path entries (shared
-# entries are counted) and the top-level modules it imported from its own folders (``import utils``).
-# Imports run on instance threads, several at once: the backends' import lock serializes them.
-_lock = IMPORT_LOCK  # also keeps model.py imports on different threads from racing (see base.py)
-_path_users: dict[str, int] = {}
-_held: dict[str, tuple[list[str], list[str]]] = {}  # package → (sys.path entries, owned top-level modules)
-
-
-def _fresh_package(model: str, version_dir: Path, tag: str) -> str:
-    """Register a new package whose path is ``version_dir``; return its dotted name. Call with ``_lock`` held."""
-    global _sequence
-    _sequence += 1
-    if _ROOT_PACKAGE not in sys.modules:
-        root = types.ModuleType(_ROOT_PACKAGE)
-        root.__path__ = []
-        sys.modules[_ROOT_PACKAGE] = root
-    safe = re.sub(r"\W", "_", model)
-    name = f"{_ROOT_PACKAGE}.{safe}_{tag}_{_sequence}"
-    pkg = types.ModuleType(name)
-    pkg.__path__ = [str(version_dir)]
-    pkg.__file__ = str(version_dir / "__init__.py")
-    sys.modules[name] = pkg
-    paths = []
-    for extra in (str(version_dir), str(version_dir.parent)):
-        if extra in _path_users:
-            _path_users[extra] += 1
-        elif extra in sys.path:
-            continue  # not ours to count or remove
-        else:
-            sys.path.append(extra)
-            _path_users[extra] = 1
-        paths.append(extra)
-    _held[name] = (paths, [])
-    return name
-
-
-def _inside(path: object, folder: str) -> bool:
-    return isinstance(path, str) and (path == folder or path.startswith(folder + os.sep))
-
-
-def forget_package(package: str) -> None:
-    """Unload bookkeeping of one imported model: its modules leave sys.modules and the sys.path entries
-    nobody else uses go, so unloaded versions are freed and a reload imports its helpers afresh."""
-    with _lock:
-        paths, owned = _held.pop(package, ([], []))
-        for name in [n for n in list(sys.modules) if n == package or n.startswith(package + ".")] + owned:
-            sys.modules.pop(name, None)
-        for extra in paths:
-            _path_users[extra] -= 1
-            if not _path_users[extra]:
-                del _path_users[extra]
-                if extra in sys.path:
-                    sys.path.remove(extra)
-
-
-class _SourceLoader(importlib.machinery.SourceFileLoader):
-    """Compiles ``model.py`` from its source every time. The ``__pycache__`` check compares the source's
-    mtime in whole seconds and its size, so a file rewritten within the same second at the same size
-    (a hot reload) would otherwise run the previous code."""
-
-    def get_code(self, fullname: str) -> types.CodeType:
-        path = self.get_filename(fullname)
-        return self.source_to_code(self.get_data(path), path)
-
-
-def import_model(model: str, version_dir: Path, filename: str, tag: str) -> types.ModuleType:
-    """Import ``<version_dir>/<filename>`` as a fresh module; errors become INVALID_ARG with the traceback."""
-    path = model_file(model, version_dir, filename, "python model file")
-    folder = str(version_dir.parent)
-    with _lock:
-        package = _fresh_package(model, version_dir, tag)
-        name = f"{package}.{Path(filename).stem}"
-        spec = importlib.util.spec_from_file_location(name, path, loader=_SourceLoader(name, str(path)))
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        # helpers (``import utils``) resolve afresh from this model's folders, ahead of other models'
-        # same-named files: modules cached from any model folder step aside during the import and come
-        # back afterwards unless this import replaced them
-        folders = [folder, *_path_users]
-        # (list(...) snapshots in one step: other threads may be importing while this one looks)
-        stashed = {n: m for n, m in list(sys.modules.items()) if not n.startswith(_ROOT_PACKAGE)
-                   and any(_inside(getattr(m, "__file__", None), f) for f in folders)}
-        for cached in stashed:
-            del sys.modules[cached]
-        before = set(sys.modules)
-        sys.path[:0] = [str(version_dir), folder]
-        try:
-            with as_stub():
-                spec.loader.exec_module(module)
-            error = None
-        except MODEL_ERRORS as e:
-            error = e
-        finally:
-            for entry in (str(version_dir), folder):  # by value: model code may have changed sys.path too
-                sys.path.remove(entry)
-            _held[package][1].extend(n for n in set(sys.modules) - before
-                                     if _inside(getattr(sys.modules.get(n), "__file__", None), folder)
-                                     and not n.startswith(_ROOT_PACKAGE))
-            for cached, cached_module in stashed.items():
-                sys.modules.setdefault(cached, cached_module)
-    if error is not None:
-        forget_package(package)
-        raise TritonError.internal(f"failed to load model '{model}': {python_error_text(error)}") from None
-    if not hasattr(module, "TritonPythonModel"):
-        forget_package(package)
-        raise TritonError.invalid_arg(f"failed to load model '{model}': {path} has no class TritonPythonModel")
-    return module
-
-
-def python_error_text(e: BaseException, paths: PublicPaths = ()) -> str:
-    """``"<Type>: <message>\n\nAt:\n  <file>(<line>): <function>\n"``, innermost frame first, frames of
-    this server left out: the text Triton's python backend produces for an exception in model code; the
-    server's own folders in it (``paths``: a load request's, an object-store repository's copy) named as
-    the client knows them."""
-    frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith(_OWN_DIR)]
-    lines = "".join(f"  {f.filename}({f.lineno}): {f.name}\n" for f in reversed(frames))
-    text = f"{type(e).__name__}: {e}"
-    return public_text(f"{text}\n\nAt:\n{lines}" if lines else text, paths)
 
 
 class PythonBackend:
@@ -260,20 +124,30 @@ class PythonInstance:
         # model code runs as its server's: pb_utils calls (BLS, model control, MetricFamily) reach that server
         self._server = ctx.server_hooks
         filename = ctx.config.default_model_filename or "model.py"
-        # the module's top-level code runs under the backends' import lock (inside import_model);
-        # initialize() runs in parallel with other models' loads (--model-load-thread-count)
-        with serving.using(self._server), serving.outside_execute():
-            module = import_model(ctx.model_name, ctx.version_dir, filename, f"v{ctx.version}_i{ctx.index}")
-            self._package = module.__name__.rpartition(".")[0]
-            try:
-                self._init(module)
-            except BaseException:
-                forget_package(self._package)
-                raise
+        # sys.argv is the stub's from here until finalize: once per load, not twice per call (stub_argv.py)
+        stub_argv.enter()
+        self._argv_held = True
+        try:
+            # the module's top-level code runs under the backends' import lock (inside import_model);
+            # initialize() runs in parallel with other models' loads (--model-load-thread-count)
+            with serving.using(self._server), serving.outside_execute():
+                module = import_model(ctx.model_name, ctx.version_dir, filename, f"v{ctx.version}_i{ctx.index}")
+                self._package = module.__name__.rpartition(".")[0]
+                try:
+                    self._init(module)
+                except BaseException:
+                    forget_package(self._package)
+                    raise
+        except BaseException:
+            self._release_argv()
+            raise
 
     def _init(self, module: types.ModuleType) -> None:
         ctx = self.ctx
         self._thread = native_thread_id()  # the instance's own: execute elsewhere runs inline on the hub
+        # the server's hooks stay current after a call, in the thread or greenlet that ran it (serving.py):
+        # a ContextVar read per call instead of a set and a reset; with fast paths off, set and reset
+        self._hooks_stay = fastpath.enabled and self._server is not None
         self.model = module.TritonPythonModel()
         self.decoupled = ctx.config.model_transaction_policy.decoupled
         self.inline_ok = _may_run_inline(ctx, self.model, self.decoupled)
@@ -309,21 +183,27 @@ class PythonInstance:
         return value
 
     def execute(self, requests: list[InferRequest]) -> list[Result]:
-        token = _enter(self._server)  # on the instance's thread, or inline in a hub greenlet
-        stub_argv.enter()
+        """On the instance's thread, or inline in a hub greenlet."""
+        if self._hooks_stay:
+            if _current_hooks() is not self._server:
+                _enter(self._server)
+            if self.decoupled:
+                return self._execute_decoupled(requests)
+            return self._execute(requests)
+        token = _enter(self._server)
         try:
             if self.decoupled:
                 return self._execute_decoupled(requests)
             return self._execute(requests)
         finally:
-            stub_argv.leave()
             _leave(token)
 
     def _execute(self, requests: list[InferRequest]) -> list[Result]:
         # inline (on the hub), a model that answers through a sender goes back to its thread: its
         # response may come from a thread of its own after execute returned, and waiting must not block the hub
         sender = rules.default_mode_sender if native_thread_id() == self._thread else _back_to_thread
-        pb_requests = [_to_pb(r, sender) for r in requests]
+        # one request (the usual inline batch): no comprehension (a function call of its own)
+        pb_requests = [_served(requests[0], sender)] if len(requests) == 1 else [_served(r, sender) for r in requests]
         try:
             responses = self.model.execute(pb_requests)
             if type(responses) is not list:  # a list is never awaitable: skip the awaitable test
@@ -341,6 +221,8 @@ class PythonInstance:
                 "Number of InferenceResponse objects do not match the number of InferenceRequest objects. "
                 f"InferenceRequest(s) size is:{len(requests)}, and InferenceResponse(s) size is:{len(responses)}\n")
             ] * len(requests)
+        if len(responses) == 1:  # one request (the usual inline batch): no zip, no comprehension
+            return [self._result_of(pb_requests[0], responses[0])]
         return [self._result_of(pb, r) for pb, r in zip(pb_requests, responses, strict=True)]
 
     def _result_of(self, pb: Any, response: Any) -> Result:
@@ -366,7 +248,7 @@ class PythonInstance:
             if channel is None:
                 return [TritonError.unsupported(
                     f"model '{self.ctx.model_name}' is decoupled: it answers only streaming requests")] * len(requests)
-            pb = _to_pb(r)
+            pb = _served(r)
             pb._response_sender = pb_utils.InferenceResponseSender(self._deliverer(channel), channel.is_cancelled)
             pb._cancelled = channel.is_cancelled
             pb_requests.append(pb)
@@ -447,12 +329,18 @@ class PythonInstance:
                 with serving.using(self._server), serving.outside_execute(), as_stub():
                     self._await(fin())
         finally:
+            self._release_argv()
             if self._loop is not None:
                 self._loop.close()
             forget_package(self._package)
             # the model's memory goes now, even while something still holds this instance (a connection's
             # cached route to the unloaded version): the memory budget measures right after an unload
             self.model = None
+
+    def _release_argv(self) -> None:
+        if self._argv_held:  # once, whether finalize runs once or again
+            self._argv_held = False
+            stub_argv.leave()
 
 
 def _back_to_thread(_request: Any) -> Any:
@@ -472,29 +360,12 @@ def _output_array(tensor: Any) -> np.ndarray:
 
 
 _RELEASE_RESCHEDULE = pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
-_enter, _leave = serving.enter, serving.leave
-_trusted = pb_utils.Tensor._trusted
-_from_server = pb_utils.InferenceRequest._from_server
+_enter, _leave, _current_hooks = serving.enter, serving.leave, serving.peek
+_served = pb_utils.InferenceRequest._served
 _Response = pb_utils.InferenceResponse
 _Tensor = pb_utils.Tensor
 
 
 def _to_pb(request: InferRequest, sender_factory: Callable[[Any], Any] | None = None) -> Any:
-    outputs = request.outputs
-    pb = _from_server(
-        request.id,
-        request.correlation_id,
-        {name: _trusted(name, t.data, t.dtype.enum_value) for name, t in request.inputs.items()},
-        [] if outputs is None else [o.name for o in outputs],
-        request.model_name,
-        request.model_version,
-        request.flags,
-        request.timeout_us,
-        request.parameters,
-        sender_factory,
-    )
-    if request.is_cancelled is not None:
-        pb._cancelled = request.is_cancelled
-    if request.trace is not None:  # OpenTelemetry: request.trace() hands it to the model's BLS requests
-        pb._trace = pb_utils.InferenceTrace(request.trace)
-    return pb
+    """The ``pb_utils.InferenceRequest`` a model's ``execute`` gets for ``request`` (benchmarks call it)."""
+    return _served(request, sender_factory)

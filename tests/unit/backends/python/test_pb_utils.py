@@ -519,9 +519,15 @@ def test_get_input_tensor_by_name():
     assert pb_utils.get_input_tensor_by_name(req, "A") is a  # first one wins, like Triton
     assert pb_utils.get_input_tensor_by_name(req, "B") is b
     assert pb_utils.get_input_tensor_by_name(req, "C") is None
+    # as Triton's pybind11 binding, inputs() is a new list each call and the request keeps its own copy
+    # of the list it was given: changing either leaves the request's inputs as they were
+    given = [a]
+    req = pb_utils.InferenceRequest(inputs=given)
     c = pb_utils.Tensor("C", np.zeros(1))
     req.inputs().append(c)
-    assert pb_utils.get_input_tensor_by_name(req, "C") is c
+    given.append(c)
+    assert req.inputs() == [a] and req.inputs() is not req.inputs()
+    assert pb_utils.get_input_tensor_by_name(req, "C") is None
 
     class DuckRequest:
         def inputs(self):

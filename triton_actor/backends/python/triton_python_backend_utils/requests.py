@@ -2,7 +2,7 @@
 options ``PreferredMemory`` and ``InferenceTrace``, and ``get_input_tensor_by_name``.
 
 Owner: the server builds one request per client request on the instance's native thread
-(``InferenceRequest._from_server``, hot path: no copying, no JSON) and hands it to ``execute``; after
+(``InferenceRequest._served``, hot path: no copying, no JSON, one call) and hands it to ``execute``; after
 that the model owns it, and may use it from threads it started (``get_response_sender``,
 ``is_cancelled``). The server sets ``_response_sender`` / ``_cancelled`` (decoupled models) or a
 ``_sender_factory`` (others), and reads ``_release_flags`` after ``execute`` (rescheduling).
@@ -71,6 +71,7 @@ class InferenceTrace:
 
 
 _NO_TRACE = InferenceTrace()
+_new = object.__new__
 _DEFAULT_MEMORY = PreferredMemory(TRITONSERVER_MEMORY_CPU)  # shown as the default in pybind11's signature
 
 # the constructor's parameters as Triton binds them (pb_stub.cc), in its order
@@ -101,11 +102,17 @@ class InferenceRequest(JsonParameters):
     """
 
     # Defaults of what a request rarely changes: instances store only what differs, which keeps the
-    # per-request construction short (the server builds one per request, see ``_from_server``).
+    # per-request construction short (the server builds one per request, see ``_served``).
     _preferred_memory: PreferredMemory | None = None
     _trace: InferenceTrace | None = None
+    # The inputs, held twice at most and each built when first needed: ``_inputs`` in the given order
+    # (None: a served request, built from the index by ``inputs()``) and ``_input_map``, name to tensor,
+    # the first of a name winning (None: built by the first lookup). Neither changes after construction:
+    # ``inputs()`` hands out a copy, as Triton's pybind11 converts the vector to a new list each call.
+    _inputs: list[Tensor] | None = None
     _input_map: dict[str, Tensor] | None = None
-    _input_map_len = 0
+    _requested_output_names: list[str] | None = None  # None: a served request, listed from _outputs_asked
+    _outputs_asked: Any = None  # a served request's RequestedOutput tuple (None: every output)
     _release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
     _response_sender: Any = None
     _sender_factory: Callable[[InferenceRequest], Any] | None = None
@@ -153,7 +160,7 @@ class InferenceRequest(JsonParameters):
                                        f"'{model_name}' should not be empty.")
         self._request_id = request_id
         self._correlation_id = correlation_id
-        self._inputs = inputs if type(inputs) is list else list(inputs)
+        self._inputs = list(inputs)  # pybind11 copies into a vector: the caller's list may change later
         self._requested_output_names = [as_str(n) for n in names]
         self._model_name = model_name
         self._model_version = operator.index(model_version)
@@ -166,52 +173,54 @@ class InferenceRequest(JsonParameters):
         self._parameters = parameters
 
     @classmethod
-    def _from_server(
-        cls,
-        request_id: str,
-        correlation_id: int | str,
-        inputs: dict[str, Tensor],
-        requested_output_names: list[str],
-        model_name: str,
-        model_version: int,
-        flags: int,
-        timeout: int,
-        parameters: dict[str, Any],
-        sender_factory: Callable[[InferenceRequest], Any] | None = None,
-    ) -> InferenceRequest:
-        """The server's constructor for a request given to ``execute`` (hot path): ``inputs`` maps
-        unique names to tensors and becomes the lookup index as it is; parameters are checked only
-        when there are some, as the constructor would."""
+    def _served(cls, request: Any, sender_factory: Callable[[InferenceRequest], Any] | None = None
+                ) -> InferenceRequest:
+        """The server's constructor for a request given to ``execute`` (hot path, one call): ``request`` is
+        the server's ``InferRequest`` (validated; its inputs are unique names); the tensors share its
+        arrays and the name index is built with them; parameters are checked only when there are some,
+        as the constructor would."""
+        parameters = request.parameters
         if parameters:
             check_parameters(parameters, allow_float=True)
-        request = cls.__new__(cls)
-        request._request_id = request_id
-        request._correlation_id = correlation_id
-        request._inputs = list(inputs.values())
-        request._input_map = inputs  # already name -> tensor: no second dict per request
-        request._input_map_len = len(inputs)
-        request._requested_output_names = requested_output_names
-        request._model_name = model_name
-        request._model_version = model_version
-        request._flags = flags
-        request._timeout = timeout
-        request._parameters = parameters
+        index = {}
+        for name, given in request.inputs.items():
+            tensor = _new(Tensor)
+            tensor._name = name
+            tensor._array = given.data
+            tensor._triton_dtype = given.dtype.enum_value
+            index[name] = tensor
+        served = _new(cls)
+        served._input_map = index
+        served._request_id = request.id
+        served._correlation_id = request.correlation_id
+        served._outputs_asked = request.outputs  # names listed when the model asks (requested_output_names)
+        served._model_name = request.model_name
+        served._model_version = request.model_version
+        served._flags = request.flags
+        served._timeout = request.timeout_us
+        served._parameters = parameters
         if sender_factory is not None:
-            request._sender_factory = sender_factory
-        return request
+            served._sender_factory = sender_factory
+        cancelled = request.is_cancelled
+        if cancelled is not None:
+            served._cancelled = cancelled
+        trace = request.trace
+        if trace is not None:  # OpenTelemetry: request.trace() hands it to the model's BLS requests
+            served._trace = InferenceTrace(trace)
+        return served
 
     def inputs(self) -> list[Tensor]:
-        """Return the input tensors."""
-        return self._inputs
+        """Return the input tensors (a new list each call, as Triton's)."""
+        inputs = self._inputs
+        if inputs is None:
+            inputs = self._inputs = list(self._input_map.values())  # type: ignore[union-attr]
+        return list(inputs)
 
     def _get_input(self, name: str) -> Tensor | None:
-        """Find an input by name through a lazily built (first-wins) index."""
-        inputs = self._inputs
+        """Find an input by name through the index, built at the first lookup (the first of a name wins)."""
         index = self._input_map
-        if index is None or self._input_map_len != len(inputs):
-            index = {t._name: t for t in reversed(inputs)}
-            self._input_map = index
-            self._input_map_len = len(inputs)
+        if index is None:
+            index = self._input_map = {t._name: t for t in reversed(self._inputs or ())}
         return index.get(name)
 
     def request_id(self) -> str:
@@ -248,7 +257,11 @@ class InferenceRequest(JsonParameters):
 
     def requested_output_names(self) -> list[str]:
         """Return the names of the requested outputs (empty = all)."""
-        return self._requested_output_names
+        names = self._requested_output_names
+        if names is None:
+            asked = self._outputs_asked
+            names = self._requested_output_names = [] if asked is None else [o.name for o in asked]
+        return names
 
     def model_name(self) -> str:
         """Return the target model name (BLS) or the model's own name."""
@@ -297,7 +310,7 @@ class InferenceRequest(JsonParameters):
         return server_calls.bls_async_exec(self, _decoupled(self, "async_exec", decoupled))
 
     def __repr__(self) -> str:
-        names = [t.name() for t in self._inputs]
+        names = [t.name() for t in self.inputs()]
         return (
             f"InferenceRequest(request_id={self._request_id!r}, "
             f"model_name={self._model_name!r}, inputs={names})"
@@ -315,9 +328,9 @@ def _decoupled(request: InferenceRequest, method: str, value: Any) -> bool:
 
 def get_input_tensor_by_name(inference_request: Any, name: str) -> Tensor | None:
     """Return the request's input tensor called ``name``, or None."""
-    if type(inference_request) is InferenceRequest:  # the usual case: its index, while still current
+    if type(inference_request) is InferenceRequest:  # the usual case: its index, built once
         index = inference_request._input_map
-        if index is not None and inference_request._input_map_len == len(inference_request._inputs):
+        if index is not None:
             return index.get(name)
         return inference_request._get_input(name)
     finder = getattr(inference_request, "_get_input", None)

@@ -99,6 +99,10 @@ def _incompatible(output_tensors: Any, error: Any, parameters: Any) -> TypeError
 class InferenceResponse(JsonParameters):
     """A response: output tensors and/or an error, plus optional parameters."""
 
+    # what most responses have: an instance stores only what differs (two stores fewer per response)
+    _error: TritonError | None = None
+    _parameters: Any = None
+
     def __init__(
         self,
         output_tensors: list[Tensor] | tuple[()] = (),  # a tuple: each response gets a list
@@ -117,15 +121,16 @@ class InferenceResponse(JsonParameters):
                 if tensor is not None:
                     raise _incompatible(output_tensors, error, parameters)
                 empty = True
-        if error is not None and not isinstance(error, TritonError):
-            raise _incompatible(output_tensors, error, parameters)
+        if error is not None:
+            if not isinstance(error, TritonError):
+                raise _incompatible(output_tensors, error, parameters)
+            self._error = error
         if parameters is not None:
             check_parameters(parameters, allow_float=False)
+            self._parameters = parameters
         if empty:
             raise TritonModelException("Output tensor for inference response should not be empty.")
         self._output_tensors = output_tensors
-        self._error = error
-        self._parameters = parameters
 
     def output_tensors(self) -> list[Tensor]:
         """Return the output tensors."""

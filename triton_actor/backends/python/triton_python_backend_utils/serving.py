@@ -2,9 +2,12 @@
 
 Owner: each server owns one :class:`ServerHooks` (its BLS and model-control executors, its custom metric
 families); this module owns only the way a call finds them. The server's Python backend makes its hooks
-current (a ``ContextVar``) while model code runs: ``initialize``, ``execute`` (on the instance's thread
+current (a ``ContextVar``) before model code runs: ``initialize``, ``execute`` (on the instance's thread
 or, inline, in a hub greenlet) and ``finalize``, and the asyncio tasks of those calls, which copy the
-context. Two servers in one process therefore never answer each other's models.
+context. Two servers in one process therefore never answer each other's models. After ``execute`` the
+hooks stay set in that thread or greenlet (fast paths on; off, they are reset): only model code reads
+them, and every call into model code makes its own server's current first (a read when they already
+are, instead of a set and a reset per call).
 
 A thread the model started itself does not carry the context (Python threads start with an empty one):
 a call from there goes to the one server of the process that installed its hooks (:func:`install`: the
@@ -73,6 +76,11 @@ def current() -> ServerHooks:
     raise TritonModelException(
         f"{len(installed)} servers run in this process and this thread belongs to none of their models: "
         "call from the model's own thread (initialize, execute, finalize) or its asyncio tasks")
+
+
+# the hooks set in this thread's or greenlet's context, None when none (no fallback to the installed ones):
+# the backend reads it per call to see whether its thread already runs as its server
+peek: Callable[[], ServerHooks | None] = _current.get
 
 
 def enter(hooks: ServerHooks | None) -> Token[ServerHooks | None] | None:
