@@ -13,6 +13,7 @@ Reports how long the second client waited (the instance held by the stalled stre
 the answer, the server's peak RSS above idle (VmHWM) and the RSS left while the model is loaded.
 
     .venv/bin/python scripts/probe_degraded.py config-override --mib 100
+    .venv/bin/python scripts/probe_degraded.py config-override --mib 3.9 --grpc   # gRPC's RepositoryModelLoad
 
 ``framing``: raw HTTP/1 requests with ambiguous framing (what nginx refuses); reports each status line.
 
@@ -88,9 +89,11 @@ def _request(port: int, method: str, path: str, body: bytes | None = None, timeo
 
 
 def _start(repo: str, port: int, flags: list[str]) -> subprocess.Popen:
+    grpc_port = _free_port()
     cmd = [sys.executable, "-m", "triton_actor", "--model-repository", repo, "--http-port", str(port),
-           "--grpc-port", str(_free_port()), "--allow-metrics", "false", *flags]
+           "--grpc-port", str(grpc_port), "--allow-metrics", "false", *flags]
     server = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server.grpc_port = grpc_port  # type: ignore[attr-defined]  # config-override --grpc
     deadline = time.time() + 60
     while True:
         try:
@@ -129,11 +132,29 @@ def config_override(port: int, server: subprocess.Popen, args: argparse.Namespac
     body = json.dumps({"parameters": {"config": json.dumps(config)}}).encode()
     idle_kb = _status_kb(server.pid, "VmRSS")
     started = time.monotonic()
-    status, answer = _request(port, "POST", "/v2/repository/models/plain/load", body)
+    if args.grpc:  # gRPC's RepositoryModelLoad, the same override as a string_param
+        status, answer = _grpc_load(server.grpc_port, json.dumps(config))  # type: ignore[attr-defined]
+    else:
+        status, answer = _request(port, "POST", "/v2/repository/models/plain/load", body)
     took = time.monotonic() - started
     return {"body_mb": round(len(body) / 1e6, 1), "status": status, "answer": answer[:200].decode("utf-8", "replace"),
             "took_s": round(took, 2), "peak_rss_over_idle_mb": (_status_kb(server.pid, "VmHWM") - idle_kb) // 1024,
             "rss_loaded_over_idle_mb": (_status_kb(server.pid, "VmRSS") - idle_kb) // 1024}
+
+
+def _grpc_load(grpc_port: int, config: str) -> tuple[int, bytes]:
+    """A RepositoryModelLoad of ``plain`` with ``config``: (200 or the gRPC status code, the message)."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+    try:
+        client.load_model("plain", config=config)
+    except InferenceServerException as e:
+        return int(e.status() or 0) if str(e.status() or "").isdigit() else 500, str(e).encode()
+    finally:
+        client.close()
+    return 200, b""
 
 
 def framing(port: int, server: subprocess.Popen, args: argparse.Namespace) -> dict:
@@ -181,6 +202,7 @@ def arguments(doc: str | None, probes: dict[str, Any], count: tuple[int, str], m
     ap.add_argument("--count", type=int, default=count[0], help=count[1])
     ap.add_argument("--mib", type=float, default=mib[0], help=mib[1])
     ap.add_argument("--flags", default="", help="extra server flags")
+    ap.add_argument("--grpc", action="store_true", help="config-override: load over gRPC, not HTTP")
     return ap.parse_args()
 
 

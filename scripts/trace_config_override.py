@@ -9,6 +9,7 @@ config parsed, normalized, its JSON made: ``start_version``) and once loaded, th
 ``--min-kib`` KiB, by where they were allocated. Usage::
 
     PYTHONPATH=. python scripts/trace_config_override.py --mib 3.9
+    PYTHONPATH=. python scripts/trace_config_override.py --mib 3.9 --grpc   # RepositoryModelLoad
 
 Figures are in multiples of the override's size (the ``config`` string); the HTTP body and its parse,
 which any request of that size costs, are in the peak.
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import sys
 import tempfile
 import tracemalloc
 from pathlib import Path
@@ -26,6 +28,7 @@ from typing import Any
 
 import gevent
 from bench_hostile import ECHO_CONFIG, ECHO_MODEL  # scripts/ is on sys.path
+from gevent import subprocess
 
 from triton_actor import bootstrap  # noqa: F401  (gevent patching before the server modules load)
 from triton_actor.actors.model import actor as model_actor
@@ -56,6 +59,7 @@ def main() -> None:
     ap.add_argument("--mib", type=float, default=3.9, help="MiB of the override's string parameter")
     ap.add_argument("--min-kib", type=int, default=512, help="blocks at least this big are listed")
     ap.add_argument("--flags", default="", help="extra server flags")
+    ap.add_argument("--grpc", action="store_true", help="load over gRPC (a client in its own process), not HTTP")
     args = ap.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="trace_config_"))
@@ -63,7 +67,7 @@ def main() -> None:
     (root / "plain" / "config.pbtxt").write_text(ECHO_CONFIG.replace('name: "echo"', ""))
     (root / "plain" / "1" / "model.py").write_text(ECHO_MODEL)
     settings = parse(["--model-repository", str(root), "--http-port", "0", "--http-address", "127.0.0.1",
-                      "--allow-grpc=false", "--allow-metrics=false", "--model-control-mode=explicit",
+                      f"--allow-grpc={args.grpc}", "--grpc-port=0", "--allow-metrics=false", "--model-control-mode=explicit",
                       *args.flags.split()])
     server = Server(settings)
     server.start_actors()
@@ -78,7 +82,9 @@ def main() -> None:
     text = json.dumps(config)
     body = json.dumps({"parameters": {"config": text}}).encode()
     size = len(text)
-    del config, text
+    del config
+    if not args.grpc:
+        del text
     min_bytes = args.min_kib << 10
     seen: dict[str, list[str]] = {}
     start_version = model_actor.start_version
@@ -102,7 +108,15 @@ def main() -> None:
         conn.close()
         return answer.status, data
 
-    status, data = gevent.spawn(load).get()
+    def load_grpc() -> tuple[int, bytes]:  # tritonclient's gRPC needs threading patched: in a child
+        client = ("import sys, tritonclient.grpc as g; c = g.InferenceServerClient(sys.argv[1]); "
+                  "c.load_model('plain', config=sys.stdin.read())")
+        assert server.grpc is not None
+        done = subprocess.run([sys.executable, "-c", client, f"127.0.0.1:{server.grpc.server_port}"], input=text,
+                              capture_output=True, text=True, check=False)
+        return (200 if done.returncode == 0 else 500), done.stderr[-300:].encode()
+
+    status, data = gevent.spawn(load_grpc if args.grpc else load).get()
     after, peak = tracemalloc.get_traced_memory()
     rss_peak, rss_after = _status_kib("VmHWM"), _status_kib("VmRSS")
     seen["loaded"] = _big_blocks(tracemalloc.take_snapshot(), min_bytes, size)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
@@ -111,6 +112,36 @@ def test_explicit_load_reaches_every_worker_and_a_worker_that_fails_undoes_it(re
             fresh = httpclient.InferenceServerClient(g.url)
             assert not fresh.is_model_ready("picky")
             fresh.close()
+        client.close()
+    finally:
+        assert g.stop() == 0
+
+
+def test_a_large_config_override_reaches_every_worker_over_both_protocols(repo: Path) -> None:
+    """Issue 23: a config override over 64 KiB is handed over by HTTP's driver and gRPC's call without a
+    copy and its text taken by the parse; with workers the text still reaches the others and the journal
+    (a worker started later replays it)."""
+    add_model(repo, "extra", PID_CONFIG, PID_PY)
+    config = json.dumps({"backend": "python", "max_batch_size": 0,
+                         "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [1]}],
+                         "output": [{"name": "OUTPUT0", "data_type": "TYPE_INT64", "dims": [1]}],
+                         "parameters": {"filler": {"string_value": "x" * 200_000}}})
+    g = Gunicorn("--model-repository", str(repo), "--model-control-mode", "explicit", "--load-model", "pid", workers=2)
+    try:
+        workers = set(g.wait_serving(2))
+        client = httpclient.InferenceServerClient(g.url)
+        client.load_model("extra", config=config)
+        assert pids_seen(g.url, workers, model="extra") == workers
+        client.unload_model("extra")
+        grpc = grpcclient.InferenceServerClient(g.grpc_url)
+        grpc.load_model("extra", config=config.replace("x" * 200_000, "y" * 200_000))
+        assert pids_seen(g.url, workers, model="extra") == workers
+        g.signal(signal.SIGTTIN)  # one more worker: it loads 'extra' from the journal, override and all
+        added = g.wait_serving(3)[2]
+        assert pids_seen(g.url, {*workers, added}, model="extra", tries=400) == {*workers, added}
+        filler = client.get_model_config("extra")["parameters"]["filler"]["string_value"]
+        assert filler == "y" * 200_000
+        grpc.close()
         client.close()
     finally:
         assert g.stop() == 0

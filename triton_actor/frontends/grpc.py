@@ -8,8 +8,8 @@ call → encode; errors are raised as ``TritonError`` and mapped to gRPC status 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar, NamedTuple
 
 import gevent
 import gevent.lock
@@ -41,6 +41,10 @@ class StreamError(NamedTuple):
 
 class GrpcServicer:
     """The RPCs, each ``method(request message) -> response message`` in a hub greenlet."""
+
+    # methods whose request is decoded by a parse of their own, not ``FromString`` (grpc_methods.py): a
+    # load's message held its config override (up to 4 MiB) for the whole load (issue 23)
+    parsers: ClassVar[dict[str, Callable[[bytes], Any]]] = {"RepositoryModelLoad": v2_grpc.decode_load_request}
 
     def __init__(self, plane: DataPlane, offload: Offload | None = None) -> None:
         self.plane = plane
@@ -176,9 +180,11 @@ class GrpcServicer:
         _no_repository_name(req.repository_name)
         return v2_grpc.repository_index(self.plane.repository_index(req.ready))
 
-    def RepositoryModelLoad(self, req: pb.RepositoryModelLoadRequest) -> pb.RepositoryModelLoadResponse:
+    def RepositoryModelLoad(self, req: v2_grpc.LoadRequest) -> pb.RepositoryModelLoadResponse:
+        """``req``: decoded by the method table's parse (v2_grpc.decode_load_request), not the message,
+        which would hold the config override's bytes for the whole load (issue 23)."""
         _no_repository_name(req.repository_name)
-        self.plane.load_model(req.model_name, v2_grpc.repository_parameters(req.parameters))
+        self.plane.load_model(req.model_name, req.parameters)
         return pb.RepositoryModelLoadResponse()
 
     def RepositoryModelUnload(self, req: pb.RepositoryModelUnloadRequest) -> pb.RepositoryModelUnloadResponse:

@@ -62,6 +62,7 @@ _GONE = object()  # the stream is over (reset, or the connection closed)
 
 _DEADLINE = Refused(DEADLINE_EXCEEDED, "Deadline Exceeded")  # grpc-core's status text
 _MOST_MESSAGE = 2048  # characters of a status message (grpc's clients take 8-16 KiB of headers)
+_TAKEN_MIN = 64 * 1024  # a unary message at least this big is parsed from its buffer (h2.take_message)
 
 
 class Call:
@@ -300,7 +301,7 @@ class Call:
             self.conn.call_finished()
 
     # -- unary calls --------------------------------------------------------------------------
-    def _decode(self, flag: int, data: bytes) -> tuple[Any, int]:
+    def _decode(self, flag: int, data: bytes | bytearray) -> tuple[Any, int]:
         """The request message, and the bytes of the budget its inflation holds (0 if not compressed):
         a stream's message keeps them with its own until it is answered (``kept``)."""
         if flag:
@@ -343,6 +344,11 @@ class Call:
             self.kept += n
 
     def _one_request(self) -> Any:
+        if len(self.buf) >= _TAKEN_MIN and not self.method.infer:  # a large message (a load's override)
+            taken = h2.take_message(self.buf)  # not copied: parsed from the buffer, which its parse may empty
+            if taken is not None:
+                self.buf = bytearray()
+                return self._decode(*taken)[0]
         messages = h2.split_messages(self.buf)
         if len(messages) != 1 or self.buf:
             raise Refused(INTERNAL, f"a unary call takes one request message, got {len(messages)}")

@@ -108,8 +108,8 @@ def method_table(servicer: GrpcServicer) -> dict[bytes, Method]:
         if method.name == "ModelInfer":
             methods[path] = Method(request_type.FromString, call, False, servicer.start_infer, servicer.finish_infer,
                                    servicer.again_infer, servicer.learn_infer)
-        else:
-            methods[path] = Method(request_type.FromString, call, streaming)
+        else:  # (a servicer's own parse: a method whose message must not be held while it runs)
+            methods[path] = Method(servicer.parsers.get(method.name, request_type.FromString), call, streaming)
     methods[b"/grpc.health.v1.Health/Check"] = Method(health_pb2.HealthCheckRequest.FromString, servicer.Check, False)
     return methods
 

@@ -14,7 +14,7 @@ import logging
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import gevent.event
 import orjson
@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 # (status line, headers without Content-Length, body: bytes, or an iterable of chunks with close())
 Reply = tuple[str, list[tuple[str, str]], bytes | Iterable[bytes]]
 View = Callable[..., Reply]
+V = TypeVar("V", bound=View)
+T = TypeVar("T")
 JSON_HEADERS = [("Content-Type", "application/json")]
 TEXT_HEADERS = [("Content-Type", "text/plain")]
 
@@ -63,6 +65,16 @@ class HttpRequest:
     # the driver's stamps of this request on the wire, made only in OpenTelemetry mode (observability/wire_trace.py)
     wire: WireTrace | None = None
 
+    def parse_payload(self, parse: Callable[[bytes], T]) -> T:
+        """``parse(payload())``, then a body taken over from the driver (a ``bytearray``: a view marked
+        :func:`takes_body`, a large body) is emptied: nothing holds it while the view goes on, however
+        many frames still refer to it (issue 23: a load's body was held through the whole load)."""
+        try:
+            return parse(self.payload())
+        finally:
+            if type(self.body) is bytearray:
+                self.body.clear()
+
     def payload(self) -> bytes:
         """The body with ``Content-Encoding: gzip|deflate`` undone, never over ``max_size`` bytes; the
         inflated bytes are held in the request memory budget until the request is answered (call it
@@ -81,6 +93,13 @@ class HttpRequest:
             raise TritonError.invalid_arg(f"failed to decompress the {encoding} request body: {e}") from None
         except OverflowError as e:
             raise too_large(e.args[0], self.max_size) from None
+
+
+def takes_body(view: V) -> V:
+    """Mark a view that reads its body once, with :meth:`HttpRequest.parse_payload`: the driver hands it
+    a large body without copying it (``http_server.py`` ``_read_taken``), which the parse then empties."""
+    view.takes_body = True  # type: ignore[attr-defined]
+    return view
 
 
 def _unbounded(n: int) -> None:
@@ -148,6 +167,15 @@ class HttpFrontend:
         except Exception as e:
             log.exception("unexpected error on %s %s", method, path)
             return error_response(TritonError.internal(f"internal error: {e!r}"))
+
+    def takes_body(self, method: str, path: str) -> bool:
+        """Whether the view of ``method path`` takes its body over (:func:`takes_body`): asked by the
+        driver for large bodies only, before the body is read."""
+        try:
+            endpoint = (self._routes.get((method, path)) or self.match(method, path))[0]
+        except HTTPException:
+            return False
+        return getattr(self._views[endpoint], "takes_body", False)
 
     def _refusal(self, endpoint: str, headers: dict[str, str]) -> str | None:
         assert self.restrictions is not None

@@ -25,7 +25,7 @@ from ..protocol import codings, generate, header_forward, payloads, repository_h
 from ..protocol.shm_windows import SharedMemoryAccess
 from ..runtime.kernel import Reply as Reply_
 from . import cached_answers, compression
-from .http import JSON_HEADERS, TEXT_HEADERS, HttpRequest, Reply, View, json_reply
+from .http import JSON_HEADERS, TEXT_HEADERS, HttpRequest, Reply, View, json_reply, takes_body
 from .offload import WORK_ON_HUB, Offload, json_work
 from .openai_routes import OpenAIOptions, openai_routes
 from .status_page import status_routes
@@ -285,8 +285,9 @@ def _repository_routes(app: Flask, plane: DataPlane) -> None:
         return json_reply(plane.repository_index(_index_ready(req.payload())))
 
     @app.post("/v2/repository/models/<model>/load")
+    @takes_body  # a config override is up to 4 MiB: its body goes once parsed, not after the load (issue 23)
     def repository_load(req: HttpRequest, model: str) -> Reply:
-        plane.load_model(model, repository_http.decode_load(req.payload()))
+        plane.load_model(model, req.parse_payload(repository_http.decode_load))
         return _OK_EMPTY_JSON
 
     @app.post("/v2/repository/models/<model>/unload")

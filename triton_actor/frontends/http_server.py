@@ -49,6 +49,9 @@ from .slow_requests import SlowRequestLog
 log = logging.getLogger(__name__)
 
 _RECV = 256 * 1024
+# a body at least this big, for a view that takes it over (the load route), is handed over, not copied
+# (_read_taken); smaller ones are read as any other: their copy is a few microseconds and KiB
+_TAKEN_MIN = 64 * 1024
 _LINGER_S = 5.0  # a 408'd client's bytes are read and dropped until it closes, at most this (nginx's lingering_timeout)
 _PRESSED_TICK = 0.1  # the reaper's tick while requests wait in line for the budget (pressed bodies' deadlines)
 _OUR_SIDE_CLOSING = frozenset({1, 4, 5})  # TCP_ESTABLISHED, FIN_WAIT1, FIN_WAIT2: the peer has not closed yet
@@ -273,9 +276,12 @@ class HttpServer:
             try:
                 if expect_continue:
                     send_all(sock, http1.CONTINUE)
-                event = http.next_event()
-                if event is http1.NEED_DATA:
-                    event = self._read_event(sock, http) if length != http1.CHUNKED else self._read_chunked(conn)
+                if length >= _TAKEN_MIN and frontend.takes_body(method, unquote(target.partition("?")[0], "latin-1")):
+                    event = self._read_taken(conn)
+                else:
+                    event = http.next_event()
+                    if event is http1.NEED_DATA:
+                        event = self._read_event(sock, http) if length != http1.CHUNKED else self._read_chunked(conn)
                 (body,) = event
                 path, _, query = target.partition("?")
                 if wire is None:
@@ -338,6 +344,19 @@ class HttpServer:
             event = http.next_event()
             if event is not http1.NEED_DATA:
                 return event
+
+    @staticmethod
+    def _read_taken(conn: _Connection) -> Any:
+        """Read a body its view takes over (:func:`.http.takes_body`): the state machine's buffer is
+        handed to the view without a copy, and the view empties it once parsed, so the body is not held
+        by this loop (nor copied) while the request goes on. Issue 23: a load request's 4 MiB config
+        override was held here for the whole load, one more copy at its peak."""
+        sock, http = conn.sock, conn.http
+        event = http.take_body()
+        while event is http1.NEED_DATA:
+            http.receive_data(_recv_body(sock, max(_RECV, http.want)), monotonic())
+            event = http.take_body()
+        return event
 
     @staticmethod
     def _read_event(sock: socket.socket, http: http1.ServerConnection) -> Any:

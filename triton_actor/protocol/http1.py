@@ -70,7 +70,7 @@ def slow_body_message(received: int, seconds: float, min_rate: float, grace: flo
 
 
 class Body(NamedTuple):
-    data: bytes
+    data: bytes  # a bytearray from take_body
 
 
 class _Sentinel:
@@ -218,6 +218,22 @@ class ServerConnection:
             return self._chunked()
         raise RuntimeError(f"next_event in state {state}: call start_next_cycle first")
 
+    def take_body(self) -> Body | _Sentinel:
+        """:meth:`next_event` for a caller that takes a ``Content-Length`` body over: the buffer itself
+        (a ``bytearray``) instead of a copy of it, so the caller may empty it once it has read it and
+        nothing else holds those bytes. Issue 23: a load request's body was copied here, then held by
+        the driver through the whole load (``frontends/http_server.py`` takes the load route's large
+        bodies so). Any other state (a head, a chunked body): :meth:`next_event`."""
+        if self.state != BODY:
+            return self.next_event()
+        n, buf = self._length, self.buf
+        if len(buf) < n:
+            self.want = n - len(buf)
+            return NEED_DATA
+        self.buf = buf[n:]  # what follows it (a pipelined request, rarely anything) goes to a new buffer
+        del buf[n:]
+        return self._finish(buf)
+
     def start_next_cycle(self, now: float) -> None:
         """The answer has been sent; read the next request (keep-alive)."""
         if self.state != DONE:
@@ -355,7 +371,7 @@ class ServerConnection:
             raise self._fail(431 if self._trailer > self.limits.max_head else 400, "invalid trailer section")
         return True
 
-    def _finish(self, data: bytes) -> Body:
+    def _finish(self, data: bytes | bytearray) -> Body:
         self.state = DONE
         self.want = 0
         self.deadline = _NEVER  # the request is being answered: no read timeout applies

@@ -319,6 +319,21 @@ def split_messages(buf: bytearray) -> list[tuple[int, bytes]]:
     return out
 
 
+def take_message(buf: bytearray) -> tuple[int, bytearray] | None:
+    """The one ``(compressed flag, message)`` that fills ``buf`` exactly, as ``buf`` itself with its
+    prefix cut (no copy: a bytearray drops its front in place); the caller gives its stream a new
+    buffer. None (``buf`` untouched) when it holds anything else. For a large unary request
+    (``frontends/grpc_calls.py``): :func:`split_messages` copies a message twice (a slice, then its
+    bytes), which held a 4 MiB config override three times over at once (issue 23)."""
+    if len(buf) < 5:
+        return None
+    flag, n = _GRPC_PREFIX.unpack_from(buf)
+    if len(buf) != 5 + n:
+        return None
+    del buf[:5]
+    return flag, buf
+
+
 def pending_length(buf: bytearray) -> int:
     """The announced length of the message at the front of ``buf`` (0 if its prefix is incomplete)."""
     return _GRPC_PREFIX.unpack_from(buf)[1] if len(buf) >= 5 else 0

@@ -10,7 +10,7 @@ in, and always as ``raw_output_contents`` out, as Triton answers.
 from __future__ import annotations
 
 from collections.abc import Container
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 from google.protobuf import json_format
@@ -358,6 +358,27 @@ def repository_index(models: list[dict[str, Any]]) -> pb.RepositoryIndexResponse
         msg.models.add(name=m["name"], version=str(m.get("version", "")), state=m.get("state", ""),
                        reason=m.get("reason", ""))
     return msg
+
+
+class LoadRequest(NamedTuple):
+    """A ``RepositoryModelLoadRequest`` as the load takes it (:func:`decode_load_request`)."""
+
+    repository_name: str
+    model_name: str
+    parameters: dict[str, Any]  # repository_parameters'; the data plane pops the config text from it
+
+
+def decode_load_request(data: bytes | bytearray) -> LoadRequest:
+    """A ``RepositoryModelLoadRequest``'s bytes → :class:`LoadRequest`, the message dropped here: its
+    arena held the config override (up to 4 MiB) beside the text taken from it and all that is made of
+    it, for the whole load (issue 23). A ``bytearray`` (a large message, the call's own buffer handed
+    over: ``frontends/grpc_calls.py``) is emptied once parsed. A request naming a repository is refused
+    on that alone (its parameters are not read), as before."""
+    msg = pb.RepositoryModelLoadRequest.FromString(data)  # (upb reads a bytearray in place, not a copy)
+    if type(data) is bytearray:
+        data.clear()
+    params = {} if msg.repository_name else repository_parameters(msg.parameters)
+    return LoadRequest(msg.repository_name, msg.model_name, params)
 
 
 def repository_parameters(params: Any) -> dict[str, Any]:

@@ -7,6 +7,7 @@ normalize → validate. Every error names the model, and the file with line and 
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -60,14 +61,33 @@ def parse_text(text: str, model: str, path: Path | str) -> ModelConfig:
     return cfg
 
 
-def parse_json(text: str, model: str) -> ModelConfig:
-    """A config given as JSON (load API override): proto field names, unknown fields are errors."""
+def parse_json(text: str | Callable[[], str], model: str) -> ModelConfig:
+    """A config given as JSON (load API override): proto field names, unknown fields are errors.
+    ``text`` may be a call that hands the text over (a load's one-shot holder, repository/overrides.py):
+    then nothing holds the text once ``json.loads`` has read it, where ``json_format.Parse`` kept it
+    beside the JSON objects and the message it makes (issue 23: three times a 4 MiB override at once)."""
     cfg = ModelConfig()
     try:
-        json_format.Parse(text, cfg, ignore_unknown_fields=False)
+        data = json.loads(text if isinstance(text, str) else text(), object_pairs_hook=_unique_keys)
+    except ValueError as e:  # json_format.Parse's words
+        raise _err(model, f"invalid config override JSON: Failed to load JSON: {e}.") from None
+    try:
+        json_format.ParseDict(data, cfg, ignore_unknown_fields=False)
     except json_format.ParseError as e:
         raise _err(model, f"invalid config override JSON: {e}") from None
+    except Exception as e:  # noqa: BLE001 - json_format.Parse's words for what ParseDict raises otherwise
+        raise _err(model, f"invalid config override JSON: Failed to parse JSON: {type(e).__name__}: {e}.") from None
     return cfg
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are unique (json_format.Parse refuses a repeated key as well)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {key}")
+        out[key] = value
+    return out
 
 
 def read(model_dir: Path, model: str, *, auto_complete: bool, config_name: str = "") -> tuple[ModelConfig, frozenset[str]]:

@@ -50,6 +50,22 @@ def test_get_then_post_pipelined() -> None:
         ]
 
 
+def test_a_taken_body_is_the_buffer_itself_and_a_pipelined_request_stays() -> None:
+    """take_body (the load route's large bodies, issue 23) hands the buffer over instead of copying
+    it; what follows the body (a pipelined request) goes on in a new buffer."""
+    conn = http1.ServerConnection(SMALL, now=0.0)
+    conn.receive_data(b"POST /load HTTP/1.1\r\nContent-Length: 10\r\n\r\nhello", 1.0)
+    assert isinstance(conn.take_body(), Head)  # not in a body yet: next_event's answer
+    buf = conn.buf
+    assert conn.take_body() is NEED_DATA and conn.want == 5
+    conn.receive_data(b"worldGET / HTTP/1.1\r\n\r\n", 1.0)
+    (data,) = conn.take_body()
+    assert data is buf and data == bytearray(b"helloworld")  # the same object: no copy
+    assert conn.buf == b"GET / HTTP/1.1\r\n\r\n" and conn.buf is not buf and conn.deadline == math.inf
+    conn.start_next_cycle(2.0)
+    assert conn.next_event() == Head("GET", "/", "HTTP/1.1", {}, True, False, 0)
+
+
 def test_keep_alive_expect_and_repeated_fields() -> None:
     (head, _), = [events(b"GET / HTTP/1.0\r\n\r\n")]
     assert head.keep_alive is False

@@ -92,6 +92,17 @@ def test_grpc_messages_split_across_reads() -> None:
     assert h2.pending_length(bytearray(b"\0\0\0\1\0")) == 256
 
 
+def test_a_whole_message_is_taken_with_its_buffer() -> None:
+    """take_message (a large unary request, issue 23): the buffer itself, its prefix cut, when it holds
+    exactly one message; anything else leaves it untouched."""
+    buf = bytearray(h2.grpc_message(b"payload"))
+    flag, data = h2.take_message(buf)  # type: ignore[misc]
+    assert (flag, data) == (0, b"payload") and data is buf
+    for other in (b"\0\0\0", h2.grpc_message(b"one")[:-1], h2.grpc_message(b"one") + h2.grpc_message(b"two")):
+        buf = bytearray(other)
+        assert h2.take_message(buf) is None and buf == other
+
+
 def test_percent_encoding() -> None:
     assert h2.percent_encode("ok: 100% é\n") == b"ok: 100%25 %C3%A9%0A"
 

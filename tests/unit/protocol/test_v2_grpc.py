@@ -134,6 +134,19 @@ def test_repository_parameters() -> None:
         v2.repository_parameters(msg.parameters)
 
 
+def test_a_load_request_is_decoded_to_its_parameters_and_a_taken_buffer_emptied() -> None:
+    """decode_load_request (issue 23): the message is dropped once its parameters are read, and a
+    buffer handed over (a bytearray) is emptied; a request naming a repository keeps no parameters
+    (it is refused on that name, as before, whatever they are)."""
+    msg = pb.RepositoryModelLoadRequest(model_name="m")
+    msg.parameters["config"].string_param = "{}"
+    raw = bytearray(msg.SerializeToString())
+    assert v2.decode_load_request(raw) == v2.LoadRequest("", "m", {"config": "{}"}) and raw == b""
+    msg.repository_name = "r"
+    msg.parameters["config"].bool_param = True  # not a string: refused only if it were read
+    assert v2.decode_load_request(msg.SerializeToString()) == v2.LoadRequest("r", "m", {})
+
+
 def test_a_request_with_more_inputs_than_the_model_is_refused_before_any_conversion() -> None:
     """As on HTTP (test_v2_http): the first unknown name is refused before any tensor is converted."""
     msg = pb.ModelInferRequest(model_name="m", id="r1")

@@ -96,6 +96,23 @@ def test_parse_json_rejects_unknown_fields() -> None:
     _invalid(info, "model 'm'", "bogus")
 
 
+def test_parse_json_takes_its_text_from_a_holder_and_refuses_what_json_format_refuses() -> None:
+    """A load's override is handed over by a call (issue 23: the text goes once read, not after the
+    message is made); bad JSON, a repeated key and a wrong type are refused as json_format.Parse does."""
+    calls = []
+
+    def text() -> str:
+        calls.append(1)
+        return '{"name": "m", "max_batch_size": 4}'
+
+    assert cm.parse_json(text, "m").max_batch_size == 4 and calls == [1]
+    for bad, words in (('{"name": ', "Failed to load JSON"), ('{"name": "m", "name": "n"}', "duplicate key name"),
+                       ('{"max_batch_size": "four"}', "max_batch_size")):
+        with pytest.raises(TritonError) as info:
+            cm.parse_json(lambda bad=bad: bad, "m")
+        _invalid(info, "model 'm'", words)
+
+
 def test_read_prefers_named_config_and_requires_a_file_without_auto_complete(tmp_path: Path) -> None:
     model = tmp_path / "m"
     (model / "configs").mkdir(parents=True)

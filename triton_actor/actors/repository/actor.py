@@ -243,7 +243,7 @@ class RepositoryActor(Actor):
             raise TritonError.invalid_arg(_INVALID_NAME)
         model_dir = self._model_dir(msg.name, layout.list_models(self.repositories))
         override = None if msg.config is None else _off_hub_if_big(
-            len(msg.config), overrides.parse_config, msg.name, overrides.take_text(msg.config))
+            len(msg.config), overrides.parse_config, msg.name, msg.config)  # a holder: the parse takes its text
         if msg.files and override is None:
             raise TritonError.invalid_arg("file overrides need a 'config' parameter as well")
         if msg.files:
