@@ -319,6 +319,9 @@ class InlineActor(Actor):
     actor runs as a plain :class:`Actor` (mailbox, own loop greenlet) with the same handlers. The
     handlers then run in the loop greenlet, and messages from hub callbacks (completions, timers)
     arrive through the mailbox like any other.
+
+    Its owner may also :meth:`hold` an idle inline actor and do a handler's work on the caller's stack
+    with no message at all (the scheduler's direct run), then :meth:`unhold` it.
     """
 
     def __init__(self, name: str, parent: Actor | None = None) -> None:
@@ -368,6 +371,23 @@ class InlineActor(Actor):
                 self._finish()
         finally:
             self._draining = False
+
+    def hold(self) -> bool:
+        """Claim the actor for work its owner does on the caller's stack in place of handling a message
+        (a fast path: the scheduler's direct run, actors/scheduling/scheduler.py). Only an actor that
+        runs inline, is idle and has nothing queued can be held, so the work overtakes no message.
+        While held, messages sent to it queue up as during a handler; :meth:`unhold` handles them."""
+        if self._inline and not self._draining:
+            self._draining = True
+            return True
+        return False
+
+    def unhold(self) -> None:
+        """End a :meth:`hold`: what was sent meanwhile is handled now, in order, and a stop requested
+        meanwhile finishes, as after a handler."""
+        self._draining = False
+        if self._pending or self._stopping:
+            self._drain_mailbox()
 
     def stop(self, timeout: float | None = None) -> None:
         if self._loop is not None:

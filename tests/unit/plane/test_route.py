@@ -35,6 +35,9 @@ class _Scheduler:
         self.queued: list[Any] = []
         self.ref = SimpleNamespace(tell=self.queued.append)
 
+    def direct(self, _item: Any) -> bool:
+        return False  # never runs a request itself: everything is queued
+
 
 def _model(*versions: int, unready: tuple[int, ...] = ()) -> ModelHandle:
     cfg = config_mod.parse_text(CONFIG, "m", "config.pbtxt")

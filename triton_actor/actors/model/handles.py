@@ -85,14 +85,20 @@ class VersionHandle:
         assert self.validator is not None and self.scheduler is not None
         batch = self.validator.check(request)
         reply: Reply[InferResponse] = Reply()
-        self.scheduler.ref.tell(Enqueue(request, batch, reply, time.perf_counter_ns()))
+        item = Enqueue(request, batch, reply, time.perf_counter_ns())
+        scheduler = self.scheduler
+        if not scheduler.direct(item):  # run now on this stack where the scheduler allows (a fast path)
+            scheduler.ref.tell(item)
         return reply
 
     def enqueue(self, request: InferRequest, batch: int, reply: Reply[InferResponse]) -> None:
         """Queue a request its caller checked with :attr:`validator` (``batch``: what the check gave),
         answering ``reply`` (caller's greenlet; an ensemble step, ``scheduling/ensemble_step.py``)."""
         assert self.scheduler is not None
-        self.scheduler.ref.tell(Enqueue(request, batch, reply, time.perf_counter_ns()))
+        item = Enqueue(request, batch, reply, time.perf_counter_ns())
+        scheduler = self.scheduler
+        if not scheduler.direct(item):
+            scheduler.ref.tell(item)
 
     def statistics(self) -> dict[str, object]:
         assert self.scheduler is not None

@@ -141,6 +141,11 @@ class EnsembleScheduler(InlineActor):
         self._plans = [StepPlan(step) for step in graph.steps]  # by step index
         self._checked = fastpath.BoundedCache(f"ensemble steps of {name}", MEMO_SIZE)  # ensemble_step.checked_batch
 
+    def direct(self, item: Enqueue) -> bool:
+        """An ensemble request is always sent as an :class:`Enqueue` (only the default scheduler runs a
+        request on the caller's stack without one)."""
+        return False
+
     # -- messages ---------------------------------------------------------------------------------
     def on_Enqueue(self, msg: Enqueue) -> None:
         run = _Run(msg, msg.request.responses)

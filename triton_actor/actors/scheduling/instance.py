@@ -270,20 +270,29 @@ class ModelInstance:
             self._run_inline(requests, done)
 
     def _run_inline(self, requests: list[InferRequest], done: Done) -> None:
+        value = self.run_here(requests, done)
+        if value is not None:
+            done(True, value)
+
+    def run_here(self, requests: list[InferRequest], done: Done) -> tuple[list[Result], Timings] | None:
+        """The inline run of :meth:`execute` for a caller that is not the hub and found :attr:`inline`
+        true: the batch runs on the caller's stack and its ``(results, timings)`` come back; None when
+        ``done`` got the batch instead (a failed inline run goes to the thread, or the run was
+        interrupted), which answers it as :meth:`execute` would. The scheduler's direct run calls this."""
         assert self._backend_instance is not None
         c0 = _thread_ns()
         try:
             value = _run_batch(self._backend_instance, requests)
         except Exception:  # noqa: BLE001 - retried on the thread, whose answer counts
             self._retry_on_thread(requests, done)
-            return
+            return None
         except RunOnThread:
             # the model called the server (BLS, model control) from the hub, which that call would
             # have to wait for: run the batch on the thread, and keep the model there for good
             self._inline, self._needed = False, NEVER
             log.info("instance %s calls the server from execute(): it keeps its thread", self.name)
             self._worker.submit_callback(_run_batch, (requests,), done)
-            return
+            return None
         except (gevent.GreenletExit, gevent.Timeout):
             # killed while the model yielded: the batch must still be answered, or the instance
             # would stay busy and its replies never complete
@@ -294,17 +303,17 @@ class ModelInstance:
             # raised on, it would end this greenlet without an answer (or, as SystemExit, the server):
             # the thread's run gives the batch its answer, as for any exception
             self._retry_on_thread(requests, done)
-            return
+            return None
         for result in value[0]:  # a loop, not any() over a generator: this runs for every inline batch
             if isinstance(result, BaseException):
                 self._retry_on_thread(requests, done)
-                return
+                return None
         wall_ns = value[1][1]
         # a thread's CPU time never runs ahead of the wall clock: a run shorter than DEMOTE_NS of wall time
         # was short by CPU too, and the thread's clock (a syscall here, 0.7 µs) is read again only after a
         # longer one (the few µs of this method around the run are nothing against the 1 ms bound)
         self._after_inline_run(wall_ns if wall_ns <= DEMOTE_NS else _thread_ns() - c0, wall_ns)
-        done(True, value)
+        return value
 
     def _after_inline_run(self, cpu_ns: int, wall_ns: int) -> None:
         """Demote a model whose inline runs block the hub. CPU time says how long the hub was blocked;

@@ -81,6 +81,11 @@ class PoolScheduler(InlineActor):
         """Run what can run on the idle instances; arm the timer for the policy's next deadline."""
         raise NotImplementedError
 
+    def direct(self, item: Enqueue) -> bool:
+        """Run ``item`` on the caller's stack instead of sending it (the default scheduler's fast path);
+        False: the caller sends it as an :class:`Enqueue`, as the sequence batcher always wants."""
+        return False
+
     # -- the pool's calls (from on_InstanceHealth) ------------------------------------------------
     def instance_joined(self, instance: ModelInstance) -> None:
         self._dispatch()

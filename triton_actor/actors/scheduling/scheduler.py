@@ -4,7 +4,9 @@ An :class:`InlineActor`: its handlers never block, so while fast paths are on a 
 the sender's stack when the actor is idle (no loop greenlet, no switch); with them off it is a plain
 actor with its loop greenlet. Messages: those of every scheduler (:mod:`.messages`: Enqueue,
 Drain, GetStats, GetStatus), :class:`BatchDone` (event from an instance's completion, in the hub or the
-caller), :class:`~.instance_pool.InstanceHealth` (event from an instance's watcher).
+caller), :class:`~.instance_pool.InstanceHealth` (event from an instance's watcher). A fast path skips
+the messages for a request an idle, promoted instance can run at once (:meth:`SchedulerActor.direct`:
+the version handle calls it before it sends the Enqueue).
 State owned: the request queue, the :class:`~.instance_pool.InstancePool` of the version's instances
 (:class:`ModelInstance`, single-owner hub objects: only this actor calls them once it started), the
 version's :class:`VersionStats` (the pool, the statistics, drains, ``GetStatus`` and ``Wake`` are
@@ -37,6 +39,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+import gevent
+from gevent import getcurrent
 
 from ...backends.base import RESCHEDULE
 from ...errors import TritonError
@@ -82,6 +87,9 @@ class SchedulerActor(PoolScheduler):
         self._direct = fastpath.enabled and not self._batching and not self._queue.timed
         self._ragged = self._policy.ragged_inputs
         self._order: ReplyOrder[Enqueue] | None = ReplyOrder(_complete) if self._policy.preserve_ordering else None
+        # ``direct``'s standing conditions (those of ``_direct``, and neither ordering nor rate limiting)
+        self._straight = self._direct and self._order is None and not self._pool.limited
+        self._hub = gevent.get_hub()
 
     # -- the policy's part of PoolScheduler --------------------------------------------------------
     def _waiting(self) -> int:
@@ -103,6 +111,39 @@ class SchedulerActor(PoolScheduler):
         if self._add(msg, msg.start_ns):
             self._dispatch()
 
+    def direct(self, item: Enqueue) -> bool:
+        """Run ``item`` now on the caller's stack with no message (a fast path); False: send it as an
+        Enqueue. Taken only where :meth:`on_Enqueue` would run it at once on this stack anyway: no
+        batching, queue timeouts, ordering or rate limiting for this version, nothing queued, the idle
+        instance next in line runs inline, this hub turn's share of inline batches not spent, a caller
+        that is not the hub, and an idle actor with nothing in its mailbox (``hold``), so the request
+        overtakes none. The batch is answered as its :class:`BatchDone` would be (statistics, trace
+        spans, replies); one the instance hands to its thread (an inline run that failed) is answered
+        by that BatchDone, handled once the actor is no longer held."""
+        idle = self._pool.idle
+        if (not self._straight or not idle or not idle[-1].inline or len(self._queue)
+                or self._inline_runs >= self._per_turn or item.reply.ready() or getcurrent() is self._hub
+                or not self.hold()):
+            return False
+        try:
+            instance = self._pool.take()
+            items = [item]
+            dispatch_ns = self._clock()
+            self._running += 1
+            self._count_inline(instance)
+            value = instance.run_here(with_cancellation(instance, items),
+                                      self._completion(instance, items, dispatch_ns))
+            if value is not None:
+                self._batch_done(instance, items, dispatch_ns, True, value)
+                if len(self._queue) or self._drains:  # a request its model rescheduled, a waiting drain
+                    self._dispatch()
+        except Exception as e:  # a bug of ours: to the request, as a handler's error goes to its message's reply
+            log.exception("scheduler %s: a direct run failed", self.name)
+            item.reply.fail(e)
+        finally:
+            self.unhold()
+        return True
+
     def _add(self, item: Enqueue, arrival_ns: int) -> bool:
         """Into the queue; a full queue refuses it (REJECTED, a rescheduled request as a new one)."""
         request = item.request
@@ -115,50 +156,55 @@ class SchedulerActor(PoolScheduler):
         return True
 
     def on_BatchDone(self, msg: BatchDone) -> None:
+        self._batch_done(msg.instance, msg.items, msg.dispatch_ns, msg.ok, msg.value)
+        self._dispatch()
+
+    def _batch_done(self, instance: ModelInstance, items: list[Enqueue], dispatch_ns: int, ok: bool,
+                    value: Any) -> None:
         """Answer the batch and take the instance back. Whatever goes wrong answering (a backend that
         returned the wrong number of results, a bug of ours), every request of the batch is answered
         and the instance is idle again: an error here must not strand replies or an instance."""
         try:
-            self._answer_batch(msg)
+            self._answer_batch(instance, items, dispatch_ns, ok, value)
         except Exception as e:
             log.exception("scheduler %s: answering a batch failed", self.name)
-            error = TritonError.internal(f"instance '{msg.instance.name}': {e!r}")
-            for item in msg.items:
+            error = TritonError.internal(f"instance '{instance.name}': {e!r}")
+            for item in items:
                 self._respond(item, False, error)  # those answered already stay answered
         finally:
-            self._running -= len(msg.items)
-            self._pool.release(msg.instance)
-        self._dispatch()
+            self._running -= len(items)
+            self._pool.release(instance)
 
-    def _answer_batch(self, msg: BatchDone) -> None:
+    def _answer_batch(self, instance: ModelInstance, items: list[Enqueue], dispatch_ns: int, ok: bool,
+                      value: Any) -> None:
         now = self._clock()
         stats = self._stats
-        if msg.ok:
-            results, timings = msg.value
-            stats.record_execution(_batch_size(msg.items), *timings)
-            for item, result in zip(msg.items, results, strict=True):
+        if ok:
+            results, timings = value
+            stats.record_execution(_batch_size(items), *timings)
+            for item, result in zip(items, results, strict=True):
                 if result is RESCHEDULE:
                     self._requeue(item)
                 elif isinstance(result, BaseException):
                     stats.record_failure(now - item.start_ns, "BACKEND")
                     self._respond(item, False, result)
                 else:
-                    queue_ns = msg.dispatch_ns - item.start_ns
+                    queue_ns = dispatch_ns - item.start_ns
                     stats.record_success(item.batch_size, now - item.start_ns, queue_ns, timings)
                     if type(result) is InferResponse:  # decoupled models answer None here
                         result.timings = (queue_ns, *timings)
                     self._respond(item, True, result)
             if self._trace.on:
-                self._trace.batch(msg.items, results, msg.dispatch_ns, now, timings)
+                self._trace.batch(items, results, dispatch_ns, now, timings)
         else:
-            stats.record_execution(_batch_size(msg.items), 0, 0, 0)
-            error = msg.value if isinstance(msg.value, TritonError) else TritonError.internal(
-                f"instance '{msg.instance.name}' failed: {msg.value!r}")
-            for item in msg.items:
+            stats.record_execution(_batch_size(items), 0, 0, 0)
+            error = value if isinstance(value, TritonError) else TritonError.internal(
+                f"instance '{instance.name}' failed: {value!r}")
+            for item in items:
                 stats.record_failure(now - item.start_ns, "BACKEND")
                 self._respond(item, False, error)
             if self._trace.on:
-                self._trace.batch(msg.items, None, msg.dispatch_ns, now, (0, 0, 0))
+                self._trace.batch(items, None, dispatch_ns, now, (0, 0, 0))
 
     def _requeue(self, item: Enqueue) -> None:
         """A request its model rescheduled: back into the queue (the dispatch after this batch
