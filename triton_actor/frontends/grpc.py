@@ -22,6 +22,7 @@ from ..plane.route import Route
 from ..protocol import header_forward, v2_grpc
 from ..protocol._generated import grpc_service_pb2 as pb
 from ..protocol._generated import health_pb2
+from ..protocol.v2_grpc_plan import Planned
 from ..runtime.response_channel import StreamAccount
 from . import cached_answers
 from .offload import Offload
@@ -76,19 +77,24 @@ class GrpcServicer:
         return v2_grpc.from_dict(pb.ModelStatisticsResponse, stats)
 
     # -- inference --------------------------------------------------------------------------------
-    def ModelInfer(self, req: pb.ModelInferRequest, forwarded: dict[str, str] | None = None) -> pb.ModelInferResponse:
+    def ModelInfer(self, req: pb.ModelInferRequest | Planned, forwarded: dict[str, str] | None = None) -> pb.ModelInferResponse:
         return self.finish_infer(*self.start_infer(req, forwarded))
 
-    def start_infer(self, req: pb.ModelInferRequest, forwarded: dict[str, str] | None = None,
+    def start_infer(self, req: pb.ModelInferRequest | Planned, forwarded: dict[str, str] | None = None,
                     ) -> tuple[InferRequest, Pending]:
         """``ModelInfer`` in two steps for a transport that will not wait: decode and queue (here),
         then :meth:`finish_infer` once ``pending.reply`` is ready (it waits if it is not). ``forwarded``:
         the call's metadata that --grpc-header-forward-pattern passes on as parameters."""
-        route = self._route(req)
+        if req.__class__ is Planned:  # decoded from a plan (protocol/v2_grpc_plan.py): a fast path
+            route = self.plane.route(req.model_name, req.version)
+            decoded = req.request
+        else:
+            route = self._route(req)
+            decoded = None
         # Triton: gRPC ModelInfer refuses decoupled models (UNIMPLEMENTED), only the stream serves them
         route.refuse_decoupled("ModelInfer RPC doesn't support models with decoupled transaction policy")
         params, traceparent = header_forward.split_trace(forwarded)
-        request = header_forward.with_forwarded(self._decode(req, route), params)
+        request = header_forward.with_forwarded(self._decode(req, route) if decoded is None else decoded, params)
         return request, cache_front.start(self.plane, request, route, traceparent)
 
     def _route(self, req: pb.ModelInferRequest) -> Route:
