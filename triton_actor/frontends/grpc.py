@@ -23,6 +23,7 @@ from ..protocol import header_forward, v2_grpc
 from ..protocol._generated import grpc_service_pb2 as pb
 from ..protocol._generated import health_pb2
 from ..protocol.v2_grpc_plan import Planned
+from ..runtime import fastpath
 from ..runtime.response_channel import StreamAccount
 from . import cached_answers
 from .offload import Offload
@@ -115,14 +116,26 @@ class GrpcServicer:
     def finish_infer(self, request: InferRequest, pending: Pending) -> pb.ModelInferResponse:
         if pending.hit is not None:  # answered from the response cache (a fast path)
             return cached_answers.grpc_message(pending, request, self._encode)
+        return self._encode(request, self._response(pending), pending.route)
+
+    @staticmethod
+    def _response(pending: Pending) -> InferResponse:
         try:
-            response = pending.reply.get()
+            return pending.reply.get()
         except gevent.GreenletExit:
             # the call was cancelled (RST_STREAM, a lost connection): a request still queued is
             # dropped by its scheduler instead of run (one already running finishes unseen)
             pending.reply.fail(TritonError(Code.CANCELLED, "request cancelled by the client"))
             raise
-        return self._encode(request, response, pending.route)
+
+    def finish_infer_wire(self, request: InferRequest, pending: Pending) -> Any:
+        """:meth:`finish_infer` for the HTTP/2 reader, which sends what ``SerializeToString()`` gives: the
+        answer serialized from kept pieces when the response allows it (a fast path), else the message."""
+        if pending.hit is not None or not fastpath.enabled:
+            return self.finish_infer(request, pending)
+        response, route = self._response(pending), pending.route
+        data = v2_grpc.encode_infer_response_bytes(request, response, route.version, route.labels, route.batching)
+        return self._encode(request, response, route) if data is None else cached_answers.Serialized(data)
 
     def _encode(self, request: InferRequest, response: InferResponse, route: Route) -> pb.ModelInferResponse:
         return v2_grpc.encode_infer_response(request, response, route.version, route.labels, route.batching,

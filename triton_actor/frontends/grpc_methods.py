@@ -103,7 +103,8 @@ def method_table(servicer: GrpcServicer) -> dict[bytes, Method]:
         path = f"/inference.GRPCInferenceService/{method.name}".encode()
         if method.name == "ModelInfer":
             # the message's bytes through a decode plan when they repeat (a fast path; slow: FromString)
-            methods[path] = Method(v2_grpc_plan.parse_infer, call, False, servicer.start_infer, servicer.finish_infer)
+            methods[path] = Method(v2_grpc_plan.parse_infer, call, False, servicer.start_infer,
+                                   servicer.finish_infer_wire)
         else:
             methods[path] = Method(request_type.FromString, call, streaming)
     methods[b"/grpc.health.v1.Health/Check"] = Method(health_pb2.HealthCheckRequest.FromString, servicer.Check, False)

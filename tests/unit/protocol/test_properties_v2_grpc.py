@@ -4,7 +4,8 @@ InferResponse → ModelInferResponse.
 * a request built as the spec says — every tensor in ``raw_input_contents``, or every tensor in its
   typed ``contents`` field — decodes to the values it carries, parameters and requested outputs too;
 * a response the server encodes, serialized and parsed again, carries the outputs the model gave
-  (read by the spec and by tritonclient's ``InferResult``);
+  (read by the spec and by tritonclient's ``InferResult``); built as bytes (a fast path), it is the
+  same bytes;
 * the decode plan of a repeated request (protocol/v2_grpc_plan.py) gives what the slow path gives, for
   good, mutated and arbitrary messages;
 * any bytes (a protobuf DecodeError at the front end, or a message) and any message of arbitrary
@@ -115,6 +116,25 @@ def test_response_round_trip(produced: list[Tensor], data: st.DataObject) -> Non
     for t in selected:
         assert same_array(result[t.name], t.array), t
     _check_with_tritonclient(msg, selected)
+
+
+@given(tensor_lists(WIRES), st.data())
+def test_the_response_built_as_bytes_is_the_message_serialized(produced: list[Tensor], data: st.DataObject) -> None:
+    """The answer the HTTP/2 reader sends (a fast path, ``encode_infer_response_bytes``) is the bytes of
+    the message the slow path builds, or None where it leaves the answer to it."""
+    names = [t.name for t in produced]
+    asked = data.draw(st.one_of(st.none(), st.lists(st.sampled_from(names), unique=True) if names else st.just([])))
+    request = InferRequest(data.draw(text), -1, data.draw(text), {},
+                           None if asked is None else tuple(RequestedOutput(n) for n in asked))
+    response = InferResponse([(t.name, t.array) for t in produced], data.draw(st.one_of(st.just({}), parameters)))
+    for _ in range(2):  # the second from the kept heads
+        got = v2.encode_infer_response_bytes(request, response, 7, {}, False)
+        want = v2.encode_infer_response(request, response, 7, {}, False).SerializeToString()
+        selected = [t for t in produced if asked is None or t.name in asked]
+        if response.parameters or any(t.wire == "BYTES" for t in selected):
+            assert got is None
+        else:
+            assert got == want
 
 
 def _check_with_tritonclient(msg: pb.ModelInferResponse, selected: list[Tensor]) -> None:
