@@ -327,7 +327,7 @@ def encode_infer_response_bytes(request: InferRequest, response: InferResponse, 
 
 
 _HEADS = fastpath.cache("v2_grpc.response_heads", 1024)  # serialized name, version and id of a response
-_RAW_OUT_SHORT = [bytes((6 << 3 | 2, n)) for n in range(128)]  # raw_output_contents' tag and a one-byte length
+_RAW_OUT_SHORT = tuple(bytes((6 << 3 | 2, n)) for n in range(128))  # raw_output_contents' tag and a one-byte length
 
 
 def _raw_out_prefix(size: int) -> bytes:
