@@ -52,6 +52,7 @@ class _Plan(NamedTuple):
 # length two requests share costs a miss, never a wrong request
 _PLANS = fastpath.cache("v2_grpc.plans", 256)
 _RAW_TAG = 7 << 3 | 2  # raw_input_contents: field 7, length-delimited
+_CONVERTED = frozenset(("BYTES", "BF16"))  # datatypes decoded by a conversion, not a view: never planned
 _MOST_ENTRIES = 64  # outputs or request parameters: more are decoded by the offload rule (the slow path)
 
 
@@ -93,14 +94,15 @@ def _from_plan(plan: _Plan, data: bytes) -> Planned | None:
 
 
 def _plannable(msg: pb.ModelInferRequest) -> bool:
-    """Whether ``msg`` decodes without the route, the shared memory or the offload rule: every input in
-    raw contents (no parameters, no typed contents), few inputs, outputs and parameters, none naming
-    shared memory. Read once per miss."""
+    """Whether ``msg`` may have a plan, decoded without the route, the shared memory or the offload rule:
+    one raw entry per input (no parameters, no typed contents, no BYTES or BF16), few inputs, outputs and
+    parameters, none naming shared memory. Read once per miss; anything else is left to the slow path
+    whole (a message the servicer reads)."""
     tensors = msg.inputs[:]
-    if not msg.raw_input_contents or len(tensors) > MANY_INPUTS or len(msg.outputs) > _MOST_ENTRIES \
-            or len(msg.parameters) > _MOST_ENTRIES:
+    if not tensors or len(msg.raw_input_contents) != len(tensors) or len(tensors) > MANY_INPUTS \
+            or len(msg.outputs) > _MOST_ENTRIES or len(msg.parameters) > _MOST_ENTRIES:
         return False
-    if any(t.parameters or t.HasField("contents") for t in tensors):
+    if any(t.parameters or t.HasField("contents") or t.datatype in _CONVERTED for t in tensors):
         return False
     return not any("shared_memory_region" in o.parameters for o in msg.outputs)
 
