@@ -65,6 +65,8 @@ class StubServicer:
     def finish_infer(self, request: Any, pending: Any) -> Any:
         return self.response
 
+    finish_infer_wire = finish_infer  # what the HTTP/2 reader's ModelInfer finishes with
+
     def stream_infer(self, req: Any, *_: Any) -> Any:
         yield from ()
 

@@ -85,6 +85,25 @@ def test_bad_requests_then_keeps_serving(stub: pb_grpc.GRPCInferenceServiceStub,
     assert len(stub.ModelInfer(_request()).raw_output_contents) == 2
 
 
+def test_repeated_requests_read_their_own_data_and_a_lookalike_is_checked(
+        stub: pb_grpc.GRPCInferenceServiceStub) -> None:
+    """A request sent again with other data (decoded from a plan when fast paths are on,
+    protocol/v2_grpc_plan.py) is answered from its own data; a request of the same length naming
+    another input gets the validator's answer, and a wrong size Triton's."""
+    for k in range(4):
+        req = _request()
+        req.raw_input_contents[1] = np.full(4, k, dtype=np.float32).tobytes()
+        np.testing.assert_array_equal(_outputs(stub.ModelInfer(req))["OUTPUT0"], np.arange(4) + k)
+    lookalike = _request()
+    lookalike.inputs[1].name = "INPUT9"
+    assert lookalike.ByteSize() == _request().ByteSize()
+    error = _error(stub.ModelInfer, lookalike)
+    assert (error.code(), error.details()) == (
+        grpc.StatusCode.INVALID_ARGUMENT, "[request id: <id_unknown>] unexpected inference input 'INPUT9' for model 'add_sub'")
+    error = _error(stub.ModelInfer, _request(sizes=(16, 12)))
+    assert error.details().endswith("input byte size mismatch for input 'INPUT1' for model 'add_sub'. Expected 16, got 12")
+
+
 def test_raw_and_typed_contents_together(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
     req = _request()
     req.inputs[0].contents.fp32_contents.extend([1, 2, 3, 4])

@@ -22,6 +22,8 @@ from ..plane.route import Route
 from ..protocol import header_forward, v2_grpc
 from ..protocol._generated import grpc_service_pb2 as pb
 from ..protocol._generated import health_pb2
+from ..protocol.v2_grpc_plan import Planned
+from ..runtime import fastpath
 from ..runtime.response_channel import StreamAccount
 from . import cached_answers
 from .offload import Offload
@@ -80,19 +82,24 @@ class GrpcServicer:
         return v2_grpc.from_dict(pb.ModelStatisticsResponse, stats)
 
     # -- inference --------------------------------------------------------------------------------
-    def ModelInfer(self, req: pb.ModelInferRequest, forwarded: dict[str, str] | None = None) -> pb.ModelInferResponse:
+    def ModelInfer(self, req: pb.ModelInferRequest | Planned, forwarded: dict[str, str] | None = None) -> pb.ModelInferResponse:
         return self.finish_infer(*self.start_infer(req, forwarded))
 
-    def start_infer(self, req: pb.ModelInferRequest, forwarded: dict[str, str] | None = None,
+    def start_infer(self, req: pb.ModelInferRequest | Planned, forwarded: dict[str, str] | None = None,
                     ) -> tuple[InferRequest, Pending]:
         """``ModelInfer`` in two steps for a transport that will not wait: decode and queue (here),
         then :meth:`finish_infer` once ``pending.reply`` is ready (it waits if it is not). ``forwarded``:
         the call's metadata that --grpc-header-forward-pattern passes on as parameters."""
-        route = self._route(req)
+        if req.__class__ is Planned:  # decoded from a plan (protocol/v2_grpc_plan.py): a fast path
+            route = self.plane.route(req.model_name, req.version)
+            decoded = req.request
+        else:
+            route = self._route(req)
+            decoded = None
         # Triton: gRPC ModelInfer refuses decoupled models (UNIMPLEMENTED), only the stream serves them
         route.refuse_decoupled("ModelInfer RPC doesn't support models with decoupled transaction policy")
         params, traceparent = header_forward.split_trace(forwarded)
-        request = header_forward.with_forwarded(self._decode(req, route), params)
+        request = header_forward.with_forwarded(self._decode(req, route) if decoded is None else decoded, params)
         return request, cache_front.start(self.plane, request, route, traceparent)
 
     def again_infer(self, buf: bytearray) -> tuple[bytes | None, Any]:
@@ -121,14 +128,26 @@ class GrpcServicer:
     def finish_infer(self, request: InferRequest, pending: Pending) -> pb.ModelInferResponse:
         if pending.hit is not None:  # answered from the response cache (a fast path)
             return cached_answers.grpc_message(pending, request, self._encode)
+        return self._encode(request, self._response(pending), pending.route)
+
+    @staticmethod
+    def _response(pending: Pending) -> InferResponse:
         try:
-            response = pending.reply.get()
+            return pending.reply.get()
         except gevent.GreenletExit:
             # the call was cancelled (RST_STREAM, a lost connection): a request still queued is
             # dropped by its scheduler instead of run (one already running finishes unseen)
             pending.reply.fail(TritonError(Code.CANCELLED, "request cancelled by the client"))
             raise
-        return self._encode(request, response, pending.route)
+
+    def finish_infer_wire(self, request: InferRequest, pending: Pending) -> Any:
+        """:meth:`finish_infer` for the HTTP/2 reader, which sends what ``SerializeToString()`` gives: the
+        answer serialized from kept pieces when the response allows it (a fast path), else the message."""
+        if pending.hit is not None or not fastpath.enabled:
+            return self.finish_infer(request, pending)
+        response, route = self._response(pending), pending.route
+        data = v2_grpc.encode_infer_response_bytes(request, response, route.version, route.labels, route.batching)
+        return self._encode(request, response, route) if data is None else cached_answers.Serialized(data)
 
     def _encode(self, request: InferRequest, response: InferResponse, route: Route) -> pb.ModelInferResponse:
         return v2_grpc.encode_infer_response(request, response, route.version, route.labels, route.batching,

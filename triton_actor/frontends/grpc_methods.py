@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import gevent
 
 from ..errors import Code
-from ..protocol import codings
+from ..protocol import codings, v2_grpc_plan
 from ..protocol import http2 as h2
 from ..protocol._generated import grpc_service_pb2 as pb
 from ..protocol._generated import health_pb2
@@ -106,8 +106,9 @@ def method_table(servicer: GrpcServicer) -> dict[bytes, Method]:
         call = servicer.stream_infer if streaming else getattr(servicer, method.name)
         path = f"/inference.GRPCInferenceService/{method.name}".encode()
         if method.name == "ModelInfer":
-            methods[path] = Method(request_type.FromString, call, False, servicer.start_infer, servicer.finish_infer,
-                                   servicer.again_infer, servicer.learn_infer)
+            # the message's bytes through a decode plan when they repeat (a fast path; slow: FromString)
+            methods[path] = Method(v2_grpc_plan.parse_infer, call, False, servicer.start_infer,
+                                   servicer.finish_infer_wire, servicer.again_infer, servicer.learn_infer)
         else:  # (a servicer's own parse: a method whose message must not be held while it runs)
             methods[path] = Method(servicer.parsers.get(method.name, request_type.FromString), call, streaming)
     methods[b"/grpc.health.v1.Health/Check"] = Method(health_pb2.HealthCheckRequest.FromString, servicer.Check, False)

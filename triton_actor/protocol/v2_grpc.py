@@ -294,6 +294,52 @@ def encode_infer_response(request: InferRequest, response: InferResponse, model_
     return msg
 
 
+def encode_infer_response_bytes(request: InferRequest, response: InferResponse, model_version: int,
+                                labels: dict[str, list[str]], batching: bool) -> bytes | None:
+    """:func:`encode_infer_response`'s message, serialized, built as bytes from kept pieces (a fast path:
+    the response's name, version and id fields, each output's entry, each raw entry's tag and length);
+    None for a response it does not cover (parameters, an output to shared memory, BYTES outputs)."""
+    if response.parameters:
+        return None
+    requested = request.outputs
+    if requested is None:
+        selected: Any = [(name, array, None) for name, array in response.outputs]
+    else:
+        selected = selected_outputs(request, response, labels, batching)
+    key = (request.model_name, model_version, request.id)
+    head = _HEADS.get(key)
+    if head is None:
+        head = pb.ModelInferResponse(model_name=key[0], model_version=str(model_version), id=key[2]).SerializeToString()
+        _HEADS.put(key, head)
+    parts, raw = [head], []
+    for name, array, spec in selected:
+        dtype = from_numpy(array.dtype)
+        if dtype is None:
+            raise TritonError.internal(f"unsupported output data type {array.dtype}")
+        if dtype is BYTES or (spec is not None and spec.shm is not None):
+            return None
+        parts.append(_output_header(name, dtype.wire, array.shape))
+        data = array.tobytes()
+        size = len(data)
+        raw.append(_RAW_OUT_SHORT[size] if size < 128 else _raw_out_prefix(size))
+        raw.append(data)
+    return b"".join(parts + raw)
+
+
+_HEADS = fastpath.cache("v2_grpc.response_heads", 1024)  # serialized name, version and id of a response
+_RAW_OUT_SHORT = tuple(bytes((6 << 3 | 2, n)) for n in range(128))  # raw_output_contents' tag and a one-byte length
+
+
+def _raw_out_prefix(size: int) -> bytes:
+    """raw_output_contents' tag (field 6, length-delimited) and ``size`` as a varint."""
+    out = bytearray((6 << 3 | 2,))
+    while size >= 0x80:
+        out.append(size & 0x7F | 0x80)
+        size >>= 7
+    out.append(size)
+    return bytes(out)
+
+
 # Serialized ``outputs`` entries (name, datatype, shape) → merged into a response: upb parses them in
 # about half the time building the entry field by field takes. A plain memo of a pure function (any
 # thread may fill it; dict get/set are atomic), emptied when it grows past what repeated shapes need.

@@ -4,7 +4,10 @@ InferResponse → ModelInferResponse.
 * a request built as the spec says — every tensor in ``raw_input_contents``, or every tensor in its
   typed ``contents`` field — decodes to the values it carries, parameters and requested outputs too;
 * a response the server encodes, serialized and parsed again, carries the outputs the model gave
-  (read by the spec and by tritonclient's ``InferResult``);
+  (read by the spec and by tritonclient's ``InferResult``); built as bytes (a fast path), it is the
+  same bytes;
+* the decode plan of a repeated request (protocol/v2_grpc_plan.py) gives what the slow path gives, for
+  good, mutated and arbitrary messages;
 * any bytes (a protobuf DecodeError at the front end, or a message) and any message of arbitrary
   fields make a :class:`TritonError` or a request, never another exception.
 """
@@ -34,8 +37,10 @@ from triton_actor.errors import TritonError
 from triton_actor.inference import InferRequest, InferResponse, RequestedOutput
 from triton_actor.protocol import bytes_codec
 from triton_actor.protocol import v2_grpc as v2
+from triton_actor.protocol import v2_grpc_plan as plan
 from triton_actor.protocol._generated import grpc_service_pb2 as pb
 from triton_actor.protocol.dtypes import BF16_NUMPY, BY_WIRE
+from triton_actor.runtime import fastpath
 
 # typed contents carry every datatype but FP16 and BF16 (raw only, grpc_service.proto)
 TYPED_WIRES = tuple(w for w in WIRES if w not in ("FP16", "BF16"))
@@ -111,6 +116,25 @@ def test_response_round_trip(produced: list[Tensor], data: st.DataObject) -> Non
     for t in selected:
         assert same_array(result[t.name], t.array), t
     _check_with_tritonclient(msg, selected)
+
+
+@given(tensor_lists(WIRES), st.data())
+def test_the_response_built_as_bytes_is_the_message_serialized(produced: list[Tensor], data: st.DataObject) -> None:
+    """The answer the HTTP/2 reader sends (a fast path, ``encode_infer_response_bytes``) is the bytes of
+    the message the slow path builds, or None where it leaves the answer to it."""
+    names = [t.name for t in produced]
+    asked = data.draw(st.one_of(st.none(), st.lists(st.sampled_from(names), unique=True) if names else st.just([])))
+    request = InferRequest(data.draw(text), -1, data.draw(text), {},
+                           None if asked is None else tuple(RequestedOutput(n) for n in asked))
+    response = InferResponse([(t.name, t.array) for t in produced], data.draw(st.one_of(st.just({}), parameters)))
+    for _ in range(2):  # the second from the kept heads
+        got = v2.encode_infer_response_bytes(request, response, 7, {}, False)
+        want = v2.encode_infer_response(request, response, 7, {}, False).SerializeToString()
+        selected = [t for t in produced if asked is None or t.name in asked]
+        if response.parameters or any(t.wire == "BYTES" for t in selected):
+            assert got is None
+        else:
+            assert got == want
 
 
 def _check_with_tritonclient(msg: pb.ModelInferResponse, selected: list[Tensor]) -> None:
@@ -254,3 +278,145 @@ def test_non_ascii_digit_version_is_invalid_arg(value: str) -> None:
     '\\u0661' (ARABIC-INDIC ONE) decoded as version 1. Triton's std::stol takes ASCII digits only."""
     with pytest.raises(TritonError):
         v2.parse_version(value)
+
+
+# -- the decode plan (protocol/v2_grpc_plan.py) answers as the slow path does --------------------------
+def _slow(payload: bytes) -> Any:
+    """What the specification makes of a ModelInfer message's bytes: a request, an error, or no message."""
+    try:
+        msg = pb.ModelInferRequest.FromString(payload)
+    except DecodeError:
+        return "no message"
+    try:
+        return v2.decode_infer_request(msg)
+    except TritonError as e:
+        return e.code, e.message
+
+
+def _through_plan(payload: bytes) -> Any:
+    """The same through ``parse_infer`` (what the ModelInfer method parses with): a message it hands on
+    is decoded by the slow path, as the servicer does."""
+    try:
+        got = plan.parse_infer(payload)
+    except DecodeError:
+        return "no message"
+    if type(got) is plan.Planned:
+        assert (got.model_name, got.version) == (got.request.model_name, got.request.model_version)
+        return got.request
+    try:
+        return v2.decode_infer_request(got)
+    except TritonError as e:
+        return e.code, e.message
+
+
+def _agree(payload: bytes) -> None:
+    want, got = _slow(payload), _through_plan(payload)
+    if not isinstance(want, InferRequest):
+        assert got == want
+        return
+    assert isinstance(got, InferRequest)
+    assert got._replace(inputs={}) == want._replace(inputs={})
+    assert list(got.inputs) == list(want.inputs)
+    for name, tensor in want.inputs.items():
+        assert (got.inputs[name].dtype, got.inputs[name].shape) == (tensor.dtype, tensor.shape)
+        assert same_array(got.inputs[name].data, tensor.data), name
+
+
+def _fresh_data(msg: pb.ModelInferRequest, seed: int) -> bytes:
+    """``msg`` with other bytes of the same sizes in its raw contents (BYTES tensors keep theirs)."""
+    other = pb.ModelInferRequest()
+    other.CopyFrom(msg)
+    rng = np.random.default_rng(seed)
+    for i, t in enumerate(msg.inputs):
+        if t.datatype != "BYTES":
+            other.raw_input_contents[i] = rng.bytes(len(msg.raw_input_contents[i]))
+    return other.SerializeToString()
+
+
+@given(st.data())
+def test_the_plan_and_the_slow_path_agree_on_repeated_requests(data: st.DataObject) -> None:
+    """Every datatype and shape in raw contents, with ids, parameters and requested outputs: the same
+    header sent again with other data decodes (from the plan) to the request the slow path gives."""
+    inputs = data.draw(tensor_lists(WIRES))
+    msg = encode_request(inputs, True, data.draw(text), {**data.draw(parameters), **data.draw(consumed_parameters())},
+                         data.draw(outputs))
+    for seed in range(3):
+        _agree(msg.SerializeToString() if seed == 0 else _fresh_data(msg, seed))
+
+
+@given(st.data())
+def test_the_plan_and_the_slow_path_agree_on_mutated_requests(data: st.DataObject) -> None:
+    """A plan kept for a good request, then near-valid bytes (a flipped byte keeps the length the plans
+    are kept by): the same request, error or parse failure either way."""
+    inputs = data.draw(tensor_lists(WIRES, max_size=3))
+    msg = encode_request(inputs, True, data.draw(text), data.draw(consumed_parameters()), data.draw(outputs))
+    good = msg.SerializeToString()
+    _agree(good)
+    _agree(data.draw(mutations(good)))
+
+
+@settings(max_examples=150)
+@given(messages())
+def test_the_plan_and_the_slow_path_agree_on_arbitrary_messages(msg: pb.ModelInferRequest) -> None:
+    payload = msg.SerializeToString()
+    for _ in range(2):
+        _agree(payload)
+
+
+def _add_sub(model: str = "m", names: tuple[str, str] = ("INPUT0", "INPUT1")) -> pb.ModelInferRequest:
+    msg = pb.ModelInferRequest(model_name=model)
+    for name in names:
+        msg.inputs.add(name=name, datatype="FP32", shape=[2, 2])
+    msg.raw_input_contents.extend([np.arange(4, dtype=np.float32).tobytes()] * 2)
+    return msg
+
+
+def test_a_repeated_message_decodes_from_its_plan_into_views_of_its_own_bytes() -> None:
+    first = _add_sub().SerializeToString()
+    assert type(plan.parse_infer(first)) is (plan.Planned if fastpath.enabled else pb.ModelInferRequest)
+    again = _fresh_data(_add_sub(), 1)
+    got = plan.parse_infer(again)
+    if not fastpath.enabled:  # the slow path: always the message
+        assert type(got) is pb.ModelInferRequest and not plan._PLANS
+        return
+    assert type(got) is plan.Planned and plan._PLANS.get(len(again)) is not None
+    tensor = got.request.inputs["INPUT1"].data
+    assert tensor.base.base is again and tensor.shape == (2, 2)  # a view of the bytes (reshaped)
+    assert tensor.tobytes() == pb.ModelInferRequest.FromString(again).raw_input_contents[1]
+    # same length, another input's name: not the plan's request
+    lookalike = _add_sub(names=("INPUT0", "INPUT9")).SerializeToString()
+    assert len(lookalike) == len(again)
+    assert list(plan.parse_infer(lookalike).request.inputs) == ["INPUT0", "INPUT9"]
+
+
+def _unplanned_messages() -> list[tuple[str, bytes]]:
+    shm = _add_sub()
+    shm.inputs[0].parameters["shared_memory_region"].string_param = "r"
+    typed = _add_sub()
+    del typed.raw_input_contents[:]
+    typed.inputs[0].contents.fp32_contents.extend([1, 2, 3, 4])
+    strings = pb.ModelInferRequest(model_name="m")
+    strings.inputs.add(name="S", datatype="BYTES", shape=[1])
+    strings.raw_input_contents.append(bytes_codec.serialize(np.array([b"ab"], dtype=np.object_)))
+    many = pb.ModelInferRequest(model_name="m")
+    for i in range(v2.MANY_INPUTS + 1):
+        many.inputs.add(name=f"I{i}", datatype="INT8", shape=[1])
+        many.raw_input_contents.append(b"\x01")
+    out_shm = _add_sub()
+    out_shm.outputs.add(name="O").parameters["shared_memory_region"].string_param = "r"
+    # a field after the raw contents (a writer that does not keep field order): parsed, not planned
+    after = _add_sub().SerializeToString() + pb.ModelInferRequest(id="x").SerializeToString()
+    return [("input in shared memory", shm.SerializeToString()), ("typed contents", typed.SerializeToString()),
+            ("BYTES", strings.SerializeToString()), ("many inputs", many.SerializeToString()),
+            ("output to shared memory", out_shm.SerializeToString()), ("field after raw contents", after)]
+
+
+@pytest.mark.parametrize(("case", "payload"), _unplanned_messages(), ids=[c for c, _ in _unplanned_messages()])
+def test_messages_the_plan_does_not_cover_keep_no_plan(case: str, payload: bytes) -> None:
+    plan._PLANS.clear()
+    for _ in range(2):
+        got = plan.parse_infer(payload)
+        assert not plan._PLANS, case
+        if case != "field after raw contents":  # left whole to the slow path: the servicer reads the message
+            assert type(got) is pb.ModelInferRequest, case
+    _agree(payload)
