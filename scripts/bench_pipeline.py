@@ -35,12 +35,13 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_http import ROOT, free_port, start_triton, stop_servers, wait_ready
+from bench_http import ROOT, PerfFailed, free_port, perf, start_triton, stop_servers, wait_ready
 
 _PY_MODEL = """import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -157,8 +158,12 @@ def main() -> int:
     ap.add_argument("--only", choices=sorted(INPUTS), action="append", help="measure only these models")
     ap.add_argument("--profile", type=Path, help="run our server under cProfile, write its stats here")
     ap.add_argument("--before", type=Path, help="another checkout (e.g. main's) measured beside this one, as 'before'")
+    ap.add_argument("--concurrency", default="", help="also drive `pipeline` with perf_analyzer over HTTP at these "
+                    "concurrencies (e.g. 1,4): throughput, p50/p99 and server CPU per inference")
+    ap.add_argument("--window-ms", type=int, default=2000, help="perf_analyzer's measurement window")
     args = ap.parse_args()
     models = args.only or ["pass", "trivial", "pipeline"]
+    levels = [int(c) for c in args.concurrency.split(",") if c]
     work = Path(tempfile.mkdtemp(prefix="bench_pipeline_"))
     repo = work / "repo"
     write_repository(repo)
@@ -179,6 +184,10 @@ def main() -> int:
                     for model in models:
                         r = run_model(port, proc.pid, model, args.requests, args.warmup)
                         results[server].setdefault(model, []).append(r)
+                    for c in levels:
+                        r = drive(port, proc.pid, c, args.window_ms, work / "perf.csv")
+                        if r is not None:
+                            results[server].setdefault(f"pipeline c={c}", []).append(r)
                 finally:
                     stop_servers([proc], work / "none")
     finally:
@@ -214,16 +223,41 @@ def start_server(repo: Path, port: int, root: Path, profile: Path | None = None)
     return subprocess.Popen(args, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
 
 
+def drive(port: int, pid: int, c: int, window_ms: int, out_csv: Path) -> dict[str, float] | None:
+    """``pipeline`` under perf_analyzer (random INT32 inputs, as it sends them) at concurrency ``c``; the
+    server's CPU per inference over the run, from /proc and the ensemble's statistics (its inference count)."""
+    cpu0, n0 = cpu_ns(pid), _count(port)
+    try:
+        r = perf(port, c, window_ms, out_csv, model="pipeline")
+    except PerfFailed as e:  # no stable measurement on a noisy machine: a gap, said
+        print(f"[bench] pipeline c={c}: {str(e).splitlines()[0]}", flush=True)
+        return None
+    cpu_us = (cpu_ns(pid) - cpu0) / 1000 / max(1, _count(port) - n0)
+    print(f"[bench] pipeline c={c} port {port}: {r['rps']:.0f} infer/s, p50 {r['p50_us']:.0f} µs, "
+          f"p99 {r['p99_us']:.0f} µs, {cpu_us:.0f} µs CPU/inference", flush=True)
+    return {"p50_us": r["p50_us"], "p99_us": r["p99_us"], "server_cpu_us": cpu_us, "rps": r["rps"]}
+
+
+def _count(port: int) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/pipeline/stats", timeout=10) as r:
+        return int(json.load(r)["model_stats"][0]["inference_count"])
+
+
 def report(results: dict[str, dict[str, list[dict[str, float]]]], servers: list[str]) -> None:
     print(f"{'server':8} {'model':9} {'p50 µs':>8} {'p99 µs':>8} {'server CPU µs/inf':>18}")
     for server in servers:
         med = {m: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for m, rs in results[server].items()}
         for model, r in med.items():
-            print(f"{server:8} {model:9} {r['p50_us']:8.0f} {r['p99_us']:8.0f} {r['server_cpu_us']:18.0f}")
+            rate = f" {r['rps']:8.0f} infer/s" if "rps" in r else ""
+            print(f"{server:8} {model:9} {r['p50_us']:8.0f} {r['p99_us']:8.0f} {r['server_cpu_us']:18.0f}{rate}")
         if "trivial" in med and "pass" in med:
             step = (med["trivial"]["p50_us"] - med["pass"]["p50_us"]) / 2
             cpu = (med["trivial"]["server_cpu_us"] - med["pass"]["server_cpu_us"]) / 2
             print(f"{server:8} one extra step: {step:.0f} µs of p50, {cpu:.0f} µs of server CPU")
+    if "triton" in servers and "ours" in servers:
+        for model in sorted(m for m in results["ours"] if m.startswith("pipeline c=") and m in results["triton"]):
+            ours, triton = (statistics.median(r["rps"] for r in results[s][model]) for s in ("ours", "triton"))
+            print(f"{model}: ours {ours:.0f} infer/s, Triton {triton:.0f}: {ours / triton:.2f}x")
 
 
 if __name__ == "__main__":
