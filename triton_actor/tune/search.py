@@ -22,9 +22,15 @@ of them won.
 The load levels are client concurrencies (closed loop) or offered request rates (open loop): the search
 only orders them; ``measure`` knows which they are.
 
-Each candidate is measured at the given load levels in ascending order, stopping at the first that
-breaks the latency budget (more load only adds latency) or when two in a row gain less than
-``min_gain`` throughput (saturated). A climb ends after ``PATIENCE`` + 1 steps in a row that gain less than ``min_gain``, and at
+Each candidate is measured at the load levels upward, stopping at the first that breaks the latency
+budget (more load only adds latency) or when two in a row gain less than ``min_gain`` throughput
+(saturated). Where a candidate starts: for the throughput objective, the shipped config at the
+lower-middle level (the lowest one matters only when that one breaks the budget, and is then
+measured) and every later candidate at the level of the best candidate's best point (a neighbour
+of the best is decided near it: a level below it cannot beat it in a closed loop); a start over
+the budget walks down until a level meets it, or until a level serves less than the best does (fewer
+clients cannot serve more: nothing lower can win). The latency objective starts every candidate at the
+lowest level (its best point is there). A climb ends after ``PATIENCE`` + 1 steps in a row that gain less than ``min_gain``, and at
 once at a candidate that fails to load (it scores nothing). The search ends
 early when the point budget or the time is spent; the points measured so far stay in ``points``.
 """
@@ -213,18 +219,48 @@ class Search:
         if candidate in self.scores:
             return self.scores[candidate]
         mine: list[Point] = []
-        for level in self.levels:
-            if len(self.points) >= self.max_points or self._out_of_time():
-                self.scores[candidate] = pick(mine, self.objective, self.budget_ms)
-                raise OutOfBudget
-            point = self.measure(candidate, level)
-            self.points.append(point)
-            mine.append(point)
-            self._on_point(point)
-            if not point.ok or not meets(point, self.budget_ms) or self._saturated(mine):
-                break
-        self.scores[candidate] = pick(mine, self.objective, self.budget_ms)
+        try:
+            start = self._start(candidate)
+            for level in self.levels[start:]:
+                point = self._measure(candidate, level, mine)
+                if not point.ok or not meets(point, self.budget_ms) or self._saturated(mine):
+                    break
+            if mine[0].ok and not meets(mine[0], self.budget_ms):  # started over the budget: walk down
+                for level in reversed(self.levels[:start]):
+                    if self._cannot_win(mine[-1]):
+                        break
+                    point = self._measure(candidate, level, mine)
+                    if not point.ok or meets(point, self.budget_ms):
+                        break
+        finally:  # OutOfBudget too: what was measured still scores
+            self.scores[candidate] = pick(mine, self.objective, self.budget_ms)
         return self.scores[candidate]
+
+    def _start(self, candidate: Candidate) -> int:
+        """The index of the level a candidate's measurement starts at (the module's docstring says why)."""
+        if self.objective == "latency" or len(self.levels) < 3:
+            return 0
+        incumbent = self.scores.get(self.best, (None, False))[0] if candidate != self.origin else None
+        if incumbent is None:
+            return (len(self.levels) - 1) // 2
+        return min(range(len(self.levels)), key=lambda i: abs(self.levels[i] - incumbent.level))
+
+    def _cannot_win(self, point: Point) -> bool:
+        """Walking down from ``point``: whether no lower level can beat the best (throughput objective, the
+        best within the budget). A closed loop with fewer clients serves no more, so a point that already
+        serves less than the best's gain threshold ends the walk, whatever its latency."""
+        incumbent, met = self.scores.get(self.best, (None, False))
+        return (self.objective == "throughput" and met and incumbent is not None
+                and point.throughput < incumbent.throughput * (1 + self.min_gain))
+
+    def _measure(self, candidate: Candidate, level: int, mine: list[Point]) -> Point:
+        if len(self.points) >= self.max_points or self._out_of_time():
+            raise OutOfBudget
+        point = self.measure(candidate, level)
+        self.points.append(point)
+        mine.append(point)
+        self._on_point(point)
+        return point
 
     def _saturated(self, mine: list[Point]) -> bool:
         """``PATIENCE`` + 1 concurrencies in a row gained less than ``min_gain``: one noisy dip (a busy host
