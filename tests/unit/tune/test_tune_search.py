@@ -229,3 +229,25 @@ def test_a_walk_down_ends_where_nothing_lower_can_win() -> None:
     search = Search(ORIGIN, Space(instances=(1, 2)), CONCURRENCIES, measure, budget_ms=10.0)
     search.run()
     assert [(p.candidate.instances, p.concurrency) for p in search.points] == [(1, 4), (1, 16), (1, 64), (2, 16)]
+
+
+def test_dynamic_batching_is_tried_before_the_instances_when_the_shipped_config_lacks_it() -> None:
+    """A model whose cost is per batch (10 ms whatever its size), shipped without dynamic batching: with
+    the instances climbed first, 4 instances at 4 clients batch nothing and batching then shows no gain
+    at that level; tried first, batching wins at once and the search goes on from there."""
+    def measure(c: Candidate, clients: int) -> Point:
+        per_instance = math.ceil(clients / c.instances)
+        batch = min(per_instance, c.max_batch_size) if c.dynamic_batching else 1
+        rate = min(clients, c.instances * batch) * 100.0  # 10 ms per execution
+        latency_ms = clients / rate * 1000
+        return Point(c, clients, throughput=rate, p50_ms=latency_ms, p95_ms=latency_ms, p99_ms=latency_ms,
+                     stable=True, queue_us=max(0.0, latency_ms - 10) * 1000, compute_us=10_000)
+
+    origin = Candidate(instances=1, max_batch_size=8, dynamic_batching=False)
+    space = Space(instances=(1, 2, 4), batch_sizes=(8, 16, 32))
+    search = Search(origin, space, CONCURRENCIES, measure, budget_ms=50.0, max_points=80)
+    search.run()
+    second = next(p.candidate for p in search.points if p.candidate != origin)
+    assert second == Candidate(instances=1, max_batch_size=8, dynamic_batching=True)
+    best, met = pick(search.points, "throughput", 50.0)
+    assert met and best is not None and best.candidate.dynamic_batching and best.throughput >= 1600.0, best
