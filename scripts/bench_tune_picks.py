@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""Tuned configurations of Triton's ``add_sub`` measured on both servers with perf_analyzer (issue 26's
+"""Tuned configurations of a Python model measured on both servers with perf_analyzer (issue 26's
 "Against Model Analyzer": each tool's pick, and the shipped config, on triton_actor and on real Triton 2.51).
 
 Each ``--pick NAME=CONFIG[:WORKERS]`` is a config file (``configs/tuned.pbtxt`` from ``triton-actor tune``,
-or the ``config.pbtxt`` of Model Analyzer's best ``add_sub_config_N``), served as ``add_sub`` with
-Triton's own ``model.py`` (``scripts/triton_reference/add_sub``); ``WORKERS`` is our ``--workers`` for it
+or the ``config.pbtxt`` of Model Analyzer's best ``<model>_config_N``), served as the model of
+``--model-dir`` (default Triton's own ``add_sub``, ``scripts/triton_reference/add_sub``; the batching
+comparison used ``scripts/triton_reference/batch_sleep``) with that folder's ``model.py``, under the
+folder's name; ``WORKERS`` is our ``--workers`` for it
 (Triton has no such flag: one process). For every pick, server and concurrency: one perf_analyzer run
 (HTTP), infer/s and p99. The picks run in rounds, one server after the other, so the host's drift hits
 them alike; the table has the medians and, per pick, the best throughput within ``--latency-budget-ms``.
@@ -30,19 +32,20 @@ from pathlib import Path
 from bench_http import ROOT, PerfFailed, free_port, perf, start_ours, start_triton, stop_servers, wait_ready
 
 
-def _repo(work: Path, name: str, config: Path) -> Path:
-    """A repository whose ``add_sub`` is Triton's model with ``config`` (its name set to add_sub)."""
-    repo = work / name
-    shutil.copytree(ROOT / "scripts" / "triton_reference" / "add_sub", repo / "add_sub",
-                    ignore=shutil.ignore_patterns("__pycache__", "config.pbtxt"))
-    text = re.sub(r'(?m)^name:\s*"[^"]*"', 'name: "add_sub"', config.read_text())
-    (repo / "add_sub" / "config.pbtxt").write_text(text)
+def _repo(work: Path, name: str, config: Path, model_dir: Path) -> Path:
+    """A repository with ``model_dir``'s model served with ``config`` (its name set to the folder's)."""
+    repo, model = work / name, model_dir.name
+    shutil.copytree(model_dir, repo / model, ignore=shutil.ignore_patterns("__pycache__", "config.pbtxt", "configs"))
+    text = re.sub(r'(?m)^name:\s*"[^"]*"', f'name: "{model}"', config.read_text())
+    (repo / model / "config.pbtxt").write_text(text)
     return repo
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pick", action="append", required=True, help="NAME=CONFIG[:WORKERS]")
+    ap.add_argument("--model-dir", type=Path, default=ROOT / "scripts" / "triton_reference" / "add_sub",
+                    help="the model's folder (its model.py is served; its name is the model's)")
     ap.add_argument("--concurrency", default="1,4,16")
     ap.add_argument("--latency-budget-ms", type=float, default=20.0)
     ap.add_argument("--rounds", type=int, default=1)
@@ -60,7 +63,7 @@ def main() -> int:
     try:
         for _ in range(args.rounds):
             for name, config, workers in picks:
-                repo = _repo(work, name, config)
+                repo = _repo(work, name, config, args.model_dir.resolve())
                 for server in ("triton_actor", "triton"):
                     port = free_port()
                     extra = ("--workers", str(workers)) if workers > 1 else ()
@@ -69,7 +72,8 @@ def main() -> int:
                         wait_ready(port, proc)
                         for c in levels:
                             try:
-                                row = perf(port, c, args.window_ms, work / "pa.csv", stability=args.stability)
+                                row = perf(port, c, args.window_ms, work / "pa.csv", model=args.model_dir.name,
+                                           stability=args.stability)
                             except PerfFailed as e:
                                 row = {"rps": 0.0, "p50_us": 0.0, "p99_us": 0.0, "failed": str(e)[-300:]}
                             runs.setdefault((name, server, c), []).append(row)

@@ -272,3 +272,32 @@ def test_an_ensemble_tunes_its_composing_models_and_serves_with_their_tuned_conf
     inp = httpclient.InferInput("IN", [1, 4], "FP32")
     inp.set_data_from_numpy(np.arange(4, dtype=np.float32).reshape(1, 4))
     assert client.infer("pipe", [inp]).as_numpy("OUT").tolist() == [[0.0, 1.0, 2.0, 3.0]]
+
+
+def test_one_load_generator_serves_the_points_and_a_dead_one_is_started_again(
+        tmp_path: Path, start_server: Callable[..., ServerProcess]) -> None:
+    """The points of a run share one load generator process (``loadgen --serve``); one that died between
+    points is replaced for the next, which measures as usual."""
+    from triton_actor.tune import config_writer
+    from triton_actor.tune.measure import Measurer, Timing
+    from triton_actor.tune.target import Target
+
+    server = start_server(_repo(tmp_path))
+    target = Target.attach(server.url, "http", "batcher")
+    base_json = target.config_json()
+    base = config_writer.from_json(json.dumps(base_json), "batcher")
+    measure = Measurer(target, base, base_json, Timing(warmup_s=0.2, window_s=0.2, max_windows=4))
+    shipped = config_writer.candidate_of(base)
+    try:
+        first = measure(shipped, 1)
+        assert measure._proc is not None
+        pid = measure._proc.pid
+        second = measure(shipped, 2)
+        assert first.ok and second.ok and measure._proc.pid == pid, (first, second)
+        os.kill(pid, signal.SIGKILL)
+        measure._proc.wait()
+        third = measure(shipped, 2)
+        assert third.ok and measure._proc.pid != pid, third
+    finally:
+        measure.close()
+        target.close()

@@ -35,6 +35,9 @@ from .search import Search, Space, default_space, doubling
 from .target import Target
 
 CONFIRM_ROUNDS = 2  # back-to-back rounds of (shipped, pick) that decide whether the pick stands
+# a first round whose ratio is this far from 1 decides alone: the rounds of one config moved by up to a
+# quarter seconds apart on the busy 2-core host (docs/tune.md), so a closer one needs the second round
+CLEAR_MARGIN = 0.3
 # rounds over an ensemble's composing models: the first finds the bottleneck step (a step before it shows
 # no gain while a later one limits the pipeline), the second lets the earlier steps follow; a third only
 # when the second still moved one
@@ -74,9 +77,11 @@ def parser() -> argparse.ArgumentParser:
                    help="a Python model's execution modes to try (default both)")
     p.add_argument("--workers", type=_ints, help="--workers values to try, a server restart each (default 1..cores; "
                    "only for a server started here)")
-    p.add_argument("--warmup-s", type=float, default=1.0)
-    p.add_argument("--window-s", type=float, default=1.0)
-    p.add_argument("--stability-percentage", type=float, default=10.0)
+    p.add_argument("--warmup-s", type=float, default=0.5)
+    p.add_argument("--window-s", type=float, default=0.5)
+    p.add_argument("--stability-percentage", type=float, default=10.0,
+                   help="a point ends when the 95%% confidence interval of its mean throughput (and mean latency) "
+                   "is within this %% of it (default 10)")
     p.add_argument("--max-windows", type=int, default=8)
     p.add_argument("--server-flag", action="append", default=[], help="a flag for the started server (repeatable)")
     return p
@@ -209,6 +214,7 @@ def run(args: argparse.Namespace, target: Target, out: Path) -> report.Outcome:
                              "rounds (the shipped set would have to be loaded again)")
     elif not outcome.interrupted:
         _confirm(measure, origin, outcome)
+    measure.close()
     outcome.elapsed_s = time.monotonic() - started
     _finish(args, target, base, base_json, outcome, originals)
     report.write(out, outcome)
@@ -273,18 +279,29 @@ def _local(url: str) -> bool:
 def _confirm(measure: Callable[[Candidate, int], Point], origin: Candidate, outcome: report.Outcome) -> None:
     """Measure the shipped config and the search's best again, alternately, ``CONFIRM_ROUNDS`` times at
     the pick's load level: minutes apart, a busy host can move a figure more than a configuration does;
-    back to back it cannot. The pick stands only if it wins these rounds (``Outcome.chosen``)."""
+    back to back it cannot. The pick stands only if it wins these rounds (``Outcome.chosen``). A first
+    round that gives one side ``CLEAR_MARGIN`` more is not repeated: a second would not turn it."""
     searched, _ = outcome.searched
     if searched is None or searched.candidate == origin:
         return
     try:
         for _ in range(CONFIRM_ROUNDS):
             level = round(searched.level)
-            outcome.confirm += [measure(origin, level), measure(searched.candidate, level)]
+            shipped, again = measure(origin, level), measure(searched.candidate, level)
+            outcome.confirm += [shipped, again]
+            if shipped.ok and again.ok and abs(_ratio(shipped, again, outcome.objective) - 1) > CLEAR_MARGIN:
+                break
     except KeyboardInterrupt:
         outcome.interrupted = True
     except TritonError as e:
         outcome.notes.append(f"the back-to-back measurement stopped: {e.message}")
+
+
+def _ratio(shipped: Point, again: Point, objective: str) -> float:
+    """How much better ``again`` did than ``shipped`` on the objective (as ``Outcome.gain``)."""
+    if objective == "latency":
+        return shipped.p99_ms / again.p99_ms if again.p99_ms > 0 else 1.0
+    return again.throughput / shipped.throughput
 
 
 def _finish(args: argparse.Namespace, target: Target, base: config_writer.ModelConfig, base_json: dict[str, object],

@@ -3,11 +3,17 @@
 Its own process, so it never shares the server's interpreter (nor the tuner's). A closed loop as
 perf_analyzer's concurrency mode: ``concurrency`` requests in flight, each answered one followed by the
 next, binary tensors through the official ``tritonclient`` (HTTP: that many greenlets on geventhttpclient's
-pool; gRPC: that many chains of ``async_infer`` callbacks). After a warm-up it measures in windows until
-the last ``min_windows`` agree: the coefficient of variation of their throughput and of their mean latency
-both under ``stability_pct`` (perf_analyzer's ``--stability-percentage``), or ``max_windows`` is reached
-(then ``stable`` is false). The figures are those of the last ``min_windows`` windows; its own CPU time
-over them is reported, since on a small host the load generator competes with the server.
+pool; gRPC: that many chains of ``async_infer`` callbacks). After a warm-up it measures in short windows
+and stops as soon as the measurement is tight, not after a fixed time: the 95 % confidence interval of
+the mean throughput over the last windows (at least ``min_windows``; Student's t, for windows are few)
+and that of their mean latency, both within ``stability_pct`` of the mean, over at least
+``MIN_REQUESTS`` answers (a p99 needs them); or ``max_windows`` is reached (then ``stable`` is false
+and the figures are those of the last ``min_windows`` windows). A quiet point settles after three
+windows; a noisy one measures as long as its noise needs. Its own CPU time is reported, since on a
+small host the load generator competes with the server.
+
+``--serve`` keeps one process for a whole run: a spec per line on stdin, a result per line on stdout
+(a tuning run's points are many and short; importing the clients again for each cost half a second).
 
 With ``request_rate`` it is an open loop instead (perf_analyzer's ``--request-rate-range`` with
 ``--request-distribution poisson``): requests are sent at Poisson arrival times whether or not earlier
@@ -34,6 +40,9 @@ import numpy as np
 from ..protocol import dtypes
 
 Stop = Callable[[], None]
+MIN_REQUESTS = 100  # answers a settled point's windows must hold: a p99 of fewer is its largest sample
+# Student's t at 97.5 % for 1..12 degrees of freedom (a two-sided 95 % interval of the mean of 2..13 windows)
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179)
 MAX_OUTSTANDING = 4096  # the open loop's backlog bound: its greenlets or callbacks, a few KiB each
 OPEN_LOOP_CONNECTIONS = 64  # HTTP connections the open loop may use at once (a request beyond waits, timed)
 
@@ -254,38 +263,63 @@ def _cv(values: list[float]) -> float:
     return float(np.std(values) / mean * 100) if mean > 0 else 100.0
 
 
+def half_width_pct(values: list[float]) -> float:
+    """The half-width of the 95 % confidence interval of the mean of ``values``, in % of the mean."""
+    n = len(values)
+    mean = float(np.mean(values)) if n else 0.0
+    if n < 2 or mean <= 0:
+        return 100.0
+    t = T_975[n - 2] if n - 2 < len(T_975) else 1.96
+    return t * float(np.std(values, ddof=1)) / n ** 0.5 / mean * 100
+
+
+Window = tuple[float, list[float]]  # a window's throughput and the latencies of the answers in it
+
+
+def settled(windows: list[Window], k: int, pct: float, min_requests: int = MIN_REQUESTS) -> list[Window] | None:
+    """The longest run of last windows (``k`` or more) whose mean throughput and mean latency are both
+    known within ``pct`` (95 % confidence) from ``min_requests`` answers or more; None while none is.
+    The longest first: more windows narrow the interval, and an early window still warming up drops out
+    when leaving it out is what settles the point."""
+    for n in range(len(windows), k - 1, -1):
+        last = windows[-n:]
+        if not all(w[1] for w in last) or sum(len(w[1]) for w in last) < min_requests:
+            continue
+        if max(half_width_pct([w[0] for w in last]), half_width_pct([float(np.mean(w[1])) for w in last])) <= pct:
+            return last
+    return None
+
+
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
-    """Warm up, then windows until stable; the result as a JSON-ready dict."""
+    """Warm up, then windows until the measurement settles; the result as a JSON-ready dict."""
     latencies: list[float] = []
     errors: list[str] = []
     grpc, open_loop = spec.get("protocol") == "grpc", bool(spec.get("request_rate"))
     start = {(False, False): _http, (True, False): _grpc, (False, True): _http_open, (True, True): _grpc_open}
     stop, sleep = start[grpc, open_loop](spec, latencies, errors)
     k = spec.get("min_windows", 3)
-    windows: list[tuple[float, list[float]]] = []
-    stable = False
+    windows: list[Window] = []
+    used: list[Window] | None = None
     try:
-        sleep(spec.get("warmup_s", 1.0))
+        sleep(spec.get("warmup_s", 0.5))
         cursor, cpu0, wall0 = len(latencies), _cpu(), time.perf_counter()
         while len(windows) < spec.get("max_windows", 10):
-            start = time.perf_counter()
-            sleep(spec.get("window_s", 1.0))
-            done, elapsed = latencies[cursor:], time.perf_counter() - start
+            begun = time.perf_counter()
+            sleep(spec.get("window_s", 0.5))
+            done, elapsed = latencies[cursor:], time.perf_counter() - begun
             cursor += len(done)
             windows.append((len(done) / elapsed, done))
-            last = windows[-k:]
-            if len(last) == k and all(w[1] for w in last) and max(
-                    _cv([w[0] for w in last]), _cv([float(np.mean(w[1])) for w in last])) < spec.get("stability_pct", 10):
-                stable = True
+            used = settled(windows, k, spec.get("stability_pct", 10.0), spec.get("min_requests", MIN_REQUESTS))
+            if used is not None:
                 break
         cpu_pct = (_cpu() - cpu0) / (time.perf_counter() - wall0) * 100
         measured = list(errors)  # the open loop's backlog, cut off by the stop, is no failure of the server
     finally:
         stop()
-    return _result(windows[-k:], len(windows), cpu_pct, measured, stable)
+    return _result(used or windows[-k:], len(windows), cpu_pct, measured, used is not None)
 
 
-def _result(last: list[tuple[float, list[float]]], count: int, cpu_pct: float, errors: list[str],
+def _result(last: list[Window], count: int, cpu_pct: float, errors: list[str],
             stable: bool) -> dict[str, Any]:
     merged = np.array([x for w in last for x in w[1]]) * 1000
     rates = [w[0] for w in last]
@@ -302,8 +336,13 @@ def _cpu() -> float:
 
 
 def main(argv: list[str]) -> int:
-    result = measure(json.loads(argv[0]))
-    sys.stdout.write(json.dumps(result) + "\n")
+    if argv[:1] == ["--serve"]:  # a spec per line until stdin closes: the tuner's whole run
+        for line in sys.stdin:
+            if line.strip():
+                sys.stdout.write(json.dumps(measure(json.loads(line))) + "\n")
+                sys.stdout.flush()
+        return 0
+    sys.stdout.write(json.dumps(measure(json.loads(argv[0]))) + "\n")
     sys.stdout.flush()
     return 0
 

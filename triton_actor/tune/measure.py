@@ -7,16 +7,22 @@ statistics read, while the load generator sends to the ensemble. A candidate who
 from the server's restarts the server started here with that many (``Target.restart``) and loads the
 candidate on it.
 
-Runs in the tuner's main thread; the load generator is a child process (``loadgen.py``) it waits for. A
-candidate the server refuses to load is a failed point carrying the server's message (what was serving
-keeps serving: load-then-swap), and so is a load generator that dies; the search goes on either way.
+Runs in the tuner's main thread; the load generator is one child process (``loadgen.py --serve``) for the
+whole run, given a spec per point on its stdin, each answer waited for up to the point's worst case (a
+child started per point spent half a second importing its clients every time). A candidate the server
+refuses to load is a failed point carrying the server's message (what was serving keeps serving:
+load-then-swap), and so is a load generator that dies or overruns (it is started again for the next
+point); the search goes on either way.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import select
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -34,11 +40,11 @@ MIN_WINDOWS = 3  # windows that must agree: perf_analyzer's three measurements
 class Timing:
     """How long the load generator measures: perf_analyzer's warm-up, window and stability settings."""
 
-    warmup_s: float = 1.0
-    window_s: float = 1.0
+    warmup_s: float = 0.5
+    window_s: float = 0.5
     min_windows: int = MIN_WINDOWS
     max_windows: int = 8
-    stability_pct: float = 10.0
+    stability_pct: float = 10.0  # the 95 % confidence interval's half-width, % of the mean (loadgen.settled)
 
     def worst_case_s(self) -> float:
         return self.warmup_s + self.window_s * self.max_windows
@@ -54,6 +60,9 @@ class Measurer:
         self.bases = bases or {"": base}
         self.shipped = {name: config_writer.candidate_of(cfg, name) for name, cfg in self.bases.items()}
         self.loaded: dict[str, Candidate] = dict(self.shipped)
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._stderr: Any = None
+        self._buffer = b""
         self._spec = {"protocol": target.protocol, "model": target.model,
                       "inputs": inputs_from_config(base_json), "outputs": [o["name"] for o in base_json.get("output", [])],
                       "warmup_s": timing.warmup_s, "window_s": timing.window_s, "min_windows": timing.min_windows,
@@ -93,19 +102,62 @@ class Measurer:
     def _run_loadgen(self, level: int) -> dict[str, Any]:
         load = {"request_rate": level, "concurrency": 0} if self.open_loop else {"concurrency": level}
         spec = json.dumps(dict(self._spec, url=self.target.url, **load))
-        proc = subprocess.Popen([sys.executable, "-m", "triton_actor.tune.loadgen", spec],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        proc = self._loadgen()
         try:
-            out, err = proc.communicate(timeout=self.timing.worst_case_s() + 120)
-        except BaseException:  # a timeout or Ctrl-C: the load generator must not outlive the point
+            assert proc.stdin is not None
+            proc.stdin.write(spec.encode() + b"\n")
+            proc.stdin.flush()
+            line = self._answer(proc, time.monotonic() + self.timing.worst_case_s() + 120)
+        except BaseException:  # Ctrl-C: the load generator must not outlive the point
+            self.close(kill=True)
+            raise
+        if line is None:  # it died, or overran the point: the next point starts a fresh one
+            self.close(kill=True)
+            return {"error_text": f"load generator failed ({proc.returncode}): {self._stderr_tail()}"}
+        return json.loads(line)
+
+    def _loadgen(self) -> subprocess.Popen[bytes]:
+        if self._proc is None or self._proc.poll() is not None:
+            self._stderr = tempfile.TemporaryFile()  # a file: nobody has to drain it while a point runs
+            self._proc = subprocess.Popen([sys.executable, "-m", "triton_actor.tune.loadgen", "--serve"],
+                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
+                                          bufsize=0, start_new_session=True)
+            self._buffer = b""
+        return self._proc
+
+    def _answer(self, proc: subprocess.Popen[bytes], deadline: float) -> str | None:
+        """The next line the load generator writes; None when it ends or ``deadline`` passes first."""
+        assert proc.stdout is not None
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([proc.stdout], [], [], left)[0]:
+                return None
+            chunk = os.read(proc.stdout.fileno(), 65536)
+            if not chunk:
+                return None
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line.decode()
+
+    def _stderr_tail(self) -> str:
+        if self._stderr is None:
+            return ""
+        self._stderr.seek(0)
+        return " | ".join(self._stderr.read().decode(errors="replace").strip().splitlines()[-3:])
+
+    def close(self, kill: bool = False) -> None:
+        """Stop the load generator: at the end of the run (its loop ends at end of file), or ``kill`` it
+        (Ctrl-C, or one that overran a point)."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.stdin is not None:
+            proc.stdin.close()
+        try:
+            proc.wait(0 if kill else 5)
+        except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-            raise
-        lines = out.strip().splitlines()
-        if proc.returncode != 0 or not lines:
-            tail = " | ".join(err.strip().splitlines()[-3:])
-            return {"error_text": f"load generator failed ({proc.returncode}): {tail}"}
-        return json.loads(lines[-1])
 
 
 def _point(candidate: Candidate, level: int, r: dict[str, Any], before: dict[str, float],

@@ -204,3 +204,22 @@ def test_workers_restart_the_started_server_and_the_pick_names_them(tmp_path: Pa
     assert chosen is not None and chosen.candidate.workers == 2
     assert server.restarts[0] == 2 and 1 in server.restarts  # the back-to-back rounds go back to one worker
     assert "triton-actor --workers 2 (a server flag, not a config field)" in outcome.tuned_text
+
+
+def test_a_clear_first_back_to_back_round_is_not_repeated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         fake_loadgen: list[int]) -> None:
+    """Four instances serve 4x the shipped one: one back-to-back round decides. Where they serve 1.24x
+    (within what the busy host moved one config between rounds) the second round is measured too."""
+    outcome = command.run(_args(tmp_path / "clear"), FakeServer(), tmp_path / "clear" / "out")  # type: ignore[arg-type]
+    assert outcome.chosen[0] is not None and outcome.chosen[0].candidate.instances == 4
+    assert len(outcome.confirm) == 2 and outcome.gain() == 4.0
+
+    def close(self: Measurer, concurrency: int) -> dict[str, Any]:
+        n = min(c.instances for c in self.loaded.values())
+        return {"throughput": 100.0 + 8 * (n - 1), "p50_ms": 1.0, "p95_ms": 2.0, "p99_ms": 3.0, "cv_pct": 1.0,
+                "stable": True, "windows": 3, "loadgen_cpu_pct": 10.0, "errors": 0, "error": ""}
+
+    monkeypatch.setattr(Measurer, "_run_loadgen", close)
+    outcome = command.run(_args(tmp_path / "close"), FakeServer(), tmp_path / "close" / "out")  # type: ignore[arg-type]
+    assert outcome.chosen[0] is not None and outcome.chosen[0].candidate.instances == 4
+    assert len(outcome.confirm) == 2 * command.CONFIRM_ROUNDS

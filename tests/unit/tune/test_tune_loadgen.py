@@ -96,3 +96,26 @@ def test_instance_kind_is_tuned_only_where_a_gpu_is_visible(tmp_path: Path) -> N
     hidden = devices.gpu_count({"CUDA_VISIBLE_DEVICES": "-1"}, proc)
     assert command.instance_kinds("KIND_CPU", hidden, local=True)[0] == ()
     assert command.instance_kinds("KIND_CPU", 2, local=False)[0] == ()  # another host's devices: unknown here
+
+
+def test_a_point_settles_when_its_confidence_interval_is_tight() -> None:
+    """``loadgen.settled``: the 95 % interval of the mean throughput (and mean latency) within the
+    percentage, from at least ``min_windows`` windows and ``MIN_REQUESTS`` answers; a warming-up first
+    window is left out when that is what settles it; a noisy run needs more windows than a quiet one."""
+    def window(rate: float, latency_ms: float = 2.0, n: int = 100) -> loadgen.Window:
+        return (rate, [latency_ms / 1000] * n)
+
+    quiet = [window(1000), window(1010), window(990)]
+    assert loadgen.settled(quiet, 3, 10.0) == quiet
+    assert loadgen.settled(quiet[:2], 3, 10.0) is None  # fewer windows than min_windows
+    assert loadgen.settled([window(1000, n=30)] * 3, 3, 10.0) is None  # 90 answers: too few for a p99
+    warming = [window(300)] + quiet
+    assert loadgen.settled(warming, 3, 10.0) == quiet  # the warm-up window drops out
+    noisy = [window(r) for r in (1000, 1150, 900, 1080)]  # cv about 10 %: three windows are not enough
+    assert loadgen.settled(noisy[:3], 3, 10.0) is None
+    more = noisy + [window(r) for r in (950, 1050, 1000, 1020)]
+    assert loadgen.settled(more, 3, 10.0) == more  # eight of them narrow the interval enough
+    slower = [window(1000, latency_ms) for latency_ms in (2.0, 3.0, 4.5)]  # an open loop falling behind
+    assert loadgen.settled(slower, 3, 10.0) is None
+    assert loadgen.half_width_pct([100.0, 100.0]) == 0.0
+    assert abs(loadgen.half_width_pct([90.0, 110.0]) - 12.706 * 14.142 / 2 ** 0.5) < 0.01

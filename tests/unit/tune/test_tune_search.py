@@ -122,18 +122,52 @@ def test_a_python_model_tries_the_other_execution_and_keeps_the_winner() -> None
 
 
 def test_one_dip_in_throughput_does_not_end_the_concurrency_sweep() -> None:
-    rates = {1: 100.0, 4: 90.0, 16: 400.0, 64: 390.0, 256: 380.0}  # a busy minute at 4 clients
+    levels = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # the shipped config starts at the lower middle: 16
+    rates = {16: 100.0, 32: 90.0, 64: 400.0, 128: 390.0, 256: 380.0, 512: 370.0}  # a busy minute at 32 clients
 
     def measure(c: Candidate, clients: int) -> Point:
         return Point(c, clients, throughput=rates[clients], p99_ms=1.0, stable=True)
 
-    search = Search(ORIGIN, Space(instances=(1,)), (1, 4, 16, 64, 256), measure, max_points=10)
+    search = Search(ORIGIN, Space(instances=(1,)), levels, measure, max_points=10)
     search.run()
-    assert [p.concurrency for p in search.points] == [1, 4, 16, 64, 256]  # 64 and 256 both gain nothing: the end
-    rates.update({16: 95.0})
-    flat = Search(ORIGIN, Space(instances=(1,)), (1, 4, 16, 64, 256), measure, max_points=10)
+    assert [p.concurrency for p in search.points] == [16, 32, 64, 128, 256]  # 128 and 256 gain nothing: the end
+    rates.update({64: 95.0})
+    flat = Search(ORIGIN, Space(instances=(1,)), levels, measure, max_points=10)
     flat.run()
-    assert [p.concurrency for p in flat.points] == [1, 4, 16]  # two steps without a gain
+    assert [p.concurrency for p in flat.points] == [16, 32, 64]  # two steps without a gain
+
+
+def test_candidates_start_at_the_best_level_and_walk_down_only_over_the_budget() -> None:
+    """The shipped config starts at the lower-middle level; each later candidate at the level of the best
+    point so far, and below it only when that start broke the budget (a lower level cannot serve more in
+    a closed loop). Against the same search with every candidate swept from the lowest level (the
+    search before: 56, 49, 33 points for these budgets), it measures far fewer points and picks the
+    brute force's optimum all the same."""
+    for budget, most in ((None, 20), (10.0, 30), (3.0, 30)):
+        best, _ = brute_force(budget)
+        search = Search(ORIGIN, SPACE, CONCURRENCIES, simulate, budget_ms=budget, max_points=200)
+        search.run()
+        chosen, met = pick(search.points, "throughput", budget)
+        assert met and chosen is not None and best is not None and chosen.throughput >= best.throughput * 0.95
+        assert len(search.points) <= most, (budget, len(search.points))
+        assert search.points[0].concurrency == 4  # the lower middle of 1, 4, 16, 64
+        seen: dict[Candidate, list[Point]] = {}
+        for p in search.points:
+            seen.setdefault(p.candidate, []).append(p)
+        for mine in seen.values():
+            first, lower = mine[0], [p for p in mine[1:] if p.concurrency < mine[0].concurrency]
+            assert not lower or first.p99_ms > (budget or math.inf), mine  # below the start only over the budget
+            if lower:  # down until one met the budget, then no further
+                assert all(p.p99_ms > budget for p in lower[:-1]), mine  # type: ignore[operator]
+
+
+def test_the_latency_objective_starts_every_candidate_at_the_lowest_level() -> None:
+    search = Search(ORIGIN, SPACE, CONCURRENCIES, simulate, objective="latency", max_points=60)
+    search.run()
+    firsts = {}
+    for p in search.points:
+        firsts.setdefault(p.candidate, p.concurrency)
+    assert set(firsts.values()) == {1}
 
 
 def _workers_and_kind(c: Candidate, clients: int) -> Point:
@@ -169,7 +203,7 @@ def test_the_other_instance_kind_is_tried_only_where_the_space_names_it() -> Non
 
 
 def test_request_rates_are_load_levels_as_concurrencies_are() -> None:
-    """Open loop: the search sweeps rates in ascending order and stops at the first over the budget."""
+    """Open loop: the search sweeps rates upward and stops at the first over the budget."""
     def measure(c: Candidate, rate: int) -> Point:
         served = min(rate, 300.0 * c.instances)
         p99 = 5.0 if rate <= served else 500.0  # past saturation the backlog grows: latency explodes
@@ -179,6 +213,41 @@ def test_request_rates_are_load_levels_as_concurrencies_are() -> None:
                     budget_ms=50.0, max_points=40)
     search.run()
     first = [p.request_rate for p in search.points if p.candidate.instances == 1]
-    assert first == [100, 200, 400]  # 400/s broke the budget: 800/s is not measured
+    assert first == [200, 400]  # from the lower middle; 400/s broke the budget: 800/s is not measured
     best, met = pick(search.points, "throughput", 50.0)
     assert met and best is not None and best.request_rate == 800 and best.candidate.instances >= 4
+
+
+def test_a_walk_down_ends_where_nothing_lower_can_win() -> None:
+    """Two instances break the budget at the best's level (16) serving less than the best: fewer clients
+    serve less still, so the walk down stops there instead of measuring 4 and 1."""
+    def measure(c: Candidate, clients: int) -> Point:
+        rate = {1: 100.0, 4: 300.0, 16: 900.0, 64: 950.0}[clients] * (0.5 if c.instances == 2 else 1)
+        p99 = {1: 1.0, 4: 2.0, 16: 8.0, 64: 40.0}[clients] * (2 if c.instances == 2 else 1)
+        return Point(c, clients, throughput=rate, p99_ms=p99, stable=True, queue_us=100, compute_us=100)
+
+    search = Search(ORIGIN, Space(instances=(1, 2)), CONCURRENCIES, measure, budget_ms=10.0)
+    search.run()
+    assert [(p.candidate.instances, p.concurrency) for p in search.points] == [(1, 4), (1, 16), (1, 64), (2, 16)]
+
+
+def test_dynamic_batching_is_tried_before_the_instances_when_the_shipped_config_lacks_it() -> None:
+    """A model whose cost is per batch (10 ms whatever its size), shipped without dynamic batching: with
+    the instances climbed first, 4 instances at 4 clients batch nothing and batching then shows no gain
+    at that level; tried first, batching wins at once and the search goes on from there."""
+    def measure(c: Candidate, clients: int) -> Point:
+        per_instance = math.ceil(clients / c.instances)
+        batch = min(per_instance, c.max_batch_size) if c.dynamic_batching else 1
+        rate = min(clients, c.instances * batch) * 100.0  # 10 ms per execution
+        latency_ms = clients / rate * 1000
+        return Point(c, clients, throughput=rate, p50_ms=latency_ms, p95_ms=latency_ms, p99_ms=latency_ms,
+                     stable=True, queue_us=max(0.0, latency_ms - 10) * 1000, compute_us=10_000)
+
+    origin = Candidate(instances=1, max_batch_size=8, dynamic_batching=False)
+    space = Space(instances=(1, 2, 4), batch_sizes=(8, 16, 32))
+    search = Search(origin, space, CONCURRENCIES, measure, budget_ms=50.0, max_points=80)
+    search.run()
+    second = next(p.candidate for p in search.points if p.candidate != origin)
+    assert second == Candidate(instances=1, max_batch_size=8, dynamic_batching=True)
+    best, met = pick(search.points, "throughput", 50.0)
+    assert met and best is not None and best.candidate.dynamic_batching and best.throughput >= 1600.0, best
