@@ -7,10 +7,8 @@ and let the server's own statistics prune and seed the climbs:
 
 1. the shipped config, measured first (the baseline every gain is stated against); when it takes a batch
    dimension but has no dynamic batching, dynamic batching right after, before any instance climb:
-   where a batch costs about what one request does, the instances climbed without it fill the
-   concurrency that batching needed (4 instances at 4 clients batch nothing), and batching tried
-   after them showed no gain there (a Python model of 10 ms per batch, on the busy 2-core host, kept
-   2 instances unbatched at 179/s; with batching on one instance serves 800/s at 16 clients);
+   instances climbed first fill the concurrency batching needs, and batching tried after them shows no
+   gain (measured: a 10 ms-per-batch Python model kept 2 unbatched instances at 179/s; batched, one did 800/s);
 2. instance count, up by doubling when requests queue for an instance (queue time per request at
    least a tenth of compute time per execution; less means the instances are not what requests wait
    for) or the busiest point broke the budget, then down when up did not help;
