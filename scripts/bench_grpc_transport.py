@@ -20,7 +20,7 @@ import socket
 import struct
 import time
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import gevent
 import hpack
@@ -50,6 +50,8 @@ def add_sub_request() -> bytes:
 
 class StubServicer:
     """Every RPC answers at once; ModelInfer with add_sub's canned answer."""
+
+    parsers: ClassVar[dict[str, Any]] = {}  # every message by its type's FromString (GrpcServicer.parsers)
 
     def __init__(self) -> None:
         resp = pb.ModelInferResponse(model_name="add_sub", model_version="1")
