@@ -71,21 +71,9 @@ def _inputs() -> tuple[np.ndarray, np.ndarray]:
 
 def http_request(server) -> Callable[[], object]:
     """One ``/infer`` as perf_analyzer sends it (binary inputs and outputs), bytes to answer."""
-    import tritonclient.http as httpclient
-
     from triton_actor.protocol import http1
 
-    a, b = _inputs()
-    inputs = []
-    for name, value in (("INPUT0", a), ("INPUT1", b)):
-        inp = httpclient.InferInput(name, [4], "FP32")
-        inp.set_data_from_numpy(value, binary_data=True)
-        inputs.append(inp)
-    outputs = [httpclient.InferRequestedOutput(n, binary_data=True) for n in ("OUTPUT0", "OUTPUT1")]
-    body, json_size = httpclient.InferenceServerClient.generate_request_body(inputs, outputs=outputs)
-    raw = (b"POST /v2/models/add_sub/infer HTTP/1.1\r\nHost: localhost:8000\r\n"
-           b"Content-Type: application/octet-stream\r\n"
-           + f"Inference-Header-Content-Length: {json_size}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+    raw = _http_bytes()
     frontend, limits = server.frontend, server._http_limits()
     conn = http1.ServerConnection(limits, time.monotonic())
 
