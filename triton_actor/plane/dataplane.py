@@ -29,6 +29,7 @@ from ..repository import config as config_mod
 from ..repository.overrides import FILE_PREFIX, ConfigText, check_config_size
 from ..runtime.fastpath import BoundedCache
 from ..runtime.kernel import Reply
+from ..runtime.process_memory import trim_heap
 from ..runtime.response_channel import (
     STREAM_MAX_BYTES,
     STREAM_MAX_RESPONSES,
@@ -46,6 +47,9 @@ from .tune_report import TuneReport
 ON_DEMAND_LOCK_TIMEOUT_S = 600.0  # another worker's load on demand: as long as a load may take
 _ROUTES_CACHED = 1024  # (model, version) pairs clients name; a full cache is cleared and refills in a request each
 
+# an override or file overrides this big leave freed copies that glibc keeps (runtime/process_memory.py);
+# a small one is not worth the trim's walk of the heap
+TRIM_AFTER_BYTES = 1 << 20
 SERVER_VERSION = "2.51.0"  # the Triton release whose protocol we speak (clients compare versions)
 
 
@@ -338,6 +342,7 @@ class DataPlane:
         config: str | ConfigText | None = parameters.pop("config", None)
         if config is not None and not isinstance(config, str):
             raise TritonError.internal(f"failed to load '{name}': the 'config' parameter must be a JSON string")
+        size = len(config) if config is not None else 0
         if config is not None:
             check_config_size(name, config)  # before the workers journal or any of them parses it
             if not self.host.journals:  # one process: the parse takes the text and it goes (issue 23)
@@ -346,11 +351,16 @@ class DataPlane:
         for key, value in files.items():
             if not isinstance(value, bytes):
                 raise TritonError.invalid_arg(f"failed to load '{name}': file override '{key}' must be bytes")
+            size += len(value)
         args = {"name": name, "config": config, "files": files, **({"demand": True} if demand else {})}
-        if self.budget is not None:  # room made first, footprint measured
-            self.budget.load(name, lambda: self.host.broadcast("model.load", args))
-        else:
-            self.host.broadcast("model.load", args)
+        try:
+            if self.budget is not None:  # room made first, footprint measured
+                self.budget.load(name, lambda: self.host.broadcast("model.load", args))
+            else:
+                self.host.broadcast("model.load", args)
+        finally:
+            if size >= TRIM_AFTER_BYTES:  # the override's copies are freed: their pages go back too
+                trim_heap()
 
     def load_on_demand(self, name: str) -> None:
         """A request's load (plane/on_demand.py): as the load API's, except that a model loaded meanwhile is
