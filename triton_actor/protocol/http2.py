@@ -308,13 +308,18 @@ def grpc_message(payload: bytes, compressed: bool = False) -> bytes:
 
 
 def split_messages(buf: bytearray) -> list[tuple[int, bytes]]:
-    """Take every complete ``(compressed flag, message)`` off the front of ``buf``."""
+    """Take every complete ``(compressed flag, message)`` off the front of ``buf``.
+
+    Each message is copied once, through a view (``bytes(buf[5:5 + n])`` copied it twice: the slice
+    is a bytearray of its own, then its bytes); the view is released before ``buf`` is cut, as a
+    bytearray with a view on it cannot be resized (issue 23)."""
     out = []
     while len(buf) >= 5:
         flag, n = _GRPC_PREFIX.unpack_from(buf)
         if len(buf) < 5 + n:
             break
-        out.append((flag, bytes(buf[5:5 + n])))
+        with memoryview(buf) as view:
+            out.append((flag, bytes(view[5:5 + n])))
         del buf[:5 + n]
     return out
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tracemalloc
+
 import hpack
 import pytest
 
@@ -90,6 +92,22 @@ def test_grpc_messages_split_across_reads() -> None:
     assert h2.split_messages(buf) == [(0, b""), (0, b"three")]
     assert buf == bytearray()
     assert h2.pending_length(bytearray(b"\0\0\0\1\0")) == 256
+
+
+def test_split_messages_copies_a_message_once() -> None:
+    """A 4 MiB message taken off a stream's buffer is one copy at a time, not a slice and then its
+    bytes (issue 23: every ModelInfer and stream message paid twice its size at the peak)."""
+    size = 4 * 1024 * 1024
+    buf = bytearray(h2.grpc_message(bytes(size)))
+    tracemalloc.start()
+    try:
+        messages = h2.split_messages(buf)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert [(flag, len(m)) for flag, m in messages] == [(0, size)]
+    assert not buf
+    assert peak < size * 1.5, f"the peak was {peak / size:.2f}x the message"
 
 
 def test_a_whole_message_is_taken_with_its_buffer() -> None:
