@@ -103,7 +103,7 @@ def grpc_request(server) -> Callable[[], object]:
     if servicer is None:
         from triton_actor.frontends.grpc import GrpcServicer
 
-        servicer = GrpcServicer(server.plane)
+        servicer = GrpcServicer(server.plane, caching=server.response_cache is not None)
     method = method_table(servicer)[b"/inference.GRPCInferenceService/ModelInfer"]
     a, b = _inputs()
     msg = pb.ModelInferRequest(model_name="add_sub")

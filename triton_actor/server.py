@@ -184,7 +184,7 @@ class Server:
         slots = self._slots = ConnectionSlots()  # one descriptor count for every port
         offload = Offload()  # one big conversion off the hub at a time, for both front ends
         if s.allow_grpc:
-            self.grpc = GrpcH2Server.from_settings(GrpcServicer(self.plane, offload), s, budget, slots)
+            self.grpc = GrpcH2Server.from_settings(GrpcServicer(self.plane, offload, self.response_cache is not None), s, budget, slots)
             log.info("Started GRPCInferenceService at %s:%d", s.grpc_address, self.grpc.start(listeners.get("grpc")))
         if s.allow_http:
             forward = header_forward.compile_pattern(s.http_header_forward_pattern)

@@ -108,7 +108,8 @@ def method_table(servicer: GrpcServicer) -> dict[bytes, Method]:
         if method.name == "ModelInfer":
             # the message's bytes through a decode plan when they repeat (a fast path; slow: FromString)
             methods[path] = Method(v2_grpc_plan.parse_infer, call, False, servicer.start_infer,
-                                   servicer.finish_infer_wire, servicer.again_infer, servicer.learn_infer)
+                                   servicer.finish_infer_wire, *((servicer.again_infer, servicer.learn_infer)
+                                                                 if servicer.caching else ()))
         else:  # (a servicer's own parse: a method whose message must not be held while it runs)
             methods[path] = Method(servicer.parsers.get(method.name, request_type.FromString), call, streaming)
     methods[b"/grpc.health.v1.Health/Check"] = Method(health_pb2.HealthCheckRequest.FromString, servicer.Check, False)
