@@ -10,6 +10,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
+from ..runtime import fastpath
+
 # nv_inference_request_failure's ``reason`` label (Triton core's FailureReason); every series exists from load
 FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 
@@ -39,6 +43,10 @@ class BatchStat:
 # 4-11 stay empty (the first octaves are the four 256 ns buckets 0-3).
 LATENCY_BUCKETS = 152
 _LAST_OCTAVE = LATENCY_BUCKETS // 4  # from this octave on, everything lands in the last bucket
+# successes kept as rows before they are added up (a fast path): appending a row is about 20 bytecodes where
+# adding one up was 141, and a fold of 256 rows with numpy costs about 0.1 us a row; readers fold first
+FOLD_ROWS = 256
+_FOLD_MAX = 1 << 54  # values under it: FOLD_ROWS of them sum within int64 (a request of 208 days)
 
 
 def latency_bucket(ns: int) -> int:
@@ -78,14 +86,16 @@ class VersionStats:
     ``success``/``queue`` count requests, ``compute_*`` count requests that executed.
     """
 
-    __slots__ = ("name", "version", "last_inference", "inference_count", "execution_count", "durations",
-                 "batches", "failures", "load_secs", "latency", "latency_recorder", "cache_enabled", "_success", "_queue", "_input", "_infer", "_output")
+    __slots__ = ("name", "version", "last_inference", "_inferences", "execution_count", "durations",
+                 "batches", "failures", "load_secs", "latency", "latency_recorder", "cache_enabled", "_success",
+                 "_queue", "_input", "_infer", "_output", "_rows")
 
     def __init__(self, name: str, version: int) -> None:
         self.name = name
         self.version = version
         self.last_inference = 0
-        self.inference_count = 0
+        self._inferences = 0
+        self._rows: list[tuple[int, int, int, int, int, int]] = []  # successes not added up yet (fast path)
         self.execution_count = 0
         self.durations = {k: Duration() for k in _DURATIONS}
         self.batches: dict[int, BatchStat] = {}
@@ -112,9 +122,28 @@ class VersionStats:
         b.compute_output.count += 1
         b.compute_output.ns += co_ns
 
+    @property
+    def inference_count(self) -> int:
+        self.fold()
+        return self._inferences
+
     def record_success(self, batch_size: int, total_ns: int, queue_ns: int, timings: tuple[int, int, int]) -> None:
         """A request answered: its elements count as inferences, its batch's compute times are its own."""
-        self.inference_count += batch_size
+        if fastpath.enabled:  # kept as a row, added up by the next reader or every FOLD_ROWS rows
+            rows = self._rows
+            rows.append((batch_size, total_ns, queue_ns, *timings))
+            if len(rows) >= FOLD_ROWS:
+                self.fold()
+            if self.latency_recorder is not None:
+                self.latency_recorder.observe(total_ns, queue_ns, timings)
+            return
+        self._add(batch_size, total_ns, queue_ns, *timings)
+        if self.latency_recorder is not None:
+            self.latency_recorder.observe(total_ns, queue_ns, timings)
+
+    def _add(self, batch_size: int, total_ns: int, queue_ns: int, ci_ns: int, inf_ns: int, co_ns: int) -> None:
+        """One success added up (the slow path, and rows a fold cannot take)."""
+        self._inferences += batch_size
         v = total_ns >> 8  # latency_bucket(total_ns), inlined: a call costs more than the arithmetic
         b = v.bit_length()
         self.latency[(b * 4 + ((v >> (b - 3)) & 3) if b < _LAST_OCTAVE else LATENCY_BUCKETS - 1) if b >= 3 else v] += 1
@@ -126,7 +155,6 @@ class VersionStats:
         d = self._queue
         d.count += 1
         d.ns += queue_ns
-        ci_ns, inf_ns, co_ns = timings
         d = self._input
         d.count += 1
         d.ns += ci_ns
@@ -136,8 +164,38 @@ class VersionStats:
         d = self._output
         d.count += 1
         d.ns += co_ns
-        if self.latency_recorder is not None:
-            self.latency_recorder.observe(total_ns, queue_ns, timings)
+
+    def fold(self) -> None:
+        """Add up the successes kept as rows (:meth:`record_success`'s fast path): the same sums and latency
+        buckets the slow path adds one request at a time."""
+        rows = self._rows
+        if not rows:
+            return
+        try:
+            a = np.array(rows, dtype=np.int64)
+        except OverflowError:  # a value past int64: one at a time
+            a = None
+        if a is None or a.min() < 0 or a.max() >= _FOLD_MAX:  # the column sums could overflow int64
+            for row in rows:
+                self._add(*row)
+            rows.clear()
+            return
+        rows.clear()
+        n = len(a)
+        sums = a.sum(axis=0).tolist()
+        self._inferences += sums[0]
+        for d, ns in ((self._success, sums[1]), (self._queue, sums[2]), (self._input, sums[3]),
+                      (self._infer, sums[4]), (self._output, sums[5])):
+            d.count += n
+            d.ns += ns
+        v = a[:, 1] >> 8  # latency_bucket, for every row at once
+        b = np.frexp(v.astype(np.float64))[1]  # int.bit_length: exact below 2**53, and from 2**37 on the last bucket
+        octave = b * 4 + ((v >> np.maximum(b - 3, 0)) & 3)
+        index = np.where(b < 3, v, np.where(b < _LAST_OCTAVE, octave, LATENCY_BUCKETS - 1))
+        counts = np.bincount(index, minlength=LATENCY_BUCKETS)
+        latency = self.latency
+        for i in np.flatnonzero(counts).tolist():
+            latency[i] += int(counts[i])
 
     def record_cache_hit(self, total_ns: int, lookup_ns: int) -> None:
         """A request answered from the response cache (the cache front, on the hub thread): a success that
@@ -165,6 +223,7 @@ class VersionStats:
 
     def snapshot(self) -> dict[str, object]:
         """A plain-data copy for the protocol layer."""
+        self.fold()
         return {
             "name": self.name,
             "version": self.version,
