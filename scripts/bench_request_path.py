@@ -50,7 +50,7 @@ def _has(module: str) -> bool:
     return (Path(triton_actor.__file__).parent / (module.replace(".", "/") + ".py")).exists()
 
 
-def _server(repo: Path):
+def _server(repo: Path, trace: list[str]):
     if _has("config.command_line"):
         from triton_actor.config.command_line import parse
     else:  # a checkout from before the package reorganisation
@@ -58,7 +58,8 @@ def _server(repo: Path):
     from triton_actor.server import Server
 
     settings = parse(["--model-repository", str(repo), "--http-port", "0", "--http-address", "127.0.0.1",
-                      "--grpc-port", "0", "--grpc-address", "127.0.0.1", "--allow-metrics=false", "--log-info=false"])
+                      "--grpc-port", "0", "--grpc-address", "127.0.0.1", "--allow-metrics=false", "--log-info=false",
+                      *(arg for setting in trace for arg in ("--trace-config", setting))])
     server = Server(settings)
     server.start()
     return server
@@ -306,11 +307,14 @@ def main() -> int:
     ap.add_argument("--opcodes", type=int, default=0, metavar="TOP",
                     help="count the bytecodes run per request (and calls into C), and list the TOP functions by "
                          "their own bytecodes: a count that no load on the machine changes")
+    ap.add_argument("--trace-config", action="append", default=[], metavar="SETTING",
+                    help="the server's --trace-config (repeat it): the path's cost with tracing on, e.g. "
+                         "level=TIMESTAMPS, rate=1, triton,file=/tmp/t.json")
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench_request_path_"))
     shutil.copytree(HERE / "triton_reference" / "add_sub", work / "add_sub",
                     ignore=shutil.ignore_patterns("__pycache__"))
-    server = _server(work)
+    server = _server(work, a.trace_config)
     import triton_actor
 
     try:

@@ -357,7 +357,7 @@ class Connection:
                 call.send_status(GRPC_STATUS[e.code], e.message)
                 return
         tracer = self.server.tracer
-        if (method.infer or method.streaming) and tracer is not None and tracer.otel is not None:
+        if (method.infer or method.streaming) and tracer is not None and tracer.wired:
             traceparent = event.headers.get(b"traceparent")  # OpenTelemetry mode: the W3C context, as Triton reads it
             context = None if traceparent is None else traceparent.decode("latin-1")
             if method.infer:  # Triton's GRPC_WAITREAD_START: the call's headers are in

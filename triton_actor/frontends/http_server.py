@@ -129,7 +129,7 @@ class HttpServer:
                  budget: ByteBudget | None = None, slots: ConnectionSlots | None = None, name: str = "HTTP",
                  reuse_port: bool = False, tracer: Tracer | None = None) -> None:
         self.frontend = frontend
-        # the server's tracer: in OpenTelemetry mode (its ``otel`` set) each request gets a WireTrace
+        # the server's tracer: while it traces (its ``wired`` set) each request gets a WireTrace
         self.tracer = tracer
         self.limits = limits
         self.name = name
@@ -269,7 +269,7 @@ class HttpServer:
             # unpacked, not read by name: a NamedTuple's field getters are CPython 3.11's slow path
             method, target, _version, headers, keep_alive, expect_continue, length = head
             wire = None
-            if tracer is not None and tracer.otel is not None:  # Triton's HTTP_RECV_START: the head is in
+            if tracer is not None and tracer.wired:  # Triton's HTTP_RECV_START: the head is in
                 wire = WireTrace("HTTP", headers.get("traceparent"), perf_counter_ns())
             conn.held = self._reserve(conn, length)
             frontend.begin()

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import gevent
@@ -39,6 +40,7 @@ from ..runtime.bridge import call_in_thread
 
 if TYPE_CHECKING:
     from .otel import OtelExport, SpanTrace
+    from .wire_trace import WireTrace
 
 log = logging.getLogger(__name__)
 _LEVELS = ("TIMESTAMPS", "TENSORS")
@@ -114,11 +116,17 @@ class VersionTrace:
                     span_trace.record(self.model, self.version, item.request.id,
                                       trace_json.stage_times(item.start_ns, dispatch_ns, end_ns, timings, respond_ns))
             return
+        wires = self.tracer.wires
         for i, item in enumerate(items):
             if not sampler.take():
                 continue
             result = results[i] if results is not None else None
-            self.tracer.emit(sampler, self._entries(sampler, item, result, dispatch_ns, end_ns, timings, respond_ns))
+            entries = self._entries(sampler, item, result, dispatch_ns, end_ns, timings, respond_ns)
+            wire = wires.pop(id(item.request), None) if wires else None
+            if wire is None:
+                self.tracer.emit(sampler, entries)
+            else:  # the front end writes it once its answer is sent, with its receive and send stamps
+                wire.hold(self.tracer, sampler, entries)
         if not sampler.active:
             self.tracer.refresh()
 
@@ -153,6 +161,12 @@ class Tracer:
         self._writer: gevent.Greenlet | None = None
         self._suffix = ""  # ".worker<N>" for worker N > 0: one writer per file (see for_worker)
         self.otel: OtelExport | None = None  # mode=opentelemetry (start_otel); read once per request by the plane
+        # the front ends stamp requests on the wire (a WireTrace each): in OpenTelemetry mode, or while a
+        # trace-file sampler is active; read once per request by the front ends
+        self.wired = False
+        # trace files: each front end's WireTrace of a request on its way through a scheduler, by the id of
+        # its InferRequest (the one the scheduler's Enqueue holds), dropped when its reply completes
+        self.wires: dict[int, WireTrace] = {}
 
     def start_otel(self, settings: dict[str, Any]) -> None:
         """Export OpenTelemetry spans from now on (start-up, mode=opentelemetry): the SDK is imported here."""
@@ -198,6 +212,16 @@ class Tracer:
         for trace in self._traces.values():
             sampler = self._models.get(trace.model, self._global)
             trace.sampler, trace.on = sampler, sampler.active
+        self.wired = self.otel is not None or any(s.active for s in (self._global, *self._models.values()))
+
+    def wired_infer(self, infer: Callable[[Any], Any], request: Any, wire: WireTrace) -> Any:
+        """Trace files: queue ``request`` with ``infer`` while its front end's ``wire`` waits for the
+        scheduler that may sample it (VersionTrace.batch hands it the trace to write after the send)."""
+        key = id(request)  # the request stays alive (and its id unique) until its reply completes
+        self.wires[key] = wire
+        reply = infer(request)
+        reply.link(lambda _r: self.wires.pop(key, None))
+        return reply
 
     def version(self, model: str, version: int) -> VersionTrace:
         """The trace a scheduler of ``model`` ``version`` holds (created once, kept up to date)."""
@@ -223,7 +247,10 @@ class Tracer:
             self._queue(sampler.file, False, entries)
             return
         sampler.stream += entries
-        if sampler.collected % sampler.log_frequency == 0:
+        # a trace held until its send (WireTrace) may come after a settings change replaced its sampler,
+        # whose leftovers were written then: this one is written at once, or it would never be
+        replaced = sampler is not self._global and sampler not in self._models.values()
+        if replaced or sampler.collected % sampler.log_frequency == 0:
             self._spill(sampler)
 
     def _spill(self, sampler: Sampler) -> None:

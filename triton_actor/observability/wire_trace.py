@@ -14,12 +14,20 @@ span (:meth:`begun`) and stamps the response (:meth:`answered`); the front end e
 send (:meth:`sent`, called on every way out, so a root span is always exported). Not sampled: every
 call here does nothing. Hub only; stamps are ``time.perf_counter_ns``, converted to wall-clock time by
 the export's offset as the other spans' stamps are.
+
+Trace files (mode=triton) get the same receive and send stamps, as Triton's ``Trace::CaptureTimestamp``
+writes them to the trace's stream: the front ends make a WireTrace while a file sampler is active too
+(``Tracer.wired``), the scheduler that samples the request hands it the trace's entries (:meth:`hold`)
+in place of writing them, and :meth:`sent` writes them with the stamps, once the answer is out (Triton
+writes a trace when it is released, after the send).
 """
 
 from __future__ import annotations
 
 from time import perf_counter_ns
 from typing import Any
+
+from ..protocol import trace_json
 
 # the front end's names for its receive events (Triton's http_server.cc and grpc infer handler)
 _RECV = {"HTTP": ("HTTP_RECV_START", "HTTP_RECV_END"), "GRPC": ("GRPC_WAITREAD_START", "GRPC_WAITREAD_END")}
@@ -28,7 +36,7 @@ _RECV = {"HTTP": ("HTTP_RECV_START", "HTTP_RECV_END"), "GRPC": ("GRPC_WAITREAD_S
 class WireTrace:
     """One request's front-end stamps, and its ``InferRequest`` span once the plane sampled it."""
 
-    __slots__ = ("front", "traceparent", "recv_start", "recv_end", "send_start", "root", "offset")
+    __slots__ = ("front", "traceparent", "recv_start", "recv_end", "send_start", "root", "offset", "held")
 
     def __init__(self, front: str, traceparent: str | None, recv_start: int) -> None:
         """``front``: ``"HTTP"`` or ``"GRPC"``; ``recv_start``: when its request began to arrive."""
@@ -37,6 +45,11 @@ class WireTrace:
         self.send_start = 0
         self.root: Any = None  # the InferRequest span (sampled and not yet ended)
         self.offset = 0
+        self.held: tuple[Any, Any, list[dict[str, Any]]] | None = None  # (tracer, sampler, entries): mode=triton
+
+    def hold(self, tracer: Any, sampler: Any, entries: list[dict[str, Any]]) -> None:
+        """Trace file: the sampled request's entries (its header first), written by :meth:`sent`."""
+        self.held = (tracer, sampler, entries)
 
     def begun(self, root: Any, offset: int) -> None:
         """The plane sampled the request: ``root`` is its span, ``offset`` the export's clock offset."""
@@ -57,6 +70,8 @@ class WireTrace:
     def sent(self) -> None:
         """The answer is sent, or the request ended without one: the send events (when it was sent)
         and the span's end. Once; later calls (and a response after it) do nothing."""
+        if self.held is not None:
+            self._write()
         root, self.root = self.root, None
         if root is None:
             return
@@ -65,3 +80,14 @@ class WireTrace:
             root.add_event(f"{self.front}_SEND_START", timestamp=self.send_start + self.offset)
             root.add_event(f"{self.front}_SEND_END", timestamp=now)
         root.end(end_time=now)
+
+    def _write(self) -> None:
+        """The held trace, with Triton's stamps around the core's: receive before, send after."""
+        (tracer, sampler, entries), self.held = self.held, None
+        trace_id = entries[0]["id"]
+        stamps = list(zip(_RECV[self.front], (self.recv_start, self.recv_end), strict=True))
+        sent = []
+        if self.send_start:
+            sent = [(f"{self.front}_SEND_START", self.send_start), (f"{self.front}_SEND_END", perf_counter_ns())]
+        tracer.emit(sampler, [entries[0], *trace_json.timestamps(trace_id, stamps), *entries[1:],
+                              *trace_json.timestamps(trace_id, sent)])

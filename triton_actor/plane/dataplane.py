@@ -243,6 +243,8 @@ class DataPlane:
                traceparent: str | WireTrace | None) -> Reply[InferResponse]:
         """Queue ``request`` with ``target``, traced when OpenTelemetry mode samples it."""
         if self.tracer.otel is None or internal:
+            if isinstance(traceparent, WireTrace) and not internal:  # trace file: stamped on the wire too
+                return self.tracer.wired_infer(target.infer, request, traceparent)
             return target.infer(request)
         request, root = self._traced(request, traceparent)
         reply = target.infer(request)
