@@ -33,7 +33,6 @@ from __future__ import annotations
 import collections
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import gevent
@@ -53,6 +52,7 @@ from ...runtime.response_channel import (
     ResponseChannel,
 )
 from ...runtime.wake_timer import Wake, WakeTimer
+from .ensemble_run import _Run, _StepAnswered, _StepStreamed, _Table
 from .ensemble_step import MEMO_SIZE, StepPlan, StepReply, checked_batch
 from .scheduler import Drain, Enqueue, GetStats, GetStatus
 
@@ -64,58 +64,6 @@ Routes = Callable[[], Mapping[str, Any]]  # name → ModelHandle (the repository
 # of one request started in one go made health checks wait up to 67 ms; 64 a turn, 2.5 ms
 # (scripts/bench_wide_ensemble.py, docs/performance.md#wide-ensembles).
 STEPS_PER_TURN = 64
-
-
-@dataclass(eq=False, slots=True)
-class _Table:
-    """One set of ensemble tensors moving through the graph: the request's own, or a fork made by one
-    response of a decoupled step (``parent`` then shares the outputs of its plain steps still running)."""
-
-    tensors: dict[str, InferInput]
-    started: set[int]
-    parent: _Table | None = None
-    children: list[_Table] = field(default_factory=list)
-    plain: int = 0  # steps in flight that answer once
-    queued: int = 0  # steps ready but not started yet (waiting for a later hub turn)
-    streams: int = 0  # decoupled steps in flight
-    running: set[int] = field(default_factory=set)  # indices of its steps in flight (for the BLS wait graph)
-    settled: bool = False
-    release: Callable[[], Any] | None = None  # frees the max_inflight slot this fork holds
-
-
-@dataclass(eq=False, slots=True)
-class _Run:
-    """One ensemble request in flight."""
-
-    msg: Enqueue
-    decoupled: Any  # the request's ResponseChannel when the ensemble streams, else None
-    open_tables: int = 0
-    answered: int = 0
-    timings: list[int] = field(default_factory=lambda: [0, 0, 0, 0])  # its steps' queue and compute ns, summed
-    failed: bool = False
-    readers: list[gevent.Greenlet] = field(default_factory=list)
-    tables: list[_Table] = field(default_factory=list)  # every table, so a failure frees all tensors at once
-    gates: dict[int, gevent.lock.Semaphore] = field(default_factory=dict)
-    trace: Any = None  # OpenTelemetry: the SpanTrace its steps' traces are spawned from (observability/otel.py)
-    span: Any = None  # and the ensemble's model span, ended with the run
-
-
-@dataclass(frozen=True, slots=True)
-class _StepAnswered:
-    run: _Run
-    table: _Table
-    step: Step
-    reply: Reply[InferResponse]
-
-
-@dataclass(frozen=True, slots=True)
-class _StepStreamed:
-    run: _Run
-    table: _Table
-    step: Step
-    item: Any  # InferResponse, an error, or None (a flags-only final)
-    final: bool
-    gate: gevent.lock.Semaphore | None
 
 
 class EnsembleScheduler(InlineActor):
