@@ -323,6 +323,9 @@ def with_cancellation(instance: ModelInstance, items: list[Enqueue]) -> list[Inf
     client reset its call or went away: the front end failed it with CANCELLED)."""
     if not instance.observes_cancellation:
         return [i.request for i in items]
+    if len(items) == 1 and not instance.watches_cancellation:  # the usual batch (every direct run): no comprehension
+        item = items[0]
+        return [_with_probe(item.request, item.reply.ready)]
     if instance.watches_cancellation:  # a model in a process of its own: told (isolated.py), not polled
         return [_with_probe(i.request, CancelWatch(i.reply)) for i in items]
     return [_with_probe(i.request, i.reply.ready) for i in items]
