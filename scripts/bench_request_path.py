@@ -50,7 +50,7 @@ def _has(module: str) -> bool:
     return (Path(triton_actor.__file__).parent / (module.replace(".", "/") + ".py")).exists()
 
 
-def _server(repo: Path, trace: list[str]):
+def _server(repo: Path, trace: list[str] | None = None):
     if _has("config.command_line"):
         from triton_actor.config.command_line import parse
     else:  # a checkout from before the package reorganisation
@@ -59,7 +59,7 @@ def _server(repo: Path, trace: list[str]):
 
     settings = parse(["--model-repository", str(repo), "--http-port", "0", "--http-address", "127.0.0.1",
                       "--grpc-port", "0", "--grpc-address", "127.0.0.1", "--allow-metrics=false", "--log-info=false",
-                      *(arg for setting in trace for arg in ("--trace-config", setting))])
+                      *(arg for setting in trace or () for arg in ("--trace-config", setting))])
     server = Server(settings)
     server.start()
     return server
