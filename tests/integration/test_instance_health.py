@@ -144,6 +144,11 @@ def _kill_thread_until_down(server: ServerProcess, model: str, victim: str, warm
             if index_of_victim in ran_on:
                 wait_for(lambda d=deaths: server.log().count(f"native worker {victim} stopped unexpectedly") > d, 60,
                          f"{victim}'s thread to die:\n{server.log()[-3000:]}")
+                # and back (or down for good) before the next warm-up: a request that reached the victim while
+                # its death was being handled was answered UNAVAILABLE (a fresh-clone run with fast paths off)
+                wait_for(lambda d=deaths: server.log().count(f"instance {victim} is serving again") > d
+                         or "past its restart budget" in server.log(), 60,
+                         f"{victim} back after its death:\n{server.log()[-3000:]}")
             else:  # the victim is restarting, out of the pool: wait until it serves again
                 wait_for(lambda d=deaths: server.log().count(f"instance {victim} is serving again") >= d
                          or "past its restart budget" in server.log(), 60,
