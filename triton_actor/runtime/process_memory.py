@@ -60,8 +60,7 @@ def release_free_memory() -> None:
     mmap threshold, which rises to 32 MiB after large frees, and per-thread arenas) until
     ``malloc_trim``. Without it the process grows past the budget while the accounting shrinks."""
     gc.collect()
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
+    trim_heap()
 
 
 def trim_heap() -> None:
