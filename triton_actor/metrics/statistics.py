@@ -86,7 +86,7 @@ class VersionStats:
     ``success``/``queue`` count requests, ``compute_*`` count requests that executed.
     """
 
-    __slots__ = ("name", "version", "last_inference", "_inferences", "execution_count", "durations",
+    __slots__ = ("name", "version", "last_inference", "_inferences", "_executions", "durations",
                  "batches", "failures", "load_secs", "latency", "latency_recorder", "cache_enabled", "_success",
                  "_queue", "_input", "_infer", "_output", "_rows")
 
@@ -95,8 +95,10 @@ class VersionStats:
         self.version = version
         self.last_inference = 0
         self._inferences = 0
-        self._rows: list[tuple[int, int, int, int, int, int]] = []  # successes not added up yet (fast path)
-        self.execution_count = 0
+        # successes not added up yet (fast path): batch size, total, queue, compute input/infer/output ns, and
+        # whether the row is also its own execution (record_success's ``single``)
+        self._rows: list[tuple[int, int, int, int, int, int, bool]] = []
+        self._executions = 0
         self.durations = {k: Duration() for k in _DURATIONS}
         self.batches: dict[int, BatchStat] = {}
         self.latency = [0] * LATENCY_BUCKETS  # successful requests by end-to-end time (latency_bucket)
@@ -110,8 +112,11 @@ class VersionStats:
 
     def record_execution(self, batch_size: int, ci_ns: int, inf_ns: int, co_ns: int) -> None:
         """One model execution of ``batch_size`` elements (counted even when the model failed, as Triton does)."""
-        self.execution_count += 1
         self.last_inference = time.time_ns() // 1_000_000
+        self._execution(batch_size, ci_ns, inf_ns, co_ns)
+
+    def _execution(self, batch_size: int, ci_ns: int, inf_ns: int, co_ns: int) -> None:
+        self._executions += 1
         b = self.batches.get(batch_size)
         if b is None:
             b = self.batches[batch_size] = BatchStat()
@@ -127,16 +132,29 @@ class VersionStats:
         self.fold()
         return self._inferences
 
-    def record_success(self, batch_size: int, total_ns: int, queue_ns: int, timings: tuple[int, int, int]) -> None:
-        """A request answered: its elements count as inferences, its batch's compute times are its own."""
+    @property
+    def execution_count(self) -> int:
+        self.fold()
+        return self._executions
+
+    def record_success(self, batch_size: int, total_ns: int, queue_ns: int, timings: tuple[int, int, int],
+                       single: bool = False) -> None:
+        """A request answered: its elements count as inferences, its batch's compute times are its own.
+        ``single``: it was its batch's only request, and its execution is counted here too (what
+        :meth:`record_execution` counts: most batches without dynamic batching, every ensemble step on such a
+        model; one row for both on the fast path)."""
         if fastpath.enabled:  # kept as a row, added up by the next reader or every FOLD_ROWS rows
+            if single:
+                self.last_inference = time.time_ns() // 1_000_000
             rows = self._rows
-            rows.append((batch_size, total_ns, queue_ns, *timings))
+            rows.append((batch_size, total_ns, queue_ns, *timings, single))
             if len(rows) >= FOLD_ROWS:
                 self.fold()
             if self.latency_recorder is not None:
                 self.latency_recorder.observe(total_ns, queue_ns, timings)
             return
+        if single:
+            self.record_execution(batch_size, *timings)
         self._add(batch_size, total_ns, queue_ns, *timings)
         if self.latency_recorder is not None:
             self.latency_recorder.observe(total_ns, queue_ns, timings)
@@ -177,7 +195,9 @@ class VersionStats:
             a = None
         if a is None or a.min() < 0 or a.max() >= _FOLD_MAX:  # the column sums could overflow int64
             for row in rows:
-                self._add(*row)
+                self._add(*row[:6])
+                if row[6]:
+                    self._execution(row[0], row[3], row[4], row[5])
             rows.clear()
             return
         rows.clear()
@@ -196,6 +216,19 @@ class VersionStats:
         latency = self.latency
         for i in np.flatnonzero(counts).tolist():
             latency[i] += int(counts[i])
+        executions = a[a[:, 6] == 1]
+        if len(executions):  # rows that were their own executions: by batch size, as record_execution counts
+            self._executions += len(executions)
+            sizes = executions[:, 0]
+            for size in set(sizes.tolist()):  # (np.unique's first call imports and compiles what a set does not need)
+                one = executions[sizes == size]
+                ci, inf, co = one[:, 3:6].sum(axis=0).tolist()
+                b = self.batches.get(size)
+                if b is None:
+                    b = self.batches[size] = BatchStat()
+                for d, ns in ((b.compute_input, ci), (b.compute_infer, inf), (b.compute_output, co)):
+                    d.count += len(one)
+                    d.ns += ns
 
     def record_cache_hit(self, total_ns: int, lookup_ns: int) -> None:
         """A request answered from the response cache (the cache front, on the hub thread): a success that
@@ -229,7 +262,7 @@ class VersionStats:
             "version": self.version,
             "last_inference": self.last_inference,
             "inference_count": self.inference_count,
-            "execution_count": self.execution_count,
+            "execution_count": self._executions,
             "durations": {k: (v.count, v.ns) for k, v in self.durations.items()},
             "failures": dict(self.failures),
             "load_secs": self.load_secs,

@@ -1,5 +1,6 @@
 """The successes a version's statistics keep as rows (the fast path) add up to what the slow path adds one
-request at a time: the same counts, durations and latency buckets, whatever the values and the reads between."""
+request at a time: the same counts, durations, latency buckets and executions by batch size, whatever the
+values, the mix of calls and the reads between."""
 
 from __future__ import annotations
 
@@ -25,14 +26,21 @@ def _ns(rng: random.Random, top: int) -> int:
 
 
 def _record(stats: VersionStats, rows: list[tuple[int, int, int, tuple[int, int, int]]], fast: bool,
-            reads: set[int], monkeypatch: pytest.MonkeyPatch) -> list[dict]:
+            reads: set[int], monkeypatch: pytest.MonkeyPatch, kinds: list[int] | None = None) -> list[dict]:
+    """Each row as a success (kind 0), an execution of one answered request (1: ``record_success``'s ``single``), or an
+    execution recorded apart before its success (2); the snapshots taken, less their wall-clock field."""
     monkeypatch.setattr(fastpath, "enabled", fast)
     seen = []
     for i, (batch, total, queue, timings) in enumerate(rows):
-        stats.record_success(batch, total, queue, timings)
+        kind = kinds[i] if kinds is not None else 0
+        if kind == 2:
+            stats.record_execution(batch, *timings)
+        stats.record_success(batch, total, queue, timings, kind == 1)
         if i in reads:  # a reader between the records (the statistics API, a scrape)
             seen.append(stats.snapshot())
     seen.append(stats.snapshot())
+    for snap in seen:
+        del snap["last_inference"]
     return seen
 
 
@@ -45,10 +53,13 @@ def test_rows_add_up_as_the_slow_path_adds(seed: int, top: int, monkeypatch: pyt
              (rng.randrange(0, 1 << 40), rng.randrange(0, 1 << 40), rng.randrange(0, 1 << 40)))
             for _ in range(rng.randrange(1, 3 * FOLD_ROWS))]
     reads = set(rng.sample(range(len(rows)), min(len(rows), 3)))
-    fast = _record(VersionStats("m", 1), rows, True, reads, monkeypatch)
-    slow = _record(VersionStats("m", 1), rows, False, reads, monkeypatch)
+    kinds = [rng.randrange(3) for _ in rows]
+    fast = _record(VersionStats("m", 1), rows, True, reads, monkeypatch, kinds)
+    slow = _record(VersionStats("m", 1), rows, False, reads, monkeypatch, kinds)
     assert fast == slow
     assert sum(slow[-1]["latency"]) == len(rows)
+    assert slow[-1]["execution_count"] == sum(1 for k in kinds if k)
+    assert sum(b[0] for b in slow[-1]["batches"].values()) == sum(1 for k in kinds if k)
 
 
 def test_the_vectorised_bucket_is_latency_bucket(monkeypatch: pytest.MonkeyPatch) -> None:

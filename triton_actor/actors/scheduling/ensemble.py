@@ -65,6 +65,9 @@ Routes = Callable[[], Mapping[str, Any]]  # name → ModelHandle (the repository
 # (scripts/bench_wide_ensemble.py, docs/performance.md#wide-ensembles).
 STEPS_PER_TURN = 64
 
+# _start builds a step's request with fastpath.new_tuple: the field order it relies on
+assert InferRequest._fields[11:] == ("responses", "is_cancelled", "trace"), InferRequest._fields
+
 
 class EnsembleScheduler(InlineActor):
     """The scheduler of one ensemble version."""
@@ -88,6 +91,10 @@ class EnsembleScheduler(InlineActor):
         self._turn = turns(self.ref.tell)  # armed while steps wait in ``_ready``
         self._plans = [StepPlan(step) for step in graph.steps]  # by step index
         self._checked = fastpath.BoundedCache(f"ensemble steps of {name}", MEMO_SIZE)  # ensemble_step.checked_batch
+        # steps answered on the stack that started them (fast path: the model ran inline), handled in order
+        # by the outermost _start_ready with no message: a chain of inline steps is a loop, not a recursion
+        self._here: collections.deque[tuple[_Run, _Table, Step, Reply[InferResponse]]] = collections.deque()
+        self._flushing = False
 
     def direct(self, item: Enqueue) -> bool:
         """An ensemble request is always sent as an :class:`Enqueue` (only the default scheduler runs a
@@ -106,23 +113,30 @@ class EnsembleScheduler(InlineActor):
         self._advance(run, table, table.tensors)
 
     def on__StepAnswered(self, msg: _StepAnswered) -> None:
-        run, table = msg.run, msg.table
+        self._answered(msg.run, msg.table, msg.step, msg.reply)
+
+    def _answered(self, run: _Run, table: _Table, step: Step, reply: Reply[InferResponse]) -> None:
         table.plain -= 1
-        table.running.discard(msg.step.index)
+        table.running.discard(step.index)
         if run.failed:
             return
-        error = msg.reply.exception()
+        error = reply.exception()
         if error is not None:
             self._fail(run, error)
             return
-        response = msg.reply.value()
+        response = reply.value()
         try:
-            outputs = self._plans[msg.step.index].mapped(response)
+            outputs = self._plans[step.index].mapped(response)
         except TritonError as e:
             self._fail(run, e)
             return
-        if response.timings is not None:
-            run.timings = [a + b for a, b in zip(run.timings, response.timings, strict=True)]
+        timings = response.timings
+        if timings is not None:  # four sums, no comprehension: once per step
+            summed = run.timings
+            summed[0] += timings[0]
+            summed[1] += timings[1]
+            summed[2] += timings[2]
+            summed[3] += timings[3]
         self._publish(run, table, outputs)
 
     def on__StepStreamed(self, msg: _StepStreamed) -> None:
@@ -173,6 +187,7 @@ class EnsembleScheduler(InlineActor):
     def on_stop(self) -> None:
         self._turn.stop()
         self._ready.clear()
+        self._here.clear()
         error = TritonError.unavailable(f"model version '{self.name}' is unloading")
         for run in list(self._runs):
             self._fail(run, error)
@@ -221,15 +236,24 @@ class EnsembleScheduler(InlineActor):
         inputs (graph order; only their consumers are looked at, so a step's answer costs what reads
         it, not the whole graph); settle the table when nothing is left. Past ``STEPS_PER_TURN``
         started in this turn, steps wait for later hub turns."""
-        graph = self._graph
-        ready = {i for t in tensors for i in graph.consumers.get(t, ())}
-        for i in sorted(ready):
-            step = graph.steps[i]
-            if i not in table.started and all(t in table.tensors for _, t in step.inputs):
-                table.started.add(i)
+        consumers, plans, started, have = self._graph.consumers, self._plans, table.started, table.tensors
+        if len(tensors) == 1:  # one new tensor (a one-output step): its readers, already in graph order
+            for t in tensors:
+                ready: Iterable[int] = consumers.get(t, ())
+        else:
+            ready = sorted({i for t in tensors for i in consumers.get(t, ())})
+        for i in ready:
+            if i in started:
+                continue
+            plan = plans[i]
+            for t in plan.reads:
+                if t not in have:
+                    break
+            else:
+                started.add(i)
                 table.running.add(i)
                 table.queued += 1
-                self._ready.append((run, table, step))
+                self._ready.append((run, table, plan.step))
         if not self._turn.armed:
             self._start_ready()
         self._settle(run, table)
@@ -248,14 +272,29 @@ class EnsembleScheduler(InlineActor):
             self._start(run, table, step)
         if queue:
             self._turn.arm(time.perf_counter_ns(), 0)
+        if self._here and not self._flushing:
+            self._flush_here()
+
+    def _flush_here(self) -> None:
+        """Handle the steps answered on the stacks that started them, in order, each as its
+        :class:`_StepAnswered` would be (the composing scheduler finished its batch before ``_start``
+        returned); the next steps they start append here too and are handled by this same loop."""
+        self._flushing = True
+        try:
+            here = self._here
+            while here:
+                self._answered(*here.popleft())
+        finally:
+            self._flushing = False
 
     def _publish(self, run: _Run, table: _Table, outputs: dict[str, InferInput]) -> None:
         """A plain step's outputs go to its table and to the forks made from it meanwhile; the forks
         first, so none of them settles (when the table does) before it has them."""
         table.tensors.update(outputs)
-        for child in list(table.children):
-            if not child.settled and not run.failed:
-                self._publish(run, child, outputs)
+        if table.children:
+            for child in list(table.children):
+                if not child.settled and not run.failed:
+                    self._publish(run, child, outputs)
         if not run.failed:
             self._advance(run, table, outputs)
 
@@ -265,9 +304,10 @@ class EnsembleScheduler(InlineActor):
             self._fail(run, TritonError(Code.CANCELLED, "[request id: " + (top.id or "<id_unknown>") + "] cancelled"))
             return
         plan = self._plans[step.index]
-        request = InferRequest(step.model, step.version, top.id, plan.inputs(table.tensors), plan.requested,
-                               top.parameters, False, top.priority, top.timeout_us, top.correlation_id, top.flags,
-                               trace=run.trace.spawn() if run.trace is not None else None)
+        request = fastpath.new_tuple(InferRequest, (
+            step.model, step.version, top.id, plan.inputs(table.tensors), plan.requested, top.parameters, False,
+            top.priority, top.timeout_us, top.correlation_id, top.flags, None, None,
+            run.trace.spawn() if run.trace is not None else None))
         channel = None
         try:
             handle = self._routes().get(step.model)
@@ -280,9 +320,13 @@ class EnsembleScheduler(InlineActor):
                 request = request._replace(responses=channel)
                 reply = version.infer(request)
             elif fastpath.enabled:  # answered on the stack that completes it (ensemble_step.py)
-                reply = StepReply(lambda r: self._step_answered(_StepAnswered(run, table, step, r)))
+                reply = StepReply()
                 version.enqueue(request, checked_batch(self._checked, step.index, version, request), reply)
-                table.plain += 1  # its answer is queued behind this handler, whenever it comes
+                table.plain += 1
+                if reply.ready():  # the model ran inline, its batch is finished: handled once this step is
+                    self._here.append((run, table, step, reply))
+                else:  # completed later: through the mailbox (or a hub callback)
+                    reply.then(lambda r: self._step_answered(_StepAnswered(run, table, step, r)))
                 return
             else:
                 reply = version.infer(request)

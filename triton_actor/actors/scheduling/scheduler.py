@@ -181,7 +181,11 @@ class SchedulerActor(PoolScheduler):
         stats = self._stats
         if ok:
             results, timings = value
-            stats.record_execution(_batch_size(items), *timings)
+            first = results[0] if len(items) == 1 and len(results) == 1 else RESCHEDULE
+            # the usual batch, one request answered: its execution and its success are counted in one
+            single = first is not RESCHEDULE and not isinstance(first, BaseException)
+            if not single:
+                stats.record_execution(_batch_size(items), *timings)
             for item, result in zip(items, results, strict=True):
                 if result is RESCHEDULE:
                     self._requeue(item)
@@ -190,7 +194,7 @@ class SchedulerActor(PoolScheduler):
                     self._respond(item, False, result)
                 else:
                     queue_ns = dispatch_ns - item.start_ns
-                    stats.record_success(item.batch_size, now - item.start_ns, queue_ns, timings)
+                    stats.record_success(item.batch_size, now - item.start_ns, queue_ns, timings, single)
                     if type(result) is InferResponse:  # decoupled models answer None here
                         result.timings = (queue_ns, *timings)
                     self._respond(item, True, result)

@@ -265,6 +265,23 @@ def test_the_next_step_starts_on_the_stack_that_answered_the_last() -> None:
     assert reply.get(timeout=10).outputs[0][0] == "OUT"
 
 
+def test_a_long_chain_of_inline_steps_is_a_loop_not_a_recursion() -> None:
+    """Fast path: 1500 chained steps whose model answers inline, each handled after the step that started it
+    returned (no message, no frame per step left on the stack): past the interpreter's recursion limit of
+    1000, a chain handled by recursion would fail; every step's request reaches its model once, in order."""
+    n = 1500
+    steps = [("link", {"X": "IN" if i == 0 else f"T{i}"}, {"Y": "OUT" if i == n - 1 else f"T{i + 1}"}) for i in range(n)]
+    link = InlineModel("link")
+    sched, _turns = _scheduler(_graph(["OUT"], steps), [link], 64)
+    reply = _enqueue(sched)
+    if fastpath.enabled:
+        assert reply.ready()
+    _handled(reply.ready)
+    assert reply.get(timeout=10).outputs[0][0] == "OUT"
+    assert len(link.calls) == n
+    assert all(call[0].inputs["X"].data is link.calls[0][0].inputs["X"].data for call in link.calls)
+
+
 def test_a_step_answered_from_elsewhere_reaches_the_ensemble_in_a_hub_callback() -> None:
     """An answer completed while the ensemble is idle (an instance thread's completion) is handled in
     the next hub callback, as a linked reply is: the composing scheduler finishes its batch first."""
