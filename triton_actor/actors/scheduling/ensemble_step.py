@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import gevent.event
+
 from ...errors import TritonError
 from ...inference import InferInput, InferRequest, InferResponse, RequestedOutput
 from ...protocol.dtypes import from_numpy
@@ -36,29 +38,67 @@ class StepReply(Reply[InferResponse]):
     """A step's reply: one completed while its step starts (the model ran inline) is read by the ensemble
     when ``enqueue`` returns; otherwise the ensemble gives it :meth:`then`, called as soon as it completes
     (the completing stack, hub thread): the ensemble's actor queues the answer when it is busy, so the
-    stack does not grow per step."""
+    stack does not grow per step. Its answer is kept in plain slots; the event a greenlet waits on or a
+    link hangs from is made only when one asks (``get``, ``wait_or``, ``link``: a response cache front
+    links it), so most steps make none."""
 
-    __slots__ = ("_then",)
+    __slots__ = ("_then", "_done", "_value", "_error")
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self) -> None:  # no Reply.__init__: no AsyncResult until a waiter asks for one
+        self._result: Any = None
         self._then: Callable[[Reply[InferResponse]], None] | None = None
+        self._done = False
+        self._value: Any = None
+        self._error: BaseException | None = None
 
     def then(self, then: Callable[[Reply[InferResponse]], None]) -> None:
         """Call ``then(self)`` when completed (the reply is not yet: the caller checked ``ready()``)."""
         self._then = then
 
     def set(self, value: InferResponse) -> None:
-        if not self._result.ready():
-            self._result.set(value)
+        if not self._done:
+            self._done, self._value = True, value
+            if self._result is not None:
+                self._result.set(value)
             if self._then is not None:
                 self._then(self)
 
     def fail(self, error: BaseException) -> None:
-        if not self._result.ready():
-            self._result.set_exception(error)
+        if not self._done:
+            self._done, self._error = True, error
+            if self._result is not None:
+                self._result.set_exception(error)
             if self._then is not None:
                 self._then(self)
+
+    def ready(self) -> bool:
+        return self._done
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def value(self) -> InferResponse:
+        return self._value
+
+    def _waitable(self) -> None:
+        if self._result is None:
+            self._result = gevent.event.AsyncResult()
+            if self._error is not None:
+                self._result.set_exception(self._error)
+            elif self._done:
+                self._result.set(self._value)
+
+    def get(self, timeout: float | None = None) -> InferResponse:
+        self._waitable()
+        return super().get(timeout)
+
+    def wait_or(self, event: gevent.event.Event) -> bool:
+        self._waitable()
+        return super().wait_or(event)
+
+    def link(self, callback: Callable[[Reply[InferResponse]], None]) -> None:
+        self._waitable()
+        super().link(callback)
 
 
 class StepPlan:

@@ -4,19 +4,21 @@ A :class:`~..model.handles.VersionHandle` and the version's lifecycle (:mod:`..m
 whichever scheduler the version has.
 
 :class:`Enqueue` (tell, carries its Reply), :class:`Drain` (tell, carries its Reply: completed once nothing
-is queued or running), :class:`GetStats` and :class:`GetStatus` (asks). Frozen, slotted, no behaviour.
+is queued or running), :class:`GetStats` and :class:`GetStatus` (asks). Frozen, slotted, no behaviour;
+:class:`Enqueue` is a named tuple (one per request and per ensemble step: a frozen dataclass's ``__init__``
+ran four ``object.__setattr__`` calls in Python for it).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ...inference import InferRequest, InferResponse
 from ...runtime.kernel import Reply
 
 
-@dataclass(frozen=True, slots=True)
-class Enqueue:
+class Enqueue(NamedTuple):
     """One request: ``start_ns`` is when it arrived (its latency and queue time count from there)."""
 
     request: InferRequest

@@ -34,6 +34,7 @@ arrival instead of answering it; its reply completes when a later execution answ
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -293,16 +294,15 @@ class SchedulerActor(PoolScheduler):
             self._order.finished(item, ok, value)
 
     def _completion(self, instance: ModelInstance, items: list[Enqueue], dispatch_ns: int) -> Callable[[bool, Any], None]:
-        """The hub-side callback of one batch: turn it into a BatchDone message for this actor."""
-        tell = self.ref.tell
+        """The hub-side callback of one batch: turn it into a BatchDone message for this actor (a partial,
+        made in C: a direct run makes one per request and calls it only when its batch leaves the stack)."""
+        return functools.partial(self._completed, instance, items, dispatch_ns)
 
-        def done(ok: bool, value: Any) -> None:
-            try:
-                tell(BatchDone(instance, items, dispatch_ns, ok, value))
-            except TritonError:  # stopped meanwhile: still answer the requests that ran
-                _answer(items, ok, value)
-
-        return done
+    def _completed(self, instance: ModelInstance, items: list[Enqueue], dispatch_ns: int, ok: bool, value: Any) -> None:
+        try:
+            self.ref.tell(BatchDone(instance, items, dispatch_ns, ok, value))
+        except TritonError:  # stopped meanwhile: still answer the requests that ran
+            _answer(items, ok, value)
 
 
 def _any_answered(items: list[Enqueue]) -> bool:
