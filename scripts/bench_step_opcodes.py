@@ -3,8 +3,11 @@
 Python step) and ``trivial`` (three), in-process through the HTTP state machine and the ``/infer`` view as
 ``bench_request_path.py --opcodes`` counts them; ``(trivial - pass) / 2`` is one extra step. A count no load
 on the machine moves, where the step's CPU figures from ``/proc`` swing by more than a change is worth.
+``--cpu ROUNDS`` also times the same in-process requests by this thread's CPU time (best of ROUNDS rounds
+of 2000 per model, the models alternated): what a step costs in microseconds, without sockets or a client.
 
     PYTHONPATH=. .venv/bin/python scripts/bench_step_opcodes.py
+    PYTHONPATH=. .venv/bin/python scripts/bench_step_opcodes.py --cpu 7
     PYTHONPATH=/path/to/other/checkout .venv/bin/python scripts/bench_step_opcodes.py   # that checkout's code
 """
 
@@ -64,6 +67,8 @@ def http_infer(server, model: str, input_name: str, output_name: str) -> Callabl
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=200, help="requests counted per model")
+    ap.add_argument("--cpu", type=int, default=0, metavar="ROUNDS",
+                    help="also time the requests by thread CPU: best of ROUNDS rounds of 2000 per model")
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench_step_opcodes_"))
     pipeline.write_repository(work)
@@ -85,7 +90,24 @@ def main() -> int:
             print(f"{model:8s} {counts[model][0]:6.0f} bytecodes per request, the Python backend's {counts[model][1]:5.0f}")
         step, backend = ((counts["trivial"][i] - counts["pass"][i]) / 2 for i in (0, 1))
         print(f"one extra step: {step:.0f} bytecodes, the Python backend's {backend:.0f}")
+        if a.cpu:
+            print(f"thread CPU per extra step, {cpu_per_step(server, a.cpu):.1f} us")
     return 0
+
+
+def cpu_per_step(server: object, rounds: int, n: int = 2000) -> float:
+    """``(trivial - pass) / 2`` in microseconds of this thread's CPU time, each model's best round."""
+    calls = {model: http_infer(server, model, i, o) for model, i, o in (("pass", "X", "Y"), ("trivial", "IN", "OUT"))}
+    best = dict.fromkeys(calls, float("inf"))
+    for r in range(rounds):
+        for model, one in calls.items():
+            t0 = time.thread_time_ns()
+            for _ in range(n):
+                one()
+            best[model] = min(best[model], (time.thread_time_ns() - t0) / n / 1000)
+        print(f"  round {r + 1}/{rounds}: pass {best['pass']:.1f} us, trivial {best['trivial']:.1f} us (best so far)",
+              file=sys.stderr)
+    return (best["trivial"] - best["pass"]) / 2
 
 
 if __name__ == "__main__":

@@ -1,6 +1,9 @@
 """Checks a request against its model's config before it is queued (Triton core ``InferenceRequest::Normalize``).
 
-Built once per loaded model version; ``check`` runs on the hot path, so it is a few dict lookups.
+Built once per loaded model version; ``check`` runs on the hot path, so it is a few dict lookups, and
+with fast paths on (:mod:`...runtime.fastpath`) one: a request whose requested outputs and input names,
+types and shapes were accepted before gets the same batch size (the check reads nothing else; a refused
+signature is never remembered, so its error, which names the request, is raised each time).
 Messages are Triton's, prefixed with ``[request id: <id>] ``.
 """
 
@@ -12,6 +15,11 @@ from ...errors import TritonError
 from ...inference import InferRequest
 from ...protocol.dtypes import BY_ENUM_VALUE, DType
 from ...repository.config import ModelConfig
+from ...runtime import fastpath
+
+# accepted signatures remembered per version: a client that sends a new shape each time (a dynamic dim)
+# empties the memo every MEMO_SIZE requests and pays the full check meanwhile, as without it
+MEMO_SIZE = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +37,7 @@ def _shape_text(shape: tuple[int, ...] | list[int]) -> str:
 class RequestValidator:
     """Per model version: known inputs/outputs, batching, and the checks on one request."""
 
-    __slots__ = ("model", "max_batch_size", "inputs", "outputs", "required")
+    __slots__ = ("model", "max_batch_size", "inputs", "outputs", "required", "_accepted")
 
     def __init__(self, config: ModelConfig) -> None:
         self.model = config.name
@@ -40,9 +48,24 @@ class RequestValidator:
         }
         self.outputs = frozenset(o.name for o in config.output)
         self.required = frozenset(n for n, s in self.inputs.items() if not s.optional)
+        self._accepted: fastpath.BoundedCache[tuple[object, ...], int] = fastpath.BoundedCache(
+            f"accepted signatures of {self.model}", MEMO_SIZE)
 
     def check(self, request: InferRequest) -> int:
         """Raise INVALID_ARG on the first problem; return the request's batch size (1 without batching)."""
+        if not fastpath.enabled:  # read here, not when built: validators outlive a switch (tests, module constants)
+            return self._check(request)
+        signature: list[object] = [request.outputs]  # what the check reads (outputs: hashable named tuples)
+        for name, t in request.inputs.items():
+            signature += (name, t.dtype, t.shape)
+        key = tuple(signature)
+        batch = self._accepted.get(key)
+        if batch is None:
+            batch = self._check(request)
+            self._accepted.put(key, batch)
+        return batch
+
+    def _check(self, request: InferRequest) -> int:
         model = self.model
         if request.outputs is not None:
             for out in request.outputs:
