@@ -193,19 +193,13 @@ def test_an_accepted_signature_is_remembered_and_a_refused_one_refused_each_time
     """Fast path: a signature the check accepted gets the same batch size again (from the validator's memo);
     one it refused is refused every time, each error naming its own request; a new shape, type or set of
     outputs is checked in full (so an accepted signature never lets a different request through)."""
-    validator = RequestValidator(parse_text("""
-name: "m"
-backend: "python"
-max_batch_size: 8
-input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
-""", "m", "config.pbtxt"))
+    validator = IDENTITY_BATCH
     for _ in range(3):
-        assert validator.check(_req("m", _t("INPUT0", (3, 4)))) == 3
-        assert validator.check(_req("m", _t("INPUT0", (3, 4)), outputs=("OUTPUT0",))) == 3
+        assert validator.check(_req("identity_batch", _t("INPUT0", (3, 4)))) == 3
+        assert validator.check(_req("identity_batch", _t("INPUT0", (3, 4)), outputs=("OUTPUT0",))) == 3
     for rid in ("a", "b"):
-        assert _message(validator, _req("m", _t("INPUT0", (3, 5)), rid=rid)).startswith(f"[request id: {rid}] unexpected shape")
-        assert "data-type is 'FP64'" in _message(validator, _req("m", _t("INPUT0", (3, 4), FP64), rid=rid))
-        assert _message(validator, _req("m", _t("INPUT0", (3, 4)), outputs=("NOPE",))).startswith("unexpected inference output")
-        assert "must be <= 8" in _message(validator, _req("m", _t("INPUT0", (9, 4)), rid=rid))
-    assert validator.check(_req("m", _t("INPUT0", (3, 4)))) == 3
+        assert _message(validator, _req("identity_batch", _t("INPUT0", (3, 5)), rid=rid)).startswith(f"[request id: {rid}] unexpected shape")
+        assert "data-type is 'FP64'" in _message(validator, _req("identity_batch", _t("INPUT0", (3, 4), FP64), rid=rid))
+        assert _message(validator, _req("identity_batch", _t("INPUT0", (3, 4)), outputs=("NOPE",))).startswith("unexpected inference output")
+        assert "must be <= 8" in _message(validator, _req("identity_batch", _t("INPUT0", (9, 4)), rid=rid))
+    assert validator.check(_req("identity_batch", _t("INPUT0", (3, 4)))) == 3
