@@ -228,15 +228,18 @@ class TritonPythonModel:
 """
 
 
+@pytest.mark.parametrize("isolated", [False, True], ids=["in-process", "isolated"])
 def test_bls_calls_given_the_trace_are_children_of_the_callers_compute_span(tmp_path: Path, start_server,
-                                                                           receiver: Receiver) -> None:
+                                                                           receiver: Receiver, isolated: bool) -> None:
     """As Triton: a BLS request built with ``trace=request.trace()`` is a child trace whose model span
-    hangs from the caller's compute span; one built without it is not traced."""
+    hangs from the caller's compute span; one built without it is not traced. The same from a model in a
+    process of its own (the trace crosses as a token its BLS request brings back)."""
     from .server import add_model
 
     pipeline(tmp_path)
     add_model(tmp_path, "caller", _arith_config({"role": "caller"}), CALLER_PY)
-    server = start_server(tmp_path, flags=_flags(receiver, rate=1))
+    isolation = ("--backend-config=python,isolation=process",) if isolated else ()
+    server = start_server(tmp_path, flags=(*_flags(receiver, rate=1), *isolation))
     header, trace_id, client_span = _traceparent()
     _http_infer(server, "caller", {"traceparent": header})
 

@@ -51,6 +51,9 @@ class _Session:
         self._next_account = itertools.count(1)
         self.metrics = MetricsMirror(server)
         self._flushes: dict[int, Callable[[], None]] = {}  # token → a scrape's done(), until the answer came
+        # token → the trace (OpenTelemetry) of a request the process runs now, for the BLS calls it makes:
+        # held by the instance's thread from execute until its answer, read by the call threads
+        self._traces: dict[int, Any] = {}
         self._flush_ids = itertools.count(1)
         try:
             self.child = ChildProcess(name, self.on_message, self.on_exit)
@@ -99,6 +102,25 @@ class _Session:
 
     def new_key(self) -> int:
         return next(self._next_key)
+
+    def hold_trace(self, trace: Any) -> int:
+        """A token for ``trace`` while its request runs in the process (:meth:`drop_traces` ends it)."""
+        token = next(self._next_key)
+        with self._lock:
+            self._traces[token] = trace
+        return token
+
+    def trace_of(self, token: int) -> Any:
+        """The trace a BLS request's token stands for; None once its request was answered (or a token
+        the process made up: it is a number it was given, never more)."""
+        with self._lock:
+            return self._traces.get(token)
+
+    def drop_traces(self, tokens: list[int | None]) -> None:
+        with self._lock:
+            for token in tokens:
+                if token is not None:
+                    self._traces.pop(token, None)
 
     def key_for(self, channel: Any) -> tuple[int, tuple[int, int | None, int | None, float | None] | None]:
         """The key of a decoupled request's channel, and its window as ``execute`` sends it (``(responses,
@@ -312,7 +334,7 @@ def _call(session: _Session, call_id: int, op: str, args: tuple[Any, ...]) -> tu
     """``serve_call``'s work, as the session's server: the answer (None when a relay answers)."""
     if op == "bls":
         request, decoupled = args
-        result = hooks.bls_exec(wire.pb_request_from_wire(request), decoupled)
+        result = hooks.bls_exec(wire.pb_request_from_wire(request, session.trace_of), decoupled)
         if decoupled:
             session.relay(call_id, result)
             return None

@@ -8,6 +8,9 @@ objects the server compares) never crosses, and fields the server adds later are
 Server → model process: :func:`request_to_wire` / :func:`request_from_wire`; the model's process →
 server: :func:`result_to_wire` / :func:`result_from_wire` and :func:`error_to_wire`. BLS travels the
 other way round: ``pb_utils.InferenceRequest`` from the model, ``pb_utils.InferenceResponse`` back.
+A traced request (OpenTelemetry) crosses as a number, its trace's token in the session
+(``isolated_session._Session.hold_trace``): the model's ``request.trace()`` holds that number, a BLS request
+given it brings it back, and the server makes that call a child of the caller's trace, as in process.
 """
 
 from __future__ import annotations
@@ -48,28 +51,29 @@ def unpack(packed: tuple[str, tuple[int, ...], Any]) -> np.ndarray:
 
 
 # -- requests of execute() --------------------------------------------------------------------------
-def request_to_wire(request: InferRequest, key: int | None) -> tuple[Any, ...]:
+def request_to_wire(request: InferRequest, key: int | None, trace: int | None = None) -> tuple[Any, ...]:
     """Server: one request of a batch; ``key`` names its response channel (decoupled) or its cancellation
-    (``("cancel", key)`` frames), else None."""
+    (``("cancel", key)`` frames), else None; ``trace``: its trace's token, None when it is not traced."""
     inputs = [(t.name, t.dtype.enum_value, pack(t.data)) for t in request.inputs.values()]
     outputs = None if request.outputs is None else [o.name for o in request.outputs]
     return (request.model_name, request.model_version, request.id, inputs, outputs, request.parameters,
-            request.timeout_us, request.correlation_id, request.flags, key)
+            request.timeout_us, request.correlation_id, request.flags, key, trace)
 
 
 def request_from_wire(wire: tuple[Any, ...], attach: Callable[[int], tuple[Any, Any]]) -> InferRequest:
     """Model process: the request as ``PythonInstance.execute`` takes it; ``attach(key)`` gives the
     ``(responses, is_cancelled)`` of a request with a key: the stand-in response channel of a decoupled
     request, or the cancellation flag of another one."""
-    model_name, version, request_id, inputs, outputs, parameters, timeout_us, correlation_id, flags, key = wire
+    model_name, version, request_id, inputs, outputs, parameters, timeout_us, correlation_id, flags, key, trace = wire
     tensors = {}
     for name, dtype, packed in inputs:
         data = unpack(packed)
         tensors[name] = InferInput(name, BY_ENUM_VALUE[dtype], data.shape, data)
     requested = None if outputs is None else tuple(RequestedOutput(n) for n in outputs)
     responses, is_cancelled = (None, None) if key is None else attach(key)
+    # trace: the token, as request.trace() hands it to a BLS request (pb_request_to_wire sends it back)
     return InferRequest(model_name, version, request_id, tensors, requested, parameters, False, 0, timeout_us,
-                        correlation_id, flags, responses, is_cancelled)
+                        correlation_id, flags, responses, is_cancelled, trace)
 
 
 # -- results ----------------------------------------------------------------------------------------
@@ -114,16 +118,22 @@ def _tensors_from_wire(wire: list[tuple[str, int, Any]]) -> list[Any]:
 def pb_request_to_wire(request: Any) -> tuple[Any, ...]:
     """Model process: a ``pb_utils.InferenceRequest`` the model runs through BLS."""
     memory = request.preferred_memory()
+    trace = request._trace._span_trace if request._trace is not None else None  # the token of request.trace()
     return (request.request_id(), request.correlation_id(), _tensors_to_wire(request.inputs()),
             list(request.requested_output_names()), request.model_name(), request.model_version(),
             request.flags(), request.timeout(), request._parameters,
-            None if memory is None else (memory.memory_type, memory.device_id))
+            None if memory is None else (memory.memory_type, memory.device_id),
+            trace if type(trace) is int else None)
 
 
-def pb_request_from_wire(wire: tuple[Any, ...]) -> Any:
-    """Server: the model's BLS request, rebuilt for the server's own ``InferenceRequest.exec``."""
-    request_id, correlation_id, inputs, names, model, version, flags, timeout, parameters, memory = wire
-    extra = {} if memory is None else {"preferred_memory": pb_utils.PreferredMemory(*memory)}
+def pb_request_from_wire(wire: tuple[Any, ...], trace_of: Callable[[int], Any] | None = None) -> Any:
+    """Server: the model's BLS request, rebuilt for the server's own ``InferenceRequest.exec``;
+    ``trace_of(token)``: the trace a token stands for (None once its request is answered)."""
+    request_id, correlation_id, inputs, names, model, version, flags, timeout, parameters, memory, trace = wire
+    extra: dict[str, Any] = {} if memory is None else {"preferred_memory": pb_utils.PreferredMemory(*memory)}
+    span_trace = trace_of(trace) if trace is not None and trace_of is not None else None
+    if span_trace is not None:
+        extra["trace"] = pb_utils.InferenceTrace(span_trace)
     return pb_utils.InferenceRequest(
         request_id=request_id, correlation_id=correlation_id, inputs=_tensors_from_wire(inputs),
         requested_output_names=names, model_name=model, model_version=version, flags=flags, timeout=timeout,
