@@ -137,7 +137,11 @@ class EnsembleScheduler(InlineActor):
             summed[1] += timings[1]
             summed[2] += timings[2]
             summed[3] += timings[3]
-        self._publish(run, table, outputs)
+        if table.children:
+            self._publish(run, table, outputs)
+        else:  # no forks to hand them to (a plain table): what _publish would do, without the call
+            table.tensors.update(outputs)
+            self._advance(run, table, outputs)
 
     def on__StepStreamed(self, msg: _StepStreamed) -> None:
         run, table, item = msg.run, msg.table, msg.item
@@ -256,7 +260,8 @@ class EnsembleScheduler(InlineActor):
                 self._ready.append((run, table, plan.step))
         if not self._turn.armed:
             self._start_ready()
-        self._settle(run, table)
+        if not (table.plain or table.queued or table.streams):  # else _settle returns at once
+            self._settle(run, table)
 
     def _start_ready(self) -> None:
         """Start up to ``STEPS_PER_TURN`` waiting steps (of any request, in order); arm the timer for

@@ -139,9 +139,13 @@ class StepPlan:
 
 def checked_batch(memo: fastpath.BoundedCache[Any, int], index: int, version: Any, request: InferRequest) -> int:
     """The batch size ``version``'s validator gives ``request`` (raising what it raises), looked up first
-    in ``memo`` by step, validator and input signature (a miss always while fast paths are off)."""
+    in ``memo`` by step, validator and input signature (a miss always while fast paths are off): the types
+    and shapes in the step's input order (its input names are the step's, the same each time)."""
     validator = version.validator
-    key = (index, validator, tuple((n, t.dtype, t.shape) for n, t in request.inputs.items()))
+    signature: list[Any] = [index, validator]
+    for t in request.inputs.values():
+        signature += (t.dtype, t.shape)
+    key = tuple(signature)
     batch = memo.get(key)
     if batch is None:
         batch = validator.check(request)
