@@ -75,7 +75,7 @@ def _flat(span, scope: str) -> dict:
             "parent": span.parent_span_id.hex(), "kind": span.kind, "scope": scope,
             "attrs": {a.key: value(a.value) for a in span.attributes}, "events": [e.name for e in span.events],
             "event_ns": [e.time_unix_nano for e in span.events],
-            "start": span.start_time_unix_nano, "end": span.end_time_unix_nano}
+            "start": span.start_time_unix_nano, "end": span.end_time_unix_nano, "flags": span.flags}
 
 
 @pytest.fixture
@@ -160,6 +160,46 @@ def test_ensemble_span_tree_follows_the_clients_traceparent(tmp_path: Path, star
     assert by_name["InferRequest"]["parent"] == client_span
     assert by_name["inc"]["parent"] == by_name["InferRequest"]["span_id"]
     assert by_name["compute"]["parent"] == by_name["inc"]["span_id"]
+
+
+def test_ids_and_timestamps_hold_across_an_ensemble_end_to_end(tmp_path: Path, start_server,
+                                                              receiver: Receiver) -> None:
+    """The ids drawn on the hub and the stamps converted off it (observability/otel.py): one W3C trace id
+    per request (the client's, or a fresh one), unique non-zero span ids, each span within its parent's
+    time and its events within its own, wall-clock times inside the request's, and the OTLP flag that
+    says the root's parent is remote (the client's) and no other span's is."""
+    import time
+
+    pipeline(tmp_path)
+    server = start_server(tmp_path, flags=_flags(receiver, rate=1))
+    header, trace_id, client_span = _traceparent()
+    before = time.time_ns()
+    _http_infer(server, "ens", {"traceparent": header})
+    _http_infer(server, "ens")  # no context: a trace id of its own
+    receiver.wait_for(lambda: len(receiver.spans) == 16)  # 8 a request
+    after = time.time_ns()  # the root spans end after the send, perhaps after the client has its answer
+    traces = {s["trace_id"] for s in receiver.spans}
+    assert len(traces) == 2 and trace_id in traces and "0" * 32 not in traces
+    assert len({s["span_id"] for s in receiver.spans}) == 16 and "0" * 16 not in {s["span_id"] for s in receiver.spans}
+    for tid in traces:
+        spans = {s["span_id"]: s for s in receiver.of(tid)}
+        (root,) = [s for s in spans.values() if s["name"] == "InferRequest"]
+        assert root["parent"] == (client_span if tid == trace_id else "")
+        assert root["flags"] == (0x300 if tid == trace_id else 0x100)  # HAS_IS_REMOTE, and IS_REMOTE for the client's
+        for span in spans.values():
+            assert before <= span["start"] <= span["end"] <= after
+            assert span["event_ns"] == sorted(span["event_ns"]) and before <= span["event_ns"][0]
+            # the root's receive events come before it starts (it starts when the request is sampled)
+            events = span["event_ns"][2:] if span is root else span["event_ns"]
+            assert all(span["start"] <= ns <= span["end"] for ns in events), span
+            if span is not root:
+                parent = spans[span["parent"]]  # every parent is a span of the same trace
+                assert span["flags"] == 0x100
+                assert parent["start"] <= span["start"] <= span["end"] <= parent["end"], (parent, span)
+        depth = {"InferRequest": 0, "ens": 1, "inc": 2, "dbl": 2, "compute": 3}
+        for span in spans.values():
+            if span is not root:
+                assert depth[spans[span["parent"]]["name"]] == depth[span["name"]] - 1
 
 
 def _root_events_as_triton_names_them(spans: list[dict], front: str) -> None:

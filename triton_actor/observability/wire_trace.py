@@ -13,7 +13,7 @@ plane in place of the ``traceparent`` string. When the request is sampled the pl
 span (:meth:`begun`) and stamps the response (:meth:`answered`); the front end ends the span after its
 send (:meth:`sent`, called on every way out, so a root span is always exported). Not sampled: every
 call here does nothing. Hub only; stamps are ``time.perf_counter_ns``, converted to wall-clock time by
-the export's offset as the other spans' stamps are.
+the export's batch thread as the other spans' stamps are (observability/otel.py).
 
 Trace files (mode=triton) get the same receive and send stamps, as Triton's ``Trace::CaptureTimestamp``
 writes them to the trace's stream: the front ends make a WireTrace while a file sampler is active too
@@ -36,32 +36,30 @@ _RECV = {"HTTP": ("HTTP_RECV_START", "HTTP_RECV_END"), "GRPC": ("GRPC_WAITREAD_S
 class WireTrace:
     """One request's front-end stamps, and its ``InferRequest`` span once the plane sampled it."""
 
-    __slots__ = ("front", "traceparent", "recv_start", "recv_end", "send_start", "root", "offset", "held")
+    __slots__ = ("front", "traceparent", "recv_start", "recv_end", "send_start", "root", "held")
 
     def __init__(self, front: str, traceparent: str | None, recv_start: int) -> None:
         """``front``: ``"HTTP"`` or ``"GRPC"``; ``recv_start``: when its request began to arrive."""
         self.front, self.traceparent, self.recv_start = front, traceparent, recv_start
         self.recv_end = recv_start  # the front end sets it once the request is read
         self.send_start = 0
-        self.root: Any = None  # the InferRequest span (sampled and not yet ended)
-        self.offset = 0
+        self.root: Any = None  # the InferRequest span (otel.Span: sampled and not yet ended)
         self.held: tuple[Any, Any, list[dict[str, Any]]] | None = None  # (tracer, sampler, entries): mode=triton
 
     def hold(self, tracer: Any, sampler: Any, entries: list[dict[str, Any]]) -> None:
         """Trace file: the sampled request's entries (its header first), written by :meth:`sent`."""
         self.held = (tracer, sampler, entries)
 
-    def begun(self, root: Any, offset: int) -> None:
-        """The plane sampled the request: ``root`` is its span, ``offset`` the export's clock offset."""
-        self.root, self.offset = root, offset
+    def begun(self, root: Any) -> None:
+        """The plane sampled the request: ``root`` is its span."""
+        self.root = root
         start, end = _RECV[self.front]
-        root.add_event(start, timestamp=self.recv_start + offset)
-        root.add_event(end, timestamp=self.recv_end + offset)
+        root.events += ((start, self.recv_start), (end, self.recv_end))
 
     def answered(self) -> None:
         """The response is ready (the model answered or failed): Triton's ``INFER_RESPONSE_COMPLETE``."""
         if self.root is not None:
-            self.root.add_event("INFER_RESPONSE_COMPLETE", timestamp=perf_counter_ns() + self.offset)
+            self.root.events.append(("INFER_RESPONSE_COMPLETE", perf_counter_ns()))
 
     def sending(self) -> None:
         """The front end starts to send the answer."""
@@ -75,11 +73,10 @@ class WireTrace:
         root, self.root = self.root, None
         if root is None:
             return
-        now = perf_counter_ns() + self.offset
+        now = perf_counter_ns()
         if self.send_start:
-            root.add_event(f"{self.front}_SEND_START", timestamp=self.send_start + self.offset)
-            root.add_event(f"{self.front}_SEND_END", timestamp=now)
-        root.end(end_time=now)
+            root.events += ((f"{self.front}_SEND_START", self.send_start), (f"{self.front}_SEND_END", now))
+        root.end(now)
 
     def _write(self) -> None:
         """The held trace, with Triton's stamps around the core's: receive before, send after."""

@@ -251,7 +251,7 @@ class DataPlane:
         if root is None:
             return reply
         if isinstance(traceparent, WireTrace):  # the front end stamps its send and ends the span after it
-            traceparent.begun(root, request.trace.export.offset)
+            traceparent.begun(root)
             reply.link(lambda _r: traceparent.answered())
         else:
             reply.link(lambda _r: request.trace.close(root, ()))
