@@ -19,8 +19,8 @@ Threads: the hub only records what a span is (plain tuples: names, ids, ``perf_c
 attributes, parent) and puts the record in a :class:`~..runtime.batch_thread.BatchThread`; that native
 thread builds the SDK's ``ReadableSpan`` objects and hands them to the OTLP/HTTP exporter in batches of
 ``bsp_max_export_batch_size``, every ``bsp_schedule_delay`` ms (the settings of the SDK's
-BatchSpanProcessor, whose job it does). Making spans through the SDK's tracer on the hub cost about
-190 us of hub CPU per request (docs/performance.md, "OpenTelemetry spans built off the hub"). The ids
+BatchSpanProcessor, whose job it does). Making spans through the SDK's tracer on the hub cost 190 to 270
+us of hub CPU per request (docs/performance.md, "OpenTelemetry spans built off the hub"). The ids
 are made on the hub, since children name their parents: random bits from ``random.getrandbits``, as the
 SDK's ``RandomIdGenerator`` draws them. :meth:`OtelExport.shutdown` blocks and is called in a worker thread.
 
