@@ -202,6 +202,24 @@ def test_ids_and_timestamps_hold_across_an_ensemble_end_to_end(tmp_path: Path, s
                 assert depth[spans[span["parent"]]["name"]] == depth[span["name"]] - 1
 
 
+def test_a_trace_settings_change_posts_the_spans_recorded_before_it(tmp_path: Path, start_server,
+                                                                    receiver: Receiver) -> None:
+    """The export thread posts every ``bsp_schedule_delay`` ms (here an hour), and at once when the trace
+    settings change: the spans recorded under the old settings arrive without waiting for the delay."""
+    pipeline(tmp_path)
+    hour = "opentelemetry,bsp_schedule_delay=3600000"
+    flags = tuple(hour if f == "opentelemetry,bsp_schedule_delay=50" else f for f in _flags(receiver, rate=1))
+    server = start_server(tmp_path, flags=flags)
+    _http_infer(server, "inc")
+    client = httpclient.InferenceServerClient(server.url)
+    try:
+        client.update_trace_settings(settings={"trace_rate": "2"})
+    finally:
+        client.close()
+    receiver.wait_for(lambda: len(receiver.spans) == 3)  # InferRequest, inc, compute
+    assert sorted(s["name"] for s in receiver.spans) == ["InferRequest", "compute", "inc"]
+
+
 def _root_events_as_triton_names_them(spans: list[dict], front: str) -> None:
     """The root span's events are the front end's five, in Triton's order and in time order, around the
     model span's; the model and compute spans keep theirs (Triton's QA opentelemetry_unittest.py)."""
