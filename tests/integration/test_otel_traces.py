@@ -318,3 +318,63 @@ def test_bls_calls_given_the_trace_are_children_of_the_callers_compute_span(tmp_
     assert "triton.request_id" not in inc["attrs"]  # the BLS request has no id
     assert server.stop() == 0  # every span exported: the untraced call made none
     assert not [s for s in receiver.spans if s["name"] == "dbl"]
+
+
+REPEAT_PY = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "X").as_numpy()
+            sender = r.get_response_sender()
+            for i in range(3):
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x + i)]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+"""
+
+
+def _stream(server: ServerProcess, model: str, count: int, answers: int, headers: dict[str, str]) -> None:
+    """``count`` requests for ``model`` on one ModelStreamInfer stream, each answered ``answers`` times."""
+    import queue
+
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    got: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: got.put(error or result), headers=headers)
+    try:
+        for _ in range(count):
+            x = grpcclient.InferInput("X", [1, 2], "FP32")
+            x.set_data_from_numpy(np.ones((1, 2), np.float32))
+            client.async_stream_infer(model, [x])
+            for _ in range(answers):
+                assert not isinstance(got.get(timeout=30), Exception)
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def test_stream_requests_have_the_wire_events_triton_stamps_on_streams(tmp_path: Path, start_server,
+                                                                       receiver: Receiver) -> None:
+    """ModelStreamInfer, as Triton's ModelStreamInferHandler stamps each request of a stream: its read's
+    GRPC_WAITREAD_START/_END, INFER_RESPONSE_COMPLETE at its first response and a GRPC_SEND_START/_END
+    pair per response sent (three for the decoupled model); the span ends with its last send."""
+    from .server import add_model
+
+    pipeline(tmp_path)
+    add_model(tmp_path, "repeat", _arith_config({}, "model_transaction_policy { decoupled: true }"), REPEAT_PY)
+    server = start_server(tmp_path, flags=_flags(receiver, rate=1))
+    header, trace_id, client_span = _traceparent()
+    _stream(server, "inc", 2, 1, {"traceparent": header})
+    _stream(server, "repeat", 1, 3, {})
+    receiver.wait_for(lambda: len(receiver.spans) == 9)  # three requests: InferRequest, model, compute each
+    roots = sorted((s for s in receiver.spans if s["name"] == "InferRequest"), key=lambda s: s["start"])
+    first, second, decoupled = roots
+    assert first["trace_id"] == second["trace_id"] == trace_id and first["parent"] == second["parent"] == client_span
+    read = ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", "INFER_RESPONSE_COMPLETE"]
+    for root, sends in ((first, 1), (second, 1), (decoupled, 3)):
+        assert root["events"] == read + ["GRPC_SEND_START", "GRPC_SEND_END"] * sends
+        assert root["event_ns"] == sorted(root["event_ns"]) and root["end"] == root["event_ns"][-1]
+        (model,) = [s for s in receiver.spans if s["parent"] == root["span_id"]]
+        assert root["event_ns"][1] <= model["start"] and model["events"] == ["REQUEST_START", "QUEUE_START", "REQUEST_END"]
+    # the second request's read began once the first was taken off the stream
+    assert first["event_ns"][1] <= second["event_ns"][0] <= second["event_ns"][1]

@@ -89,7 +89,8 @@ class Call(StreamCall):
         self.out_coding: str | None = None  # its answers' grpc-encoding (--grpc-infer-response-compression-level)
         self.account: StreamAccount | None = None  # a stream's bound on undelivered responses, all its requests'
         self.forwarded: dict[str, str] | None = None  # metadata given to the model (--grpc-header-forward-pattern)
-        self.wire: WireTrace | None = None  # a ModelInfer call's wire stamps, OpenTelemetry mode only
+        self.wire: WireTrace | None = None  # a ModelInfer call's wire stamps, while the server traces
+        self.stream_context: str | None = None  # a ModelStreamInfer call's (grpc_stream_call.py)
 
     def set_deadline(self, timeout: float | None) -> None:
         """The client's ``grpc-timeout``: when it passes before the call is over, the call's work is
