@@ -75,7 +75,7 @@ def _flat(span, scope: str) -> dict:
             "parent": span.parent_span_id.hex(), "kind": span.kind, "scope": scope,
             "attrs": {a.key: value(a.value) for a in span.attributes}, "events": [e.name for e in span.events],
             "event_ns": [e.time_unix_nano for e in span.events],
-            "start": span.start_time_unix_nano, "end": span.end_time_unix_nano}
+            "start": span.start_time_unix_nano, "end": span.end_time_unix_nano, "flags": span.flags}
 
 
 @pytest.fixture
@@ -160,6 +160,64 @@ def test_ensemble_span_tree_follows_the_clients_traceparent(tmp_path: Path, star
     assert by_name["InferRequest"]["parent"] == client_span
     assert by_name["inc"]["parent"] == by_name["InferRequest"]["span_id"]
     assert by_name["compute"]["parent"] == by_name["inc"]["span_id"]
+
+
+def test_ids_and_timestamps_hold_across_an_ensemble_end_to_end(tmp_path: Path, start_server,
+                                                              receiver: Receiver) -> None:
+    """The ids drawn on the hub and the stamps converted off it (observability/otel.py): one W3C trace id
+    per request (the client's, or a fresh one), unique non-zero span ids, each span within its parent's
+    time and its events within its own, wall-clock times inside the request's, and the OTLP flag that
+    says the root's parent is remote (the client's) and no other span's is."""
+    import time
+
+    pipeline(tmp_path)
+    server = start_server(tmp_path, flags=_flags(receiver, rate=1))
+    header, trace_id, client_span = _traceparent()
+    before = time.time_ns()
+    _http_infer(server, "ens", {"traceparent": header})
+    _http_infer(server, "ens")  # no context: a trace id of its own
+    receiver.wait_for(lambda: len(receiver.spans) == 16)  # 8 a request
+    after = time.time_ns()  # the root spans end after the send, perhaps after the client has its answer
+    traces = {s["trace_id"] for s in receiver.spans}
+    assert len(traces) == 2 and trace_id in traces and "0" * 32 not in traces
+    assert len({s["span_id"] for s in receiver.spans}) == 16 and "0" * 16 not in {s["span_id"] for s in receiver.spans}
+    for tid in traces:
+        spans = {s["span_id"]: s for s in receiver.of(tid)}
+        (root,) = [s for s in spans.values() if s["name"] == "InferRequest"]
+        assert root["parent"] == (client_span if tid == trace_id else "")
+        assert root["flags"] == (0x300 if tid == trace_id else 0x100)  # HAS_IS_REMOTE, and IS_REMOTE for the client's
+        for span in spans.values():
+            assert before <= span["start"] <= span["end"] <= after
+            assert span["event_ns"] == sorted(span["event_ns"]) and before <= span["event_ns"][0]
+            # the root's receive events come before it starts (it starts when the request is sampled)
+            events = span["event_ns"][2:] if span is root else span["event_ns"]
+            assert all(span["start"] <= ns <= span["end"] for ns in events), span
+            if span is not root:
+                parent = spans[span["parent"]]  # every parent is a span of the same trace
+                assert span["flags"] == 0x100
+                assert parent["start"] <= span["start"] <= span["end"] <= parent["end"], (parent, span)
+        depth = {"InferRequest": 0, "ens": 1, "inc": 2, "dbl": 2, "compute": 3}
+        for span in spans.values():
+            if span is not root:
+                assert depth[spans[span["parent"]]["name"]] == depth[span["name"]] - 1
+
+
+def test_a_trace_settings_change_posts_the_spans_recorded_before_it(tmp_path: Path, start_server,
+                                                                    receiver: Receiver) -> None:
+    """The export thread posts every ``bsp_schedule_delay`` ms (here an hour), and at once when the trace
+    settings change: the spans recorded under the old settings arrive without waiting for the delay."""
+    pipeline(tmp_path)
+    hour = "opentelemetry,bsp_schedule_delay=3600000"
+    flags = tuple(hour if f == "opentelemetry,bsp_schedule_delay=50" else f for f in _flags(receiver, rate=1))
+    server = start_server(tmp_path, flags=flags)
+    _http_infer(server, "inc")
+    client = httpclient.InferenceServerClient(server.url)
+    try:
+        client.update_trace_settings(settings={"trace_rate": "2"})
+    finally:
+        client.close()
+    receiver.wait_for(lambda: len(receiver.spans) == 3)  # InferRequest, inc, compute
+    assert sorted(s["name"] for s in receiver.spans) == ["InferRequest", "compute", "inc"]
 
 
 def _root_events_as_triton_names_them(spans: list[dict], front: str) -> None:
@@ -260,3 +318,63 @@ def test_bls_calls_given_the_trace_are_children_of_the_callers_compute_span(tmp_
     assert "triton.request_id" not in inc["attrs"]  # the BLS request has no id
     assert server.stop() == 0  # every span exported: the untraced call made none
     assert not [s for s in receiver.spans if s["name"] == "dbl"]
+
+
+REPEAT_PY = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "X").as_numpy()
+            sender = r.get_response_sender()
+            for i in range(3):
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x + i)]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+"""
+
+
+def _stream(server: ServerProcess, model: str, count: int, answers: int, headers: dict[str, str]) -> None:
+    """``count`` requests for ``model`` on one ModelStreamInfer stream, each answered ``answers`` times."""
+    import queue
+
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    got: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: got.put(error or result), headers=headers)
+    try:
+        for _ in range(count):
+            x = grpcclient.InferInput("X", [1, 2], "FP32")
+            x.set_data_from_numpy(np.ones((1, 2), np.float32))
+            client.async_stream_infer(model, [x])
+            for _ in range(answers):
+                assert not isinstance(got.get(timeout=30), Exception)
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def test_stream_requests_have_the_wire_events_triton_stamps_on_streams(tmp_path: Path, start_server,
+                                                                       receiver: Receiver) -> None:
+    """ModelStreamInfer, as Triton's ModelStreamInferHandler stamps each request of a stream: its read's
+    GRPC_WAITREAD_START/_END, INFER_RESPONSE_COMPLETE at its first response and a GRPC_SEND_START/_END
+    pair per response sent (three for the decoupled model); the span ends with its last send."""
+    from .server import add_model
+
+    pipeline(tmp_path)
+    add_model(tmp_path, "repeat", _arith_config({}, "model_transaction_policy { decoupled: true }"), REPEAT_PY)
+    server = start_server(tmp_path, flags=_flags(receiver, rate=1))
+    header, trace_id, client_span = _traceparent()
+    _stream(server, "inc", 2, 1, {"traceparent": header})
+    _stream(server, "repeat", 1, 3, {})
+    receiver.wait_for(lambda: len(receiver.spans) == 9)  # three requests: InferRequest, model, compute each
+    roots = sorted((s for s in receiver.spans if s["name"] == "InferRequest"), key=lambda s: s["start"])
+    first, second, decoupled = roots
+    assert first["trace_id"] == second["trace_id"] == trace_id and first["parent"] == second["parent"] == client_span
+    read = ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", "INFER_RESPONSE_COMPLETE"]
+    for root, sends in ((first, 1), (second, 1), (decoupled, 3)):
+        assert root["events"] == read + ["GRPC_SEND_START", "GRPC_SEND_END"] * sends
+        assert root["event_ns"] == sorted(root["event_ns"]) and root["end"] == root["event_ns"][-1]
+        (model,) = [s for s in receiver.spans if s["parent"] == root["span_id"]]
+        assert root["event_ns"][1] <= model["start"] and model["events"] == ["REQUEST_START", "QUEUE_START", "REQUEST_END"]
+    # the second request's read began once the first was taken off the stream
+    assert first["event_ns"][1] <= second["event_ns"][0] <= second["event_ns"][1]

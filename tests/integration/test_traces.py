@@ -150,3 +150,40 @@ def test_no_traces_while_off(tmp_path: Path, start_server: Callable[..., ServerP
     _infer(http, "ident")
     assert server.stop() == 0
     assert len(_traces(trace_file)) == 1
+
+
+
+def test_stream_requests_carry_their_read_and_send_stamps(tmp_path: Path, start_server: Callable[..., ServerProcess]) -> None:
+    """ModelStreamInfer: each request of a stream has Triton's stream stamps around the core's (its read's
+    GRPC_WAITREAD_START/_END, a GRPC_SEND_START/_END pair per response: three for the decoupled model),
+    written once its last response is sent, whether the model's batch completes before or after that."""
+    import queue
+
+    from .test_ensemble import _arith_config
+    from .test_otel_traces import REPEAT_PY
+
+    trace_file = tmp_path / "trace.json"
+    repo = _repo(tmp_path, "ident")
+    add_model(repo, "repeat", _arith_config({}, "model_transaction_policy { decoupled: true }"), REPEAT_PY)
+    server = start_server(repo, flags=(
+        "--trace-config", "level=TIMESTAMPS", "--trace-config", "rate=1", "--trace-config", f"triton,file={trace_file}"))
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    got: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: got.put(error or result))
+    for model, answers, request_id in (("ident", 1, "s0"), ("ident", 1, "s1"), ("repeat", 3, "d0")):
+        inp = grpcclient.InferInput(*(("INPUT0", [3]) if model == "ident" else ("X", [1, 2])), "FP32")
+        inp.set_data_from_numpy(np.zeros(inp.shape(), np.float32))
+        client.async_stream_infer(model, [inp], request_id=request_id)
+        for _ in range(answers):
+            assert not isinstance(got.get(timeout=30), Exception)
+    client.stop_stream()
+    assert server.stop() == 0
+    traces = {t["request_id"]: t for t in _traces(trace_file).values()}
+    assert sorted(traces) == ["d0", "s0", "s1"]
+    for request_id, sends in (("s0", 1), ("s1", 1), ("d0", 3)):
+        names = [name for name, _ in traces[request_id]["stamps"]]
+        assert names == ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", *STAGES] + ["GRPC_SEND_START", "GRPC_SEND_END"] * sends
+        ns = [n for name, n in traces[request_id]["stamps"] if name.startswith("GRPC_")]
+        assert ns == sorted(ns)
+    s0, s1 = (dict(traces[i]["stamps"]) for i in ("s0", "s1"))
+    assert s0["GRPC_WAITREAD_END"] <= s1["GRPC_WAITREAD_START"] <= s1["GRPC_WAITREAD_END"]

@@ -363,8 +363,8 @@ class Connection:
             if method.infer:  # Triton's GRPC_WAITREAD_START: the call's headers are in
                 call.wire = WireTrace("GRPC", context, time.perf_counter_ns())
                 call.forwarded = header_forward.with_trace(call.forwarded, call.wire)
-            elif context is not None:
-                call.forwarded = header_forward.with_trace(call.forwarded, context)
+            else:  # a stream: a WireTrace per request message (grpc_stream_call.py)
+                call.stream_context = context or ""
         self.calls += 1
         self.server.call_started()
         headers = event.headers

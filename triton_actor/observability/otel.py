@@ -13,28 +13,39 @@ Who owns what: the server's :class:`~.tracing.Tracer` holds one :class:`OtelExpo
 start-up, as Triton builds its provider once); a sampled request carries a :class:`SpanTrace` in
 ``InferRequest.trace``: where its model span goes. Spans of a model are made when its batch completes,
 with the stamps the scheduler took (``trace_json.stage_times``), converted to wall-clock time as Triton
-offsets its steady-clock stamps. A caller's compute span does not exist yet while its BLS calls run, so
-its span id is drawn when the first child needs it and given to the span when it is made
-(:class:`_Ids`, the provider's id generator, told the id right before that one span starts).
+offsets its steady-clock stamps.
+
+Threads: the hub only records what a span is (plain tuples: names, ids, ``perf_counter`` stamps,
+attributes, parent) and puts the record in a :class:`~..runtime.batch_thread.BatchThread`; that native
+thread builds the SDK's ``ReadableSpan`` objects and hands them to the OTLP/HTTP exporter in batches of
+``bsp_max_export_batch_size``, every ``bsp_schedule_delay`` ms (the settings of the SDK's
+BatchSpanProcessor, whose job it does). Making spans through the SDK's tracer on the hub cost 190 to 270
+us of hub CPU per request (docs/performance.md, "OpenTelemetry spans built off the hub"). The ids
+are made on the hub, since children name their parents: random bits from ``random.getrandbits``, as the
+SDK's ``RandomIdGenerator`` draws them. :meth:`OtelExport.shutdown` blocks and is called in a worker thread.
 
 The SDK is imported here only, and this module only when the mode is ``opentelemetry``: a server
-tracing to a file, or not at all, pays nothing. Threads: every call here runs on the hub and only hands
-ended spans to the SDK's BatchSpanProcessor, whose own native thread batches and posts them (OTLP/HTTP
-protobuf); :meth:`OtelExport.shutdown` blocks and is called in a worker thread.
+tracing to a file, or not at all, pays nothing.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
+from random import getrandbits
 from typing import Any
+
+from ..runtime.batch_thread import BatchThread
 
 TRACER_NAME = "triton-server"  # Triton's kTritonTracer
 DEFAULT_URL = "http://localhost:4318/v1/traces"
 _SERVICE = "triton-inference-server"
-_BSP = {"bsp_max_queue_size": "max_queue_size", "bsp_schedule_delay": "schedule_delay_millis",
-        "bsp_max_export_batch_size": "max_export_batch_size"}
+# our flags, the SDK's environment variables for them and their defaults (BatchSpanProcessor's)
+_BSP = {"bsp_max_queue_size": ("OTEL_BSP_MAX_QUEUE_SIZE", 2048), "bsp_schedule_delay": ("OTEL_BSP_SCHEDULE_DELAY", 5000),
+        "bsp_max_export_batch_size": ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512)}
 _MODEL_EVENTS = frozenset({"REQUEST_START", "QUEUE_START", "REQUEST_END"})
+_SPAN, _RUN = 0, 1  # the records' kinds: one span (Span.end), a model's span and its compute span (record)
 
 
 def parse_setting(setting: str, into: dict[str, Any]) -> None:
@@ -56,127 +67,190 @@ def parse_setting(setting: str, into: dict[str, Any]) -> None:
         raise ValueError(f"unknown opentelemetry setting '{key}'")
 
 
+def _bsp(settings: dict[str, Any], key: str) -> int:
+    """A batch setting: the flag, else the SDK's environment variable, else the SDK's default."""
+    if key in settings:
+        return int(settings[key])
+    env, default = _BSP[key]
+    try:
+        return int(os.environ.get(env, default))
+    except ValueError:
+        return default
+
+
+def _span_id() -> int:
+    span_id = getrandbits(64)
+    while not span_id:  # 0 is the invalid id
+        span_id = getrandbits(64)
+    return span_id
+
+
+def _trace_id() -> int:
+    trace_id = getrandbits(128)
+    while not trace_id:
+        trace_id = getrandbits(128)
+    return trace_id
+
+
 class OtelExport:
-    """The SDK's provider, batch processor and OTLP/HTTP exporter of one server."""
+    """One server's OTLP/HTTP exporter and the thread that builds and posts its spans."""
 
     def __init__(self, settings: dict[str, Any], next_id: Callable[[], int]) -> None:
         """``next_id``: the tracer's trace ids (Triton's ``triton.trace_id``), one per model span."""
         from opentelemetry import trace
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
-        from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
-        from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+        from opentelemetry.sdk.trace import Event, ReadableSpan
+        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         # Triton's defaults first; OTEL_RESOURCE_ATTRIBUTES (read by Resource.create) and the flags over them
-        resource = Resource.create({"service.name": _SERVICE, **settings.get("resource", {})})
-        # ALWAYS_ON: a propagated context is traced whatever its sampled flag says, as Triton forces it
-        self.ids = _ids(RandomIdGenerator)()
-        self.provider = TracerProvider(resource=resource, sampler=ALWAYS_ON, id_generator=self.ids)
-        bsp = {arg: settings[key] for key, arg in _BSP.items() if key in settings}
-        self.provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(settings.get("url", DEFAULT_URL)), **bsp))
-        self.tracer = self.provider.get_tracer(TRACER_NAME)
+        self._resource = Resource.create({"service.name": _SERVICE, **settings.get("resource", {})})
+        self._scope = InstrumentationScope(TRACER_NAME)  # what the SDK's get_tracer(TRACER_NAME) names
+        self._exporter = OTLPSpanExporter(settings.get("url", DEFAULT_URL))
         self._propagator = TraceContextTextMapPropagator()
-        self._in_context = trace.set_span_in_context
-        self._is_valid = lambda ctx: trace.get_current_span(ctx).get_span_context().is_valid
-        self._span_context = lambda ctx: trace.get_current_span(ctx).get_span_context()
-        self._reserved = lambda trace_id, span_id: trace.set_span_in_context(trace.NonRecordingSpan(
-            trace.SpanContext(trace_id, span_id, is_remote=False, trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED))))
-        self.kind = trace.SpanKind.SERVER
+        self._current = trace.get_current_span
+        self._context, self._readable, self._event = trace.SpanContext, ReadableSpan, Event
+        # every span is sampled (ALWAYS_ON: a propagated context is traced whatever its flag says, as Triton forces it)
+        self._sampled = trace.TraceFlags(trace.TraceFlags.SAMPLED)
+        self._kind = trace.SpanKind.SERVER
+        self._batch = _bsp(settings, "bsp_max_export_batch_size") or 512
+        self.thread = BatchThread("OpenTelemetry spans", self._export, _bsp(settings, "bsp_max_queue_size"),
+                                  self._batch, _bsp(settings, "bsp_schedule_delay") / 1000)
+        self.put = self.thread.put
         self.next_id = next_id
         self.offset = time.time_ns() - time.perf_counter_ns()  # perf_counter stamps → wall clock
 
-    def extract(self, traceparent: str | None) -> Any:
-        """The context a W3C ``traceparent`` names; None when absent or invalid."""
+    def extract(self, traceparent: str | None) -> tuple[int, int] | None:
+        """The (trace id, span id) a W3C ``traceparent`` names; None when absent or invalid."""
         if not traceparent:
             return None
-        ctx = self._propagator.extract({"traceparent": traceparent})
-        return ctx if self._is_valid(ctx) else None
+        ctx = self._current(self._propagator.extract({"traceparent": traceparent})).get_span_context()
+        return (ctx.trace_id, ctx.span_id) if ctx.is_valid else None
 
-    def begin(self, parent: Any, start_ns: int) -> tuple[Any, SpanTrace]:
-        """A sampled request's ``InferRequest`` span and the :class:`SpanTrace` its model span hangs from."""
-        root = self.tracer.start_span("InferRequest", context=parent, kind=self.kind, start_time=start_ns + self.offset)
-        return root, SpanTrace(self, self._in_context(root), self.next_id(), 0)
+    def begin(self, parent: tuple[int, int] | None, start_ns: int) -> tuple[Span, SpanTrace]:
+        """A sampled request's ``InferRequest`` span and the :class:`SpanTrace` its model span hangs from.
+        ``parent``: the client's context (:meth:`extract`), a remote parent."""
+        if parent is None:
+            root = Span(self, "InferRequest", _trace_id(), 0, False, start_ns, None)
+        else:
+            root = Span(self, "InferRequest", parent[0], parent[1], True, start_ns, None)
+        return root, SpanTrace(self, root.trace, root.span_id, self.next_id(), 0)
+
+    def flush_soon(self) -> None:
+        """Post what is recorded now, without waiting (hub: a trace settings change)."""
+        self.thread.kick()
 
     def shutdown(self) -> None:
-        """Export what is queued and stop the processor's thread (blocks: call it in a worker thread)."""
-        self.provider.shutdown()
+        """Post what is recorded and stop the thread and the exporter (blocks: call it in a worker thread)."""
+        self.thread.close()
+        self._exporter.shutdown()
+
+    # -- the batch thread ------------------------------------------------------------------------------
+    def _export(self, records: list[tuple[Any, ...]]) -> None:
+        """The batch thread: the records' spans, posted ``bsp_max_export_batch_size`` at a time."""
+        spans: list[Any] = []
+        for record in records:
+            if record[0] == _RUN:
+                self._run_spans(record, spans)
+            else:
+                spans.append(self._readable_span(*record[1:]))
+        for i in range(0, len(spans), self._batch):
+            self._exporter.export(spans[i:i + self._batch])  # it logs a failed post itself
+
+    def _readable_span(self, name: str, trace_id: int, span_id: int, parent: int, remote: bool, start: int,
+                       end: int, attributes: dict[str, Any] | None, events: list[tuple[str, int]]) -> Any:
+        offset, event, ctx = self.offset, self._event, self._context
+        return self._readable(
+            name, context=ctx(trace_id, span_id, False, self._sampled),
+            parent=ctx(trace_id, parent, remote, self._sampled) if parent else None, resource=self._resource,
+            attributes=attributes or {}, events=tuple(event(n, {}, ns + offset) for n, ns in events),
+            kind=self._kind, instrumentation_scope=self._scope, start_time=start + offset, end_time=end + offset)
+
+    def _run_spans(self, record: tuple[Any, ...], into: list[Any]) -> None:
+        """A model's span and its compute span, from the seven stage stamps (:meth:`SpanTrace.record`)."""
+        _, trace_id, parent, remote, span_id, compute_id, attributes, stamps = record
+        model_events: list[tuple[str, int]] = []
+        compute_events: list[tuple[str, int]] = []
+        compute_start = compute_end = None
+        for name, ns in stamps:
+            if name == "COMPUTE_START":
+                compute_start = ns
+            (model_events if name in _MODEL_EVENTS or compute_start is None else compute_events).append((name, ns))
+            if name == "COMPUTE_END":
+                compute_end = ns
+        if compute_start is not None and compute_end is not None:
+            into.append(self._readable_span("compute", trace_id, compute_id, span_id, False, compute_start,
+                                            compute_end, None, compute_events))
+        into.append(self._readable_span(attributes["triton.model_name"], trace_id, span_id, parent, remote,
+                                        stamps[0][1], stamps[-1][1], attributes, model_events))
 
 
-def _ids(base: type) -> type:
-    class _Ids(base):  # type: ignore[valid-type,misc]
-        """The SDK's random ids, but for the one span whose id was drawn before it started (``forced``)."""
+class Span:
+    """A span still open on the hub (a request's ``InferRequest`` span, an ensemble's model span): its
+    events as (name, perf_counter ns); :meth:`end` hands it to the batch thread."""
 
-        forced = 0
+    __slots__ = ("export", "name", "trace", "span_id", "parent", "remote", "start", "attributes", "events")
 
-        def generate_span_id(self) -> int:
-            forced, self.forced = self.forced, 0
-            return forced or super().generate_span_id()
+    def __init__(self, export: OtelExport, name: str, trace: int, parent: int, remote: bool, start: int,
+                 attributes: dict[str, Any] | None) -> None:
+        self.export, self.name, self.trace, self.parent, self.remote = export, name, trace, parent, remote
+        self.span_id = _span_id()
+        self.start, self.attributes = start, attributes
+        self.events: list[tuple[str, int]] = []
 
-    return _Ids
+    def end(self, end_ns: int) -> None:
+        self.export.put((_SPAN, self.name, self.trace, self.span_id, self.parent, self.remote, self.start, end_ns,
+                         self.attributes, self.events))
 
 
 class SpanTrace:
-    """What a traced request carries: the context its model span is a child of, and Triton's trace ids.
-    ``compute_id``: its compute span's id, drawn early for the BLS calls made in that compute (0: none)."""
+    """What a traced request carries: the span its model span is a child of (``trace``: the W3C trace
+    id; ``parent``: its span id; ``remote``: the client's), and Triton's trace ids. ``compute_id``: its
+    compute span's id, drawn early for the BLS calls made in that compute (0: none)."""
 
-    __slots__ = ("export", "context", "trace_id", "parent_id", "compute_id")
+    __slots__ = ("export", "trace", "parent", "remote", "trace_id", "parent_id", "compute_id")
 
-    def __init__(self, export: OtelExport, context: Any, trace_id: int, parent_id: int) -> None:
-        self.export, self.context, self.trace_id, self.parent_id = export, context, trace_id, parent_id
+    def __init__(self, export: OtelExport, trace: int, parent: int, trace_id: int, parent_id: int,
+                 remote: bool = False) -> None:
+        self.export, self.trace, self.parent, self.remote = export, trace, parent, remote
+        self.trace_id, self.parent_id = trace_id, parent_id
         self.compute_id = 0
 
-    def model_span(self, model: str, version: int, request_id: str, start_ns: int) -> Any:
-        """Start the model span at ``start_ns`` (perf_counter) with Triton's attributes."""
+    def _attributes(self, model: str, version: int, request_id: str) -> dict[str, Any]:
         attrs: dict[str, Any] = {"triton.model_name": model, "triton.model_version": version,
                                  "triton.trace_id": self.trace_id, "triton.trace_parent_id": self.parent_id}
         if request_id:
             attrs["triton.request_id"] = request_id
-        export = self.export
-        return export.tracer.start_span(model, context=self.context, kind=export.kind, attributes=attrs,
-                                        start_time=start_ns + export.offset)
+        return attrs
 
     def record(self, model: str, version: int, request_id: str, stamps: list[tuple[str, int]]) -> None:
-        """A request that ran on ``model``: its model span and compute span from the seven stage stamps."""
-        offset = self.export.offset
-        span = self.model_span(model, version, request_id, stamps[0][1])
-        compute = None
-        for name, ns in stamps:
-            if name == "COMPUTE_START":
-                self.export.ids.forced = self.compute_id  # the id its BLS children name as parent (or 0)
-                compute = self.export.tracer.start_span("compute", context=self.export._in_context(span),
-                                                        kind=self.export.kind, start_time=ns + offset)
-            (span if name in _MODEL_EVENTS or compute is None else compute).add_event(name, timestamp=ns + offset)
-            if name == "COMPUTE_END" and compute is not None:
-                compute.end(end_time=ns + offset)
-        span.end(end_time=stamps[-1][1] + offset)
+        """A request that ran on ``model``: its model span and compute span from the seven stage stamps
+        (built by the batch thread; the hub draws their ids)."""
+        self.export.put((_RUN, self.trace, self.parent, self.remote, _span_id(), self.compute_id or _span_id(),
+                         self._attributes(model, version, request_id), stamps))
 
-    def open(self, model: str, version: int, request_id: str, start_ns: int) -> tuple[Any, SpanTrace]:
+    def open(self, model: str, version: int, request_id: str, start_ns: int) -> tuple[Span, SpanTrace]:
         """An ensemble's model span, started at ``start_ns``, and the trace whose :meth:`spawn` gives
         each step the ensemble span as parent (Triton's child traces: a new trace id each)."""
-        span = self.model_span(model, version, request_id, start_ns)
-        for name in ("REQUEST_START", "QUEUE_START"):
-            span.add_event(name, timestamp=start_ns + self.export.offset)
-        return span, SpanTrace(self.export, self.export._in_context(span), self.trace_id, self.parent_id)
+        span = Span(self.export, model, self.trace, self.parent, self.remote, start_ns,
+                    self._attributes(model, version, request_id))
+        span.events += (("REQUEST_START", start_ns), ("QUEUE_START", start_ns))
+        return span, SpanTrace(self.export, self.trace, span.span_id, self.trace_id, self.parent_id)
 
     def spawn(self) -> SpanTrace:
-        return SpanTrace(self.export, self.context, self.export.next_id(), self.trace_id)
+        return SpanTrace(self.export, self.trace, self.parent, self.export.next_id(), self.trace_id, self.remote)
 
     def bls_child(self) -> SpanTrace:
         """The trace of a BLS request this request's model makes (hub): a child trace whose model span
         is a child of this request's compute span, as Triton parents a child trace's request span on
         the top of its parent's span stack (``tracer.cc``: the compute span while the model runs)."""
-        export = self.export
         if not self.compute_id:
-            self.compute_id = export.ids.generate_span_id()
-        parent = export._reserved(export._span_context(self.context).trace_id, self.compute_id)
-        return SpanTrace(export, parent, export.next_id(), self.trace_id)
+            self.compute_id = _span_id()
+        return SpanTrace(self.export, self.trace, self.compute_id, self.export.next_id(), self.trace_id)
 
-    def close(self, span: Any, events: tuple[str, ...] = ("REQUEST_END",)) -> None:
+    def close(self, span: Span, events: tuple[str, ...] = ("REQUEST_END",)) -> None:
         """End ``span`` now, after ``events`` stamped now (an ensemble's REQUEST_END; none for the root)."""
-        now = time.perf_counter_ns() + self.export.offset
-        for name in events:
-            span.add_event(name, timestamp=now)
-        span.end(end_time=now)
+        now = time.perf_counter_ns()
+        span.events += [(name, now) for name in events]
+        span.end(now)

@@ -207,6 +207,8 @@ class Tracer:
         self._global = Sampler(global_settings, otel)
         self._models = {m: Sampler({**global_settings, **o}, otel) for m, o in models.items() if o}
         self.refresh()
+        if self.otel is not None:  # the spans recorded under the old settings go out now
+            self.otel.flush_soon()
 
     def refresh(self) -> None:
         for trace in self._traces.values():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import gevent
@@ -251,7 +252,7 @@ class DataPlane:
         if root is None:
             return reply
         if isinstance(traceparent, WireTrace):  # the front end stamps its send and ends the span after it
-            traceparent.begun(root, request.trace.export.offset)
+            traceparent.begun(root)
             reply.link(lambda _r: traceparent.answered())
         else:
             reply.link(lambda _r: request.trace.close(root, ()))
@@ -291,15 +292,22 @@ class DataPlane:
         of them or ``STREAM_MAX_BYTES`` (runtime/response_channel.py): a client that reads slowly,
         or not at all, holds back the model instead of filling memory. ``account``: that bound is the
         client stream's, shared with its other requests (gRPC ModelStreamInfer). ``traceparent``: as
-        :meth:`infer_start`'s (the root span ends with the request's last answer)."""
+        :meth:`infer_start`'s (the root span ends with the request's last answer, or, given a WireTrace,
+        after the front end's last send)."""
         route, target = self._serving(request, route, internal)
         if target is None:  # loading on demand: this caller may wait (a request's own greenlet)
             route, target = self._loaded(request, route)
-        root = None
+        root = infer = None
         if self.tracer.otel is not None and not internal:
             request, root = self._traced(request, traceparent)
+            if root is not None and isinstance(traceparent, WireTrace):  # the front end ends it (grpc_stream_call.py)
+                traceparent.begun(root)
+                root = None
+        elif isinstance(traceparent, WireTrace) and not internal:  # trace file: stamped on the wire too
+            infer = partial(self.tracer.wired_infer, target.infer, wire=traceparent)
+        infer = infer or target.infer
         if not route.decoupled:
-            reply = target.infer(request)
+            reply = infer(request)
             if root is not None:
                 reply.link(lambda _r: request.trace.close(root, ()))
             return Streamed(route, _one_response(reply))
@@ -307,7 +315,7 @@ class DataPlane:
         channel = BoundedResponseChannel(STREAM_MAX_RESPONSES, STREAM_MAX_BYTES, account,
                                          None if internal else STREAM_STALL_SECS, self.streams)
         try:
-            reply = target.infer(request._replace(responses=channel))
+            reply = infer(request._replace(responses=channel))
         except BaseException:
             channel.close()
             raise
