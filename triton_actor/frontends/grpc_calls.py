@@ -59,9 +59,30 @@ _TAKEN_MIN = 64 * 1024  # a unary message at least this big is parsed from its b
 class Call(StreamCall):
     """One gRPC call on one stream; its life is its handler's (``started`` … :meth:`finish`)."""
 
-    __slots__ = ("conn", "stream", "sid", "method", "encoding", "buf", "inbox", "send_lock", "greenlet",
-                 "input_done", "done", "finished", "started", "requests", "errors_end_stream", "held", "kept",
-                 "deadline", "expired", "out_coding", "account", "forwarded", "wire")
+    # What a call starts with, as class attributes (an assignment shadows one): a call is made per
+    # request, and setting them all in ``__init__`` ran 74 bytecodes per unary call (measured with
+    # scripts/bench_request_path.py --opcodes), a class attribute none.
+    inbox: gevent.queue.SimpleQueue | None = None  # a ModelStreamInfer call's messages
+    send_lock: gevent.lock.Semaphore | None = None
+    greenlet: gevent.Greenlet | None = None
+    input_done = False
+    done = False  # our side is over (answered, refused, or the stream is gone)
+    finished = False  # counted out of the running calls
+    started = False  # its handler runs (or ran)
+    requests: gevent.pool.Pool | None = None  # a ModelStreamInfer call's running requests
+    # ``triton_grpc_error: true`` on a stream: an error ends the stream with its gRPC status (Triton 24.08+)
+    errors_end_stream = False
+    held = 0  # bytes of the request memory budget this call holds (budget.py)
+    kept = 0  # of them, the bytes of a stream's messages received whole and not answered yet
+    deadline: Any = None  # the hub's timer for the client's grpc-timeout, while it runs
+    expired = False  # the client's deadline passed: the call ends DEADLINE_EXCEEDED
+    out_coding: str | None = None  # its answers' grpc-encoding (--grpc-infer-response-compression-level)
+    account: StreamAccount | None = None  # a stream's bound on undelivered responses, all its requests'
+    forwarded: dict[str, str] | None = None  # metadata given to the model (--grpc-header-forward-pattern)
+    wire: WireTrace | None = None  # a ModelInfer call's wire stamps, OpenTelemetry mode only
+    # a unary ModelInfer's request message, prefix included, when it came whole in its one DATA frame
+    # (a fast path: :meth:`on_data`); None while its bytes are in ``buf``
+    message: bytes | None = None
 
     def __init__(self, conn: CallConnection, stream: H2Stream, method: Method, encoding: bytes | None) -> None:
         self.conn = conn
@@ -70,24 +91,6 @@ class Call(StreamCall):
         self.method = method
         self.encoding = encoding
         self.buf = bytearray()
-        self.inbox: gevent.queue.SimpleQueue | None = None
-        self.send_lock: gevent.lock.Semaphore | None = None
-        self.greenlet: gevent.Greenlet | None = None
-        self.input_done = False
-        self.done = False  # our side is over (answered, refused, or the stream is gone)
-        self.finished = False  # counted out of the running calls
-        self.started = False  # its handler runs (or ran)
-        self.requests: gevent.pool.Pool | None = None  # a ModelStreamInfer call's running requests
-        # ``triton_grpc_error: true`` on a stream: an error ends the stream with its gRPC status (Triton 24.08+)
-        self.errors_end_stream = False
-        self.held = 0  # bytes of the request memory budget this call holds (budget.py)
-        self.kept = 0  # of them, the bytes of a stream's messages received whole and not answered yet
-        self.deadline: Any = None  # the hub's timer for the client's grpc-timeout, while it runs
-        self.expired = False  # the client's deadline passed: the call ends DEADLINE_EXCEEDED
-        self.out_coding: str | None = None  # its answers' grpc-encoding (--grpc-infer-response-compression-level)
-        self.account: StreamAccount | None = None  # a stream's bound on undelivered responses, all its requests'
-        self.forwarded: dict[str, str] | None = None  # metadata given to the model (--grpc-header-forward-pattern)
-        self.wire: WireTrace | None = None  # a ModelInfer call's wire stamps, OpenTelemetry mode only
 
     def set_deadline(self, timeout: float | None) -> None:
         """The client's ``grpc-timeout``: when it passes before the call is over, the call's work is
@@ -129,6 +132,20 @@ class Call(StreamCall):
             self.end_input()
 
     def on_data(self, data: bytes, end_stream: bool) -> None:
+        if end_stream and fastpath.enabled and self.method.whole and not self.buf:
+            # a unary ModelInfer whose one uncompressed message is all of its one DATA frame (what every
+            # gRPC client sends for a small request): kept as it is, not copied into ``buf`` and split
+            # out of it again; the limits below, in short (one message of ``n`` bytes, all of it here)
+            n = len(data)
+            if n > 5 and not data[0] and int.from_bytes(data[1:5], "big") == n - 5 <= self.conn.server.max_receive:
+                budget = self.conn.server.budget
+                if not budget.try_reserve(n, barge=True):
+                    self.refuse(Refused(RESOURCE_EXHAUSTED, budget.refusal()))
+                    return
+                self.held = n
+                self.message = data
+                self.end_input()
+                return
         buf = self.buf
         buf += data
         announced = h2.pending_length(buf)
@@ -333,6 +350,10 @@ class Call(StreamCall):
             self.kept += n
 
     def _one_request(self) -> Any:
+        message = self.message
+        if message is not None:  # whole in one DATA frame (on_data): uncompressed, its prefix checked
+            self.message = None
+            return self._decode(0, message[5:])[0]
         if len(self.buf) >= _TAKEN_MIN and not self.method.infer:  # a large message (a load's override)
             taken = h2.take_message(self.buf)  # not copied: parsed from the buffer, which its parse may empty
             if taken is not None:
