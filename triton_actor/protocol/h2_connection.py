@@ -39,6 +39,8 @@ from .http2 import ProtocolError
 _NEVER = float("inf")
 
 
+_FRAME_HEAD_FROM, _PACK_HEAD = h2.FRAME_HEAD.unpack_from, h2.FRAME_HEAD.pack
+_CONTINUATION, _DATA, _HEADERS, _END_HEADERS = h2.CONTINUATION, h2.DATA, h2.HEADERS, h2.END_HEADERS
 _TOKENS_PER_DATA = 4  # control frames a client may send in answer to one DATA frame of ours
 _TRAILERS_FLAGS = h2.END_HEADERS | h2.END_STREAM
 
@@ -112,23 +114,25 @@ class H2Connection(H2FrameHandlers):
         buf += data
         if not self._preface and not self._check_preface(buf, events):
             return events
-        self._refill(now)
-        pos, end, head, handlers, max_frame = 0, len(buf), h2.FRAME_HEAD, self._handlers, self.limits.max_frame
+        if now > self._tokens_at:
+            self._refill(now)
+        pos, end, unpack, handlers, max_frame = 0, len(buf), _FRAME_HEAD_FROM, self._handlers, self.limits.max_frame
         try:
             while end - pos >= 9:
-                length_type, flags, sid = head.unpack_from(buf, pos)
+                length_type, flags, sid = unpack(buf, pos)
                 length = length_type >> 8
                 if length > max_frame:
                     raise ProtocolError(f"frame of {length} bytes", h2.FRAME_SIZE_ERROR)
-                if end - pos - 9 < length:
+                start = pos + 9
+                pos = start + length
+                if pos > end:
+                    pos = start - 9
                     break
                 ftype = length_type & 0xFF
-                payload = bytes(buf[pos + 9:pos + 9 + length])
-                pos += 9 + length
-                if self._continuation is not None and ftype != h2.CONTINUATION:
+                if self._continuation is not None and ftype != _CONTINUATION:
                     raise ProtocolError("expected CONTINUATION")
                 if ftype < 10:
-                    handlers[ftype](flags, sid & _MASK, payload, events, now)
+                    handlers[ftype](flags, sid & _MASK, bytes(buf[start:pos]), events, now)
                 else:
                     self._spend()  # unknown frame types are ignored (RFC 9113 §4.1), not for free
                 if self.closed:
@@ -160,9 +164,9 @@ class H2Connection(H2FrameHandlers):
 
     # -- control-frame budget -------------------------------------------------------------------
     def _refill(self, now: float) -> None:
+        """Tokens for the time since the last refill (``now`` is past it: receive_data checks before the call)."""
         lim = self.limits
-        if now > self._tokens_at:
-            self._tokens = min(lim.control_frame_burst, self._tokens + (now - self._tokens_at) * lim.control_frame_rate)
+        self._tokens = min(lim.control_frame_burst, self._tokens + (now - self._tokens_at) * lim.control_frame_rate)
         self._tokens_at = now
 
     def _spend(self) -> None:
@@ -221,24 +225,27 @@ class H2Connection(H2FrameHandlers):
     def send_response(self, sid: int, head: bytes, data: bytes, trailers: bytes) -> bool:
         """The hot unary answer in one go — HEADERS (unless sent), one DATA frame, trailers — when
         ``data`` fits both windows and one frame; False (nothing queued) when it does not."""
-        stream = self._open(sid)
+        stream = self.streams.get(sid)
+        if stream is None or stream.local_closed or self.closed:
+            raise StreamClosedError(sid)
         n = len(data)
+        out = self._out
         if n > stream.send_window or n > self.send_window or n > self.peer_max_frame or \
-                (self._out and n > self._buffer_room()):
+                (out and n > self._buffer_room()):
             return False
         stream.send_window -= n
         self.send_window -= n
         stream.answered = True
         self._sent_something()
         # the frames as one bytes object (one join instead of a frame() call and a concatenation each)
-        pack = h2.FRAME_HEAD.pack
-        tail = (pack(n << 8 | h2.DATA, 0, sid), data, pack(len(trailers) << 8 | h2.HEADERS, _TRAILERS_FLAGS, sid),
+        pack = _PACK_HEAD
+        tail = (pack(n << 8 | _DATA, 0, sid), data, pack(len(trailers) << 8 | _HEADERS, _TRAILERS_FLAGS, sid),
                 trailers)
         if stream.headers_sent:
-            self._out.append(b"".join(tail))
+            out.append(b"".join(tail))
         else:
             stream.headers_sent = True
-            self._out.append(b"".join((pack(len(head) << 8 | h2.HEADERS, h2.END_HEADERS, sid), head, *tail)))
+            out.append(b"".join((pack(len(head) << 8 | _HEADERS, _END_HEADERS, sid), head, *tail)))
         self._end_local(stream)
         return True
 
