@@ -178,3 +178,15 @@ def test_a_request_whole_in_its_data_frame_past_the_budget_is_refused(serve) -> 
     with gevent.Timeout(5):
         server.idle.wait()
     assert server.budget.used == 60
+
+
+def test_a_refused_call_holds_nothing_of_the_data_read_with_its_headers(serve) -> None:
+    """A call refused at its headers (an unknown method: UNIMPLEMENTED) whose DATA came in the same read:
+    the DATA reached the refused call, which reserved its bytes of the request memory budget and, being
+    counted out already, never gave them back (each such call leaked its message's size)."""
+    server, sock, _ = serve(Limits())
+    fields = [(k, v.replace("ModelInfer", "Nope")) for k, v in _FIELDS]
+    body = h2.grpc_message(pb.ModelInferRequest(model_name="m").SerializeToString())
+    sock.sendall(_PREFACE + _frame(4, 0, 0) + _frame(1, 4, 1, hpack.Encoder().encode(fields)) + _frame(0, 1, 1, body))
+    assert _status(_read_frames(sock, until=1, flags=1)) == b"12"
+    assert server.budget.used == 0

@@ -132,10 +132,13 @@ class Call(StreamCall):
             self.end_input()
 
     def on_data(self, data: bytes, end_stream: bool) -> None:
+        if self.done:  # answered or refused (its DATA came in the same read): nothing more is held for it
+            return
         if end_stream and fastpath.enabled and self.method.whole and not self.buf:
             # a unary ModelInfer whose one uncompressed message is all of its one DATA frame (what every
             # gRPC client sends for a small request): kept as it is, not copied into ``buf`` and split
-            # out of it again; the limits below, in short (one message of ``n`` bytes, all of it here)
+            # out of it again; the limits below, in short (one message of ``n`` bytes, all of it here),
+            # then end_input's part for a unary ModelInfer
             n = len(data)
             if n > 5 and not data[0] and int.from_bytes(data[1:5], "big") == n - 5 <= self.conn.server.max_receive:
                 budget = self.conn.server.budget
@@ -144,7 +147,11 @@ class Call(StreamCall):
                     return
                 self.held = n
                 self.message = data
-                self.end_input()
+                self.input_done = self.started = True
+                if self.wire is not None:  # Triton's GRPC_WAITREAD_END: the request message is in
+                    self.wire.recv_end = perf_counter_ns()
+                self.conn.h2.consumed(self.stream)  # the request is the handler's from here
+                self._start_infer()
                 return
         buf = self.buf
         buf += data
@@ -394,9 +401,9 @@ class Call(StreamCall):
             if payload is None:
                 request, pending = start(self._one_request(), self.forwarded)
                 if not pending.reply.ready():
-                    self.greenlet = gevent.spawn(self._answer, lambda: finish(request, pending).SerializeToString())
+                    self.greenlet = gevent.spawn(self._answer, lambda: finish(request, pending))
                     return
-                payload = finish(request, pending).SerializeToString()
+                payload = finish(request, pending)
                 if kept is not None:
                     self.method.learn(kept, request, pending)
         except Exception as e:  # noqa: BLE001 - every failure is answered as the call's status

@@ -79,7 +79,7 @@ class Refused(Exception):
 class Method:
     """One RPC: ``parse`` its request message, ``call`` the servicer with it. A method that can be run
     in two steps (ModelInfer) also has ``start`` (decode and queue: ``(request, pending)``) and ``finish``
-    (wait and encode): the connection's reader starts it and answers at once when the model already has."""
+    (wait, encode and serialize: the answer's bytes): the connection's reader starts it and answers at once when the model already has."""
 
     parse: Callable[[bytes], Any]
     call: Callable[..., Any]
