@@ -80,9 +80,6 @@ class Call(StreamCall):
     account: StreamAccount | None = None  # a stream's bound on undelivered responses, all its requests'
     forwarded: dict[str, str] | None = None  # metadata given to the model (--grpc-header-forward-pattern)
     wire: WireTrace | None = None  # a ModelInfer call's wire stamps, OpenTelemetry mode only
-    # a unary ModelInfer's request message, prefix included, when it came whole in its one DATA frame
-    # (a fast path: :meth:`on_data`); None while its bytes are in ``buf``
-    message: bytes | None = None
 
     def __init__(self, conn: CallConnection, stream: H2Stream, method: Method, encoding: bytes | None) -> None:
         self.conn = conn
@@ -139,19 +136,18 @@ class Call(StreamCall):
             # gRPC client sends for a small request): kept as it is, not copied into ``buf`` and split
             # out of it again; the limits below, in short (one message of ``n`` bytes, all of it here),
             # then end_input's part for a unary ModelInfer
-            n = len(data)
-            if n > 5 and not data[0] and int.from_bytes(data[1:5], "big") == n - 5 <= self.conn.server.max_receive:
-                budget = self.conn.server.budget
+            n, server = len(data), self.conn.server
+            if n > 5 and not data[0] and int.from_bytes(data[1:5], "big") == n - 5 <= server.max_receive:
+                budget = server.budget
                 if not budget.try_reserve(n, barge=True):
                     self.refuse(Refused(RESOURCE_EXHAUSTED, budget.refusal()))
                     return
                 self.held = n
-                self.message = data
                 self.input_done = self.started = True
                 if self.wire is not None:  # Triton's GRPC_WAITREAD_END: the request message is in
                     self.wire.recv_end = perf_counter_ns()
                 self.conn.h2.consumed(self.stream)  # the request is the handler's from here
-                self._start_infer()
+                self._start_infer(data)
                 return
         buf = self.buf
         buf += data
@@ -331,11 +327,18 @@ class Call(StreamCall):
                 raise Refused(INTERNAL, f"could not decompress the message: {e}") from None
             inflated = len(data)  # inflate() holds as many bytes as it returns
         else:
-            inflated = 0
+            return self._parse(data), 0
         try:
-            return self.method.parse(data), inflated
-        except DecodeError:
+            return self._parse(data), inflated
+        except Refused:
             self._hold_more(-inflated)
+            raise
+
+    def _parse(self, data: bytes | bytearray) -> Any:
+        """The request message of an uncompressed ``data``."""
+        try:
+            return self.method.parse(data)
+        except DecodeError:
             # Triton answers INTERNAL "Unable to parse request" (checked against 2.51)
             raise Refused(INTERNAL, "Unable to parse request") from None
 
@@ -357,10 +360,6 @@ class Call(StreamCall):
             self.kept += n
 
     def _one_request(self) -> Any:
-        message = self.message
-        if message is not None:  # whole in one DATA frame (on_data): uncompressed, its prefix checked
-            self.message = None
-            return self._decode(0, message[5:])[0]
         if len(self.buf) >= _TAKEN_MIN and not self.method.infer:  # a large message (a load's override)
             taken = h2.take_message(self.buf)  # not copied: parsed from the buffer, which its parse may empty
             if taken is not None:
@@ -386,7 +385,7 @@ class Call(StreamCall):
         else:  # ModelInfer with metadata for the model (--grpc-header-forward-pattern)
             self._answer(lambda: self.method.call(self._one_request(), self.forwarded).SerializeToString())
 
-    def _start_infer(self) -> None:
+    def _start_infer(self, message: bytes | None = None) -> None:
         """ModelInfer, in the reader (a fast path): decode and queue the request here; when the
         model answered at once (a quick model runs inline, :class:`ModelInstance`) and the answer
         fits the windows, answer here too — the reader flushes it with the rest of its read.
@@ -394,12 +393,15 @@ class Call(StreamCall):
         or on flow control. The one case the reader is held: a model promoted to run inline that
         then yields in ``execute`` holds this connection's other streams for that one run; the
         instance is demoted back to its thread right after it (``ModelInstance``, DEMOTE_WALL_NS)."""
-        start, finish = self.method.start, self.method.finish
-        assert start is not None and finish is not None
-        try:  # first, a message answered from the response cache before, by its bytes (cached_answers.py)
-            payload, kept = (None, None) if self.forwarded is not None else self.method.again(self.buf)
+        start, finish = self.method.start, self.method.finish  # (ModelInfer's: never None here)
+        try:
+            if message is not None:  # whole in its DATA frame (on_data): a method without the response cache
+                payload, kept, parsed = None, None, self._parse(message[5:])
+            else:  # first, a message answered from the response cache before, by its bytes (cached_answers.py)
+                payload, kept = (None, None) if self.forwarded is not None else self.method.again(self.buf)
+                parsed = None if payload is not None else self._one_request()
             if payload is None:
-                request, pending = start(self._one_request(), self.forwarded)
+                request, pending = start(parsed, self.forwarded)
                 if not pending.reply.ready():
                     self.greenlet = gevent.spawn(self._answer, lambda: finish(request, pending))
                     return
@@ -415,9 +417,10 @@ class Call(StreamCall):
             return
         if self.wire is not None:
             self.wire.sending()
+        conn = self.conn
         try:
-            sent = len(payload) <= self.conn.server.max_send and \
-                self.conn.h2.send_response(self.sid, RESPONSE_HEAD, h2.grpc_message(payload), OK_TRAILERS)
+            sent = len(payload) <= conn.server.max_send and \
+                conn.h2.send_response(self.sid, RESPONSE_HEAD, h2.grpc_message(payload), OK_TRAILERS)
         except StreamClosedError:  # reset in the read that completed it: its StreamReset comes next
             sent = True
         if sent:

@@ -186,18 +186,8 @@ class GrpcH2Server:
             self.connections.discard(conn)
             self.slots.give()
 
-    def call_started(self) -> None:
-        self.calls += 1
-        if self.calls == 1:
-            self.idle.clear()
 
-    def call_finished(self) -> None:
-        self.calls -= 1
-        if not self.calls:
-            self.idle.set()
-
-
-_DATA_RECEIVED, _REQUEST_RECEIVED = h2e.DataReceived, h2e.RequestReceived  # the events of every call, first
+_DATA_RECEIVED, _REQUEST_RECEIVED = h2e.DataReceived, h2e.RequestReceived  # the events of every call
 _GOAWAY_LINGER = 1.0  # seconds a connection is still read after GOAWAY, once its calls are done
 
 
@@ -283,34 +273,36 @@ class Connection:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         conn.initiate_connection()
         self._timer = gevent.spawn(self._tick)
-        recv, on_event = self._recv, self._on_event
+        recv, on_event, monotonic = self._recv, self._on_event, time.monotonic
         try:
             while self.flush() and not conn.closed:  # going away: read on until _linger closes
                 chunk = recv(sock, _RECV)
                 if not chunk:
                     return
-                for event in conn.receive_data(chunk, time.monotonic()):
-                    on_event(event)
+                for event in conn.receive_data(chunk, monotonic()):
+                    if event.__class__ is _DATA_RECEIVED:  # a call's request, the most frequent event: here
+                        call = event.stream.call
+                        if call is not None and not call.input_done and not conn.closed:
+                            call.on_data(event.data, event.end_stream)
+                    else:
+                        on_event(event)
             self.flush()
         except OSError as e:
             if e.errno not in (errno.ECONNRESET, errno.EBADF, errno.EPIPE, None):
                 log.debug("gRPC connection: %s", e)
 
     def _on_event(self, event: h2e.Event) -> None:
+        """One event of the state machine's (serve() takes DataReceived itself, as this does)."""
         kind = event.__class__
-        if kind is _DATA_RECEIVED:
-            if not self.h2.closed:  # (a connection error later in the same read: no new work, no answer)
-                call = event.stream.call
-                if call is not None and not call.input_done:
-                    call.on_data(event.data, event.end_stream)
-            return
-        if kind is _REQUEST_RECEIVED:
-            if not self.h2.closed:
-                self._on_request(event)
-            return
         if self.h2.closed and kind is not h2e.StreamReset and kind is not h2e.ConnectionTerminated:
             return  # a connection error later in the same read: no new work, no answer behind the GOAWAY
-        if kind is h2e.StreamReset:
+        if kind is _REQUEST_RECEIVED:
+            self._on_request(event)
+        elif kind is _DATA_RECEIVED:
+            call = event.stream.call
+            if call is not None and not call.input_done:
+                call.on_data(event.data, event.end_stream)
+        elif kind is h2e.StreamReset:
             self._windows_moved()
             if event.stream.call is not None:
                 event.stream.call.cancel()
@@ -372,7 +364,9 @@ class Connection:
             elif context is not None:
                 call.forwarded = header_forward.with_trace(call.forwarded, context)
         self.calls += 1
-        server.call_started()
+        server.calls += 1  # the server's running calls: idle while none (Connection.call_finished)
+        if server.calls == 1:
+            server.idle.clear()
         timeout = headers.get(b"grpc-timeout")
         if timeout is not None:
             call.set_deadline(parse_timeout(timeout))
@@ -395,8 +389,12 @@ class Connection:
         return restrictions.refusal(category, value.decode("latin-1") if value is not None else None)
 
     def call_finished(self) -> None:
+        """A call of this connection is over (counted in at _on_request): the server is idle once none runs."""
         self.calls -= 1
-        self.server.call_finished()
+        server = self.server
+        server.calls -= 1
+        if not server.calls:
+            server.idle.set()
 
     def _tick(self) -> None:
         """Keepalive pings and timeouts: the state machine decides, this greenlet keeps its time."""

@@ -96,23 +96,7 @@ class H2FrameHandlers:
             self._continuation = (sid, flags, [block], len(block))
             self._header_since = now
             return
-        self._headers_done(sid, flags, block, events, now)
-
-    def _on_continuation(self, flags: int, sid: int, payload: bytes, events: list[Event], now: float) -> None:
-        if self._continuation is None or self._continuation[0] != sid:
-            raise ProtocolError("unexpected CONTINUATION")
-        _, first_flags, parts, size = self._continuation
-        parts.append(payload)
-        size += len(payload)
-        if size > self.limits.max_header_list or len(parts) > self.limits.max_continuations:
-            raise ProtocolError("header block too large", h2.ENHANCE_YOUR_CALM)
-        self._continuation = (sid, first_flags, parts, size)
-        if flags & h2.END_HEADERS:
-            self._continuation = None
-            self._header_since = None
-            self._headers_done(sid, first_flags, b"".join(parts), events, now)
-
-    def _headers_done(self, sid: int, flags: int, block: bytes, events: list[Event], now: float) -> None:
+        # the block is complete: decode it (the end of _on_continuation too)
         try:
             headers: h2.HeaderBlock | None = self.decoder.decode(block)  # always: the table follows the peer
         except h2.MalformedHeaders:
@@ -151,6 +135,22 @@ class H2FrameHandlers:
             stream.remote_closed = True
         self._idle_since = None
         events.append(RequestReceived(stream, headers, end))
+
+    def _on_continuation(self, flags: int, sid: int, payload: bytes, events: list[Event], now: float) -> None:
+        if self._continuation is None or self._continuation[0] != sid:
+            raise ProtocolError("unexpected CONTINUATION")
+        _, first_flags, parts, size = self._continuation
+        parts.append(payload)
+        size += len(payload)
+        if size > self.limits.max_header_list or len(parts) > self.limits.max_continuations:
+            raise ProtocolError("header block too large", h2.ENHANCE_YOUR_CALM)
+        self._continuation = (sid, first_flags, parts, size)
+        if flags & h2.END_HEADERS:
+            self._continuation = None
+            self._header_since = None
+            # as one HEADERS frame of the block: its padding and priority were taken off the first
+            flags = first_flags & ~(_PADDED | _PRIORITY_FLAG) | _END_HEADERS
+            self._on_headers(flags, sid, b"".join(parts), events, now)
 
     def _on_priority(self, flags: int, sid: int, payload: bytes, events: list[Event], now: float) -> None:
         if sid == 0:

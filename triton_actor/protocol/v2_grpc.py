@@ -323,8 +323,7 @@ def encode_infer_response_bytes(request: InferRequest, response: InferResponse, 
             if pieces is None:
                 return None
         parts.append(pieces[0])
-        raw.append(pieces[1])
-        raw.append(array.tobytes())
+        raw += (pieces[1], array.tobytes())
     return b"".join(parts + raw)
 
 
