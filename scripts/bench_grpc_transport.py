@@ -67,7 +67,8 @@ class StubServicer:
     def finish_infer(self, request: Any, pending: Any) -> Any:
         return self.response
 
-    finish_infer_wire = finish_infer  # what the HTTP/2 reader's ModelInfer finishes with
+    def finish_infer_wire(self, request: Any, pending: Any) -> bytes:  # what the HTTP/2 call's ModelInfer sends
+        return self.response.SerializeToString()
 
     def stream_infer(self, req: Any, *_: Any) -> Any:
         yield from ()

@@ -14,12 +14,14 @@ import hpack
 import pytest
 
 from scripts.bench_grpc_transport import StubServicer
+from triton_actor.frontends.budget import ByteBudget
 from triton_actor.frontends.grpc_calls import Call
 from triton_actor.frontends.grpc_h2 import GrpcH2Server
 from triton_actor.frontends.grpc_methods import method_table
 from triton_actor.protocol import http2 as h2
 from triton_actor.protocol._generated import grpc_service_pb2 as pb
 from triton_actor.protocol.h2_events import Limits
+from triton_actor.runtime import fastpath
 
 from .test_grpc_transport import _PREFACE, _frame, _read_frames
 
@@ -127,3 +129,64 @@ def test_model_stream_infer_runs_a_bounded_number_of_requests_per_stream(serve, 
     assert conn.h2.unconsumed == 5 * len(message)  # queued (the fifth waits for a slot, taken) count
     release.set()
     assert [t for t, f, _, _ in _read_frames(sock, until=0) if t == 0]
+
+
+def _model_infer_only(server: GrpcH2Server) -> None:
+    """The server's method table as a server without the response cache has it (the stub's is cached)."""
+    server.servicer.caching = False
+    server.methods = method_table(server.servicer)
+
+
+def _status(frames: list) -> bytes | None:
+    """grpc-status of the trailers among ``frames``."""
+    decoder = hpack.Decoder()
+    fields = [dict(decoder.decode(payload, raw=True)) for t, _, _, payload in frames if t == 1]
+    return fields[-1].get(b"grpc-status") if fields else None
+
+
+def test_a_request_whole_in_its_data_frame_is_parsed_as_it_came(serve, monkeypatch) -> None:
+    """A ModelInfer message that is all of its call's one DATA frame (any client's small request) is taken
+    as it came (a fast path, Call.on_data); the slow path splits it out of the call's buffer. Both hold
+    its bytes of the request memory budget while the call runs, and give them back after."""
+    server, sock, _ = serve(Limits())
+    _model_infer_only(server)
+    splits, held = [], []
+    monkeypatch.setattr(h2, "split_messages", lambda buf, real=h2.split_messages: splits.append(len(buf)) or real(buf))
+    stub_start, stub_infer = server.servicer.start_infer, server.servicer.ModelInfer
+    server.servicer.start_infer = lambda req, *rest: held.append(server.budget.used) or stub_start(req, *rest)
+    server.servicer.ModelInfer = lambda req: held.append(server.budget.used) or stub_infer(req)  # the slow path's
+    server.methods = method_table(server.servicer)
+    message = h2.grpc_message(pb.ModelInferRequest(model_name="m").SerializeToString())
+    sock.sendall(_PREFACE + _frame(4, 0, 0) + _call(1))
+    assert _status(_read_frames(sock, until=1, flags=1)) == b"0"
+    assert splits == ([] if fastpath.enabled else [len(message)])
+    assert held == [len(message)]
+    with gevent.Timeout(5):
+        server.idle.wait()
+    assert server.budget.used == 0
+
+
+def test_a_request_whole_in_its_data_frame_past_the_budget_is_refused(serve) -> None:
+    """The request memory budget binds a message taken whole from its DATA frame as one gathered in
+    the call's buffer: RESOURCE_EXHAUSTED, nothing of it held after."""
+    server, sock, _ = serve(Limits())
+    _model_infer_only(server)
+    server.budget = ByteBudget(64)
+    assert server.budget.try_reserve(60)  # another request holds most of it
+    sock.sendall(_PREFACE + _frame(4, 0, 0) + _call(1))
+    assert _status(_read_frames(sock, until=1, flags=1)) == b"8"
+    with gevent.Timeout(5):
+        server.idle.wait()
+    assert server.budget.used == 60
+
+
+def test_a_refused_call_holds_nothing_of_the_data_read_with_its_headers(serve) -> None:
+    """A call refused at its headers (an unknown method: UNIMPLEMENTED) whose DATA came in the same read:
+    the DATA reached the refused call, which reserved its bytes of the request memory budget and, being
+    counted out already, never gave them back (each such call leaked its message's size)."""
+    server, sock, _ = serve(Limits())
+    fields = [(k, v.replace("ModelInfer", "Nope")) for k, v in _FIELDS]
+    body = h2.grpc_message(pb.ModelInferRequest(model_name="m").SerializeToString())
+    sock.sendall(_PREFACE + _frame(4, 0, 0) + _frame(1, 4, 1, hpack.Encoder().encode(fields)) + _frame(0, 1, 1, body))
+    assert _status(_read_frames(sock, until=1, flags=1)) == b"12"
+    assert server.budget.used == 0

@@ -30,6 +30,8 @@ from .offload import Offload
 
 log = logging.getLogger(__name__)
 
+_DECOUPLED = "ModelInfer RPC doesn't support models with decoupled transaction policy"
+
 
 class StreamError(NamedTuple):
     """An error answer on ``ModelStreamInfer``: the ``error_message`` response the stream carries by
@@ -95,12 +97,15 @@ class GrpcServicer:
         the call's metadata that --grpc-header-forward-pattern passes on as parameters."""
         if req.__class__ is Planned:  # decoded from a plan (protocol/v2_grpc_plan.py): a fast path
             route = self.plane.route(req.model_name, req.version)
+            # Triton: gRPC ModelInfer refuses decoupled models (UNIMPLEMENTED), only the stream serves them
+            route.refuse_decoupled(_DECOUPLED)
+            if forwarded is None:  # no metadata for the model, no trace context: the request as planned
+                return req.request, cache_front.start(self.plane, req.request, route, None)
             decoded = req.request
         else:
             route = self._route(req)
+            route.refuse_decoupled(_DECOUPLED)
             decoded = None
-        # Triton: gRPC ModelInfer refuses decoupled models (UNIMPLEMENTED), only the stream serves them
-        route.refuse_decoupled("ModelInfer RPC doesn't support models with decoupled transaction policy")
         params, traceparent = header_forward.split_trace(forwarded)
         request = header_forward.with_forwarded(self._decode(req, route) if decoded is None else decoded, params)
         return request, cache_front.start(self.plane, request, route, traceparent)
@@ -143,14 +148,17 @@ class GrpcServicer:
             pending.reply.fail(TritonError(Code.CANCELLED, "request cancelled by the client"))
             raise
 
-    def finish_infer_wire(self, request: InferRequest, pending: Pending) -> Any:
-        """:meth:`finish_infer` for the HTTP/2 reader, which sends what ``SerializeToString()`` gives: the
-        answer serialized from kept pieces when the response allows it (a fast path), else the message."""
+    def finish_infer_wire(self, request: InferRequest, pending: Pending) -> bytes:
+        """:meth:`finish_infer`'s message serialized, what the HTTP/2 call sends: built from kept pieces
+        when the response allows it (a fast path), else the message's ``SerializeToString()``."""
         if pending.hit is not None or not fastpath.enabled:
-            return self.finish_infer(request, pending)
+            return self.finish_infer(request, pending).SerializeToString()
         response, route = self._response(pending), pending.route
-        data = v2_grpc.encode_infer_response_bytes(request, response, route.version, route.labels, route.batching)
-        return self._encode(request, response, route) if data is None else cached_answers.Serialized(data)
+        if request.outputs is None:  # every output: the labels and the batching are not read
+            data = v2_grpc.encode_infer_response_bytes(request, response, route.version, {}, False)
+        else:
+            data = v2_grpc.encode_infer_response_bytes(request, response, route.version, route.labels, route.batching)
+        return self._encode(request, response, route).SerializeToString() if data is None else data
 
     def _encode(self, request: InferRequest, response: InferResponse, route: Route) -> pb.ModelInferResponse:
         return v2_grpc.encode_infer_response(request, response, route.version, route.labels, route.batching,

@@ -1,4 +1,5 @@
-"""gRPC calls over our HTTP/2 connection: one :class:`Call` per stream.
+"""gRPC calls over our HTTP/2 connection: one :class:`Call` per stream (its ModelStreamInfer half is
+in :mod:`.grpc_stream_call`).
 
 The connection driver (:mod:`.grpc_h2`) hands each stream's events here; a call decodes its
 messages (``grpc-encoding`` gzip/deflate, size limits → RESOURCE_EXHAUSTED), runs the servicer
@@ -53,17 +54,36 @@ from .grpc_stream_call import GONE as _GONE
 from .grpc_stream_call import StreamCall
 
 log = logging.getLogger(__name__)
+
 _MOST_MESSAGE = 2048  # characters of a status message (grpc's clients take 8-16 KiB of headers)
 _TAKEN_MIN = 64 * 1024  # a unary message at least this big is parsed from its buffer (h2.take_message)
 
 
 class Call(StreamCall):
-    """One gRPC call on one stream; its life is its handler's (``started`` … :meth:`finish`); a
-    ``ModelStreamInfer`` call's loop is :class:`~.grpc_stream_call.StreamCall`'s."""
+    """One gRPC call on one stream; its life is its handler's (``started`` … :meth:`finish`)."""
 
-    __slots__ = ("conn", "stream", "sid", "method", "encoding", "buf", "inbox", "send_lock", "greenlet",
-                 "input_done", "done", "finished", "started", "requests", "errors_end_stream", "held", "kept",
-                 "deadline", "expired", "out_coding", "account", "forwarded", "wire")
+    # What a call starts with, as class attributes (an assignment shadows one): a call is made per
+    # request, and setting them all in ``__init__`` ran 74 bytecodes per unary call (measured with
+    # scripts/bench_request_path.py --opcodes), a class attribute none.
+    inbox: gevent.queue.SimpleQueue | None = None  # a ModelStreamInfer call's messages
+    send_lock: gevent.lock.Semaphore | None = None
+    greenlet: gevent.Greenlet | None = None
+    input_done = False
+    done = False  # our side is over (answered, refused, or the stream is gone)
+    finished = False  # counted out of the running calls
+    started = False  # its handler runs (or ran)
+    requests: gevent.pool.Pool | None = None  # a ModelStreamInfer call's running requests
+    # ``triton_grpc_error: true`` on a stream: an error ends the stream with its gRPC status (Triton 24.08+)
+    errors_end_stream = False
+    held = 0  # bytes of the request memory budget this call holds (budget.py)
+    kept = 0  # of them, the bytes of a stream's messages received whole and not answered yet
+    deadline: Any = None  # the hub's timer for the client's grpc-timeout, while it runs
+    expired = False  # the client's deadline passed: the call ends DEADLINE_EXCEEDED
+    out_coding: str | None = None  # its answers' grpc-encoding (--grpc-infer-response-compression-level)
+    account: StreamAccount | None = None  # a stream's bound on undelivered responses, all its requests'
+    forwarded: dict[str, str] | None = None  # metadata given to the model (--grpc-header-forward-pattern)
+    wire: WireTrace | None = None  # a ModelInfer call's wire stamps, while the server traces
+    stream_context: str | None = None  # a ModelStreamInfer call's (grpc_stream_call.py)
 
     def __init__(self, conn: CallConnection, stream: H2Stream, method: Method, encoding: bytes | None) -> None:
         self.conn = conn
@@ -72,25 +92,6 @@ class Call(StreamCall):
         self.method = method
         self.encoding = encoding
         self.buf = bytearray()
-        self.inbox: gevent.queue.SimpleQueue | None = None
-        self.send_lock: gevent.lock.Semaphore | None = None
-        self.greenlet: gevent.Greenlet | None = None
-        self.input_done = False
-        self.done = False  # our side is over (answered, refused, or the stream is gone)
-        self.finished = False  # counted out of the running calls
-        self.started = False  # its handler runs (or ran)
-        self.requests: gevent.pool.Pool | None = None  # a ModelStreamInfer call's running requests
-        # ``triton_grpc_error: true`` on a stream: an error ends the stream with its gRPC status (Triton 24.08+)
-        self.errors_end_stream = False
-        self.held = 0  # bytes of the request memory budget this call holds (budget.py)
-        self.kept = 0  # of them, the bytes of a stream's messages received whole and not answered yet
-        self.deadline: Any = None  # the hub's timer for the client's grpc-timeout, while it runs
-        self.expired = False  # the client's deadline passed: the call ends DEADLINE_EXCEEDED
-        self.out_coding: str | None = None  # its answers' grpc-encoding (--grpc-infer-response-compression-level)
-        self.account: StreamAccount | None = None  # a stream's bound on undelivered responses, all its requests'
-        self.forwarded: dict[str, str] | None = None  # metadata given to the model (--grpc-header-forward-pattern)
-        self.wire: WireTrace | None = None  # a ModelInfer call's wire stamps, while the server traces
-        self.stream_context: str | None = None  # a ModelStreamInfer call's (grpc_stream_call.py)
 
     def set_deadline(self, timeout: float | None) -> None:
         """The client's ``grpc-timeout``: when it passes before the call is over, the call's work is
@@ -132,6 +133,26 @@ class Call(StreamCall):
             self.end_input()
 
     def on_data(self, data: bytes, end_stream: bool) -> None:
+        if self.done:  # answered or refused (its DATA came in the same read): nothing more is held for it
+            return
+        if end_stream and fastpath.enabled and self.method.whole and not self.buf:
+            # a unary ModelInfer whose one uncompressed message is all of its one DATA frame (what every
+            # gRPC client sends for a small request): kept as it is, not copied into ``buf`` and split
+            # out of it again; the limits below, in short (one message of ``n`` bytes, all of it here),
+            # then end_input's part for a unary ModelInfer
+            n, server = len(data), self.conn.server
+            if n > 5 and not data[0] and int.from_bytes(data[1:5], "big") == n - 5 <= server.max_receive:
+                budget = server.budget
+                if not budget.try_reserve(n, barge=True):
+                    self.refuse(Refused(RESOURCE_EXHAUSTED, budget.refusal()))
+                    return
+                self.held = n
+                self.input_done = self.started = True
+                if self.wire is not None:  # Triton's GRPC_WAITREAD_END: the request message is in
+                    self.wire.recv_end = perf_counter_ns()
+                self.conn.h2.consumed(self.stream)  # the request is the handler's from here
+                self._start_infer(data)
+                return
         buf = self.buf
         buf += data
         announced = h2.pending_length(buf)
@@ -310,11 +331,18 @@ class Call(StreamCall):
                 raise Refused(INTERNAL, f"could not decompress the message: {e}") from None
             inflated = len(data)  # inflate() holds as many bytes as it returns
         else:
-            inflated = 0
+            return self._parse(data), 0
         try:
-            return self.method.parse(data), inflated
-        except DecodeError:
+            return self._parse(data), inflated
+        except Refused:
             self._hold_more(-inflated)
+            raise
+
+    def _parse(self, data: bytes | bytearray) -> Any:
+        """The request message of an uncompressed ``data``."""
+        try:
+            return self.method.parse(data)
+        except DecodeError:
             # Triton answers INTERNAL "Unable to parse request" (checked against 2.51)
             raise Refused(INTERNAL, "Unable to parse request") from None
 
@@ -361,7 +389,7 @@ class Call(StreamCall):
         else:  # ModelInfer with metadata for the model (--grpc-header-forward-pattern)
             self._answer(lambda: self.method.call(self._one_request(), self.forwarded).SerializeToString())
 
-    def _start_infer(self) -> None:
+    def _start_infer(self, message: bytes | None = None) -> None:
         """ModelInfer, in the reader (a fast path): decode and queue the request here; when the
         model answered at once (a quick model runs inline, :class:`ModelInstance`) and the answer
         fits the windows, answer here too — the reader flushes it with the rest of its read.
@@ -369,16 +397,19 @@ class Call(StreamCall):
         or on flow control. The one case the reader is held: a model promoted to run inline that
         then yields in ``execute`` holds this connection's other streams for that one run; the
         instance is demoted back to its thread right after it (``ModelInstance``, DEMOTE_WALL_NS)."""
-        start, finish = self.method.start, self.method.finish
-        assert start is not None and finish is not None
-        try:  # first, a message answered from the response cache before, by its bytes (cached_answers.py)
-            payload, kept = (None, None) if self.forwarded is not None else self.method.again(self.buf)
+        start, finish = self.method.start, self.method.finish  # (ModelInfer's: never None here)
+        try:
+            if message is not None:  # whole in its DATA frame (on_data): a method without the response cache
+                payload, kept, parsed = None, None, self._parse(message[5:])
+            else:  # first, a message answered from the response cache before, by its bytes (cached_answers.py)
+                payload, kept = (None, None) if self.forwarded is not None else self.method.again(self.buf)
+                parsed = None if payload is not None else self._one_request()
             if payload is None:
-                request, pending = start(self._one_request(), self.forwarded)
+                request, pending = start(parsed, self.forwarded)
                 if not pending.reply.ready():
-                    self.greenlet = gevent.spawn(self._answer, lambda: finish(request, pending).SerializeToString())
+                    self.greenlet = gevent.spawn(self._answer, lambda: finish(request, pending))
                     return
-                payload = finish(request, pending).SerializeToString()
+                payload = finish(request, pending)
                 if kept is not None:
                     self.method.learn(kept, request, pending)
         except Exception as e:  # noqa: BLE001 - every failure is answered as the call's status
@@ -390,9 +421,10 @@ class Call(StreamCall):
             return
         if self.wire is not None:
             self.wire.sending()
+        conn = self.conn
         try:
-            sent = len(payload) <= self.conn.server.max_send and \
-                self.conn.h2.send_response(self.sid, RESPONSE_HEAD, h2.grpc_message(payload), OK_TRAILERS)
+            sent = len(payload) <= conn.server.max_send and \
+                conn.h2.send_response(self.sid, RESPONSE_HEAD, h2.grpc_message(payload), OK_TRAILERS)
         except StreamClosedError:  # reset in the read that completed it: its StreamReset comes next
             sent = True
         if sent:

@@ -186,17 +186,8 @@ class GrpcH2Server:
             self.connections.discard(conn)
             self.slots.give()
 
-    def call_started(self) -> None:
-        self.calls += 1
-        if self.calls == 1:
-            self.idle.clear()
 
-    def call_finished(self) -> None:
-        self.calls -= 1
-        if not self.calls:
-            self.idle.set()
-
-
+_DATA_RECEIVED, _REQUEST_RECEIVED = h2e.DataReceived, h2e.RequestReceived  # the events of every call
 _GOAWAY_LINGER = 1.0  # seconds a connection is still read after GOAWAY, once its calls are done
 
 
@@ -282,29 +273,35 @@ class Connection:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         conn.initiate_connection()
         self._timer = gevent.spawn(self._tick)
-        recv, on_event = self._recv, self._on_event
+        recv, on_event, monotonic = self._recv, self._on_event, time.monotonic
         try:
             while self.flush() and not conn.closed:  # going away: read on until _linger closes
                 chunk = recv(sock, _RECV)
                 if not chunk:
                     return
-                for event in conn.receive_data(chunk, time.monotonic()):
-                    on_event(event)
+                for event in conn.receive_data(chunk, monotonic()):
+                    if event.__class__ is _DATA_RECEIVED:  # a call's request, the most frequent event: here
+                        call = event.stream.call
+                        if call is not None and not call.input_done and not conn.closed:
+                            call.on_data(event.data, event.end_stream)
+                    else:
+                        on_event(event)
             self.flush()
         except OSError as e:
             if e.errno not in (errno.ECONNRESET, errno.EBADF, errno.EPIPE, None):
                 log.debug("gRPC connection: %s", e)
 
     def _on_event(self, event: h2e.Event) -> None:
-        kind = type(event)
+        """One event of the state machine's (serve() takes DataReceived itself, as this does)."""
+        kind = event.__class__
         if self.h2.closed and kind is not h2e.StreamReset and kind is not h2e.ConnectionTerminated:
             return  # a connection error later in the same read: no new work, no answer behind the GOAWAY
-        if kind is h2e.DataReceived:
+        if kind is _REQUEST_RECEIVED:
+            self._on_request(event)
+        elif kind is _DATA_RECEIVED:
             call = event.stream.call
             if call is not None and not call.input_done:
                 call.on_data(event.data, event.end_stream)
-        elif kind is h2e.RequestReceived:
-            self._on_request(event)
         elif kind is h2e.StreamReset:
             self._windows_moved()
             if event.stream.call is not None:
@@ -330,35 +327,36 @@ class Connection:
             self.h2.reset_stream(event.stream_id, CANCEL)
 
     def _on_request(self, event: h2e.RequestReceived) -> None:
-        method, encoding, is_grpc = route(self.server.methods, event.headers)
-        sid = event.stream_id
+        server, headers = self.server, event.headers
+        method, encoding, is_grpc = headers.route or route(server.methods, headers)  # kept on a cached block
         if not is_grpc:
             with contextlib.suppress(h2e.StreamClosedError):  # reset in the same read
-                self.h2.send_headers(sid, _NOT_GRPC, end_stream=True)
+                self.h2.send_headers(event.stream_id, _NOT_GRPC, end_stream=True)
             return
         call = event.stream.call = Call(self, event.stream, method, encoding)
         if method is None:
-            path = event.headers.get(b":path", b"").decode("latin-1")
+            path = headers.get(b":path", b"").decode("latin-1")
             call.finished = True  # never counted
             call.send_status(UNIMPLEMENTED, f"Method not found: {path}")
             return
-        if self.server.restrictions is not None:
-            refusal = self._refusal(event.headers)
+        if server.restrictions is not None:
+            refusal = self._refusal(headers)
             if refusal is not None:
                 call.finished = True
                 call.send_status(UNAVAILABLE, refusal)
                 return
-        if self.server.forward is not None and (method.infer or method.streaming):
+        infers = method.start is not None or method.streaming  # it carries requests for a model
+        if server.forward is not None and infers:
             try:
-                call.forwarded = header_forward.forwarded(self.server.forward, (
-                    (k.decode("latin-1"), v.decode("latin-1")) for k, v in event.headers.items()))
+                call.forwarded = header_forward.forwarded(server.forward, (
+                    (k.decode("latin-1"), v.decode("latin-1")) for k, v in headers.items()))
             except TritonError as e:  # a reserved parameter name
                 call.finished = True
                 call.send_status(GRPC_STATUS[e.code], e.message)
                 return
-        tracer = self.server.tracer
-        if (method.infer or method.streaming) and tracer is not None and tracer.wired:
-            traceparent = event.headers.get(b"traceparent")  # OpenTelemetry mode: the W3C context, as Triton reads it
+        tracer = server.tracer
+        if tracer is not None and infers and tracer.wired:
+            traceparent = headers.get(b"traceparent")  # OpenTelemetry mode: the W3C context, as Triton reads it
             context = None if traceparent is None else traceparent.decode("latin-1")
             if method.infer:  # Triton's GRPC_WAITREAD_START: the call's headers are in
                 call.wire = WireTrace("GRPC", context, time.perf_counter_ns())
@@ -366,17 +364,20 @@ class Connection:
             else:  # a stream: a WireTrace per request message (grpc_stream_call.py)
                 call.stream_context = context or ""
         self.calls += 1
-        self.server.call_started()
-        headers = event.headers
+        server.calls += 1  # the server's running calls: idle while none (Connection.call_finished)
+        if server.calls == 1:
+            server.idle.clear()
         timeout = headers.get(b"grpc-timeout")
         if timeout is not None:
             call.set_deadline(parse_timeout(timeout))
-        level = self.server.response_compression
-        if level != "none" and (method.infer or method.streaming):
+        level = server.response_compression
+        if level != "none" and infers:
             call.out_coding = codings.grpc_response_coding(level, headers.get(b"grpc-accept-encoding"))
         if method.streaming:
-            call.errors_end_stream = event.headers.get(b"triton_grpc_error", b"").lower() == b"true"
-        call.begin(event.end_stream)
+            call.errors_end_stream = headers.get(b"triton_grpc_error", b"").lower() == b"true"
+            call.begin(event.end_stream)
+        elif event.end_stream:  # (a unary call's begin() does only this)
+            call.end_input()
 
     def _refusal(self, headers: Any) -> str | None:
         """--grpc-restricted-protocol: the refusal for this call's category, or None."""
@@ -388,8 +389,12 @@ class Connection:
         return restrictions.refusal(category, value.decode("latin-1") if value is not None else None)
 
     def call_finished(self) -> None:
+        """A call of this connection is over (counted in at _on_request): the server is idle once none runs."""
         self.calls -= 1
-        self.server.call_finished()
+        server = self.server
+        server.calls -= 1
+        if not server.calls:
+            server.idle.set()
 
     def _tick(self) -> None:
         """Keepalive pings and timeouts: the state machine decides, this greenlet keeps its time."""

@@ -79,7 +79,7 @@ class Refused(Exception):
 class Method:
     """One RPC: ``parse`` its request message, ``call`` the servicer with it. A method that can be run
     in two steps (ModelInfer) also has ``start`` (decode and queue: ``(request, pending)``) and ``finish``
-    (wait and encode): the connection's reader starts it and answers at once when the model already has."""
+    (wait, encode and serialize: the answer's bytes): the connection's reader starts it and answers at once when the model already has."""
 
     parse: Callable[[bytes], Any]
     call: Callable[..., Any]
@@ -90,6 +90,9 @@ class Method:
     # before, else None; what ``learn(kept, request, pending)`` remembers them by, or None): fast path
     again: Callable[[bytearray], tuple[bytes | None, Any]] = lambda _buf: (None, None)
     learn: Callable[[Any, Any, Any], None] = lambda _kept, _request, _pending: None
+    # ModelInfer without the response cache (whose ``again`` reads the call's buffer): a request message
+    # that comes whole in one DATA frame skips the buffer (``grpc_calls.Call.on_data``, a fast path)
+    whole: bool = False
 
     @property
     def infer(self) -> bool:
@@ -109,7 +112,8 @@ def method_table(servicer: GrpcServicer) -> dict[bytes, Method]:
             # the message's bytes through a decode plan when they repeat (a fast path; slow: FromString)
             methods[path] = Method(v2_grpc_plan.parse_infer, call, False, servicer.start_infer,
                                    servicer.finish_infer_wire, *((servicer.again_infer, servicer.learn_infer)
-                                                                 if servicer.caching else ()))
+                                                                 if servicer.caching else ()),
+                                   whole=not servicer.caching)
         else:  # (a servicer's own parse: a method whose message must not be held while it runs)
             methods[path] = Method(servicer.parsers.get(method.name, request_type.FromString), call, streaming)
     methods[b"/grpc.health.v1.Health/Check"] = Method(health_pb2.HealthCheckRequest.FromString, servicer.Check, False)

@@ -22,6 +22,7 @@ from .h2_events import (
 from .http2 import ProtocolError
 
 _MASK = 0x7FFF_FFFF
+_END_STREAM, _PADDED, _END_HEADERS, _PRIORITY_FLAG = h2.END_STREAM, h2.PADDED, h2.END_HEADERS, h2.PRIORITY_FLAG
 _SETTINGS_ACK = h2.frame(h2.SETTINGS, h2.ACK, 0)
 _WINDOW_UPDATED = WindowUpdated(0)
 
@@ -34,14 +35,16 @@ class H2FrameHandlers:
         if sid == 0:
             raise ProtocolError("DATA on stream 0")
         n = len(payload)
-        if n > self.recv_window:
+        window = self.recv_window - n
+        if window < 0:
             raise ProtocolError("DATA beyond the connection window", h2.FLOW_CONTROL_ERROR)
-        self.recv_window -= n
-        if self.recv_window <= self.limits.connection_window // 2:
-            self._out.append(h2.window_update(0, self.limits.connection_window - self.recv_window))
-            self.recv_window = self.limits.connection_window
+        limits = self.limits
+        if window <= limits.connection_window // 2:
+            self._out.append(h2.window_update(0, limits.connection_window - window))
+            window = limits.connection_window
+        self.recv_window = window
         stream = self.streams.get(sid)
-        end = flags & h2.END_STREAM
+        end = flags & _END_STREAM
         if stream is None or stream.remote_closed:
             if sid > self.last_stream_id:
                 raise ProtocolError("DATA on an idle stream")
@@ -53,67 +56,54 @@ class H2FrameHandlers:
         if n > stream.recv_window:
             self._reset(stream, h2.FLOW_CONTROL_ERROR, events)
             return
-        data = h2.strip_padding(flags, payload) if flags & h2.PADDED else payload
+        data = h2.strip_padding(flags, payload) if flags & _PADDED else payload
         if not n and not end:
             self._spend()
         if data:
-            self.unconsumed += len(data)
-            stream.unconsumed += len(data)
-            if self.unconsumed > self.limits.max_unconsumed:  # the windows are opened as DATA arrives
+            size = len(data)
+            self.unconsumed += size
+            stream.unconsumed += size
+            if self.unconsumed > limits.max_unconsumed:  # the windows are opened as DATA arrives
                 self._reset(stream, h2.ENHANCE_YOUR_CALM, events)
                 return
+        if end:  # the request is complete: its progress and rate clocks stop (they read open streams only)
+            stream.remote_closed = True
+            events.append(DataReceived(stream, data, True))
+            if stream.local_closed:
+                self._forget(stream)
+            return
         stream.progress_at = now
         if stream.rate_since is None and not stream.too_slow:
             stream.rate_since, stream.rate_bytes = now, 0
         stream.rate_bytes += n
-        if end:
-            stream.remote_closed = True
-        else:
-            stream.recv_window -= n
-            if stream.recv_window <= self.limits.initial_window // 2:
-                self._out.append(h2.window_update(sid, self.limits.initial_window - stream.recv_window))
-                stream.recv_window = self.limits.initial_window
-        events.append(DataReceived(stream, data, bool(end)))
-        if end and stream.local_closed:
-            self._forget(stream)
+        stream.recv_window -= n
+        if stream.recv_window <= limits.initial_window // 2:
+            self._out.append(h2.window_update(sid, limits.initial_window - stream.recv_window))
+            stream.recv_window = limits.initial_window
+        events.append(DataReceived(stream, data, False))
 
     def _on_headers(self, flags: int, sid: int, payload: bytes, events: list[Event], now: float) -> None:
         if sid == 0 or not sid & 1:
             raise ProtocolError("HEADERS on a stream a client may not open")
-        block = h2.strip_padding(flags, payload) if flags & h2.PADDED else payload
-        if flags & h2.PRIORITY_FLAG:
+        block = h2.strip_padding(flags, payload) if flags & _PADDED else payload
+        if flags & _PRIORITY_FLAG:
             if len(block) < 5:
                 raise ProtocolError("HEADERS too short for its priority", h2.FRAME_SIZE_ERROR)
             block = block[5:]
         if len(block) > self.limits.max_header_list:  # before hpack: a frame of size updates costs time, no size
             raise ProtocolError("header block too large", h2.ENHANCE_YOUR_CALM)
-        if not flags & h2.END_HEADERS:
+        if not flags & _END_HEADERS:
             self._continuation = (sid, flags, [block], len(block))
             self._header_since = now
             return
-        self._headers_done(sid, flags, block, events, now)
-
-    def _on_continuation(self, flags: int, sid: int, payload: bytes, events: list[Event], now: float) -> None:
-        if self._continuation is None or self._continuation[0] != sid:
-            raise ProtocolError("unexpected CONTINUATION")
-        _, first_flags, parts, size = self._continuation
-        parts.append(payload)
-        size += len(payload)
-        if size > self.limits.max_header_list or len(parts) > self.limits.max_continuations:
-            raise ProtocolError("header block too large", h2.ENHANCE_YOUR_CALM)
-        self._continuation = (sid, first_flags, parts, size)
-        if flags & h2.END_HEADERS:
-            self._continuation = None
-            self._header_since = None
-            self._headers_done(sid, first_flags, b"".join(parts), events, now)
-
-    def _headers_done(self, sid: int, flags: int, block: bytes, events: list[Event], now: float) -> None:
+        # the block is complete: decode it (the end of _on_continuation too)
         try:
             headers: h2.HeaderBlock | None = self.decoder.decode(block)  # always: the table follows the peer
         except h2.MalformedHeaders:
             headers = None
-        end = bool(flags & h2.END_STREAM)
-        stream = self.streams.get(sid)
+        end = flags & _END_STREAM == _END_STREAM
+        streams = self.streams
+        stream = streams.get(sid)
         if stream is not None:  # trailers
             if stream.remote_closed or not end or headers is None or headers.has_pseudo():
                 closed = end and stream.remote_closed
@@ -128,7 +118,8 @@ class H2FrameHandlers:
             self._spend()  # trailers of a stream we answered or reset already (RFC 9113 §5.1): ignored
             return
         self.last_stream_id = sid
-        if self.going_away or len(self.streams) >= self.limits.max_concurrent_streams:
+        limits = self.limits
+        if self.going_away or len(streams) >= limits.max_concurrent_streams:
             self._spend()
             self._out.append(h2.rst_stream(sid, h2.REFUSED_STREAM))
             if not self.going_away:
@@ -139,11 +130,27 @@ class H2FrameHandlers:
             self._out.append(h2.rst_stream(sid, h2.PROTOCOL_ERROR))
             self._add_reset_debt()
             return
-        stream = H2Stream(sid, self.peer_initial_window, self.limits.initial_window, now)
-        stream.remote_closed = end
-        self.streams[sid] = stream
+        stream = streams[sid] = H2Stream(sid, self.peer_initial_window, limits.initial_window, now)
+        if end:
+            stream.remote_closed = True
         self._idle_since = None
         events.append(RequestReceived(stream, headers, end))
+
+    def _on_continuation(self, flags: int, sid: int, payload: bytes, events: list[Event], now: float) -> None:
+        if self._continuation is None or self._continuation[0] != sid:
+            raise ProtocolError("unexpected CONTINUATION")
+        _, first_flags, parts, size = self._continuation
+        parts.append(payload)
+        size += len(payload)
+        if size > self.limits.max_header_list or len(parts) > self.limits.max_continuations:
+            raise ProtocolError("header block too large", h2.ENHANCE_YOUR_CALM)
+        self._continuation = (sid, first_flags, parts, size)
+        if flags & h2.END_HEADERS:
+            self._continuation = None
+            self._header_since = None
+            # as one HEADERS frame of the block: its padding and priority were taken off the first
+            flags = first_flags & ~(_PADDED | _PRIORITY_FLAG) | _END_HEADERS
+            self._on_headers(flags, sid, b"".join(parts), events, now)
 
     def _on_priority(self, flags: int, sid: int, payload: bytes, events: list[Event], now: float) -> None:
         if sid == 0:

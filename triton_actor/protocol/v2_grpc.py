@@ -301,33 +301,49 @@ def encode_infer_response_bytes(request: InferRequest, response: InferResponse, 
     None for a response it does not cover (parameters, an output to shared memory, BYTES outputs)."""
     if response.parameters:
         return None
-    requested = request.outputs
-    if requested is None:
-        selected: Any = [(name, array, None) for name, array in response.outputs]
+    if request.outputs is None:
+        pairs: Any = response.outputs
     else:
-        selected = selected_outputs(request, response, labels, batching)
+        pairs = []
+        for name, array, spec in selected_outputs(request, response, labels, batching):
+            if spec is not None and spec.shm is not None:
+                return None
+            pairs.append((name, array))
     key = (request.model_name, model_version, request.id)
     head = _HEADS.get(key)
     if head is None:
         head = pb.ModelInferResponse(model_name=key[0], model_version=str(model_version), id=key[2]).SerializeToString()
         _HEADS.put(key, head)
     parts, raw = [head], []
-    for name, array, spec in selected:
-        dtype = from_numpy(array.dtype)
-        if dtype is None:
-            raise TritonError.internal(f"unsupported output data type {array.dtype}")
-        if dtype is BYTES or (spec is not None and spec.shm is not None):
-            return None
-        parts.append(_output_header(name, dtype.wire, array.shape))
-        data = array.tobytes()
-        size = len(data)
-        raw.append(_RAW_OUT_SHORT[size] if size < 128 else _raw_out_prefix(size))
-        raw.append(data)
+    for name, array in pairs:
+        # the output's entry and its raw entry's tag and length follow from its name, dtype and shape
+        pieces = _PIECES.get((name, array.dtype, array.shape))
+        if pieces is None:
+            pieces = _pieces_of(name, array)
+            if pieces is None:
+                return None
+        parts.append(pieces[0])
+        raw += (pieces[1], array.tobytes())
     return b"".join(parts + raw)
 
 
 _HEADS = fastpath.cache("v2_grpc.response_heads", 1024)  # serialized name, version and id of a response
+_PIECES = fastpath.cache("v2_grpc.output_pieces", 4096)  # (name, dtype, shape) → (entry, raw entry's prefix)
 _RAW_OUT_SHORT = tuple(bytes((6 << 3 | 2, n)) for n in range(128))  # raw_output_contents' tag and a one-byte length
+
+
+def _pieces_of(name: str, array: np.ndarray) -> tuple[bytes, bytes] | None:
+    """An output's serialized ``outputs`` entry and its raw entry's tag and length (kept in ``_PIECES``);
+    None for a BYTES output (its size is its contents')."""
+    dtype = from_numpy(array.dtype)
+    if dtype is None:
+        raise TritonError.internal(f"unsupported output data type {array.dtype}")
+    if dtype is BYTES:
+        return None
+    size = array.size * array.dtype.itemsize  # what tobytes() gives
+    pieces = (_output_header(name, dtype.wire, array.shape), _RAW_OUT_SHORT[size] if size < 128 else _raw_out_prefix(size))
+    _PIECES.put((name, array.dtype, array.shape), pieces)
+    return pieces
 
 
 def _raw_out_prefix(size: int) -> bytes:

@@ -39,9 +39,11 @@ class Planned(NamedTuple):
 
 class _Plan(NamedTuple):
     header: bytes  # the message's bytes before its raw_input_contents
-    # per input, in order: name, its raw entry's tag and length bytes and their offset, numpy dtype, dtype,
-    # shape, element count, whether the shape has one dimension (the view needs no reshape)
-    inputs: tuple[tuple[str, bytes, int, np.dtype, Any, tuple[int, ...], int, bool], ...]
+    # per input, in order: name, its raw entry's tag and length bytes and their offset, numpy dtype, element
+    # count, the offset of its contents, (name, dtype, shape), and the shape to reshape the view to (None:
+    # one dimension, the view as it is)
+    inputs: tuple[tuple[str, bytes, int, np.dtype, int, int, tuple[str, Any, tuple[int, ...]],
+                        tuple[int, ...] | None], ...]
     head: tuple[str, int, str]  # model, version, id
     outputs: tuple[Any, ...] | None
     params: dict[str, Any]  # forwarded to the model: a copy per request
@@ -79,18 +81,16 @@ def parse_infer(data: bytes) -> pb.ModelInferRequest | Planned:
 
 def _from_plan(plan: _Plan, data: bytes) -> Planned | None:
     inputs = {}
-    frombuffer = np.frombuffer
-    startswith = data.startswith
-    for name, prefix, at, np_dtype, dtype, shape, count, flat in plan.inputs:
+    frombuffer, startswith, new = np.frombuffer, data.startswith, fastpath.new_tuple
+    for name, prefix, at, np_dtype, count, offset, described, shape in plan.inputs:
         if not startswith(prefix, at):
             return None
-        array = frombuffer(data, np_dtype, count, at + len(prefix))
-        inputs[name] = fastpath.new_tuple(InferInput, (name, dtype, shape, array if flat else array.reshape(shape)))
-    head = plan.head
-    model, version = head[0], head[1]
+        array = frombuffer(data, np_dtype, count, offset)
+        inputs[name] = new(InferInput, (*described, array if shape is None else array.reshape(shape)))
+    model, version, rid = plan.head
     params = plan.params
-    return fastpath.new_tuple(Planned, (model, version, fastpath.new_tuple(InferRequest, (
-        *head, inputs, plan.outputs, dict(params) if params else params, *plan.tail))))
+    return new(Planned, (model, version, new(InferRequest, (
+        model, version, rid, inputs, plan.outputs, dict(params) if params else params, *plan.tail))))
 
 
 def _plannable(msg: pb.ModelInferRequest) -> bool:
@@ -121,7 +121,8 @@ def _plan_of(data: bytes, request: InferRequest) -> _Plan | None:
         dtype, count = tensor.dtype, tensor.data.size
         if dtype is BYTES or dtype is BF16 or not count or size != count * dtype.itemsize:
             return None
-        planned.append((tensor.name, prefix, at, dtype.numpy, dtype, tensor.shape, count, len(tensor.shape) == 1))
+        planned.append((tensor.name, prefix, at, dtype.numpy, count, at + len(prefix), (tensor.name, dtype, tensor.shape),
+                        None if len(tensor.shape) == 1 else tensor.shape))
     return _Plan(data[:header], tuple(planned), (request.model_name, request.model_version, request.id),
                  request.outputs, request.parameters, tuple(request[6:]))
 
