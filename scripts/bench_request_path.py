@@ -118,7 +118,8 @@ def grpc_request(server) -> Callable[[], object]:
 
     def one() -> object:
         request, pending = start(method.parse(data), None)
-        return h2.grpc_message(finish(request, pending).SerializeToString())
+        answer = finish(request, pending)  # the answer's bytes (a checkout before: its message)
+        return h2.grpc_message(answer if answer.__class__ is bytes else answer.SerializeToString())
 
     def called() -> object:  # a checkout whose ModelInfer has one step
         return h2.grpc_message(method.call(method.parse(data)).SerializeToString())
