@@ -137,8 +137,10 @@ class Call(StreamCall):
             return
         if end_stream and fastpath.enabled and self.method.whole and not self.buf:
             # a unary ModelInfer whose one uncompressed message is all of its one DATA frame (what every
-            # gRPC client sends for a small request): kept as it is, not copied into ``buf`` and split
-            # out of it again; the limits below, in short (one message of ``n`` bytes, all of it here),
+            # gRPC client sends for a small request): not copied into ``buf`` and split out of it again
+            # (the parse still takes the message as one slice of it, as the buffered path's split does:
+            # briefly twice its ``n`` bytes, of which the budget counts ``n``); the limits below, in short
+            # (one message of ``n`` bytes, all of it here),
             # then end_input's part for a unary ModelInfer
             n, server = len(data), self.conn.server
             if n > 5 and not data[0] and int.from_bytes(data[1:5], "big") == n - 5 <= server.max_receive:

@@ -52,6 +52,8 @@ class BoundedCache(Generic[K, V]):
     def put(self, key: K, value: V) -> None:
         if not enabled:
             return
+        if self.get is _miss:  # built while fast paths were off (and not registered): look up from now on
+            self.get = self._data.get
         data = self._data
         if len(data) >= self.maxsize:
             data.clear()

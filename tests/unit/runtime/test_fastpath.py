@@ -46,6 +46,19 @@ def test_switching_off_empties_the_caches_and_every_get_misses(restore_switch) -
     assert "test_fastpath.shared" in fastpath.caches()
 
 
+def test_a_cache_built_while_off_looks_up_once_the_switch_is_on(restore_switch) -> None:
+    """A cache made while fast paths were off (one an object owns, not registered, e.g. a validator's
+    memo built in a test or at import) misses while they are off, and hits what it stores once they are on."""
+    fastpath.set_enabled(False)
+    own = fastpath.BoundedCache("t", 4)
+    own.put("k", 1)
+    assert own.get("k") is None
+    fastpath.set_enabled(True)
+    assert own.get("k") is None
+    own.put("k", 2)
+    assert own.get("k") == 2
+
+
 def test_new_tuple_is_checked_only_on_the_slow_path(restore_switch) -> None:
     fastpath.set_enabled(True)
     assert fastpath.new_tuple(_Pair, (1, 2)) == _Pair(1, 2)

@@ -31,6 +31,7 @@ actor fails what is in flight with UNAVAILABLE.
 from __future__ import annotations
 
 import collections
+import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -55,6 +56,8 @@ from ...runtime.wake_timer import Wake, WakeTimer
 from .ensemble_run import _Run, _StepAnswered, _StepStreamed, _Table
 from .ensemble_step import MEMO_SIZE, StepPlan, StepReply, checked_batch
 from .scheduler import Drain, Enqueue, GetStats, GetStatus
+
+log = logging.getLogger(__name__)
 
 Routes = Callable[[], Mapping[str, Any]]  # name → ModelHandle (the repository's routing table, read live)
 
@@ -113,7 +116,16 @@ class EnsembleScheduler(InlineActor):
         self._advance(run, table, table.tensors)
 
     def on__StepAnswered(self, msg: _StepAnswered) -> None:
-        self._answered(msg.run, msg.table, msg.step, msg.reply)
+        self._answered_safely(msg.run, msg.table, msg.step, msg.reply)
+
+    def _answered_safely(self, run: _Run, table: _Table, step: Step, reply: Reply[InferResponse]) -> None:
+        """:meth:`_answered`; what it raises besides its own TritonErrors (a bug of ours, an output no step
+        can take) fails that request, which would otherwise wait for ever, and nothing else."""
+        try:
+            self._answered(run, table, step, reply)
+        except Exception as e:
+            log.exception("ensemble %s: handling step %d's answer failed", self._graph.name, step.index)
+            self._fail(run, e)
 
     def _answered(self, run: _Run, table: _Table, step: Step, reply: Reply[InferResponse]) -> None:
         table.plain -= 1
@@ -287,8 +299,8 @@ class EnsembleScheduler(InlineActor):
         self._flushing = True
         try:
             here = self._here
-            while here:
-                self._answered(*here.popleft())
+            while here:  # one answer that fails fails its request only: the others after it go on
+                self._answered_safely(*here.popleft())
         finally:
             self._flushing = False
 

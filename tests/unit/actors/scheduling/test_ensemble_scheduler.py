@@ -282,6 +282,34 @@ def test_a_long_chain_of_inline_steps_is_a_loop_not_a_recursion() -> None:
     assert all(call[0].inputs["X"].data is link.calls[0][0].inputs["X"].data for call in link.calls)
 
 
+class OddInlineModel(InlineModel):
+    """Answers inline with an output no step can take (a list, not an array): a step's answer that
+    raises a non-Triton error where the ensemble maps it."""
+
+    def infer(self, request: InferRequest) -> Reply[InferResponse]:
+        reply: Reply[InferResponse] = Reply()
+        self.enqueue(request, 1, reply)
+        return reply
+
+    def enqueue(self, request: InferRequest, batch: int, reply: Reply[InferResponse]) -> None:
+        self.calls.append((request, reply))
+        reply.set(InferResponse([("Y", [1.0])]))
+
+
+def test_an_answer_that_breaks_the_ensemble_fails_its_request_and_the_next_is_served() -> None:
+    """An inline step's answer the ensemble cannot handle fails that request (INTERNAL, with the error)
+    instead of leaving it, and the answers queued behind it, waiting; the next request is served."""
+    first, second = InlineModel("first"), OddInlineModel("second")
+    sched, _turns = _scheduler(_chain(), [first, second], 64)
+    reply = _enqueue(sched)
+    _handled(reply.ready)
+    with pytest.raises(TritonError, match="has no attribute 'dtype'"):
+        reply.get(timeout=10)
+    routes_ok = _enqueue(sched)
+    _handled(routes_ok.ready)
+    assert len(first.calls) == 2 and len(second.calls) == 2
+
+
 def test_a_step_answered_from_elsewhere_reaches_the_ensemble_in_a_hub_callback() -> None:
     """An answer completed while the ensemble is idle (an instance thread's completion) is handled in
     the next hub callback, as a linked reply is: the composing scheduler finishes its batch first."""
