@@ -12,18 +12,18 @@ repository's routing table when it starts (``routes()``), so it goes through tha
 (its dynamic batcher sees ensemble traffic) and a reloaded composing model is picked up by the next step.
 
 Data flow: a step starts as soon as every tensor it reads exists, so independent branches run at the
-same time; tensors pass between steps as the same numpy arrays (no copies). A new tensor looks only
-at the steps that read it (``Graph.consumers``), and at most :data:`STEPS_PER_TURN` steps start in
-one hub turn, the rest (of every request, in order) in the next turns: a very wide ensemble (2000
-steps reading its input) no longer holds the hub for the whole fan-out. A step that fails fails its
-request with the step's message and drops the request's tensors; other requests are untouched. A
-decoupled composing model's responses each fork the request's tensor table and drive the steps
-downstream once per response; every table that completes the ensemble outputs is one response of a
-decoupled ensemble. ``max_inflight_requests`` bounds the forks of one decoupled step in flight per
+same time; tensors pass between steps as the same numpy arrays (no copies); a chain of steps runs as a
+loop (``ensemble_chain.py``). A new tensor looks only at the steps that read it (``Graph.consumers``),
+and at most :data:`STEPS_PER_TURN` steps start in one hub turn, the rest (of every request, in order)
+in the next turns: a very wide ensemble (2000 steps reading its input) no longer holds the hub for the
+whole fan-out. A step that fails fails its request with the step's message and drops the request's
+tensors. A decoupled composing model's responses each fork the request's tensor table and drive the
+steps downstream once per response; every table that completes the ensemble outputs is one response of
+a decoupled ensemble. ``max_inflight_requests`` bounds the forks of one decoupled step in flight per
 request: its reader greenlet stops reading the composing model's responses until forks finish, and the
-step's :class:`~...runtime.response_channel.BoundedResponseChannel` then makes the producing model's thread wait,
-so a slow step cannot make memory grow without bound (https://github.com/triton-inference-server/server/pull/8458). The reader stops as well while
-the ensemble's client has not taken its stream's bound of responses.
+step's :class:`~...runtime.response_channel.BoundedResponseChannel` then makes the producing model's
+thread wait (https://github.com/triton-inference-server/server/pull/8458); it stops as well while the
+ensemble's client has not taken its stream's bound of responses.
 Failure: a request whose step cannot be routed or fails is answered with that error; stopping the
 actor fails what is in flight with UNAVAILABLE.
 """
@@ -53,8 +53,10 @@ from ...runtime.response_channel import (
     ResponseChannel,
 )
 from ...runtime.wake_timer import Wake, WakeTimer
+from .ensemble_chain import ChainSteps, is_chain
 from .ensemble_run import _Run, _StepAnswered, _StepStreamed, _Table
 from .ensemble_step import MEMO_SIZE, StepPlan, StepReply, checked_batch
+from .ensemble_waits import WaitGraphReads
 from .scheduler import Drain, Enqueue, GetStats, GetStatus
 
 log = logging.getLogger(__name__)
@@ -72,7 +74,7 @@ STEPS_PER_TURN = 64
 assert InferRequest._fields[11:] == ("responses", "is_cancelled", "trace"), InferRequest._fields
 
 
-class EnsembleScheduler(InlineActor):
+class EnsembleScheduler(ChainSteps, WaitGraphReads, InlineActor):
     """The scheduler of one ensemble version."""
 
     def __init__(self, name: str, graph: Graph, routes: Routes, stats: VersionStats, max_inflight: int = 0,
@@ -98,6 +100,7 @@ class EnsembleScheduler(InlineActor):
         # by the outermost _start_ready with no message: a chain of inline steps is a loop, not a recursion
         self._here: collections.deque[tuple[_Run, _Table, Step, Reply[InferResponse]]] = collections.deque()
         self._flushing = False
+        self._chained = is_chain(graph)  # its steps run as a loop (ensemble_chain.py; fast path)
 
     def direct(self, item: Enqueue) -> bool:
         """An ensemble request is always sent as an :class:`Enqueue` (only the default scheduler runs a
@@ -113,7 +116,10 @@ class EnsembleScheduler(InlineActor):
         table = _Table(dict(msg.request.inputs), set())
         run.tables.append(table)
         run.open_tables = 1
-        self._advance(run, table, table.tensors)
+        if self._chained and fastpath.enabled:
+            self._chain(run, table, 0)
+        else:
+            self._advance(run, table, table.tensors)
 
     def on__StepAnswered(self, msg: _StepAnswered) -> None:
         self._answered_safely(msg.run, msg.table, msg.step, msg.reply)
@@ -149,7 +155,10 @@ class EnsembleScheduler(InlineActor):
             summed[1] += timings[1]
             summed[2] += timings[2]
             summed[3] += timings[3]
-        if table.children:
+        if table.at >= 0:  # a chain's step: the loop goes on with the next one
+            table.tensors.update(outputs)
+            self._chain(run, table, step.index + 1)
+        elif table.children:
             self._publish(run, table, outputs)
         else:  # no forks to hand them to (a plain table): what _publish would do, without the call
             table.tensors.update(outputs)
@@ -210,41 +219,6 @@ class EnsembleScheduler(InlineActor):
         for reply in self._drains:
             reply.set(None)
         self._drains.clear()
-
-    # -- what the BLS wait graph reads (bls_waits.Composite; hub thread, between messages) ----------
-    def needs(self) -> set[tuple[str, int]]:
-        """The composing versions a new request calls: every step's."""
-        return self._versions(range(len(self._graph.steps)))
-
-    def runs_need(self) -> list[set[tuple[str, int]]]:
-        """For each request in flight, the composing versions it still calls: the steps running or not
-        started in any of its open tables (a step after a decoupled one runs in the forks)."""
-        out = []
-        every = range(len(self._graph.steps))
-        for run in self._runs:
-            if run.failed:
-                continue
-            left: set[int] = set()
-            for table in run.tables:
-                if not table.settled:
-                    left.update(i for i in every if i not in table.started)
-                    left.update(table.running)
-            out.append(self._versions(left))
-        return out
-
-    def _versions(self, indices: Iterable[int]) -> set[tuple[str, int]]:
-        """The versions that serve these steps now (steps that cannot be routed are left out)."""
-        routes = self._routes()
-        out = set()
-        for i in indices:
-            step = self._graph.steps[i]
-            handle = routes.get(step.model)
-            try:
-                if handle is not None:
-                    out.add((step.model, handle.resolve(step.version).version))
-            except TritonError:
-                pass  # not ready: the step fails when it starts, nobody waits on it
-        return out
 
     # -- the data flow ----------------------------------------------------------------------------
     def _advance(self, run: _Run, table: _Table, tensors: Iterable[str]) -> None:

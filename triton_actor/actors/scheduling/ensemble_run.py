@@ -36,6 +36,7 @@ class _Table:
     running: set[int] = field(default_factory=set)  # indices of its steps in flight (for the BLS wait graph)
     settled: bool = False
     release: Callable[[], Any] | None = None  # frees the max_inflight slot this fork holds
+    at: int = -1  # a chain's step in flight (ensemble_chain.py); -1: the data flow runs the table
 
 
 @dataclass(eq=False, slots=True)

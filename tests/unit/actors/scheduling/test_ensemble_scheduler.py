@@ -13,6 +13,7 @@ import pytest
 from google.protobuf import text_format
 
 from triton_actor.actors.scheduling.ensemble import EnsembleScheduler
+from triton_actor.actors.scheduling.ensemble_chain import is_chain
 from triton_actor.actors.scheduling.scheduler import Enqueue
 from triton_actor.errors import TritonError
 from triton_actor.inference import InferInput, InferRequest, InferResponse
@@ -346,3 +347,96 @@ def test_a_step_request_is_checked_once_per_shape_and_still_refused_when_wrong()
             with pytest.raises(TritonError, match="unexpected shape"):
                 bad.get(timeout=10)
     assert first.validator.checks == (3 if fastpath.enabled else 0)
+
+
+def test_which_graphs_are_chains() -> None:
+    """A chain: every step reads what the step before it wrote, and nothing written later (its steps run as
+    a loop, ensemble_chain.py); side-by-side steps, or a step that reads only the client's tensors, are not."""
+    assert is_chain(_chain())
+    assert is_chain(_graph(["OUT"], [("a", {"X": "IN"}, {"Y": "T"}), ("b", {"X": "T", "Z": "IN"}, {"Y": "U"}),
+                                     ("c", {"X": "U", "Z": "T"}, {"Y": "OUT"})]))
+    assert not is_chain(_graph(["O1", "O2"], [("a", {"X": "IN"}, {"Y": "O1"}), ("b", {"X": "IN"}, {"Y": "O2"})]))
+    assert not is_chain(_graph(["OUT"], [("b", {"X": "T"}, {"Y": "OUT"}), ("a", {"X": "IN"}, {"Y": "T"})]))
+
+
+def _three() -> Any:
+    return _graph(["OUT"], [("first", {"X": "IN"}, {"Y": "T"}), ("second", {"X": "T"}, {"Y": "U"}),
+                            ("third", {"X": "U"}, {"Y": "OUT"})])
+
+
+def test_a_chain_goes_on_when_a_step_answers_later_and_the_wait_graph_sees_what_is_left() -> None:
+    """Steps answered from elsewhere: each answer starts the next step; the BLS wait graph sees the step in
+    flight and the ones after it, then nothing once the request is answered."""
+    models = [FakeModel(name) for name in ("first", "second", "third")]
+    sched, _turns = _scheduler(_three(), models, 64)
+    reply = _enqueue(sched)
+    for i, model in enumerate(models):
+        _handled(lambda model=model: len(model.calls) == 1)
+        assert sched.runs_need() == [{(m.name, 1) for m in models[i:]}]
+        _answer(model, 0)
+    assert reply.get(timeout=10).outputs[0][0] == "OUT"
+    assert sched.runs_need() == []
+
+
+class RenamingInlineModel(OddInlineModel):
+    """Answers inline with an output its step does not map (Z, not Y)."""
+
+    def enqueue(self, request: InferRequest, batch: int, reply: Reply[InferResponse]) -> None:
+        self.calls.append((request, reply))
+        reply.set(InferResponse([("Z", request.inputs["X"].data)]))
+
+
+@pytest.mark.parametrize("inline", [False, True])
+def test_a_chain_whose_step_leaves_out_a_tensor_ends_without_the_next_steps(inline: bool) -> None:
+    """A step that answers without the tensor the next one reads: the next steps never run and the request
+    fails as the data flow fails it; the next request is served."""
+    first = RenamingInlineModel("first") if inline else FakeModel("first")
+    second, third = InlineModel("second"), InlineModel("third")
+    sched, _turns = _scheduler(_three(), [first, second, third], 64)
+    reply = _enqueue(sched)
+    if not inline:
+        _handled(lambda: len(first.calls) == 1)
+        _answer(first, 0, name="Z")
+    with pytest.raises(TritonError, match="finished without producing its outputs"):
+        reply.get(timeout=10)
+    assert not second.calls and not third.calls and sched.runs_need() == []
+
+
+def test_a_chain_with_a_decoupled_step_streams_through_the_steps_after_it() -> None:
+    """A decoupled model in the middle of a chain: the data flow takes the table over there, and each of
+    its responses runs the step after it once."""
+    first, gen, last = InlineModel("first"), FakeModel("gen", decoupled=True), InlineModel("last")
+    graph = _graph(["OUT"], [("first", {"X": "IN"}, {"Y": "T"}), ("gen", {"N": "T"}, {"Y": "U"}),
+                             ("last", {"X": "U"}, {"Y": "OUT"})], decoupled=True)
+    sched, _turns = _scheduler(graph, [first, gen, last], 64)
+    stream = BoundedResponseChannel(100)
+    reply = _enqueue(sched, stream)
+    _handled(lambda: len(gen.calls) == 1)
+    assert sched.runs_need() == [{("gen", 1), ("last", 1)}]  # first ran: the wait graph leaves it out
+    channel = gen.calls[0][0].responses
+    for value in (10.0, 20.0):
+        channel.send(InferResponse([("Y", np.array([value], np.float32))]), False)
+    channel.send(None, True)
+    got = []
+    while True:
+        item, final = stream.receive(timeout=10)
+        if item is not None:
+            got.append(float(item.outputs[0][1][0]))
+        if final:
+            break
+    assert got == [10.0, 20.0] and len(last.calls) == 2
+    _handled(reply.ready)
+    assert sched.runs_need() == []
+
+
+def test_a_chain_waits_behind_the_steps_queued_for_the_next_turn() -> None:
+    """While steps wait for the next hub turn, a new request's first step waits behind them (in order)."""
+    first, second = InlineModel("first"), InlineModel("second")
+    sched, turns = _scheduler(_chain(), [first, second], 64)
+    turns.armed = True  # as if steps of other requests waited
+    reply = _enqueue(sched)
+    _handled(lambda: len(sched._ready) == 1)
+    assert not first.calls
+    turns.fire()
+    assert reply.get(timeout=10).outputs[0][0] == "OUT"
+    assert len(first.calls) == len(second.calls) == 1

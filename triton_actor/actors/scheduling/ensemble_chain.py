@@ -1,0 +1,129 @@
+"""An ensemble whose steps form a chain, run as a loop over its steps (a fast path of the ensemble scheduler).
+
+Owned by :class:`~.ensemble.EnsembleScheduler` (a mixin of it, hub thread). Most pipelines are chains:
+each step reads what the step before it wrote (and tensors written earlier or given by the client), so
+the data flow can only run them in their order, one at a time. For such a graph (:func:`is_chain`) the
+request's table goes from one step to the next by index: no search for the steps a new tensor makes
+ready, no ready queue and no settling per step, and a step whose model ran inline on this stack is
+followed by the next one in the same loop. What a step does is the data flow's (its request built from
+its plan, routed when it starts, its model's validator memo, its scheduler, statistics, traces,
+cancellation); the table's ``at`` says which step is in flight, for the BLS wait graph. Whatever the
+loop does not handle goes back to the data flow at the step it reached: a decoupled composing model
+(its responses fork the table), steps of other requests waiting for the next hub turn (their order is
+kept), and the fast-path switch off (the data flow is the specification).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ...errors import Code, TritonError
+from ...inference import InferRequest
+from ...repository.ensemble_graph import Graph
+from ...runtime import fastpath
+from .ensemble_run import _Run, _StepAnswered, _Table
+from .ensemble_step import StepReply, checked_batch
+
+log = logging.getLogger(__name__)
+
+
+def is_chain(graph: Graph) -> bool:
+    """Whether every step reads an output of the step before it, and nothing written after it: the data
+    flow then runs the steps in index order, each once the one before it answered."""
+    known = set(graph.inputs)
+    before: set[str] = set()
+    for k, step in enumerate(graph.steps):
+        reads = {tensor for _, tensor in step.inputs}
+        if step.index != k or not reads <= known or (k and not reads & before):
+            return False
+        before = {tensor for _, tensor in step.outputs}
+        known |= before
+    return bool(graph.steps)
+
+
+class ChainSteps:
+    """The loop over a chain's steps (mixed into the ensemble scheduler, whose state it uses)."""
+
+    # its state and methods are the ensemble scheduler's (ensemble.py)
+    _plans: list[Any]
+    _checked: Any
+    _routes: Any
+    _turn: Any
+    _graph: Graph
+
+    def _chain(self, run: _Run, table: _Table, k: int) -> None:
+        """Run steps ``k``.. of ``run``'s chain, one after another while each answers on this stack; a
+        step answered later comes back through :meth:`_answered`, which calls this for the next one."""
+        plans, tensors, top = self._plans, table.tensors, run.msg.request
+        last = len(plans)
+        while True:
+            if k == last:  # every step answered: the request answers
+                table.at = -1
+                table.started = set(range(last))
+                self._settle(run, table)
+                return
+            if run.failed:
+                return
+            if run.decoupled is not None and run.decoupled.is_cancelled():
+                self._fail(run, TritonError(Code.CANCELLED, "[request id: " + (top.id or "<id_unknown>") + "] cancelled"))
+                return
+            plan = plans[k]
+            step = plan.step
+            if self._turn.armed:  # steps of other requests wait for the next hub turn: this one waits behind them
+                self._to_data_flow(run, table, k)
+                return
+            try:
+                inputs = plan.inputs(tensors)
+            except KeyError:  # a step before gave no tensor this one reads: the data flow would start no more
+                table.at = -1
+                table.started = set(range(k))
+                self._settle(run, table)
+                return
+            try:
+                handle = self._routes().get(step.model)
+                if handle is None:
+                    raise TritonError.not_found(f"Request for unknown model: '{step.model}' is not found")
+                version = handle.resolve(step.version)
+                if handle.config.model_transaction_policy.decoupled:  # its responses fork the table
+                    self._to_data_flow(run, table, k)
+                    return
+                request = fastpath.new_tuple(InferRequest, (
+                    step.model, step.version, top.id, inputs, plan.requested, top.parameters, False,
+                    top.priority, top.timeout_us, top.correlation_id, top.flags, None, None,
+                    run.trace.spawn() if run.trace is not None else None))
+                reply = StepReply()
+                table.at = k  # in flight (the BLS wait graph reads it)
+                version.enqueue(request, checked_batch(self._checked, k, version, request), reply)
+            except TritonError as e:
+                self._fail(run, e)
+                return
+            if not reply._done:  # completed later: through the mailbox, as the data flow's steps are
+                table.plain += 1
+                reply.then(lambda r, step=step: self._step_answered(_StepAnswered(run, table, step, r)))
+                return
+            if reply._error is not None:
+                self._fail(run, reply._error)
+                return
+            response = reply._value
+            try:
+                tensors.update(plan.mapped(response))
+            except Exception as e:  # an output no step can take (or a bug of ours): this request fails, only it
+                if not isinstance(e, TritonError):
+                    log.exception("ensemble %s: handling step %d's answer failed", self._graph.name, k)
+                self._fail(run, e)
+                return
+            timings = response.timings
+            if timings is not None:
+                summed = run.timings
+                summed[0] += timings[0]
+                summed[1] += timings[1]
+                summed[2] += timings[2]
+                summed[3] += timings[3]
+            k += 1
+
+    def _to_data_flow(self, run: _Run, table: _Table, k: int) -> None:
+        """The data flow takes the table over at step ``k``, as if it had run the steps before it."""
+        table.at = -1
+        table.started = set(range(k))
+        self._advance(run, table, self._plans[k].reads)
