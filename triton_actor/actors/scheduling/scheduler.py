@@ -52,7 +52,7 @@ from ...observability.tracing import VersionTrace
 from ...runtime import fastpath
 from ...runtime.bridge import CancelWatch
 from .batch_queue import BatchPolicy, BatchQueue, timeout_error
-from .instance import ModelInstance
+from .instance import ModelInstance, Timings
 from .instance_pool import Down
 from .messages import Drain, Enqueue, GetStats, GetStatus
 from .pool_scheduler import INLINE_PER_TURN, Limited, PoolScheduler, Turn
@@ -132,10 +132,15 @@ class SchedulerActor(PoolScheduler):
             dispatch_ns = self._clock()
             self._running += 1
             self._count_inline(instance)
-            value = instance.run_here(with_cancellation(instance, items),
-                                      self._completion(instance, items, dispatch_ns))
+            # with_cancellation's for one request of an inline instance (never one told of cancellations)
+            requests = [_with_probe(item.request, item.reply.ready) if instance.observes_cancellation else item.request]
+            value = instance.run_here(requests, functools.partial(self._completed, instance, items, dispatch_ns))
             if value is not None:
-                self._batch_done(instance, items, dispatch_ns, True, value)
+                result = value[0][0]
+                if result is RESCHEDULE:
+                    self._batch_done(instance, items, dispatch_ns, True, value)
+                else:
+                    self._answer_one(instance, item, dispatch_ns, result, value[1])
                 if len(self._queue) or self._drains:  # a request its model rescheduled, a waiting drain
                     self._dispatch()
         except Exception as e:  # a bug of ours: to the request, as a handler's error goes to its message's reply
@@ -144,6 +149,27 @@ class SchedulerActor(PoolScheduler):
         finally:
             self.unhold()
         return True
+
+    def _answer_one(self, instance: ModelInstance, item: Enqueue, dispatch_ns: int, result: Any, timings: Timings) -> None:
+        """:meth:`_batch_done` of a direct run's answered request (no requeue, no error: ``run_here`` hands
+        a batch with an error to the thread), in one go: its statistics row, timings, trace, reply; and
+        the instance is idle again whatever goes wrong."""
+        try:
+            now = self._clock()
+            start = item.start_ns
+            queue_ns = dispatch_ns - start
+            self._stats.record_success(item.batch_size, now - start, queue_ns, timings, True)
+            if type(result) is InferResponse:  # decoupled models answer None here
+                result.timings = (queue_ns, *timings)
+            if self._trace.on:
+                self._trace.batch([item], [result], dispatch_ns, now, timings)
+            item.reply.set(result)  # a direct run has no reply order (``_straight``)
+        except Exception as e:
+            log.exception("scheduler %s: answering a batch failed", self.name)
+            item.reply.fail(TritonError.internal(f"instance '{instance.name}': {e!r}"))
+        finally:
+            self._running -= 1
+            self._pool.release(instance)
 
     def _add(self, item: Enqueue, arrival_ns: int) -> bool:
         """Into the queue; a full queue refuses it (REJECTED, a rescheduled request as a new one)."""
