@@ -57,6 +57,7 @@ class ChainSteps:
         step answered later comes back through :meth:`_answered`, which calls this for the next one."""
         plans, tensors, top = self._plans, table.tensors, run.msg.request
         last = len(plans)
+        tail = None
         while True:
             if k == last:  # every step answered: the request answers
                 table.at = -1
@@ -82,15 +83,20 @@ class ChainSteps:
                 return
             try:
                 handle = self._routes().get(step.model)
-                if handle is None:
-                    raise TritonError.not_found(f"Request for unknown model: '{step.model}' is not found")
-                version = handle.resolve(step.version)
-                if handle.config.model_transaction_policy.decoupled:  # its responses fork the table
-                    self._to_data_flow(run, table, k)
-                    return
+                if handle is plan.handle:  # as routed last time (a handle is an immutable snapshot)
+                    version = plan.version
+                else:
+                    if handle is None:
+                        raise TritonError.not_found(f"Request for unknown model: '{step.model}' is not found")
+                    version = handle.resolve(step.version)
+                    if handle.config.model_transaction_policy.decoupled:  # its responses fork the table
+                        self._to_data_flow(run, table, k)
+                        return
+                    plan.handle, plan.version = handle, version
+                if tail is None:  # what every step's request takes from the ensemble's (once per run)
+                    tail = (top.parameters, False, top.priority, top.timeout_us, top.correlation_id, top.flags, None, None)
                 request = fastpath.new_tuple(InferRequest, (
-                    step.model, step.version, top.id, inputs, plan.requested, top.parameters, False,
-                    top.priority, top.timeout_us, top.correlation_id, top.flags, None, None,
+                    step.model, step.version, top.id, inputs, plan.requested, *tail,
                     run.trace.spawn() if run.trace is not None else None))
                 reply = StepReply()
                 table.at = k  # in flight (the BLS wait graph reads it)

@@ -104,13 +104,17 @@ class StepReply(Reply[InferResponse]):
 class StepPlan:
     """One step's fixed parts: its requested outputs and its output map (built once per version)."""
 
-    __slots__ = ("step", "requested", "out_map", "reads")
+    __slots__ = ("step", "requested", "out_map", "reads", "handle", "version")
 
     def __init__(self, step: Step) -> None:
         self.step = step
         self.reads = tuple(tensor for _, tensor in step.inputs)  # the ensemble tensors it waits for
         self.requested = tuple(RequestedOutput(name) for name, _ in step.outputs)
         self.out_map = dict(step.outputs)
+        # the model handle a chain's step was last routed with, and the version it resolved to
+        # (ensemble_chain.py): the same handle resolves the same way, until its model changes
+        self.handle: Any = None
+        self.version: Any = None
 
     def inputs(self, tensors: dict[str, InferInput]) -> dict[str, InferInput]:
         """The step's inputs under its model's names: the same arrays; a tensor whose name already
@@ -133,7 +137,7 @@ class StepPlan:
             if dtype is None:
                 raise TritonError.internal(
                     f"output '{name}' of model '{self.step.model}' has an unsupported type {data.dtype}")
-            out[tensor] = InferInput(tensor, dtype, tuple(data.shape), data)
+            out[tensor] = fastpath.new_tuple(InferInput, (tensor, dtype, data.shape, data))
         return out
 
 

@@ -440,3 +440,14 @@ def test_a_chain_waits_behind_the_steps_queued_for_the_next_turn() -> None:
     turns.fire()
     assert reply.get(timeout=10).outputs[0][0] == "OUT"
     assert len(first.calls) == len(second.calls) == 1
+
+
+def test_a_chain_step_goes_to_the_model_that_serves_now() -> None:
+    """A composing model swapped in the routing table between two requests (a reload publishes a new
+    handle): the next request's step goes to the new one, not to the one a step was routed to before."""
+    first, second, again = InlineModel("first"), InlineModel("second"), InlineModel("second")
+    sched, _turns = _scheduler(_chain(), [first, second], 64)
+    _handled(_enqueue(sched).ready)
+    sched._routes()["second"] = again
+    assert _enqueue(sched).get(timeout=10).outputs[0][0] == "OUT"
+    assert len(second.calls) == 1 and len(again.calls) == 1
