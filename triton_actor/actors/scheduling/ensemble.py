@@ -103,9 +103,20 @@ class EnsembleScheduler(ChainSteps, WaitGraphReads, InlineActor):
         self._chained = is_chain(graph)  # its steps run as a loop (ensemble_chain.py; fast path)
 
     def direct(self, item: Enqueue) -> bool:
-        """An ensemble request is always sent as an :class:`Enqueue` (only the default scheduler runs a
-        request on the caller's stack without one)."""
-        return False
+        """Handle ``item`` now on the caller's stack, as its :class:`Enqueue` would be handled (a fast path:
+        no trip through the mailbox); only while this actor is idle with nothing queued (``hold``), so
+        the request overtakes none. False: send it as an Enqueue."""
+        if not fastpath.enabled or not self.hold():
+            return False
+        try:
+            self.on_Enqueue(item)
+        except Exception as e:  # a bug of ours: to the request, as a handler's error goes to its message's reply
+            log.exception("ensemble %s: a request failed to start", self._graph.name)
+            if not item.reply.ready():
+                item.reply.fail(e)
+        finally:
+            self.unhold()
+        return True
 
     # -- messages ---------------------------------------------------------------------------------
     def on_Enqueue(self, msg: Enqueue) -> None:

@@ -451,3 +451,22 @@ def test_a_chain_step_goes_to_the_model_that_serves_now() -> None:
     sched._routes()["second"] = again
     assert _enqueue(sched).get(timeout=10).outputs[0][0] == "OUT"
     assert len(second.calls) == 1 and len(again.calls) == 1
+
+
+def test_an_ensemble_request_starts_on_the_callers_stack_only_when_the_actor_is_idle() -> None:
+    """Fast path: a request handed to an idle ensemble runs on the caller's stack, no mailbox trip; while
+    the actor is busy (held, or handling a message) it is sent as an Enqueue and waits its turn."""
+    first, second = InlineModel("first"), InlineModel("second")
+    sched, _turns = _scheduler(_chain(), [first, second], 64)
+
+    def item() -> Enqueue:
+        return Enqueue(InferRequest("ens", 1, "", {"IN": _tensor("IN", 2.0)}), 1, Reply(), 0)
+
+    now = item()
+    assert sched.direct(now) == fastpath.enabled
+    assert now.reply.ready() == fastpath.enabled
+    if fastpath.enabled:  # (the slow path's actor runs a loop greenlet: never held)
+        assert sched.hold()
+        assert not sched.direct(item())  # busy: the caller sends it
+        sched.unhold()
+    assert len(first.calls) == (1 if fastpath.enabled else 0)
