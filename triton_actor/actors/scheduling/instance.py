@@ -111,7 +111,7 @@ class ModelInstance:
     single-owner hub object, not an actor (hub thread only, never blocks the caller)."""
 
     __slots__ = ("ctx", "_worker", "_backend", "_backend_instance", "_inline", "_streak", "_needed", "_hub", "_slow",
-                 "_closing", "_restarts", "health", "reason", "_watcher", "_reviving")
+                 "_clock", "_closing", "_restarts", "health", "reason", "_watcher", "_reviving")
 
     def __init__(self, ctx: InstanceContext, backend: Backend) -> None:
         self.ctx = ctx
@@ -121,6 +121,7 @@ class ModelInstance:
         self._streak = 0
         self._needed = PROMOTE_STREAK
         self._slow = 0  # slow inline runs in a row
+        self._clock = False  # read the thread's CPU clock around the next inline run (the last one was long)
         self._hub = gevent.get_hub()
         self._closing = False
         self._restarts = RestartBudget()
@@ -280,7 +281,7 @@ class ModelInstance:
         ``done`` got the batch instead (a failed inline run goes to the thread, or the run was
         interrupted), which answers it as :meth:`execute` would. The scheduler's direct run calls this."""
         assert self._backend_instance is not None
-        c0 = _thread_ns()
+        c0 = _thread_ns() if self._clock else -1
         try:
             value = _run_batch(self._backend_instance, requests)
         except Exception:  # noqa: BLE001 - retried on the thread, whose answer counts
@@ -310,22 +311,32 @@ class ModelInstance:
                 return None
         wall_ns = value[1][1]
         # a thread's CPU time never runs ahead of the wall clock: a run shorter than DEMOTE_NS of wall time
-        # was short by CPU too, and the thread's clock (a syscall here, 0.7 µs) is read again only after a
-        # longer one (the few µs of this method around the run are nothing against the 1 ms bound)
-        self._after_inline_run(wall_ns if wall_ns <= DEMOTE_NS else _thread_ns() - c0, wall_ns)
+        # was short by CPU too (the few µs of this method around the run are nothing against the 1 ms
+        # bound). The thread's CPU clock is a syscall that costs more than the rest of this method (0.7 µs
+        # idle, 1.1-1.5 µs on the loaded 2-core host; reading it around every run cost 3-4 µs of CPU per
+        # ensemble step, two reads a run): it is read only around the runs after a long one. A long run
+        # not clocked counts as slow by its wall time, but never demotes at once by itself.
+        if wall_ns <= DEMOTE_NS:
+            self._clock = False
+            self._after_inline_run(wall_ns, wall_ns)
+        else:
+            self._clock = True
+            self._after_inline_run(wall_ns if c0 < 0 else _thread_ns() - c0, wall_ns, c0 >= 0)
         return value
 
-    def _after_inline_run(self, cpu_ns: int, wall_ns: int) -> None:
+    def _after_inline_run(self, cpu_ns: int, wall_ns: int, clocked: bool = True) -> None:
         """Demote a model whose inline runs block the hub. CPU time says how long the hub was blocked;
         a long wall time with little CPU means the model yielded (a patched sleep) or the OS preempted
         us. One run far over the limit demotes at once; otherwise it takes ``DEMOTE_AFTER`` slow runs
         in a row, so a garbage collection or a preemption on a busy host does not (measured: single
         outliers under perf_analyzer on 2 cores demoted add_sub again and again, and the doubling
         streak then kept it on its thread for good). Each demotion doubles the streak the next
-        promotion needs; ``FORGIVE_AFTER`` inline runs without one bring it back to the start."""
+        promotion needs; ``FORGIVE_AFTER`` inline runs without one bring it back to the start. A run
+        not ``clocked`` (``cpu_ns`` is its wall time) demotes at once only by the wall time bound."""
         if cpu_ns > DEMOTE_NS or wall_ns > DEMOTE_WALL_NS:
             self._slow += 1
-            if self._slow >= DEMOTE_AFTER or cpu_ns > DEMOTE_AT_ONCE_NS or wall_ns > DEMOTE_AT_ONCE_WALL_NS:
+            if (self._slow >= DEMOTE_AFTER or (clocked and cpu_ns > DEMOTE_AT_ONCE_NS)
+                    or wall_ns > DEMOTE_AT_ONCE_WALL_NS):
                 self._inline = False
                 self._streak = self._slow = 0
                 self._needed = min(self._needed * 2, NEVER)
