@@ -65,7 +65,7 @@ def test_a_full_queue_drops_counts_and_logs(caplog: pytest.LogCaptureFixture) ->
             sink.gate.set()
             assert thread.flush()
         assert sink.batches == [["a"], ["b", "c"]]
-        assert "test spans: 2 records dropped (more than 2 waiting); 2 in all" in caplog.text
+        assert "test spans: 2 dropped (more than 2 waiting); 2 in all" in caplog.text
     finally:
         thread.close()
 
