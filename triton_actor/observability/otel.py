@@ -258,7 +258,9 @@ class SpanTrace:
     def record(self, model: str, version: int, request_id: str, stamps: list[tuple[str, int]]) -> None:
         """A request that ran on ``model``: its model span and compute span from the seven stage stamps
         (built by the batch thread; the hub draws their ids)."""
-        self.export.put((_RUN, self.trace, self.parent, self.remote, _span_id(), self.compute_id or _span_id(),
+        if not self.compute_id:  # kept: a decoupled model's BLS calls after execute returned name it too
+            self.compute_id = _span_id()
+        self.export.put((_RUN, self.trace, self.parent, self.remote, _span_id(), self.compute_id,
                          self._attributes(model, version, request_id), stamps))
 
     def open(self, model: str, version: int, request_id: str, start_ns: int) -> tuple[Span, SpanTrace]:
