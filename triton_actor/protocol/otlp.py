@@ -3,10 +3,10 @@
 
 Why by hand: the OpenTelemetry export thread (observability/otel.py) holds the GIL while it encodes, and
 every microsecond of it is taken from the hub. Building the SDK's ``ReadableSpan`` objects and running the
-SDK's encoder cost about 160 µs per traced request (three spans, twelve events); the protobuf message
-classes of opentelemetry-proto, filled from the same records, cost about a third of that; writing the
-bytes here, with the constant pieces (event names, attribute keys, the resource and scope) encoded once,
-about a tenth (docs/performance.md, "OpenTelemetry spans encoded from the records").
+SDK's encoder cost 143-152 µs per traced request (three spans, twelve events); the protobuf message
+classes of opentelemetry-proto, filled from the same records, 51-52 µs; writing the bytes here, with the
+constant pieces (event names, attribute keys, the resource and scope) encoded once, 13.5 µs
+(scripts/bench_otlp_encode.py; docs/performance.md, "OpenTelemetry spans encoded from the records").
 
 What is written is what the SDK's encoder writes for the same span (tests/unit/protocol/test_otlp_encoding.py
 decodes both and compares): ``trace_id``, ``span_id``, ``parent_span_id`` (absent for a root), ``name``,
