@@ -70,6 +70,18 @@ def test_a_full_queue_drops_counts_and_logs(caplog: pytest.LogCaptureFixture) ->
         thread.close()
 
 
+def test_drops_are_counted_in_the_units_weigh_gives() -> None:
+    """OpenTelemetry counts spans: a model's record holds two (observability/otel.py ``_spans_in``)."""
+    sink = Sink()
+    thread = BatchThread("test spans", sink, max_queue=1, wake_at=100, delay_s=_NEVER, weigh=len)
+    try:
+        for record in ("a", "bb", "ccc"):  # "a" waits; the two after it are dropped
+            thread.put(record)
+        assert thread.dropped == 5
+    finally:
+        thread.close()
+
+
 def test_close_handles_what_was_put_and_drops_what_comes_after() -> None:
     sink = Sink()
     thread = BatchThread("test", sink, max_queue=100, wake_at=100, delay_s=_NEVER)
