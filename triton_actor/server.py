@@ -226,9 +226,10 @@ class Server:
                  len(self.repository.routes) - len(failures), len(failures))
 
     def _own_families(self) -> list[dict[str, Any]]:
+        spans = self.tracer.families()
         if self.plane.on_demand is None:
-            return []
-        return budget_families(self.plane.on_demand.started, self.plane.budget)
+            return spans
+        return [*spans, *budget_families(self.plane.on_demand.started, self.plane.budget)]
 
     def _openai_options(self) -> OpenAIOptions:
         s = self.settings

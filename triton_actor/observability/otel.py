@@ -17,12 +17,16 @@ offsets its steady-clock stamps.
 
 Threads: the hub only records what a span is (plain tuples: names, ids, ``perf_counter`` stamps,
 attributes, parent) and puts the record in a :class:`~..runtime.batch_thread.BatchThread`; that native
-thread builds the SDK's ``ReadableSpan`` objects and hands them to the OTLP/HTTP exporter in batches of
-``bsp_max_export_batch_size``, every ``bsp_schedule_delay`` ms (the settings of the SDK's
-BatchSpanProcessor, whose job it does). Making spans through the SDK's tracer on the hub cost 190 to 270
-us of hub CPU per request (docs/performance.md, "OpenTelemetry spans built off the hub"). The ids
-are made on the hub, since children name their parents: random bits from ``random.getrandbits``, as the
-SDK's ``RandomIdGenerator`` draws them. :meth:`OtelExport.shutdown` blocks and is called in a worker thread.
+thread writes the OTLP protobuf straight from the records (:mod:`..protocol.otlp`: no SDK span objects,
+no SDK encoder) and posts it through the SDK's OTLP/HTTP exporter's client, ``bsp_max_export_batch_size``
+spans a post, every ``bsp_schedule_delay`` ms or as soon as that many records wait (the settings of the
+SDK's BatchSpanProcessor, whose job it does). Making spans through the SDK's tracer on the hub cost 190 to
+270 us of hub CPU per request, and building the SDK's objects and encoding them on the thread another 160
+us that the thread held the GIL for (docs/performance.md, "OpenTelemetry spans built off the hub" and
+"OpenTelemetry spans encoded from the records"). The ids are made on the hub, since children name their
+parents: random bits from ``random.getrandbits``, as the SDK's ``RandomIdGenerator`` draws them.
+:meth:`OtelExport.shutdown` blocks and is called in a worker thread. Spans lost (the queue full, a post
+that failed) are counted on ``/metrics`` (:data:`DROPPED_FAMILY`).
 
 The SDK is imported here only, and this module only when the mode is ``opentelemetry``: a server
 tracing to a file, or not at all, pays nothing.
@@ -30,17 +34,22 @@ tracing to a file, or not at all, pays nothing.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable
 from random import getrandbits
 from typing import Any
 
+from ..protocol.otlp import TraceEncoder
 from ..runtime.batch_thread import BatchThread
+
+log = logging.getLogger(__name__)
 
 TRACER_NAME = "triton-server"  # Triton's kTritonTracer
 DEFAULT_URL = "http://localhost:4318/v1/traces"
 _SERVICE = "triton-inference-server"
+DROPPED_FAMILY = "nv_trace_spans_dropped_total"  # ours, not Triton's (docs/metrics.md)
 # our flags, the SDK's environment variables for them and their defaults (BatchSpanProcessor's)
 _BSP = {"bsp_max_queue_size": ("OTEL_BSP_MAX_QUEUE_SIZE", 2048), "bsp_schedule_delay": ("OTEL_BSP_SCHEDULE_DELAY", 5000),
         "bsp_max_export_batch_size": ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512)}
@@ -93,33 +102,31 @@ def _trace_id() -> int:
 
 
 class OtelExport:
-    """One server's OTLP/HTTP exporter and the thread that builds and posts its spans."""
+    """One server's OTLP/HTTP exporter and the thread that encodes and posts its spans."""
 
     def __init__(self, settings: dict[str, Any], next_id: Callable[[], int]) -> None:
         """``next_id``: the tracer's trace ids (Triton's ``triton.trace_id``), one per model span."""
         from opentelemetry import trace
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import Event, ReadableSpan
-        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         # Triton's defaults first; OTEL_RESOURCE_ATTRIBUTES (read by Resource.create) and the flags over them
-        self._resource = Resource.create({"service.name": _SERVICE, **settings.get("resource", {})})
-        self._scope = InstrumentationScope(TRACER_NAME)  # what the SDK's get_tracer(TRACER_NAME) names
+        resource = Resource.create({"service.name": _SERVICE, **settings.get("resource", {})})
+        # the exporter posts (its endpoint, headers, compression, TLS, timeout and retries, from the flags
+        # and the OTEL_EXPORTER_OTLP_* variables); the bytes are ours (protocol/otlp.py)
         self._exporter = OTLPSpanExporter(settings.get("url", DEFAULT_URL))
+        self._post = _poster(self._exporter)
         self._propagator = TraceContextTextMapPropagator()
         self._current = trace.get_current_span
-        self._context, self._readable, self._event = trace.SpanContext, ReadableSpan, Event
-        # every span is sampled (ALWAYS_ON: a propagated context is traced whatever its flag says, as Triton forces it)
-        self._sampled = trace.TraceFlags(trace.TraceFlags.SAMPLED)
-        self._kind = trace.SpanKind.SERVER
         self._batch = _bsp(settings, "bsp_max_export_batch_size") or 512
+        self.offset = time.time_ns() - time.perf_counter_ns()  # perf_counter stamps → wall clock
+        self._encoder = TraceEncoder(dict(resource.attributes), TRACER_NAME, self.offset)
+        self.failed = 0  # spans in posts that failed (export thread)
         self.thread = BatchThread("OpenTelemetry spans", self._export, _bsp(settings, "bsp_max_queue_size"),
-                                  self._batch, _bsp(settings, "bsp_schedule_delay") / 1000)
+                                  self._batch, _bsp(settings, "bsp_schedule_delay") / 1000, weigh=_spans_in)
         self.put = self.thread.put
         self.next_id = next_id
-        self.offset = time.time_ns() - time.perf_counter_ns()  # perf_counter stamps → wall clock
 
     def extract(self, traceparent: str | None) -> tuple[int, int] | None:
         """The (trace id, span id) a W3C ``traceparent`` names; None when absent or invalid."""
@@ -146,28 +153,34 @@ class OtelExport:
         self.thread.close()
         self._exporter.shutdown()
 
+    def families(self) -> list[dict[str, Any]]:
+        """The spans this worker lost, as a counter family in the custom families' shape
+        (host/metrics_snapshot.py): dropped when the queue was full, or in a post that failed."""
+        return [{"name": DROPPED_FAMILY, "kind": "counter",
+                 "description": "Number of OpenTelemetry spans not exported, by reason",
+                 "series": [{"labels": {"reason": "queue_full"}, "value": self.thread.dropped},
+                            {"labels": {"reason": "export_failed"}, "value": self.failed}]}]
+
     # -- the batch thread ------------------------------------------------------------------------------
     def _export(self, records: list[tuple[Any, ...]]) -> None:
-        """The batch thread: the records' spans, posted ``bsp_max_export_batch_size`` at a time."""
-        spans: list[Any] = []
+        """The batch thread: the records' spans encoded, posted ``bsp_max_export_batch_size`` at a time."""
+        span, batch, spans = self._encoder.span, self._batch, []
         for record in records:
             if record[0] == _RUN:
                 self._run_spans(record, spans)
             else:
-                spans.append(self._readable_span(*record[1:]))
-        for i in range(0, len(spans), self._batch):
-            self._exporter.export(spans[i:i + self._batch])  # it logs a failed post itself
+                spans.append(span(*record[1:]))
+        for i in range(0, len(spans), batch):
+            part = spans[i:i + batch]
+            try:
+                posted = self._post(self._encoder.request(part))
+            except Exception:  # a post that raises costs its spans, never the thread
+                log.exception("OpenTelemetry: posting %d spans failed", len(part))
+                posted = False
+            if not posted:  # the exporter logged why
+                self.failed += len(part)
 
-    def _readable_span(self, name: str, trace_id: int, span_id: int, parent: int, remote: bool, start: int,
-                       end: int, attributes: dict[str, Any] | None, events: list[tuple[str, int]]) -> Any:
-        offset, event, ctx = self.offset, self._event, self._context
-        return self._readable(
-            name, context=ctx(trace_id, span_id, False, self._sampled),
-            parent=ctx(trace_id, parent, remote, self._sampled) if parent else None, resource=self._resource,
-            attributes=attributes or {}, events=tuple(event(n, {}, ns + offset) for n, ns in events),
-            kind=self._kind, instrumentation_scope=self._scope, start_time=start + offset, end_time=end + offset)
-
-    def _run_spans(self, record: tuple[Any, ...], into: list[Any]) -> None:
+    def _run_spans(self, record: tuple[Any, ...], into: list[bytes]) -> None:
         """A model's span and its compute span, from the seven stage stamps (:meth:`SpanTrace.record`)."""
         _, trace_id, parent, remote, span_id, compute_id, attributes, stamps = record
         model_events: list[tuple[str, int]] = []
@@ -179,11 +192,29 @@ class OtelExport:
             (model_events if name in _MODEL_EVENTS or compute_start is None else compute_events).append((name, ns))
             if name == "COMPUTE_END":
                 compute_end = ns
+        span = self._encoder.span
         if compute_start is not None and compute_end is not None:
-            into.append(self._readable_span("compute", trace_id, compute_id, span_id, False, compute_start,
-                                            compute_end, None, compute_events))
-        into.append(self._readable_span(attributes["triton.model_name"], trace_id, span_id, parent, remote,
-                                        stamps[0][1], stamps[-1][1], attributes, model_events))
+            into.append(span("compute", trace_id, compute_id, span_id, False, compute_start, compute_end, None,
+                             compute_events))
+        into.append(span(attributes["triton.model_name"], trace_id, span_id, parent, remote, stamps[0][1],
+                         stamps[-1][1], attributes, model_events))
+
+
+def _spans_in(record: tuple[Any, ...]) -> int:
+    """How many spans a record becomes (the drop count is in spans)."""
+    return 2 if record[0] == _RUN else 1
+
+
+def _poster(exporter: Any) -> Callable[[bytes], bool]:
+    """How to post encoded bytes through ``exporter``: True when the collector took them. The SDK's exporter
+    takes only its span objects in public; its HTTP client (newer releases, with retries) or its ``_export``
+    (older ones) takes bytes, and either does the compression, headers and TLS the OTEL_EXPORTER_OTLP_* settings ask for."""
+    client = getattr(exporter, "_client", None)
+    if client is not None and hasattr(client, "export"):
+        return lambda data: bool(client.export(data).success)
+    if hasattr(exporter, "_export"):
+        return lambda data: bool(exporter._export(data).ok)  # a requests.Response
+    raise ImportError("this opentelemetry-exporter-otlp-proto-http has no way to post encoded spans")
 
 
 class Span:
@@ -227,7 +258,9 @@ class SpanTrace:
     def record(self, model: str, version: int, request_id: str, stamps: list[tuple[str, int]]) -> None:
         """A request that ran on ``model``: its model span and compute span from the seven stage stamps
         (built by the batch thread; the hub draws their ids)."""
-        self.export.put((_RUN, self.trace, self.parent, self.remote, _span_id(), self.compute_id or _span_id(),
+        if not self.compute_id:  # kept: a decoupled model's BLS calls after execute returned name it too
+            self.compute_id = _span_id()
+        self.export.put((_RUN, self.trace, self.parent, self.remote, _span_id(), self.compute_id,
                          self._attributes(model, version, request_id), stamps))
 
     def open(self, model: str, version: int, request_id: str, start_ns: int) -> tuple[Span, SpanTrace]:

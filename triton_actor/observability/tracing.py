@@ -179,6 +179,10 @@ class Tracer:
                                           f"(pip install 'triton-actor[opentelemetry]'): {e}") from None
         self.configure(*self._settings)
 
+    def families(self) -> list[dict[str, Any]]:
+        """Our own metric families (server.py's ``_own_families``): the spans lost in OpenTelemetry mode."""
+        return [] if self.otel is None else self.otel.families()
+
     def begin(self, model: str, traceparent: str | None, start_ns: int) -> tuple[Any, SpanTrace] | None:
         """A request for ``model`` comes in (its greenlet): sample it; when traced, its ``InferRequest``
         span and the :class:`~.otel.SpanTrace` the request carries. Only while :attr:`otel` is set."""

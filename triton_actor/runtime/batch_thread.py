@@ -1,12 +1,12 @@
 """A native thread that takes records from the hub and handles them in batches, off the hub.
 
 What it is for: work the hub only has to hand over, never wait for, and that is worth doing in bulk
-(OpenTelemetry spans: observability/otel.py records a span as a tuple on the hub, and this thread builds
-the SDK's span objects and posts them). The hub's whole cost is :meth:`BatchThread.put`: a length check
+(OpenTelemetry spans: observability/otel.py records a span as a tuple on the hub, and this thread encodes
+the OTLP protobuf from them and posts it). The hub's whole cost is :meth:`BatchThread.put`: a length check
 and a ``deque.append`` (atomic under the GIL, so no lock on the way in), plus a wake-up once per batch.
 
 Bounded: at most ``max_queue`` records wait; a record put while the queue is full is dropped and counted
-(:attr:`BatchThread.dropped`), and the thread logs the count once per batch that follows a drop, so a
+(:attr:`BatchThread.dropped`, in the units ``weigh`` gives: OpenTelemetry counts spans), and the thread logs the count once per batch that follows a drop, so a
 sink that cannot keep up costs records, never the hub's memory or time. Batches: the thread wakes every
 ``delay_s`` seconds, or as soon as ``wake_at`` records wait, and hands ``handle`` everything queued (in
 the order it was put). :meth:`flush` (any thread but the hub: it waits) returns once what was put before
@@ -30,8 +30,10 @@ class BatchThread:
     """Records put by the hub, handled in batches by one native thread (see the module doc)."""
 
     def __init__(self, name: str, handle: Callable[[list[Any]], None], max_queue: int, wake_at: int,
-                 delay_s: float) -> None:
+                 delay_s: float, weigh: Callable[[Any], int] | None = None) -> None:
+        """``weigh``: how much a dropped record counts in :attr:`dropped` (1 each without it)."""
         self.name = name
+        self._weigh = weigh
         self._handle = handle
         self._max = max(1, max_queue)
         self._wake_at = max(1, min(wake_at, self._max))
@@ -50,7 +52,7 @@ class BatchThread:
         """The hub: queue ``record``, or count it dropped when ``max_queue`` records already wait."""
         queue = self._queue
         if len(queue) >= self._max:
-            self.dropped += 1
+            self.dropped += 1 if self._weigh is None else self._weigh(record)
             return
         queue.append(record)
         if len(queue) == self._wake_at:
@@ -106,7 +108,7 @@ class BatchThread:
         queue = self._queue
         batch = [queue.popleft() for _ in range(len(queue))]  # popleft is atomic: the hub may append meanwhile
         if self.dropped != self._reported:
-            log.warning("%s: %d records dropped (more than %d waiting); %d in all", self.name,
+            log.warning("%s: %d dropped (more than %d waiting); %d in all", self.name,
                         self.dropped - self._reported, self._max, self.dropped)
             self._reported = self.dropped
         if not batch:

@@ -65,7 +65,19 @@ def test_a_full_queue_drops_counts_and_logs(caplog: pytest.LogCaptureFixture) ->
             sink.gate.set()
             assert thread.flush()
         assert sink.batches == [["a"], ["b", "c"]]
-        assert "test spans: 2 records dropped (more than 2 waiting); 2 in all" in caplog.text
+        assert "test spans: 2 dropped (more than 2 waiting); 2 in all" in caplog.text
+    finally:
+        thread.close()
+
+
+def test_drops_are_counted_in_the_units_weigh_gives() -> None:
+    """OpenTelemetry counts spans: a model's record holds two (observability/otel.py ``_spans_in``)."""
+    sink = Sink()
+    thread = BatchThread("test spans", sink, max_queue=1, wake_at=100, delay_s=_NEVER, weigh=len)
+    try:
+        for record in ("a", "bb", "ccc"):  # "a" waits; the two after it are dropped
+            thread.put(record)
+        assert thread.dropped == 5
     finally:
         thread.close()
 

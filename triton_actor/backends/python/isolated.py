@@ -182,7 +182,9 @@ class IsolatedInstance:
         else:
             keys, watches = self._watch_cancellation(session, requests)
         # traced requests (OpenTelemetry): a token each, that the model's BLS calls bring back while it runs
-        traces = [None if r.trace is None else session.hold_trace(r.trace) for r in requests]
+        # (a decoupled request's: until its final answer, see _Session.forget)
+        traces = [None if r.trace is None else session.hold_trace(r.trace, k if self.decoupled else None)
+                  for r, k in zip(requests, keys, strict=True)]
         try:
             answers = session.ask(("execute", [wire.request_to_wire(r, k, t) for r, k, t in zip(requests, keys, traces, strict=True)],
                                    _root.level, windows))  # the log settings may have changed: the child's follow
@@ -193,7 +195,8 @@ class IsolatedInstance:
         finally:
             for watch in watches:
                 watch.callback = None
-            session.drop_traces(traces)  # a decoupled model's BLS calls after execute returned: not traced
+            if not self.decoupled:
+                session.drop_traces(traces)
         if len(answers) != len(requests):  # PythonInstance always answers each: a bug of ours
             raise TritonError.internal(f"the model's process returned {len(answers)} results for {len(requests)} requests")
         results = [wire.result_from_wire(a) for a in answers]

@@ -54,6 +54,7 @@ class _Session:
         # token → the trace (OpenTelemetry) of a request the process runs now, for the BLS calls it makes:
         # held by the instance's thread from execute until its answer, read by the call threads
         self._traces: dict[int, Any] = {}
+        self._trace_keys: dict[int, int] = {}  # a decoupled request's key → its trace's token, until forget
         self._flush_ids = itertools.count(1)
         try:
             self.child = ChildProcess(name, self.on_message, self.on_exit)
@@ -103,11 +104,14 @@ class _Session:
     def new_key(self) -> int:
         return next(self._next_key)
 
-    def hold_trace(self, trace: Any) -> int:
-        """A token for ``trace`` while its request runs in the process (:meth:`drop_traces` ends it)."""
+    def hold_trace(self, trace: Any, key: int | None = None) -> int:
+        """A token for ``trace`` while its request runs in the process (:meth:`drop_traces` ends it); a
+        decoupled request's (its channel's ``key``) until its final answer (:meth:`forget`)."""
         token = next(self._next_key)
         with self._lock:
             self._traces[token] = trace
+            if key is not None:
+                self._trace_keys[key] = token
         return token
 
     def trace_of(self, token: int) -> Any:
@@ -190,6 +194,7 @@ class _Session:
             channel = self._channels.pop(key, None)
             self._keys.pop(channel, None)
             self._cancel_told.discard(key)
+            self._traces.pop(self._trace_keys.pop(key, 0), None)
         if channel is not None:
             channel.on_cancel = None
             if channel.window is not None and channel.account is None:  # a stream's: grants go on (_released)
@@ -297,6 +302,8 @@ class _Session:
             open_channels = list(self._channels.values())
             self._channels.clear()
             self._keys.clear()
+            self._traces.clear()
+            self._trace_keys.clear()
             relays = list(self._relays.values())
             self._relays.clear()
         for relay in relays:  # nobody reads them any more: their targets are cancelled
