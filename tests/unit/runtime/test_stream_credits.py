@@ -383,6 +383,7 @@ def test_the_server_grants_back_a_stream_response_that_arrived_after_its_channel
     session = _Session.__new__(_Session)  # no process: what _deliver needs of one
     session._lock, session._channels, session._keys = threading.Lock(), {}, {}
     session._cancel_told = set()
+    session._traces, session._trace_keys = {}, {}
     pipe = _Pipe(2)
     session.child = types.SimpleNamespace(to_child=types.SimpleNamespace(submit=pipe.send))
     channel = BoundedResponseChannel(0, None, StreamAccount())
