@@ -159,13 +159,11 @@ class EnsembleScheduler(ChainSteps, WaitGraphReads, InlineActor):
         except TritonError as e:
             self._fail(run, e)
             return
-        timings = response.timings
-        if timings is not None:  # four sums, no comprehension: once per step
-            summed = run.timings
-            summed[0] += timings[0]
-            summed[1] += timings[1]
-            summed[2] += timings[2]
-            summed[3] += timings[3]
+        if response.timings is not None:  # summed when the request ends
+            steps = run.timings
+            steps.append(response.timings)
+            if len(steps) > 64:  # a stream's forks run steps without end: the list stays short
+                steps[:] = [tuple(map(sum, zip(*steps, strict=True)))]
         if table.at >= 0:  # a chain's step: the loop goes on with the next one
             table.tensors.update(outputs)
             self._chain(run, table, step.index + 1)
@@ -427,7 +425,7 @@ class EnsembleScheduler(ChainSteps, WaitGraphReads, InlineActor):
             msg.reply.fail(error)
         else:
             # Triton: the ensemble's queue and compute times are its steps' (core's secondary stats aggregator)
-            queue_ns, ci, inf, co = run.timings
+            queue_ns, ci, inf, co = map(sum, zip(*run.timings, strict=True)) if run.timings else (0, 0, 0, 0)
             self._stats.record_success(msg.batch_size, now - msg.start_ns, queue_ns, (ci, inf, co))
             self._stats.last_inference = time.time_ns() // 1_000_000
             if run.decoupled is not None:

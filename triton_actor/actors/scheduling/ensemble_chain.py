@@ -119,13 +119,8 @@ class ChainSteps:
                     log.exception("ensemble %s: handling step %d's answer failed", self._graph.name, k)
                 self._fail(run, e)
                 return
-            timings = response.timings
-            if timings is not None:
-                summed = run.timings
-                summed[0] += timings[0]
-                summed[1] += timings[1]
-                summed[2] += timings[2]
-                summed[3] += timings[3]
+            if response.timings is not None:  # summed when the request ends
+                run.timings.append(response.timings)
             k += 1
 
     def _to_data_flow(self, run: _Run, table: _Table, k: int) -> None:

@@ -47,7 +47,7 @@ class _Run:
     decoupled: Any  # the request's ResponseChannel when the ensemble streams, else None
     open_tables: int = 0
     answered: int = 0
-    timings: list[int] = field(default_factory=lambda: [0, 0, 0, 0])  # its steps' queue and compute ns, summed
+    timings: list[tuple[int, int, int, int]] = field(default_factory=list)  # each step's queue and compute ns
     failed: bool = False
     readers: list[gevent.Greenlet] = field(default_factory=list)
     tables: list[_Table] = field(default_factory=list)  # every table, so a failure frees all tensors at once

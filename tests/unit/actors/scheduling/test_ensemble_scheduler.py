@@ -470,3 +470,38 @@ def test_an_ensemble_request_starts_on_the_callers_stack_only_when_the_actor_is_
         assert not sched.direct(item())  # busy: the caller sends it
         sched.unhold()
     assert len(first.calls) == (1 if fastpath.enabled else 0)
+
+
+class TimedInlineModel(OddInlineModel):
+    """Answers inline (Y = X) with the queue and compute times a composing scheduler gives its response."""
+
+    def enqueue(self, request: InferRequest, batch: int, reply: Reply[InferResponse]) -> None:
+        self.calls.append((request, reply))
+        response = InferResponse([("Y", request.inputs["X"].data)])
+        response.timings = (1, 10, 100, 1000)
+        reply.set(response)
+
+
+def test_an_ensembles_times_are_its_steps_summed_over_a_long_stream() -> None:
+    """The ensemble's queue and compute times are the sums of its steps' (Triton's secondary aggregator),
+    kept as a short list even when a decoupled step's responses run the next step 200 times."""
+    gen, timed = FakeModel("gen", decoupled=True), TimedInlineModel("timed")
+    graph = _graph(["OUT"], [("gen", {"N": "IN"}, {"Y": "T"}), ("timed", {"X": "T"}, {"Y": "OUT"})], decoupled=True)
+    sched, _turns = _scheduler(graph, [gen, timed], 64)
+    stream = BoundedResponseChannel(1000)
+    reply = _enqueue(sched, stream)
+    _handled(lambda: len(gen.calls) == 1)
+    channel = gen.calls[0][0].responses
+    for i in range(200):
+        channel.send(InferResponse([("Y", np.array([float(i)], np.float32))]), False)
+        _handled(lambda i=i: len(timed.calls) == i + 1)
+        assert all(len(run.timings) <= 65 for run in sched._runs)
+    channel.send(None, True)
+    finals = 0
+    while finals < 1:
+        _item, final = stream.receive(timeout=10)
+        finals += final
+    _handled(reply.ready)
+    durations = sched._stats.snapshot()["durations"]
+    assert [durations[k][1] for k in ("queue", "compute_input", "compute_infer", "compute_output")] == [
+        200, 2000, 20000, 200000]
