@@ -161,13 +161,16 @@ def main() -> int:
     ap.add_argument("--concurrency", default="", help="also drive `pipeline` with perf_analyzer over HTTP at these "
                     "concurrencies (e.g. 1,4): throughput, p50/p99 and server CPU per inference")
     ap.add_argument("--window-ms", type=int, default=2000, help="perf_analyzer's measurement window")
+    ap.add_argument("--workers", type=int, default=1, help="also our server with this many worker processes "
+                    "(`--workers N`, one port), as 'workers'")
     args = ap.parse_args()
     models = args.only or ["pass", "trivial", "pipeline"]
     levels = [int(c) for c in args.concurrency.split(",") if c]
     work = Path(tempfile.mkdtemp(prefix="bench_pipeline_"))
     repo = work / "repo"
     write_repository(repo)
-    servers = ["ours"] + (["before"] if args.before else []) + (["triton"] if args.triton else [])
+    servers = (["ours"] + (["workers"] if args.workers > 1 else []) + (["before"] if args.before else [])
+               + (["triton"] if args.triton else []))
     results: dict[str, dict[str, list[dict[str, float]]]] = {server: {} for server in servers}
     try:
         for _ in range(args.rounds):
@@ -175,6 +178,8 @@ def main() -> int:
                 port = free_port()
                 if server == "ours":
                     proc = start_server(repo, port, ROOT, args.profile)
+                elif server == "workers":
+                    proc = start_server(repo, port, ROOT, None, args.workers)
                 elif server == "before":
                     proc = start_server(repo, port, args.before)
                 else:
@@ -212,13 +217,15 @@ prof.enable()
 """
 
 
-def start_server(repo: Path, port: int, root: Path, profile: Path | None = None) -> subprocess.Popen:
+def start_server(repo: Path, port: int, root: Path, profile: Path | None = None, workers: int = 1) -> subprocess.Popen:
     """Our server from checkout ``root``; with ``profile``, under cProfile counting the hub thread's CPU
     time (a busy host preempts: wall time would mostly be waiting). The server ends with ``os._exit``,
     which skips cProfile's own dump, so the wrapper dumps first."""
     code = "import runpy, sys\n" + (_PROFILED % str(profile) if profile is not None else "") + _RUN
     args = [sys.executable, "-c", code, "--model-repository", str(repo), "--http-port", str(port),
             "--http-address", "127.0.0.1", "--log-info=false", "--allow-grpc=false", "--allow-metrics=false"]
+    if workers > 1:
+        args += ["--workers", str(workers)]
     env = dict(os.environ, PYTHONPATH=str(root))
     return subprocess.Popen(args, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
 
@@ -254,10 +261,12 @@ def report(results: dict[str, dict[str, list[dict[str, float]]]], servers: list[
             step = (med["trivial"]["p50_us"] - med["pass"]["p50_us"]) / 2
             cpu = (med["trivial"]["server_cpu_us"] - med["pass"]["server_cpu_us"]) / 2
             print(f"{server:8} one extra step: {step:.0f} µs of p50, {cpu:.0f} µs of server CPU")
-    if "triton" in servers and "ours" in servers:
-        for model in sorted(m for m in results["ours"] if m.startswith("pipeline c=") and m in results["triton"]):
-            ours, triton = (statistics.median(r["rps"] for r in results[s][model]) for s in ("ours", "triton"))
-            print(f"{model}: ours {ours:.0f} infer/s, Triton {triton:.0f}: {ours / triton:.2f}x")
+    for name in ("ours", "workers"):
+        if "triton" not in servers or name not in servers:
+            continue
+        for model in sorted(m for m in results[name] if m.startswith("pipeline c=") and m in results["triton"]):
+            ours, triton = (statistics.median(r["rps"] for r in results[s][model]) for s in (name, "triton"))
+            print(f"{model}: {name} {ours:.0f} infer/s, Triton {triton:.0f}: {ours / triton:.2f}x")
 
 
 if __name__ == "__main__":

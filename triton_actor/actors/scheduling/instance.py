@@ -110,14 +110,16 @@ class ModelInstance:
     """One backend instance on its native worker: ``execute(batch, done)`` and ``close()``; a
     single-owner hub object, not an actor (hub thread only, never blocks the caller)."""
 
-    __slots__ = ("ctx", "_worker", "_backend", "_backend_instance", "_inline", "_streak", "_needed", "_hub", "_slow",
+    __slots__ = ("ctx", "_worker", "_backend", "_backend_instance", "inline", "_streak", "_needed", "_hub", "_slow",
                  "_clock", "_closing", "_restarts", "health", "reason", "_watcher", "_reviving")
 
     def __init__(self, ctx: InstanceContext, backend: Backend) -> None:
         self.ctx = ctx
         self._backend = backend
         self._backend_instance: BackendInstance | None = None
-        self._inline = False
+        # whether batches run on the caller's stack (promoted); read by the schedulers for every batch, a
+        # plain attribute (a property was a frame per read, twice per direct run)
+        self.inline = False
         self._streak = 0
         self._needed = PROMOTE_STREAK
         self._slow = 0  # slow inline runs in a row
@@ -146,7 +148,7 @@ class ModelInstance:
         died = self._worker.died
         if self._closing or stopped is not self._worker.stopped:
             return
-        self._inline = False  # its backend instance was finalized with the thread: never run it inline again
+        self.inline = False  # its backend instance was finalized with the thread: never run it inline again
         if died is None:  # a restart whose load failed (a first load that fails is wait_ready's error)
             if self.health == RESTARTING:
                 error = self._worker.ready.exception()
@@ -247,17 +249,13 @@ class ModelInstance:
         """Whether it must be told of a cancellation (``bridge.CancelWatch``) rather than poll the probe."""
         return getattr(self._backend_instance, "watches_cancellation", False)
 
-    @property
-    def inline(self) -> bool:
-        return self._inline
-
     def wait_ready(self, timeout: float | None = None) -> None:
         """Block the calling greenlet until the backend instance loaded; raise its load error."""
         self._worker.ready.get(timeout)
 
     def execute(self, requests: list[InferRequest], done: Done) -> None:
         """Run a batch; ``done(ok, (results, timings) | error)`` is called in the hub or the caller."""
-        if not self._inline:
+        if not self.inline:
             backend_instance = self._backend_instance
             if getattr(backend_instance, "inline_ok", False):
                 self._worker.submit_callback(_run_batch_cpu, (requests,), self._observe(done))
@@ -290,14 +288,14 @@ class ModelInstance:
         except RunOnThread:
             # the model called the server (BLS, model control) from the hub, which that call would
             # have to wait for: run the batch on the thread, and keep the model there for good
-            self._inline, self._needed = False, NEVER
+            self.inline, self._needed = False, NEVER
             log.info("instance %s calls the server from execute(): it keeps its thread", self.name)
             self._worker.submit_callback(_run_batch, (requests,), done)
             return None
         except (gevent.GreenletExit, gevent.Timeout):
             # killed while the model yielded: the batch must still be answered, or the instance
             # would stay busy and its replies never complete
-            self._inline = False
+            self.inline = False
             done(False, TritonError(Code.CANCELLED, f"instance '{self.name}': execution was interrupted"))
             raise
         except BaseException:  # noqa: BLE001 - the model's own (a BaseException subclass of its own)
@@ -316,9 +314,12 @@ class ModelInstance:
         # idle, 1.1-1.5 µs on the loaded 2-core host; reading it around every run cost 3-4 µs of CPU per
         # ensemble step, two reads a run): it is read only around the runs after a long one. A long run
         # not clocked counts as slow by its wall time, but never demotes at once by itself.
-        if wall_ns <= DEMOTE_NS:
+        if wall_ns <= DEMOTE_NS:  # _after_inline_run's short run, without the call: the usual case
             self._clock = False
-            self._after_inline_run(wall_ns, wall_ns)
+            self._slow = 0
+            self._streak += 1
+            if self._streak == FORGIVE_AFTER and self._needed < NEVER:
+                self._needed = PROMOTE_STREAK
         else:
             self._clock = True
             self._after_inline_run(wall_ns if c0 < 0 else _thread_ns() - c0, wall_ns, c0 >= 0)
@@ -337,7 +338,7 @@ class ModelInstance:
             self._slow += 1
             if (self._slow >= DEMOTE_AFTER or (clocked and cpu_ns > DEMOTE_AT_ONCE_NS)
                     or wall_ns > DEMOTE_AT_ONCE_WALL_NS):
-                self._inline = False
+                self.inline = False
                 self._streak = self._slow = 0
                 self._needed = min(self._needed * 2, NEVER)
                 log.debug("instance %s: back to its thread (next promotion after %d short runs)", self.name, self._needed)
@@ -354,7 +355,7 @@ class ModelInstance:
         again. One that fails on its thread too failed for its own reasons (a bad request): it goes
         back inline with no penalty, so clients sending bad requests cannot push a model off the fast
         path for good. The price: a failing batch of a promoted model runs twice."""
-        self._inline = False
+        self.inline = False
         self._streak = 0
 
         def retried(ok: bool, value: Any) -> None:
@@ -364,7 +365,7 @@ class ModelInstance:
                 self._needed = NEVER
                 log.warning("instance %s fails when run inline but not on its thread: it keeps its thread", self.name)
             else:
-                self._inline = fastpath.enabled  # the model's own error, inline or not
+                self.inline = fastpath.enabled  # the model's own error, inline or not
             done(ok, value)
 
         self._worker.submit_callback(_run_batch_cpu, (requests,), retried)
@@ -379,7 +380,7 @@ class ModelInstance:
                 if cpu_ns < PROMOTE_NS and not worker.used_hub and not worker.calls_server and fastpath.enabled:
                     self._streak += 1
                     if self._streak >= self._needed:
-                        self._inline = True
+                        self.inline = True
                         self._streak = self._slow = 0
                         log.debug("instance %s: runs inline from now on", self.name)
                 else:
@@ -393,5 +394,5 @@ class ModelInstance:
     def close(self, timeout: float | None = 30.0) -> bool:
         """Finish queued batches, ``finalize()`` the backend on its thread, join the thread."""
         self._closing = True
-        self._inline = False
+        self.inline = False
         return self._worker.close(timeout)

@@ -91,7 +91,7 @@ class Version:
             inst = ModelInstance(ctx, backend)  # type: ignore[arg-type]
             inst.wait_ready(WAIT)
             # as if promoted (32 short runs on its thread), which happens only while fast paths are on
-            inst._inline = fastpath.enabled if promoted is None else promoted
+            inst.inline = fastpath.enabled if promoted is None else promoted
             self.instances.append(inst)
         self.instance = self.instances[0]
         self.model = backend.instance

@@ -58,7 +58,7 @@ def _instance() -> tuple[ModelInstance, YieldingInstance]:
     ctx = InstanceContext("m", 1, Path("."), Path("."), ModelConfig(name="m"), "{}", "m_0", "CPU", 0, 0)
     inst = ModelInstance(ctx, backend)  # type: ignore[arg-type]
     inst.wait_ready(10)
-    inst._inline = True  # as if promoted
+    inst.inline = True  # as if promoted
     return inst, backend.instance
 
 
