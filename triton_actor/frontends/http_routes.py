@@ -152,13 +152,13 @@ def _infer_routes(app: Flask, plane: DataPlane, forward: re.Pattern[str] | None,
         if pending.hit is not None:  # answered from the response cache (a fast path)
             chunks, json_length = cached_answers.http_body(pending, request, encode, body)
         else:
-            chunks, json_length = encode(request, _answer(pending.reply, req), pending.route)
+            response = _answer(pending.reply, req)
+            # an all-binary answer planned before (no work to weigh), else the encoder by the offload rule
+            chunks, json_length = v2_http_response.encode_planned(request, response, pending.route.version) \
+                or encode(request, response, pending.route)
         return _infer_reply(chunks, json_length, req.headers.get("accept-encoding"))
 
     def encode(request: InferRequest, response: InferResponse, route: Route) -> tuple[list[bytes], int | None]:
-        planned = v2_http_response.encode_planned(request, response, route.version)  # all binary: no work
-        if planned is not None:
-            return planned
         work = 0 if _elements(response) <= WORK_ON_HUB else \
             v2_http_response.json_output_elements(request, response, route.labels, route.batching)
         return offload.run(work, v2_http_response.encode_infer_response, request, response,

@@ -76,18 +76,16 @@ def encode_planned(request: InferRequest, response: InferResponse, model_version
     """:func:`encode_infer_response`'s answer from a kept plan (always None while fast paths are off, or
     for a response with parameters): one key, one lookup, one ``tobytes`` per output carried. Its
     ``labels`` and ``batching`` do not matter: a classified output is never planned."""
-    outputs = response.outputs
     key = [request.outputs, request.binary_output, request.id, request.model_name, model_version]
-    for name, array in outputs:
+    chunks = [b""]
+    for name, array in response.outputs:
         key += (name, array.dtype, array.shape)
+        chunks.append(array.tobytes())  # (a miss wastes these copies: a plan's outputs are small, misses rare)
     plan = _ANSWERS.get(tuple(key))
     if plan is None or response.parameters:
         return None
-    head, picks = plan
-    chunks = [head]
-    for i in picks:
-        chunks.append(outputs[i][1].tobytes())
-    return chunks, len(head)
+    chunks[0], picks = plan
+    return (chunks if picks is None else [chunks[0], *[chunks[i] for i in picks]]), len(chunks[0])
 
 
 def _encode_binary(request: InferRequest, response: InferResponse, model_version: int,
@@ -119,8 +117,8 @@ def _encode_binary(request: InferRequest, response: InferResponse, model_version
     header: dict[str, Any] = {"id": request.id} if request.id else {}
     header.update(model_name=request.model_name, model_version=str(model_version), outputs=outputs)
     head = chunks[0] = orjson.dumps(header)
-    if len(request.id) <= _ID_MAX:
-        _ANSWERS.put(tuple(key), (head, tuple(picks)))
+    if len(request.id) <= _ID_MAX:  # picks None: every output, in order
+        _ANSWERS.put(tuple(key), (head, None if len(picks) == len(response.outputs) else tuple(i + 1 for i in picks)))
     return chunks, len(head)
 
 
