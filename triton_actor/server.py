@@ -188,7 +188,8 @@ class Server:
             log.info("Started GRPCInferenceService at %s:%d", s.grpc_address, self.grpc.start(listeners.get("grpc")))
         if s.allow_http:
             forward = header_forward.compile_pattern(s.http_header_forward_pattern)
-            self.frontend = HttpFrontend(create_app(self.plane, forward, offload, self._openai_options()),
+            self.frontend = HttpFrontend(create_app(self.plane, forward, offload, self._openai_options(),
+                                                    caching=self.response_cache is not None),
                                          inflation_limit(s),
                                          Restrictions(s.http_restricted_api, "--http-restricted-api"))
             self.http = HttpServer(s.http_address, s.http_port, self.frontend, self._http_limits(),

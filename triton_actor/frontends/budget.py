@@ -103,6 +103,9 @@ class ByteBudget:
             line = big if n > self._small else small
             if line and self._place(n) >= line[0][0]:
                 return False
+        elif n <= self._small and self.used + n <= self.limit:  # _fits' common case, without its call
+            self.used += n
+            return True
         if not self._fits(n):
             self._refused_at = monotonic()
             self.line_formed.set()
@@ -137,7 +140,9 @@ class ByteBudget:
     def release(self, n: int) -> None:
         if n:
             self.used -= n
-            self._grant()
+            small, big = self._lines
+            if small or big:  # (nobody waits: nothing to grant, and no call)
+                self._grant()
 
     def _grant(self) -> None:
         for line in self._lines:

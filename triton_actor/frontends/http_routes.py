@@ -23,6 +23,7 @@ from ..plane.dataplane import DataPlane, Streamed
 from ..plane.route import Route
 from ..protocol import codings, generate, header_forward, payloads, repository_http, v2_http, v2_http_response
 from ..protocol.shm_windows import SharedMemoryAccess
+from ..runtime import fastpath
 from ..runtime.kernel import Reply as Reply_
 from . import cached_answers, compression
 from .http import JSON_HEADERS, TEXT_HEADERS, HttpRequest, Reply, View, json_reply, takes_body
@@ -34,16 +35,21 @@ _OK_EMPTY: Reply = ("200 OK", TEXT_HEADERS, b"")
 _OK_EMPTY_JSON: Reply = ("200 OK", JSON_HEADERS, b"")  # Triton: load/unload answer 200, empty body
 _NOT_READY: Reply = ("400 Bad Request", TEXT_HEADERS, b"")
 _BINARY = "application/octet-stream"
+# an /infer answer's fields by its JSON header's length (None: all JSON): a repeating client gets the same
+# few; shared and read-only (the driver copies fields it adds). Fast path; _infer_headers is the slow path.
+_INFER_HEADERS = fastpath.cache("http.infer_headers", 256)
 
 
 def create_app(plane: DataPlane, forward: re.Pattern[str] | None = None, offload: Offload | None = None,
-               openai: OpenAIOptions | None = None) -> Flask:
+               openai: OpenAIOptions | None = None, caching: bool = True) -> Flask:
     """The Flask app holding every route (the url map is all the router uses of it); ``forward``: the
     request headers /infer passes to the model as parameters (--http-header-forward-pattern);
     ``offload``: the rule for big conversions, shared with the gRPC front end (a new one if None);
-    ``openai``: the OpenAI-compatible routes' options (:mod:`.openai_routes`, always served)."""
+    ``openai``: the OpenAI-compatible routes' options (:mod:`.openai_routes`, always served); ``caching``:
+    whether the server has a response cache (its answers looked up by a request's bytes)."""
     app = empty_app()
-    for group in (_health_routes, _model_routes, partial(_infer_routes, forward=forward, offload=offload or Offload()),
+    for group in (_health_routes, _model_routes, partial(_infer_routes, forward=forward, offload=offload or Offload(),
+                                                         caching=caching),
                   _generate_routes, _shm_routes, _repository_routes, _settings_routes, status_routes,
                   partial(openai_routes, options=openai or OpenAIOptions())):
         group(app, plane)
@@ -121,23 +127,35 @@ def _model_routes(app: Flask, plane: DataPlane) -> None:
         return json_reply(plane.statistics(model, version))
 
 
-def _infer_routes(app: Flask, plane: DataPlane, forward: re.Pattern[str] | None, offload: Offload) -> None:
+def _infer_routes(app: Flask, plane: DataPlane, forward: re.Pattern[str] | None, offload: Offload,
+                  caching: bool) -> None:
+    """``caching``: the server has a response cache (--cache-config): only then is a request body looked
+    up by its bytes (``cached_answers.http_again``), which costs a call and a lookup on every /infer."""
+
     @versioned(app, "/infer", "POST")
     def infer(req: HttpRequest, model: str, version: int = -1) -> Reply:
         route = plane.route(model, version)
-        body = _same_bytes_same_request(req, forward)
+        headers = req.headers
+        body = _same_bytes_same_request(req, forward) if caching else None
         if body is not None:  # a body answered from the response cache before (a fast path)
             again = cached_answers.http_again(plane, route, body)
             if again is not None:
-                return _infer_reply(*again, req.headers.get("accept-encoding"))
-        request = _decode_infer(route, req, plane.shm, offload)
+                return _infer_reply(*again, headers.get("accept-encoding"))
+        route.refuse_decoupled("HTTP end point doesn't support models with decoupled transaction policy")
+        request = None if "content-encoding" in headers else v2_http.decode_planned(
+            req.body, headers.get("inference-header-content-length"), route.name, route.requested)
+        if request is None:
+            request = _decode_infer(route, req, plane.shm, offload)
         if forward is not None:
             request = header_forward.with_forwarded(request, header_forward.forwarded(forward, req.headers.items()))
         pending = cache_front.start(plane, request, route, req.wire or req.headers.get("traceparent"))
         if pending.hit is not None:  # answered from the response cache (a fast path)
             chunks, json_length = cached_answers.http_body(pending, request, encode, body)
         else:
-            chunks, json_length = encode(request, _answer(pending.reply, req), pending.route)
+            response = _answer(pending.reply, req)
+            # an all-binary answer planned before (no work to weigh), else the encoder by the offload rule
+            chunks, json_length = v2_http_response.encode_planned(request, response, pending.route.version) \
+                or encode(request, response, pending.route)
         return _infer_reply(chunks, json_length, req.headers.get("accept-encoding"))
 
     def encode(request: InferRequest, response: InferResponse, route: Route) -> tuple[list[bytes], int | None]:
@@ -174,7 +192,6 @@ def _answer(reply: Reply_[InferResponse], req: HttpRequest) -> InferResponse:
 
 
 def _decode_infer(route: Route, req: HttpRequest, shm: SharedMemoryAccess, offload: Offload) -> InferRequest:
-    route.refuse_decoupled("HTTP end point doesn't support models with decoupled transaction policy")
     body = req.payload()
     hl = v2_http.parse_header_length(req.headers.get("inference-header-content-length"))
     if hl == 0 or (hl is None and not body):
@@ -185,15 +202,24 @@ def _decode_infer(route: Route, req: HttpRequest, shm: SharedMemoryAccess, offlo
 
 
 def _infer_reply(chunks: list[bytes], json_length: int | None, accept_encoding: str | None) -> Reply:
-    if json_length is None:
-        headers = [("Content-Type", "application/json")]
-    else:
-        headers = [("Content-Type", _BINARY), ("Inference-Header-Content-Length", str(json_length))]
+    if accept_encoding is None:  # the usual answer: its fields by the JSON header's length (a fast path)
+        headers = _INFER_HEADERS.get(json_length)
+        if headers is None:
+            headers = _infer_headers(json_length)
+            _INFER_HEADERS.put(json_length, headers)
+        return "200 OK", headers, chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    headers = _infer_headers(json_length)
     coding = codings.response_coding(accept_encoding)
     if coding is None:
         return "200 OK", headers, chunks[0] if len(chunks) == 1 else b"".join(chunks)
     headers.append(("Content-Encoding", coding))
     return "200 OK", headers, compression.compress(coding, chunks)  # a big one off the hub
+
+
+def _infer_headers(json_length: int | None) -> list[tuple[str, str]]:
+    if json_length is None:
+        return [("Content-Type", "application/json")]
+    return [("Content-Type", _BINARY), ("Inference-Header-Content-Length", str(json_length))]
 
 
 def _generate_routes(app: Flask, plane: DataPlane) -> None:

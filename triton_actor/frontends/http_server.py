@@ -39,6 +39,7 @@ from ..errors import TritonError
 from ..observability.tracing import Tracer
 from ..observability.wire_trace import WireTrace
 from ..protocol import http1
+from ..runtime import fastpath
 from ..runtime.socket_io import Woken, recv_when_readable, send_all, send_now, wake_reader
 from .budget import FIRST_INSTALLMENT, ByteBudget, with_room
 from .descriptors import ConnectionSlots, Listener, Reusable, bind, close_longest_waiting, descriptor_cap
@@ -261,9 +262,7 @@ class HttpServer:
     def _serve(self, conn: _Connection) -> None:
         sock, http, frontend, tracer = conn.sock, conn.http, self.frontend, self.tracer
         while True:  # closing: the answer says Connection: close, and the loop ends after it is sent
-            head = http.next_event() if http.buf else http1.NEED_DATA  # empty: it needs data
-            if head is http1.NEED_DATA:
-                head = self._read_event(sock, http)
+            head, body = self._next_request(sock, http)
             if head is http1.CLOSED:
                 return
             # unpacked, not read by name: a NamedTuple's field getters are CPython 3.11's slow path
@@ -276,20 +275,23 @@ class HttpServer:
             try:
                 if expect_continue:
                     send_all(sock, http1.CONTINUE)
-                if length >= _TAKEN_MIN and frontend.takes_body(method, unquote(target.partition("?")[0], "latin-1")):
-                    event = self._read_taken(conn)
+                if body is not None:
+                    pass  # it came whole with its head (receive_whole)
+                elif length >= _TAKEN_MIN and frontend.takes_body(method, unquote(target.partition("?")[0], "latin-1")):
+                    (body,) = self._read_taken(conn)
                 else:
                     event = http.next_event()
                     if event is http1.NEED_DATA:
                         event = self._read_event(sock, http) if length != http1.CHUNKED else self._read_chunked(conn)
-                (body,) = event
+                    (body,) = event
                 path, _, query = target.partition("?")
+                if "%" in path:  # (unquote's own test, without its call)
+                    path = unquote(path, "latin-1")
                 if wire is None:
-                    reply = frontend(method, unquote(path, "latin-1"), query, headers, body, conn.peer_gone, conn.hold)
+                    reply = frontend(method, path, query, headers, body, conn.peer_gone, conn.hold)
                 else:
                     wire.recv_end = perf_counter_ns()
-                    reply = frontend(method, unquote(path, "latin-1"), query, headers, body, conn.peer_gone, conn.hold,
-                                     wire)
+                    reply = frontend(method, path, query, headers, body, conn.peer_gone, conn.hold, wire)
                     wire.sending()
                 if conn.watcher is not None:
                     conn.end_watch()
@@ -357,6 +359,29 @@ class HttpServer:
             http.receive_data(_recv_body(sock, max(_RECV, http.want)), monotonic())
             event = http.take_body()
         return event
+
+    @classmethod
+    def _next_request(cls, sock: socket.socket, http: http1.ServerConnection) -> tuple[Any, bytes | None]:
+        """The next request's head (or ``CLOSED``), and its body when it came whole with the head in one
+        read (``receive_whole``: a repeating client's request, a fast path); None: read the body after."""
+        if http.buf:  # pipelined, or the rest of a head
+            head = http.next_event()
+            if head is not http1.NEED_DATA:
+                return head, None
+        elif fastpath.enabled:
+            try:
+                data = recv_when_readable(sock, _RECV)
+            except Woken:  # (the reaper wakes body reads only: as _read_event, to be safe)
+                data = b""
+            now = monotonic()
+            whole = http.receive_whole(data, now)
+            if whole is not None:
+                return whole
+            http.receive_data(data, now)
+            head = http.next_event()
+            if head is not http1.NEED_DATA:
+                return head, None
+        return cls._read_event(sock, http), None
 
     @staticmethod
     def _read_event(sock: socket.socket, http: http1.ServerConnection) -> Any:

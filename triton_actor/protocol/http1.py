@@ -196,6 +196,30 @@ class ServerConnection:
             self.deadline = self._body_deadline(now)
         self.buf += data
 
+    def receive_whole(self, data: bytes, now: float) -> tuple[Head, bytes] | None:
+        """A fast path for :meth:`receive_data` then :meth:`next_event` twice: ``data``, read with nothing
+        buffered while waiting for a head, is exactly one request whose head was parsed before (the head
+        cache, which only holds heads that passed every check) and its whole ``Content-Length`` body, as a
+        repeating client sends it in one write. Returns the head and the body, the state machine left as
+        those calls leave it; None (fast paths off, anything else) consumes nothing: feed ``data`` the
+        regular way. Saves the buffer's copy in and out and four calls per request. Call it only in the
+        state :attr:`waiting` with an empty :attr:`buf` (the driver's first read for a request)."""
+        idx = data.find(b"\r\n\r\n")
+        if idx < 0:  # (data[:-1] could be a kept head)
+            return None
+        info = _HEADS.get(data[:idx])  # always None while fast paths are off
+        if info is None:
+            return None
+        length = info[6]
+        # (a chunked head's length, -1, never matches: data holds at least the head and its blank line)
+        if length != len(data) - idx - 4 or length > self.limits.max_body:
+            return None
+        self._last = now
+        self.state = DONE
+        self.want = 0
+        self.deadline = _NEVER  # the request is being answered: no read timeout applies
+        return info, data[idx + 4:]
+
     def next_event(self) -> Head | Body | _Sentinel:
         """The next event, :data:`NEED_DATA`, or :data:`CLOSED`; raises :class:`ProtocolError`."""
         state = self.state

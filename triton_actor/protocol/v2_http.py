@@ -47,12 +47,16 @@ def parse_header_length(value: str | None) -> int | None:
     return int(value)
 
 
+# an Inference-Header-Content-Length text of a request decoded from a plan, parsed (decode_planned)
+_LENGTHS = fastpath.cache("v2_http.header_lengths", 256)
+
+
 class _Plan(NamedTuple):
     """What a JSON inference header says, for a header whose inputs are all plain binary tensors:
-    (name, numpy dtype, dtype, shape, count, byte size) per input, in body order."""
+    (name, numpy dtype, dtype, shape, count, offset after the header, one-dimensional) per input."""
 
     rid: str
-    inputs: tuple[tuple[str, np.dtype, DType, tuple[int, ...], int, int], ...]
+    inputs: tuple[tuple[str, np.dtype, DType, tuple[int, ...], int, int, bool], ...]
     size: int  # bytes of binary data after the header
     outputs: tuple[RequestedOutput, ...] | None
     params: dict[str, Any]
@@ -83,7 +87,21 @@ def decode_infer_request(body: bytes, header_length: int | None, model_name: str
         plan = _plan_of(header, request)
         if plan is not None:
             _PLANS.put(key, plan)
+            _LENGTHS.put(str(header_length), header_length)
     return request
+
+
+def decode_planned(body: bytes, header_length: str | None, model_name: str, model_version: int) -> InferRequest | None:
+    """:func:`decode_infer_request` of an identity body from a kept plan, given the request's
+    ``Inference-Header-Content-Length`` as sent; None (always, while fast paths are off) when its header
+    was not planned before: decode it the regular way, which plans it."""
+    hl = _LENGTHS.get(header_length)
+    if hl is None:
+        return None
+    plan = _PLANS.get(bytes(body[:hl]))
+    if plan is None or hl + plan.size != len(body):
+        return None
+    return _from_plan(plan, body, hl, model_name, model_version)
 
 
 def planned(body: bytes, header_length: int | None) -> bool:
@@ -99,13 +117,10 @@ assert InferRequest._fields[:6] == ("model_name", "model_version", "id", "inputs
 
 def _from_plan(plan: _Plan, body: bytes, offset: int, model_name: str, model_version: int) -> InferRequest:
     inputs = {}
-    frombuffer = np.frombuffer
-    for name, np_dtype, dtype, shape, count, size in plan.inputs:
-        data = frombuffer(body, dtype=np_dtype, count=count, offset=offset)
-        if len(shape) != 1:
-            data = data.reshape(shape)
-        inputs[name] = fastpath.new_tuple(InferInput, (name, dtype, shape, data))
-        offset += size
+    frombuffer, new_tuple = np.frombuffer, fastpath.new_tuple
+    for name, np_dtype, dtype, shape, count, at, flat in plan.inputs:
+        data = frombuffer(body, np_dtype, count, offset + at)
+        inputs[name] = new_tuple(InferInput, (name, dtype, shape, data if flat else data.reshape(shape)))
     params = dict(plan.params) if plan.params else {}
     return fastpath.new_tuple(InferRequest, (model_name, model_version, plan.rid, inputs, plan.outputs, params, *plan.tail))
 
@@ -124,7 +139,7 @@ def _plan_of(header: dict[str, Any], request: InferRequest) -> _Plan | None:
         count = tensor.data.size
         if size.__class__ is not int or dtype is BYTES or dtype is BF16 or not count or size != count * dtype.itemsize:
             return None
-        planned.append((tensor.name, dtype.numpy, dtype, tensor.shape, count, size))
+        planned.append((tensor.name, dtype.numpy, dtype, tensor.shape, count, total, len(tensor.shape) == 1))
         total += size
     if request.outputs is not None and any(o.shm is not None for o in request.outputs):
         return None

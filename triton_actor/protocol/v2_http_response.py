@@ -63,43 +63,62 @@ def encode_infer_response(
     return [head, *blobs], len(head)
 
 
-# The JSON header of an all-binary response depends only on the request id, the model, and each
-# output's name, dtype and shape: headers built once are kept by those, so the steady state builds
-# no JSON (a repeated request from perf_analyzer or a client loop).
-_RESPONSE_HEADS = fastpath.cache("v2_http.response_heads", 256)
+# The answer to an all-binary response depends only on what the request asked (its ``outputs`` entries
+# and binary default), its id, the model, and each output's name, dtype and shape: the JSON header built
+# once and which outputs it carries are kept by those (a plan), so the steady state builds no JSON and
+# selects nothing (a repeated request from perf_analyzer or a client loop). Fast path; the slow path is
+# the general encoder.
+_ANSWERS = fastpath.cache("v2_http.binary_answers", 256)
+_ID_MAX = 256  # a longer request id is not worth a plan (ids are client-chosen)
+
+
+def encode_planned(request: InferRequest, response: InferResponse, model_version: int) -> tuple[list[bytes], int] | None:
+    """:func:`encode_infer_response`'s answer from a kept plan (always None while fast paths are off, or
+    for a response with parameters): one key, one lookup, one ``tobytes`` per output carried. Its
+    ``labels`` and ``batching`` do not matter: a classified output is never planned."""
+    key = [request.outputs, request.binary_output, request.id, request.model_name, model_version]
+    chunks = [b""]
+    for name, array in response.outputs:
+        key += (name, array.dtype, array.shape)
+        chunks.append(array.tobytes())  # (a miss wastes these copies: a plan's outputs are small, misses rare)
+    plan = _ANSWERS.get(tuple(key))
+    if plan is None or response.parameters:
+        return None
+    chunks[0], picks = plan
+    return (chunks if picks is None else [chunks[0], *[chunks[i] for i in picks]]), len(chunks[0])
 
 
 def _encode_binary(request: InferRequest, response: InferResponse, model_version: int,
                    labels: dict[str, list[str]], batching: bool) -> tuple[list[bytes], int] | None:
-    """The all-binary case (no shared memory, classification, BYTES or response parameters) from a
-    kept JSON header; None when the response is not of that kind."""
-    if len(request.id) > 256:
-        return None  # not worth a cache entry (and ids are client-chosen)
-    key: list[Any] = [request.id, request.model_name, model_version]
+    """The all-binary case (no shared memory, classification, BYTES or response parameters), planned for
+    :func:`encode_planned` as it is encoded; None when the response is not of that kind."""
+    key: list[Any] = [request.outputs, request.binary_output, request.id, request.model_name, model_version]
+    for name, array in response.outputs:
+        key += (name, array.dtype, array.shape)
+    picks: list[int] = []
     chunks: list[bytes] = [b""]
+    outputs = []
     default = request.binary_output
-    for name, array, spec in selected_outputs(request, response, labels, batching):
+    wanted = None if request.outputs is None else {o.name: o for o in request.outputs}
+    for i, (name, array) in enumerate(response.outputs):
+        spec = None if wanted is None else wanted.get(name, False)
+        if spec is False:
+            continue  # not asked for
         if spec is not None and (spec.shm is not None or spec.classification):
             return None
         if not (default if spec is None or spec.binary is None else spec.binary) or array.dtype.kind in "OSU":
             return None  # JSON data, or BYTES (length-prefixed elements: the general encoder)
-        key += (name, array.dtype, array.shape)
+        picks.append(i)
         chunks.append(array.tobytes())
-    if len(chunks) == 1:
+        outputs.append({"name": name, "datatype": _wire_dtype(array).wire, "shape": list(array.shape),
+                        "parameters": {"binary_data_size": array.nbytes}})
+    if not picks:
         return None  # no output selected: a pure JSON answer
-    cache_key = tuple(key)
-    head = _RESPONSE_HEADS.get(cache_key)
-    if head is None:
-        outputs = []
-        for name, array, _ in selected_outputs(request, response, labels, batching):
-            dtype = _wire_dtype(array)
-            outputs.append({"name": name, "datatype": dtype.wire, "shape": list(array.shape),
-                            "parameters": {"binary_data_size": array.nbytes}})
-        header: dict[str, Any] = {"id": request.id} if request.id else {}
-        header.update(model_name=request.model_name, model_version=str(model_version), outputs=outputs)
-        head = orjson.dumps(header)
-        _RESPONSE_HEADS.put(cache_key, head)
-    chunks[0] = head
+    header: dict[str, Any] = {"id": request.id} if request.id else {}
+    header.update(model_name=request.model_name, model_version=str(model_version), outputs=outputs)
+    head = chunks[0] = orjson.dumps(header)
+    if len(request.id) <= _ID_MAX:  # picks None: every output, in order
+        _ANSWERS.put(tuple(key), (head, None if len(picks) == len(response.outputs) else tuple(i + 1 for i in picks)))
     return chunks, len(head)
 
 

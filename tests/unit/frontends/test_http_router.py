@@ -11,7 +11,7 @@ from unittest.mock import MagicMock
 import pytest
 
 from triton_actor.errors import TritonError
-from triton_actor.frontends import http
+from triton_actor.frontends import cached_answers, http
 from triton_actor.frontends.http import HttpFrontend
 from triton_actor.frontends.http_routes import create_app, empty_app
 from triton_actor.runtime import fastpath
@@ -38,6 +38,20 @@ def test_views_get_the_url_arguments(router: tuple[HttpFrontend, MagicMock]) -> 
     assert route("GET", "/v2/models/m/versions/3", "", {}, b"")[2] == b'{"name":"m"}'
     plane.model_metadata.assert_called_with("m", 3)
     assert (("POST", "/v2/models/m/infer") in fastpath.caches()["http.routes"]) is fastpath.enabled
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_a_body_is_looked_up_by_its_bytes_only_with_a_response_cache(monkeypatch: pytest.MonkeyPatch,
+                                                                       caching: bool) -> None:
+    """Without a response cache (--cache-config) an /infer body is not looked up by its bytes: that call
+    and lookup were on every request of every server."""
+    looked_up: list[object] = []
+    monkeypatch.setattr(cached_answers, "http_again", lambda *args: looked_up.append(args))
+    plane = MagicMock()
+    plane.route.return_value.refuse_decoupled.side_effect = TritonError.unsupported("decoupled")
+    route = HttpFrontend(create_app(plane, caching=caching))
+    assert route("POST", "/v2/models/m/infer", "", {}, b"{}")[0] == "501 Not Implemented"
+    assert len(looked_up) == (1 if caching else 0)
 
 
 @pytest.mark.parametrize(("method", "path", "status", "allow"), [
