@@ -194,11 +194,16 @@ class PythonInstance:
         that answers from ``execute`` runs in this frame, its request built lean (pb_utils'
         ``_ServedRequest``) and the usual answer (one plain response, no sender asked for, not rescheduled)
         taken here; anything else goes the general way (``_answers``) with the same objects."""
-        if not self._one or len(requests) != 1:
+        if not self._one:
+            return self._execute_general(requests)
+        # unpacking where a length test and an index were (fewer bytecodes; a try costs nothing in 3.11)
+        try:
+            [request] = requests
+        except ValueError:
             return self._execute_general(requests)
         if _current_hooks() is not self._server:
             _enter(self._server)
-        pb = _served_lean(requests[0], rules.default_mode_sender if native_thread_id() == self._thread
+        pb = _served_lean(request, rules.default_mode_sender if native_thread_id() == self._thread
                           else _back_to_thread)
         pb_requests = [pb]
         try:
@@ -206,14 +211,15 @@ class PythonInstance:
         except MODEL_ERRORS as e:
             return self._failed(pb_requests, e)
         if type(responses) is list:
-            if len(responses) == 1 and pb._untouched:
+            if pb._untouched and len(responses) == 1:
                 response = responses[0]
                 if type(response) is _Response and response._plain:  # exact Tensors, no error, no parameters
                     tensors = response._output_tensors
-                    if len(tensors) == 1:
-                        t = tensors[0]
-                        return [InferResponse([(t._name, t._array)], {})]
-                    return [InferResponse([(t._name, t._array) for t in tensors], {})]
+                    try:
+                        [t] = tensors
+                    except ValueError:
+                        return [InferResponse([(t._name, t._array) for t in tensors], {})]
+                    return [InferResponse([(t._name, t._array)], {})]
         else:
             try:
                 responses = self._await(responses)

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import json
 import operator
-from operator import attrgetter
 from collections.abc import Callable
+from operator import attrgetter
 from typing import Any
 
 from . import server_calls

@@ -52,6 +52,25 @@ class _CapsuleHolder:
         return (1, 0)  # kDLCPU; numpy checks the capsule's own device anyway
 
 
+_ndarray = np.ndarray
+
+
+def _general_args(name: Any, data: Any) -> tuple[str, np.ndarray]:
+    """``Tensor(name, data)``'s arguments other than a str and an exact ndarray: converted as pybind11
+    would (bytes to str, an array-like to an array: Triton's takes only ndarrays), else its TypeError."""
+    given = name
+    if type(name) is not str and not isinstance(name, str):
+        if not isinstance(name, bytes):
+            raise incompatible("__init__", _SIGNATURE, (given, data), constructor=True)
+        name = as_str(name)
+    if type(data) is not np.ndarray and not isinstance(data, np.ndarray):
+        if isinstance(data, np.generic) or hasattr(data, "__array__") or hasattr(data, "__array_interface__"):
+            data = np.asarray(data)
+        else:
+            raise incompatible("__init__", _SIGNATURE, (given, data), constructor=True)
+    return name, data
+
+
 def _any_dtype(name: str, data: np.ndarray) -> tuple[np.ndarray, int]:
     """``Tensor(name, data)`` for a dtype not in ``_NATIVE_TO_TRITON``: its Triton type (or the refusal),
     the array made C-contiguous and native byte order."""
@@ -81,19 +100,8 @@ class Tensor:
     def __init__(self, name: str, data: Any) -> None:
         # exact-type tests first (cheaper than isinstance on this per-output path), the general ones after;
         # arguments pybind11 would not convert are its TypeError, before the stub's empty-name check
-        given = name
-        if type(name) is not str and not isinstance(name, str):
-            if not isinstance(name, bytes):
-                raise incompatible("__init__", _SIGNATURE, (given, data), constructor=True)
-            name = as_str(name)
-        if type(data) is not np.ndarray and not isinstance(data, np.ndarray):
-            # an array-like is taken too (Triton's pybind11 takes only ndarrays)
-            if isinstance(data, np.generic) or hasattr(data, "__array__") or hasattr(
-                data, "__array_interface__"
-            ):
-                data = np.asarray(data)
-            else:
-                raise incompatible("__init__", _SIGNATURE, (given, data), constructor=True)
+        if type(name) is not str or type(data) is not _ndarray:
+            name, data = _general_args(name, data)
         if not name:
             raise TritonModelException("Tensor name cannot be an empty string.")
         triton_dtype = _NATIVE_TO_TRITON.get(data.dtype)
