@@ -217,6 +217,17 @@ class _InputTensor(Tensor):
     _array = property(attrgetter("_given.data"))  # type: ignore[assignment]
     _triton_dtype = property(attrgetter("_given.dtype.enum_value"))  # type: ignore[assignment]
 
+    # the model's reads, in Python: a getter property's call and attrgetter chain cost more than these
+    # (two inputs' get_input_tensor_by_name and as_numpy: 0.35 us plain, 0.62 through the properties)
+    def name(self) -> str:
+        return self._given.name
+
+    def as_numpy(self) -> np.ndarray:
+        given = self._given
+        if given.dtype.enum_value == TYPE_BF16:
+            return Tensor.as_numpy(self)  # its error
+        return given.data
+
     def _exportable(self) -> np.ndarray:
         """Become a plain ``Tensor`` first: an export may replace the array by a writable copy."""
         given = self._given
