@@ -153,7 +153,7 @@ class PythonInstance:
         self.decoupled = ctx.config.model_transaction_policy.decoupled
         # fast paths: a batch of one request of a model that answers from execute runs in execute's own frame,
         # its request built lean (pb_utils' _ServedRequest); otherwise the general path
-        self._one = self._hooks_stay and not self.decoupled
+        self._one = fastpath.enabled and not self.decoupled  # no server (a benchmark): _enter(None) sets nothing
         self._build = _served_lean if fastpath.enabled else _served
         self.inline_ok = _may_run_inline(ctx, self.model, self.decoupled)
         self.observes_cancellation = not self.decoupled  # decoupled requests read their ResponseChannel
@@ -194,13 +194,10 @@ class PythonInstance:
         that answers from ``execute`` runs in this frame, its request built lean (pb_utils'
         ``_ServedRequest``) and the usual answer (one plain response, no sender asked for, not rescheduled)
         taken here; anything else goes the general way (``_answers``) with the same objects."""
-        if not self._one:
+        # a length test, not an unpacking in a try: a dynamic batcher's batch would raise at every call
+        if not self._one or len(requests) != 1:
             return self._execute_general(requests)
-        # unpacking where a length test and an index were (fewer bytecodes; a try costs nothing in 3.11)
-        try:
-            [request] = requests
-        except ValueError:
-            return self._execute_general(requests)
+        request = requests[0]
         if _current_hooks() is not self._server:
             _enter(self._server)
         pb = _served_lean(request, rules.default_mode_sender if native_thread_id() == self._thread
@@ -215,10 +212,9 @@ class PythonInstance:
                 response = responses[0]
                 if type(response) is _Response and response._plain:  # exact Tensors, no error, no parameters
                     tensors = response._output_tensors
-                    try:
-                        [t] = tensors
-                    except ValueError:
+                    if len(tensors) != 1:  # not unpacked in a try: a model of two outputs would raise every call
                         return [InferResponse([(t._name, t._array) for t in tensors], {})]
+                    t = tensors[0]
                     return [InferResponse([(t._name, t._array)], {})]
         else:
             try:
