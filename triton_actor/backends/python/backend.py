@@ -212,10 +212,17 @@ class PythonInstance:
                 response = responses[0]
                 if type(response) is _Response and response._plain:  # exact Tensors, no error, no parameters
                     tensors = response._output_tensors
-                    if len(tensors) != 1:  # not unpacked in a try: a model of two outputs would raise every call
-                        return [InferResponse([(t._name, t._array) for t in tensors], {})]
-                    t = tensors[0]
-                    return [InferResponse([(t._name, t._array)], {})]
+                    if len(tensors) == 1:  # not unpacked in a try: a model of two outputs would raise every call
+                        t = tensors[0]
+                        outputs = [(t._name, t._array)]
+                    else:
+                        outputs = [(t._name, t._array) for t in tensors]
+                    # every field stored here, without the dataclass __init__'s frame (398 -> 285 ns a response)
+                    answer = _new(InferResponse)
+                    answer.outputs = outputs
+                    answer.parameters = {}
+                    answer.timings = None
+                    return [answer]
         else:
             try:
                 responses = self._await(responses)
@@ -411,6 +418,7 @@ def _output_array(tensor: Any) -> np.ndarray:
 _RELEASE_RESCHEDULE = pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
 _enter, _leave, _current_hooks = serving.enter, serving.leave, serving.peek
 _served = pb_utils.InferenceRequest._served
+_new = object.__new__
 _served_lean = _ServedRequest._served_lean
 _Response = pb_utils.InferenceResponse
 _Tensor = pb_utils.Tensor

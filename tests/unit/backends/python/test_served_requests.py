@@ -5,6 +5,7 @@ answer becomes, and the process state around the call (``sys.argv``, the server'
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import json
 import pickle
 import sys
@@ -176,6 +177,8 @@ class TritonPythonModel:
                 seen["exported"] = np.from_dlpack(a).tolist()
                 seen["after"] = (a.name(), a.as_numpy().tolist(), a.triton_dtype())
                 out.append(pb_utils.InferenceResponse([a]))
+            elif case == "plain":
+                out.append(plain)
             elif case == "passthrough":
                 out.append(pb_utils.InferenceResponse([a]))
             elif case == "params":
@@ -254,6 +257,7 @@ def test_a_read_only_input_exported_then_answered(lean: Any) -> None:
 
 
 @pytest.mark.parametrize(("case", "outputs", "parameters"), [
+    ("plain", [("OUT", [0.0, 2.0, 4.0])], {}),
     ("passthrough", [("A", [0.0, 1.0, 2.0])], {}),
     ("params", [("OUT", [0.0, 1.0, 2.0])], {"p": 1}),
     ("sub", [("OUT", [1.0, 2.0, 3.0])], {}),
@@ -264,6 +268,7 @@ def test_a_read_only_input_exported_then_answered(lean: Any) -> None:
 def test_each_kind_of_answer(lean: Any, case: str, outputs: list[Any], parameters: dict[str, Any]) -> None:
     result, _ = _call(lean, case)
     assert isinstance(result, InferResponse)
+    assert [getattr(result, f.name) for f in dataclasses.fields(InferResponse)]  # every field set (fast path)
     assert [(n, a.tolist()) for n, a in result.outputs] == outputs and result.parameters == parameters
 
 
