@@ -8,6 +8,7 @@ of 2000 per model, the models alternated): what a step costs in microseconds, wi
 
     PYTHONPATH=. .venv/bin/python scripts/bench_step_opcodes.py
     PYTHONPATH=. .venv/bin/python scripts/bench_step_opcodes.py --cpu 7
+    PYTHONPATH=. .venv/bin/python scripts/bench_step_opcodes.py --backend   # the backend's functions, listed
     PYTHONPATH=/path/to/other/checkout .venv/bin/python scripts/bench_step_opcodes.py   # that checkout's code
 """
 
@@ -69,6 +70,8 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=200, help="requests counted per model")
     ap.add_argument("--cpu", type=int, default=0, metavar="ROUNDS",
                     help="also time the requests by thread CPU: best of ROUNDS rounds of 2000 per model")
+    ap.add_argument("--backend", action="store_true",
+                    help="also list the Python backend's functions (and the models' execute) by own bytecodes")
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench_step_opcodes_"))
     pipeline.write_repository(work)
@@ -88,6 +91,10 @@ def main() -> int:
             assert found is not None
             counts[model] = (float(found[1]), sum(float(m[1]) for m in _BACKEND.finditer(text.getvalue())))
             print(f"{model:8s} {counts[model][0]:6.0f} bytecodes per request, the Python backend's {counts[model][1]:5.0f}")
+            if a.backend:
+                for line in text.getvalue().splitlines():
+                    if re.search(r"\((?:python|triton_python_backend_utils|1)/", line):
+                        print(line)
         step, backend = ((counts["trivial"][i] - counts["pass"][i]) / 2 for i in (0, 1))
         print(f"one extra step: {step:.0f} bytecodes, the Python backend's {backend:.0f}")
         if a.cpu:

@@ -102,6 +102,9 @@ class InferenceResponse(JsonParameters):
     # what most responses have: an instance stores only what differs (two stores fewer per response)
     _error: TritonError | None = None
     _parameters: Any = None
+    # no error, no parameters and only exact Tensors when built: the server then reads each tensor's name
+    # and array straight from ``_output_tensors`` (backend.py's ``_execute_one``); stored only when False
+    _plain = True
 
     def __init__(
         self,
@@ -115,21 +118,28 @@ class InferenceResponse(JsonParameters):
             if not is_list_of(output_tensors, _tensor_or_none):
                 raise _incompatible(output_tensors, error, parameters)
             output_tensors = list(output_tensors)
+        plain = True
         empty = False  # one pass over the tensors (per-response path); the stub's check comes after pybind11's
         for tensor in output_tensors:
-            if type(tensor) is not Tensor and not isinstance(tensor, Tensor):
-                if tensor is not None:
-                    raise _incompatible(output_tensors, error, parameters)
-                empty = True
+            if type(tensor) is not Tensor:
+                plain = False
+                if not isinstance(tensor, Tensor):
+                    if tensor is not None:
+                        raise _incompatible(output_tensors, error, parameters)
+                    empty = True
         if error is not None:
             if not isinstance(error, TritonError):
                 raise _incompatible(output_tensors, error, parameters)
             self._error = error
+            plain = False
         if parameters is not None:
             check_parameters(parameters, allow_float=False)
             self._parameters = parameters
+            plain = False
         if empty:
             raise TritonModelException("Output tensor for inference response should not be empty.")
+        if not plain:
+            self._plain = False
         self._output_tensors = output_tensors
 
     def output_tensors(self) -> list[Tensor]:
