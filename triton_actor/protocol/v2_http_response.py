@@ -76,16 +76,19 @@ def encode_planned(request: InferRequest, response: InferResponse, model_version
     """:func:`encode_infer_response`'s answer from a kept plan (always None while fast paths are off, or
     for a response with parameters): one key, one lookup, one ``tobytes`` per output carried. Its
     ``labels`` and ``batching`` do not matter: a classified output is never planned."""
-    key = [request.outputs, request.binary_output, request.id, request.model_name, model_version]
-    chunks = [b""]
-    for name, array in response.outputs:
-        key += (name, array.dtype, array.shape)
-        chunks.append(array.tobytes())  # (a miss wastes these copies: a plan's outputs are small, misses rare)
-    plan = _ANSWERS.get(tuple(key))
-    if plan is None or response.parameters:
+    if response.parameters:
         return None
-    chunks[0], picks = plan
-    return (chunks if picks is None else [chunks[0], *[chunks[i] for i in picks]]), len(chunks[0])
+    outputs = response.outputs
+    key = [request.outputs, request.binary_output, request.id, request.model_name, model_version]
+    for name, array in outputs:
+        key += (name, array.dtype, array.shape)
+    plan = _ANSWERS.get(tuple(key))
+    if plan is None:  # looked up before any copy: a response never planned (JSON, BYTES, large) copies nothing here
+        return None
+    head, picks = plan
+    if picks is None:
+        return [head, *[array.tobytes() for _, array in outputs]], len(head)
+    return [head, *[outputs[i - 1][1].tobytes() for i in picks]], len(head)
 
 
 def _encode_binary(request: InferRequest, response: InferResponse, model_version: int,

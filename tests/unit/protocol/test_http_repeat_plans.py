@@ -163,3 +163,23 @@ def test_a_planned_request_is_the_regular_decode_s() -> None:
     assert v2.decode_planned(body, f" {hl}", "m", 1) is None  # a text never planned: parsed the regular way
     other, other_hl = _body("s")
     assert other_hl == hl and v2.decode_planned(other, str(hl), "m", 1) is None  # another header
+
+
+class _Counted(np.ndarray):
+    """An output array that counts its copies to bytes."""
+
+    copies = 0
+
+    def tobytes(self, order: Any = "C") -> bytes:
+        _Counted.copies += 1
+        return super().tobytes(order)
+
+
+def test_an_answer_with_no_plan_copies_nothing_before_the_general_encoder() -> None:
+    """A response never planned (a JSON answer, BYTES, a first request) is looked up by names, types and shapes
+    before any output is copied: a large output asked for as JSON is not copied on the hub for nothing."""
+    big = np.zeros(1 << 16, np.float32).view(_Counted)
+    request = _request((RequestedOutput("OUTPUT0", binary=False),), False, "no-plan")
+    _Counted.copies = 0
+    assert v2r.encode_planned(request, InferResponse([("OUTPUT0", big)]), 3) is None
+    assert _Counted.copies == 0
