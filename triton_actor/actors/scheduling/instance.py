@@ -70,6 +70,7 @@ DEMOTE_AT_ONCE_NS = 10_000_000  # CPU time of one inline run that demotes by its
 DEMOTE_AT_ONCE_WALL_NS = 50_000_000
 FORGIVE_AFTER = 4096  # inline runs without a demotion that reset the promotion streak
 NEVER = 1 << 62  # a streak no instance reaches: promotion is off for good
+CLOCKED_RUNS = FORGIVE_AFTER  # inline runs timed by the thread's CPU clock after a long one
 _perf_ns = time.perf_counter_ns
 _thread_ns = time.thread_time_ns
 
@@ -123,7 +124,7 @@ class ModelInstance:
         self._streak = 0
         self._needed = PROMOTE_STREAK
         self._slow = 0  # slow inline runs in a row
-        self._clock = False  # read the thread's CPU clock around the next inline run (the last one was long)
+        self._clock = 0  # inline runs still to clock (CLOCKED_RUNS after a long one)
         self._hub = gevent.get_hub()
         self._closing = False
         self._restarts = RestartBudget()
@@ -312,16 +313,19 @@ class ModelInstance:
         # was short by CPU too (the few µs of this method around the run are nothing against the 1 ms
         # bound). The thread's CPU clock is a syscall that costs more than the rest of this method (0.7 µs
         # idle, 1.1-1.5 µs on the loaded 2-core host; reading it around every run cost 3-4 µs of CPU per
-        # ensemble step, two reads a run): it is read only around the runs after a long one. A long run
-        # not clocked counts as slow by its wall time, but never demotes at once by itself.
+        # ensemble step, two reads a run): it is read only around the CLOCKED_RUNS runs after a long one.
+        # A long run not clocked counts as slow by its wall time, but never demotes at once by itself; the
+        # long runs after it within CLOCKED_RUNS are clocked, so a model whose long runs alternate with
+        # short ones is demoted at its second (a clock switched off by the next short run never saw one).
         if wall_ns <= DEMOTE_NS:  # _after_inline_run's short run, without the call: the usual case
-            self._clock = False
+            if self._clock:
+                self._clock -= 1
             self._slow = 0
             self._streak += 1
             if self._streak == FORGIVE_AFTER and self._needed < NEVER:
                 self._needed = PROMOTE_STREAK
         else:
-            self._clock = True
+            self._clock = CLOCKED_RUNS
             self._after_inline_run(wall_ns if c0 < 0 else _thread_ns() - c0, wall_ns, c0 >= 0)
         return value
 

@@ -299,3 +299,36 @@ def test_a_revive_answered_by_a_thread_whose_loop_died_leaves_the_restart_to_it(
     finally:
         worker.died = None
     inst.close(10)
+
+
+def test_long_cpu_runs_between_short_ones_demote(monkeypatch) -> None:
+    """The thread's CPU clock is read only after a long run: a first long run is judged by its wall time (never
+    at once), but a model whose long runs (40 ms of CPU here) alternate with short ones is demoted at its
+    second long run, whose CPU was clocked. Short runs alone never read the clock."""
+    from triton_actor.actors.scheduling import instance as mod
+
+    inst, _model = _instance()
+    cpu = [0]
+    reads = [0]
+    walls = iter([100_000, 40_000_000, 100_000, 40_000_000, 100_000])
+
+    def run_batch(_instance: Any, requests: list[InferRequest]) -> tuple[list[Any], tuple[int, int, int]]:
+        wall = next(walls)
+        cpu[0] += wall  # the model computes all the time it runs
+        return [InferResponse([("OUT", np.array([1]))], {}) for _ in requests], (0, wall, 0)
+
+    def thread_ns() -> int:
+        reads[0] += 1
+        return cpu[0]
+
+    monkeypatch.setattr(mod, "_run_batch", run_batch)
+    monkeypatch.setattr(mod, "_thread_ns", thread_ns)
+    done = []
+    assert inst.run_here([_request()], lambda ok, value: done.append(ok)) is not None
+    assert reads[0] == 0  # a short run: no clock
+    inst.run_here([_request()], lambda ok, value: done.append(ok))  # long, not clocked: slow, still inline
+    assert inst.inline and reads[0] == 0
+    inst.run_here([_request()], lambda ok, value: done.append(ok))  # short: resets the slow count
+    inst.run_here([_request()], lambda ok, value: done.append(ok))  # long and clocked: 40 ms of CPU
+    assert not inst.inline and reads[0] >= 2 and not done
+    inst.close(10)
