@@ -127,10 +127,14 @@ class EnsembleScheduler(ChainSteps, WaitGraphReads, InlineActor):
         table = _Table(dict(msg.request.inputs), set())
         run.tables.append(table)
         run.open_tables = 1
-        if self._chained and fastpath.enabled:
-            self._chain(run, table, 0)
-        else:
-            self._advance(run, table, table.tensors)
+        try:
+            if self._chained and fastpath.enabled:
+                self._chain(run, table, 0)
+            else:
+                self._advance(run, table, table.tensors)
+        except Exception as e:  # a bug of ours, or an error no step handles: this request fails, and is not left in flight
+            log.exception("ensemble %s: starting a request failed", self._graph.name)
+            self._fail(run, e)
 
     def on__StepAnswered(self, msg: _StepAnswered) -> None:
         self._answered_safely(msg.run, msg.table, msg.step, msg.reply)

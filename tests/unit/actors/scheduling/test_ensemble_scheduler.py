@@ -14,7 +14,7 @@ from google.protobuf import text_format
 
 from triton_actor.actors.scheduling.ensemble import EnsembleScheduler
 from triton_actor.actors.scheduling.ensemble_chain import is_chain
-from triton_actor.actors.scheduling.scheduler import Enqueue
+from triton_actor.actors.scheduling.scheduler import Drain, Enqueue
 from triton_actor.errors import TritonError
 from triton_actor.inference import InferInput, InferRequest, InferResponse
 from triton_actor.metrics.statistics import VersionStats
@@ -505,3 +505,26 @@ def test_an_ensembles_times_are_its_steps_summed_over_a_long_stream() -> None:
     durations = sched._stats.snapshot()["durations"]
     assert [durations[k][1] for k in ("queue", "compute_input", "compute_infer", "compute_output")] == [
         200, 2000, 20000, 200000]
+
+
+class BrokenModel(InlineModel):
+    """A composing model whose call raises something that is not a TritonError (a bug of ours)."""
+
+    def infer(self, request: InferRequest) -> Reply[InferResponse]:
+        raise RuntimeError("routing bug")
+
+    def enqueue(self, request: InferRequest, batch: int, reply: Reply[InferResponse]) -> None:
+        raise RuntimeError("routing bug")
+
+
+def test_a_request_whose_first_step_raises_a_bug_fails_and_leaves_nothing_in_flight() -> None:
+    """A non-Triton error while the request's first step starts fails that request (INTERNAL), and the request
+    is not left in flight: a Drain (an unload) is answered."""
+    sched, _turns = _scheduler(_chain(), [BrokenModel("first"), InlineModel("second")], 64)
+    reply = _enqueue(sched)
+    with pytest.raises(TritonError, match="routing bug"):
+        reply.get(timeout=10)
+    assert not sched._runs
+    drained: Reply[None] = Reply()
+    sched.ref.tell(Drain(drained))
+    drained.get(timeout=10)
