@@ -52,6 +52,9 @@ class StubServicer:
     """Every RPC answers at once; ModelInfer with add_sub's canned answer."""
 
     parsers: ClassVar[dict[str, Any]] = {}  # every message by its type's FromString (GrpcServicer.parsers)
+    # no response cache: a cached servicer's ModelInfer skips the whole-message fast path (method_table),
+    # so a stub that looked cached would measure the slow path
+    caching: ClassVar[bool] = False
 
     def __init__(self) -> None:
         resp = pb.ModelInferResponse(model_name="add_sub", model_version="1")
@@ -80,6 +83,10 @@ class StubServicer:
         pass
 
     def __getattr__(self, name: str) -> Any:
+        # only RPCs (CamelCase) answer: a setting the server reads off its servicer must be declared
+        # above, never a truthy lambda
+        if not name[:1].isupper():
+            raise AttributeError(name)
         return lambda req: pb.ServerLiveResponse(live=True)
 
 

@@ -190,3 +190,15 @@ def test_a_refused_call_holds_nothing_of_the_data_read_with_its_headers(serve) -
     sock.sendall(_PREFACE + _frame(4, 0, 0) + _frame(1, 4, 1, hpack.Encoder().encode(fields)) + _frame(0, 1, 1, body))
     assert _status(_read_frames(sock, until=1, flags=1)) == b"12"
     assert server.budget.used == 0
+
+
+def test_stub_servicer_is_not_cached_so_model_infer_takes_the_whole_message_path() -> None:
+    """The benchmark's stub once answered ``caching`` through its catch-all ``__getattr__`` (a truthy
+    lambda), so every server built on it ran ModelInfer as if the response cache were on."""
+    servicer = StubServicer()
+    assert servicer.caching is False
+    infer = method_table(servicer)[b"/inference.GRPCInferenceService/ModelInfer"]
+    assert infer.whole
+    assert infer.again is not servicer.again_infer
+    with pytest.raises(AttributeError):
+        _ = servicer.not_an_rpc
