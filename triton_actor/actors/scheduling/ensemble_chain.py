@@ -60,8 +60,7 @@ class ChainSteps:
         tail = None
         while True:
             if k == last:  # every step answered: the request answers
-                table.at = -1
-                table.started = set(range(last))
+                self._leave_chain(table, k)
                 self._settle(run, table)
                 return
             if run.failed:
@@ -77,8 +76,7 @@ class ChainSteps:
             try:
                 inputs = plan.inputs(tensors)
             except KeyError:  # a step before gave no tensor this one reads: the data flow would start no more
-                table.at = -1
-                table.started = set(range(k))
+                self._leave_chain(table, k)
                 self._settle(run, table)
                 return
             try:
@@ -125,6 +123,11 @@ class ChainSteps:
 
     def _to_data_flow(self, run: _Run, table: _Table, k: int) -> None:
         """The data flow takes the table over at step ``k``, as if it had run the steps before it."""
+        self._leave_chain(table, k)
+        self._advance(run, table, self._plans[k].reads)
+
+    @staticmethod
+    def _leave_chain(table: _Table, k: int) -> None:
+        """The table as the data flow keeps it, having started steps ``0..k-1`` (none in flight)."""
         table.at = -1
         table.started = set(range(k))
-        self._advance(run, table, self._plans[k].reads)
