@@ -100,6 +100,12 @@ class VersionHandle:
         if not scheduler.direct(item):
             scheduler.ref.tell(item)
 
+    def step_runner(self) -> Any:
+        """What runs an ensemble chain's step on the caller's stack (the scheduler's ``step_direct``), or
+        None where a step must be enqueued: a version behind the response cache (the cache answers it), a
+        scheduler without one (the sequence batcher, a nested ensemble)."""
+        return getattr(self.scheduler, "step_direct", None)
+
     def statistics(self) -> dict[str, object]:
         assert self.scheduler is not None
         return self.scheduler.ref.ask(GetStats(), timeout=30)
@@ -124,6 +130,9 @@ class CachedVersionHandle(VersionHandle):
     def enqueue(self, request: InferRequest, batch: int, reply: Reply[InferResponse]) -> None:
         """As :meth:`VersionHandle.enqueue`, through the cache: a hit answers ``reply`` at once."""
         self.cache.infer(request, batch, reply)
+
+    def step_runner(self) -> Any:
+        return None  # a step goes through the cache (enqueue)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ import logging
 from typing import Any
 
 from ...errors import Code, TritonError
-from ...inference import InferRequest
+from ...inference import InferRequest, InferResponse
 from ...repository.ensemble_graph import Graph
 from ...runtime import fastpath
 from .ensemble_run import _Run, _StepAnswered, _Table
@@ -90,26 +90,33 @@ class ChainSteps:
                     if handle.config.model_transaction_policy.decoupled:  # its responses fork the table
                         self._to_data_flow(run, table, k)
                         return
-                    plan.handle, plan.version = handle, version
+                    plan.handle, plan.version, plan.runner = handle, version, version.step_runner()
                 if tail is None:  # what every step's request takes from the ensemble's (once per run)
                     tail = (top.parameters, False, top.priority, top.timeout_us, top.correlation_id, top.flags, None, None)
                 request = fastpath.new_tuple(InferRequest, (
                     step.model, step.version, top.id, inputs, plan.requested, *tail,
                     run.trace.spawn() if run.trace is not None else None))
-                reply = StepReply()
                 table.at = k  # in flight (the BLS wait graph reads it)
-                version.enqueue(request, checked_batch(self._checked, k, version, request), reply)
+                batch = checked_batch(self._checked, k, version, request)
+                # its scheduler runs it here when it can, with no Enqueue and no reply: its response
+                answer = plan.runner(request, batch, StepReply) if plan.runner is not None else None
+                if answer is None:  # not taken: enqueued, as the data flow's steps are
+                    answer = StepReply()
+                    version.enqueue(request, batch, answer)
             except TritonError as e:
                 self._fail(run, e)
                 return
-            if not reply._done:  # completed later: through the mailbox, as the data flow's steps are
-                table.plain += 1
-                reply.then(lambda r, step=step: self._step_answered(_StepAnswered(run, table, step, r)))
-                return
-            if reply._error is not None:
-                self._fail(run, reply._error)
-                return
-            response = reply._value
+            if type(answer) is InferResponse:
+                response = answer
+            else:
+                if not answer._done:  # completed later: through the mailbox, as the data flow's steps are
+                    table.plain += 1
+                    answer.then(lambda r, step=step: self._step_answered(_StepAnswered(run, table, step, r)))
+                    return
+                if answer._error is not None:
+                    self._fail(run, answer._error)
+                    return
+                response = answer._value
             try:
                 tensors.update(plan.mapped(response))
             except Exception as e:  # an output no step can take (or a bug of ours): this request fails, only it

@@ -104,7 +104,7 @@ class StepReply(Reply[InferResponse]):
 class StepPlan:
     """One step's fixed parts: its requested outputs and its output map (built once per version)."""
 
-    __slots__ = ("step", "requested", "out_map", "reads", "handle", "version")
+    __slots__ = ("step", "requested", "out_map", "reads", "handle", "version", "runner")
 
     def __init__(self, step: Step) -> None:
         self.step = step
@@ -115,6 +115,7 @@ class StepPlan:
         # (ensemble_chain.py): the same handle resolves the same way, until its model changes
         self.handle: Any = None
         self.version: Any = None
+        self.runner: Any = None  # the version's ``step_runner()``: runs the step on this stack, if it can
 
     def inputs(self, tensors: dict[str, InferInput]) -> dict[str, InferInput]:
         """The step's inputs under its model's names: the same arrays; a tensor whose name already

@@ -51,6 +51,7 @@ from ...metrics.statistics import VersionStats
 from ...observability.tracing import VersionTrace
 from ...runtime import fastpath
 from ...runtime.bridge import CancelWatch
+from ...runtime.kernel import Reply
 from .batch_queue import BatchPolicy, BatchQueue, timeout_error
 from .instance import ModelInstance, Timings
 from .instance_pool import Down
@@ -149,6 +150,61 @@ class SchedulerActor(PoolScheduler):
         finally:
             self.unhold()
         return True
+
+    def step_direct(self, request: InferRequest, batch: int, new_reply: Callable[[], Reply[InferResponse]]) -> Any:
+        """:meth:`direct` for a step of an ensemble's chain (``ensemble_chain.py``), which needs neither the
+        Enqueue nor a reply while the step's model answers on this stack: its response then; a reply
+        (``new_reply()``) when the batch left the stack (an inline run that failed goes to the thread;
+        a request its model rescheduled); None when not taken (the caller enqueues the step). Taken
+        where :meth:`direct` is, and untraced (a traced step goes through :meth:`direct`). The request's
+        cancellation probe is the caller's (the chain gives its ensemble request's). The queue time
+        counted is none: the request never waited (one clock read for both)."""
+        idle = self._pool.idle
+        if (not self._straight or not idle or not idle[-1].inline or len(self._queue) or self._trace.on
+                or self._inline_runs >= self._per_turn or getcurrent() is self._hub or not self.hold()):
+            return None
+        try:
+            instance = self._pool.take()
+            start = self._clock()
+            self._running += 1
+            self._count_inline(instance)
+            later: list[Any] = [request, batch, start, None]  # what the batch needs if it leaves this stack
+            value = instance.run_here([request], functools.partial(self._step_left, instance, later))
+            if value is None:  # answered later, by the instance's thread
+                reply = later[3] = new_reply()
+                return reply
+            result = value[0][0]
+            if result is RESCHEDULE:
+                reply = new_reply()
+                self._batch_done(instance, [Enqueue(request, batch, reply, start)], start, True, value)
+                if len(self._queue) or self._drains:
+                    self._dispatch()
+                return reply
+            try:
+                timings = value[1]
+                self._stats.record_success(batch, self._clock() - start, 0, timings, True)
+                result.timings = (0, *timings)  # a chain has no decoupled step: an InferResponse
+            finally:
+                self._running -= 1
+                self._pool.release(instance)
+            if self._drains:
+                self._dispatch()
+            return result
+        except Exception as e:  # a bug of ours: to the step, as a handler's error goes to its message's reply
+            log.exception("scheduler %s: a direct step failed", self.name)
+            reply = new_reply()
+            reply.fail(e)
+            return reply
+        finally:
+            self.unhold()
+
+    def _step_left(self, instance: ModelInstance, later: list[Any], ok: bool, value: Any) -> None:
+        """The answer of a :meth:`step_direct` batch that left the stack: as :meth:`direct`'s, to the
+        reply the step got (made now if the run was interrupted before the step got one)."""
+        request, batch, start, reply = later
+        if reply is None:
+            reply = later[3] = Reply()
+        self._completed(instance, [Enqueue(request, batch, reply, start)], start, ok, value)
 
     def _answer_one(self, instance: ModelInstance, item: Enqueue, dispatch_ns: int, result: Any, timings: Timings) -> None:
         """:meth:`_batch_done` of a direct run's answered request (no requeue, no error: ``run_here`` hands

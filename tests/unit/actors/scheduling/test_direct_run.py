@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 from gevent import monkey
 
-from triton_actor.actors.model.handles import READY, VersionHandle
+from triton_actor.actors.model.handles import READY, CachedVersionHandle, VersionHandle
 from triton_actor.actors.scheduling import instance as instance_mod
+from triton_actor.actors.scheduling.ensemble_step import StepReply
 from triton_actor.actors.scheduling.instance import ModelInstance
 from triton_actor.actors.scheduling.scheduler import GetStats, SchedulerActor
 from triton_actor.backends.base import InstanceContext
@@ -215,3 +216,52 @@ def test_a_run_that_fails_inline_is_answered_from_its_thread(fast, version) -> N
     snap = v.statistics()
     assert (snap["inference_count"], snap["execution_count"]) == (2, 2)
     assert snap["failures"]["BACKEND"] == 0
+
+
+def _step(v: Version, rid: str) -> Any:
+    """An ensemble chain's step as ensemble_chain.py runs it: the scheduler's ``step_direct``, through the handle."""
+    runner = v.handle.step_runner()
+    x = np.zeros((1,), np.float32)
+    return runner(InferRequest("m", 1, rid, {"X": InferInput("X", BY_WIRE["FP32"], (1,), x)}), 1, StepReply)
+
+
+def test_a_chain_step_to_an_idle_promoted_instance_gets_its_response_with_a_batch_statistics(fast, version) -> None:
+    v = version()
+    answers = [_step(v, f"s{i}") for i in range(2)]
+    if not fast:  # not taken: the chain (a fast path itself) is not run then
+        assert answers == [None, None] and v.model.ran == []
+        return
+    assert [type(a) for a in answers] == [InferResponse, InferResponse]  # no reply: answered on this stack
+    assert [a.parameters["rid"] for a in answers] == ["s0", "s1"] and v.model.ran == [("s0", False), ("s1", False)]
+    assert answers[0].timings[0] == 0 and answers[0].timings[2] > 0  # never queued; its compute times
+    snap = v.statistics()
+    assert (snap["inference_count"], snap["execution_count"]) == (2, 2)
+    assert snap["durations"]["success"][0] == 2 and tuple(snap["durations"]["queue"]) == (2, 0)
+    assert _answers([v.send("r0")]) == ["r0"]  # the instance is idle again, the actor not held
+
+
+def test_a_chain_step_that_fails_inline_gets_a_reply_answered_from_the_thread(fast, version) -> None:
+    v = version()
+    v.model.fail_inline = True
+    answer = _step(v, "s0")
+    if not fast:
+        assert answer is None
+        return
+    assert isinstance(answer, StepReply)
+    assert answer.get(timeout=WAIT).parameters["rid"] == "s0" and v.model.ran[-1] == ("s0", True)
+    assert _answers([v.send("r1")]) == ["r1"]
+    snap = v.statistics()
+    assert (snap["inference_count"], snap["execution_count"]) == (2, 2) and snap["failures"]["BACKEND"] == 0
+
+
+def test_a_chain_step_is_not_run_here_behind_waiting_requests(fast, version) -> None:
+    turn = [0]
+    v = version(per_turn=1, turn=lambda: turn[0])
+    first = v.send("r0")  # this turn's one inline batch
+    assert _step(v, "s0") is None  # the turn's share is spent: the chain enqueues the step instead
+    assert _answers([first]) == ["r0"]
+
+
+def test_a_version_behind_the_response_cache_has_no_step_runner() -> None:
+    handle = CachedVersionHandle(1, READY, "", object(), cache=object())
+    assert handle.step_runner() is None

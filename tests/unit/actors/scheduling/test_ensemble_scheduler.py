@@ -81,6 +81,9 @@ class FakeModel:
     def enqueue(self, request: InferRequest, _batch: int, reply: Reply[InferResponse]) -> None:
         self.calls.append((request, reply))
 
+    def step_runner(self) -> None:
+        return None  # a chain's step is enqueued (the scheduler's step_direct is the real handle's)
+
 
 class InlineModel(FakeModel):
     """A composing model that answers on the caller's stack (Y = X), as a model promoted to run inline."""
