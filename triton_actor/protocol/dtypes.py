@@ -56,13 +56,14 @@ BF16 = BY_WIRE["BF16"]
 # type is a void dtype, so an output array of it is BF16 on the wire.
 BF16_NUMPY = np.dtype("V2")
 
-_BY_NUMPY: dict[np.dtype, DType] = {d.numpy: d for d in ALL if d.numpy is not None and d.numpy.kind != "O"}
-_BY_NUMPY[BF16_NUMPY] = BF16
+# the types of numpy dtypes in native byte order, but object arrays (``from_numpy`` knows the rest)
+BY_NUMPY: dict[np.dtype, DType] = {d.numpy: d for d in ALL if d.numpy is not None and d.numpy.kind != "O"}
+BY_NUMPY[BF16_NUMPY] = BF16
 
 
 def from_numpy(dtype: np.dtype) -> DType | None:
     """The Triton type of a numpy dtype; object, bytes and str arrays are BYTES."""
-    found = _BY_NUMPY.get(dtype)
+    found = BY_NUMPY.get(dtype)
     if found is not None:
         return found
-    return BYTES if dtype.kind in ("O", "S", "U") else _BY_NUMPY.get(dtype.newbyteorder("="))
+    return BYTES if dtype.kind in ("O", "S", "U") else BY_NUMPY.get(dtype.newbyteorder("="))

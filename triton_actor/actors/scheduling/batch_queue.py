@@ -148,13 +148,13 @@ class BatchQueue(Generic[T]):
             _Level(policy.policies.get(level, QueuePolicy())) for level in range(1, max(policy.priority_levels, 1) + 1)
         ]
         self._single = len(self._levels) == 1  # the common case gets the short paths below
-        self._size = 0
+        self.size = 0  # requests queued (``len``; read as an attribute by the direct runs: no call)
         self._closest_deadline = _NO_DEADLINE
         self._preferred = frozenset(policy.preferred)
         self._max_preferred = policy.preferred[-1] if policy.preferred else 0
 
     def __len__(self) -> int:
-        return self._size
+        return self.size
 
     @property
     def timed(self) -> bool:
@@ -182,7 +182,7 @@ class BatchQueue(Generic[T]):
             if deadline < self._closest_deadline:
                 self._closest_deadline = deadline
         level.main.append(_Entry(item, batch_size if batch_size > 1 else 1, key, now_ns, deadline))
-        self._size += 1
+        self.size += 1
 
     def clear(self) -> list[T]:
         """Remove and return everything queued (shutdown)."""
@@ -190,7 +190,7 @@ class BatchQueue(Generic[T]):
         for level in self._levels:
             level.main.clear()
             level.delayed.clear()
-        self._size = 0
+        self.size = 0
         self._closest_deadline = _NO_DEADLINE
         return out
 
@@ -205,11 +205,11 @@ class BatchQueue(Generic[T]):
     def poll(self, now_ns: int) -> Decision[T]:
         """Expire timed-out requests, then decide: a batch to run now, or how long to wait."""
         expired = self._expire(now_ns) if self._closest_deadline <= now_ns else []
-        if not self._size:
+        if not self.size:
             return Decision([], expired, None)
         if not self.policy.max_batch_size:
             if self._single and self._levels[0].main:
-                self._size -= 1
+                self.size -= 1
                 return Decision([self._levels[0].main.popleft().item], expired, None)
             return Decision(self._take(1), expired, None)
         count, pending, best, send_now, oldest = self._scan()
@@ -267,7 +267,7 @@ class BatchQueue(Generic[T]):
                     out.append(dq.popleft().item)
             if len(out) == n:
                 break
-        self._size -= len(out)
+        self.size -= len(out)
         return out
 
     def _expire(self, now_ns: int) -> list[T]:
@@ -288,6 +288,6 @@ class BatchQueue(Generic[T]):
                 if entry.deadline_ns < closest:
                     closest = entry.deadline_ns
             level.main = keep
-        self._size -= len(expired)
+        self.size -= len(expired)
         self._closest_deadline = closest
         return expired

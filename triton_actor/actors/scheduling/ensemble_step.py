@@ -20,18 +20,20 @@ no greenlet per step, and no stack frame left per step (a chain of 1500 steps is
 from __future__ import annotations
 
 from collections.abc import Callable
+from operator import attrgetter
 from typing import Any
 
 import gevent.event
 
 from ...errors import TritonError
 from ...inference import InferInput, InferRequest, InferResponse, RequestedOutput
-from ...protocol.dtypes import from_numpy
+from ...protocol.dtypes import BY_NUMPY, from_numpy
 from ...repository.ensemble_graph import Step
 from ...runtime import fastpath
 from ...runtime.kernel import Reply
 
 MEMO_SIZE = 1024  # (step, validator, input signature) entries per ensemble version
+_TYPE_AND_SHAPE = attrgetter("dtype", "shape")  # an input's part of the signature
 
 
 class StepReply(Reply[InferResponse]):
@@ -134,7 +136,7 @@ class StepPlan:
             tensor = by_name.get(name)
             if tensor is None:
                 continue
-            dtype = from_numpy(data.dtype)
+            dtype = BY_NUMPY.get(data.dtype) or from_numpy(data.dtype)  # the usual types without a call
             if dtype is None:
                 raise TritonError.internal(
                     f"output '{name}' of model '{self.step.model}' has an unsupported type {data.dtype}")
@@ -147,10 +149,7 @@ def checked_batch(memo: fastpath.BoundedCache[Any, int], index: int, version: An
     in ``memo`` by step, validator and input signature (a miss always while fast paths are off): the types
     and shapes in the step's input order (its input names are the step's, the same each time)."""
     validator = version.validator
-    signature: list[Any] = [index, validator]
-    for t in request.inputs.values():
-        signature += (t.dtype, t.shape)
-    key = tuple(signature)
+    key = (index, validator, *map(_TYPE_AND_SHAPE, request.inputs.values()))  # in C: no loop of ours
     batch = memo.get(key)
     if batch is None:
         batch = validator.check(request)

@@ -160,14 +160,17 @@ class SchedulerActor(PoolScheduler):
         cancellation probe is the caller's (the chain gives its ensemble request's). The queue time
         counted is none: the request never waited (one clock read for both)."""
         idle = self._pool.idle
-        if (not self._straight or not idle or not idle[-1].inline or len(self._queue) or self._trace.on
+        if (not self._straight or not idle or not idle[-1].inline or self._queue.size or self._trace.on
                 or self._inline_runs >= self._per_turn or getcurrent() is self._hub or not self.hold()):
             return None
         try:
             instance = self._pool.take()
             start = self._clock()
             self._running += 1
-            self._count_inline(instance)
+            turn = self._turn()  # _count_inline's, for an instance known to run inline
+            if turn != self._turn_id:
+                self._turn_id, self._inline_runs = turn, 0
+            self._inline_runs += 1
             later: list[Any] = [request, batch, start, None]  # what the batch needs if it leaves this stack
             value = instance.run_here([request], functools.partial(self._step_left, instance, later))
             if value is None:  # answered later, by the instance's thread
