@@ -16,6 +16,7 @@ kept), and the fast-path switch off (the data flow is the specification).
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from ...errors import Code, TritonError
@@ -26,6 +27,8 @@ from .ensemble_run import _Run, _StepAnswered, _Table
 from .ensemble_step import StepReply, checked_batch
 
 log = logging.getLogger(__name__)
+_perf_ns = time.perf_counter_ns
+_time_ns = time.time_ns
 
 
 def is_chain(graph: Graph) -> bool:
@@ -51,6 +54,9 @@ class ChainSteps:
     _routes: Any
     _turn: Any
     _graph: Graph
+    _runs: set[_Run]
+    _stats: Any
+    _drains: list[Any]
 
     def _chain(self, run: _Run, table: _Table, k: int) -> None:
         """Run steps ``k``.. of ``run``'s chain, one after another while each answers on this stack; a
@@ -60,8 +66,7 @@ class ChainSteps:
         tail = None
         while True:
             if k == last:  # every step answered: the request answers
-                self._leave_chain(table, k)
-                self._settle(run, table)
+                self._finish_chain(run, table, k)
                 return
             if run.failed:
                 return
@@ -127,6 +132,40 @@ class ChainSteps:
             if response.timings is not None:  # summed when the request ends
                 run.timings.append(response.timings)
             k += 1
+
+    def _finish_chain(self, run: _Run, table: _Table, k: int) -> None:
+        """Every step answered: what ``_settle``, ``_answer`` and ``_close_run`` do for a run's only
+        table, in one go (a plain run: not streamed, not traced, nothing else in flight; any other
+        takes them). As there: no answer unless the table holds every ensemble output, requested or
+        not; the ensemble's statistics (its steps' queue and compute times) are counted before the
+        reply is set."""
+        self._leave_chain(table, k)
+        if run.decoupled is not None or run.span is not None or run.open_tables != 1 or table.plain or table.settled:
+            self._settle(run, table)
+            return
+        tensors = table.tensors
+        table.settled, table.tensors, run.open_tables = True, {}, 0
+        try:
+            outputs = [(name, tensors[name].data) for name in self._graph.outputs]
+        except KeyError:  # an output no step gave: the run ends without an answer (_close_run's error)
+            self._close_run(run)
+            return
+        msg = run.msg
+        wanted = msg.request.outputs
+        if wanted is not None:
+            names = {o.name for o in wanted}
+            outputs = [o for o in outputs if o[0] in names]
+        run.answered = 1
+        self._runs.discard(run)
+        now = _perf_ns()
+        timings = run.timings
+        queue_ns, ci, inf, co = map(sum, zip(*timings, strict=True)) if timings else (0, 0, 0, 0)
+        stats = self._stats
+        stats.record_success(msg.batch_size, now - msg.start_ns, queue_ns, (ci, inf, co))
+        stats.last_inference = _time_ns() // 1_000_000
+        msg.reply.set(InferResponse(outputs))
+        if self._drains:
+            self._maybe_drained()
 
     def _to_data_flow(self, run: _Run, table: _Table, k: int) -> None:
         """The data flow takes the table over at step ``k``, as if it had run the steps before it."""

@@ -16,7 +16,7 @@ from triton_actor.actors.scheduling.ensemble import EnsembleScheduler
 from triton_actor.actors.scheduling.ensemble_chain import is_chain
 from triton_actor.actors.scheduling.scheduler import Drain, Enqueue
 from triton_actor.errors import TritonError
-from triton_actor.inference import InferInput, InferRequest, InferResponse
+from triton_actor.inference import InferInput, InferRequest, InferResponse, RequestedOutput
 from triton_actor.metrics.statistics import VersionStats
 from triton_actor.protocol.dtypes import BY_WIRE
 from triton_actor.repository.config import ModelConfig
@@ -403,6 +403,39 @@ def test_a_chain_whose_step_leaves_out_a_tensor_ends_without_the_next_steps(inli
     with pytest.raises(TritonError, match="finished without producing its outputs"):
         reply.get(timeout=10)
     assert not second.calls and not third.calls and sched.runs_need() == []
+
+
+@pytest.mark.parametrize("inline", [False, True])
+def test_a_chain_whose_last_step_leaves_out_an_ensemble_output_fails_and_counts_once(inline: bool) -> None:
+    """The end of a chain's run (``_finish_chain``): an ensemble output no step gave (here one not even
+    requested) fails the request as the data flow does; a full answer counts the ensemble once, in its
+    statistics before its reply, and only the outputs the request asked for."""
+    graph = _graph(["OUT", "T"], [("first", {"X": "IN"}, {"Y": "T"}), ("second", {"X": "T"}, {"Y": "U"}),
+                                 ("third", {"X": "U"}, {"Y": "OUT"})])
+    third = RenamingInlineModel("third") if inline else FakeModel("third")
+    stats = VersionStats("ens", 1)
+    routes = {m.name: m for m in (InlineModel("first"), InlineModel("second"), third)}
+    sched = EnsembleScheduler("ensemble:ens:1", graph, lambda: routes, stats, steps_per_turn=64,
+                              turns=lambda tell: ManualTurns(tell))
+    sched.start()
+    reply: Reply[InferResponse] = Reply()
+    sched.ref.tell(Enqueue(InferRequest("ens", 1, "", {"IN": _tensor("IN", 2.0)}, outputs=(RequestedOutput("OUT"),)),
+                           1, reply, 0))
+    if not inline:
+        _handled(lambda: len(third.calls) == 1)
+        _answer(third, 0, name="Z")
+    with pytest.raises(TritonError, match="finished without producing its outputs"):
+        reply.get(timeout=10)
+    assert stats.inference_count == 0 and sched.runs_need() == []
+    counted: list[int] = []
+    good: Reply[InferResponse] = Reply()
+    good.link(lambda _r: counted.append(stats.inference_count))  # what a client reading the statistics sees
+    routes["third"] = InlineModel("third")
+    sched.ref.tell(Enqueue(InferRequest("ens", 1, "", {"IN": _tensor("IN", 2.0)}, outputs=(RequestedOutput("OUT"),)),
+                           1, good, 0))
+    assert [name for name, _ in good.get(timeout=10).outputs] == ["OUT"]  # T is an output, not requested
+    _handled(lambda: bool(counted))
+    assert counted == [1]
 
 
 def test_a_chain_with_a_decoupled_step_streams_through_the_steps_after_it() -> None:
