@@ -156,17 +156,21 @@ class SchedulerActor(PoolScheduler):
         Enqueue nor a reply while the step's model answers on this stack: its response then; a reply
         (``new_reply()``) when the batch left the stack (an inline run that failed goes to the thread;
         a request its model rescheduled); None when not taken (the caller enqueues the step). Taken
-        where :meth:`direct` is, and untraced (a traced step goes through :meth:`direct`). The request's
-        cancellation probe is the caller's (the chain gives its ensemble request's). The queue time
-        counted is none: the request never waited (one clock read for both)."""
+        where :meth:`direct` is, and untraced (a traced step goes through :meth:`direct`). The queue
+        time counted is none: the request never waited (one clock read for both).
+
+        The instance stays in the pool's idle list while it runs here: the actor is held, so until
+        ``unhold`` nothing else takes an instance, changes the pool (health is a message) or reads
+        the running count (a direct run of another greenlet, while this model yields, finds the actor
+        held and sends its message). A batch that leaves the stack takes the instance then
+        (``_took``), as its completion gives it back."""
         idle = self._pool.idle
         if (not self._straight or not idle or not idle[-1].inline or self._queue.size or self._trace.on
                 or self._inline_runs >= self._per_turn or getcurrent() is self._hub or not self.hold()):
             return None
         try:
-            instance = self._pool.take()
+            instance = idle[-1]
             start = self._clock()
-            self._running += 1
             turn = self._turn()  # _count_inline's, for an instance known to run inline
             if turn != self._turn_id:
                 self._turn_id, self._inline_runs = turn, 0
@@ -174,22 +178,19 @@ class SchedulerActor(PoolScheduler):
             later: list[Any] = [request, batch, start, None]  # what the batch needs if it leaves this stack
             value = instance.run_here([request], functools.partial(self._step_left, instance, later))
             if value is None:  # answered later, by the instance's thread
-                reply = later[3] = new_reply()
-                return reply
+                if later[3] is None:
+                    later[3] = self._took(instance, new_reply)
+                return later[3]
             result = value[0][0]
             if result is RESCHEDULE:
-                reply = new_reply()
+                reply = self._took(instance, new_reply)
                 self._batch_done(instance, [Enqueue(request, batch, reply, start)], start, True, value)
                 if len(self._queue) or self._drains:
                     self._dispatch()
                 return reply
-            try:
-                timings = value[1]
-                self._stats.record_success(batch, self._clock() - start, 0, timings, True)
-                result.timings = (0, *timings)  # a chain has no decoupled step: an InferResponse
-            finally:
-                self._running -= 1
-                self._pool.release(instance)
+            timings = value[1]
+            self._stats.record_success(batch, self._clock() - start, 0, timings, True)
+            result.timings = (0, *timings)  # a chain has no decoupled step: an InferResponse
             if self._drains:
                 self._dispatch()
             return result
@@ -201,12 +202,19 @@ class SchedulerActor(PoolScheduler):
         finally:
             self.unhold()
 
+    def _took(self, instance: ModelInstance, new_reply: Callable[[], Reply[InferResponse]]) -> Reply[InferResponse]:
+        """A :meth:`step_direct` batch leaves the stack: its instance is taken (running) until its
+        completion releases it; the reply its step gets."""
+        self._pool.take(instance)
+        self._running += 1
+        return new_reply()
+
     def _step_left(self, instance: ModelInstance, later: list[Any], ok: bool, value: Any) -> None:
-        """The answer of a :meth:`step_direct` batch that left the stack: as :meth:`direct`'s, to the
-        reply the step got (made now if the run was interrupted before the step got one)."""
+        """The answer of a :meth:`step_direct` batch that left the stack, as :meth:`direct`'s (to a reply
+        and an instance taken now if the run was interrupted before ``step_direct`` saw it leave)."""
         request, batch, start, reply = later
         if reply is None:
-            reply = later[3] = Reply()
+            reply = later[3] = self._took(instance, Reply)
         self._completed(instance, [Enqueue(request, batch, reply, start)], start, ok, value)
 
     def _answer_one(self, instance: ModelInstance, item: Enqueue, dispatch_ns: int, result: Any, timings: Timings) -> None:

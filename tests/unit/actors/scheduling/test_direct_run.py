@@ -265,3 +265,29 @@ def test_a_chain_step_is_not_run_here_behind_waiting_requests(fast, version) -> 
 def test_a_version_behind_the_response_cache_has_no_step_runner() -> None:
     handle = CachedVersionHandle(1, READY, "", object(), cache=object())
     assert handle.step_runner() is None
+
+
+def test_a_chain_step_that_yields_holds_the_version_and_one_killed_gives_its_instance_back(fast, version) -> None:
+    """A step run here stays in the pool's idle list while it runs (step_direct's shortcut): a model
+    that yields still keeps every other request out until it returns, and a step killed while it
+    yields leaves its instance idle for the next request, with both instances in the pool."""
+    if not fast:
+        return  # no chain without fast paths: test_a_request_sent_while_a_run_yields_waits_for_it covers direct()
+    v = version(promoted=True, count=2)
+    v.model.gate = gevent.event.Event()
+    first = gevent.spawn(_step, v, "s0")
+    assert v.model.inside.wait(WAIT)
+    assert _step(v, "s1") is None  # the actor is held: the chain would enqueue this step
+    second = v.send("r1")
+    assert not second.ready() and [rid for rid, _own in v.model.ran] == ["s0"]
+    v.model.gate.set()
+    assert first.get(timeout=WAIT).parameters["rid"] == "s0" and _answers([second]) == ["r1"]
+    v.model.gate, v.model.inside = gevent.event.Event(), gevent.event.Event()
+    killed = gevent.spawn(_step, v, "s2")
+    assert v.model.inside.wait(WAIT)
+    killed.kill(block=True, timeout=WAIT)
+    v.model.gate.set()
+    assert _answers([v.send("r3")]) == ["r3"]
+    snap = v.statistics()  # every message handled: the killed step's completion too
+    assert sorted(map(id, v.scheduler._pool.idle)) == sorted(map(id, v.instances))
+    assert snap["inference_count"] == 3  # s0, r1, r3; the killed one answered CANCELLED (a failure)
