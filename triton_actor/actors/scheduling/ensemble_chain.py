@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from operator import attrgetter
 from typing import Any
 
 from ...errors import Code, TritonError
@@ -28,6 +29,7 @@ from .ensemble_step import StepReply, checked_batch
 
 log = logging.getLogger(__name__)
 _perf_ns = time.perf_counter_ns
+_NAME = attrgetter("name")
 _time_ns = time.time_ns
 
 
@@ -98,13 +100,18 @@ class ChainSteps:
                     plan.handle, plan.version, plan.runner = handle, version, version.step_runner()
                 if tail is None:  # what every step's request takes from the ensemble's (once per run)
                     tail = (top.parameters, False, top.priority, top.timeout_us, top.correlation_id, top.flags, None, None)
-                request = fastpath.new_tuple(InferRequest, (
-                    step.model, step.version, top.id, inputs, plan.requested, *tail,
-                    run.trace.spawn() if run.trace is not None else None))
+                    if run.trace is None:
+                        tail += (None,)
+                if run.trace is None:
+                    request = fastpath.new_tuple(InferRequest, (step.model, step.version, top.id, inputs, plan.requested, *tail))
+                else:
+                    request = fastpath.new_tuple(InferRequest, (
+                        step.model, step.version, top.id, inputs, plan.requested, *tail, run.trace.spawn()))
                 table.at = k  # in flight (the BLS wait graph reads it)
                 batch = checked_batch(self._checked, k, version, request)
                 # its scheduler runs it here when it can, with no Enqueue and no reply: its response
-                answer = plan.runner(request, batch, StepReply) if plan.runner is not None else None
+                runner = plan.runner
+                answer = runner(request, batch, StepReply) if runner is not None else None
                 if answer is None:  # not taken: enqueued, as the data flow's steps are
                     answer = StepReply()
                     version.enqueue(request, batch, answer)
@@ -153,8 +160,9 @@ class ChainSteps:
         msg = run.msg
         wanted = msg.request.outputs
         if wanted is not None:
-            names = {o.name for o in wanted}
-            outputs = [o for o in outputs if o[0] in names]
+            names = set(map(_NAME, wanted))
+            if not names.issuperset(self._graph.outputs):  # most requests ask for every output, or none
+                outputs = [o for o in outputs if o[0] in names]
         run.answered = 1
         self._runs.discard(run)
         now = _perf_ns()
