@@ -128,17 +128,21 @@ class SchedulerActor(PoolScheduler):
                 or not self.hold()):
             return False
         try:
-            instance = self._pool.take()
+            instance = idle[-1]  # left in the idle list while the actor is held (see step_direct)
             items = [item]
             dispatch_ns = self._clock()
-            self._running += 1
             self._count_inline(instance)
             # with_cancellation's for one request of an inline instance (never one told of cancellations)
             requests = [_with_probe(item.request, item.reply.ready) if instance.observes_cancellation else item.request]
-            value = instance.run_here(requests, functools.partial(self._completed, instance, items, dispatch_ns))
-            if value is not None:
+            left = [False]  # whether the batch left this stack and took its instance
+            value = instance.run_here(requests, functools.partial(self._direct_left, instance, items, dispatch_ns, left))
+            if value is None:  # answered later, by the instance's thread
+                if not left[0]:
+                    self._take(instance, left)
+            else:
                 result = value[0][0]
                 if result is RESCHEDULE:
+                    self._take(instance, left)
                     self._batch_done(instance, items, dispatch_ns, True, value)
                 else:
                     self._answer_one(instance, item, dispatch_ns, result, value[1])
@@ -179,11 +183,13 @@ class SchedulerActor(PoolScheduler):
             value = instance.run_here([request], functools.partial(self._step_left, instance, later))
             if value is None:  # answered later, by the instance's thread
                 if later[3] is None:
-                    later[3] = self._took(instance, new_reply)
+                    self._take(instance, None)
+                    later[3] = new_reply()
                 return later[3]
             result = value[0][0]
             if result is RESCHEDULE:
-                reply = self._took(instance, new_reply)
+                self._take(instance, None)
+                reply = new_reply()
                 self._batch_done(instance, [Enqueue(request, batch, reply, start)], start, True, value)
                 if len(self._queue) or self._drains:
                     self._dispatch()
@@ -202,25 +208,36 @@ class SchedulerActor(PoolScheduler):
         finally:
             self.unhold()
 
-    def _took(self, instance: ModelInstance, new_reply: Callable[[], Reply[InferResponse]]) -> Reply[InferResponse]:
-        """A :meth:`step_direct` batch leaves the stack: its instance is taken (running) until its
-        completion releases it; the reply its step gets."""
+    def _take(self, instance: ModelInstance, left: list[bool] | None) -> None:
+        """A direct run's batch leaves the stack (the instance's thread answers it, or its request goes back
+        to the queue): its instance is taken (running) until that completion releases it. Taken at once,
+        not when the completion comes: after ``unhold`` another request must not find it idle."""
+        if left is not None:
+            left[0] = True
         self._pool.take(instance)
         self._running += 1
-        return new_reply()
+
+    def _direct_left(self, instance: ModelInstance, items: list[Enqueue], dispatch_ns: int, left: list[bool],
+                     ok: bool, value: Any) -> None:
+        """The completion of a :meth:`direct` batch that left the stack (its instance taken now if the run was
+        interrupted before ``direct`` saw it leave)."""
+        if not left[0]:
+            self._take(instance, left)
+        self._completed(instance, items, dispatch_ns, ok, value)
 
     def _step_left(self, instance: ModelInstance, later: list[Any], ok: bool, value: Any) -> None:
-        """The answer of a :meth:`step_direct` batch that left the stack, as :meth:`direct`'s (to a reply
-        and an instance taken now if the run was interrupted before ``step_direct`` saw it leave)."""
+        """The completion of a :meth:`step_direct` batch that left the stack, as :meth:`_direct_left` (to
+        a reply made now if the run was interrupted before ``step_direct`` gave the step one)."""
         request, batch, start, reply = later
         if reply is None:
-            reply = later[3] = self._took(instance, Reply)
+            self._take(instance, None)
+            reply = later[3] = Reply()
         self._completed(instance, [Enqueue(request, batch, reply, start)], start, ok, value)
 
     def _answer_one(self, instance: ModelInstance, item: Enqueue, dispatch_ns: int, result: Any, timings: Timings) -> None:
         """:meth:`_batch_done` of a direct run's answered request (no requeue, no error: ``run_here`` hands
-        a batch with an error to the thread), in one go: its statistics row, timings, trace, reply; and
-        the instance is idle again whatever goes wrong."""
+        a batch with an error to the thread), in one go: its statistics row, timings, trace, reply (its
+        instance never left the idle list)."""
         try:
             now = self._clock()
             start = item.start_ns
@@ -234,9 +251,6 @@ class SchedulerActor(PoolScheduler):
         except Exception as e:
             log.exception("scheduler %s: answering a batch failed", self.name)
             item.reply.fail(TritonError.internal(f"instance '{instance.name}': {e!r}"))
-        finally:
-            self._running -= 1
-            self._pool.release(instance)
 
     def _add(self, item: Enqueue, arrival_ns: int) -> bool:
         """Into the queue; a full queue refuses it (REJECTED, a rescheduled request as a new one)."""

@@ -291,3 +291,19 @@ def test_a_chain_step_that_yields_holds_the_version_and_one_killed_gives_its_ins
     snap = v.statistics()  # every message handled: the killed step's completion too
     assert sorted(map(id, v.scheduler._pool.idle)) == sorted(map(id, v.instances))
     assert snap["inference_count"] == 3  # s0, r1, r3; the killed one answered CANCELLED (a failure)
+
+
+def test_a_direct_run_killed_while_its_model_yields_is_answered_and_gives_its_instance_back(fast, version) -> None:
+    """direct() leaves the instance in the idle list while it runs (the actor is held); a run killed while
+    the model yields is answered CANCELLED and its instance is idle once, never twice, for the next one."""
+    v = version(promoted=True, count=2)
+    v.model.gate = gevent.event.Event()
+    sent: list[Reply[InferResponse]] = []
+    runner = gevent.spawn(lambda: sent.append(v.send("r0")))
+    assert v.model.inside.wait(WAIT)
+    runner.kill(block=True, timeout=WAIT)
+    v.model.gate.set()
+    assert _answers([v.send("r1")]) == ["r1"]
+    snap = v.statistics()  # every message handled: the killed run's completion too
+    assert sorted(map(id, v.scheduler._pool.idle)) == sorted(map(id, v.instances))
+    assert snap["inference_count"] == (1 if fast else 2)  # slow: r0 ran in the actor's loop greenlet, not killed
