@@ -9,7 +9,7 @@ forks that the responses of a decoupled step make), and the two messages a step 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import gevent
@@ -21,39 +21,48 @@ from ...runtime.kernel import Reply
 from .scheduler import Enqueue
 
 
-@dataclass(eq=False, slots=True)
 class _Table:
     """One set of ensemble tensors moving through the graph: the request's own, or a fork made by one
-    response of a decoupled step (``parent`` then shares the outputs of its plain steps still running)."""
+    response of a decoupled step (``parent`` then shares the outputs of its plain steps still running).
+    Its ``__init__`` is written out: the dataclass one with its default factories ran about twice the
+    bytecodes, for every ensemble request."""
 
-    tensors: dict[str, InferInput]
-    started: set[int]
-    parent: _Table | None = None
-    children: list[_Table] = field(default_factory=list)
-    plain: int = 0  # steps in flight that answer once
-    queued: int = 0  # steps ready but not started yet (waiting for a later hub turn)
-    streams: int = 0  # decoupled steps in flight
-    running: set[int] = field(default_factory=set)  # indices of its steps in flight (for the BLS wait graph)
-    settled: bool = False
-    release: Callable[[], Any] | None = None  # frees the max_inflight slot this fork holds
-    at: int = -1  # a chain's step in flight (ensemble_chain.py); -1: the data flow runs the table
+    __slots__ = ("tensors", "started", "parent", "children", "plain", "queued", "streams", "running", "settled",
+                 "release", "at")
+
+    def __init__(self, tensors: dict[str, InferInput], started: set[int], parent: _Table | None = None,
+                 release: Callable[[], Any] | None = None) -> None:
+        self.tensors = tensors
+        self.started = started
+        self.parent = parent
+        self.children: list[_Table] = []
+        self.plain = 0  # steps in flight that answer once
+        self.queued = 0  # steps ready but not started yet (waiting for a later hub turn)
+        self.streams = 0  # decoupled steps in flight
+        self.running: set[int] = set()  # indices of its steps in flight (for the BLS wait graph)
+        self.settled = False
+        self.release = release  # frees the max_inflight slot this fork holds
+        self.at = -1  # a chain's step in flight (ensemble_chain.py); -1: the data flow runs the table
 
 
-@dataclass(eq=False, slots=True)
 class _Run:
-    """One ensemble request in flight."""
+    """One ensemble request in flight (``__init__`` written out, as :class:`_Table`'s)."""
 
-    msg: Enqueue
-    decoupled: Any  # the request's ResponseChannel when the ensemble streams, else None
-    open_tables: int = 0
-    answered: int = 0
-    timings: list[tuple[int, int, int, int]] = field(default_factory=list)  # each step's queue and compute ns
-    failed: bool = False
-    readers: list[gevent.Greenlet] = field(default_factory=list)
-    tables: list[_Table] = field(default_factory=list)  # every table, so a failure frees all tensors at once
-    gates: dict[int, gevent.lock.Semaphore] = field(default_factory=dict)
-    trace: Any = None  # OpenTelemetry: the SpanTrace its steps' traces are spawned from (observability/otel.py)
-    span: Any = None  # and the ensemble's model span, ended with the run
+    __slots__ = ("msg", "decoupled", "open_tables", "answered", "timings", "failed", "readers", "tables", "gates",
+                 "trace", "span")
+
+    def __init__(self, msg: Enqueue, decoupled: Any) -> None:
+        self.msg = msg
+        self.decoupled = decoupled  # the request's ResponseChannel when the ensemble streams, else None
+        self.open_tables = 0
+        self.answered = 0
+        self.timings: list[tuple[int, int, int, int]] = []  # each step's queue and compute ns
+        self.failed = False
+        self.readers: list[gevent.Greenlet] = []
+        self.tables: list[_Table] = []  # every table, so a failure frees all tensors at once
+        self.gates: dict[int, gevent.lock.Semaphore] = {}
+        self.trace: Any = None  # OpenTelemetry: the SpanTrace its steps' traces are spawned from (observability/otel.py)
+        self.span: Any = None  # and the ensemble's model span, ended with the run
 
 
 @dataclass(frozen=True, slots=True)
