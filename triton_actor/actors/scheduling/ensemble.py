@@ -305,7 +305,7 @@ class EnsembleScheduler(ChainSteps, WaitGraphReads, InlineActor):
     def _start(self, run: _Run, table: _Table, step: Step) -> None:
         top = run.msg.request
         if run.decoupled is not None and run.decoupled.is_cancelled():
-            self._fail(run, TritonError(Code.CANCELLED, "[request id: " + (top.id or "<id_unknown>") + "] cancelled"))
+            self._cancelled(run)
             return
         plan = self._plans[step.index]
         request = fastpath.new_tuple(InferRequest, (
@@ -339,6 +339,11 @@ class EnsembleScheduler(ChainSteps, WaitGraphReads, InlineActor):
                 channel.close()
             self._fail(run, e)
             return
+        except (gevent.GreenletExit, gevent.Timeout):
+            if channel is not None:
+                channel.close()
+            self._cancelled(run)
+            raise
         if channel is None:
             table.plain += 1
             tell = self.ref.tell
@@ -438,6 +443,12 @@ class EnsembleScheduler(ChainSteps, WaitGraphReads, InlineActor):
         if run.span is not None:
             run.trace.close(run.span)
         self._maybe_drained()
+
+    def _cancelled(self, run: _Run) -> None:
+        """The request fails CANCELLED and ends: its client cancelled its stream, or the greenlet running a
+        step inline was killed (a client's cancel, a timeout) while the model yielded; a run left in
+        flight there would keep a Drain (an unload's) waiting for ever, its steps seen by the BLS wait graph."""
+        self._fail(run, TritonError(Code.CANCELLED, "[request id: " + (run.msg.request.id or "<id_unknown>") + "] cancelled"))
 
     def _fail(self, run: _Run, error: BaseException) -> None:
         """The request fails with the step's error; its tensors go, its other steps' answers are ignored."""

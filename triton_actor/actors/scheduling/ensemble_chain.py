@@ -20,7 +20,9 @@ import time
 from operator import attrgetter
 from typing import Any
 
-from ...errors import Code, TritonError
+from gevent import GreenletExit, Timeout
+
+from ...errors import TritonError
 from ...inference import InferRequest, InferResponse
 from ...repository.ensemble_graph import Graph
 from ...runtime import fastpath
@@ -59,6 +61,8 @@ class ChainSteps:
     _runs: set[_Run]
     _stats: Any
     _drains: list[Any]
+    _fail: Any
+    _cancelled: Any
 
     def _chain(self, run: _Run, table: _Table, k: int) -> None:
         """Run steps ``k``.. of ``run``'s chain, one after another while each answers on this stack; a
@@ -73,7 +77,7 @@ class ChainSteps:
             if run.failed:
                 return
             if run.decoupled is not None and run.decoupled.is_cancelled():
-                self._fail(run, TritonError(Code.CANCELLED, "[request id: " + (top.id or "<id_unknown>") + "] cancelled"))
+                self._cancelled(run)
                 return
             plan = plans[k]
             step = plan.step
@@ -118,6 +122,9 @@ class ChainSteps:
             except TritonError as e:
                 self._fail(run, e)
                 return
+            except (GreenletExit, Timeout):  # killed while its model yielded inline
+                self._cancelled(run)
+                raise
             if type(answer) is InferResponse:
                 response = answer
             else:

@@ -179,7 +179,7 @@ class SchedulerActor(PoolScheduler):
             if turn != self._turn_id:
                 self._turn_id, self._inline_runs = turn, 0
             self._inline_runs += 1
-            later: list[Any] = [request, batch, start, None]  # what the batch needs if it leaves this stack
+            later: list[Any] = [request, batch, start, None, new_reply]  # what the batch needs if it leaves this stack
             value = instance.run_here([request], functools.partial(self._step_left, instance, later))
             if value is None:  # answered later, by the instance's thread
                 if later[3] is None:
@@ -227,11 +227,12 @@ class SchedulerActor(PoolScheduler):
 
     def _step_left(self, instance: ModelInstance, later: list[Any], ok: bool, value: Any) -> None:
         """The completion of a :meth:`step_direct` batch that left the stack, as :meth:`_direct_left` (to
-        a reply made now if the run was interrupted before ``step_direct`` gave the step one)."""
-        request, batch, start, reply = later
-        if reply is None:
+        the step's kind of reply, made now when ``run_here`` called this before it returned: the run was
+        interrupted, or the instance's thread had stopped and answered at once)."""
+        request, batch, start, reply, new_reply = later
+        if reply is None:  # done called on run_here's stack: interrupted, or the instance's thread is gone
             self._take(instance, None)
-            reply = later[3] = Reply()
+            reply = later[3] = new_reply()
         self._completed(instance, [Enqueue(request, batch, reply, start)], start, ok, value)
 
     def _answer_one(self, instance: ModelInstance, item: Enqueue, dispatch_ns: int, result: Any, timings: Timings) -> None:

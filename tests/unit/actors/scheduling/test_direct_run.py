@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import gevent
@@ -18,18 +19,21 @@ import gevent.event
 import numpy as np
 import pytest
 from gevent import monkey
+from google.protobuf import text_format
 
 from triton_actor.actors.model.handles import READY, CachedVersionHandle, VersionHandle
 from triton_actor.actors.scheduling import instance as instance_mod
+from triton_actor.actors.scheduling.ensemble import EnsembleScheduler
 from triton_actor.actors.scheduling.ensemble_step import StepReply
 from triton_actor.actors.scheduling.instance import ModelInstance
-from triton_actor.actors.scheduling.scheduler import GetStats, SchedulerActor
+from triton_actor.actors.scheduling.scheduler import Drain, GetStats, GetStatus, SchedulerActor
 from triton_actor.backends.base import InstanceContext
 from triton_actor.errors import TritonError
 from triton_actor.inference import InferInput, InferRequest, InferResponse
 from triton_actor.metrics.statistics import VersionStats
 from triton_actor.protocol.dtypes import BY_WIRE
 from triton_actor.repository.config import ModelConfig
+from triton_actor.repository.ensemble_graph import check_scheduling
 from triton_actor.runtime import fastpath
 from triton_actor.runtime.kernel import Reply
 
@@ -306,3 +310,64 @@ def test_a_direct_run_killed_while_its_model_yields_is_answered_and_gives_its_in
     v = version(promoted=True, count=2)
     # slow: r0 ran in the actor's loop greenlet, which the kill of its sender does not stop
     assert _killed_while_yielding(v, lambda: v.send("r0")) == (1 if fast else 2)
+
+
+def test_a_chain_step_whose_instance_thread_is_gone_gets_a_step_reply_with_its_error(fast, version) -> None:
+    """An inline run that fails goes to the instance's thread; a thread already gone answers at once, on
+    run_here's own stack: the step still gets its kind of reply (the chain reads it as a StepReply)."""
+    if not fast:
+        return  # no chain without fast paths
+    v = version()
+    v.model.fail_inline = True
+    # its thread's loop died (it marks the worker closed) and the hub has not yet told the instance: the
+    # window where submit_callback answers at once; close() would also take the instance out of the pool
+    v.instance._worker._closed = True
+    answer = _step(v, "s0")
+    assert isinstance(answer, StepReply) and answer.ready()
+    assert isinstance(answer.exception(), TritonError)
+
+
+class _AcceptsAll:
+    """A validator (hashable: the ensemble's memo keys by it) that accepts every request as a batch of one."""
+
+    def check(self, _request: InferRequest) -> int:
+        return 1
+
+
+def test_an_ensemble_request_killed_while_a_step_yields_ends_cancelled_and_drains(fast, version) -> None:
+    """A client's greenlet killed (a gRPC cancel) while a composing model yields inline: the ensemble's run
+    ends CANCELLED instead of staying in flight, so a Drain (an unload's) completes."""
+    v = version(promoted=True)
+    accepts_all = _AcceptsAll()
+    step = VersionHandle(1, READY, "", v.scheduler, accepts_all)
+    route = SimpleNamespace(name="m", config=SimpleNamespace(model_transaction_policy=SimpleNamespace(decoupled=False)),
+                            resolve=lambda _v: step, versions={1: step})
+    routes = {"m": route}
+    text = '''name: "ens" platform: "ensemble"
+input [ { name: "IN", data_type: TYPE_FP32, dims: [ 1 ] } ]
+output [ { name: "OUT", data_type: TYPE_FP32, dims: [ 1 ] } ]
+ensemble_scheduling { step [ { model_name: "m" model_version: -1 input_map { key: "X" value: "IN" }
+                               output_map { key: "OUT" value: "OUT" } } ] }'''
+    ens = EnsembleScheduler("ensemble:ens:1", check_scheduling(text_format.Parse(text, ModelConfig())),
+                            lambda: routes, VersionStats("ens", 1))
+    ens.start()
+    try:
+        handle = VersionHandle(1, READY, "", ens, accepts_all)
+        v.model.gate = gevent.event.Event()
+        x = np.zeros((1,), np.float32)
+        replies: list[Reply[InferResponse]] = []
+        client = gevent.spawn(lambda: replies.append(handle.infer(InferRequest("ens", 1, "e0", {
+            "IN": InferInput("IN", BY_WIRE["FP32"], (1,), x)}))))
+        assert v.model.inside.wait(WAIT)
+        if fast:  # the step runs inline in the client's greenlet: kill it there
+            client.kill(block=True, timeout=WAIT)
+        v.model.gate.set()
+        if not fast:  # the step ran in the scheduler's loop greenlet: answered
+            client.join(WAIT)
+            assert replies[0].get(timeout=WAIT).outputs[0][0] == "OUT"
+        drained: Reply[None] = Reply()
+        ens.ref.tell(Drain(drained))
+        drained.get(timeout=WAIT)  # never answered while the killed run stayed in flight
+        assert ens.ref.ask(GetStatus(), timeout=WAIT)["running"] == 0
+    finally:
+        ens.stop(timeout=WAIT)
