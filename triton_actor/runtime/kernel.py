@@ -58,46 +58,72 @@ _STOP = object()
 
 
 class Reply(Generic[T]):
-    """A one-shot answer: set once (value or error), awaited by any greenlet."""
+    """A one-shot answer: set once (value or error), awaited by any greenlet.
 
-    __slots__ = ("_result",)
+    Its answer is kept in plain slots; the gevent ``AsyncResult`` a greenlet waits on or a link hangs from
+    is made only when one asks (``get``, ``wait_or``, ``link``): most replies are answered on the stack
+    that asked (a direct run) and read with ``ready``/``value``, and never need one (1.5 -> 0.5 us for
+    a reply made, set and read, measured with timeit)."""
+
+    __slots__ = ("_result", "_done", "_value", "_error")
 
     def __init__(self) -> None:
-        self._result = gevent.event.AsyncResult()
+        self._result: Any = None
+        self._done = False
+        self._value: Any = None
+        self._error: BaseException | None = None
 
     def set(self, value: T) -> None:
-        if not self._result.ready():
-            self._result.set(value)
+        if not self._done:
+            self._done, self._value = True, value
+            if self._result is not None:
+                self._result.set(value)
 
     def fail(self, error: BaseException) -> None:
-        if not self._result.ready():
-            self._result.set_exception(error)
+        if not self._done:
+            self._done, self._error = True, error
+            if self._result is not None:
+                self._result.set_exception(error)
 
     def ready(self) -> bool:
-        return self._result.ready()
+        return self._done
+
+    def _waitable(self) -> gevent.event.AsyncResult:
+        result = self._result
+        if result is None:
+            result = self._result = gevent.event.AsyncResult()
+            if self._error is not None:
+                result.set_exception(self._error)
+            elif self._done:
+                result.set(self._value)
+        return result
 
     def get(self, timeout: float | None = None) -> T:
         """Wait for the answer; raises the error it failed with, or UNAVAILABLE on timeout."""
+        if self._done:
+            if self._error is not None:
+                raise self._error
+            return self._value
         try:
-            return self._result.get(timeout=timeout)
+            return self._waitable().get(timeout=timeout)
         except gevent.Timeout:
             raise TritonError.unavailable(f"no answer within {timeout} s") from None
 
     def wait_or(self, event: gevent.event.Event) -> bool:
         """Wait until answered or ``event`` is set (this greenlet); True when answered."""
-        if not self._result.ready():
-            gevent.wait([self._result, event], count=1)
-        return self._result.ready()
+        if not self._done:
+            gevent.wait([self._waitable(), event], count=1)
+        return self._done
 
     def link(self, callback: Callable[[Reply[T]], None]) -> None:
         """Call ``callback(self)`` in the hub once the answer is there."""
-        self._result.rawlink(lambda _ar: callback(self))
+        self._waitable().rawlink(lambda _ar: callback(self))
 
     def exception(self) -> BaseException | None:
-        return self._result.exception
+        return self._error
 
     def value(self) -> T:
-        return self._result.value
+        return self._value
 
 
 def _table_of(cls: type) -> dict[type, Callable[..., Any]]:

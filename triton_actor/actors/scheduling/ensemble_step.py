@@ -23,8 +23,6 @@ from collections.abc import Callable
 from operator import attrgetter
 from typing import Any
 
-import gevent.event
-
 from ...errors import TritonError
 from ...inference import InferInput, InferRequest, InferResponse, RequestedOutput
 from ...protocol.dtypes import BY_NUMPY, from_numpy
@@ -40,18 +38,13 @@ class StepReply(Reply[InferResponse]):
     """A step's reply: one completed while its step starts (the model ran inline) is read by the ensemble
     when ``enqueue`` returns; otherwise the ensemble gives it :meth:`then`, called as soon as it completes
     (the completing stack, hub thread): the ensemble's actor queues the answer when it is busy, so the
-    stack does not grow per step. Its answer is kept in plain slots; the event a greenlet waits on or a
-    link hangs from is made only when one asks (``get``, ``wait_or``, ``link``: a response cache front
-    links it), so most steps make none."""
+    stack does not grow per step."""
 
-    __slots__ = ("_then", "_done", "_value", "_error")
+    __slots__ = ("_then",)
 
-    def __init__(self) -> None:  # no Reply.__init__: no AsyncResult until a waiter asks for one
-        self._result: Any = None
+    def __init__(self) -> None:
+        super().__init__()
         self._then: Callable[[Reply[InferResponse]], None] | None = None
-        self._done = False
-        self._value: Any = None
-        self._error: BaseException | None = None
 
     def then(self, then: Callable[[Reply[InferResponse]], None]) -> None:
         """Call ``then(self)`` when completed (the reply is not yet: the caller checked ``ready()``)."""
@@ -59,48 +52,15 @@ class StepReply(Reply[InferResponse]):
 
     def set(self, value: InferResponse) -> None:
         if not self._done:
-            self._done, self._value = True, value
-            if self._result is not None:
-                self._result.set(value)
+            super().set(value)
             if self._then is not None:
                 self._then(self)
 
     def fail(self, error: BaseException) -> None:
         if not self._done:
-            self._done, self._error = True, error
-            if self._result is not None:
-                self._result.set_exception(error)
+            super().fail(error)
             if self._then is not None:
                 self._then(self)
-
-    def ready(self) -> bool:
-        return self._done
-
-    def exception(self) -> BaseException | None:
-        return self._error
-
-    def value(self) -> InferResponse:
-        return self._value
-
-    def _waitable(self) -> None:
-        if self._result is None:
-            self._result = gevent.event.AsyncResult()
-            if self._error is not None:
-                self._result.set_exception(self._error)
-            elif self._done:
-                self._result.set(self._value)
-
-    def get(self, timeout: float | None = None) -> InferResponse:
-        self._waitable()
-        return super().get(timeout)
-
-    def wait_or(self, event: gevent.event.Event) -> bool:
-        self._waitable()
-        return super().wait_or(event)
-
-    def link(self, callback: Callable[[Reply[InferResponse]], None]) -> None:
-        self._waitable()
-        super().link(callback)
 
 
 class StepPlan:
