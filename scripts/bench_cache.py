@@ -187,8 +187,7 @@ def wrk_main(args: argparse.Namespace) -> int:
             port = free_port()
             servers[name] = (start(name, work / name, port), port)
             wait_ready(port, servers[name][0])
-            bw.first_miss(port, args.body)
-            bw.run_wrk(TOOLS / "wrk", script, port, 16, 1, None)  # each of our workers has its own cache: its first miss
+            bw.first_misses(TOOLS / "wrk", script, port, 2 if name.endswith("_w2") else 1, args.body, cache_counts)
             results[name] = {c: [] for c in conc}
             print(f"[bench] {name} ready on port {port}", flush=True)
         for r in range(args.rounds):

@@ -55,12 +55,18 @@ def lua_script(kind: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def first_miss(port: int, kind: str) -> None:
-    """Send the request once, so the entry is in the cache before a measured run."""
+def first_misses(wrk: Path, script: Path, port: int, processes: int, kind: str, counts) -> None:
+    """Send the request until each of the server's ``processes`` (our workers each have a cache of
+    their own) has had its first miss, so that a measured run is all hits."""
     headers, body = bodies(kind)
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v2/models/add_sub/infer", data=body, headers=headers)
     with urllib.request.urlopen(req, timeout=30) as r:
         r.read()
+    for _ in range(20):  # new connections each time: the kernel hands them to whichever worker accepts
+        if counts(port)[1] >= processes:
+            return
+        run_wrk(wrk, script, port, 16, 1, None)
+    raise SystemExit(f"port {port}: fewer than {processes} misses after 20 warm-up runs")
 
 
 def tree_cpu_seconds(pid: int) -> float:
