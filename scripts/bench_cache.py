@@ -17,6 +17,14 @@ Rounds interleave the servers so machine noise hits all alike; medians are repor
 
 Writes ``bench_out/cache.json`` and ``bench_out/cache.md``.
 
+``--client wrk`` sends the request with wrk instead (``scripts/bench_cache_wrk.py``: one thread, keep-alive
+connections, a request built once; about a fifth of perf_analyzer's CPU per request): our one process,
+our ``--workers 2`` and Triton, ``--concurrency`` connections (1,4,16), ``--body binary`` (perf_analyzer's
+request) or ``json`` (the same in V2 JSON), ``--pin-client CPU`` to run wrk under taskset. Writes
+``bench_out/cache_wrk.json`` and ``bench_out/cache_wrk.md``.
+
+    .venv/bin/python scripts/bench_cache.py --client wrk --rounds 5 --duration-s 3
+
 ``--cpu-per-hit N`` measures our server alone instead, without perf_analyzer: N identical add_sub
 requests (perf_analyzer's body) one after another on one keep-alive connection, then N
 ``/v2/health/ready``, and prints the server's CPU time per request for each (the hit's own cost is the
@@ -206,21 +214,26 @@ def wrk_main(args: argparse.Namespace) -> int:
         f"wrk -t1, body {args.body}, {args.duration_s:g} s per run, {args.rounds} rounds, client pinned to "
         f"{args.pin_client or 'nothing'}", "",
         "| connections | server | infer/s (median) | p50 µs | p99 µs | server CPU µs per hit | wrk CPU µs per hit "
-        f"| ratio vs {base} |", "|---|---|---|---|---|---|---|---|"], ("cpu_us_per_hit", "client_cpu_us_per_hit"))
+        f"| ratio vs {base} | CPU per hit: {base} / this |", "|---|---|---|---|---|---|---|---|---|"],
+        ("cpu_us_per_hit", "client_cpu_us_per_hit"), cpu="cpu_us_per_hit")
 
 
 def report(out: Path, results: dict[str, dict[int, list[dict[str, float]]]], base: str, head: list[str],
-           columns: tuple[str, ...]) -> int:
+           columns: tuple[str, ...], cpu: str = "") -> int:
     """Print the table of medians (``head``, then a row per concurrency and server: infer/s, p50, p99,
-    ``columns``, the ratio to ``base``) and write it to ``out``.md, the runs to ``out``.json."""
+    ``columns``, the ratio to ``base``, and ``base``'s ``cpu`` over this one's when given: what the
+    throughputs' ratio would be with a core each, which a loaded machine moves less) and write it to
+    ``out``.md, the runs to ``out``.json."""
     med = {n: {c: {k: statistics.median(x[k] for x in runs) for k in runs[0]} for c, runs in per.items()}
            for n, per in results.items()}
     lines = list(head)
     for c in next(iter(med.values())):
         for name, per in med.items():
             m = per[c]
-            lines.append(" | ".join([f"| {c}", name, *(f"{m[k]:.0f}" for k in ("rps", "p50_us", "p99_us")),
-                                     *(f"{m[k]:.1f}" for k in columns), f"{m['rps'] / med[base][c]['rps']:.2f}x |"]))
+            cells = [str(c), name, *(f"{m[k]:.0f}" for k in ("rps", "p50_us", "p99_us")),
+                     *(f"{m[k]:.1f}" for k in columns), f"{m['rps'] / med[base][c]['rps']:.2f}x",
+                     *((f"{med[base][c][cpu] / m[cpu]:.2f}x",) if cpu else ())]
+            lines.append("| " + " | ".join(cells) + " |")
     table = "\n".join([*lines, "", f"load average at the end: {os.getloadavg()}"])
     print(table)
     out.with_suffix(".md").write_text(table + "\n")
