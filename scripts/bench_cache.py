@@ -17,6 +17,14 @@ Rounds interleave the servers so machine noise hits all alike; medians are repor
 
 Writes ``bench_out/cache.json`` and ``bench_out/cache.md``.
 
+``--client wrk`` sends the request with wrk instead (``scripts/bench_cache_wrk.py``: one thread, keep-alive
+connections, a request built once; about a fifth of perf_analyzer's CPU per request): our one process,
+our ``--workers 2`` and Triton, ``--concurrency`` connections (1,4,16), ``--body binary`` (perf_analyzer's
+request) or ``json`` (the same in V2 JSON), ``--pin-client CPU`` to run wrk under taskset. Writes
+``bench_out/cache_wrk.json`` and ``bench_out/cache_wrk.md``.
+
+    .venv/bin/python scripts/bench_cache.py --client wrk --rounds 5 --duration-s 3
+
 ``--cpu-per-hit N`` measures our server alone instead, without perf_analyzer: N identical add_sub
 requests (perf_analyzer's body) one after another on one keep-alive connection, then N
 ``/v2/health/ready``, and prints the server's CPU time per request for each (the hit's own cost is the
@@ -59,8 +67,8 @@ def cached_repo(repo: Path) -> None:
 
 
 def start(name: str, repo: Path, port: int, grpc_port: int = 0) -> subprocess.Popen:
-    """``triton``, ``triton_actor`` (both with the local cache) or ``triton_actor_uncached``; gRPC on
-    ``grpc_port`` (ours only) when given."""
+    """``triton``, ``triton_actor`` (both with the local cache), ``triton_actor_w2`` (the same, ``--workers
+    2``) or ``triton_actor_uncached``; gRPC on ``grpc_port`` (ours only) when given."""
     if name == "triton":
         args = [str(TOOLS / "tritonserver"), f"--model-repository={repo}", "--http-address=127.0.0.1",
                 f"--http-port={port}", "--allow-grpc=false", "--allow-metrics=false", "--log-info=false", CACHE_FLAG]
@@ -68,7 +76,8 @@ def start(name: str, repo: Path, port: int, grpc_port: int = 0) -> subprocess.Po
         args = [sys.executable, "-m", "triton_actor", "--model-repository", str(repo), "--http-port", str(port),
                 "--http-address", "127.0.0.1", "--log-info=false", "--allow-metrics=false",
                 *((f"--grpc-port={grpc_port}",) if grpc_port else ("--allow-grpc=false",)),
-                *(() if name.endswith("uncached") else (CACHE_FLAG,))]
+                *(() if name.endswith("uncached") else (CACHE_FLAG,)),
+                *(("--workers=2",) if name.endswith("_w2") else ())]
     return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -167,10 +176,81 @@ def _grpc_cpu_per_hit(proc: subprocess.Popen, port: int, n: int) -> None:
         client.close()
 
 
+def wrk_main(args: argparse.Namespace) -> int:
+    """``--client wrk``: our one process, our ``--workers 2`` and Triton, interleaved rounds (bench_cache_wrk.py)."""
+    import bench_cache_wrk as bw
+
+    if not (TOOLS / "wrk").exists():
+        raise SystemExit(f"{TOOLS}/wrk missing: run scripts/install_bench_tools.sh")
+    conc = [int(c) for c in args.concurrency.split(",")]
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="bench_cache_wrk_"))
+    script = work / "add_sub.lua"
+    script.write_text(bw.lua_script(args.body))
+    servers: dict[str, tuple[subprocess.Popen, int]] = {}
+    results: dict[str, dict[int, list[dict[str, float]]]] = {}
+    try:
+        for name in args.servers.split(","):
+            cached_repo(work / name)
+            port = free_port()
+            servers[name] = (start(name, work / name, port), port)
+            wait_ready(port, servers[name][0])
+            bw.first_misses(TOOLS / "wrk", script, port, 2 if name.endswith("_w2") else 1, args.body, cache_counts)
+            results[name] = {c: [] for c in conc}
+            print(f"[bench] {name} ready on port {port}", flush=True)
+        for r in range(args.rounds):
+            for c in conc:
+                for name, (proc, port) in servers.items():
+                    res = bw.measure(TOOLS / "wrk", script, proc.pid, port, c, args.duration_s, args.pin_client,
+                                     cache_counts)
+                    results[name][c].append(res)
+                    print(f"[bench] round {r + 1} c={c} {name:14s} {res['rps']:8.0f} infer/s p50 {res['p50_us']:6.0f} us "
+                          f"cpu {res['cpu_us_per_hit']:5.1f} us/hit wrk {res['client_cpu_us_per_hit']:4.1f} us/hit "
+                          f"hits {res['hits']:.0f} (load {os.getloadavg()[0]:.2f})", flush=True)
+    finally:
+        stop_servers([proc for proc, _ in servers.values()], work)
+    base = "triton" if "triton" in results else next(iter(results))
+    return report(args.out / "cache_wrk", results, base, [
+        f"wrk -t1, body {args.body}, {args.duration_s:g} s per run, {args.rounds} rounds, client pinned to "
+        f"{args.pin_client or 'nothing'}", "",
+        "| connections | server | infer/s (median) | p50 µs | p99 µs | server CPU µs per hit | wrk CPU µs per hit "
+        f"| ratio vs {base} | CPU per hit: {base} / this |", "|---|---|---|---|---|---|---|---|---|"],
+        ("cpu_us_per_hit", "client_cpu_us_per_hit"), cpu="cpu_us_per_hit")
+
+
+def report(out: Path, results: dict[str, dict[int, list[dict[str, float]]]], base: str, head: list[str],
+           columns: tuple[str, ...], cpu: str = "") -> int:
+    """Print the table of medians (``head``, then a row per concurrency and server: infer/s, p50, p99,
+    ``columns``, the ratio to ``base``, and ``base``'s ``cpu`` over this one's when given: what the
+    throughputs' ratio would be with a core each, which a loaded machine moves less) and write it to
+    ``out``.md, the runs to ``out``.json."""
+    med = {n: {c: {k: statistics.median(x[k] for x in runs) for k in runs[0]} for c, runs in per.items()}
+           for n, per in results.items()}
+    lines = list(head)
+    for c in next(iter(med.values())):
+        for name, per in med.items():
+            m = per[c]
+            cells = [str(c), name, *(f"{m[k]:.0f}" for k in ("rps", "p50_us", "p99_us")),
+                     *(f"{m[k]:.1f}" for k in columns), f"{m['rps'] / med[base][c]['rps']:.2f}x",
+                     *((f"{med[base][c][cpu] / m[cpu]:.2f}x",) if cpu else ())]
+            lines.append("| " + " | ".join(cells) + " |")
+    table = "\n".join([*lines, "", f"load average at the end: {os.getloadavg()}"])
+    print(table)
+    out.with_suffix(".md").write_text(table + "\n")
+    out.with_suffix(".json").write_text(json.dumps({"results": results, "median": med, "load": os.getloadavg()},
+                                                   indent=1))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--concurrency", default="1,4")
+    ap.add_argument("--concurrency", default=None, help="1,4 (perf_analyzer), 1,4,16 (wrk's connections)")
+    ap.add_argument("--client", choices=("perf_analyzer", "wrk"), default="perf_analyzer")
+    ap.add_argument("--body", choices=("binary", "json"), default="binary", help="wrk: the request's encoding")
+    ap.add_argument("--duration-s", type=float, default=5, help="wrk: seconds per run")
+    ap.add_argument("--servers", default="triton_actor,triton_actor_w2,triton", help="wrk: which, in this order")
+    ap.add_argument("--pin-client", default=None, metavar="CPU", help="wrk: run it under taskset -c CPU")
     ap.add_argument("--window-ms", type=int, default=2000)
     ap.add_argument("--stability", type=int, default=30, help="perf_analyzer's stability percentage")
     ap.add_argument("--out", type=Path, default=ROOT / "bench_out")
@@ -180,6 +260,10 @@ def main() -> int:
     args = ap.parse_args()
     if args.cpu_per_hit:
         return cpu_per_hit(args.cpu_per_hit)
+    if args.client == "wrk":
+        args.concurrency = args.concurrency or "1,4,16"
+        return wrk_main(args)
+    args.concurrency = args.concurrency or "1,4"
     if not (TOOLS / "perf_analyzer").exists():
         raise SystemExit(f"{TOOLS}/perf_analyzer missing: run scripts/install_bench_tools.sh")
     conc = [int(c) for c in args.concurrency.split(",")]
@@ -210,23 +294,10 @@ def main() -> int:
                           f"cpu {res['cpu_us_per_request']:5.0f} us/req client {res['client_cpu_us_per_request']:5.0f} us/req hits {hits} misses {misses}", flush=True)
     finally:
         stop_servers([proc for proc, _ in servers.values()], work)
-    med = {n: {c: {k: statistics.median(x[k] for x in runs) for k in runs[0]} for c, runs in per.items()}
-           for n, per in results.items()}
-    lines = ["| concurrency | server | infer/s (median) | p50 µs | p99 µs | CPU µs per request | perf_analyzer CPU µs "
-             "per request | misses | ratio vs triton |", "|---|---|---|---|---|---|---|---|---|"]
-    for c in conc:
-        for name in servers:
-            m = med[name][c]
-            lines.append(f"| {c} | {name} | {m['rps']:.0f} | {m['p50_us']:.0f} | {m['p99_us']:.0f} | "
-                         f"{m['cpu_us_per_request']:.0f} | {m['client_cpu_us_per_request']:.0f} | {m['misses']:.0f} | "
-                         f"{m['rps'] / med['triton'][c]['rps']:.2f}x |")
-    table = "\n".join([*lines, "", f"load average at the end: {os.getloadavg()}"])
-    print(table)
-    (args.out / "cache.md").write_text(table + "\n")
-    (args.out / "cache.json").write_text(json.dumps({"results": results, "median": med, "load": os.getloadavg()},
-                                                    indent=1))
-    return 0
-
+    return report(args.out / "cache", results, "triton", [
+        "| concurrency | server | infer/s (median) | p50 µs | p99 µs | CPU µs per request | perf_analyzer CPU µs "
+        "per request | misses | ratio vs triton |", "|---|---|---|---|---|---|---|---|---|"],
+        ("cpu_us_per_request", "client_cpu_us_per_request", "misses"))
 
 if __name__ == "__main__":
     sys.exit(main())

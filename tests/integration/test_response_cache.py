@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pytest
 import requests
 
@@ -384,3 +385,29 @@ def test_a_repeated_body_never_answers_from_a_stale_entry(tmp_path: Path, start_
         client.unregister_system_shared_memory()
         shm.destroy_shared_memory_region(region)
         client.close()
+
+
+@pytest.mark.timeout(120)
+def test_repeated_json_bodies_answer_with_their_own_data_and_id(tmp_path: Path, start_server: Start) -> None:
+    """Plain V2 JSON requests (data in the text, no binary part) repeated as a JSON client repeats them:
+    each answered with its own id and data, a hit after the first of each input, JSON outputs as asked,
+    whether the answer came from the decoded request or, after, from the body's bytes."""
+    server = start_server(_repo(tmp_path), flags=("--cache-config", "local,size=1048576"))
+    url = f"http://{server.url}/v2/models/cached/infer"
+
+    def body(rid: str, values: list[float], binary: bool = False) -> bytes:
+        return orjson.dumps({"id": rid, "inputs": [{"name": "INPUT0", "shape": [len(values)], "datatype": "FP32",
+                                                    "data": values}],
+                             **({"parameters": {"binary_data_output": True}} if binary else {})})
+
+    for _ in range(3):
+        for rid, values in (("a", [1.0, 2.0]), ("b", [1.0, 2.0]), ("", [3.5])):
+            answer = requests.post(url, data=body(rid, values), timeout=30)
+            assert answer.status_code == 200, answer.text
+            got = answer.json()
+            assert got.get("id", "") == rid and got["outputs"][0]["data"] == values
+    binary = requests.post(url, data=body("c", [3.5], binary=True), timeout=30)
+    head = int(binary.headers["Inference-Header-Content-Length"])
+    assert orjson.loads(binary.content[:head])["id"] == "c"
+    assert np.frombuffer(binary.content[head:], np.float32).tolist() == [3.5]
+    assert _stats(server)["exec"] == 2 and _stats(server)["hit"] == 8 and _stats(server)["miss"] == 2

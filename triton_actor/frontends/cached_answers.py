@@ -11,7 +11,7 @@ region's contents the client's), as are hits on the slow path (the regular encod
 response, ``entry.response()``).
 
 A request named by its bytes goes one step earlier (``plane/cache_front.py``'s ``again``): an HTTP body
-(:func:`http_again`), or a gRPC ``ModelInferRequest``'s bytes with its id cut out
+of binary tensors or of JSON data (:func:`http_again`), or a gRPC ``ModelInferRequest``'s bytes with its id cut out
 (:func:`grpc_again`, ``protocol/grpc_infer_bytes.py``; the call's reader asks before it decodes the
 message): bytes answered from the cache before are answered from the same entry again, with this
 request's id, without being decoded, checked or keyed. A gRPC message naming a shared-memory region,
@@ -85,12 +85,23 @@ def _http_with_id(kept: tuple[bytes, Any], rid: str) -> tuple[list[bytes], int |
 def http_body(pending: Pending, request: InferRequest, encode: Encode,
               body: tuple[str | None, bytes] | None = None) -> tuple[list[bytes], int | None]:
     """The body chunks and JSON header length of a hit's HTTP answer (as ``encode`` gives them).
-    ``body``: the request's header length and body when those bytes always decode to ``request``
-    (no headers forwarded, no content coding, binary tensors only), remembered for :func:`http_again`."""
+    ``body``: the request's header length and body when those bytes alone decide ``request`` (no
+    headers forwarded, no content coding), remembered for :func:`http_again` when they always decode
+    to it (:func:`_decodes_alone`)."""
     answer = _answer(pending, request, "http", encode, _http_kept, _http_with_id)
-    if body is not None and v2_http.planned(body[1], parse_length(body[0])):
+    if body is not None and _decodes_alone(body[1], parse_length(body[0])):
         cache_front.learn(pending.hit, body, len(body[1]), variant(request, "http"), request.id)
     return answer
+
+
+def _decodes_alone(body: bytes, header_length: int | None) -> bool:
+    """Whether the same ``body`` always decodes to the same request: binary tensors a kept plan read,
+    or a JSON body (its tensors' data in its text) that names no shared-memory region (whose
+    contents change under the same bytes). The JSON case is what a plain V2 JSON client repeats:
+    its decode (orjson, a tensor per input, the checks) is most of a hit's cost otherwise."""
+    if header_length is None:
+        return bool(body) and b"shared_memory_region" not in body
+    return v2_http.planned(body, header_length)
 
 
 def http_again(plane: DataPlane, route: Route, body: tuple[str | None, bytes]) -> tuple[list[bytes], int | None] | None:

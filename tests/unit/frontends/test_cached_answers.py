@@ -18,6 +18,8 @@ from triton_actor.plane.dataplane import Pending
 from triton_actor.protocol import v2_grpc, v2_http_response
 from triton_actor.protocol._generated import grpc_service_pb2 as pb
 from triton_actor.protocol.dtypes import BY_WIRE
+from triton_actor.runtime import fastpath
+from triton_actor.runtime.fastpath import BoundedCache
 
 
 class _Route:
@@ -30,6 +32,7 @@ class _Front:
     def __init__(self, store: LocalCache) -> None:
         self.store = store
         self.kept = 0
+        self.bodies: BoundedCache[Any, Any] = BoundedCache("test.bodies", 8)
 
     def remember(self, hit: Hit, variant: Any, encoded: Any, nbytes: int) -> None:
         if self.store.grow(hit.key, hit.entry, nbytes):
@@ -100,3 +103,24 @@ def test_each_output_selection_is_kept_apart_and_classification_is_never_kept() 
     chunks, _ = cached_answers.http_body(pending, classified, _http)
     assert orjson.loads(b"".join(chunks))["outputs"][0]["data"] == ["3.000000:3", "2.000000:2"]
     assert front.kept == len(SELECTIONS) + 1
+
+
+def _json_body(**extra: Any) -> bytes:
+    return orjson.dumps({"id": "j", "inputs": [{"name": "IN", "shape": [4], "datatype": "FP32", "data": [0, 0, 0, 0],
+                                                **extra}]})
+
+
+def test_a_json_body_is_remembered_unless_it_names_shared_memory() -> None:
+    """A plain V2 JSON request decodes from its bytes alone: its hits are answered by them next time
+    (http_again); one naming a shared-memory region is not (the region's contents change). Nothing is
+    remembered with fast paths off (TRITON_ACTOR_FAST_PATHS=0)."""
+    pending, front = _hit()
+    body = (None, _json_body())
+    chunks, _ = cached_answers.http_body(pending, _request("j"), _http, body)
+    assert orjson.loads(b"".join(chunks))["id"] == "j"
+    assert front.bodies.get(body) == ((b"key", ("http", False, None), "j") if fastpath.enabled else None)
+    shm_body = (None, _json_body(parameters={"shared_memory_region": "r", "shared_memory_byte_size": 16}))
+    cached_answers.http_body(pending, _request("j"), _http, shm_body)
+    unplanned_binary = ("5", b"{}{}{}")  # a header no kept plan read: its tensors may be JSON data or a region's
+    cached_answers.http_body(pending, _request("j"), _http, unplanned_binary)
+    assert front.bodies.get(shm_body) is None and front.bodies.get(unplanned_binary) is None and len(front.bodies) == int(fastpath.enabled)
