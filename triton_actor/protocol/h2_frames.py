@@ -247,7 +247,9 @@ class H2FrameHandlers:
         if len(payload) != 4:
             raise ProtocolError("frame payload must be 4 bytes", h2.FRAME_SIZE_ERROR)
         increment = int.from_bytes(payload, "big") & _MASK  # parse_u32 in line
-        self._spend()
+        self._tokens -= 1  # _spend in line (two a unary call)
+        if self._tokens < 0:
+            raise ProtocolError("too_many_control_frames", h2.ENHANCE_YOUR_CALM)
         if sid == 0:
             if not increment:
                 raise ProtocolError("WINDOW_UPDATE of 0")
