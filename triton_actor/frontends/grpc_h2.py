@@ -273,17 +273,21 @@ class Connection:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         conn.initiate_connection()
         self._timer = gevent.spawn(self._tick)
-        recv, on_event, monotonic = self._recv, self._on_event, time.monotonic
+        recv, on_event, on_request, monotonic = self._recv, self._on_event, self._on_request, time.monotonic
         try:
             while self.flush() and not conn.closed:  # going away: read on until _linger closes
                 chunk = recv(sock, _RECV)
                 if not chunk:
                     return
                 for event in conn.receive_data(chunk, monotonic()):
-                    if event.__class__ is _DATA_RECEIVED:  # a call's request, the most frequent event: here
+                    kind = event.__class__
+                    if kind is _DATA_RECEIVED:  # a call's request, the most frequent event: here
                         call = event.stream.call
                         if call is not None and not call.input_done and not conn.closed:
                             call.on_data(event.data, event.end_stream)
+                    elif kind is _REQUEST_RECEIVED:  # one a call: here too (_on_event's rule for it)
+                        if not conn.closed:
+                            on_request(event)
                     else:
                         on_event(event)
             self.flush()
@@ -292,7 +296,8 @@ class Connection:
                 log.debug("gRPC connection: %s", e)
 
     def _on_event(self, event: h2e.Event) -> None:
-        """One event of the state machine's (serve() takes DataReceived itself, as this does)."""
+        """One event of the state machine's (serve() takes DataReceived and RequestReceived itself, as this
+        does)."""
         kind = event.__class__
         if self.h2.closed and kind is not h2e.StreamReset and kind is not h2e.ConnectionTerminated:
             return  # a connection error later in the same read: no new work, no answer behind the GOAWAY

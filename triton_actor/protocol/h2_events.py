@@ -144,7 +144,8 @@ class StreamTooSlow(Event):
 
 
 class WindowUpdated(Event):
-    """Send windows opened (WINDOW_UPDATE or SETTINGS); at most one per :meth:`receive_data`."""
+    """Send windows opened (SETTINGS, or a WINDOW_UPDATE on a window that was shut: one still open held no
+    sender back); at most one per :meth:`receive_data`."""
 
     __slots__ = ("stream_id",)
 

@@ -240,26 +240,38 @@ class H2FrameHandlers:
         events.append(ConnectionTerminated(code, last & _MASK, payload[8:], True))
 
     def _on_window_update(self, flags: int, sid: int, payload: bytes, events: list[Event], now: float) -> None:
-        increment = h2.parse_u32(payload)
-        self._spend()
+        # WindowUpdated only for a window that was shut (not positive): a sender waits only while its
+        # stream's or the connection's window is (the send buffer's room is the driver's own). grpc-c++
+        # sends two WINDOW_UPDATEs per unary call on open windows (the stream's, the connection's):
+        # each was an event the driver dispatched to wake nobody, about 40 bytecodes a request.
+        if len(payload) != 4:
+            raise ProtocolError("frame payload must be 4 bytes", h2.FRAME_SIZE_ERROR)
+        increment = int.from_bytes(payload, "big") & _MASK  # parse_u32 in line
+        self._tokens -= 1  # _spend in line (two a unary call)
+        if self._tokens < 0:
+            raise ProtocolError("too_many_control_frames", h2.ENHANCE_YOUR_CALM)
         if sid == 0:
             if not increment:
                 raise ProtocolError("WINDOW_UPDATE of 0")
+            shut = self.send_window <= 0
             self.send_window += increment
             if self.send_window > h2.MAX_WINDOW:
                 raise ProtocolError("connection window past 2^31-1", h2.FLOW_CONTROL_ERROR)
-            self._window_event(events)
+            if shut:
+                self._window_event(events)
             return
         stream = self.streams.get(sid)
         if stream is None:
             if sid > self.last_stream_id:
                 raise ProtocolError("WINDOW_UPDATE on an idle stream")
             return
+        shut = stream.send_window <= 0
         stream.send_window += increment
         if not increment or stream.send_window > h2.MAX_WINDOW:
             self._reset(stream, h2.PROTOCOL_ERROR if not increment else h2.FLOW_CONTROL_ERROR, events)
             return
-        self._window_event(events)
+        if shut:
+            self._window_event(events)
 
     def _window_event(self, events: list[Event]) -> None:
         if not events or type(events[-1]) is not WindowUpdated:

@@ -343,9 +343,26 @@ def test_send_data_within_both_windows_and_the_peer_frame_size() -> None:
     assert conn.local_flow_control_window(1) == 0 and conn.send_data(1, b"b") == 0
     assert conn.receive_data(wu(1, 50_000)) == [WindowUpdated(0)]
     assert conn.local_flow_control_window(1) == 65_535 - 40_000  # now the connection window
-    assert conn.receive_data(wu(0, 100_000)) == [WindowUpdated(0)]
+    assert conn.receive_data(wu(0, 100_000)) == []  # the connection window was open: nobody waited on it
     assert conn.send_data(1, b"c" * 10, end_stream=True) == 10
     assert conn.data_to_send() == frame(h2.DATA, h2.END_STREAM, 1, b"c" * 10) + rst(1, 0)
+
+
+def test_window_update_tells_the_driver_only_when_a_window_was_shut() -> None:
+    """A sender waits only while its stream's or the connection's window is shut: an update of an open
+    window wakes nobody, and grpc-c++ sends two of those per unary call (no event, no dispatch)."""
+    conn = connected()
+    request(conn, 1)
+    request(conn, 3)
+    assert conn.receive_data(wu(1, 5) + wu(0, 5)) == []  # both open: the windows grow, no event
+    assert conn.streams[1].send_window == 65_540 and conn.send_window == 65_540
+    conn.send_headers(3, b"\x88")
+    conn.send_headers(1, b"\x88")
+    assert conn.send_data(3, b"a" * 65_535) + conn.send_data(1, b"b" * 5) == 65_540  # the connection's window shut
+    assert conn.local_flow_control_window(1) == 0
+    assert conn.receive_data(wu(1, 10)) == []  # stream 1's own window was open: still held by the connection's
+    assert conn.receive_data(wu(0, 10)) == [WindowUpdated(0)]  # a sender on stream 1 may go on
+    assert conn.local_flow_control_window(1) == 10
 
 
 def test_send_response_waits_for_window_when_it_does_not_fit() -> None:
