@@ -8,8 +8,8 @@ validation, the target's own scheduler and batching), so any model that plane se
 
 Threads: the hooks are called on the calling model's instance thread (or a thread or greenlet it
 started, or the instance's asyncio loop for ``async_exec``); the work runs in a greenlet on the hub
-(:class:`~..runtime.bridge.HubCalls`) and the answer comes back through a
-:class:`~..runtime.bridge.ThreadInbox` (or the asyncio loop's ``call_soon_threadsafe``). Called on the
+(:class:`~..runtime.hub_calls.HubCalls`) and the answer comes back through a
+:class:`~..runtime.hub_calls.ThreadInbox` (or the asyncio loop's ``call_soon_threadsafe``). Called on the
 hub itself (a model promoted to run inline) a hook raises :class:`~..runtime.bridge.RunOnThread`: the
 instance re-runs the batch on its thread and keeps it (actors/scheduling/instance.py), so the hub never waits
 for itself. Owner: the server creates one with its hooks, fills them at start and empties them at stop.
@@ -36,16 +36,8 @@ from ..backends.python.triton_python_backend_utils.serving import ServerHooks
 from ..errors import TritonError
 from ..inference import InferInput, InferRequest, InferResponse, RequestedOutput
 from ..protocol.dtypes import BY_ENUM_VALUE, from_numpy
-from ..runtime.bridge import (
-    HubCalls,
-    HubSignal,
-    NativeWorker,
-    RunOnThread,
-    ThreadInbox,
-    current_worker,
-    this_thread_hub,
-    wait_on_hub,
-)
+from ..runtime.bridge import HubSignal, NativeWorker, RunOnThread, current_worker, this_thread_hub
+from ..runtime.hub_calls import HubCalls, ThreadInbox, wait_on_hub
 from ..runtime.response_channel import STREAM_MAX_BYTES, STREAM_MAX_RESPONSES, ChannelResponses
 from ..runtime.threads import native_lock
 from .bls_waits import WaitGraph

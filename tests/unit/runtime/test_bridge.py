@@ -286,7 +286,7 @@ def test_threads_a_job_starts_keep_running_while_the_worker_is_idle(workers, kin
 
 def _blocking_call(calls: object, fn: object, *args: object) -> object:
     """Native thread: what a model's BLS call does (wait_on_hub), its answer or error returned."""
-    from triton_actor.runtime.bridge import wait_on_hub
+    from triton_actor.runtime.hub_calls import wait_on_hub
 
     try:
         return ("ok", wait_on_hub(calls, fn, *args))  # type: ignore[arg-type]
@@ -305,7 +305,8 @@ def _fails() -> None:
 
 @pytest.mark.timeout(30)
 def test_a_native_thread_waits_for_a_call_on_the_hub(workers) -> None:
-    from triton_actor.runtime.bridge import HubCalls, current_worker
+    from triton_actor.runtime.bridge import current_worker
+    from triton_actor.runtime.hub_calls import HubCalls
 
     calls = HubCalls()
     try:
