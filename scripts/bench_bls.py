@@ -14,6 +14,13 @@ by a call submitted to it), a figure no load moves.
     PYTHONPATH=. .venv/bin/python scripts/bench_bls.py
     PYTHONPATH=. .venv/bin/python scripts/bench_bls.py --opcodes
     TRITON_ACTOR_FAST_PATHS=0 PYTHONPATH=. .venv/bin/python scripts/bench_bls.py   # the slow paths
+
+``--perf`` serves the same repository from a server process of this checkout (and, with ``--triton``, from
+real Triton 2.51, scripts/install_bench_tools.sh) to perf_analyzer over HTTP instead: per model and server,
+the median over ``--rounds`` of infer/s, p50, and the server's CPU (user + system from /proc, Triton's python
+stubs included) per request its statistics counted.
+
+    .venv/bin/python scripts/bench_bls.py --perf --triton --rounds 3
 """
 
 from __future__ import annotations
@@ -188,13 +195,83 @@ def count_both(one: Callable[[], object], worker: object, n: int, top: int) -> N
             print(f"     {k / n:7.1f}  {code.co_qualname} ({Path(code.co_filename).name}:{code.co_firstlineno})")
 
 
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and its child processes (Triton's python stubs)."""
+    import subprocess
+
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    total = 0
+    for p in [pid, *(int(x) for x in out.split())]:
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime (the 14th and 15th fields)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def served(port: int, model: str) -> int:
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/{model}/stats", timeout=30) as r:
+        stats = json.load(r)["model_stats"][0]
+    return int(stats["inference_stats"]["success"]["count"])
+
+
+def perf_main(a: argparse.Namespace) -> int:
+    import statistics
+
+    import bench_http as http
+
+    work = Path(tempfile.mkdtemp(prefix="bench_bls_perf_"))
+    write_repository(work / "repo")
+    servers: dict[str, tuple[object, int]] = {}
+    try:
+        port = http.free_port()
+        servers["triton_actor"] = (http.start_ours(work / "repo", port), port)
+        if a.triton:
+            port = http.free_port()
+            servers["triton"] = (http.start_triton(work / "repo", port), port)
+        for proc, port in servers.values():
+            http.wait_ready(port, proc)
+        rows: dict[tuple[str, str], list[tuple[float, float, float]]] = collections.defaultdict(list)
+        for r in range(a.rounds):
+            for name, (proc, port) in servers.items():
+                for model in ("bls", "nobls"):
+                    c0, n0 = process_cpu_s(proc.pid), served(port, model)
+                    got = http.perf(port, a.concurrency, a.window_ms, work / "pa.csv", model=model,
+                                    stability=a.stability)
+                    c1, n1 = process_cpu_s(proc.pid), served(port, model)
+                    rows[name, model].append((got["rps"], got["p50_us"], (c1 - c0) * 1e6 / max(1, n1 - n0)))
+            print(f"  round {r + 1}/{a.rounds} done, load average {os.getloadavg()[0]:.2f}", file=sys.stderr)
+        print(f"perf_analyzer over HTTP, concurrency {a.concurrency}, medians of {a.rounds} rounds; "
+              f"load average {os.getloadavg()[0]:.2f}")
+        print("| server | model | infer/s | p50 us | server CPU us per request |")
+        print("|---|---|---|---|---|")
+        med = {k: [statistics.median(x[i] for x in v) for i in range(3)] for k, v in rows.items()}
+        for (name, model), (rps, p50, cpu) in med.items():
+            print(f"| {name} | {model} | {rps:.0f} | {p50:.0f} | {cpu:.0f} |")
+        for name in servers:
+            b, n = med[name, "bls"], med[name, "nobls"]
+            print(f"{name}: one BLS call adds {b[1] - n[1]:.0f} us of p50 and {b[2] - n[2]:.0f} us of server CPU")
+    finally:
+        http.stop_servers([proc for proc, _ in servers.values()], work)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=1000, help="requests per round and model")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--opcodes", action="store_true", help="count bytecodes per request instead, by function")
     ap.add_argument("--top", type=int, default=40)
+    ap.add_argument("--perf", action="store_true", help="perf_analyzer over HTTP on a server process instead")
+    ap.add_argument("--triton", action="store_true", help="with --perf: real Triton 2.51 beside ours")
+    ap.add_argument("--concurrency", type=int, default=1)
+    ap.add_argument("--window-ms", type=int, default=3000)
+    ap.add_argument("--stability", type=int, default=20, help="perf_analyzer's stability percentage")
     a = ap.parse_args()
+    if a.perf:
+        return perf_main(a)
     work = Path(tempfile.mkdtemp(prefix="bench_bls_"))
     write_repository(work)
     server = request_path._server(work)

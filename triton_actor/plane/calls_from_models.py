@@ -164,7 +164,7 @@ class ServerCalls:
         except TritonError as e:
             return e
         try:
-            return self.plane.infer(request, internal=True, route=route).response
+            return _answer(route, request)
         except TritonError as e:
             return e
         finally:
@@ -204,6 +204,12 @@ class ServerCalls:
                 self._waits.leave(worker, target)
             inbox.put(_END)
             reading.started()  # an error, or no response at all: the iterator is handed over all the same
+
+
+def _answer(route: Route, request: InferRequest) -> InferResponse:
+    """Hub greenlet: ``request`` served by the version of ``route`` (just routed by ``_enter``, with no
+    yield since), as ``DataPlane.infer`` serves an internal request, minus its second routing."""
+    return route.serving().infer(request).get()
 
 
 def _settle(future: asyncio.Future[Any], ok: bool, value: Any, names: tuple[str, ...] | None) -> None:
