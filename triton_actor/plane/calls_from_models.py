@@ -35,7 +35,7 @@ from ..backends.python.triton_python_backend_utils import serving
 from ..backends.python.triton_python_backend_utils.serving import ServerHooks
 from ..errors import TritonError
 from ..inference import InferInput, InferRequest, InferResponse, RequestedOutput
-from ..protocol.dtypes import BY_ENUM_VALUE, from_numpy
+from ..protocol.dtypes import BY_ENUM_VALUE, BY_NUMPY, from_numpy
 from ..runtime.bridge import HubSignal, NativeWorker, RunOnThread, current_worker, this_thread_hub
 from ..runtime.hub_calls import HubCalls, ThreadInbox, wait_on_hub
 from ..runtime.response_channel import STREAM_MAX_BYTES, STREAM_MAX_RESPONSES, ChannelResponses
@@ -45,6 +45,8 @@ from .dataplane import DataPlane
 from .route import Route
 
 _END = object()  # the end of a decoupled BLS stream in its inbox
+_tensor = pb_utils.Tensor._trusted
+_plain_response = pb_utils.InferenceResponse._trusted
 
 
 class ServerCalls:
@@ -89,8 +91,7 @@ class ServerCalls:
     def exec(self, request: Any, decoupled: bool) -> Any:
         """``InferenceRequest.exec``: one ``InferenceResponse``, or an iterator of them (decoupled)."""
         worker = self._off_hub()
-        infer_request = _to_infer_request(request)
-        names = infer_request.requested_output_names
+        infer_request, names = _to_infer_request(request)
         if decoupled:
             return _stream(self._calls, self._stream_on_hub, infer_request, worker, names)
         result = wait_on_hub(self._calls, self._infer_on_hub, infer_request, worker)
@@ -103,8 +104,7 @@ class ServerCalls:
         worker = self._off_hub()
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        infer_request = _to_infer_request(request)
-        names = infer_request.requested_output_names
+        infer_request, names = _to_infer_request(request)
         if decoupled:
             _stream(self._calls, self._stream_on_hub, infer_request, worker, names, _AsyncHandOver(loop, future))
             return future
@@ -397,30 +397,25 @@ def _stream(calls: HubCalls, fn: Any, request: InferRequest, worker: NativeWorke
     return reader
 
 
-def _to_infer_request(pb: Any) -> InferRequest:
-    """A model's ``pb_utils.InferenceRequest`` as the data plane takes it (no copies of the arrays)."""
+def _to_infer_request(pb: Any) -> tuple[InferRequest, tuple[str, ...] | None]:
+    """A model's ``pb_utils.InferenceRequest`` as the data plane takes it (no copies of the arrays), and the
+    output names it asks for (None: all). Its constructor made the names and strings ``str`` (names taken
+    from a BYTES tensor arrive as bytes: Triton's example does that) and the numbers ``int``."""
     inputs = {}
     for tensor in pb.inputs():
-        array = tensor._array
-        inputs[tensor._name] = InferInput(tensor._name, BY_ENUM_VALUE[tensor._triton_dtype], array.shape, array)
-    names = pb.requested_output_names()
-    outputs = tuple(RequestedOutput(_text(n)) for n in names) if names else None
-    version = pb.model_version()
-    # names taken from a BYTES tensor arrive as bytes (Triton's example does that: its bindings take them)
+        array, name = tensor._array, tensor._name
+        inputs[name] = InferInput(name, BY_ENUM_VALUE[tensor._triton_dtype], array.shape, array)
+    names = tuple(pb.requested_output_names()) or None
+    outputs = None if names is None else tuple(map(RequestedOutput, names))
     # trace=request.trace(): the caller's trace, made the child's on the hub (_bls_traced)
     trace = getattr(pb._trace, "_span_trace", None) if pb._trace is not None else None
-    return InferRequest(_text(pb.model_name()), -1 if version in (None, "") else int(version), pb.request_id() or "",
-                        inputs, outputs, pb._parameters_dict(), False, 0, int(pb.timeout() or 0),
-                        pb.correlation_id(), int(pb.flags() or 0), trace=trace)
+    return InferRequest(pb.model_name(), pb.model_version(), pb.request_id(), inputs, outputs, pb._parameters_dict(),
+                        False, 0, pb.timeout(), pb.correlation_id(), pb.flags(), trace=trace), names
 
 
 def _bls_traced(request: InferRequest) -> InferRequest:
     """A request given its caller's trace (OpenTelemetry mode): with the child trace of its own (hub)."""
     return request if request.trace is None else request._replace(trace=request.trace.bls_child())
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _to_pb_response(result: Any, names: tuple[str, ...] | None) -> Any:
@@ -435,6 +430,10 @@ def _to_pb_response(result: Any, names: tuple[str, ...] | None) -> Any:
     for name, array in result.outputs:
         if names is not None and name not in names:
             continue
-        dtype = from_numpy(array.dtype)
-        tensors.append(pb_utils.Tensor._trusted(name, array, dtype.enum_value if dtype else pb_utils.TYPE_STRING))
-    return pb_utils.InferenceResponse(tensors, parameters=result.parameters or None)
+        dtype = BY_NUMPY.get(array.dtype)  # a dict look-up for the usual types
+        if dtype is None:
+            dtype = from_numpy(array.dtype)
+        tensors.append(_tensor(name, array, dtype.enum_value if dtype else pb_utils.TYPE_STRING))
+    if result.parameters:
+        return pb_utils.InferenceResponse(tensors, parameters=result.parameters)
+    return _plain_response(tensors)

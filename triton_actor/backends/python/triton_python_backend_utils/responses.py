@@ -142,6 +142,13 @@ class InferenceResponse(JsonParameters):
             self._plain = False
         self._output_tensors = output_tensors
 
+    @classmethod
+    def _trusted(cls, output_tensors: list[Tensor]) -> InferenceResponse:
+        """Server-side constructor of a BLS answer (exact Tensors, no error, no parameters: plain; hot path)."""
+        response = cls.__new__(cls)
+        response._output_tensors = output_tensors
+        return response
+
     def output_tensors(self) -> list[Tensor]:
         """Return the output tensors."""
         return self._output_tensors
