@@ -10,10 +10,11 @@ the caller.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import gevent
@@ -25,6 +26,26 @@ from ..protocol import control
 log = logging.getLogger("triton_actor.workers")
 
 Dispatch = Callable[[str, dict[str, Any]], Any]
+# a Unix socket's path must fit sockaddr_un's sun_path: 108 bytes on Linux, with its terminating NUL
+# (104 on the BSDs); a run directory under a long TMPDIR went past it and every worker failed to start
+# ("AF_UNIX path too long", seen under pytest's tmp_path once its numbered folders reached three digits)
+SUN_PATH_MAX = 107
+
+
+@contextlib.contextmanager
+def reachable(path: str) -> Iterator[str]:
+    """A name ``bind``/``connect`` accept for the socket at ``path``: the path itself when it fits, else the
+    same file reached through an open descriptor of its folder (``/proc/self/fd/N/NAME``: Linux resolves
+    it, and the folder's permissions still apply), valid while the block runs."""
+    if len(os.fsencode(path)) <= SUN_PATH_MAX or not os.path.isdir("/proc/self/fd"):
+        yield path
+        return
+    folder, name = os.path.split(path)
+    fd = os.open(folder, os.O_PATH | os.O_DIRECTORY)
+    try:
+        yield f"/proc/self/fd/{fd}/{name}"
+    finally:
+        os.close(fd)
 
 
 def _read_one(sock: socket.socket, reader: control.FrameReader) -> dict[str, Any] | None:
@@ -46,7 +67,8 @@ class ControlServer:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         if os.path.exists(path):
             os.unlink(path)
-        listener.bind(path)
+        with reachable(path) as name:
+            listener.bind(name)
         os.chmod(path, 0o600)
         listener.listen(64)
         self._server = StreamServer(listener, self._handle)
@@ -86,7 +108,8 @@ def call(path: str, kind: str, args: dict[str, Any], timeout: float) -> Any:
     try:
         with gevent.Timeout(timeout, TritonError.unavailable(f"a worker did not answer {kind!r} "
                                                              f"within {timeout:.0f} s")):
-            sock.connect(path)
+            with reachable(path) as name:
+                sock.connect(name)
             sock.sendall(control.encode({"id": 1, "kind": kind, "args": args}))
             answer = _read_one(sock, control.FrameReader())
     except OSError as e:
