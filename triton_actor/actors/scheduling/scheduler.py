@@ -167,7 +167,7 @@ class SchedulerActor(PoolScheduler):
         ``unhold`` nothing else takes an instance, changes the pool (health is a message) or reads
         the running count (a direct run of another greenlet, while this model yields, finds the actor
         held and sends its message). A batch that leaves the stack takes the instance then
-        (``_took``), as its completion gives it back."""
+        (``_take``), as its completion gives it back."""
         idle = self._pool.idle
         if (not self._straight or not idle or not idle[-1].inline or self._queue.size or self._trace.on
                 or self._inline_runs >= self._per_turn or getcurrent() is self._hub or not self.hold()):
