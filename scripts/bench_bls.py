@@ -40,6 +40,7 @@ from triton_actor import bootstrap  # noqa: F401  (gevent patching first)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_request_path as request_path
+import bench_step_opcodes as step_opcodes
 
 IO_CONFIG = """
 backend: "python"
@@ -110,30 +111,12 @@ def http_infer(server: object, model: str) -> Callable[[], object]:
     """One binary ``/infer`` of ``model`` as perf_analyzer sends add_sub's, bytes to answer (status checked)."""
     import tritonclient.http as httpclient
 
-    from triton_actor.protocol import http1
-
     given = []
     for name, array in zip(("INPUT0", "INPUT1"), request_path._inputs(), strict=True):
         given.append(httpclient.InferInput(name, [4], "FP32"))
         given[-1].set_data_from_numpy(array, binary_data=True)
     asked = [httpclient.InferRequestedOutput(n, binary_data=True) for n in ("OUTPUT0", "OUTPUT1")]
-    body, json_size = httpclient.InferenceServerClient.generate_request_body(given, outputs=asked)
-    raw = (f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream"
-           f"\r\nInference-Header-Content-Length: {json_size}\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
-    frontend, conn = server.frontend, http1.ServerConnection(server._http_limits(), time.monotonic())
-
-    def one() -> object:
-        conn.receive_data(raw, 0.0)
-        method, target, _version, headers, _keep_alive, _expect, _length = conn.next_event()
-        (data,) = conn.next_event()
-        path, _, query = target.partition("?")
-        status, _headers, out = frontend(method, path, query, headers, data)
-        if not str(status).startswith("200"):
-            raise RuntimeError(f"{model}: {status} {out[:200]!r}")
-        conn.start_next_cycle(0.0)
-        return out
-
-    return one
+    return step_opcodes.http_call(server, model, given, asked)
 
 
 def instance_thread(model: str) -> object:

@@ -41,12 +41,19 @@ def http_infer(server, model: str, input_name: str, output_name: str) -> Callabl
     """One binary ``/infer`` of an FP32 [4] input, bytes to answer (the status checked)."""
     import tritonclient.http as httpclient
 
-    from triton_actor.protocol import http1
-
     given = httpclient.InferInput(input_name, [4], "FP32")
     given.set_data_from_numpy(np.ones(4, np.float32), binary_data=True)
-    asked = [httpclient.InferRequestedOutput(output_name, binary_data=True)]
-    body, json_size = httpclient.InferenceServerClient.generate_request_body([given], outputs=asked)
+    return http_call(server, model, [given], [httpclient.InferRequestedOutput(output_name, binary_data=True)])
+
+
+def http_call(server, model: str, given: list, asked: list) -> Callable[[], object]:
+    """One binary ``/infer`` of ``model`` with the client's ``given`` inputs and ``asked`` outputs, through
+    the server's HTTP/1.1 state machine and front end on this thread; bytes to answer (status checked)."""
+    import tritonclient.http as httpclient
+
+    from triton_actor.protocol import http1
+
+    body, json_size = httpclient.InferenceServerClient.generate_request_body(given, outputs=asked)
     raw = (f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream"
            f"\r\nInference-Header-Content-Length: {json_size}\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
     frontend, conn = server.frontend, http1.ServerConnection(server._http_limits(), time.monotonic())
