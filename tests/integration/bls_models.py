@@ -164,6 +164,9 @@ class TritonPythonModel:
             if response.has_error():
                 return describe(response)
             return {"inner": json.loads(response.output_tensors()[0].as_numpy()[0])}
+        if mode == "fail_after_call":  # one call, then the model fails: the call must not be made twice
+            addsub_request(model="counted").exec()
+            raise RuntimeError("failed after a call")
         if mode == "ready":
             return {"addsub": pb_utils.is_model_ready("addsub"), "nope": pb_utils.is_model_ready("nope")}
         raise pb_utils.TritonModelException("unknown mode " + mode)
@@ -326,6 +329,7 @@ def caller_repo(repo: Path) -> Path:
     add_model(repo, "slow", ADDSUB_CONFIG + 'parameters { key: "delay" value: { string_value: "0.3" } }', ADDSUB_PY)
     add_model(repo, "slow_queue", SLOW_QUEUE_CONFIG, ADDSUB_PY)
     add_model(repo, "square", SQUARE_CONFIG, SQUARE_PY)
+    add_model(repo, "counted", ADDSUB_CONFIG, ADDSUB_PY)  # called by one test only: its statistics are that test's
     add_model(repo, "caller", CALLER_CONFIG % 1, CALLER_PY)
     add_model(repo, "caller_pair", CALLER_CONFIG % 2, CALLER_PY)
     add_model(repo, "caller_many", CALLER_CONFIG % 4, CALLER_PY)

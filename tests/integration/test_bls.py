@@ -24,13 +24,45 @@ from .bls_models import caller_repo, controller_repo
 from .model_control import index, wait_for
 from .server import ServerProcess, wait_for_fifo
 
+# the callers every test below may use, promoted first in the "promoted" run of this module
+PROMOTED = ("caller", "caller_pair", "caller_many", "caller_b")
 
-@pytest.fixture(scope="module")
-def bls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+
+@pytest.fixture(scope="module", params=["threads", "promoted"])
+def bls_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """The BLS repository's server; "promoted": with fast paths on, each caller model is first promoted to
+    run in a hub greenlet of its own (its calls served there, actors/scheduling/instance.py), so every
+    scenario below runs both ways."""
     repo = caller_repo(tmp_path_factory.mktemp("bls_repo"))
     server = ServerProcess(repo).wait_ready()
+    if request.param == "promoted" and fastpath.enabled:
+        c = httpclient.InferenceServerClient(server.url, network_timeout=60)
+        try:
+            for model in PROMOTED:
+                promote(c, model)
+        finally:
+            c.close()
     yield server
     server.stop()
+
+
+def promote(client: Any, model: str) -> int:
+    """Make ``model`` (fast paths on) run its batches in a greenlet of its own, as a caller of the server is
+    promoted: one call on its thread (recorded), then short runs until one runs on the hub's thread. The
+    thread id of its runs from then on (the hub's)."""
+    thread = run(client, model, "sync")["tid"]
+    for _ in range(400):  # 32 short runs in a row promote; a slow one on a busy machine starts them again
+        tid = run(client, model, "plain")["tid"]
+        if tid != thread:
+            got = run(client, model, "sync")
+            assert got["outputs"]["OUTPUT0"] == SUM and got["tid"] == tid, got  # its call served on the hub
+            return tid
+    raise AssertionError(f"{model} was never promoted")
+
+
+def _executions(client: Any, model: str) -> int:
+    stats = client.get_inference_statistics(model)["model_stats"][0]
+    return int(stats["inference_count"])
 
 
 @pytest.fixture
@@ -214,17 +246,48 @@ def test_bls_timeout_in_the_target_queue(bls_server: ServerProcess, client: http
     assert busy.get_result().as_numpy("OUTPUT0").tolist() == [SUM]
 
 
-def test_bls_model_promoted_inline_goes_back_to_its_thread(bls_server: ServerProcess,
-                                                            client: httpclient.InferenceServerClient) -> None:
-    """A model whose execute() first ran short and then calls BLS: promoted to run on the hub (fast
-    paths on), its BLS call moves it back to its thread for good, and nothing blocks."""
+def test_a_bls_caller_promoted_runs_in_a_greenlet_of_its_own(bls_server: ServerProcess,
+                                                               client: httpclient.InferenceServerClient) -> None:
+    """A model whose execute() first ran short, promoted inline (fast paths on), then calls BLS: that batch
+    runs again on its thread (the call would hold whoever ran it), and the model, now known to call the
+    server, is promoted to run in a hub greenlet of its own, where its calls are served with no thread
+    crossing; each call reaches the target once. Fast paths off: always its thread."""
     thread = run(client, "caller_inline", "plain")["tid"]
     tids = {run(client, "caller_inline", "plain")["tid"] for _ in range(80)}
     assert (tids != {thread}) == fastpath.enabled  # promoted: execute() ran on the hub's thread
     got = run(client, "caller_inline", "sync")
     assert got["outputs"]["OUTPUT0"] == SUM and got["tid"] == thread
-    assert {run(client, "caller_inline", "plain")["tid"] for _ in range(80)} == {thread}  # never promoted again
-    assert ("caller_inline_0_0 calls the server from execute(): it keeps its thread" in bls_server.log()) == fastpath.enabled
+    assert ("caller_inline_0_0 calls the server from execute(): it goes back to its thread"
+            in bls_server.log()) == fastpath.enabled
+    if not fastpath.enabled:
+        assert {run(client, "caller_inline", "sync")["tid"] for _ in range(40)} == {thread}
+        return
+    hub = promote(client, "caller_inline")
+    before = _executions(client, "addsub")
+    answers = [run(client, "caller_inline", "sync") for _ in range(20)]
+    assert all(a["outputs"]["OUTPUT0"] == SUM and a["tid"] == hub for a in answers)
+    assert _executions(client, "addsub") - before == 20
+
+
+def test_a_promoted_caller_that_fails_after_a_call_is_not_run_again(bls_server: ServerProcess,
+                                                                     client: httpclient.InferenceServerClient) -> None:
+    """An execute() that raises after its BLS call: the request gets the model's error, as on its thread;
+    a failed inline run is otherwise run again on the thread, which here would call the target twice."""
+    for _ in range(3):
+        before = _executions(client, "counted")
+        with pytest.raises(Exception, match="failed after a call"):
+            run(client, "caller", "fail_after_call")
+        assert _executions(client, "counted") - before == 1
+    assert run(client, "caller", "sync")["outputs"]["OUTPUT0"] == SUM
+
+
+def test_a_promoted_caller_stays_promoted_while_its_target_takes_long(bls_server: ServerProcess,
+                                                                      client: httpclient.InferenceServerClient) -> None:
+    """The 0.3 s a call to ``slow`` waits (other greenlets run meanwhile) is not the caller's time: a run that
+    long by its own wall time would send it back to its thread at once."""
+    tid = run(client, "caller", "plain")["tid"]
+    assert run(client, "caller", "slow")["outputs"]["OUTPUT0"] == SUM
+    assert run(client, "caller", "plain")["tid"] == tid
 
 
 def _collect(out: gevent.queue.Queue, result: Any, error: Any) -> None:

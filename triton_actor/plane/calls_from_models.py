@@ -9,10 +9,12 @@ validation, the target's own scheduler and batching), so any model that plane se
 Threads: the hooks are called on the calling model's instance thread (or a thread or greenlet it
 started, or the instance's asyncio loop for ``async_exec``); the work runs in a greenlet on the hub
 (:class:`~..runtime.hub_calls.HubCalls`) and the answer comes back through a
-:class:`~..runtime.hub_calls.ThreadInbox` (or the asyncio loop's ``call_soon_threadsafe``). Called on the
-hub itself (a model promoted to run inline) a hook raises :class:`~..runtime.bridge.RunOnThread`: the
-instance re-runs the batch on its thread and keeps it (actors/scheduling/instance.py), so the hub never waits
-for itself. Owner: the server creates one with its hooks, fills them at start and empties them at stop.
+:class:`~..runtime.hub_calls.ThreadInbox` (or the asyncio loop's ``call_soon_threadsafe``). A model promoted to
+run in a hub greenlet of its own (:class:`~..runtime.bridge.InlineRun`, actors/scheduling/instance.py) is
+served on that greenlet: the same work, with no thread crossing, waiting cooperatively (a target that runs
+inline runs on the same stack). Called anywhere else on the hub's thread (a model run inline on someone's
+stack) a hook raises :class:`~..runtime.bridge.RunOnThread`: the instance re-runs the batch on its thread,
+so the hub never waits for itself. Owner: the server creates one with its hooks, fills them at start and empties them at stop.
 Failure: an inference error becomes ``response.has_error()`` with Triton's text; a BLS call that
 would wait for itself forever (see :mod:`.bls_waits`) gets an UNAVAILABLE error instead of hanging;
 model-control errors raise ``TritonModelException``.
@@ -36,7 +38,15 @@ from ..backends.python.triton_python_backend_utils.serving import ServerHooks
 from ..errors import TritonError
 from ..inference import InferInput, InferRequest, InferResponse, RequestedOutput
 from ..protocol.dtypes import BY_ENUM_VALUE, BY_NUMPY, from_numpy
-from ..runtime.bridge import HubSignal, NativeWorker, RunOnThread, current_worker, this_thread_hub
+from ..runtime.bridge import (
+    HubSignal,
+    InlineRun,
+    NativeWorker,
+    RunOnThread,
+    current_worker,
+    inline_run,
+    this_thread_hub,
+)
 from ..runtime.hub_calls import HubCalls, ThreadInbox, wait_on_hub
 from ..runtime.response_channel import STREAM_MAX_BYTES, STREAM_MAX_RESPONSES, ChannelResponses
 from ..runtime.threads import native_lock
@@ -88,13 +98,38 @@ class ServerCalls:
             worker.calls_server = True
         return worker
 
+    def _inline(self) -> InlineRun:
+        """Hub thread: the calling greenlet's run, where a call is served in place; else RunOnThread."""
+        run = inline_run()
+        if run is None or run.in_call:  # not a run of its own, or model code run on a caller's stack
+            raise RunOnThread()
+        if self._calls is None:
+            raise pb_utils.TritonModelException("the server is not running: it cannot serve this call")
+        return run
+
     def exec(self, request: Any, decoupled: bool) -> Any:
         """``InferenceRequest.exec``: one ``InferenceResponse``, or an iterator of them (decoupled)."""
+        if this_thread_hub() is self._hub:
+            return self._exec_inline(request, decoupled)
         worker = self._off_hub()
         infer_request, names = _to_infer_request(request)
         if decoupled:
             return _stream(self._calls, self._stream_on_hub, infer_request, worker, names)
         result = wait_on_hub(self._calls, self._infer_on_hub, infer_request, worker)
+        return _to_pb_response(result, names)
+
+    def _exec_inline(self, request: Any, decoupled: bool) -> Any:
+        """:meth:`exec` from a run in a hub greenlet of its own: served on this greenlet."""
+        run = self._inline()
+        infer_request, names = _to_infer_request(request)
+        if decoupled:  # the pump is a greenlet as for a thread; the iterator waits cooperatively here
+            run.calls += 1
+            return _stream(self._calls, self._stream_on_hub, infer_request, run.worker, names)
+        mark = run.waiting()
+        try:
+            result = self._infer_on_hub(infer_request, run.worker)
+        finally:
+            run.resumed(mark)
         return _to_pb_response(result, names)
 
     def async_exec(self, request: Any, decoupled: bool) -> Any:
@@ -132,6 +167,15 @@ class ServerCalls:
             return False
 
     def _control(self, fn: Any, *args: Any) -> Any:
+        if this_thread_hub() is self._hub:
+            run = self._inline()
+            mark = run.waiting()
+            try:
+                return fn(*args)
+            except TritonError as e:
+                raise pb_utils.TritonModelException(e.message) from None
+            finally:
+                run.resumed(mark)
         self._off_hub()
         try:
             return wait_on_hub(self._calls, fn, *args)

@@ -14,6 +14,7 @@ import _queue
 import collections
 import logging
 import sys
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
@@ -24,6 +25,9 @@ from gevent._hub_local import get_hub_if_exists
 from .kernel import Reply
 from .threads import native_thread_id as _get_ident
 from .threads import start_native_thread
+
+_thread_ns = time.thread_time_ns
+_perf_ns = time.perf_counter_ns
 
 log = logging.getLogger(__name__)
 S = TypeVar("S")
@@ -376,6 +380,58 @@ def act_for(worker: NativeWorker[Any] | None) -> None:
         _acting.pop(_get_ident(), None)
     else:
         _acting[_get_ident()] = worker
+
+
+class InlineRun:
+    """A run of a promoted instance whose model calls the server (BLS, model control), in a hub greenlet of
+    its own (``actors/scheduling/instance.py``): its calls are served on that greenlet, waiting cooperatively,
+    instead of raising :class:`RunOnThread`, with no thread crossing (a target that runs inline runs on the
+    same stack). To the schedulers the instance is a thread instance (taken from the pool, answered through
+    its completion), so no scheduler is held while a call waits: its other instances, and calls back to
+    it, are served as on the thread path. ``worker.busy`` is set for the run (the BLS wait graph).
+    ``calls`` counts the calls (a run that made one is never run again on the thread: the target would
+    run twice); ``in_call`` is True while one is served, so model code that runs on this greenlet
+    meanwhile (a target run inline on the same stack) is not taken for the caller; the waits' CPU and wall
+    time, which other greenlets used, are left out of the run's demotion figures."""
+
+    __slots__ = ("worker", "calls", "in_call", "waited_cpu", "waited_wall")
+
+    def __init__(self, worker: NativeWorker[Any]) -> None:
+        self.worker = worker  # the instance's, for the BLS wait graph
+        self.calls = 0
+        self.in_call = False
+        self.waited_cpu = self.waited_wall = 0
+
+    def waiting(self) -> tuple[int, int]:
+        """A call starts: the clocks now, for :meth:`resumed`."""
+        self.calls += 1
+        self.in_call = True
+        return _thread_ns(), _perf_ns()
+
+    def resumed(self, mark: tuple[int, int]) -> None:
+        self.in_call = False
+        self.waited_cpu += _thread_ns() - mark[0]
+        self.waited_wall += _perf_ns() - mark[1]
+
+
+# hub greenlet running an InlineRun → that run (hub thread only; one entry per run in progress)
+_inline_runs: dict[Any, InlineRun] = {}
+
+
+def inline_run() -> InlineRun | None:
+    """Hub thread: the :class:`InlineRun` of the calling greenlet, if a model runs there that may call the server."""
+    return _inline_runs.get(gevent.getcurrent())
+
+
+def enter_inline_run(run: InlineRun) -> Any:
+    """Hub greenlet: ``run`` is the calling greenlet's until :func:`leave_inline_run` with what this returns."""
+    greenlet = gevent.getcurrent()
+    _inline_runs[greenlet] = run
+    return greenlet
+
+
+def leave_inline_run(greenlet: Any) -> None:
+    _inline_runs.pop(greenlet, None)
 
 
 class RunOnThread(BaseException):

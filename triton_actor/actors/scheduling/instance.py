@@ -32,11 +32,11 @@ time), or one far over it, demote it back to its thread, and the streak it needs
 GIL-releasing or slow models keep their thread (and run in parallel), and tiny models skip the
 crossings. A fast path: with :mod:`triton_actor.runtime.fastpath` off, every batch goes to the thread.
 
-A model that calls the server from ``execute`` (BLS, model control) waits for the hub, so it must
-not run on the hub: once it did so on its thread it is never promoted (``NativeWorker.calls_server``),
-and a promoted model whose first such call happens inline gets :class:`~...runtime.bridge.RunOnThread` raised
-into it; the batch then runs again on its thread (the part of ``execute`` before the call runs twice,
-once in the model's life) and the model stays there.
+A model that calls the server (BLS, model control; ``NativeWorker.calls_server``, seen on its thread) is
+promoted by the same rule to run each batch in a hub greenlet *of its own* (:attr:`own`), holding nobody's
+scheduler while its calls wait there cooperatively (:class:`~...runtime.bridge.InlineRun`, which see);
+a first call in a plain inline run raises :class:`~...runtime.bridge.RunOnThread` (the batch runs again on
+its thread, once in its life).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from ...backends.base import Backend, BackendInstance, InstanceContext, Result
 from ...errors import Code, TritonError
 from ...inference import InferRequest
 from ...runtime import fastpath
-from ...runtime.bridge import NativeWorker, RunOnThread
+from ...runtime.bridge import InlineRun, NativeWorker, RunOnThread, enter_inline_run, leave_inline_run
 from ...runtime.supervisor import RestartBudget
 
 log = logging.getLogger(__name__)
@@ -111,7 +111,7 @@ class ModelInstance:
     """One backend instance on its native worker: ``execute(batch, done)`` and ``close()``; a
     single-owner hub object, not an actor (hub thread only, never blocks the caller)."""
 
-    __slots__ = ("ctx", "_worker", "_backend", "_backend_instance", "inline", "_streak", "_needed", "_hub", "_slow",
+    __slots__ = ("ctx", "_worker", "_backend", "_backend_instance", "inline", "own", "_streak", "_needed", "_hub", "_slow",
                  "_clock", "_closing", "_restarts", "health", "reason", "_watcher", "_reviving")
 
     def __init__(self, ctx: InstanceContext, backend: Backend) -> None:
@@ -121,6 +121,7 @@ class ModelInstance:
         # whether batches run on the caller's stack (promoted); read by the schedulers for every batch, a
         # plain attribute (a property was a frame per read, twice per direct run)
         self.inline = False
+        self.own = False  # promoted, and its model calls the server: each batch in a hub greenlet of its own
         self._streak = 0
         self._needed = PROMOTE_STREAK
         self._slow = 0  # slow inline runs in a row
@@ -149,7 +150,7 @@ class ModelInstance:
         died = self._worker.died
         if self._closing or stopped is not self._worker.stopped:
             return
-        self.inline = False  # its backend instance was finalized with the thread: never run it inline again
+        self.inline = self.own = False  # its backend instance was finalized with the thread: never run it inline again
         if died is None:  # a restart whose load failed (a first load that fails is wait_ready's error)
             if self.health == RESTARTING:
                 error = self._worker.ready.exception()
@@ -259,6 +260,9 @@ class ModelInstance:
         if not self.inline:
             backend_instance = self._backend_instance
             if getattr(backend_instance, "inline_ok", False):
+                if self.own:
+                    gevent.spawn(self._run_own, requests, done)
+                    return
                 self._worker.submit_callback(_run_batch_cpu, (requests,), self._observe(done))
             else:
                 if hasattr(backend_instance, "health"):
@@ -287,11 +291,12 @@ class ModelInstance:
             self._retry_on_thread(requests, done)
             return None
         except RunOnThread:
-            # the model called the server (BLS, model control) from the hub, which that call would
-            # have to wait for: run the batch on the thread, and keep the model there for good
-            self.inline, self._needed = False, NEVER
-            log.info("instance %s calls the server from execute(): it keeps its thread", self.name)
-            self._worker.submit_callback(_run_batch, (requests,), done)
+            # the model called the server (BLS, model control) on someone's stack, which that call would
+            # hold: the batch runs on the thread, where the call is recorded (promoted again, it runs in a
+            # greenlet of its own; with fast paths off, never)
+            self.inline, self._streak = False, 0
+            log.info("instance %s calls the server from execute(): it goes back to its thread", self.name)
+            self._worker.submit_callback(_run_batch_cpu, (requests,), self._observe(done))
             return None
         except (gevent.GreenletExit, gevent.Timeout):
             # killed while the model yielded: the batch must still be answered, or the instance
@@ -329,6 +334,51 @@ class ModelInstance:
             self._after_inline_run(wall_ns if c0 < 0 else _thread_ns() - c0, wall_ns, c0 >= 0)
         return value
 
+    def _run_own(self, requests: list[InferRequest], done: Done) -> None:
+        """Hub greenlet of its own (:attr:`own`): the batch of a model that calls the server, answered
+        through ``done`` as its thread's run would be. Its calls are served here (:class:`InlineRun`); a
+        run that made one is not run again on the thread: its error is the answer, as on the thread."""
+        backend_instance, worker = self._backend_instance, self._worker
+        if backend_instance is None:  # its thread died since: the thread's answer (UNAVAILABLE)
+            worker.submit_callback(_run_batch, (requests,), done)
+            return
+        run = InlineRun(worker)
+        greenlet = enter_inline_run(run)
+        worker.busy = True  # for the BLS wait graph, as while its thread runs a batch
+        c0, w0 = _thread_ns(), _perf_ns()
+        try:
+            try:
+                value = _run_batch(backend_instance, requests)
+            finally:  # before the answer: the next batch may come at once
+                worker.busy = False
+                leave_inline_run(greenlet)
+        except RunOnThread:  # a call it cannot make here (async_exec on the hub): its thread, for good
+            if run.calls:
+                done(False, TritonError.internal(
+                    f"instance '{self.name}': execute() made a call that needs its thread after calls served inline"))
+                return
+            self.own, self._needed = False, NEVER
+            log.info("instance %s makes calls to the server that need its thread: it keeps its thread", self.name)
+            worker.submit_callback(_run_batch, (requests,), done)
+            return
+        except (gevent.GreenletExit, gevent.Timeout):
+            self.own = False
+            done(False, TritonError(Code.CANCELLED, f"instance '{self.name}': execution was interrupted"))
+            raise
+        except BaseException as e:  # noqa: BLE001 - the model's own: as the thread answers it
+            if not run.calls:
+                self._retry_on_thread(requests, done, own=True)
+            else:
+                done(False, e if isinstance(e, Exception) else TritonError.internal(f"instance '{self.name}' failed: {e!r}"))
+            return
+        if not run.calls:
+            for result in value[0]:
+                if isinstance(result, BaseException):
+                    self._retry_on_thread(requests, done, own=True)
+                    return
+        self._after_inline_run(_thread_ns() - c0 - run.waited_cpu, _perf_ns() - w0 - run.waited_wall)
+        done(True, value)
+
     def _after_inline_run(self, cpu_ns: int, wall_ns: int, clocked: bool = True) -> None:
         """Demote a model whose inline runs block the hub. CPU time says how long the hub was blocked;
         a long wall time with little CPU means the model yielded (a patched sleep) or the OS preempted
@@ -342,7 +392,7 @@ class ModelInstance:
             self._slow += 1
             if (self._slow >= DEMOTE_AFTER or (clocked and cpu_ns > DEMOTE_AT_ONCE_NS)
                     or wall_ns > DEMOTE_AT_ONCE_WALL_NS):
-                self.inline = False
+                self.inline = self.own = False
                 self._streak = self._slow = 0
                 self._needed = min(self._needed * 2, NEVER)
                 log.debug("instance %s: back to its thread (next promotion after %d short runs)", self.name, self._needed)
@@ -352,14 +402,15 @@ class ModelInstance:
         if self._streak == FORGIVE_AFTER and self._needed < NEVER:
             self._needed = PROMOTE_STREAK
 
-    def _retry_on_thread(self, requests: list[InferRequest], done: Done) -> None:
+    def _retry_on_thread(self, requests: list[InferRequest], done: Done, own: bool = False) -> None:
         """An inline run failed: run the batch again on the instance's thread, whose answer is the one
         the clients get. A model that fails inline but not on its thread depends on its thread (a
         ``threading.local`` set in ``initialize()``, per-thread library state): it is never promoted
         again. One that fails on its thread too failed for its own reasons (a bad request): it goes
         back inline with no penalty, so clients sending bad requests cannot push a model off the fast
-        path for good. The price: a failing batch of a promoted model runs twice."""
-        self.inline = False
+        path for good. The price: a failing batch of a promoted model runs twice. ``own``: the run was in a
+        greenlet of its own (and made no call to the server), the mode it goes back to."""
+        self.inline = self.own = False
         self._streak = 0
 
         def retried(ok: bool, value: Any) -> None:
@@ -368,8 +419,10 @@ class ModelInstance:
             if ok and not any(isinstance(r, BaseException) for r in value[0]):
                 self._needed = NEVER
                 log.warning("instance %s fails when run inline but not on its thread: it keeps its thread", self.name)
+            elif own:
+                self.own = fastpath.enabled  # the model's own error, inline or not
             else:
-                self.inline = fastpath.enabled  # the model's own error, inline or not
+                self.inline = fastpath.enabled
             done(ok, value)
 
         self._worker.submit_callback(_run_batch_cpu, (requests,), retried)
@@ -381,12 +434,16 @@ class ModelInstance:
             if ok:
                 value, cpu_ns = value
                 worker = self._worker
-                if cpu_ns < PROMOTE_NS and not worker.used_hub and not worker.calls_server and fastpath.enabled:
+                if cpu_ns < PROMOTE_NS and not worker.used_hub and fastpath.enabled:
                     self._streak += 1
                     if self._streak >= self._needed:
-                        self.inline = True
+                        if worker.calls_server:  # its calls must hold nobody: a greenlet of its own
+                            self.own = True
+                        else:
+                            self.inline = True
                         self._streak = self._slow = 0
-                        log.debug("instance %s: runs inline from now on", self.name)
+                        log.debug("instance %s: runs inline from now on%s", self.name,
+                                  " (a greenlet of its own: it calls the server)" if worker.calls_server else "")
                 else:
                     self._streak = 0
             else:
@@ -398,5 +455,5 @@ class ModelInstance:
     def close(self, timeout: float | None = 30.0) -> bool:
         """Finish queued batches, ``finalize()`` the backend on its thread, join the thread."""
         self._closing = True
-        self.inline = False
+        self.inline = self.own = False
         return self._worker.close(timeout)
