@@ -112,6 +112,21 @@ class TritonPythonModel:
         return out
 """
 
+SENDER = _HEAD + """
+class TritonPythonModel:
+    def initialize(self, args):
+        self.runs = 0
+
+    def execute(self, requests):
+        self.runs += 1  # one run per request, sequential requests: the answer says which run it was
+        for r in requests:
+            tid = pb_utils.Tensor("TID", np.array([native_ident()], dtype=np.int64))
+            runs = pb_utils.Tensor("OUTPUT0", np.array([self.runs, 0], dtype=np.float32))
+            r.get_response_sender().send(pb_utils.InferenceResponse([tid, runs]),
+                                         flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
 OPT_OUT = 'parameters { key: "inline_execution" value: { string_value: "false" } }'
 
 
@@ -119,7 +134,7 @@ OPT_OUT = 'parameters { key: "inline_execution" value: { string_value: "false" }
 def server(tmp_path: Path, start_server):
     for name, code, extra in (("plain", PLAIN, ""), ("pool", POOL, ""), ("feeder", FEEDER, ""),
                               ("opted_out", PLAIN, OPT_OUT), ("thread_local", THREAD_LOCAL, ""),
-                              ("picky", PICKY, "")):
+                              ("picky", PICKY, ""), ("sender", SENDER, "")):
         add_model(tmp_path, name, CONFIG.format(name=name, extra=extra), code)
     return start_server(tmp_path)
 
@@ -198,3 +213,16 @@ def test_a_bad_request_to_a_promoted_model_fails_alone_and_the_model_stays_inlin
     if fastpath.enabled:
         assert first[0] != first[-1], "promoted after its streak"
         assert set(later) == {first[-1]}, "bad requests pushed the model off the fast path"
+
+
+def test_a_model_that_answers_through_a_sender_keeps_its_thread_and_runs_once(server) -> None:
+    """A response sender may send after execute() returned, which only the model's thread can wait for:
+    asked for on its thread, the model is never promoted. Before, it was promoted after its streak and its
+    first inline batch, asking again, ran a second time on the thread (a skipped run number here)."""
+    client = httpclient.InferenceServerClient(server.url)
+    try:
+        answers = [client.infer("sender", [_input([1.0, 2.0])]) for _ in range(80)]
+    finally:
+        client.close()
+    assert [int(a.as_numpy("OUTPUT0")[0]) for a in answers] == list(range(1, 81))
+    assert len({int(a.as_numpy("TID")[0]) for a in answers}) == 1

@@ -39,6 +39,7 @@ from ..errors import TritonError
 from ..inference import InferInput, InferRequest, InferResponse, RequestedOutput
 from ..protocol.dtypes import BY_ENUM_VALUE, BY_NUMPY, from_numpy
 from ..runtime.bridge import (
+    SERVER_CALL,
     HubSignal,
     InlineRun,
     NativeWorker,
@@ -90,7 +91,7 @@ class ServerCalls:
     def _off_hub(self) -> NativeWorker[Any] | None:
         """The calling instance's worker (None for other threads); refuse the hub itself."""
         if this_thread_hub() is self._hub:
-            raise RunOnThread()
+            raise RunOnThread(SERVER_CALL)
         if self._calls is None:
             raise pb_utils.TritonModelException("the server is not running: it cannot serve this call")
         worker = current_worker()
@@ -102,7 +103,7 @@ class ServerCalls:
         """Hub thread: the calling greenlet's run, where a call is served in place; else RunOnThread."""
         run = inline_run()
         if run is None or run.in_call:  # not a run of its own, or model code run on a caller's stack
-            raise RunOnThread()
+            raise RunOnThread(SERVER_CALL)
         if self._calls is None:
             raise pb_utils.TritonModelException("the server is not running: it cannot serve this call")
         return run

@@ -434,6 +434,9 @@ def leave_inline_run(greenlet: Any) -> None:
     _inline_runs.pop(greenlet, None)
 
 
+SERVER_CALL = "server call"  # RunOnThread's cause when the model called the server (BLS, model control)
+
+
 class RunOnThread(BaseException):
     """Raised into model code that called the server while running on the hub (an inline execution):
     the call would have to wait for the hub it is blocking. A BaseException so that a model's

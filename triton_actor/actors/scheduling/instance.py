@@ -52,7 +52,7 @@ from ...backends.base import Backend, BackendInstance, InstanceContext, Result
 from ...errors import Code, TritonError
 from ...inference import InferRequest
 from ...runtime import fastpath
-from ...runtime.bridge import InlineRun, NativeWorker, RunOnThread, enter_inline_run, leave_inline_run
+from ...runtime.bridge import SERVER_CALL, InlineRun, NativeWorker, RunOnThread, enter_inline_run, leave_inline_run
 from ...runtime.supervisor import RestartBudget
 
 log = logging.getLogger(__name__)
@@ -290,13 +290,18 @@ class ModelInstance:
         except Exception:  # noqa: BLE001 - retried on the thread, whose answer counts
             self._retry_on_thread(requests, done)
             return None
-        except RunOnThread:
-            # the model called the server (BLS, model control) on someone's stack, which that call would
-            # hold: the batch runs on the thread, where the call is recorded (promoted again, it runs in a
-            # greenlet of its own; with fast paths off, never)
-            self.inline, self._streak = False, 0
-            log.info("instance %s calls the server from execute(): it goes back to its thread", self.name)
-            self._worker.submit_callback(_run_batch_cpu, (requests,), self._observe(done))
+        except RunOnThread as e:
+            if e.args == (SERVER_CALL,):
+                # the model called the server (BLS, model control) on someone's stack, which that call
+                # would hold: the batch runs on the thread, where the call is recorded (promoted again, it
+                # runs in a greenlet of its own)
+                self.inline, self._streak = False, 0
+                log.info("instance %s calls the server from execute(): it goes back to its thread", self.name)
+                self._worker.submit_callback(_run_batch_cpu, (requests,), self._observe(done))
+            else:  # it needs its thread (a response sender): there for good
+                self.inline, self._needed = False, NEVER
+                log.info("instance %s needs its thread in execute(): it keeps its thread", self.name)
+                self._worker.submit_callback(_run_batch, (requests,), done)
             return None
         except (gevent.GreenletExit, gevent.Timeout):
             # killed while the model yielded: the batch must still be answered, or the instance
@@ -436,7 +441,9 @@ class ModelInstance:
                 worker = self._worker
                 if cpu_ns < PROMOTE_NS and not worker.used_hub and fastpath.enabled:
                     self._streak += 1
-                    if self._streak >= self._needed:
+                    if self._streak >= self._needed and not getattr(self._backend_instance, "inline_ok", False):
+                        self._streak = 0  # it asked for its thread meanwhile (a response sender)
+                    elif self._streak >= self._needed:
                         if worker.calls_server:  # its calls must hold nobody: a greenlet of its own
                             self.own = True
                         else:

@@ -15,6 +15,7 @@ import sys
 import traceback
 import types
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -156,6 +157,7 @@ class PythonInstance:
         self._one = fastpath.enabled and not self.decoupled  # no server (a benchmark): _enter(None) sets nothing
         self._build = _served_lean if fastpath.enabled else _served
         self.inline_ok = _may_run_inline(ctx, self.model, self.decoupled)
+        self._sender = partial(_sender_on_thread, self)
         self.observes_cancellation = not self.decoupled  # decoupled requests read their ResponseChannel
         self._loop: LoopThread | None = None  # Triton's stub makes it at the first coroutine
         init = getattr(self.model, "initialize", None)
@@ -200,8 +202,7 @@ class PythonInstance:
         request = requests[0]
         if _current_hooks() is not self._server:
             _enter(self._server)
-        pb = _served_lean(request, rules.default_mode_sender if native_thread_id() == self._thread
-                          else _back_to_thread)
+        pb = _served_lean(request, self._sender if native_thread_id() == self._thread else _back_to_thread)
         pb_requests = [pb]
         try:
             responses = self.model.execute(pb_requests)
@@ -252,7 +253,7 @@ class PythonInstance:
     def _execute(self, requests: list[InferRequest]) -> list[Result]:
         # inline (on the hub), a model that answers through a sender goes back to its thread: its
         # response may come from a thread of its own after execute returned, and waiting must not block the hub
-        sender = rules.default_mode_sender if native_thread_id() == self._thread else _back_to_thread
+        sender = self._sender if native_thread_id() == self._thread else _back_to_thread
         # one request (the usual inline batch): no comprehension (a function call of its own)
         build = self._build
         pb_requests = [build(requests[0], sender)] if len(requests) == 1 else [build(r, sender) for r in requests]
@@ -397,6 +398,15 @@ class PythonInstance:
         if self._argv_held:  # once, whether finalize runs once or again
             self._argv_held = False
             stub_argv.leave()
+
+
+def _sender_on_thread(instance: PythonInstance, request: Any) -> Any:
+    """A model on its thread asks for a response sender: it may send after ``execute`` returned, which
+    only its thread can wait for, so it is never run on the hub (before, it was promoted and its first
+    inline batch, asking again, ran twice; a caller of the server could make a call first and then could
+    not be run again)."""
+    instance.inline_ok = False
+    return rules.default_mode_sender(request)
 
 
 def _back_to_thread(_request: Any) -> Any:
