@@ -387,3 +387,39 @@ def test_a_call_cancelled_in_the_queue_counts_as_canceled(tmp_path: Path, start_
     m = {"model": "gated", "version": "1"}
     assert value(text, "nv_inference_request_failure", **m, reason="CANCELED") == 1
     assert value(text, "nv_inference_request_success", **m) == 2
+
+
+def test_an_http_request_whose_client_goes_away_in_the_queue_counts_as_canceled(tmp_path: Path, start_server) -> None:
+    """A client that closes its HTTP connection while its request waits in the queue cancels it (never run):
+    the front end watches the socket while a request waits (runtime/socket_io.py's PeerWatch)."""
+    log, gate = tmp_path / "executions.log", tmp_path / "gate"
+    add_gated_model(tmp_path / "repo", "gated", log, gate)
+    server = start_server(tmp_path / "repo")
+    client = httpclient.InferenceServerClient(server.url)
+    m = {"model": "gated", "version": "1"}
+    try:
+        first = client.async_infer("gated", _http_input(1.0))
+        wait_for(lambda: log.exists() and log.read_text() == "1.0\n", what="the first request to run")
+        body = b'{"inputs":[{"name":"INPUT0","shape":[1],"datatype":"FP32","data":[2.0]}]}'
+        host, port = server.url.rsplit(":", 1)
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall(b"POST /v2/models/gated/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            wait_for(lambda: value(scrape(server), "nv_inference_pending_request_count", **m) == 1,
+                     what="the second request queued")
+        gate.write_text("open")
+        assert first.get_result().as_numpy("OUTPUT0").tolist() == [1.0]
+        assert client.infer("gated", _http_input(3.0)).as_numpy("OUTPUT0").tolist() == [3.0]
+    finally:
+        gate.write_text("open")
+        client.close()
+    assert log.read_text() == "1.0\n3.0\n"  # the second never ran
+    text = scrape(server)
+    assert value(text, "nv_inference_request_failure", **m, reason="CANCELED") == 1
+    assert value(text, "nv_inference_request_success", **m) == 2
+
+
+def _http_input(value: float) -> list[httpclient.InferInput]:
+    x = httpclient.InferInput("INPUT0", [1], "FP32")
+    x.set_data_from_numpy(np.array([value], dtype=np.float32))
+    return [x]

@@ -40,7 +40,7 @@ from ..observability.tracing import Tracer
 from ..observability.wire_trace import WireTrace
 from ..protocol import http1
 from ..runtime import fastpath
-from ..runtime.socket_io import Woken, recv_when_readable, send_all, send_now, wake_reader
+from ..runtime.socket_io import PeerWatch, Woken, recv_when_readable, send_all, send_now, wake_reader
 from .budget import FIRST_INSTALLMENT, ByteBudget, with_room
 from .descriptors import ConnectionSlots, Listener, Reusable, bind, close_longest_waiting, descriptor_cap
 from .http import JSON_HEADERS, HttpFrontend, Reply, error_response, too_large
@@ -78,13 +78,14 @@ _ABSENT = object()
 
 
 class _Connection:
-    __slots__ = ("sock", "http", "budget", "watcher", "gone", "held", "woken")
+    __slots__ = ("sock", "http", "budget", "watcher", "peer", "gone", "held", "woken")
 
     def __init__(self, sock: socket.socket, http: http1.ServerConnection, budget: ByteBudget) -> None:
         self.sock = sock
         self.http = http
         self.budget = budget
-        self.watcher: gevent.Greenlet | None = None
+        self.watcher: gevent.Greenlet | PeerWatch | None = None  # watching for the client to go away
+        self.peer: PeerWatch | None = None  # (fast paths on) reused by every waiting request
         self.gone: gevent.event.Event | None = None
         self.held = 0  # bytes of the request memory budget its request holds (budget.py)
         self.woken = 0.0  # when the reaper woke its reader (a body past its deadline: 408); 0.0 never
@@ -105,7 +106,13 @@ class _Connection:
         so quick answers pay nothing; a client that sends more (pipelining) ends the watch."""
         if self.gone is None:
             self.gone = gevent.event.Event()
-            self.watcher = gevent.spawn(self._watch, self.gone)
+            if fastpath.enabled and hasattr(self.sock, "_sock"):
+                if self.peer is None:
+                    self.peer = PeerWatch(self.sock)
+                self.peer.start(self.gone)
+                self.watcher = self.peer
+            else:
+                self.watcher = gevent.spawn(self._watch, self.gone)
         return self.gone
 
     def _watch(self, gone: gevent.event.Event) -> None:
@@ -118,7 +125,10 @@ class _Connection:
 
     def end_watch(self) -> None:
         if self.watcher is not None:
-            self.watcher.kill(block=False)
+            if self.watcher is self.peer:
+                self.peer.stop()
+            else:
+                self.watcher.kill(block=False)
             self.watcher = self.gone = None
 
 
@@ -257,6 +267,8 @@ class HttpServer:
             pass  # the client went away, or a deadline closed the socket
         finally:
             self._forget(conn)
+            if conn.peer is not None:
+                conn.peer.close()
             sock.close()
 
     def _serve(self, conn: _Connection) -> None:

@@ -54,6 +54,7 @@ from ...inference import InferRequest
 from ...runtime import fastpath
 from ...runtime.bridge import SERVER_CALL, InlineRun, NativeWorker, RunOnThread, enter_inline_run, leave_inline_run
 from ...runtime.supervisor import RestartBudget
+from .own_loop import OwnLoop
 
 log = logging.getLogger(__name__)
 Timings = tuple[int, int, int]  # compute_input, compute_infer, compute_output (ns)
@@ -111,7 +112,7 @@ class ModelInstance:
     """One backend instance on its native worker: ``execute(batch, done)`` and ``close()``; a
     single-owner hub object, not an actor (hub thread only, never blocks the caller)."""
 
-    __slots__ = ("ctx", "_worker", "_backend", "_backend_instance", "inline", "own", "_streak", "_needed", "_hub", "_slow",
+    __slots__ = ("ctx", "_worker", "_backend", "_backend_instance", "inline", "own", "_own_loop", "_streak", "_needed", "_hub", "_slow",
                  "_clock", "_closing", "_restarts", "health", "reason", "_watcher", "_reviving")
 
     def __init__(self, ctx: InstanceContext, backend: Backend) -> None:
@@ -122,6 +123,7 @@ class ModelInstance:
         # plain attribute (a property was a frame per read, twice per direct run)
         self.inline = False
         self.own = False  # promoted, and its model calls the server: each batch in a hub greenlet of its own
+        self._own_loop: OwnLoop | None = None  # that greenlet (made at the first such batch)
         self._streak = 0
         self._needed = PROMOTE_STREAK
         self._slow = 0  # slow inline runs in a row
@@ -261,7 +263,10 @@ class ModelInstance:
             backend_instance = self._backend_instance
             if getattr(backend_instance, "inline_ok", False):
                 if self.own:
-                    gevent.spawn(self._run_own, requests, done)
+                    loop = self._own_loop
+                    if loop is None or loop.dead:
+                        loop = self._own_loop = OwnLoop(self)
+                    loop.give(requests, done)
                     return
                 self._worker.submit_callback(_run_batch_cpu, (requests,), self._observe(done))
             else:
@@ -463,4 +468,7 @@ class ModelInstance:
         """Finish queued batches, ``finalize()`` the backend on its thread, join the thread."""
         self._closing = True
         self.inline = self.own = False
+        if self._own_loop is not None:
+            self._own_loop.stop()
         return self._worker.close(timeout)
+
