@@ -50,7 +50,7 @@ def _has(module: str) -> bool:
     return (Path(triton_actor.__file__).parent / (module.replace(".", "/") + ".py")).exists()
 
 
-def _server(repo: Path, trace: list[str] | None = None):
+def _server(repo: Path, trace: list[str] | None = None, cache: bool = False):
     if _has("config.command_line"):
         from triton_actor.config.command_line import parse
     else:  # a checkout from before the package reorganisation
@@ -59,7 +59,8 @@ def _server(repo: Path, trace: list[str] | None = None):
 
     settings = parse(["--model-repository", str(repo), "--http-port", "0", "--http-address", "127.0.0.1",
                       "--grpc-port", "0", "--grpc-address", "127.0.0.1", "--allow-metrics=false", "--log-info=false",
-                      *(arg for setting in trace or () for arg in ("--trace-config", setting))])
+                      *(arg for setting in trace or () for arg in ("--trace-config", setting)),
+                      *(["--cache-config", "local,size=1048576"] if cache else [])])
     server = Server(settings)
     server.start()
     return server
@@ -308,6 +309,9 @@ def main() -> int:
     ap.add_argument("--opcodes", type=int, default=0, metavar="TOP",
                     help="count the bytecodes run per request (and calls into C), and list the TOP functions by "
                          "their own bytecodes: a count that no load on the machine changes")
+    ap.add_argument("--cache", action="store_true",
+                    help="add_sub with response_cache enabled and a local cache: every request after the first "
+                         "is a cache hit (scripts/bench_cache.py's set-up)")
     ap.add_argument("--trace-config", action="append", default=[], metavar="SETTING",
                     help="the server's --trace-config (repeat it): the path's cost with tracing on, e.g. "
                          "level=TIMESTAMPS, rate=1, triton,file=/tmp/t.json")
@@ -315,7 +319,10 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="bench_request_path_"))
     shutil.copytree(HERE / "triton_reference" / "add_sub", work / "add_sub",
                     ignore=shutil.ignore_patterns("__pycache__"))
-    server = _server(work, a.trace_config)
+    if a.cache:
+        config = work / "add_sub" / "config.pbtxt"
+        config.write_text(config.read_text() + "\nresponse_cache { enable: true }\n")
+    server = _server(work, a.trace_config, a.cache)
     import triton_actor
 
     try:

@@ -62,3 +62,41 @@ def split_id(data: bytes) -> tuple[bytes, bytes, bytes, bytes] | None:
         return data, name or b"", version or b"", b""
     pieces.append(data[start:])
     return b"".join(pieces), name or b"", version or b"", rid
+
+
+_HEAD_TAGS = (0x0A, 0x12, 0x1A)  # fields 1, 2, 3 (model_name, model_version, id), length-delimited
+
+
+def split_head(data: bytes) -> tuple[bytes, bytes, bytes, bytes] | None:
+    """:func:`split_id`'s answer read from the leading fields alone, for a message a cache looks up by
+    what :func:`split_id` gave before: the name, version and id, in any order, up to the first other
+    field (where every serializer puts them: fields in number order), each with a one-byte length.
+
+    Only the head is read (a few bytecodes against a walk over every input), so the answer is not
+    checked: a later name, version or id stays in the bytes given back. Such bytes are never among what
+    :func:`split_id` gave (it reads every field and refuses those), so a lookup of them finds nothing;
+    when it finds something, the message is that one with this id put in at a field boundary, and the
+    name (and the version, if the head has one) are the message's only ones. None: a length past
+    127 bytes in the head, or a truncated field."""
+    n = len(data)
+    i = 0
+    name = version = rid = b""
+    cut = None
+    while i + 1 < n:
+        tag = data[i]
+        if tag not in _HEAD_TAGS:
+            break
+        length = data[i + 1]
+        end = i + 2 + length
+        if length >= 0x80 or end > n:
+            return None
+        if tag == 0x0A:
+            name = data[i + 2:end]
+        elif tag == 0x12:
+            version = data[i + 2:end]
+        else:
+            rid, cut = data[i + 2:end], (i, end)
+        i = end
+    if cut is None:
+        return data, name, version, rid
+    return data[:cut[0]] + data[cut[1]:], name, version, rid

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from triton_actor.protocol._generated import grpc_service_pb2 as pb
-from triton_actor.protocol.grpc_infer_bytes import split_id
+from triton_actor.protocol.grpc_infer_bytes import split_head, split_id
 
 
 def _message(rid: str, *, version: str = "", size: int = 4, name: str = "add_sub") -> pb.ModelInferRequest:
@@ -58,3 +58,53 @@ def test_fields_in_any_order_give_the_same_rest() -> None:
 ])
 def test_anything_else_is_left_to_the_regular_decode(data: bytes) -> None:
     assert split_id(data) is None
+
+
+@pytest.mark.parametrize("message", [
+    _message("r-1"), _message(""), _message("r", version="7"), _message("x", size=5000), pb.ModelInferRequest(),
+    pb.ModelInferRequest(id="only"),
+])
+def test_the_head_of_a_serialized_message_is_split_as_the_whole(message: pb.ModelInferRequest) -> None:
+    """What every serializer writes (fields in number order, short name and id): the head alone gives
+    split_id's answer."""
+    data = message.SerializeToString()
+    assert split_head(data) == split_id(data)
+
+
+_ODD = [
+    pb.ModelInferRequest(id="a").SerializeToString() * 2,  # the id twice
+    pb.ModelInferRequest(model_name="a").SerializeToString() + pb.ModelInferRequest(model_name="b").SerializeToString(),
+    _message("").SerializeToString() + pb.ModelInferRequest(id="late").SerializeToString(),  # an id after the inputs
+    _message("r").SerializeToString() + pb.ModelInferRequest(model_name="other").SerializeToString(),
+    _message("r").SerializeToString() + pb.ModelInferRequest(model_version="9").SerializeToString(),
+    pb.ModelInferRequest(id="abc").SerializeToString() + _message("").SerializeToString(),  # the id first
+]
+
+
+@pytest.mark.parametrize("data", _ODD)
+def test_a_head_split_that_split_id_could_have_given_decodes_as_it_says(data: bytes) -> None:
+    """A head split is looked up among split_id's answers (rests that split to themselves): when its rest
+    is one, the message is that rest with the head's id put in, and the head's name and version are the
+    message's; otherwise no lookup of it can find anything."""
+    head = split_head(data)
+    assert head is not None
+    rest, name, version, rid = head
+    whole = split_id(rest)
+    if whole is None or whole[0] != rest:
+        return  # never among what was remembered
+    message, expected = pb.ModelInferRequest.FromString(data), pb.ModelInferRequest.FromString(rest)
+    expected.id = rid.decode()
+    assert message == expected
+    assert name.decode() == message.model_name and version.decode() in ("", message.model_version)
+
+
+def test_odd_messages_include_ones_whose_head_rest_is_not_a_remembered_rest() -> None:
+    """The cases above reach both branches (a test that checks nothing would pass too)."""
+    looked = [split_id(split_head(d)[0]) for d in _ODD]
+    assert any(w is None or w[0] != split_head(d)[0] for w, d in zip(looked, _ODD, strict=True))
+    assert any(w is not None and w[0] == split_head(d)[0] for w, d in zip(looked, _ODD, strict=True))
+
+
+@pytest.mark.parametrize("data", [b"\x0a\x80\x01" + b"m" * 128, _message("r").SerializeToString()[:3], b"\x1a\x05ab"])
+def test_a_long_or_truncated_head_is_left_to_split_id(data: bytes) -> None:
+    assert split_head(data) is None
