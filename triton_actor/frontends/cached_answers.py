@@ -143,9 +143,9 @@ def grpc_message(pending: Pending, request: InferRequest, encode: Encode) -> Any
     return _answer(pending, request, "grpc", encode, _grpc_kept, _grpc_with_id)
 
 
-def grpc_again(plane: DataPlane, buf: bytearray) -> tuple[bytes | None, Any]:
+def grpc_again(plane: DataPlane, buf: bytes | bytearray) -> tuple[bytes | None, Any]:
     """``buf``, one uncompressed gRPC message (a ModelInferRequest): ``(its answer's bytes, None)``, the
-    message taken out of ``buf``, when the same bytes but for the id were answered from the cache before
+    message taken out of ``buf`` (a call's buffer), when the same bytes but for the id were answered from the cache before
     (``protocol/grpc_infer_bytes.py``); else ``(None, what grpc_learn remembers it by, or None)``.
 
     The bytes are looked up by their head alone (``split_head``: the name, version and id, where every
@@ -159,7 +159,8 @@ def grpc_again(plane: DataPlane, buf: bytearray) -> tuple[bytes | None, Any]:
         route = _route(plane, head)
         known = None if route is None else cache_front.again(plane, route, head[0], len(head[0]))
         if known is not None:
-            del buf[:]
+            if buf.__class__ is bytearray:
+                del buf[:]
             return _grpc_with_id(known[0], head[3].decode()).data, None
         if route is not None and route.target.__class__ is not CachedVersionHandle:
             return None, None  # nothing to remember: a version without the cache
@@ -173,7 +174,8 @@ def grpc_again(plane: DataPlane, buf: bytearray) -> tuple[bytes | None, Any]:
     known = None if route is None else cache_front.again(plane, route, rest, len(rest))
     if known is None:
         return None, (None if b"shared_memory_region" in rest else rest)  # the same bytes, another region's contents
-    del buf[:]
+    if buf.__class__ is bytearray:
+        del buf[:]
     return _grpc_with_id(known[0], split[3].decode()).data, None
 
 

@@ -110,9 +110,9 @@ class GrpcServicer:
         request = header_forward.with_forwarded(self._decode(req, route) if decoded is None else decoded, params)
         return request, cache_front.start(self.plane, request, route, traceparent)
 
-    def again_infer(self, buf: bytearray) -> tuple[bytes | None, Any]:
+    def again_infer(self, buf: bytes | bytearray) -> tuple[bytes | None, Any]:
         """A ModelInfer message answered from the response cache before: its answer's bytes, the message
-        taken out of ``buf`` (:func:`.cached_answers.grpc_again`)."""
+        taken out of ``buf`` when it is the call's buffer (:func:`.cached_answers.grpc_again`)."""
         return cached_answers.grpc_again(self.plane, buf)
 
     def learn_infer(self, kept: Any, request: InferRequest, pending: Pending) -> None:

@@ -401,10 +401,13 @@ class Call(StreamCall):
         instance is demoted back to its thread right after it (``ModelInstance``, DEMOTE_WALL_NS)."""
         start, finish = self.method.start, self.method.finish  # (ModelInfer's: never None here)
         try:
-            if message is not None:  # whole in its DATA frame (on_data): a method without the response cache
-                payload, kept, parsed = None, None, self._parse(message[5:])
-            else:  # first, a message answered from the response cache before, by its bytes (cached_answers.py)
-                payload, kept = (None, None) if self.forwarded is not None else self.method.again(self.buf)
+            # first, a message answered from the response cache before, by its bytes (cached_answers.py)
+            again = self.method.again
+            if message is not None:  # whole in its DATA frame (on_data)
+                payload, kept = (None, None) if again is None or self.forwarded is not None else again(message)
+                parsed = None if payload is not None else self._parse(message[5:])
+            else:
+                payload, kept = (None, None) if again is None or self.forwarded is not None else again(self.buf)
                 parsed = None if payload is not None else self._one_request()
             if payload is None:
                 request, pending = start(parsed, self.forwarded)

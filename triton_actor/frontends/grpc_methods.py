@@ -86,12 +86,13 @@ class Method:
     streaming: bool
     start: Callable[..., tuple[Any, Any]] | None = None
     finish: Callable[[Any, Any], Any] | None = None
-    # ModelInfer's message buffer → (its answer's bytes when the response cache answered the same bytes
-    # before, else None; what ``learn(kept, request, pending)`` remembers them by, or None): fast path
-    again: Callable[[bytearray], tuple[bytes | None, Any]] = lambda _buf: (None, None)
+    # ModelInfer's message (framed, uncompressed) → (its answer's bytes when the response cache answered the
+    # same bytes before, else None; what ``learn(kept, request, pending)`` remembers them by, or None): a
+    # fast path; None on a server without a response cache
+    again: Callable[[bytes | bytearray], tuple[bytes | None, Any]] | None = None
     learn: Callable[[Any, Any, Any], None] = lambda _kept, _request, _pending: None
-    # ModelInfer without the response cache (whose ``again`` reads the call's buffer): a request message
-    # that comes whole in one DATA frame skips the buffer (``grpc_calls.Call.on_data``, a fast path)
+    # ModelInfer: a request message that comes whole in one DATA frame skips the buffer
+    # (``grpc_calls.Call.on_data``, a fast path)
     whole: bool = False
 
     @property
@@ -113,7 +114,7 @@ def method_table(servicer: GrpcServicer) -> dict[bytes, Method]:
             methods[path] = Method(v2_grpc_plan.parse_infer, call, False, servicer.start_infer,
                                    servicer.finish_infer_wire, *((servicer.again_infer, servicer.learn_infer)
                                                                  if servicer.caching else ()),
-                                   whole=not servicer.caching)
+                                   whole=True)
         else:  # (a servicer's own parse: a method whose message must not be held while it runs)
             methods[path] = Method(servicer.parsers.get(method.name, request_type.FromString), call, streaming)
     methods[b"/grpc.health.v1.Health/Check"] = Method(health_pb2.HealthCheckRequest.FromString, servicer.Check, False)
