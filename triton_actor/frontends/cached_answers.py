@@ -145,8 +145,8 @@ def grpc_message(pending: Pending, request: InferRequest, encode: Encode) -> Any
 
 def grpc_again(plane: DataPlane, buf: bytes | bytearray) -> tuple[bytes | None, Any]:
     """``buf``, one uncompressed gRPC message (a ModelInferRequest): ``(its answer's bytes, None)``, the
-    message taken out of ``buf`` (a call's buffer), when the same bytes but for the id were answered from the cache before
-    (``protocol/grpc_infer_bytes.py``); else ``(None, what grpc_learn remembers it by, or None)``.
+    message taken out of ``buf`` (a call's buffer), when the same bytes but for the id were answered from
+    the cache before (``protocol/grpc_infer_bytes.py``); else ``(None, what grpc_learn remembers it by, or None)``.
 
     The bytes are looked up by their head alone (``split_head``: the name, version and id, where every
     serializer writes them) and walked whole (``split_id``, 4-5 times the bytecodes for add_sub's
