@@ -7,12 +7,15 @@ head does not read (an id or a name after the inputs) is in the bytes."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import grpc
 import numpy as np
 import pytest
 
+from triton_actor.frontends.grpc import GrpcServicer
+from triton_actor.frontends.grpc_methods import method_table
 from triton_actor.protocol._generated import grpc_service_pb2 as pb
 
 from .test_response_cache import Start, _repo, _stats
@@ -63,3 +66,13 @@ def test_a_hit_by_bytes_is_the_miss_with_its_own_id(tmp_path: Path, start_server
         assert (stats["hit"], stats["miss"]) == (6, 1)
     finally:
         channel.close()
+
+
+@pytest.mark.parametrize("caching", [False, True])
+def test_model_infer_takes_the_whole_message_path_with_or_without_a_cache(caching: bool) -> None:
+    """A message whole in its DATA frame skips the call's buffer on a server with a response cache too
+    (its lookup reads the message itself); without a cache there is no lookup to call."""
+    servicer = GrpcServicer(SimpleNamespace(runtime=None), caching=caching)  # type: ignore[arg-type]
+    infer = method_table(servicer)[INFER.encode()]
+    assert infer.whole
+    assert (infer.again is not None) is caching
