@@ -37,7 +37,7 @@ _acting: dict[int, NativeWorker[Any]] = {}
 MAX_INTERRUPTIONS = 100  # system errors thrown into an idle worker in a row before it counts as dead
 
 
-def _contained(error: BaseException, what: str) -> BaseException:
+def contained(error: BaseException, what: str) -> BaseException:
     """An error from model code on a native thread, safe to raise in a hub greenlet: an Exception as
     it is; any other BaseException (SystemExit, KeyboardInterrupt, one of the model's own) wrapped in
     INTERNAL, since gevent's hub would re-raise it in the main greenlet and end the server."""
@@ -101,7 +101,7 @@ class NativeWorker(Generic[S]):
             state = setup()
         except BaseException as e:  # noqa: BLE001 - reported to the hub, not raised in a thread
             self._closed = True  # nothing will ever read the inbox: submits fail from now on
-            self._post(self.ready, False, _contained(e, f"instance '{self.name}' failed to load"))
+            self._post(self.ready, False, contained(e, f"instance '{self.name}' failed to load"))
             self._drain_unread(f"instance '{self.name}' failed to load: {e}")
             self._post(self.stopped, True, True)
             _workers.pop(self.thread_id, None)
@@ -140,7 +140,7 @@ class NativeWorker(Generic[S]):
             except BaseException as e:  # noqa: BLE001
                 self.busy = False
                 self._note_hub()
-                self._post(reply, False, _contained(e, f"instance '{self.name}' failed"))
+                self._post(reply, False, contained(e, f"instance '{self.name}' failed"))
             else:
                 self.busy = False
                 self._note_hub()

@@ -52,7 +52,15 @@ from ...backends.base import Backend, BackendInstance, InstanceContext, Result
 from ...errors import Code, TritonError
 from ...inference import InferRequest
 from ...runtime import fastpath
-from ...runtime.bridge import SERVER_CALL, InlineRun, NativeWorker, RunOnThread, enter_inline_run, leave_inline_run
+from ...runtime.bridge import (
+    SERVER_CALL,
+    InlineRun,
+    NativeWorker,
+    RunOnThread,
+    contained,
+    enter_inline_run,
+    leave_inline_run,
+)
 from ...runtime.supervisor import RestartBudget
 from .own_loop import OwnLoop
 
@@ -379,7 +387,7 @@ class ModelInstance:
             if not run.calls:
                 self._retry_on_thread(requests, done, own=True)
             else:
-                done(False, e if isinstance(e, Exception) else TritonError.internal(f"instance '{self.name}' failed: {e!r}"))
+                done(False, contained(e, f"instance '{self.name}' failed"))
             return
         if not run.calls:
             for result in value[0]:
