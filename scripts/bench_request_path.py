@@ -21,6 +21,7 @@ hub's loop) is in the socket modes, and with perf_analyzer in ``scripts/bench_gr
     PYTHONPATH=. .venv/bin/python scripts/bench_request_path.py
     PYTHONPATH=/path/to/other/checkout .venv/bin/python scripts/bench_request_path.py    # that checkout's code
     PYTHONPATH=. .venv/bin/python scripts/bench_request_path.py --profile /tmp/http.prof --only http
+    PYTHONPATH=. .venv/bin/python scripts/bench_request_path.py --opcodes 40 --perf-analyzer grpc   # a real client
 """
 
 from __future__ import annotations
@@ -249,9 +250,10 @@ def measure(one: Callable[[], object], n: int, rounds: int) -> tuple[list[float]
     return per, [(b - a) * 1000 / (n * rounds) for a, b in zip(before, after, strict=True)]
 
 
-def count_opcodes(one: Callable[[], object], n: int, top: int) -> None:
+def count_opcodes(one: Callable[[], object], n: int, top: int, drive: Callable[[], int] | None = None) -> None:
     """Bytecodes executed per request, by function (``sys.settrace`` with opcode events), and calls into C
-    functions (``sys.setprofile``); both per request, over ``n`` requests."""
+    functions (``sys.setprofile``); both per request, over ``n`` requests (or over what ``drive()`` ran: it
+    returns how many)."""
     import collections
 
     own: collections.Counter[object] = collections.Counter()
@@ -282,8 +284,11 @@ def count_opcodes(one: Callable[[], object], n: int, top: int) -> None:
     sys.settrace(trace)
     sys.setprofile(profile)
     try:
-        for _ in range(n):
-            one()
+        if drive is not None:
+            n = drive()
+        else:
+            for _ in range(n):
+                one()
     finally:
         sys.settrace(None)
         sys.setprofile(None)
@@ -295,6 +300,37 @@ def count_opcodes(one: Callable[[], object], n: int, top: int) -> None:
         print(f"     {k / n:7.1f} {entered[code] / n:5.2f}  {code.co_qualname} ({Path(code.co_filename).parent.name}/"
               f"{Path(code.co_filename).name}:{code.co_firstlineno})")
     print("     calls into C per request:", ", ".join(f"{name} {k / n:.1f}" for name, k in c_calls.most_common(top)))
+
+
+def perf_analyzer_drive(server, protocol: str, concurrency: int) -> Callable[[], int]:
+    """A run of perf_analyzer (``scripts/install_bench_tools.sh``) against the server's port, the
+    server's hub serving it in this process: the requests a real client sends (grpc-c++'s two
+    WINDOW_UPDATEs a call, its outputs named, libcurl's head) rather than this script's minimal ones.
+    Returns the inferences it made, by the model's statistics."""
+    import gevent.subprocess
+
+    tool = Path.home() / ".cache" / "triton_actor_bench" / "perf_analyzer"
+    if not tool.exists():
+        raise SystemExit(f"{tool} missing: run scripts/install_bench_tools.sh")
+    port = server.http_port if protocol == "http" else server.grpc.server_port
+
+    def served() -> int:
+        return server.plane.statistics("add_sub", -1)["model_stats"][0]["inference_stats"]["success"]["count"]
+
+    def run(ms: int) -> None:
+        out = gevent.subprocess.run([str(tool), "-m", "add_sub", "-u", f"127.0.0.1:{port}", "-i", protocol,
+                                     "--concurrency-range", str(concurrency), "-p", str(ms), "-s", "50",
+                                     "--max-trials", "3"], capture_output=True, text=True)
+        if out.returncode:
+            raise SystemExit(f"perf_analyzer failed:\n{out.stdout}\n{out.stderr}")
+
+    def drive() -> int:
+        n0 = served()
+        run(3000)
+        return served() - n0
+
+    run(1000)  # warm: the plans, the model promoted
+    return drive
 
 
 KINDS = {"http": http_request, "grpc": grpc_request, "http-socket": http_socket, "grpc-socket": grpc_socket}
@@ -315,6 +351,10 @@ def main() -> int:
     ap.add_argument("--trace-config", action="append", default=[], metavar="SETTING",
                     help="the server's --trace-config (repeat it): the path's cost with tracing on, e.g. "
                          "level=TIMESTAMPS, rate=1, triton,file=/tmp/t.json")
+    ap.add_argument("--perf-analyzer", choices=("grpc", "http"), metavar="PROTOCOL",
+                    help="with --opcodes: count while perf_analyzer drives the server over PROTOCOL (a real "
+                         "client's requests, the server's whole hub) instead of the modes above")
+    ap.add_argument("--concurrency", type=int, default=1, help="perf_analyzer's, with --perf-analyzer")
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench_request_path_"))
     shutil.copytree(HERE / "triton_reference" / "add_sub", work / "add_sub",
@@ -326,6 +366,11 @@ def main() -> int:
     import triton_actor
 
     try:
+        if a.perf_analyzer:
+            print(f"perf_analyzer over {a.perf_analyzer}, concurrency {a.concurrency}, {Path(triton_actor.__file__).parents[1]}:",
+                  flush=True)
+            count_opcodes(lambda: None, 0, a.opcodes or 40, perf_analyzer_drive(server, a.perf_analyzer, a.concurrency))
+            return 0
         for kind in a.only or list(KINDS):
             one = KINDS[kind](server)
             per, collections = measure(one, a.n, a.rounds)
