@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 from bench_http import ROOT, TOOLS, copy_add_sub, free_port, perf, rss_kb, stop_servers, wait_ready
-from bench_workers import cpu_s, served, tree
+from bench_workers import cpu_split, served, tree
 
 
 def start_ours(repo: Path, http: int, grpc: int, root: Path = ROOT) -> subprocess.Popen:
@@ -49,13 +49,16 @@ def start_triton(repo: Path, http: int, grpc: int) -> subprocess.Popen:
 def measure(pid: int, ports: dict[str, int], c: int, window_ms: int, out_csv: Path,
             protocol: str) -> dict[str, float] | None:
     """One perf_analyzer run, with the server's CPU per inference over it (``cpu_us``)."""
-    cpu0, n0 = cpu_s(tree(pid)), served(ports["http"])
+    pids = tree(pid)
+    (user0, sys0), n0 = cpu_split(pids), served(ports["http"])
     try:
         res = perf(ports[protocol], c, window_ms, out_csv, protocol)
     except SystemExit as e:  # perf_analyzer could not stabilise on a noisy machine: record a gap
         print(f"[bench] {str(e).splitlines()[0] if str(e) else 'perf_analyzer failed'}", flush=True)
         return None
-    return res | {"cpu_us": (cpu_s(tree(pid)) - cpu0) * 1e6 / max(1, served(ports["http"]) - n0)}
+    (user1, sys1), n = cpu_split(tree(pid)), max(1, served(ports["http"]) - n0)
+    # the kernel's share apart: at c=1 each request wakes the idle server (its context switch, epoll_wait)
+    return res | {"cpu_us": (user1 + sys1 - user0 - sys0) * 1e6 / n, "sys_us": (sys1 - sys0) * 1e6 / n}
 
 
 def main() -> int:
@@ -101,14 +104,14 @@ def main() -> int:
                         results.setdefault(f"{protocol}|{c}|{name}", []).append(res)
                         print(f"[bench] round {r + 1} {protocol:4s} c={c} {name:22s} {res['rps']:7.0f} infer/s "
                               f"p50 {res['p50_us']:5.0f} us p99 {res['p99_us']:6.0f} us "
-                              f"CPU {res['cpu_us']:5.0f} us/inference (load {os.getloadavg()[0]:.2f})", flush=True)
+                              f"CPU {res['cpu_us']:5.0f} us/inference, system {res['sys_us']:3.0f} (load {os.getloadavg()[0]:.2f})", flush=True)
         memory = {n: rss_kb(p.pid, n == "triton") / 1024 for n, (p, _) in servers.items()}
     finally:
         stop_servers([proc for proc, _ in servers.values()], work)
     med = {k: {m: statistics.median(x[m] for x in runs) for m in runs[0]} | {"n": len(runs)}
            for k, runs in results.items()}
     lines = ["| protocol | concurrency | server | infer/s (median) | p50 µs | p99 µs | ratio vs Triton "
-             "| CPU µs/inference | CPU vs Triton | runs |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| CPU µs/inference (system) | CPU vs Triton | runs |", "|---|---|---|---|---|---|---|---|---|---|"]
     for protocol in protocols:
         for c in conc:
             ref = med.get(f"{protocol}|{c}|triton")
@@ -119,7 +122,7 @@ def main() -> int:
                 ratio = f"{m['rps'] / ref['rps']:.2f}x" if ref else "-"
                 cpu_ratio = f"{m['cpu_us'] / ref['cpu_us']:.2f}" if ref else "-"
                 lines.append(f"| {protocol} | {c} | {name} | {m['rps']:.0f} | {m['p50_us']:.0f} | {m['p99_us']:.0f} "
-                             f"| {ratio} | {m['cpu_us']:.0f} | {cpu_ratio} | {m['n']} |")
+                             f"| {ratio} | {m['cpu_us']:.0f} ({m['sys_us']:.0f}) | {cpu_ratio} | {m['n']} |")
     lines.append("")
     lines.append(f"load average at the end: {os.getloadavg()}; resident memory MB: "
                  + ", ".join(f"{n} {v:.0f}" for n, v in memory.items()))

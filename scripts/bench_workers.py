@@ -37,14 +37,20 @@ def tree(pid: int) -> list[int]:
 
 
 def cpu_s(pids: list[int]) -> float:
-    total = 0
+    return sum(cpu_split(pids))
+
+
+def cpu_split(pids: list[int]) -> tuple[float, float]:
+    """The processes' user and system CPU seconds."""
+    user = system = 0
     for p in pids:
         try:
             fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / _TICK
+        user += int(fields[11])  # utime
+        system += int(fields[12])  # stime
+    return user / _TICK, system / _TICK
 
 
 def memory(pids: list[int]) -> list[dict[str, float]]:
