@@ -371,12 +371,12 @@ class ModelInstance:
                 worker.busy = False
                 leave_inline_run(greenlet)
         except RunOnThread:  # a call it cannot make here (async_exec on the hub): its thread, for good
-            if run.calls:
+            self.own, self._needed = False, NEVER  # (kept promoted, each such batch failed again)
+            log.info("instance %s makes calls to the server that need its thread: it keeps its thread", self.name)
+            if run.calls:  # not run again: its calls so far would be made twice
                 done(False, TritonError.internal(
                     f"instance '{self.name}': execute() made a call that needs its thread after calls served inline"))
                 return
-            self.own, self._needed = False, NEVER
-            log.info("instance %s makes calls to the server that need its thread: it keeps its thread", self.name)
             worker.submit_callback(_run_batch, (requests,), done)
             return
         except (gevent.GreenletExit, gevent.Timeout):
