@@ -271,6 +271,65 @@ def test_onnx_on_gpu(tmp_path: Path, start_server) -> None:
     assert json.loads(json.dumps(client.get_model_config("mlp_gpu")))["instance_group"][0]["kind"] == "KIND_GPU"
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(gpu_count() == 0, reason="no GPU on this host")
+def test_torchscript_on_gpu(tmp_path: Path, start_server) -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+    model = modelgen.torchscript_mlp(tmp_path, "mlp_ts_gpu", dims=DIMS, max_batch_size=8)
+    cfg = model / "config.pbtxt"
+    cfg.write_text(cfg.read_text().replace("KIND_CPU", "KIND_GPU"))
+    server = start_server(tmp_path)
+    client = httpclient.InferenceServerClient(server.url)
+    x = np.random.default_rng(0).standard_normal((4, DIMS[0])).astype(np.float32)
+    np.testing.assert_allclose(_infer(client, "mlp_ts_gpu", {"INPUT__0": x}).as_numpy("OUTPUT__0"),
+                               modelgen.mlp_reference(x, DIMS), rtol=1e-3, atol=1e-3)
+    assert client.get_model_config("mlp_ts_gpu")["instance_group"][0]["kind"] == "KIND_GPU"
+
+
+# a KIND_GPU Python model as Triton's GPU examples write one: its input to the device through DLPack, and
+# its outputs given back as CUDA tensors (a capsule, and the tensor itself)
+PYTHON_GPU_PY = """
+import torch
+import torch.utils.dlpack
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = torch.utils.dlpack.from_dlpack(pb_utils.get_input_tensor_by_name(r, "INPUT0").to_dlpack()).to("cuda")
+            y = x * 2
+            assert y.is_cuda
+            out.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor.from_dlpack("OUTPUT0", torch.utils.dlpack.to_dlpack(y)),
+                pb_utils.Tensor.from_dlpack("OUTPUT1", y + 1)]))
+        return out
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(gpu_count() == 0, reason="no GPU on this host")
+def test_python_model_on_gpu_gives_cuda_tensors(tmp_path: Path, start_server) -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+    add_model(tmp_path, "py_gpu", """
+        backend: "python"
+        input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ 4 ] } ]
+        output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 4 ] }, { name: "OUTPUT1", data_type: TYPE_FP32, dims: [ 4 ] } ]
+        instance_group [ { kind: KIND_GPU, count: 1 } ]
+        """, PYTHON_GPU_PY)
+    server = start_server(tmp_path)
+    client = httpclient.InferenceServerClient(server.url)
+    x = np.arange(4, dtype=np.float32)
+    for _ in range(40):  # on its thread, then (promoted) inline: the device copy either way
+        r = _infer(client, "py_gpu", {"INPUT0": x})
+        np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), x * 2)
+        np.testing.assert_array_equal(r.as_numpy("OUTPUT1"), x * 2 + 1)
+
+
 def test_onnx_partial_config_is_completed(tmp_path: Path, start_server) -> None:
     model = modelgen.onnx_mlp(tmp_path, "partial", dims=(8, 4, 3), config=False)
     (model / "config.pbtxt").write_text('backend: "onnxruntime"\nmax_batch_size: 2\ninput [ { name: "INPUT0" } ]\n')

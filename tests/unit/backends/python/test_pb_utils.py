@@ -328,6 +328,48 @@ def test_dlpack_protocol():
     assert bools.triton_dtype() == 1
 
 
+def _on_device(capsule, device_type: int = 2):
+    """``capsule`` (a legacy "dltensor" one, unconsumed) relabelled as living on ``device_type`` (kDLCUDA)."""
+    from triton_actor.backends.python.triton_python_backend_utils import dlpack
+
+    head = dlpack._DLTensorHead.from_address(dlpack._get_pointer(capsule, b"dltensor"))
+    head.device_type = device_type
+    assert dlpack.device_type(capsule) == device_type
+    return capsule
+
+
+def test_a_device_tensor_from_dlpack_is_copied_to_the_host(monkeypatch):
+    """A KIND_GPU model's output capsule (a CUDA tensor) is copied to the host through torch, where numpy
+    refused it before. No GPU here: torch's import of the capsule is stood in for (the real one runs in
+    tests/integration/test_backends.py on a GPU host)."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a relabelled host capsule must not reach a real CUDA import")
+    data = np.arange(6, dtype=np.float32).reshape(2, 3)
+    seen = []
+
+    def from_dlpack(capsule):
+        seen.append(dlpack.device_type(capsule))
+        return torch.from_numpy(data.copy())
+
+    from triton_actor.backends.python.triton_python_backend_utils import dlpack
+
+    monkeypatch.setattr(torch.utils.dlpack, "from_dlpack", from_dlpack)
+    tensor = pb_utils.Tensor.from_dlpack("OUT", _on_device(np.ascontiguousarray(data).__dlpack__()))
+    assert seen == [2] and tensor.is_cpu() and tensor.triton_dtype() == 11
+    np.testing.assert_array_equal(tensor.as_numpy(), data)
+
+
+def test_a_device_tensor_torch_cannot_read_is_a_clear_error():
+    """Without a GPU, torch's own refusal of a CUDA capsule is the model's error, named."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a relabelled host capsule must not reach a real CUDA import")
+    capsule = _on_device(np.zeros(3, np.float32).__dlpack__())
+    with pytest.raises(pb_utils.TritonModelException, match="is in device memory and could not be copied to the host"):
+        pb_utils.Tensor.from_dlpack("OUT", capsule)
+
+
 def test_dlpack_read_only_and_unsupported():
     read_only = np.frombuffer(np.arange(3, dtype=np.float64).tobytes(), dtype=np.float64)
     assert not read_only.flags.writeable

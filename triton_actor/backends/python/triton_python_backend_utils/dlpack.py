@@ -57,6 +57,17 @@ def _data_type(capsule: Any) -> _DataType | None:
     return None
 
 
+KDL_CPU = 1  # DLDeviceType's kDLCPU: the one device numpy imports from
+
+
+def device_type(capsule: Any) -> int | None:
+    """The ``device_type`` of an unconsumed DLPack capsule (kDLCPU, kDLCUDA = 2, ...), or None if it is not one."""
+    for name, offset in _OFFSETS.items():
+        if _is_valid(capsule, name):
+            return _DLTensorHead.from_address(_get_pointer(capsule, name) + offset).device_type
+    return None
+
+
 def is_bf16(capsule: Any) -> bool:
     dtype = _data_type(capsule)
     return dtype is not None and (dtype.code, dtype.bits, dtype.lanes) == (_KDL_BFLOAT, 16, 1)

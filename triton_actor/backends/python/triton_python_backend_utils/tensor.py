@@ -94,8 +94,32 @@ def _export(source: Any) -> Any:
         return source.__dlpack__(stream=None)
 
 
+def _to_host(name: str, capsule: Any) -> Any:
+    """A device tensor's capsule (a KIND_GPU model's CUDA output, as Triton's GPU models give them) as a CPU
+    tensor of its framework: tensors live in CPU memory here, so it is copied to the host once, where Triton
+    would copy it for the response anyway (or hand it to the next step on the device). Through torch (the
+    framework such models use), else CuPy; neither: the error says so."""
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    try:
+        if torch is not None:
+            return torch.utils.dlpack.from_dlpack(capsule).cpu()
+        import cupy  # type: ignore[import-not-found]
+
+        return cupy.asnumpy(cupy.from_dlpack(capsule))
+    except ImportError:
+        raise TritonModelException(f"tensor '{name}' is in device memory and neither torch nor cupy is here "
+                                   "to copy it to the host") from None
+    except Exception as e:  # the framework's refusal (torch without CUDA asserts): the model's error
+        raise TritonModelException(f"tensor '{name}' is in device memory and could not be copied to the host: "
+                                   f"{e!r}") from e
+
+
 class Tensor:
-    """A named tensor backed by a C-contiguous numpy array (always in CPU memory)."""
+    """A named tensor backed by a C-contiguous numpy array (always in CPU memory: a device tensor given to
+    :meth:`from_dlpack` is copied to the host)."""
 
     def __init__(self, name: str, data: Any) -> None:
         # exact-type tests first (cheaper than isinstance on this per-output path), the general ones after;
@@ -143,7 +167,7 @@ class Tensor:
         return self._triton_dtype
 
     def is_cpu(self) -> bool:
-        """Return True: tensors always live in CPU memory here."""
+        """Return True: tensors always live in CPU memory here (from_dlpack copies a device tensor)."""
         return True
 
     def _exportable(self) -> np.ndarray:
@@ -191,12 +215,14 @@ class Tensor:
             raise TritonModelException(_NOT_DLPACK)
         try:
             capsule = _export(source) if exporter else source
+            if dlpack.device_type(capsule) not in (None, dlpack.KDL_CPU):
+                capsule = _export(_to_host(name, capsule))
             bf16 = dlpack.is_bf16(capsule)
             array = np.from_dlpack(_CapsuleHolder(dlpack.relabel(capsule, to_bf16=False) if bf16 else capsule))
         except (BufferError, TypeError, RuntimeError, ValueError) as exc:
             raise TritonModelException(
-                f"cannot import tensor '{name}' from DLPack (only CPU tensors of numpy-"
-                f"representable dtypes or bfloat16 are supported): {exc}"
+                f"cannot import tensor '{name}' from DLPack (tensors of numpy-representable dtypes or "
+                f"bfloat16 are supported; one in device memory is copied to the host): {exc}"
             ) from exc
         if bf16:
             contiguous = array if array.flags.c_contiguous else array.copy(order="C")
