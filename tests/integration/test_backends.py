@@ -271,12 +271,18 @@ def test_onnx_on_gpu(tmp_path: Path, start_server) -> None:
     assert json.loads(json.dumps(client.get_model_config("mlp_gpu")))["instance_group"][0]["kind"] == "KIND_GPU"
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(gpu_count() == 0, reason="no GPU on this host")
-def test_torchscript_on_gpu(tmp_path: Path, start_server) -> None:
+@pytest.fixture
+def cuda_torch():
+    """torch with a CUDA device (the gpu-marked tests' own skip where there is none)."""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("torch without CUDA")
+    return torch
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(gpu_count() == 0, reason="no GPU on this host")
+def test_torchscript_on_gpu(tmp_path: Path, start_server, cuda_torch) -> None:
     model = modelgen.torchscript_mlp(tmp_path, "mlp_ts_gpu", dims=DIMS, max_batch_size=8)
     cfg = model / "config.pbtxt"
     cfg.write_text(cfg.read_text().replace("KIND_CPU", "KIND_GPU"))
@@ -311,10 +317,7 @@ class TritonPythonModel:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(gpu_count() == 0, reason="no GPU on this host")
-def test_python_model_on_gpu_gives_cuda_tensors(tmp_path: Path, start_server) -> None:
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch without CUDA")
+def test_python_model_on_gpu_gives_cuda_tensors(tmp_path: Path, start_server, cuda_torch) -> None:
     add_model(tmp_path, "py_gpu", """
         backend: "python"
         input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ 4 ] } ]
