@@ -143,7 +143,7 @@ class HttpFrontend:
         self._adapter = self.app.url_map.bind("triton")
         self._views: dict[str, View] = self.app.view_functions
         self.in_flight = 0
-        self._idle: gevent.event.Event | None = None  # created by wait_idle (shutdown) only
+        self.idle_waiter: gevent.event.Event | None = None  # created by wait_idle (shutdown) only
 
     def __call__(self, method: str, path: str, query: str, headers: dict[str, str], body: bytes,
                  peer_gone: Callable[[], gevent.event.Event] | None = None, hold: Hold | None = None,
@@ -194,17 +194,11 @@ class HttpFrontend:
         return route
 
     # -- request accounting (shutdown drains these) ------------------------------------------------
-    def begin(self) -> None:
-        self.in_flight += 1
-
-    def end(self) -> None:
-        self.in_flight -= 1
-        if not self.in_flight and self._idle is not None:
-            self._idle.set()
-
+    # The driver (http_server.py) counts a request in ``in_flight`` and out again in line (two calls a
+    # request less), and sets ``idle_waiter`` when the count it left is 0.
     def wait_idle(self, timeout: float | None) -> bool:
         """Wait until no request is being handled (shutdown drain). True when idle in time."""
         if not self.in_flight:
             return True
-        self._idle = gevent.event.Event()
-        return self._idle.wait(timeout)
+        self.idle_waiter = gevent.event.Event()
+        return self.idle_waiter.wait(timeout)

@@ -283,7 +283,7 @@ class HttpServer:
             if tracer is not None and tracer.wired:  # Triton's HTTP_RECV_START: the head is in
                 wire = WireTrace("HTTP", headers.get("traceparent"), perf_counter_ns())
             conn.held = self._reserve(conn, length)
-            frontend.begin()
+            frontend.in_flight += 1  # (the shutdown drain's count: HttpFrontend.wait_idle)
             try:
                 if expect_continue:
                     send_all(sock, http1.CONTINUE)
@@ -313,7 +313,9 @@ class HttpServer:
             finally:
                 if wire is not None:
                     wire.sent()  # the request's InferRequest span ends here, sent or not
-                frontend.end()
+                frontend.in_flight -= 1
+                if frontend.idle_waiter is not None and not frontend.in_flight:
+                    frontend.idle_waiter.set()
                 self.budget.release(conn.held)
                 conn.held = 0
             http.start_next_cycle(monotonic())

@@ -14,9 +14,12 @@ from typing import Any
 from ...errors import TritonError
 from ...inference import InferRequest, InferResponse
 from ...repository.config import ModelConfig
+from ...runtime import fastpath
 from ...runtime.kernel import Reply
 from ..scheduling.scheduler import Enqueue, GetStats, GetStatus, SchedulerActor
 from .validation import RequestValidator
+
+assert Enqueue._fields == ("request", "batch_size", "reply", "start_ns")  # the order new_tuple fills
 
 
 class ReadyState(str, enum.Enum):
@@ -85,7 +88,7 @@ class VersionHandle:
         assert self.validator is not None and self.scheduler is not None
         batch = self.validator.check(request)
         reply: Reply[InferResponse] = Reply()
-        item = Enqueue(request, batch, reply, time.perf_counter_ns())
+        item = fastpath.new_tuple(Enqueue, (request, batch, reply, time.perf_counter_ns()))  # (no generated __new__)
         scheduler = self.scheduler
         if not scheduler.direct(item):  # run now on this stack where the scheduler allows (a fast path)
             scheduler.ref.tell(item)

@@ -121,12 +121,16 @@ class ModelInstance:
     single-owner hub object, not an actor (hub thread only, never blocks the caller)."""
 
     __slots__ = ("ctx", "_worker", "_backend", "_backend_instance", "inline", "own", "_own_loop", "_streak", "_needed", "_hub", "_slow",
-                 "_clock", "_closing", "_restarts", "health", "reason", "_watcher", "_reviving")
+                 "_clock", "_closing", "_restarts", "health", "reason", "_watcher", "_reviving",
+                 "observes_cancellation", "watches_cancellation")
 
     def __init__(self, ctx: InstanceContext, backend: Backend) -> None:
         self.ctx = ctx
         self._backend = backend
         self._backend_instance: BackendInstance | None = None
+        # whether the backend instance reads ``InferRequest.is_cancelled`` while it runs, and whether it must
+        # be told of a cancellation (``bridge.CancelWatch``) rather than poll the probe: set with it
+        self.observes_cancellation = self.watches_cancellation = False
         # whether batches run on the caller's stack (promoted); read by the schedulers for every batch, a
         # plain attribute (a property was a frame per read, twice per direct run)
         self.inline = False
@@ -242,6 +246,10 @@ class ModelInstance:
     def _create_in_thread(self, backend: Backend) -> Callable[[], BackendInstance]:
         def create() -> BackendInstance:
             instance = backend.create(self.ctx)
+            # the backend's answers, kept as attributes: read for every batch (a property's getattr was a
+            # Python call on each direct run)
+            self.observes_cancellation = getattr(instance, "observes_cancellation", False)
+            self.watches_cancellation = getattr(instance, "watches_cancellation", False)
             self._backend_instance = instance  # read by the hub only after ``ready`` completes
             return instance
 
@@ -250,16 +258,6 @@ class ModelInstance:
     @property
     def name(self) -> str:
         return self.ctx.instance_name
-
-    @property
-    def observes_cancellation(self) -> bool:
-        """Whether the backend instance reads ``InferRequest.is_cancelled`` while it runs."""
-        return getattr(self._backend_instance, "observes_cancellation", False)
-
-    @property
-    def watches_cancellation(self) -> bool:
-        """Whether it must be told of a cancellation (``bridge.CancelWatch``) rather than poll the probe."""
-        return getattr(self._backend_instance, "watches_cancellation", False)
 
     def wait_ready(self, timeout: float | None = None) -> None:
         """Block the calling greenlet until the backend instance loaded; raise its load error."""

@@ -123,7 +123,7 @@ class SchedulerActor(PoolScheduler):
         spans, replies); one the instance hands to its thread (an inline run that failed) is answered
         by that BatchDone, handled once the actor is no longer held."""
         idle = self._pool.idle
-        if (not self._straight or not idle or not idle[-1].inline or len(self._queue)
+        if (not self._straight or not idle or not idle[-1].inline or self._queue.size
                 or self._inline_runs >= self._per_turn or item.reply.ready() or getcurrent() is self._hub
                 or not self.hold()):
             return False
@@ -146,7 +146,7 @@ class SchedulerActor(PoolScheduler):
                     self._batch_done(instance, items, dispatch_ns, True, value)
                 else:
                     self._answer_one(instance, item, dispatch_ns, result, value[1])
-                if len(self._queue) or self._drains:  # a request its model rescheduled, a waiting drain
+                if self._queue.size or self._drains:  # a request its model rescheduled, a waiting drain
                     self._dispatch()
         except Exception as e:  # a bug of ours: to the request, as a handler's error goes to its message's reply
             log.exception("scheduler %s: a direct run failed", self.name)
