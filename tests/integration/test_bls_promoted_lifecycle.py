@@ -102,6 +102,30 @@ class TritonPythonModel:
         return out
 """
 
+# a caller that, once its call to the held target returns, says in the file ``note`` whether its own
+# request was cancelled meanwhile (model code polling its request's probe, bounded: a failed test goes on)
+AWARE_PY = CALLER_PY + """
+import time
+
+_Caller = TritonPythonModel
+
+
+class TritonPythonModel(_Caller):
+    def execute(self, requests):
+        mode = mode_of(requests[0])
+        if not mode.startswith("aware:"):
+            return super().execute(requests)
+        _, fifo, note = mode.split(":")
+        before = requests[0].is_cancelled()
+        addsub_request(model="slow", parameters={"fifo": fifo}).exec()
+        deadline = time.monotonic() + 30
+        while not requests[0].is_cancelled() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with open(note, "w") as f:
+            f.write(json.dumps({"before": before, "after": requests[0].is_cancelled()}))
+        return [answer({})]
+"""
+
 # the caller, with a queue whose requests may set their own timeout (Triton's ``timeout`` parameter)
 QUEUED_CALLER_CONFIG = CALLER_CONFIG % 1 + """
 dynamic_batching { default_queue_policy { timeout_action: REJECT allow_timeout_override: true
@@ -124,6 +148,7 @@ def held(tmp_path: Path, start_server) -> Iterator[tuple[ServerProcess, Path, Pa
     add_model(repo, "caller_asyncio", CALLER_CONFIG % 2, ASYNCIO_RUN_PY)
     add_model(repo, "caller_async_def", CALLER_CONFIG % 1, ASYNC_DEF_PY)
     add_model(repo, "caller_queued", QUEUED_CALLER_CONFIG, CALLER_PY)
+    add_model(repo, "caller_aware", CALLER_CONFIG % 1, AWARE_PY)
     server = start_server(repo, flags=("--model-control-mode=explicit", "--load-model=*"))
     client = httpclient.InferenceServerClient(server.url, concurrency=4, network_timeout=60)
     try:
@@ -202,6 +227,31 @@ def test_the_client_goes_while_the_caller_waits_in_a_call(held, how: str) -> Non
     finally:
         g.close()
     _unloads_and_serves_again(client, "caller")
+
+
+def test_the_caller_sees_its_request_cancelled_once_its_call_returns(held, tmp_path: Path) -> None:
+    """A gRPC cancel while the caller waits in a call: once the call returns, ``request.is_cancelled()``
+    is true in the caller's ``execute`` (promoted: in its hub greenlet), so it can stop there, as Triton's
+    python backend lets it."""
+    server, fifo, gate, client = held
+    note = tmp_path / "note"
+    if fastpath.enabled:
+        promote(client, "caller_aware")
+    g = grpcclient.InferenceServerClient(server.grpc_url)
+    done = gevent.event.AsyncResult()
+    try:
+        call = g.async_infer("caller_aware", [_mode(grpcclient, f"aware:{fifo}:{note}")],
+                             callback=lambda result, error: done.set((result, error)))
+        wait_for_fifo(fifo, server)
+        call.cancel()
+        result, error = done.get(timeout=60)
+        assert result is None and error.status() == "StatusCode.CANCELLED", (result, error)
+        gate.touch()
+        run(client, "caller_aware", "plain")  # after the cancelled run, on the caller's one instance
+        assert json.loads(note.read_text()) == {"before": False, "after": True}
+    finally:
+        g.close()
+    _nothing_held(server, "caller_aware", "slow")
 
 
 def test_an_http_client_that_closes_while_the_caller_waits(held) -> None:
