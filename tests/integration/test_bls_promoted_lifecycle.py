@@ -102,9 +102,14 @@ class TritonPythonModel:
         return out
 """
 
+# a caller's config as a load request gives it: loaded with it, a model loaded already is loaded again
+RELOADED = {"backend": "python", "input": [{"name": "MODE", "data_type": "TYPE_STRING", "dims": [1]}],
+            "output": [{"name": "OUT", "data_type": "TYPE_STRING", "dims": [1]}],
+            "instance_group": [{"kind": "KIND_CPU", "count": 1}], "parameters": {"edition": {"string_value": "2"}}}
+
 # a caller that, once its call to the held target returns, says in the file ``note`` whether its own
 # request was cancelled meanwhile (model code polling its request's probe, bounded: a failed test goes on)
-AWARE_PY = CALLER_PY + """
+AWARE_PY = CALLER_PY + "\nRELOADED = " + repr(RELOADED) + """
 import time
 
 _Caller = TritonPythonModel
@@ -113,6 +118,9 @@ _Caller = TritonPythonModel
 class TritonPythonModel(_Caller):
     def execute(self, requests):
         mode = mode_of(requests[0])
+        if mode == "reload_self":  # model control: its own model loaded again, with a config of its own
+            pb_utils.load_model(self.name, config=json.dumps(RELOADED))
+            return [answer({"ready": pb_utils.is_model_ready(self.name)})]
         if not mode.startswith("aware:"):
             return super().execute(requests)
         _, fifo, note = mode.split(":")
@@ -286,6 +294,37 @@ def test_unloading_the_caller_while_it_waits_in_a_call(held) -> None:
     wait_for(lambda: not client.is_model_ready("caller"), what="caller unloaded")
     client.load_model("caller")
     assert run(client, "caller", "sync")["outputs"]["OUTPUT0"] == SUM
+
+
+@pytest.mark.timeout(30)  # without the fix: the load waited for the held call (60 s, the model's bound)
+def test_reloading_the_caller_while_it_waits_in_a_call(held) -> None:
+    """A load with a config (a reload) while the caller waits in a call returns once the new version serves,
+    as Triton's does, and the new version answers while the old one still waits; the old one's request is
+    then answered in full, and nothing is held."""
+    server, fifo, gate, client = held
+    pending = client.async_infer("caller", [_mode(httpclient, f"drain:{fifo}")])
+    wait_for_fifo(fifo, server)
+    client.load_model("caller", config=json.dumps(RELOADED))
+    assert not gate.exists()
+    assert run(client, "caller", "sync")["outputs"]["OUTPUT0"] == SUM  # the new version's instance
+    gate.touch()
+    first, second = json.loads(pending.get_result().as_numpy("OUT")[0])
+    assert first["outputs"]["OUTPUT0"] == SUM and second["outputs"]["OUTPUT0"] == SUM, (first, second)
+    _nothing_held(server, "caller", "slow")
+
+
+@pytest.mark.timeout(30)  # without the fix: the caller waited for its own request to end, for good
+def test_a_caller_that_reloads_its_own_model(held) -> None:
+    """``pb_utils.load_model`` of the calling model itself, with a config (promoted: from its hub greenlet):
+    the load returns once the new version serves, the caller's request is answered, and the new version
+    serves. Before, the load waited for the old version to drain, which waited for that very request."""
+    _server, _fifo, _gate, client = held
+    if fastpath.enabled:
+        promote(client, "caller_aware")
+    assert run(client, "caller_aware", "reload_self") == {"ready": True}
+    assert run(client, "caller_aware", "sync")["outputs"]["OUTPUT0"] == SUM
+    cfg = client.get_model_config("caller_aware")
+    assert cfg["parameters"]["edition"]["string_value"] == "2", cfg
 
 
 def test_unloading_the_target_a_caller_waits_on(held) -> None:
