@@ -390,6 +390,8 @@ class ModelActor(Actor):
             serving[v].to(UNLOADING)
         self._config = plan.config
         self._publish_now(wait=True)  # the swap: from here on new requests go to the new versions
+        if msg.reply is not None and replaced:  # done once the new versions serve (Triton's): answered after the
+            msg.reply.set(None)  # drain, a BLS caller reloading its own model waited for its own request for good
         for rec in replaced:
             stop_version(rec, self.model)  # in-flight requests finish on the old version first
         self._loaded_from(plan, msg)  # only now may an old override directory go

@@ -70,13 +70,14 @@ def test_new_version_swaps_in_after_loading_and_old_drains(tmp_path: Path, model
     in_flight = _infer(published[-1])
     until(lambda: backend.gate.reached == 1, "the request to run on version 1")
     _version(tmp_path, 2, 2)
-    loading = actor.ref.load(tmp_path)  # answered after the swap and the drain of version 1
-    until(lambda: ("publish", (2,)) in backend.events, "the swap to version 2")
-    assert not in_flight.ready() and not loading.ready()  # version 1 still runs its request
-    backend.gate.open()
+    loading = actor.ref.load(tmp_path)  # answered after the swap, before the drain of version 1 (Triton's)
     loading.get(10)
+    assert ("publish", (2,)) in backend.events  # swapped
+    assert not in_flight.ready()  # version 1 still runs its request
+    backend.gate.open()
     assert _tag(in_flight) == 101  # finished on the old version
     assert _tag(_infer(published[-1])) == 202
+    until(lambda: published[-1].versions[1].reason == "unloaded", "version 1 drained and unloaded")
     swap = backend.events.index(("publish", (2,)))
     assert backend.events.index(("finalize", 101.0)) > swap  # unloaded only after traffic moved
     assert published[-1].versions[1].reason == "unloaded"
@@ -110,6 +111,7 @@ def test_unchanged_load_is_a_no_op_and_policy_change_touches_only_named_versions
     (tmp_path / "config.pbtxt").write_text(CONFIG + "version_policy: { specific { versions: [1] } }\n")
     actor.ref.load(tmp_path).get(10)
     assert published[-1].ready_versions == (1,)
+    until(lambda: any(e[0] == "finalize" for e in backend.events), "version 2 unloaded")  # after the answer
     assert [e for e in backend.events if e[0] == "finalize"] == [("finalize", 202.0)]
 
 
