@@ -216,9 +216,12 @@ def test_the_client_goes_while_the_caller_waits_in_a_call(held, how: str) -> Non
     g = grpcclient.InferenceServerClient(server.grpc_url)
     done = gevent.event.AsyncResult()
     try:
+        # the deadline is the test's stimulus, not its wait: it must outlast the caller's way to its call
+        # (a queued request past its deadline never runs, and the fifo below would stay silent), so it is
+        # long against a busy 2-core host; the held target keeps the caller waiting past it in any case
         call = g.async_infer("caller", [_mode(grpcclient, f"drain:{fifo}")],
                              callback=lambda result, error: done.set((result, error)),
-                             client_timeout=None if how == "cancel" else 3.0)
+                             client_timeout=None if how == "cancel" else 8.0)
         wait_for_fifo(fifo, server)  # the caller waits in its call to the held target
         if how == "cancel":
             call.cancel()
