@@ -305,6 +305,10 @@ class Call(StreamCall):
         """The call's handler is done (or never ran): it no longer counts as running."""
         if not self.finished:
             self.finished = True
+            # the stream points at its call and the call at its stream: a cycle per call that only the
+            # collector freed (two objects a call: 2.7 young collections per 1000 calls at c=1). What
+            # comes for the stream after this (a reset, late DATA) finds no call, as for an answered one.
+            self.stream.call = None
             if self.wire is not None:  # the request's InferRequest span ends here, answered or not
                 self.wire.sent()
             if self.deadline is not None:
