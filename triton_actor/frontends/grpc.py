@@ -154,10 +154,9 @@ class GrpcServicer:
         if pending.hit is not None or not fastpath.enabled:
             return self.finish_infer(request, pending).SerializeToString()
         response, route = self._response(pending), pending.route
-        if request.outputs is None:  # every output: the labels and the batching are not read
-            data = v2_grpc.encode_infer_response_bytes(request, response, route.version, {}, False)
-        else:
-            data = v2_grpc.encode_infer_response_bytes(request, response, route.version, route.labels, route.batching)
+        encoding = route.encoding  # (version, labels, batching) of a route that serves: always, here
+        version, labels, batching = encoding if encoding is not None else (route.version, route.labels, route.batching)
+        data = v2_grpc.encode_infer_response_bytes(request, response, version, labels, batching)
         return self._encode(request, response, route).SerializeToString() if data is None else data
 
     def _encode(self, request: InferRequest, response: InferResponse, route: Route) -> pb.ModelInferResponse:

@@ -51,6 +51,11 @@ class Route:
     # model handle is current): the config's transaction policy and the serving version's input names
     _decoupled: bool = field(default=False, init=False, repr=False, compare=False)
     _inputs: Container[str] | None = field(default=None, init=False, repr=False, compare=False)
+    # the version that serves the request (None: serving() raises why none does) and what an encoder reads
+    # of it, worked out once: each was a property and serving()'s checks per read, three to five a request
+    _serves: VersionHandle | None = field(default=None, init=False, repr=False, compare=False)
+    encoding: tuple[int, dict[str, list[str]], bool] | None = field(default=None, init=False, repr=False,
+                                                                     compare=False)
 
     def __post_init__(self) -> None:
         cfg = self.model.config if self.model is not None else None
@@ -58,9 +63,15 @@ class Route:
         target = self.target
         if target is not None and target.validator is not None:
             object.__setattr__(self, "_inputs", target.validator.inputs)
+        if target is not None and not self.closed and cfg is not None:
+            object.__setattr__(self, "_serves", target)
+            object.__setattr__(self, "encoding", (target.version, target.labels, cfg.max_batch_size > 0))
 
     def serving(self) -> VersionHandle:
         """The version to queue the request with; Triton's error when there is none."""
+        target = self._serves
+        if target is not None:
+            return target
         if self.closed:
             raise TritonError.unavailable(NOT_ACCEPTING)
         if self.target is None:
@@ -87,7 +98,8 @@ class Route:
 
     @property
     def version(self) -> int:
-        return self.serving().version
+        target = self._serves
+        return (target if target is not None else self.serving()).version
 
     @property
     def labels(self) -> dict[str, list[str]]:
