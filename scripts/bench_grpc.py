@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 from bench_http import ROOT, TOOLS, copy_add_sub, free_port, perf, rss_kb, stop_servers, wait_ready
-from bench_workers import cpu_split, served, tree
+from bench_workers import cpu_split, served, switches, tree
 
 
 def start_ours(repo: Path, http: int, grpc: int, root: Path = ROOT) -> subprocess.Popen:
@@ -50,15 +50,18 @@ def measure(pid: int, ports: dict[str, int], c: int, window_ms: int, out_csv: Pa
             protocol: str) -> dict[str, float] | None:
     """One perf_analyzer run, with the server's CPU per inference over it (``cpu_us``)."""
     pids = tree(pid)
-    (user0, sys0), n0 = cpu_split(pids), served(ports["http"])
+    (user0, sys0), n0, cs0 = cpu_split(pids), served(ports["http"]), switches(pids)
     try:
         res = perf(ports[protocol], c, window_ms, out_csv, protocol)
     except SystemExit as e:  # perf_analyzer could not stabilise on a noisy machine: record a gap
         print(f"[bench] {str(e).splitlines()[0] if str(e) else 'perf_analyzer failed'}", flush=True)
         return None
-    (user1, sys1), n = cpu_split(tree(pid)), max(1, served(ports["http"]) - n0)
-    # the kernel's share apart: at c=1 each request wakes the idle server (its context switch, epoll_wait)
-    return res | {"cpu_us": (user1 + sys1 - user0 - sys0) * 1e6 / n, "sys_us": (sys1 - sys0) * 1e6 / n}
+    pids = tree(pid)
+    (user1, sys1), n, cs1 = cpu_split(pids), max(1, served(ports["http"]) - n0), switches(pids)
+    # the kernel's share apart: at c=1 each request wakes the idle server (its context switch, epoll_wait),
+    # and the context switches per inference say how many wake-ups it paid for (a server thread's own)
+    return res | {"cpu_us": (user1 + sys1 - user0 - sys0) * 1e6 / n, "sys_us": (sys1 - sys0) * 1e6 / n,
+                  "switches": (cs1 - cs0) / n}
 
 
 def main() -> int:
@@ -104,14 +107,16 @@ def main() -> int:
                         results.setdefault(f"{protocol}|{c}|{name}", []).append(res)
                         print(f"[bench] round {r + 1} {protocol:4s} c={c} {name:22s} {res['rps']:7.0f} infer/s "
                               f"p50 {res['p50_us']:5.0f} us p99 {res['p99_us']:6.0f} us "
-                              f"CPU {res['cpu_us']:5.0f} us/inference, system {res['sys_us']:3.0f} (load {os.getloadavg()[0]:.2f})", flush=True)
+                              f"CPU {res['cpu_us']:5.0f} us/inference, system {res['sys_us']:3.0f}, "
+                              f"{res['switches']:.2f} switches (load {os.getloadavg()[0]:.2f})", flush=True)
         memory = {n: rss_kb(p.pid, n == "triton") / 1024 for n, (p, _) in servers.items()}
     finally:
         stop_servers([proc for proc, _ in servers.values()], work)
     med = {k: {m: statistics.median(x[m] for x in runs) for m in runs[0]} | {"n": len(runs)}
            for k, runs in results.items()}
     lines = ["| protocol | concurrency | server | infer/s (median) | p50 µs | p99 µs | ratio vs Triton "
-             "| CPU µs/inference (system) | CPU vs Triton | runs |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| CPU µs/inference (system) | context switches/inference | CPU vs Triton | runs |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for protocol in protocols:
         for c in conc:
             ref = med.get(f"{protocol}|{c}|triton")
@@ -122,7 +127,7 @@ def main() -> int:
                 ratio = f"{m['rps'] / ref['rps']:.2f}x" if ref else "-"
                 cpu_ratio = f"{m['cpu_us'] / ref['cpu_us']:.2f}" if ref else "-"
                 lines.append(f"| {protocol} | {c} | {name} | {m['rps']:.0f} | {m['p50_us']:.0f} | {m['p99_us']:.0f} "
-                             f"| {ratio} | {m['cpu_us']:.0f} ({m['sys_us']:.0f}) | {cpu_ratio} | {m['n']} |")
+                             f"| {ratio} | {m['cpu_us']:.0f} ({m['sys_us']:.0f}) | {m['switches']:.2f} | {cpu_ratio} | {m['n']} |")
     lines.append("")
     lines.append(f"load average at the end: {os.getloadavg()}; resident memory MB: "
                  + ", ".join(f"{n} {v:.0f}" for n, v in memory.items()))

@@ -53,6 +53,26 @@ def cpu_split(pids: list[int]) -> tuple[float, float]:
     return user / _TICK, system / _TICK
 
 
+def switches(pids: list[int]) -> int:
+    """The context switches (voluntary and not) of every thread of the processes: at concurrency 1 each
+    request wakes an idle server at least once, and each wake-up is kernel time of its own."""
+    total = 0
+    for p in pids:
+        try:
+            tasks = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for t in tasks:
+            try:
+                status = Path(f"/proc/{p}/task/{t}/status").read_text()
+            except OSError:
+                continue
+            for line in status.splitlines():
+                if "ctxt_switches:" in line:
+                    total += int(line.split()[1])
+    return total
+
+
 def memory(pids: list[int]) -> list[dict[str, float]]:
     out = []
     for p in pids:
