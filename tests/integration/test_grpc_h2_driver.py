@@ -70,16 +70,14 @@ def test_a_send_window_that_never_opens_resets_the_stream(serve) -> None:
     server, sock, _ = serve(Limits(window_timeout=0.3))
     sock.sendall(_PREFACE + _frame(4, 0, 0, struct.pack(">HI", 4, 0)) + _call(1))  # INITIAL_WINDOW_SIZE 0
     assert (1, h2.CANCEL) in _rst(_read_frames(sock, until=3, timeout=5))
-    with gevent.Timeout(5):
-        server.idle.wait()
+    assert server.wait_idle(5)
 
 
 def test_a_stream_without_progress_is_cancelled(serve) -> None:
     server, sock, _ = serve(Limits(stream_timeout=0.3))
     sock.sendall(_PREFACE + _frame(4, 0, 0) + _call(1, end_stream=False))  # HEADERS, then nothing
     assert (1, h2.CANCEL) in _rst(_read_frames(sock, until=3, timeout=5))
-    with gevent.Timeout(5):
-        server.idle.wait()
+    assert server.wait_idle(5)
 
 
 def test_a_peer_that_stops_reading_is_dropped(serve) -> None:
@@ -88,7 +86,7 @@ def test_a_peer_that_stops_reading_is_dropped(serve) -> None:
     windows = _frame(4, 0, 0, struct.pack(">HI", 4, 2**31 - 1)) + _frame(8, 0, 0, struct.pack(">I", 2**31 - 65536))
     sock.sendall(_PREFACE + windows + b"".join(_call(sid) for sid in (1, 3, 5)))  # never read
     handler.join(timeout=10)  # the connection is over, its calls cancelled
-    assert handler.dead and not server.connections and server.idle.is_set()
+    assert handler.dead and not server.connections and not server.calls
 
 
 def test_a_call_and_a_connection_error_in_one_read(serve) -> None:
@@ -99,7 +97,7 @@ def test_a_call_and_a_connection_error_in_one_read(serve) -> None:
     frames = _read_frames(sock, until=-1)  # every frame, until the server closes
     assert frames[-1][0] == 7 and struct.unpack(">I", frames[-1][3][4:8])[0] == h2.PROTOCOL_ERROR, frames
     handler.join(timeout=10)
-    assert handler.dead and handler.exception is None and server.idle.is_set()
+    assert handler.dead and handler.exception is None and not server.calls
 
 
 def test_model_stream_infer_runs_a_bounded_number_of_requests_per_stream(serve, monkeypatch) -> None:
@@ -161,8 +159,7 @@ def test_a_request_whole_in_its_data_frame_is_parsed_as_it_came(serve, monkeypat
     assert _status(_read_frames(sock, until=1, flags=1)) == b"0"
     assert splits == ([] if fastpath.enabled else [len(message)])
     assert held == [len(message)]
-    with gevent.Timeout(5):
-        server.idle.wait()
+    assert server.wait_idle(5)
     assert server.budget.used == 0
 
 
@@ -175,8 +172,7 @@ def test_a_request_whole_in_its_data_frame_past_the_budget_is_refused(serve) -> 
     assert server.budget.try_reserve(60)  # another request holds most of it
     sock.sendall(_PREFACE + _frame(4, 0, 0) + _call(1))
     assert _status(_read_frames(sock, until=1, flags=1)) == b"8"
-    with gevent.Timeout(5):
-        server.idle.wait()
+    assert server.wait_idle(5)
     assert server.budget.used == 60
 
 

@@ -113,8 +113,9 @@ class GrpcH2Server:
         self.slow_log = SlowRequestLog("gRPC")
         self.connections: set[Connection] = set()  # each holds a slot
         self.calls = 0  # calls running on all connections
-        self.idle = gevent.event.Event()  # set while no call runs
-        self.idle.set()
+        # what wait_idle waits on, made only when something waits (shutdown): an Event cleared and set
+        # around every call was two calls into gevent per call for a wait that happens once
+        self.idle_waiter: gevent.event.Event | None = None
         self._server: Listener | None = None
         self.server_port = 0
 
@@ -151,13 +152,22 @@ class GrpcH2Server:
         for conn in list(self.connections):
             gevent.spawn(conn.go_away)  # a client that stopped reading must not hold the shutdown
         deadline = time.monotonic() + grace
-        self.idle.wait(grace)
+        self.wait_idle(grace)
         # then each connection lingers (Connection._linger) and closes; whatever is left is closed here
         end = min(deadline, time.monotonic() + _GOAWAY_LINGER + 0.5)
         while self.connections and time.monotonic() < end:
             gevent.sleep(0.05)
         for conn in list(self.connections):
             conn.close()
+
+    def wait_idle(self, timeout: float | None) -> bool:
+        """Wait until no call runs on any connection; True when idle in time."""
+        if not self.calls:
+            return True
+        waiter = self.idle_waiter
+        if waiter is None or waiter.is_set():  # (one set before is spent: calls ran again since)
+            waiter = self.idle_waiter = gevent.event.Event()
+        return waiter.wait(timeout)
 
     def _handle(self, sock: socket.socket, address: Any) -> None:
         if not self.slots.take("gRPC"):
@@ -370,8 +380,6 @@ class Connection:
                 call.stream_context = context or ""
         self.calls += 1
         server.calls += 1  # the server's running calls: idle while none (Connection.call_finished)
-        if server.calls == 1:
-            server.idle.clear()
         timeout = headers.get(b"grpc-timeout")
         if timeout is not None:
             call.set_deadline(parse_timeout(timeout))
@@ -398,8 +406,8 @@ class Connection:
         self.calls -= 1
         server = self.server
         server.calls -= 1
-        if not server.calls:
-            server.idle.set()
+        if not server.calls and server.idle_waiter is not None:
+            server.idle_waiter.set()
 
     def _tick(self) -> None:
         """Keepalive pings and timeouts: the state machine decides, this greenlet keeps its time."""
