@@ -309,6 +309,9 @@ class Call(StreamCall):
             # collector freed (two objects a call: 2.7 young collections per 1000 calls at c=1). What
             # comes for the stream after this (a reset, late DATA) finds no call, as for an answered one.
             self.stream.call = None
+            # likewise the call's greenlet, which keeps the error it ended with (a kill, a lost
+            # connection): its traceback's frames hold this call
+            self.greenlet = None
             if self.wire is not None:  # the request's InferRequest span ends here, answered or not
                 self.wire.sent()
             if self.deadline is not None:
