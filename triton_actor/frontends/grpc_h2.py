@@ -46,6 +46,7 @@ from . import tls
 from .budget import ByteBudget
 from .compression import inflation_limit
 from .descriptors import ConnectionSlots, Listener, Reusable, bind, descriptor_cap
+from .drain import wait_until_idle
 from .grpc import GrpcServicer
 from .grpc_calls import Call
 from .grpc_methods import DEADLINE_EXCEEDED, GRPC_STATUS, UNAVAILABLE, UNIMPLEMENTED, Refused, method_table, route
@@ -113,7 +114,7 @@ class GrpcH2Server:
         self.slow_log = SlowRequestLog("gRPC")
         self.connections: set[Connection] = set()  # each holds a slot
         self.calls = 0  # calls running on all connections
-        # what wait_idle waits on, made only when something waits (shutdown): an Event cleared and set
+        # what wait_idle waits on, made only when something waits (drain.py): an Event cleared and set
         # around every call was two calls into gevent per call for a wait that happens once
         self.idle_waiter: gevent.event.Event | None = None
         self._server: Listener | None = None
@@ -162,12 +163,7 @@ class GrpcH2Server:
 
     def wait_idle(self, timeout: float | None) -> bool:
         """Wait until no call runs on any connection; True when idle in time."""
-        if not self.calls:
-            return True
-        waiter = self.idle_waiter
-        if waiter is None or waiter.is_set():  # (one set before is spent: calls ran again since)
-            waiter = self.idle_waiter = gevent.event.Event()
-        return waiter.wait(timeout)
+        return wait_until_idle(self, self.calls, timeout)
 
     def _handle(self, sock: socket.socket, address: Any) -> None:
         if not self.slots.take("gRPC"):

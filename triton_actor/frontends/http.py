@@ -28,6 +28,7 @@ from ..protocol.restricted import Restrictions
 from ..runtime import fastpath
 from . import compression
 from .compression import Hold
+from .drain import wait_until_idle
 from .http_status import HTTP_STATUS, status_line
 
 log = logging.getLogger(__name__)
@@ -198,7 +199,4 @@ class HttpFrontend:
     # request less), and sets ``idle_waiter`` when the count it left is 0.
     def wait_idle(self, timeout: float | None) -> bool:
         """Wait until no request is being handled (shutdown drain). True when idle in time."""
-        if not self.in_flight:
-            return True
-        self.idle_waiter = gevent.event.Event()
-        return self.idle_waiter.wait(timeout)
+        return wait_until_idle(self, self.in_flight, timeout)
