@@ -2,7 +2,8 @@
 known size (a Python model that fills N MiB of numpy in ``initialize``, and a sparse weights file of that
 size, so the estimate before the first load is right too); the least recently used idle model is evicted
 for a new one, a pinned (``--load-model``) model never is, a model larger than the budget is refused, a
-request racing the eviction of its model is answered, and the metrics and status page show it."""
+request racing the eviction of its model is answered, a reload's old version counts until it has drained, and
+the metrics and status page show it."""
 
 from __future__ import annotations
 
@@ -139,6 +140,27 @@ def test_a_request_racing_the_eviction_of_its_model_is_answered(tmp_path: Path, 
     assert racing_c.get_result().as_numpy("OUTPUT0").tolist() == [1.0, 1.0]
     assert racing_a.get_result().as_numpy("OUTPUT0").tolist() == [7.0, 7.0]
     assert "a" in _ready(client)
+    client.close()
+
+
+def test_a_reloads_old_version_counts_until_it_has_drained(tmp_path: Path, start_server) -> None:
+    """The load API reloads a loaded model: it answers at the swap, and the old version (whose finalize waits
+    on the gate) still holds its memory; the budget counts it as draining until it is gone."""
+    gate = tmp_path / "gate"
+    _sized(tmp_path, "a", 30, gate=str(gate))
+    server = start_server(tmp_path, flags=_flags(100))
+    client = httpclient.InferenceServerClient(server.url)
+    assert _infer(client, "a") == [1.0, 1.0]
+    with open(tmp_path / "a" / "1" / "model.py", "a") as f:
+        f.write("# changed: the load API reloads what changed\n")
+    client.load_model("a")  # answered once the new version serves
+    wait_for(lambda: Path(str(gate) + ".finalizing").exists(), what="the old version's finalize")
+    budget = live_status(server.url)["memory_budget"]
+    assert budget["draining_bytes"] >= 30 * MIB and budget["used"] >= 60 * MIB, budget
+    assert _infer(client, "a", 3.0) == [3.0, 3.0]  # the new version serves meanwhile
+    gate.touch()
+    wait_for(lambda: live_status(server.url)["memory_budget"]["draining_bytes"] == 0, what="the drain to end")
+    assert 30 * MIB <= live_status(server.url)["memory_budget"]["used"] < 60 * MIB
     client.close()
 
 

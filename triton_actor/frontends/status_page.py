@@ -133,7 +133,8 @@ function render(st) {
 function budget(b) {  // --model-memory-budget: resident models, least recently used first, and the last evictions
   if (!b) return "";
   const mib = n => fmt(n / 1048576, 1) + " MiB";
-  return `<h2 style="font-size:16px">memory budget: ${mib(b.used)} of ${mib(b.limit)} \\u00b7 ${b.loads} loads, ` +
+  const draining = b.draining_bytes ? ` (${mib(b.draining_bytes)} of reloads draining)` : "";
+  return `<h2 style="font-size:16px">memory budget: ${mib(b.used)} of ${mib(b.limit)}${draining} \\u00b7 ${b.loads} loads, ` +
     `${b.evictions} evictions, ${b.refusals} refused</h2><table><thead><tr><th class="l">resident (LRU first)</th>` +
     `<th>bytes</th><th>idle s</th><th>load s</th></tr></thead><tbody id="lru">` +
     b.lru.map(m => `<tr><td class="l">${esc(m.model)}</td><td>${mib(m.bytes)}</td><td>${fmt(m.idle_secs, 1)}</td>` +

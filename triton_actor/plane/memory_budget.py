@@ -20,6 +20,12 @@ Recency is a dict write of the loop time per routed request (:meth:`touch`), onl
 Loads through the load API go through :meth:`load` too (measured, evictable). A model unloaded through
 the API leaves the accounting at the next decision.
 
+A reload holds both versions for a while: the new one loads beside the old one, which serves until the
+swap and then drains (its requests in flight finish) before it is freed. So a reload makes room for the new
+version with the old one still counted, and the old one's bytes stay counted (*draining*) until its model
+actor has drained and unloaded it (:meth:`RepositoryRef.settled`); a reload that cannot fit beside the old
+version is refused and the old version keeps serving.
+
 **With ``--workers``** every worker loads its own copy of every model (the load and unload broadcasts, the
 journal), so the budget is the host's: the sum over workers. Each worker keeps its own share (its
 measured bytes of each model it loaded, its pinned bytes, when it last served each model); a decision is
@@ -36,6 +42,7 @@ Owner: the data plane; everything runs in hub greenlets.
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -49,6 +56,7 @@ import gevent.lock
 from ..actors.repository.actor import RepositoryActor
 from ..errors import TritonError
 from ..host.base import Host
+from ..runtime.kernel import Reply
 from ..runtime.process_memory import release_free_memory, return_large_frees, tree_bytes
 
 log = logging.getLogger(__name__)
@@ -73,9 +81,10 @@ class HostView:
     last_used: dict[str, float]
     busy: set[str]
     unmeasured: set[str]  # loaded in some worker that holds no share of it (a decider died during its load)
+    draining: int = 0  # the old versions of reloads, until they are freed
 
     def used(self) -> int:
-        return self.pinned_bytes + sum(self.resident.values())
+        return self.pinned_bytes + self.draining + sum(self.resident.values())
 
     @classmethod
     def of(cls, parts: list[dict[str, Any]]) -> HostView:
@@ -83,6 +92,7 @@ class HostView:
         for part in parts:
             view.unmeasured.update(part.get("unmeasured", ()))
             view.pinned_bytes += part["pinned_bytes"]
+            view.draining += part.get("draining", 0)
             view.pinned.update(part["pinned"])
             view.busy.update(part["busy"])
             for name, held in part["resident"].items():
@@ -123,6 +133,10 @@ class MemoryBudget:
         self.refusals = 0
         self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=RECENT)
         self._before: dict[str, int] = {}  # model → this process's bytes before its load (budget.measure)
+        # the old versions of reloads still draining (this process's share of each), until its model actor
+        # says they are gone; keyed by a number of their own: a model reloaded twice drains twice
+        self.draining: dict[int, tuple[str, int]] = {}
+        self._drains = itertools.count()
         host.register("budget.state", self._state)
         host.register("budget.measure", self._measure_share)
 
@@ -156,7 +170,10 @@ class MemoryBudget:
 
     def used(self) -> int:
         """This process's share (with one process, all of it)."""
-        return self.pinned_bytes + sum(self.resident.values())
+        return self.pinned_bytes + self.draining_bytes() + sum(self.resident.values())
+
+    def draining_bytes(self) -> int:
+        return sum(held for _, held in self.draining.values())
 
     def load(self, name: str, do_load: Callable[[], None], if_absent: bool = False) -> None:
         """Make room for ``name`` and run ``do_load`` (the load API's host call), measuring what it added in
@@ -177,7 +194,7 @@ class MemoryBudget:
                     f"failed to load '{name}': it needs about {need} bytes, more than the model memory budget of "
                     f"{self.limit} bytes leaves beside the pinned models ({view.pinned_bytes} bytes; "
                     f"{view.used()} used now)")
-            view.resident.pop(name, 0)  # a reload: the old version goes once the new one serves
+            old = view.resident.get(name, 0)  # a reload: the old version stays counted beside the new one
             self._make_room(view, name, need)
             started = time.monotonic()
             self._host.gather("budget.measure", {"name": name, "phase": "before"})
@@ -185,6 +202,7 @@ class MemoryBudget:
             grown = sum(self._host.gather("budget.measure", {"name": name, "phase": "after"}))
             self.loads += 1
             view.resident[name] = grown
+            view.draining += old  # until its drain ends (each worker's share: budget.measure)
             self.load_secs[name] = time.monotonic() - started
             self.touch(name)
             log.info("memory budget: loaded '%s' in %.2fs: %d bytes measured (%d estimated); %d of %d used",
@@ -215,10 +233,14 @@ class MemoryBudget:
                 self.refusals += 1
                 log.warning("memory budget: refused '%s': %d of %d bytes used, %d needed, nothing evictable",
                             name, view.used(), self.limit, need)
+                reload = ""
+                if need and view.resident.get(name):
+                    reload = (f"; a reload holds both versions until the old one ({view.resident[name]} bytes) "
+                              "has drained: unload the model first to load it again within the budget")
                 raise TritonError.unavailable(
                     f"failed to load '{name}': model memory budget exhausted: {view.used()} of {self.limit} bytes "
                     f"used ({view.pinned_bytes} by pinned models), about {need} needed, and no loaded model can be "
-                    "unloaded")
+                    f"unloaded{reload}")
             self._evict(view, victim, name)
 
     def _victim(self, view: HostView, loading: str) -> str | None:
@@ -274,7 +296,8 @@ class MemoryBudget:
         """``budget.state``: what this process holds, for a decision (plain data)."""
         self.forget_unloaded()
         loaded = [n for n, h in self._repository.routes.items() if h.ready_versions and n not in self.pinned]
-        return {"pinned_bytes": self.pinned_bytes, "pinned": sorted(self.pinned), "resident": dict(self.resident),
+        return {"pinned_bytes": self.pinned_bytes, "draining": self.draining_bytes(),
+                "pinned": sorted(self.pinned), "resident": dict(self.resident),
                 "footprint": dict(self.footprint), "last_used": dict(self.last_used),
                 "busy": [n for n in loaded if self._busy(n)],
                 "unmeasured": [n for n in loaded if n not in self.resident]}
@@ -282,7 +305,8 @@ class MemoryBudget:
     def _measure_share(self, args: dict[str, Any]) -> int:
         """``budget.measure``: ``before`` a load, give back what evictions freed and remember this process's
         bytes; ``after`` it, record the growth as this process's share of the model and return it (a
-        reload keeps at least the old share: the old version was freed meanwhile)."""
+        reload keeps at least the old share, whose version may be freed meanwhile, and counts the old share as
+        draining until its model actor has drained and unloaded it)."""
         name = args["name"]
         if args["phase"] == "before":
             self.forget_unloaded()
@@ -292,9 +316,17 @@ class MemoryBudget:
         before = self._before.pop(name, None)
         if before is None:  # this worker started during the load: it loaded the model from the journal
             return 0
-        grown = max(self._measure() - before, self.resident.get(name, 0))
+        old = self.resident.get(name, 0)
+        grown = max(self._measure() - before, old)
         self.footprint[name] = self.resident[name] = grown
+        if old:
+            key = next(self._drains)
+            self.draining[key] = (name, old)
+            self._settled(name).link(lambda _r: self.draining.pop(key, None))
         return grown
+
+    def _settled(self, name: str) -> Reply[None]:
+        return self._repository.ref.settled(name)
 
     def status(self) -> dict[str, Any]:
         """The status page's part: resident set in LRU order (least recent first), last evictions."""
@@ -302,6 +334,7 @@ class MemoryBudget:
         now = self._clock()
         order = sorted(self.resident, key=lambda n: self.last_used.get(n, 0.0))
         return {"limit": self.limit, "used": self.used(), "pinned_bytes": self.pinned_bytes,
+                "draining_bytes": self.draining_bytes(),
                 "loads": self.loads, "evictions": self.evictions, "refusals": self.refusals,
                 "lru": [{"model": n, "bytes": self.resident[n], "idle_secs": round(now - self.last_used.get(n, now), 3),
                          "load_secs": round(self.load_secs.get(n, 0.0), 3)} for n in order],
@@ -321,8 +354,8 @@ def merge_status(parts: list[dict[str, Any]]) -> dict[str, Any]:
             m["idle_secs"] = min(m["idle_secs"], e["idle_secs"])
             m["load_secs"] = max(m["load_secs"], e["load_secs"])
     recent = sorted((e for part in parts for e in part["recent_evictions"]), key=lambda e: -e["time_ns"])
-    return {"limit": parts[0]["limit"], **{k: sum(p[k] for p in parts) for k in
-                                          ("used", "pinned_bytes", "loads", "evictions", "refusals")},
+    return {"limit": parts[0]["limit"], **{k: sum(p.get(k, 0) for p in parts) for k in
+                                          ("used", "pinned_bytes", "draining_bytes", "loads", "evictions", "refusals")},
             "lru": sorted(lru.values(), key=lambda e: -e["idle_secs"]), "pinned": parts[0]["pinned"],
             "recent_evictions": recent[:RECENT], "workers": len(parts)}
 

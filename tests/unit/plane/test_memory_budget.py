@@ -1,7 +1,7 @@
 """The memory budget's decisions (``plane/memory_budget.py``) with a fake repository, host and memory meter: the
 least recently used idle model goes first, busy and pinned ones never, a model whose measure exceeds its
-estimate makes the others leave after its load, a refused load says budget, used and needed, and
-``--model-memory-budget`` reads bytes or a percentage."""
+estimate makes the others leave after its load, a refused load says budget, used and needed, a reload counts
+the old version until it has drained, and ``--model-memory-budget`` reads bytes or a percentage."""
 
 from __future__ import annotations
 
@@ -10,12 +10,14 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import gevent
 import pytest
 
 from triton_actor.config.command_line import memory_budget
 from triton_actor.errors import Code, TritonError
 from triton_actor.host.base import LocalHost
 from triton_actor.plane.memory_budget import MemoryBudget, families
+from triton_actor.runtime.kernel import Reply
 
 
 class Fakes(LocalHost):
@@ -29,6 +31,9 @@ class Fakes(LocalHost):
         self.busy: set[str] = set()
         self.unloads: list[str] = []
         self.repositories = [tmp_path]
+        self.drained: dict[str, list[Reply[None]]] = {}  # a reload's old version: set once it has drained
+        self.ref = SimpleNamespace(settled=lambda name: self.drained.setdefault(name, []).append(Reply()) or
+                                   self.drained[name][-1])
         for name, n in size.items():
             (tmp_path / name).mkdir()
             (tmp_path / name / "weights").write_bytes(b"\0" * n)  # the estimate before the first load
@@ -131,3 +136,27 @@ def test_a_loaded_model_nobody_measured_is_counted_at_its_estimate_and_can_be_ev
     f.load(budget, "a")
     f.load(budget, "b")  # 300 with the orphan: it is the least recently used, it goes
     assert f.unloads == ["orphan"] and set(f.held) == {"a", "b"}
+
+
+def test_a_reload_counts_the_old_version_until_it_has_drained(tmp_path: Path) -> None:
+    """The new version loads beside the old one, which drains after the swap: both count until the model
+    actor says the old one is gone (before, the old one's bytes left the accounting at the reload)."""
+    f = Fakes(tmp_path, {"a": 100, "b": 100})
+    budget = f.budget(250)
+    f.load(budget, "a")
+    f.load(budget, "a")  # a reload: 200 of 250, the old version draining
+    assert budget.resident == {"a": 100} and budget.used() == 200 and budget.status()["draining_bytes"] == 100
+    f.load(budget, "b")  # 100 more fits only once the new a goes: the draining old one is still there
+    assert f.unloads == ["a"] and budget.resident == {"b": 100} and budget.used() == 200
+    f.drained["a"][0].set(None)  # the old version drained and unloaded
+    gevent.idle()  # (the reply's link runs in the hub)
+    assert budget.used() == 100 and budget.draining == {}
+    f.load(budget, "a")
+    with pytest.raises(TritonError) as e:  # 150: a reload of b cannot fit beside b, and a goes first
+        budget.limit = 150
+        f.load(budget, "b")
+    assert f.unloads == ["a", "a"] and budget.resident == {"b": 100} and budget.used() == 100
+    assert e.value.message == (
+        "failed to load 'b': model memory budget exhausted: 100 of 150 bytes used (0 by pinned models), about 100 "
+        "needed, and no loaded model can be unloaded; a reload holds both versions until the old one (100 bytes) "
+        "has drained: unload the model first to load it again within the budget")

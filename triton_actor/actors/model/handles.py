@@ -1,4 +1,5 @@
-"""What the routing table holds: immutable snapshots of a model and its versions, and their ready states.
+"""What the routing table holds: immutable snapshots of a model and its versions, their ready states, and
+the repository index they show (:func:`index_entries`).
 
 A model actor builds a new :class:`ModelHandle` after every change and the repository actor swaps it
 into its routing table; front ends route requests through handles with no round trip to an actor.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -161,3 +163,27 @@ class ModelHandle:
                 f"Request for unknown model: '{self.name}' version {version} is not at ready state"
             )
         return handle
+
+
+def index_entries(names: list[str], routes: Mapping[str, ModelHandle], ready_only: bool) -> list[dict[str, Any]]:
+    """The repository index (Triton's ``RepositoryIndex``) of ``names`` as the routing table shows them: a
+    model with no handle is listed by name alone, one with no versions as a duplicate name."""
+    entries: list[dict[str, Any]] = []
+    for name in names:
+        handle = routes.get(name)
+        if handle is None or not handle.versions:
+            if not ready_only:
+                entries.append({"name": name} if handle is None else
+                               {"name": name, "state": UNAVAILABLE.value, "reason": "duplicate model name"})
+            continue
+        for v, vh in handle.versions.items():
+            if ready_only and vh.state != READY:
+                continue
+            entry: dict[str, Any] = {"name": name}
+            if v >= 0:
+                entry["version"] = str(v)
+            entry["state"] = vh.state.value  # the plain string, for JSON and protobuf alike
+            if vh.reason:
+                entry["reason"] = vh.reason
+            entries.append(entry)
+    return entries

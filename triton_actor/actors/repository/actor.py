@@ -7,7 +7,7 @@ it when the load finished; the UnloadModel reply completes once the unload start
 :class:`Rescan` (tell: POLL reconciliation), :class:`ModelChanged` (event from a model actor carrying
 its new handle), :class:`MarkVersionDown` (from the host: a version lost its instances in a worker
 process; handed to that model's actor), :class:`Index` (ask), :class:`UnloadAll` (reply completes when
-every model is gone),
+every model is gone), :class:`Settled` (handed to that model's actor: completes once it did what it was told),
 :class:`~...runtime.kernel.ChildFailed` (a ModelActor failed in a tell).
 State owned: repository paths, control mode, model actors, the POLL bookkeeping
 (:class:`~...repository.reconcile.Reconciler`), and the routing table ``routes`` (name →
@@ -52,10 +52,10 @@ from ...repository.ensemble_graph import dependencies
 from ...repository.reconcile import Reconciler
 from ...runtime import gc_settle
 from ...runtime.bridge import call_in_thread
-from ...runtime.kernel import Actor, Reply
+from ...runtime.kernel import Actor, Barrier, Reply
 from ...runtime.supervisor import RestartBudget
 from ..model.actor import Announce, ModelActor
-from ..model.handles import READY, UNAVAILABLE, ModelHandle, VersionHandle
+from ..model.handles import READY, UNAVAILABLE, ModelHandle, VersionHandle, index_entries
 from ..model.messages import LoadRefused, LoadSettings, Restart, load_api_error
 from .load_order import Start, loader, start_after, unload_after
 from .messages import (
@@ -66,6 +66,7 @@ from .messages import (
     ModelChanged,
     RepositoryRef,
     Rescan,
+    Settled,
     UnloadAll,
     UnloadModel,
     _LoadsFinished,
@@ -358,27 +359,16 @@ class RepositoryActor(Actor):
         actor.ref.mark_down(msg.version, msg.reason, msg.files if self.control_mode == POLL else "", msg.here,
                             msg.reply)
 
+    def on_Settled(self, msg: Settled) -> None:
+        actor = self._models.get(msg.name)
+        if actor is None:
+            msg.reply.set(None)
+        else:  # (a stopped actor fails the barrier: nothing of it is left to wait for either)
+            actor.ref.ask_async(Barrier()).link(lambda _r: msg.reply.set(None))
+
     def on_Index(self, msg: Index) -> list[dict[str, Any]]:
-        entries: list[dict[str, Any]] = []
         names = set(layout.list_models(self.repositories)) | set(self.routes)
-        for name in sorted(names):
-            handle = self.routes.get(name)
-            if handle is None or not handle.versions:
-                if not msg.ready_only:
-                    entries.append({"name": name} if handle is None else
-                                   {"name": name, "state": UNAVAILABLE.value, "reason": "duplicate model name"})
-                continue
-            for v, vh in handle.versions.items():
-                if msg.ready_only and vh.state != READY:
-                    continue
-                entry: dict[str, Any] = {"name": name}
-                if v >= 0:
-                    entry["version"] = str(v)
-                entry["state"] = vh.state.value  # the plain string, for JSON and protobuf alike
-                if vh.reason:
-                    entry["reason"] = vh.reason
-                entries.append(entry)
-        return entries
+        return index_entries(sorted(names), self.routes, msg.ready_only)
 
     def on_UnloadAll(self, msg: UnloadAll) -> None:
         replies = [actor.ref.unload() for actor in self._models.values()]

@@ -1,6 +1,6 @@
 """What the :class:`~.actor.RepositoryActor` is told, and how: its public messages (:class:`LoadAll`,
 :class:`LoadModel`, :class:`UnloadModel`, :class:`Rescan`, :class:`ModelChanged`,
-:class:`MarkVersionDown`, :class:`Index`, :class:`UnloadAll`; their meaning is on the actor) and
+:class:`MarkVersionDown`, :class:`Index`, :class:`UnloadAll`, :class:`Settled`; their meaning is on the actor) and
 :class:`RepositoryRef`, the actor's typed facade (what the server and the data plane call). The
 messages the actor tells itself (their names start with ``_``) are here too.
 """
@@ -73,6 +73,12 @@ class UnloadAll:
     reply: Reply[None]
 
 
+@dataclass(frozen=True, slots=True)
+class Settled:
+    name: str
+    reply: Reply[None]
+
+
 class RepositoryRef(ActorRef):
     """Typed facade of the :class:`RepositoryActor` (what the server and the data plane call)."""
 
@@ -114,6 +120,14 @@ class RepositoryRef(ActorRef):
     def rescan(self) -> None:
         """POLL: reconcile with what is on disk now."""
         self.tell(Rescan())
+
+    def settled(self, name: str) -> Reply[None]:
+        """Completes once model ``name``'s actor has done everything it was told so far: after a reload
+        (answered at the swap), once the versions it replaced have drained and unloaded (the memory
+        budget counts them until then). At once when the model has no actor."""
+        done: Reply[None] = Reply()
+        self.tell(Settled(name, done))
+        return done
 
     def mark_down(self, name: str, version: int, reason: str, files: str, here: bool) -> Reply[bool]:
         """The host's word that a version lost its instances (:class:`MarkVersionDown`)."""
