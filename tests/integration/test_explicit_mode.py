@@ -15,7 +15,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from .model_control import Hammer, add_tagged, ask, index, tagged, wait_for
-from .server import IDENTITY_CONFIG, add_model
+from .server import IDENTITY_CONFIG, add_gated_model, add_model
 from .test_examples import _post
 from .test_lifecycle import BAD_INIT_PY
 
@@ -111,6 +111,35 @@ def test_reload_picks_up_changes_and_new_versions(tmp_path: Path, start_server) 
     client.load_model("m")
     assert ask(client, "m", "1") == 102 and ask(client, "m", "2") == 202
     assert server.log().count("successfully loaded 'm' version 2") == 1
+
+
+def test_an_unload_right_after_a_reload_does_not_wait_for_the_old_versions_drain(tmp_path: Path,
+                                                                                   start_server) -> None:
+    """A reload answers at the swap; the version it replaced drains behind it (a request is held there).
+    An unload told meanwhile is answered at once, as Triton's: it waited for that drain, which lasts as
+    long as the old version's slowest request. The held request is still answered, by the old version."""
+    log, gate = tmp_path / "ran", tmp_path / "gate"
+    model_dir = add_gated_model(tmp_path / "repo", "g", log, gate)
+    server = start_server(tmp_path / "repo", flags=(*EXPLICIT, "--load-model=g"))
+    client = httpclient.InferenceServerClient(server.url, concurrency=2, network_timeout=120)
+    x = httpclient.InferInput("INPUT0", [1], "FP32")
+    x.set_data_from_numpy(np.ones(1, np.float32))
+    try:
+        held = client.async_infer("g", [x])  # the old version holds it until the gate opens
+        wait_for(lambda: log.exists() and log.read_text() == "1.0\n", what="the held request to run")
+        with open(model_dir / "1" / "model.py", "a") as f:
+            f.write("# changed: the load reloads\n")
+        client.load_model("g")
+        unload = gevent.spawn(client.unload_model, "g")
+        unload.join(30)  # (a bound: it is answered at once, or after the drain, which waits for the gate)
+        assert unload.successful(), "the unload waited for the reload's drain"
+        with pytest.raises(InferenceServerException, match="failed to obtain inference response"):
+            held.get_result(block=False)  # still held by the old version
+    finally:
+        gate.touch()
+    assert held.get_result().as_numpy("OUTPUT0").tolist() == [1.0]
+    wait_for(lambda: index(client)[("g", "1")].get("reason") == "unloaded", what="the model unloaded")
+    client.close()
 
 
 def test_broken_update_keeps_the_old_version_serving(tmp_path: Path, start_server) -> None:

@@ -300,6 +300,16 @@ _INT64_TYPES = frozenset({FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT6
 _FLOAT_TYPES = frozenset({FieldDescriptor.TYPE_FLOAT, FieldDescriptor.TYPE_DOUBLE})
 
 
+def without_version_policy(cfg: ModelConfig | None) -> ModelConfig | None:
+    """A copy of ``cfg`` with no ``version_policy``: whether a reload must load the other versions again."""
+    if cfg is None:
+        return None
+    out = ModelConfig()
+    out.CopyFrom(cfg)
+    out.ClearField("version_policy")
+    return out
+
+
 def to_json_dict(cfg: ModelConfig) -> dict[str, Any]:
     """Proto field names, default fields printed, enums by name, and 64-bit integers as JSON numbers."""
     data = json_format.MessageToDict(cfg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)

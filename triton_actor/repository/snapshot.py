@@ -33,6 +33,12 @@ class Stamp:
         """The entries outside the version folders (labels, ``configs/``, ``warmup/``...), minus ``ignore``."""
         return tuple(f for f in self.files if f[0].split("/", 1)[0] not in version_dirs and f[0] not in ignore)
 
+    def outside_versions(self) -> tuple[FileEntry, ...]:
+        """The entries outside every version folder but the config files (labels, warmup data): what a reload
+        must pick up; configs are compared parsed, so a ``version_policy`` edit reloads no other version."""
+        return tuple(f for f in self.files if layout.parse_version(f[0].split("/", 1)[0]) is None
+                     and f[0] != "config.pbtxt" and not f[0].startswith("configs/"))
+
     def digest(self) -> str:
         """A short text that is equal for equal stamps: what another worker process compares with its own
         stamp of the same folder (same files, sizes and modification times)."""

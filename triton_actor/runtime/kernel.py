@@ -20,8 +20,7 @@ Vocabulary (the words the rest of ``actors/`` uses, and what they mean in code):
 Requests and replies: a message that is answered later carries its own :class:`Reply` in a ``reply``
 field (``Enqueue``, ``Load``, ``Drain``); the handler completes it now or later (for instance when
 another actor's reply completes). A handler never returns a Reply. An ``ask`` is for a message whose
-answer is the handler's return value (``Index``, ``GetStats``). Every actor answers an asked
-:class:`Barrier` once it has handled what it was told before (a reload's drain, for the memory budget).
+answer is the handler's return value (``Index``, ``GetStats``).
 
 Failure semantics (tested in ``tests/unit/runtime/test_kernel.py``):
 
@@ -147,12 +146,6 @@ class ChildFailed:
         self.error = error
 
 
-class Barrier:
-    """Asked of any actor: answered (None) once every message posted before it is handled."""
-
-    __slots__ = ()
-
-
 def _unhandled(actor: Actor, message: object) -> None:
     raise TritonError.internal(f"actor '{actor.name}' does not handle {type(message).__name__}")
 
@@ -241,9 +234,6 @@ class Actor:
 
     def on_stop(self) -> None:
         """Runs in the actor's greenlet after the last message."""
-
-    def on_Barrier(self, _msg: Barrier) -> None:
-        pass  # handlers never interleave: what came before it is done
 
     def on_ChildFailed(self, msg: ChildFailed) -> None:
         self.on_child_failure(msg.child, msg.error)

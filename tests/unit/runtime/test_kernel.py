@@ -12,7 +12,7 @@ import gevent.event
 import pytest
 
 from triton_actor.errors import Code, TritonError
-from triton_actor.runtime.kernel import Actor, ActorRef, Barrier, InlineActor, Reply
+from triton_actor.runtime.kernel import Actor, ActorRef, InlineActor, Reply
 
 WAIT = 5.0
 
@@ -306,23 +306,6 @@ def test_messages_are_handled_in_order(actors) -> None:
     assert ref.ask(Ping(99), timeout=WAIT) == 99
     assert [m.value for m in echo.handled if isinstance(m, Ping)] == [*range(20), 99]
 
-
-
-@pytest.mark.timeout(30)
-def test_a_barrier_is_answered_once_what_came_before_it_is_handled(actors) -> None:
-    """Every actor answers Barrier: the memory budget waits with it for a reload's drain to end."""
-    echo = Echo("barrier")
-    ref = actors(echo)
-    block = Block(gevent.event.Event())
-    ref.tell(block)
-    assert block.started.wait(WAIT)
-    barrier = ref.ask_async(Barrier())
-    gevent.idle()  # the actor waits in Block's handler: nothing after it is handled
-    assert not barrier.ready()
-    block.release.set()
-    assert barrier.get(WAIT) is None and echo.handled == [block]
-    echo.stop(WAIT)
-    assert _unavailable(ref.ask_async(Barrier()))  # a stopped actor: the barrier fails at once
 
 # -- InlineActor: no loop greenlet, handled on the sender's stack ----------------------------------
 

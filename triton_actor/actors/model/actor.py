@@ -36,7 +36,6 @@ import dataclasses
 import logging
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import gevent
@@ -45,10 +44,9 @@ import gevent.lock
 from ...backends.base import Backend
 from ...errors import TritonError
 from ...repository import config as config_mod
-from ...repository import ensemble_graph, layout, snapshot
-from ...repository.config import ModelConfig
+from ...repository import snapshot
+from ...repository.config import ModelConfig, without_version_policy
 from ...repository.public_paths import LOAD_REQUEST, PublicPaths, public_text
-from ...runtime.bridge import call_in_thread
 from ...runtime.kernel import Actor, Reply
 from ..scheduling.ensemble import Routes
 from .handles import LOADING, READY, UNAVAILABLE, UNLOADING, ModelHandle
@@ -60,12 +58,15 @@ from .messages import (
     MarkDown,
     ModelRef,
     Restart,
+    Settle,
     Unload,
     VersionDown,
+    _Drained,
     failure_text,
     raise_failures,
 )
-from .version import Version, VersionSource, start_version, stop_version
+from .plan import Plan, prepare
+from .version import Drains, Version, VersionSource, start_version, stop_version
 
 log = logging.getLogger(__name__)
 Publish = Callable[[ModelHandle], Reply[None]]  # answered once the routing table holds the handle
@@ -74,16 +75,6 @@ Publish = Callable[[ModelHandle], Reply[None]]  # answered once the routing tabl
 Announce = Callable[[str, int, str, str], None]
 LOST = "no instance left: "  # the reason of a version whose instances were lost starts with this
 SUPERSEDED = "changed since it lost its instances"  # MarkDown(here=True) found it loaded again or re-reported
-
-
-@dataclass(frozen=True, slots=True)
-class _Plan:
-    model_dir: Path
-    stamp: snapshot.Stamp
-    config: ModelConfig
-    backend: Backend | None  # None for an ensemble
-    selected: dict[int, Path]
-    graph: ensemble_graph.Graph | None = None
 
 
 class ModelActor(Actor):
@@ -110,6 +101,7 @@ class ModelActor(Actor):
         self._private: Path | None = None  # the load request's temporary folder, never named to a client
         self._serving: Load | None = None  # the load whose result serves (a restart replays it)
         self._handover: Reply[Handover] | None = None  # set by hand_over: on_stop hands the state over
+        self._drains = Drains(name)  # replaced versions draining behind a reload
 
     # -- messages ---------------------------------------------------------------------------------
     def on_Load(self, msg: Load) -> None:
@@ -139,10 +131,14 @@ class ModelActor(Actor):
             stop_version(rec, self.model)
         for rec in self._versions.values():
             rec.to(UNAVAILABLE, "unloaded")
+        self._drains.wait()  # the reloads' old versions: gone too when this answers (their folders with them)
         self._source = self._serving = None
         self._drop_owned_dir(None)
         self._publish_now()
         msg.reply.set(None)
+
+    def on_Settle(self, msg: Settle) -> None:
+        self._drains.settled(msg.reply)
 
     def on_VersionDown(self, msg: VersionDown) -> None:
         """Every instance of a serving version is DOWN: it is not ready any more (model ready false, the
@@ -188,13 +184,14 @@ class ModelActor(Actor):
 
     def _version_down(self, version: int, scheduler: object, reason: str) -> None:
         """A scheduler's callback (hub, in its handler): the event goes through this actor's mailbox."""
-        gevent.spawn(self._tell_down, VersionDown(version, scheduler, reason))  # never block the scheduler
+        gevent.spawn(self._tell_self, VersionDown(version, scheduler, reason))  # never block the scheduler
 
-    def _tell_down(self, msg: VersionDown) -> None:
+    def _tell_self(self, msg: object) -> bool:
         try:
             self.ref.tell(msg)
         except TritonError:
-            pass  # this actor stopped (unloaded, or handed over: the replacement reloads the model)
+            return False  # this actor stopped (unloaded, or handed over: the replacement reloads the model)
+        return True
 
     # -- supervision ------------------------------------------------------------------------------
     def hand_over(self) -> Reply[Handover]:
@@ -259,7 +256,7 @@ class ModelActor(Actor):
         if unchanged and serving and all(r.state == READY or r.reason == "unloaded" for r in self._versions.values()):
             return  # Triton: loading an unchanged, loaded model is a no-op
         try:
-            plan = self._prepare(msg.model_dir, msg.config, stamp)
+            plan = prepare(self.model, msg.model_dir, msg.config, stamp, self._settings, self._backends, self._routes)
         except TritonError as e:
             public = self._public(e)
             self._update_failed(serving, public.status_text())
@@ -269,78 +266,7 @@ class ModelActor(Actor):
         else:
             self._update(plan, msg, serving)
 
-    def _prepare(self, model_dir: Path, override: ModelConfig | None, stamp: snapshot.Stamp) -> _Plan:
-        """The config and versions to load; a refusal says which of Triton's load stages it is (``LoadRefused``)."""
-        try:
-            return self._prepare_stages(model_dir, override, stamp)
-        except LoadRefused:
-            raise
-        except TritonError as e:
-            raise LoadRefused(e, "poll") from None
-
-    def _prepare_stages(self, model_dir: Path, override: ModelConfig | None, stamp: snapshot.Stamp) -> _Plan:
-        s = self._settings
-        if override is None:
-            cfg, explicit = config_mod.read(model_dir, self.model, auto_complete=s.auto_complete,
-                                            config_name=s.config_name)
-        else:  # the load's own message (LoadModel's parse): completed in place, a copy cost its size again
-            cfg = override
-            explicit = frozenset(f.name for f, _ in cfg.ListFields())
-        available = layout.list_versions(model_dir)
-        first = available[min(available, key=str)] if available else None
-        config_mod.fill_backend_fields(cfg, self.model, first)
-        if ensemble_graph.is_ensemble(cfg) or cfg.HasField("ensemble_scheduling"):
-            return self._prepare_ensemble(model_dir, cfg, stamp, available)
-        config_mod.validate_platform(cfg)
-        config_mod.check_name(cfg, self.model)
-        try:  # Triton's backend model and its auto-complete run per version: each selected version fails
-            backend = self._backends.get(cfg.backend)
-            if backend is None:  # Triton's text (core backend_model.cc); the built-in backends are listed in the docs
-                raise TritonError.invalid_arg(f"unable to find backend library for backend '{cfg.backend}', try "
-                                              "specifying runtime on the model configuration.")
-            if s.auto_complete:
-                call_in_thread(backend.auto_complete, cfg, model_dir, first, explicit)
-            config_mod.normalize(cfg, self.model, s.gpu_count, s.gpu_support)
-            config_mod.validate(cfg, self.model, s.gpu_count, s.gpu_support)
-        except TritonError as e:
-            versions = tuple(layout.select_versions(*config_mod.version_policy(cfg, unset_latest=1), available))
-            # the file's own mistakes are the poll's; with auto-complete Triton checks the completed
-            # config when the version loads (model.cc), which is where the backend's errors come from
-            stage = "version" if versions and (s.auto_complete or backend is None) else "poll"
-            raise LoadRefused(e, stage, versions) from None
-        return _Plan(model_dir, stamp, cfg, backend, self._select(cfg, available))
-
-    def _prepare_ensemble(self, model_dir: Path, cfg: ModelConfig, stamp: snapshot.Stamp,
-                          available: dict[int, Path]) -> _Plan:
-        """An ensemble: no backend; its graph is checked (the poll's checks), then against the composing
-        models as the routing table shows them now (the repository loads them first; Triton's model stage)."""
-        config_mod.normalize(cfg, self.model, self._settings.gpu_count, self._settings.gpu_support)
-        config_mod.validate(cfg, self.model, self._settings.gpu_count, self._settings.gpu_support)
-        graph = ensemble_graph.check_scheduling(cfg)
-        config_mod.check_name(cfg, self.model)
-        routes = self._routes()
-        models = {}
-        for name in ensemble_graph.dependencies(cfg):
-            handle = routes.get(name)
-            if handle is not None and (handle.config is not None or handle.versions):
-                reasons = [vh.reason for vh in handle.versions.values() if vh.reason]
-                models[name] = ensemble_graph.Composing(handle.config, handle.ready_versions,
-                                                        reasons[0] if reasons else "")
-        try:
-            # Triton sets an ensemble's policy from its steps, whatever the file says (ensemble_utils.cc)
-            cfg.model_transaction_policy.decoupled = ensemble_graph.check_composing(cfg, graph, models)
-        except TritonError as e:
-            raise LoadRefused(e, "model") from None
-        return _Plan(model_dir, stamp, cfg, None, self._select(cfg, available), graph)
-
-    def _select(self, cfg: ModelConfig, available: dict[int, Path]) -> dict[int, Path]:
-        selected = layout.select_versions(*config_mod.version_policy(cfg), available)
-        if not selected:  # Triton's model lifecycle picks the versions: a refusal of its model stage
-            raise LoadRefused(TritonError.invalid_arg(
-                f"at least one version must be available under the version policy of model '{self.model}'"), "model")
-        return {v: available[v] for v in selected}
-
-    def _first_load(self, plan: _Plan, msg: Load) -> None:
+    def _first_load(self, plan: Plan, msg: Load) -> None:
         """Nothing serves yet: each version becomes READY or UNAVAILABLE on its own."""
         self._versions = {v: Version(v, LOADING) for v in plan.selected}
         self._config = plan.config
@@ -350,11 +276,11 @@ class ModelActor(Actor):
         self._publish_now()
         raise_failures(self.model, self._versions)
 
-    def _update(self, plan: _Plan, msg: Load, serving: dict[int, Version]) -> None:
+    def _update(self, plan: Plan, msg: Load, serving: dict[int, Version]) -> None:
         """Load what changed beside what serves, swap, then drain and unload what was replaced."""
         whole = (msg.reload or msg.config is not None or self._source is None or self._source[0] != plan.model_dir
-                 or _without_policy(plan.config) != _without_policy(self._config)
-                 or _shared(plan.stamp) != _shared(self._source[1]))
+                 or without_version_policy(plan.config) != without_version_policy(self._config)
+                 or plan.stamp.outside_versions() != self._source[1].outside_versions())
         todo = [v for v, path in plan.selected.items()
                 if whole or v not in serving or serving[v].files != plan.stamp.part(path.name)]
         dropped = [v for v in serving if v not in plan.selected]
@@ -381,7 +307,7 @@ class ModelActor(Actor):
             raise_failures(self.model, started)
         replaced = [serving[v] for v in todo if v in serving] + [serving[v] for v in dropped]
         self._versions = {v: rec for v, rec in self._versions.items()  # Triton keeps listing unloaded versions
-                          if (rec.state == READY or rec.reason == "unloaded") and v not in dropped}
+                          if (rec.state in (READY, UNLOADING) or rec.reason == "unloaded") and v not in dropped}
         self._versions.update(started)
         for rec in self._versions.values():
             rec.to(rec.state)  # same state, the reason cleared
@@ -392,15 +318,22 @@ class ModelActor(Actor):
         self._publish_now(wait=True)  # the swap: from here on new requests go to the new versions
         if msg.reply is not None and replaced:  # done once the new versions serve (Triton's): answered after the
             msg.reply.set(None)  # drain, a BLS caller reloading its own model waited for its own request for good
-        for rec in replaced:
-            stop_version(rec, self.model)  # in-flight requests finish on the old version first
-        self._loaded_from(plan, msg)  # only now may an old override directory go
-        for v in dropped:
-            self._versions[v].to(UNAVAILABLE, "unloaded")
-        if dropped:
-            self._publish_now()
+        old_dir = self._loaded_from(plan, msg, keep_old=bool(replaced))
+        if replaced:  # in-flight requests finish on the old versions, behind this mailbox; then their files go
+            gone = [serving[v] for v in dropped]
+            self._drains.start(replaced, lambda: self._drained(gone, old_dir))
 
-    def _start(self, plan: _Plan, versions: list[int]) -> dict[int, Version]:
+    def on__Drained(self, msg: _Drained) -> None:
+        """A reload's replaced versions are gone: the dropped ones say so (unless loaded again since)."""
+        gone = [rec for rec in msg.records if self._versions.get(rec.version) is rec and rec.state == UNLOADING]
+        for rec in gone:
+            rec.to(UNAVAILABLE, "unloaded")
+        if gone:
+            self._publish_now()
+        if msg.old_dir is not None and msg.old_dir != self._owned_dir:
+            shutil.rmtree(msg.old_dir, ignore_errors=True)
+
+    def _start(self, plan: Plan, versions: list[int]) -> dict[int, Version]:
         """Start ``versions`` in parallel helper greenlets; every result is READY or UNAVAILABLE."""
         config_json = config_mod.to_json_text(plan.config)
         backend_config = self._settings.backend_config.get(plan.config.backend, {})
@@ -439,11 +372,24 @@ class ModelActor(Actor):
         paths = self._settings.public_paths
         return paths if self._private is None else ((str(self._private), LOAD_REQUEST), *paths)
 
-    def _loaded_from(self, plan: _Plan, msg: Load) -> None:
+    def _loaded_from(self, plan: Plan, msg: Load, keep_old: bool = False) -> Path | None:
+        """Record what serves now; the old override folder goes now, or with ``keep_old`` it is returned
+        (versions still draining read their files from it)."""
         # an override marks the source stale: a later load without one reloads from disk (https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_model_repository.md)
         self._source = None if msg.config is not None else (plan.model_dir, plan.stamp)
         self._serving = dataclasses.replace(msg, reply=None, reload=False)
-        self._drop_owned_dir(plan.model_dir if msg.owned else None)
+        keep = plan.model_dir if msg.owned else None
+        old = self._owned_dir if keep_old and self._owned_dir != keep else None
+        if old is not None:
+            self._owned_dir = keep
+        self._drop_owned_dir(keep)
+        return old
+
+    def _drained(self, gone: list[Version], old_dir: Path | None) -> None:
+        """A drain's end (its helper greenlet), through the mailbox; an actor stopped meanwhile (handed over)
+        owns the records no more, but the old folder still goes."""
+        if not self._tell_self(_Drained(gone, old_dir)) and old_dir is not None:
+            shutil.rmtree(old_dir, ignore_errors=True)
 
     def _drop_owned_dir(self, keep: Path | None) -> None:
         if self._owned_dir is not None and self._owned_dir != keep:
@@ -479,20 +425,5 @@ class ModelActor(Actor):
         for rec in self._versions.values():
             if rec.running:
                 stop_version(rec, self.model)
+        self._drains.wait()
         self._drop_owned_dir(None)
-
-
-def _without_policy(cfg: ModelConfig | None) -> ModelConfig | None:
-    if cfg is None:
-        return None
-    out = ModelConfig()
-    out.CopyFrom(cfg)
-    out.ClearField("version_policy")
-    return out
-
-
-def _shared(stamp: snapshot.Stamp) -> tuple[snapshot.FileEntry, ...]:
-    """Files outside version folders that a reload must pick up (labels, warmup data); the config
-    files are compared parsed, so a ``version_policy`` edit does not reload the other versions."""
-    return tuple(f for f in stamp.files if layout.parse_version(f[0].split("/", 1)[0]) is None
-                 and f[0] != "config.pbtxt" and not f[0].startswith("configs/"))

@@ -1,5 +1,5 @@
 """What a :class:`~.actor.ModelActor` is told, and how: its messages (:class:`Load`, :class:`Unload`,
-:class:`Restart`, :class:`VersionDown`, :class:`MarkDown`; their meaning is on the actor), the
+:class:`Restart`, :class:`VersionDown`, :class:`MarkDown`, :class:`Settle`; their meaning is on the actor), the
 :class:`Handover` a failed actor leaves to its replacement, the server's :class:`LoadSettings`, and
 :class:`ModelRef`, the actor's typed facade.
 """
@@ -72,6 +72,23 @@ class Unload:
 
 
 @dataclass(frozen=True, slots=True)
+class Settle:
+    """Answered once the versions replaced by the reloads so far have drained and unloaded (a reload
+    answers at the swap; the memory budget counts the old versions until then)."""
+
+    reply: Reply[None]
+
+
+@dataclass(frozen=True, slots=True)
+class _Drained:
+    """From a reload's drain (helper greenlet): its replaced versions are gone; ``old_dir``, the override
+    folder they were loaded from, may go."""
+
+    records: list[Version]
+    old_dir: Path | None
+
+
+@dataclass(frozen=True, slots=True)
 class Handover:
     """What a failed ModelActor leaves to its replacement (its state, owned from then on by the new one)."""
 
@@ -134,6 +151,10 @@ class ModelRef(ActorRef):
         done: Reply[None] = Reply()
         self.tell(Unload(done, stopping))
         return done
+
+    def settled(self, reply: Reply[None]) -> None:
+        """See :class:`Settle`."""
+        self.tell(Settle(reply))
 
     def mark_down(self, version: int, reason: str, files: str, here: bool, reply: Reply[bool]) -> None:
         """See :class:`MarkDown`; ``reply`` completes once the routing table shows it."""

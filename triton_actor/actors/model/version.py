@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import gevent
+
 from ...backends.base import Backend, InstanceContext
 from ...errors import TritonError
 from ...metrics.latency import LatencyRecorder
@@ -225,19 +227,60 @@ def _start_ensemble(src: VersionSource, rec: Version) -> Version:
 
 
 def stop_version(rec: Version, model: str) -> None:
-    """Wait until the version's queue is empty and nothing runs, finalize its instances, stop its scheduler."""
-    if rec.scheduler is not None:
+    """Wait until the version's queue is empty and nothing runs, finalize its instances, stop its scheduler.
+    The first caller takes them (a drain behind a reload and a restart's cleanup may both reach a record)."""
+    scheduler, instances = rec.scheduler, rec.instances
+    if scheduler is None and not instances:
+        return
+    rec.scheduler, rec.instances = None, []
+    if scheduler is not None:
         drained: Reply[None] = Reply()
-        rec.scheduler.ref.tell(Drain(drained))
         try:
+            scheduler.ref.tell(Drain(drained))
             drained.get(timeout=None)
         except TritonError:
-            pass
-        rec.scheduler.stop()
-    for inst in rec.instances:
+            pass  # stopped already
+        scheduler.stop()
+    for inst in instances:
         inst.close()
-    rec.scheduler, rec.instances = None, []
     log.info("successfully unloaded '%s' version %d", model, rec.version)
+
+
+class Drains:
+    """The versions a model actor stopped serving, drained and unloaded behind it in helper greenlets: a
+    reload answers at the swap and its actor goes on with its mailbox, so an unload or a load told meanwhile
+    is not held for as long as the old version's slowest request (Triton unloads the old version in the
+    background too). Single-owner (its model actor); the greenlets touch only the records they were given."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self._running: set[gevent.Greenlet] = set()
+
+    def start(self, records: list[Version], then: Callable[[], None]) -> None:
+        """Stop ``records`` one after another (each drains first), then call ``then`` (a helper greenlet)."""
+        def drain() -> None:
+            for rec in records:
+                try:
+                    stop_version(rec, self.model)
+                except Exception:  # a bug of ours: the others still go, and then runs
+                    log.exception("model '%s': unloading version %d failed", self.model, rec.version)
+            then()
+
+        job = gevent.spawn(drain)
+        self._running.add(job)
+        job.rawlink(self._running.discard)
+
+    def wait(self) -> None:
+        """Until every drain started so far has ended (an unload's answer: the model is gone)."""
+        gevent.joinall(list(self._running))
+
+    def settled(self, reply: Reply[None]) -> None:
+        """``reply`` completes once the drains started so far have ended (the memory budget's wait)."""
+        running = list(self._running)
+        if not running:
+            reply.set(None)
+            return
+        gevent.spawn(lambda: (gevent.joinall(running), reply.set(None)))
 
 
 def _placements(src: VersionSource) -> list[tuple[Any, int, int]]:

@@ -52,7 +52,7 @@ from ...repository.ensemble_graph import dependencies
 from ...repository.reconcile import Reconciler
 from ...runtime import gc_settle
 from ...runtime.bridge import call_in_thread
-from ...runtime.kernel import Actor, Barrier, Reply
+from ...runtime.kernel import Actor, Reply
 from ...runtime.supervisor import RestartBudget
 from ..model.actor import Announce, ModelActor
 from ..model.handles import READY, UNAVAILABLE, ModelHandle, VersionHandle, index_entries
@@ -363,8 +363,8 @@ class RepositoryActor(Actor):
         actor = self._models.get(msg.name)
         if actor is None:
             msg.reply.set(None)
-        else:  # (a stopped actor fails the barrier: nothing of it is left to wait for either)
-            actor.ref.ask_async(Barrier()).link(lambda _r: msg.reply.set(None))
+        else:
+            actor.ref.settled(msg.reply)  # (a stopped actor fails it: nothing of it is left to wait for)
 
     def on_Index(self, msg: Index) -> list[dict[str, Any]]:
         names = set(layout.list_models(self.repositories)) | set(self.routes)
