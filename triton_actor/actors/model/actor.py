@@ -153,7 +153,7 @@ class ModelActor(Actor):
         rec.to(UNAVAILABLE, reason)
         self._publish_now(wait=True)  # nothing is routed to it any more
         self._announce(self.model, msg.version, reason, self._files_digest())
-        stop_version(rec, self.model)
+        self._drains.start([rec], lambda: None)  # its requests in flight finish behind the mailbox
 
     def on_MarkDown(self, msg: MarkDown) -> None:
         """The host's word that a version lost its instances (Triton: one dead instance makes the model not
@@ -175,9 +175,9 @@ class ModelActor(Actor):
                   msg.version, msg.reason)
         rec.to(UNAVAILABLE, msg.reason)  # the same reason everywhere (the last broadcast's, if two raced)
         self._publish_now(wait=True)
-        msg.reply.set(True)  # the broadcast need not wait for the drain
+        msg.reply.set(True)  # the broadcast need not wait for the drain, nor this mailbox
         if rec.running:
-            stop_version(rec, self.model)
+            self._drains.start([rec], lambda: None)
 
     def _files_digest(self) -> str:
         return self._source[1].digest() if self._source is not None else ""

@@ -223,7 +223,10 @@ def test_mark_down_from_another_worker_takes_down_the_same_load_only(tmp_path: P
     assert published[-1].versions[1].state == UNAVAILABLE
     assert published[-1].versions[1].reason == "no instance left: elsewhere"
     assert mark(1, "no instance left: reported last", "")  # two reports: the last one's reason
-    assert ("finalize", 101.0) in backend.events  # its instances were unloaded here too (before that)
+    drained: Reply[None] = Reply()
+    actor.ref.settled(drained)  # its instances drain behind the mailbox
+    drained.get(10)
+    assert ("finalize", 101.0) in backend.events  # its instances were unloaded here too
     assert published[-1].versions[1].reason == "no instance left: reported last"
     assert not mark(1, "no instance left: reported last", files, here=True)  # still down: the broadcast goes on
     with pytest.raises(TritonError, match="changed since it lost its instances"):
