@@ -91,6 +91,14 @@ CLOSED = _Sentinel("CLOSED")
 HEAD, BODY, CHUNK_SIZE, CHUNK_DATA, TRAILERS, DONE, EOF, ERROR = range(8)
 
 
+def _too_long(buf: bytearray, limit: int) -> bool:
+    """The line at the start of ``buf`` can no longer end (CRLF) within ``limit`` bytes. A CR just past the
+    limit may be its CRLF's first half: a line of exactly ``limit`` bytes read up to that CR was refused,
+    where the same bytes read at once were not."""
+    n = len(buf)
+    return n > limit and buf.find(b"\r\n", 0, limit + 2) < 0 and not (n == limit + 1 and buf[limit] == 13)
+
+
 def _bare_lf_end(buf: bytearray, end: int) -> int:
     """Where the first head ending made of bare LFs (``LF LF``, or ``LF CR LF`` not after a CR) ends in
     ``buf[:end]``; -1 if none."""
@@ -327,7 +335,7 @@ class ServerConnection:
         or lines ended by bare LFs (it would wait for its CRLF CRLF until the header timeout)."""
         if len(buf) > self.limits.max_head:
             raise self._fail(431, "request head too large")
-        if len(buf) > self.limits.max_line and buf.find(b"\r\n", 0, self.limits.max_line + 2) < 0:
+        if _too_long(buf, self.limits.max_line):
             raise self._fail(414, "request line too long")
         if b"\n\n" in buf or b"\n\r\n" in buf:  # (no CRLF CRLF in buf: any LF CR LF here is bare)
             raise self._fail(400, "request head lines must end with CRLF, not a bare LF")
@@ -359,7 +367,7 @@ class ServerConnection:
     def _line_end(self, limit: int, status: int, what: str) -> int:
         """Where the CRLF ending the line at the buffer's start is; -1 while it has not arrived."""
         idx = self.buf.find(b"\r\n", 0, limit + 2)
-        if idx < 0 and len(self.buf) > limit:
+        if idx < 0 and _too_long(self.buf, limit):
             raise self._fail(status, f"{what} too long")
         return idx
 
