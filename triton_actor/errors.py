@@ -7,6 +7,9 @@ status or a gRPC status (``frontends/``), nothing else does.
 from __future__ import annotations
 
 import enum
+from typing import TypeVar
+
+E = TypeVar("E", bound=BaseException)
 
 
 class Code(enum.IntEnum):
@@ -32,6 +35,17 @@ _STATUS_NAMES = {
     Code.ALREADY_EXISTS: "Already exists",
     Code.CANCELLED: "Cancelled",
 }
+
+
+def answered(error: E) -> E:
+    """``error``, let go of its traceback (and of a context it was raised ``from None``) once it is
+    turned into an answer: the traceback's frames hold what holds the error (a failed request's pending
+    reply, a route that carries it), a cycle per failed request that only the collector freed, with the
+    request, its connection's objects and its tensors in it."""
+    error.__traceback__ = None
+    if error.__suppress_context__:
+        error.__context__ = None
+    return error
 
 
 class TritonError(Exception):

@@ -25,7 +25,7 @@ import gevent.pool
 import gevent.queue
 from google.protobuf.message import DecodeError
 
-from ..errors import TritonError
+from ..errors import TritonError, answered
 from ..observability.wire_trace import WireTrace
 from ..protocol import codings
 from ..protocol import http2 as h2
@@ -301,6 +301,13 @@ class Call(StreamCall):
             return False
         return self.conn.flush()
 
+    def refuse_at_start(self, status: int, message: str) -> None:
+        """Answer a call refused before it ran (an unknown method, the restricted API, a bad forwarded
+        header): it never counted as running, and lets go of its stream as :meth:`finish` does."""
+        self.finished = True
+        self.stream.call = None
+        self.send_status(status, message)
+
     def finish(self) -> None:
         """The call's handler is done (or never ran): it no longer counts as running."""
         if not self.finished:
@@ -447,10 +454,12 @@ class Call(StreamCall):
 
     def _failed(self, error: Exception) -> None:
         """A unary call's error as its status (Triton's code for a TritonError)."""
+        if not isinstance(error, (Refused, TritonError)):
+            log.error("unexpected error in gRPC %s", getattr(self.method.call, "__name__", "call"), exc_info=error)
+        answered(error)
         if isinstance(error, Refused):
             self.send_status(error.status, error.message)
         elif isinstance(error, TritonError):
             self.send_status(GRPC_STATUS[error.code], error.message)
         else:
-            log.error("unexpected error in gRPC %s", getattr(self.method.call, "__name__", "call"), exc_info=error)
             self.send_status(INTERNAL, f"internal error: {error!r}")

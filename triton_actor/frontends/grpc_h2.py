@@ -347,14 +347,12 @@ class Connection:
         call = event.stream.call = Call(self, event.stream, method, encoding)
         if method is None:
             path = headers.get(b":path", b"").decode("latin-1")
-            call.finished = True  # never counted
-            call.send_status(UNIMPLEMENTED, f"Method not found: {path}")
+            call.refuse_at_start(UNIMPLEMENTED, f"Method not found: {path}")
             return
         if server.restrictions is not None:
             refusal = self._refusal(headers)
             if refusal is not None:
-                call.finished = True
-                call.send_status(UNAVAILABLE, refusal)
+                call.refuse_at_start(UNAVAILABLE, refusal)
                 return
         infers = method.start is not None or method.streaming  # it carries requests for a model
         if server.forward is not None and infers:
@@ -362,8 +360,7 @@ class Connection:
                 call.forwarded = header_forward.forwarded(server.forward, (
                     (k.decode("latin-1"), v.decode("latin-1")) for k, v in headers.items()))
             except TritonError as e:  # a reserved parameter name
-                call.finished = True
-                call.send_status(GRPC_STATUS[e.code], e.message)
+                call.refuse_at_start(GRPC_STATUS[e.code], e.message)
                 return
         tracer = server.tracer
         if tracer is not None and infers and tracer.wired:
@@ -460,7 +457,8 @@ class Connection:
     def close(self) -> None:
         self._lose()
         self._cancel_all()  # calls opened by the frames read after the loss too
-        if self._timer is not None:
-            self._timer.kill(block=False)
+        timer, self._timer = self._timer, None  # its GreenletExit's traceback holds _tick's frame, and it self
+        if timer is not None:
+            timer.kill(block=False)
         self.sock.close()
 

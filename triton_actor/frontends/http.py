@@ -21,7 +21,7 @@ import orjson
 from flask import Flask
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
-from ..errors import TritonError
+from ..errors import TritonError, answered
 from ..observability.wire_trace import WireTrace
 from ..protocol import codings, restricted
 from ..protocol.restricted import Restrictions
@@ -162,12 +162,12 @@ class HttpFrontend:
             req = HttpRequest(method, path, query, headers, body, self.max_input_size, peer_gone, hold, wire)
             return self._views[endpoint](req, **args)
         except TritonError as e:
-            return error_response(e)
+            return error_response(answered(e))
         except HTTPException as e:
             return _routing_error(e)
         except Exception as e:
             log.exception("unexpected error on %s %s", method, path)
-            return error_response(TritonError.internal(f"internal error: {e!r}"))
+            return error_response(TritonError.internal(f"internal error: {answered(e)!r}"))
 
     def takes_body(self, method: str, path: str) -> bool:
         """Whether the view of ``method path`` takes its body over (:func:`takes_body`): asked by the

@@ -35,7 +35,7 @@ from ..actors.scheduling.ensemble import ensemble_of
 from ..backends.python import triton_python_backend_utils as pb_utils
 from ..backends.python.triton_python_backend_utils import serving
 from ..backends.python.triton_python_backend_utils.serving import ServerHooks
-from ..errors import TritonError
+from ..errors import TritonError, answered
 from ..inference import InferInput, InferRequest, InferResponse, RequestedOutput
 from ..protocol.dtypes import BY_ENUM_VALUE, BY_NUMPY, from_numpy
 from ..runtime.bridge import (
@@ -207,11 +207,11 @@ class ServerCalls:
             request = _bls_traced(request)
             route, target = self._enter(request, worker)
         except TritonError as e:
-            return e
+            return answered(e)  # the model's answer: its traceback held this frame, which holds it
         try:
             return _answer(route, request)
         except TritonError as e:
-            return e
+            return answered(e)
         finally:
             if target is not None:
                 self._waits.leave(worker, target)

@@ -81,9 +81,6 @@ class H2Connection(H2FrameHandlers):
         self._ping_sent_at: float | None = None  # our keepalive ping awaiting its ACK
         self._keepalive_at = now + limits.keepalive_time
         self._tick_step = min(5.0, _tick_step_of(limits))
-        self._handlers = (self._on_data, self._on_headers, self._on_priority, self._on_rst_stream,
-                          self._on_settings, self._on_push_promise, self._on_ping, self._on_goaway,
-                          self._on_window_update, self._on_continuation)
 
     # -- output ---------------------------------------------------------------------------------
     def data_to_send(self) -> bytes:
@@ -118,7 +115,7 @@ class H2Connection(H2FrameHandlers):
         if now > self._tokens_at:  # the control-frame budget's refill for the time since the last read
             self._tokens = min(lim.control_frame_burst, self._tokens + (now - self._tokens_at) * lim.control_frame_rate)
             self._tokens_at = now
-        pos, end, unpack, handlers, max_frame = 0, len(buf), _FRAME_HEAD_FROM, self._handlers, lim.max_frame
+        pos, end, unpack, handlers, max_frame = 0, len(buf), _FRAME_HEAD_FROM, _HANDLERS, lim.max_frame
         try:
             while end - pos >= 9:
                 length_type, flags, sid = unpack(buf, pos)
@@ -135,7 +132,7 @@ class H2Connection(H2FrameHandlers):
                     raise ProtocolError("expected CONTINUATION")
                 # (a handler ends the connection by raising ProtocolError: nothing in the loop sets closed)
                 if ftype < 10:
-                    handlers[ftype](flags, sid & _MASK, bytes(buf[start:pos]), events, now)
+                    handlers[ftype](self, flags, sid & _MASK, bytes(buf[start:pos]), events, now)
                 else:
                     self._spend()  # unknown frame types are ignored (RFC 9113 §4.1), not for free
         except ProtocolError as e:
@@ -422,3 +419,9 @@ def _tick_step_of(limits: Limits) -> float:
              limits.body_grace if limits.min_rate else 0.0)
     return min(t / 4 for t in times if t > 0)
 
+
+# each frame type's handler by its number, functions of the class: a tuple of the connection's bound methods
+# on the connection made every connection (its decoder, header table and streams) a cycle for the collector
+_HANDLERS = (H2Connection._on_data, H2Connection._on_headers, H2Connection._on_priority, H2Connection._on_rst_stream,
+             H2Connection._on_settings, H2Connection._on_push_promise, H2Connection._on_ping, H2Connection._on_goaway,
+             H2Connection._on_window_update, H2Connection._on_continuation)

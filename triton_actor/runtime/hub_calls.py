@@ -124,5 +124,8 @@ def wait_on_hub(calls: HubCalls, fn: Callable[..., S], *args: Any) -> S:
     finally:
         inbox.close()
     if not ok:
-        raise value
+        try:
+            raise value
+        finally:
+            value = None  # the raised error's traceback holds this frame: no cycle through its local
     return value

@@ -424,6 +424,8 @@ class EnsembleScheduler(ChainSteps, WaitGraphReads, InlineActor):
 
     def _close_run(self, run: _Run) -> None:
         self._runs.discard(run)
+        for table in run.tables:  # a fork and its parent point at each other: a cycle per decoupled response
+            table.parent, table.children = None, []
         msg = run.msg
         now = time.perf_counter_ns()
         if run.answered == 0:
