@@ -24,16 +24,8 @@ from tritonclient.utils import InferenceServerException
 from triton_actor.config.command_line import parse
 from triton_actor.server import Server
 
-from .server import IDENTITY_CONFIG, add_model
+from .server import IDENTITY_CONFIG, IDENTITY_PY, add_model
 
-IDENTITY_PY = """
-import triton_python_backend_utils as pb_utils
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0",
-                pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())]) for r in requests]
-"""
 CALLER_PY = """
 import triton_python_backend_utils as pb_utils
 
