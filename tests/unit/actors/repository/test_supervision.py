@@ -84,6 +84,9 @@ def test_a_failed_model_actor_restarts_and_reloads_while_the_old_snapshot_serves
     after = actor.routes["m"]
     assert after.ready_versions == (1,) and after.versions[1].scheduler is not before.versions[1].scheduler
     assert _served_by(_infer(after)) == 2  # the reloaded instance
+    drained: Reply[None] = Reply()
+    fresh.ref.settled(drained)  # the old instance drains behind the actor's mailbox
+    drained.get(WAIT)
     assert backend.events == [("finalize", 1)]  # the old instance went only after the swap and its drain
     assert actor.ref.index() == [{"name": "m", "version": "1", "state": "READY"}]
     assert actor.failures.empty()
