@@ -18,7 +18,8 @@ directory when the load API supplied files. After every change it publishes an i
 Reload is load-then-swap (https://github.com/triton-inference-server/server/issues/2076): the versions that changed are loaded (and warmed
 up) beside the serving ones; only when all of them are READY is the new handle swapped into the
 routing table; then the replaced versions drain (requests in flight finish on them) and unload, in a
-helper greenlet (:class:`~.version.Drains`): the load answers at the swap and the mailbox goes on.
+helper greenlet (:class:`~.version.Drains`): the load answers at the swap and the mailbox goes on (the next
+reload waits for that drain).
 A failed update changes nothing that serves: the old versions keep serving and carry the failure
 as their ``reason`` in the index. A ``version_policy`` change loads and unloads only the versions it
 adds and removes. Lifecycle operations on one model are serialized by this actor's mailbox; loads of
@@ -293,6 +294,10 @@ class ModelActor(Actor):
                 rec.to(READY)
             self._publish_now()
             return
+        # one generation drains at a time: a load told during a drain waits for it, or reloads in a row
+        # behind one request that never ends would pile up old versions in memory without bound (an unload
+        # or a health report does not wait: they free memory)
+        self._drains.wait()
         for v in added:
             self._versions[v] = Version(v, LOADING)  # visible while loading, as in Triton
         if added:

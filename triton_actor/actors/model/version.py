@@ -248,9 +248,10 @@ def stop_version(rec: Version, model: str) -> None:
 
 class Drains:
     """The versions a model actor stopped serving, drained and unloaded behind it in helper greenlets: a
-    reload answers at the swap and its actor goes on with its mailbox, so an unload or a load told meanwhile
-    is not held for as long as the old version's slowest request (Triton unloads the old version in the
-    background too). Single-owner (its model actor); the greenlets touch only the records they were given."""
+    reload answers at the swap and its actor goes on with its mailbox, so an unload told meanwhile is not
+    held for as long as the old version's slowest request (Triton unloads the old version in the background
+    too); the next load that changes something waits for it (the actor's ``_update``), so old versions do not
+    pile up. Single-owner (its model actor); the greenlets touch only the records they were given."""
 
     def __init__(self, model: str) -> None:
         self.model = model

@@ -7,6 +7,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import gevent.event
 import numpy as np
 import pytest
 
@@ -81,6 +82,32 @@ def test_new_version_swaps_in_after_loading_and_old_drains(tmp_path: Path, model
     swap = backend.events.index(("publish", (2,)))
     assert backend.events.index(("finalize", 101.0)) > swap  # unloaded only after traffic moved
     assert published[-1].versions[1].reason == "unloaded"
+
+
+def test_the_next_reload_waits_for_the_last_ones_drain(tmp_path: Path, model) -> None:
+    """A reload answers at the swap and its old version drains behind the mailbox; the next reload that
+    changes something waits for that drain, so reloads behind a request that does not end never pile up
+    old versions (each one a model's memory)."""
+    actor, backend, published = model
+    _version(tmp_path, 1, 1)
+    actor.ref.load(tmp_path).get(10)
+    backend.gate.close()
+    in_flight = _infer(published[-1])
+    until(lambda: backend.gate.reached == 1, "the request to run on edition 1")
+    _version(tmp_path, 1, 2)
+    actor.ref.load(tmp_path).get(10)  # answered at the swap: edition 1 drains
+    created, drains = backend.created, actor._drains
+    parked = gevent.event.Event()  # set when the actor waits for a drain that is still running
+    real_wait = drains.wait
+    drains.wait = lambda: (drains._running and parked.set(), real_wait())  # type: ignore[method-assign]
+    _version(tmp_path, 1, 3)
+    third = actor.ref.load(tmp_path)
+    assert parked.wait(10), "the third load did not wait for edition 1's drain"
+    assert not third.ready() and backend.created == created  # nothing loaded while edition 1 drains
+    backend.gate.open()
+    third.get(10)
+    assert _tag(in_flight) == 101 and _tag(_infer(published[-1])) == 103
+    assert backend.created == created + 1
 
 
 def test_broken_update_keeps_serving_and_says_why(tmp_path: Path, model) -> None:
