@@ -63,13 +63,19 @@ def _tag(reply: Reply[InferResponse]) -> float:
     return float(reply.get(5).outputs[0][1][0])
 
 
-def test_new_version_swaps_in_after_loading_and_old_drains(tmp_path: Path, model) -> None:
+def _held_on_version_1(tmp_path: Path, model: tuple[ModelActor, FakeBackend, list[ModelHandle]]) -> Reply[InferResponse]:
+    """Version 1 (edition 1) loaded, and a request held in it by the closed gate."""
     actor, backend, published = model
     _version(tmp_path, 1, 1)
     actor.ref.load(tmp_path).get(10)
     backend.gate.close()
     in_flight = _infer(published[-1])
     until(lambda: backend.gate.reached == 1, "the request to run on version 1")
+    return in_flight
+
+def test_new_version_swaps_in_after_loading_and_old_drains(tmp_path: Path, model) -> None:
+    actor, backend, published = model
+    in_flight = _held_on_version_1(tmp_path, model)
     _version(tmp_path, 2, 2)
     loading = actor.ref.load(tmp_path)  # answered after the swap, before the drain of version 1 (Triton's)
     loading.get(10)
@@ -89,11 +95,7 @@ def test_the_next_reload_waits_for_the_last_ones_drain(tmp_path: Path, model) ->
     changes something waits for that drain, so reloads behind a request that does not end never pile up
     old versions (each one a model's memory)."""
     actor, backend, published = model
-    _version(tmp_path, 1, 1)
-    actor.ref.load(tmp_path).get(10)
-    backend.gate.close()
-    in_flight = _infer(published[-1])
-    until(lambda: backend.gate.reached == 1, "the request to run on edition 1")
+    in_flight = _held_on_version_1(tmp_path, model)
     _version(tmp_path, 1, 2)
     actor.ref.load(tmp_path).get(10)  # answered at the swap: edition 1 drains
     created, drains = backend.created, actor._drains
