@@ -136,7 +136,7 @@ class MemoryBudget:
         # the old versions of reloads still draining (this process's share of each), until its model actor
         # says they are gone; keyed by a number of their own: a model reloaded twice drains twice
         self.draining: dict[int, tuple[str, int]] = {}
-        self._drains = itertools.count()
+        self._drain_keys = itertools.count()
         host.register("budget.state", self._state)
         host.register("budget.measure", self._measure_share)
 
@@ -320,7 +320,7 @@ class MemoryBudget:
         grown = max(self._measure() - before, old)
         self.footprint[name] = self.resident[name] = grown
         if old:
-            key = next(self._drains)
+            key = next(self._drain_keys)
             self.draining[key] = (name, old)
             self._settled(name).link(lambda _r: self.draining.pop(key, None))
         return grown
