@@ -76,7 +76,9 @@ class Route:
             raise TritonError.unavailable(NOT_ACCEPTING)
         if self.target is None:
             assert self.error is not None
-            raise self.error
+            # the route is shared by every request for it while it is current: each raise starts a fresh
+            # traceback, or one error would carry every failed request's frames (and hold them)
+            raise self.error.with_traceback(None)
         return self.target
 
     # -- what the decoder and encoder read ------------------------------------------------------
@@ -113,7 +115,7 @@ class Route:
         """The config of a model a version of which serves the request (Triton's error otherwise)."""
         if self.model is None or self.target is None:
             assert self.error is not None
-            raise self.error
+            raise self.error.with_traceback(None)  # as in serving()
         return self.model.config
 
     def input_specs(self) -> tuple[list[tuple[str, DType, tuple[int, ...]]], int]:

@@ -43,6 +43,7 @@ from __future__ import annotations
 import collections
 import logging
 from collections.abc import Callable
+from types import TracebackType
 from typing import Any, ClassVar, Generic, TypeVar
 
 import gevent
@@ -63,15 +64,21 @@ class Reply(Generic[T]):
     Its answer is kept in plain slots; the gevent ``AsyncResult`` a greenlet waits on or a link hangs from
     is made only when one asks (``get``, ``wait_or``, ``link``): most replies are answered on the stack
     that asked (a direct run) and read with ``ready``/``value``, and never need one (1.5 -> 0.5 us for
-    a reply made, set and read, measured with timeit)."""
+    a reply made, set and read, measured with timeit).
 
-    __slots__ = ("_result", "_done", "_value", "_error")
+    A failed reply keeps its error's traceback as it was at ``fail`` and raises the error with that one
+    each time: a raise adds its own frames to the error's traceback, so a reply failed once and read by
+    many waiters (an on-demand load that failed) would otherwise grow one shared traceback by every
+    waiter's frames, and hold them."""
+
+    __slots__ = ("_result", "_done", "_value", "_error", "_trace")
 
     def __init__(self) -> None:
         self._result: Any = None
         self._done = False
         self._value: Any = None
         self._error: BaseException | None = None
+        self._trace: TracebackType | None = None
 
     def set(self, value: T) -> None:
         if not self._done:
@@ -81,7 +88,7 @@ class Reply(Generic[T]):
 
     def fail(self, error: BaseException) -> None:
         if not self._done:
-            self._done, self._error = True, error
+            self._done, self._error, self._trace = True, error, error.__traceback__
             if self._result is not None:
                 self._result.set_exception(error)
 
@@ -102,7 +109,7 @@ class Reply(Generic[T]):
         """Wait for the answer; raises the error it failed with, or UNAVAILABLE on timeout."""
         if self._done:
             if self._error is not None:
-                raise self._error
+                raise self._error.with_traceback(self._trace)
             return self._value
         try:
             return self._waitable().get(timeout=timeout)

@@ -141,3 +141,19 @@ def test_a_route_is_reused_while_the_routing_table_stays_and_made_anew_after_a_c
     plane.repository.routes = MappingProxyType({})  # unloaded: the old route is not kept alive by the plane
     assert plane.route("m", -1).target is None
     assert len(plane._routes) == 0 or not fastpath.enabled
+
+
+
+def test_a_routes_error_starts_a_fresh_traceback_each_time_it_is_raised() -> None:
+    """A route is read several times per request (decode, enqueue, encode) and raises its one error each
+    time no version serves: each raise must start its own traceback, not extend the last one's."""
+    route = _plane(None).route("m", -1)
+    depths = set()
+    for _ in range(20):
+        with pytest.raises(TritonError) as info:
+            route.serving()
+        tb, n = info.value.__traceback__, 0
+        while tb is not None:
+            n, tb = n + 1, tb.tb_next
+        depths.add(n)
+    assert route.error is not None and len(depths) == 1, depths

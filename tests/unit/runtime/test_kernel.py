@@ -160,6 +160,44 @@ def test_reply_get_timeout_raises_and_set_is_one_shot() -> None:
     assert reply.exception() is None
 
 
+
+def _depth(tb) -> int:
+    n = 0
+    while tb is not None:
+        n, tb = n + 1, tb.tb_next
+    return n
+
+
+def _failed_reply() -> Reply[int]:
+    reply: Reply[int] = Reply()
+    try:
+        raise TritonError.unavailable("load failed")
+    except TritonError as e:
+        reply.fail(e)
+    return reply
+
+
+def test_a_failed_reply_read_many_times_raises_with_its_own_traceback_each_time() -> None:
+    """Every waiter of a reply failed once raises the one error: each raise must start from the trace the
+    error had when the reply failed, not from the previous waiter's, which a plain re-raise extends."""
+    reply = _failed_reply()
+    first = _depth(reply.exception().__traceback__)
+    depths = []
+    for _ in range(50):
+        with pytest.raises(TritonError) as info:
+            reply.get()
+        depths.append(_depth(info.value.__traceback__))
+    assert len(set(depths)) == 1, depths[:5]
+    assert depths[0] == first + 2  # this frame and get's on top of the trace the error was raised with
+    # the same through a waiter that blocks (the AsyncResult made on demand)
+    waiter = _failed_reply()
+    waiter._waitable()
+    for _ in range(5):
+        with pytest.raises(TritonError):
+            waiter.get()
+    assert _depth(waiter.exception().__traceback__) <= first + 2
+
+
 # -- tells and supervision -------------------------------------------------------------------------
 
 
