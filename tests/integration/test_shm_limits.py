@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor, serialized_byte_size
@@ -155,4 +156,16 @@ def test_shared_memory_is_off_unless_allowed(start_server, tmp_path) -> None:
     client = httpclient.InferenceServerClient(server.url)
     with pytest.raises(InferenceServerException) as e:
         client.register_system_shared_memory("r", "/whatever", 8)
-    assert e.value.status() == "503" and "--allow-client-shm=true" in e.value.message()
+    # Triton's answer since it turned client shared memory off by default (server PR #8721), word for word
+    disabled = "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
+    assert e.value.status() == "501" and e.value.message() == disabled
+    with pytest.raises(InferenceServerException) as e:
+        client.unregister_system_shared_memory()
+    assert e.value.status() == "501" and e.value.message() == disabled
+    # the status calls answer, as Triton's do: nothing is registered
+    assert client.get_system_shared_memory_status() == [] and client.get_cuda_shared_memory_status() == []
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    with pytest.raises(InferenceServerException) as e:
+        grpc.register_system_shared_memory("r", "/whatever", 8)
+    assert e.value.status() == "StatusCode.UNIMPLEMENTED" and e.value.message() == disabled
+    assert list(grpc.get_system_shared_memory_status().regions) == []

@@ -14,8 +14,9 @@ in each worker (none leaks into isolated models' processes: ``shm_open`` sets cl
 number is bounded by ``max_regions``, which the server derives from its open-file limit
 (``frontends/descriptors.region_total``): a client that registers more is refused as Triton refuses a
 region it cannot map, and connections, model loads and isolated models keep their descriptors. CUDA
-regions hold nothing: they need a GPU; without one, registering answers UNSUPPORTED. Client shared
-memory is refused unless the server runs with ``--allow-client-shm=true`` (docs/compatibility.md).
+regions hold nothing: they need a GPU; without one, registering answers UNSUPPORTED. Registering client
+shared memory is refused unless the server runs with ``--allow-client-shm=true``, as Triton does since
+its server PR #8721 (docs/compatibility.md).
 """
 
 from __future__ import annotations
@@ -67,9 +68,11 @@ class SharedMemoryRegistry:
         self._fds = native_lock()  # guards each region's users / gone / closing its fd
 
     def _check_allowed(self) -> None:
+        """Triton's refusal, word for word (its ``kClientShmDisabledErrorStr``, UNSUPPORTED): registering and
+        unregistering are refused; the status calls answer (no region is registered)."""
         if not self.allowed:
-            raise TritonError.unavailable(
-                "client shared memory is disabled on this server (start it with --allow-client-shm=true)")
+            raise TritonError.unsupported(
+                "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable.")
 
     # -- system shared memory ---------------------------------------------------------------------------
     def register_system(self, name: str, key: Any, offset: Any, byte_size: Any) -> None:
@@ -103,7 +106,6 @@ class SharedMemoryRegistry:
         self._keys.add(key)
 
     def system_status(self, name: str = "") -> list[dict[str, Any]]:
-        self._check_allowed()
         if name:
             region = self._system.get(name)
             if region is None:
@@ -134,7 +136,6 @@ class SharedMemoryRegistry:
             "server" + ("" if self.gpu_count else " (no GPU on this host)"))
 
     def cuda_status(self, name: str = "") -> list[dict[str, Any]]:
-        self._check_allowed()
         if not name:
             return []
         if name in self._system:
