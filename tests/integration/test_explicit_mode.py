@@ -210,7 +210,7 @@ def test_config_and_file_overrides(tmp_path: Path, start_server) -> None:
     with pytest.raises(InferenceServerException) as e:
         client.load_model("m", config=json.dumps(small))
     assert big_error == (e.value.status(), e.value.message())  # the same answer as on the hub
-    assert "invalid config override JSON" in big_error[1] and ask(client, "m") == 511
+    assert "Invalid config override" in big_error[1] and ask(client, "m") == 511
     assert "Traceback" not in server.log()
 
 
@@ -220,7 +220,10 @@ POLL_FAILED = "failed to load '{}', failed to poll from model repository: "
 # Triton answers most of these 500 "failed to load 'm', failed to poll from model repository" and logs
 # the reason (scripts/triton_reference/NOTES.md, pass 4); we append the reason to the same text.
 @pytest.mark.parametrize(("name", "params", "status", "message"), [
-    ("m", {"config": "{not json"}, 500, POLL_FAILED.format("m") + "model 'm': invalid config override JSON"),
+    ("m", {"config": "{not json"}, 500, POLL_FAILED.format("m") + "model 'm': Invalid config override"),
+    # what tritonclient's simple_http_model_control.py sends as its malformed override
+    ("m", {"config": '"parameters": {"config": {{"max_batch_size": "16"}}}'}, 500,
+     POLL_FAILED.format("m") + "Invalid config override: the 'config' parameter must be a JSON object"),
     ("m", {"config": json.dumps({"inputs": []})}, 500, "has no field named \"inputs\""),
     ("m", {"config": json.dumps({"name": "other"})}, 500, "names model 'other'"),
     ("m", {"file:1/model.py": "eA=="}, 500, "file overrides need a 'config' parameter"),
@@ -244,6 +247,10 @@ def test_bad_load_requests(tmp_path: Path, start_server, name: str, params: dict
     assert got == status, data
     if message:
         assert message in json.loads(data)["error"]
+    polled = POLL_FAILED.format(name.replace("%2E", "."))
+    if message and polled in json.loads(data)["error"]:  # the reason is logged too, in Triton's words (L0_http greps them)
+        reason = message.split(polled)[-1]
+        assert any("Poll failed for model directory" in line and reason in line for line in server.log().splitlines())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["repo"]  # nothing written beside the repository
     assert ask(httpclient.InferenceServerClient(server.url), "m") == 101  # still serving
 

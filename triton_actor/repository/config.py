@@ -70,13 +70,13 @@ def parse_json(text: str | Callable[[], str], model: str) -> ModelConfig:
     try:
         data = json.loads(text if isinstance(text, str) else text(), object_pairs_hook=_unique_keys)
     except ValueError as e:  # json_format.Parse's words
-        raise _err(model, f"invalid config override JSON: Failed to load JSON: {e}.") from None
+        raise _err(model, f"Invalid config override: Failed to load JSON: {e}.") from None
     try:
         json_format.ParseDict(data, cfg, ignore_unknown_fields=False)
     except json_format.ParseError as e:
-        raise _err(model, f"invalid config override JSON: {e}") from None
+        raise _err(model, f"Invalid config override: {e}") from None
     except Exception as e:  # noqa: BLE001 - json_format.Parse's words for what ParseDict raises otherwise
-        raise _err(model, f"invalid config override JSON: Failed to parse JSON: {type(e).__name__}: {e}.") from None
+        raise _err(model, f"Invalid config override: Failed to parse JSON: {type(e).__name__}: {e}.") from None
     return cfg
 
 

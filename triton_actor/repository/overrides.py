@@ -75,7 +75,7 @@ def parse_config(model: str, config: str | ConfigText) -> ModelConfig:
         taken = take_text(config)
         # not strip(): an override with a trailing newline was copied whole before it was parsed
         if not isinstance(taken, str) or _OBJECT_START.match(taken) is None:
-            raise TritonError.invalid_arg("the 'config' parameter must be a JSON object")
+            raise TritonError.invalid_arg("Invalid config override: the 'config' parameter must be a JSON object")
         return taken
 
     cfg = config_mod.parse_json(text, model)

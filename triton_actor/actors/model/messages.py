@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,8 @@ from ...runtime.response_channel import OpenStreams
 from ..scheduling.rate_limiter import RateLimiter
 from .handles import READY
 from .version import Version
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +197,23 @@ def load_api_error(name: str, error: BaseException) -> BaseException:
         return TritonError.invalid_arg(f"load failed for model '{name}': {error.message}\n")
     failed = "".join(f"version {v} is at UNAVAILABLE state: {error.status_text()};\n" for v in error.versions)
     return TritonError.invalid_arg(f"load failed for model '{name}': {failed}")
+
+
+def answer_load(name: str, reply: Reply[None], done: Reply[Any]) -> None:
+    """Complete the load API's ``reply`` from the model actor's ``done``. A load refused before any version
+    ran is logged as Triton logs it: for a poll failure its answer has only Triton's fixed text (ours appends
+    the reason), its log the reason (``Poll failed for model directory 'm': Invalid config override: ...``,
+    which Triton's L0_grpc and L0_http look for). A version's own failure is logged by the version."""
+    error = done.exception()
+    if error is None:
+        reply.set(None)
+        return
+    if isinstance(error, LoadRefused):
+        if error.stage == "poll":
+            log.error("Poll failed for model directory '%s': %s", name, error.message)
+        else:
+            log.error("failed to load '%s': %s", name, error.message)
+    reply.fail(load_api_error(name, error))
 
 
 def failure_text(model: str, versions: dict[int, Version]) -> str:

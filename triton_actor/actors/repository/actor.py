@@ -36,6 +36,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypeVar
@@ -56,7 +57,7 @@ from ...runtime.kernel import Actor, Reply
 from ...runtime.supervisor import RestartBudget
 from ..model.actor import Announce, ModelActor
 from ..model.handles import READY, UNAVAILABLE, ModelHandle, VersionHandle, index_entries
-from ..model.messages import LoadRefused, LoadSettings, Restart, load_api_error
+from ..model.messages import LoadRefused, LoadSettings, Restart, answer_load
 from .load_order import Start, loader, start_after, unload_after
 from .messages import (
     Index,
@@ -204,6 +205,7 @@ class RepositoryActor(Actor):
 
     def on__Refreshed(self, msg: _Refreshed) -> None:
         if msg.error is not None:
+            log.error("Poll failed for model directory '%s': %s", msg.load.name, msg.error.message)  # as Triton
             raise TritonError.internal(f"{_poll_failed(msg.load.name)}: {msg.error.message}")
         self._start_load(msg.load)
 
@@ -212,6 +214,7 @@ class RepositoryActor(Actor):
             model_dir, override, owned = self._load_request(msg)
         except TritonError as e:
             reason = "" if e.message == _poll_failed(msg.name) else f": {e.message}"
+            log.error("Poll failed for model directory '%s'%s", msg.name, reason or ": not in the repository")
             raise TritonError.internal(_poll_failed(msg.name) + reason) from None
         disk = self._disk_deps(layout.list_models(self.repositories))
 
@@ -236,7 +239,7 @@ class RepositoryActor(Actor):
             self._poll.loaded(name, snapshot.take(found[name][0] if name != msg.name else model_dir))
         done = self._load_in_order(starts)
         reply, name = msg.reply, msg.name  # not msg (its config text); Triton's words for a refusal
-        done[name].link(lambda r: reply.fail(load_api_error(name, r.exception())) if r.exception() else reply.set(None))
+        done[name].link(partial(answer_load, name, reply))
 
     def _load_request(self, msg: LoadModel) -> tuple[Path, ModelConfig | None, bool]:
         """Where the model actor loads from: the model's folder, or a private copy with the overrides."""
