@@ -10,7 +10,7 @@ protocol or a limit raises :class:`ProtocolError` with the status to answer befo
 Limits are nginx's defaults (``large_client_header_buffers 4 8k``, ``client_header_timeout 60s``,
 ``client_body_timeout 60s``, ``keepalive_timeout 75s``); the body limit is applied to a declared
 ``Content-Length`` before any of the body is read and to a chunked body chunk by chunk, before the
-chunk's data is buffered. Sizes are parsed strictly (``Content-Length`` digits only, chunk sizes hex
+chunk's data is buffered; a chunked body has at most :data:`MAX_CHUNKS` non-empty chunks, as in Triton. Sizes are parsed strictly (``Content-Length`` digits only, chunk sizes hex
 digits only and at most 16 of them): a lenient ``int()`` accepted ``1_0``, ``+5`` and a negative
 chunk size, which turned the body limit off.
 """
@@ -38,6 +38,11 @@ _CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,16})[ \t]*(?:;[^\r\n]*)?")
 _NEVER = float("inf")
 _EMPTY_LINES = re.compile(rb"(?:\r?\n)+")
 
+
+# the most non-empty chunks one chunked body may have: Triton's kMaxChunkedChunks (http_server.cc), and its
+# refusal's words. Each chunk costs a size line's parse whatever its size, so without a bound a body of
+# one-byte chunks cost six wire bytes and a parse per byte of the body limit.
+MAX_CHUNKS = 65536
 
 # a body's grace while other requests wait for the request memory budget it holds (press): enough for a
 # client's first round trips, where the whole grace let a silent reservation hold its bytes for 10 s
@@ -118,8 +123,8 @@ class ServerConnection:
     """One client connection's request side. Owned by the connection's greenlet; ``deadline`` is
     read by the driver's reaper (same hub thread)."""
 
-    __slots__ = ("limits", "state", "buf", "deadline", "since", "want", "_last", "_length", "_parts", "_total",
-                 "_trailer", "_body_at", "_body_bytes", "_grace")
+    __slots__ = ("limits", "state", "buf", "deadline", "since", "want", "_last", "_length", "_chunks", "_count",
+                 "_total", "_trailer", "_body_at", "_body_bytes", "_grace")
 
     def __init__(self, limits: Limits = DEFAULT_LIMITS, now: float = 0.0) -> None:
         self.limits = limits
@@ -130,7 +135,8 @@ class ServerConnection:
         self.want = 0  # body bytes still to come (a hint for the size of the next read)
         self._last = now  # when data last arrived
         self._length = 0
-        self._parts: list[bytes] = []
+        self._chunks = bytearray()  # a chunked body's data so far
+        self._count = 0  # its non-empty chunks so far
         self._total = 0
         self._trailer = 0
         self._body_at = now  # when the body's rate clock started (begin_body)
@@ -306,8 +312,8 @@ class ServerConnection:
             raise BodyTooLarge(length if length != _HUGE else "more than " + "9" * _MAX_SIZE_DIGITS, self.limits.max_body)
         if length == CHUNKED:
             self.state = CHUNK_SIZE
-            self._parts = []
-            self._total = self._trailer = 0
+            self._chunks = bytearray()
+            self._total = self._trailer = self._count = 0
         else:
             self.state = BODY
             self._length = length
@@ -353,15 +359,14 @@ class ServerConnection:
                     return NEED_DATA
                 if self.buf[n : n + 2] != b"\r\n":
                     raise self._fail(400, "chunk data not followed by CRLF")
-                self._parts.append(bytes(self.buf[:n]))
+                self._chunks += memoryview(self.buf)[:n]
                 del self.buf[: n + 2]
                 self.state = CHUNK_SIZE
             else:
                 if not self._trailer_line():
                     return NEED_DATA
                 if self.state == DONE:
-                    data = b"".join(self._parts)
-                    self._parts = []
+                    data, self._chunks = bytes(self._chunks), bytearray()
                     return self._finish(data)
 
     def _line_end(self, limit: int, status: int, what: str) -> int:
@@ -380,6 +385,11 @@ class ServerConnection:
             raise self._fail(400, "invalid chunk size")
         size = int(m.group(1), 16)
         del self.buf[: idx + 2]
+        if size:
+            self._count += 1
+            if self._count > MAX_CHUNKS:
+                raise self._fail(400, f"Chunked request body exceeds maximum of {MAX_CHUNKS} non-empty chunks. "
+                                      "Send fewer or larger HTTP chunks.")
         self._total += size
         if self._total > self.limits.max_body:
             self.state = ERROR
