@@ -84,6 +84,20 @@ def test_requested_output_subset(any_client: Client) -> None:
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
 
 
+
+def test_an_output_asked_for_twice_is_refused(any_client: Client) -> None:
+    """Triton core refuses it on every front end (its L0_grpc python_unit_test sends OUTPUT0 twice); the
+    same request without the second name is served."""
+    client = any_client
+    a = np.arange(4, dtype=np.float32)
+    with pytest.raises(InferenceServerException) as e:
+        client.raw.infer("add_sub", _inputs(client, a, a), outputs=[client.output("OUTPUT0"), client.output("OUTPUT0")])
+    assert e.value.status() == client.expect("INVALID_ARGUMENT", 400)
+    assert e.value.message().endswith("output 'OUTPUT0' already exists in request")
+    result = client.raw.infer("add_sub", _inputs(client, a, a), outputs=[client.output("OUTPUT0")])
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + a)
+
+
 def test_string_model(any_client: Client) -> None:
     client = any_client
     text = np.array([["hello", "wörld"], ["a", ""]], dtype=np.object_)

@@ -68,6 +68,13 @@ class RequestValidator:
     def _check(self, request: InferRequest) -> int:
         model = self.model
         if request.outputs is not None:
+            if len(request.outputs) > 1 and len({out.name for out in request.outputs}) < len(request.outputs):
+                # Triton core's AddOriginalRequestedOutput since April 2026 (core PR #493), for every front end
+                seen: set[str] = set()
+                for out in request.outputs:
+                    if out.name in seen:
+                        raise TritonError.invalid_arg(f"{_prefix(request)}output '{out.name}' already exists in request")
+                    seen.add(out.name)
             for out in request.outputs:
                 if out.name not in self.outputs:
                     raise TritonError.invalid_arg(f"unexpected inference output '{out.name}' for model '{model}'")

@@ -163,6 +163,19 @@ def test_unknown_output_has_no_request_prefix() -> None:
     assert msg == "unexpected inference output 'OUTPUT9' for model 'add_sub'"
 
 
+@pytest.mark.parametrize("fast", [True, False])
+def test_an_output_asked_for_twice_is_refused_every_time(fast: bool, monkeypatch) -> None:
+    """Triton core refuses a requested output named twice (core PR #493, its L0_grpc python_unit_test):
+    ``[request id: ...] output 'X' already exists in request``; never remembered as accepted."""
+    from triton_actor.runtime import fastpath
+
+    monkeypatch.setattr(fastpath, "enabled", fast)
+    twice = _req("add_sub", _t("INPUT0", (4,)), _t("INPUT1", (4,)), outputs=("OUTPUT1", "OUTPUT0", "OUTPUT1"))
+    for _ in range(2):
+        assert _message(ADD_SUB, twice) == NO_ID + "output 'OUTPUT1' already exists in request"
+    assert ADD_SUB.check(_req("add_sub", _t("INPUT0", (4,)), _t("INPUT1", (4,)), outputs=("OUTPUT1", "OUTPUT0"))) == 1
+
+
 def test_scalar_input_to_batching_model() -> None:
     # Triton: LogRequest() + "input '" + name + "' has no shape but model requires batch dimension for '" + model + "'"
     msg = _message(IDENTITY_BATCH, _req("identity_batch", _t("INPUT0", ())))
