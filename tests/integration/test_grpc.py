@@ -6,6 +6,7 @@ Raw RPCs use tritonclient's own generated modules (the ground truth for the wire
 
 from __future__ import annotations
 
+import base64
 import os
 import signal
 import socket
@@ -156,7 +157,7 @@ def test_cuda_shared_memory_answers(grpc_client: Client) -> None:
     assert not c.get_cuda_shared_memory_status().regions
     c.unregister_system_shared_memory("zz")  # unknown region: a no-op, as Triton
     with pytest.raises(InferenceServerException) as e:
-        c.register_cuda_shared_memory("c", b"x" * 64, 0, 16)
+        c.register_cuda_shared_memory("c", base64.b64encode(bytes(64)), 0, 16)  # a handle, as get_raw_handle gives it
     assert e.value.status() == "StatusCode.UNIMPLEMENTED" and "CUDA" in e.value.message()
 
 

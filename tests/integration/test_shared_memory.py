@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import os
 from collections.abc import Iterator
 
@@ -84,8 +85,17 @@ def test_bounds_and_errors(any_client: Client, regions: dict[str, object]) -> No
     assert c.is_server_live()
 
 
+# what tritonclient.utils.cuda_shared_memory.get_raw_handle gives: a cudaIpcMemHandle_t's 64 bytes in base64
+CUDA_HANDLE = base64.b64encode(bytes(64))
+
+
 def test_cuda_shared_memory_is_unsupported(any_client: Client) -> None:
     with pytest.raises(InferenceServerException) as e:
-        any_client.register_cuda_shared_memory("c", b"x" * 64, 0, 16)
+        any_client.register_cuda_shared_memory("c", CUDA_HANDLE, 0, 16)
     assert any_client.status(e.value) == any_client.expect("UNIMPLEMENTED", 501)
     assert "CUDA shared memory is not supported" in e.value.message()
+    # a handle that is not one (Triton's L0_grpc aio test sends b""): Triton's answer on a GPU host
+    with pytest.raises(InferenceServerException) as e:
+        any_client.register_cuda_shared_memory("c", base64.b64encode(b"x" * 48), 0, 0)
+    assert any_client.status(e.value) == any_client.expect("INVALID_ARGUMENT", 400)
+    assert e.value.message() == "failed to register shared memory region: invalid args"

@@ -3,6 +3,7 @@ tensors, a registered window with an offset, every way out of a window, bad keys
 
 from __future__ import annotations
 
+import base64
 import os
 
 import numpy as np
@@ -146,7 +147,7 @@ def test_bad_registrations(client, regions) -> None:
 
 def test_cuda_shared_memory_is_refused_clearly(client) -> None:
     with pytest.raises(InferenceServerException) as e:
-        client.register_cuda_shared_memory("gpu", b"\0" * 64, 0, 16)
+        client.register_cuda_shared_memory("gpu", base64.b64encode(bytes(64)), 0, 16)
     assert e.value.status() == "501" and "CUDA shared memory" in e.value.message()
     assert client.get_cuda_shared_memory_status() == []
 

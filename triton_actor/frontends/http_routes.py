@@ -22,7 +22,7 @@ from ..plane import cache_front
 from ..plane.dataplane import DataPlane, Streamed
 from ..plane.route import Route
 from ..protocol import codings, generate, header_forward, payloads, repository_http, v2_http, v2_http_response
-from ..protocol.shm_windows import SharedMemoryAccess
+from ..protocol.shm_windows import SharedMemoryAccess, http_raw_handle
 from ..runtime import fastpath
 from ..runtime.kernel import Reply as Reply_
 from . import cached_answers, compression
@@ -276,8 +276,9 @@ def _shm_routes(app: Flask, plane: DataPlane) -> None:
     for kind, status, register, unregister in (
         ("system", shm.system_status, lambda r, d: shm.register_system(r, d.get("key"), d.get("offset", 0),
                                                                         d.get("byte_size")), shm.unregister_system),
-        ("cuda", shm.cuda_status, lambda r, d: shm.register_cuda(r, d.get("raw_handle"), d.get("device_id", 0),
-                                                                  d.get("byte_size")), shm.unregister_cuda),
+        ("cuda", shm.cuda_status, lambda r, d: shm.register_cuda(r, http_raw_handle(d.get("raw_handle")),
+                                                                  d.get("device_id", 0), d.get("byte_size")),
+         shm.unregister_cuda),
     ):
         _shm_kind(app, kind, status, register, unregister)
 

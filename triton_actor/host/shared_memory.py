@@ -32,6 +32,9 @@ from typing import Any
 from ..errors import TritonError
 from ..runtime.threads import native_lock
 
+# sizeof(cudaIpcMemHandle_t): what a client's raw_handle must be (tritonclient.utils.cuda_shared_memory)
+CUDA_IPC_HANDLE_BYTES = 64
+
 # A POSIX shared-memory object name: an optional leading "/" and no other "/" (shm_open's rule),
 # so a key can only name an object under /dev/shm, never a path.
 _KEY = re.compile(r"/?[^/\x00]{1,250}")
@@ -131,6 +134,9 @@ class SharedMemoryRegistry:
         self._check_allowed()
         if name in self._system:
             raise TritonError.already_exists(f"shared memory region '{name}' already in manager")
+        if not isinstance(raw_handle, (bytes, bytearray)) or len(raw_handle) != CUDA_IPC_HANDLE_BYTES:
+            # what Triton answers for a handle CUDA cannot open (shared_memory_manager.cc OpenCudaIPCRegion)
+            raise TritonError.invalid_arg("failed to register shared memory region: invalid args")
         raise TritonError.unsupported(
             f"failed to register CUDA shared memory region '{name}': CUDA shared memory is not supported by this "
             "server" + ("" if self.gpu_count else " (no GPU on this host)"))

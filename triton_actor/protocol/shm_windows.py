@@ -4,6 +4,7 @@ written through a :class:`SharedMemoryAccess` the data plane passes in (its regi
 
 from __future__ import annotations
 
+import base64
 from typing import Any, Protocol
 
 from ..errors import TritonError
@@ -38,3 +39,15 @@ def parse_window(region: Any, offset: Any, byte_size: Any, what: str) -> tuple[s
         raise TritonError.invalid_arg(f"{what}: 'shared_memory_region' (string) and 'shared_memory_byte_size' "
                                       "(integer) must be given together, with an optional 'shared_memory_offset'")
     return region, offset, byte_size
+
+
+def http_raw_handle(value: Any) -> bytes | None:
+    """A CUDA region's ``raw_handle`` as the HTTP register request carries it (``{"b64": "<base64>"}``, as
+    tritonclient sends it), decoded; None when it is not that shape or not base64 (the registry refuses
+    it as Triton refuses a handle it cannot open)."""
+    if not isinstance(value, dict) or not isinstance(value.get("b64"), str):
+        return None
+    try:
+        return base64.b64decode(value["b64"], validate=True)
+    except ValueError:
+        return None

@@ -101,9 +101,14 @@ def test_everything_but_status_is_refused_unless_allowed(segment: tuple[str, sha
 def test_cuda_regions_are_unsupported_and_share_the_namespace(segment: tuple[str, shared_memory.SharedMemory]) -> None:
     key, _ = segment
     reg = SharedMemoryRegistry(allowed=True)
-    assert _code(reg.register_cuda, "c", b"h", 0, 8) == Code.UNSUPPORTED
+    assert _code(reg.register_cuda, "c", b"h" * 64, 0, 8) == Code.UNSUPPORTED
+    # a handle that is not a cudaIpcMemHandle_t's 64 bytes: Triton's answer for a handle CUDA cannot open
+    for bad in (b"", b"h", b"h" * 65, None, {"b64": "aA=="}):
+        with pytest.raises(TritonError) as e:
+            reg.register_cuda("c", bad, 0, 8)
+        assert (e.value.code, e.value.message) == (Code.INVALID_ARG, "failed to register shared memory region: invalid args")
     reg.register_system("s", key, 0, 8)
-    assert _code(reg.register_cuda, "s", b"h", 0, 8) == Code.ALREADY_EXISTS
+    assert _code(reg.register_cuda, "s", b"h" * 64, 0, 8) == Code.ALREADY_EXISTS
     assert reg.cuda_status() == [] and _code(reg.cuda_status, "s") == Code.NOT_FOUND
 
 
