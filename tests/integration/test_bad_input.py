@@ -46,7 +46,10 @@ CASES = [
     ("triton_ parameter", {"inputs": GOOD, "parameters": {"triton_x": 1}}, 400,
      "parameter keys starting with 'triton_' are reserved for Triton usage and should not be specified."),
     ("unknown datatype", {"inputs": [{**GOOD[0], "datatype": "FLOAT"}, GOOD[1]]}, 400, "invalid datatype"),
-    ("negative shape", {"inputs": [{**GOOD[0], "shape": [-4]}, GOOD[1]]}, 400, "invalid shape"),
+    ("negative shape", {"inputs": [{**GOOD[0], "shape": [-4]}, GOOD[1]]}, 500,
+     "Unable to parse 'shape': attempt to access JSON non-unsigned-integer as unsigned-integer"),
+    ("element count past INT64_MAX", {"inputs": [{**GOOD[0], "shape": [2**4, 2**60 + 2]}, GOOD[1]]}, 400,
+     "causes total element count to exceed maximum size of 9223372036854775807"),
     ("inputs not a list", {"inputs": {"a": 1}}, 500, "Unable to parse 'inputs'"),
     ("deeply wrong types", {"inputs": [7, "x"]}, 400, "each entry of 'inputs' must be an object"),
 ]

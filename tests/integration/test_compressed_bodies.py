@@ -161,7 +161,9 @@ def test_grpc_and_http_share_one_inflation_limit(small_limit_server: ServerProce
             with pytest.raises(InferenceServerException) as refused:
                 http.infer("identity", _inputs(httpclient, over), request_compression_algorithm=algorithm)
             assert refused.value.status() == "400"
-            assert f"exceeds the maximum allowed value of {INFLATED_MAX}" in refused.value.message()
+            assert refused.value.message() == (  # Triton's words for it (its http_input_size_limit_test)
+                f"Decompressed data size exceeds the maximum allowed value of {INFLATED_MAX} bytes. "
+                "Use --http-max-input-size to increase the limit.")
             result = grpc.infer("identity", _inputs(grpcclient, fits), compression_algorithm=algorithm)
             assert result.as_numpy("OUTPUT0").shape == (fits,)
         # an uncompressed gRPC message keeps gRPC's own limit (INT32_MAX, as Triton)

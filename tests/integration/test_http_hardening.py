@@ -131,7 +131,13 @@ def test_chunked_body_over_the_limit(start_server: Callable[..., ServerProcess])
     server = start_server(REPO, flags=("--http-max-input-size", "1000"))
     answer = _exchange(server, CHUNKED + b"258\r\n" + b" " * 600 + b"\r\n258\r\n")
     assert _status(answer) == 400
-    assert b"exceeds the maximum allowed value of 1000" in answer
+    assert b"request JSON size of 1200 bytes exceeds the maximum allowed input size of 1000 bytes" in answer
+    # a raw binary body (the body is the input): Triton words it differently (its http_input_size_limit_test)
+    raw = (b"POST /v2/models/add_sub/infer HTTP/1.1\r\nInference-Header-Content-Length: 0\r\n"
+           b"Content-Length: 1001\r\n\r\n")
+    answer = _exchange(server, raw + b" " * 1001)
+    assert _status(answer) == 400 and b"Raw input has a byte_size (1001 bytes) that exceeds the maximum allowed value " \
+        b"of 1000 bytes. Use --http-max-input-size to increase the limit." in answer
 
 
 def test_router_answers_unknown_paths_and_wrong_methods(example_server: ServerProcess) -> None:

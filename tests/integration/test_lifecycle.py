@@ -327,7 +327,7 @@ def test_body_size_limit(tmp_path: Path, start_server) -> None:
     server = start_server(tmp_path, flags=("--http-max-input-size", "1000"))
     body = json.dumps({"inputs": [{"name": "INPUT0", "shape": [400], "datatype": "FP32", "data": [0.5] * 400}]}).encode()
     status, _, data = _post(server, "/v2/models/ident/infer", body)
-    assert status == 400 and "exceeds the maximum allowed value of 1000" in json.loads(data)["error"]
+    assert status == 400 and "exceeds the maximum allowed input size of 1000 bytes" in json.loads(data)["error"]
     small = json.dumps({"inputs": [{"name": "INPUT0", "shape": [2], "datatype": "FP32", "data": [1, 2]}]}).encode()
     status, _, _ = _post(server, "/v2/models/ident/infer", small)
     assert status == 200

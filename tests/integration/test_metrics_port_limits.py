@@ -60,7 +60,7 @@ def test_bodies_and_other_requests(impatient_server: ServerProcess) -> None:
         conn.putheader("Content-Length", "1000000")
         conn.endheaders()
         answer = conn.getresponse()
-        assert answer.status == 400 and b"exceeds the maximum allowed value" in answer.read()
+        assert answer.status == 400 and b"exceeds the maximum allowed input size" in answer.read()
         conn.close()
         conn.request("GET", "/other")
         answer = conn.getresponse()

@@ -332,7 +332,7 @@ def _index_ready(raw: bytes) -> bool:
         raise TritonError.invalid_arg(f"failed to parse the request JSON buffer: {e}") from None
     ready = data.get("ready", False) if isinstance(data, dict) else None
     if not isinstance(ready, bool):
-        raise TritonError.invalid_arg("Expected 'ready' to be a boolean")
+        raise TritonError.invalid_arg("Invalid value for 'ready': expected a boolean")  # Triton's words
     return ready
 
 

@@ -43,7 +43,7 @@ from ..runtime import fastpath
 from ..runtime.socket_io import PeerWatch, Woken, recv_when_readable, send_all, send_now, wake_reader
 from .budget import FIRST_INSTALLMENT, ByteBudget, with_room
 from .descriptors import ConnectionSlots, Listener, Reusable, bind, close_longest_waiting, descriptor_cap
-from .http import JSON_HEADERS, HttpFrontend, Reply, error_response, too_large
+from .http import JSON_HEADERS, HttpFrontend, Reply, body_kind, error_response, too_large
 from .http_status import status_line
 from .slow_requests import SlowRequestLog
 
@@ -417,7 +417,7 @@ class HttpServer:
     def _refuse(self, conn: _Connection, error: http1.ProtocolError) -> None:
         """Answer a request the state machine refused, then the connection closes."""
         if isinstance(error, http1.BodyTooLarge):
-            reply = error_response(too_large(error.size, error.limit))  # Triton's text and status
+            reply = error_response(too_large(error.size, error.limit, body_kind(error.head)))  # Triton's text, status
         else:
             reply = (status_line(error.status), JSON_HEADERS, orjson.dumps({"error": error.message}))
         try:

@@ -50,12 +50,14 @@ PRESSED_GRACE = 1.0
 
 
 class BodyTooLarge(ProtocolError):
-    """The body is over ``max_body``; ``size`` is what was declared or has arrived so far."""
+    """The body is over ``max_body``; ``size`` is what was declared or has arrived so far; ``head`` is the
+    request's (its fields word the answer: Triton's differs for a raw binary or a compressed body)."""
 
-    def __init__(self, size: int | str, limit: int) -> None:
+    def __init__(self, size: int | str, limit: int, head: Head | None = None) -> None:
         super().__init__(400, f"request body of {size} bytes exceeds the limit of {limit}")
         self.size = size
         self.limit = limit
+        self.head = head
 
 
 class BodyTimeout(ProtocolError):
@@ -124,7 +126,7 @@ class ServerConnection:
     read by the driver's reaper (same hub thread)."""
 
     __slots__ = ("limits", "state", "buf", "deadline", "since", "want", "_last", "_length", "_chunks", "_count",
-                 "_total", "_trailer", "_body_at", "_body_bytes", "_grace")
+                 "_chunked_head", "_total", "_trailer", "_body_at", "_body_bytes", "_grace")
 
     def __init__(self, limits: Limits = DEFAULT_LIMITS, now: float = 0.0) -> None:
         self.limits = limits
@@ -137,6 +139,7 @@ class ServerConnection:
         self._length = 0
         self._chunks = bytearray()  # a chunked body's data so far
         self._count = 0  # its non-empty chunks so far
+        self._chunked_head: Head | None = None  # its head (a refusal's answer reads it)
         self._total = 0
         self._trailer = 0
         self._body_at = now  # when the body's rate clock started (begin_body)
@@ -309,9 +312,11 @@ class ServerConnection:
         length = info[6]  # Head.length (an index: field getters are the slow attribute path)
         if length > self.limits.max_body:
             self.state = ERROR
-            raise BodyTooLarge(length if length != _HUGE else "more than " + "9" * _MAX_SIZE_DIGITS, self.limits.max_body)
+            raise BodyTooLarge(length if length != _HUGE else "more than " + "9" * _MAX_SIZE_DIGITS, self.limits.max_body,
+                               info)
         if length == CHUNKED:
             self.state = CHUNK_SIZE
+            self._chunked_head = info
             self._chunks = bytearray()
             self._total = self._trailer = self._count = 0
         else:
@@ -393,7 +398,7 @@ class ServerConnection:
         self._total += size
         if self._total > self.limits.max_body:
             self.state = ERROR
-            raise BodyTooLarge(self._total, self.limits.max_body)
+            raise BodyTooLarge(self._total, self.limits.max_body, self._chunked_head)
         self._length = size
         self.state = CHUNK_DATA if size else TRAILERS
         return True

@@ -23,7 +23,8 @@ from ._generated import grpc_service_pb2 as pb
 from .classification import selected_outputs
 from .dtypes import BY_WIRE, BYTES, DType, from_numpy
 from .shm_windows import parse_window, write_output
-from .v2_http import MANY_INPUTS, SLICE, element_count, refuse_unknown_inputs, tensor_from_bytes
+from .tensor_shapes import element_count
+from .v2_http import MANY_INPUTS, SLICE, refuse_unknown_inputs, tensor_from_bytes
 
 if TYPE_CHECKING:
     from .shm_windows import SharedMemoryAccess

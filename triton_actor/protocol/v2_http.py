@@ -19,6 +19,7 @@ from ..runtime import fastpath
 from . import bytes_codec
 from .dtypes import BF16, BF16_NUMPY, BY_WIRE, BYTES, DType
 from .shm_windows import parse_window
+from .tensor_shapes import element_count, json_shape_error
 
 if TYPE_CHECKING:
     from .shm_windows import SharedMemoryAccess
@@ -214,7 +215,7 @@ def _decode_input(item: Any, body: bytes, offset: int, model_name: str, prefix: 
         raise TritonError.invalid_arg(f"{prefix}invalid datatype '{wire}' for input '{name}'")
     count = element_count(shape) if shape.__class__ is list else None
     if count is None:
-        raise TritonError.invalid_arg(f"{prefix}invalid shape {shape!r} for input '{name}'")
+        raise json_shape_error(shape, dtype, name, prefix)
     shape_t = tuple(shape)
     params = item.get("parameters") or {}
     size = params.get("binary_data_size") if isinstance(params, dict) else None
@@ -248,25 +249,6 @@ def _decode_input(item: Any, body: bytes, offset: int, model_name: str, prefix: 
     return InferInput(name, dtype, shape_t, data), offset
 
 
-# numpy holds at most 2**63 - 1 bytes and its widest elements (FP64, INT64, object) take 8: a shape
-# whose non-zero dimensions multiply past this is no array even when a 0 dimension leaves it empty
-# (numpy: "array is too big"), and no real tensor has that many elements.
-_MAX_ELEMENTS = (2**63 - 1) // 8
-
-
-def element_count(shape: Any) -> int | None:
-    """The element count of a request's shape (JSON list or protobuf dims); None when a dimension is
-    not a non-negative integer or the shape is too large for any array (zero dimensions included)."""
-    count = span = 1
-    for d in shape:
-        if d.__class__ is not int or d < 0:
-            return None
-        count *= d
-        if d:
-            span *= d
-    return count if span <= _MAX_ELEMENTS else None
-
-
 def tensor_from_bytes(
     buf: bytes | memoryview, dtype: DType, shape: tuple[int, ...], count: int, name: str, model: str, prefix: str
 ) -> np.ndarray:
@@ -283,7 +265,10 @@ def tensor_from_bytes(
     return np.frombuffer(buf, dtype=dtype.numpy).reshape(shape)
 
 
-_MAX_NESTING = 64  # JSON 'data' nested deeper than any tensor's rank could be is refused, not recursed
+_NO_ID = "[request id: <id_unknown>] "  # Triton's LogRequest() for a request without an id (a raw one has none)
+
+# JSON 'data' nested deeper than this is refused, not recursed: Triton's HTTP_MAX_JSON_NESTING_DEPTH and its words
+_MAX_NESTING = 100
 
 
 def _flatten(data: list[Any], out: list[Any], name: str) -> None:
@@ -294,7 +279,8 @@ def _flatten(data: list[Any], out: list[Any], name: str) -> None:
             if isinstance(x, list):
                 if len(stack) >= _MAX_NESTING:
                     raise TritonError.invalid_arg(
-                        f"Unable to parse 'data' of input '{name}': nested deeper than {_MAX_NESTING} levels")
+                        f"Unable to parse 'data' of input '{name}': JSON nesting depth exceeds maximum allowed "
+                        f"limit ({_MAX_NESTING})")
                 stack.append(iter(x))
                 break
             out.append(x)
@@ -466,9 +452,14 @@ def decode_raw_request(
     one variable dimension is allowed (filled from the body size); every output comes back binary.
     """
     name, dtype, dims, max_batch = spec
+    variable = [i for i, d in enumerate(dims) if d < 0]
+    if len(variable) > 1:  # Triton core's words (InferenceRequest::Normalize), as the others here
+        raise TritonError.invalid_arg(f"{_NO_ID}The shape of the raw input '{name}' can not be deduced because there "
+                                      "are more than one variable-sized dimension")
     if dtype is BYTES:
-        if list(dims) not in ([1], [-1]):
-            raise TritonError.invalid_arg(f"raw binary request for model '{model_name}': BYTES input must have dims [1]")
+        if list(dims) != [1]:
+            raise TritonError.invalid_arg(
+                f"{_NO_ID}For BYTE datatype raw input '{name}', the model must have input shape [1]")
         data = np.empty(1, dtype=np.object_)
         data[0] = bytes(body)
         shape: tuple[int, ...] = (1,)
@@ -476,11 +467,6 @@ def decode_raw_request(
         known = 1
         for d in dims:
             known *= d if d > 0 else 1
-        variable = [i for i, d in enumerate(dims) if d < 0]
-        if len(variable) > 1:
-            raise TritonError.invalid_arg(
-                f"raw binary request for model '{model_name}': input '{name}' has more than one variable dimension"
-            )
         elements, rest = divmod(len(body), dtype.itemsize)
         if rest or (variable and elements % known) or (not variable and elements != known):
             raise TritonError.invalid_arg(

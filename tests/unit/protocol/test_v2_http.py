@@ -112,7 +112,18 @@ def test_decode_input_without_data_or_binary() -> None:
 
 def test_decode_bad_datatype_shape_and_duplicates() -> None:
     _raises(Code.INVALID_ARG, _json({"inputs": [{"name": "I", "datatype": "FLOAT", "shape": [1], "data": [1]}]}))
-    _raises(Code.INVALID_ARG, _json({"inputs": [_fp32_input(shape=[-4], data=[1])]}))
+    # Triton's HTTP front end fails the JSON parse on a dimension that is not a non-negative integer (500) and
+    # says which limit a shape passes (400): its L0_http http_test sends each
+    unsigned = "Unable to parse 'shape': attempt to access JSON non-unsigned-integer as unsigned-integer"
+    for shape in ([-4], [2, -5], [1.0], [True]):
+        assert _raises(Code.INTERNAL, _json({"inputs": [_fp32_input(shape=shape, data=[1])]})).message == unsigned
+    err = _raises(Code.INVALID_ARG, _json({"inputs": [_fp32_input(shape=[2**4, 2**60 + 2], data=[1])]}))
+    assert err.message.endswith("invalid shape for input 'I': shape [16,1152921504606846978] causes total element "
+                                "count to exceed maximum size of 9223372036854775807")
+    err = _raises(Code.INVALID_ARG, _json({"inputs": [_fp32_input(shape=[2**2, 2**60 + 2], data=[1])]}))
+    assert err.message.endswith("byte size overflow for input 'I': element count (4611686018427387912) * data type "
+                                "size (4) exceeds maximum allowed size (9223372036854775807)")
+    assert "invalid shape" in _raises(Code.INVALID_ARG, _json({"inputs": [_fp32_input(shape=7, data=[1])]})).message
     err = _raises(Code.INVALID_ARG, _json({"inputs": [_fp32_input(shape=[1], data=[1]),
                                                       _fp32_input(shape=[1], data=[2])]}))
     assert "'I'" in err.message and "already exists" in err.message
@@ -487,7 +498,11 @@ def test_json_data_nested_deeper_than_any_tensor_is_a_clear_error() -> None:
     body = ('{"inputs":[{"name":"A","datatype":"FP32","shape":[1],"data":' + deep + "}]}").encode()
     with pytest.raises(TritonError) as info:
         v2.decode_infer_request(body, None, "m", 1)
-    assert info.value.code == Code.INVALID_ARG and "nested deeper" in info.value.message
+    assert info.value.code == Code.INVALID_ARG
+    assert info.value.message.endswith("JSON nesting depth exceeds maximum allowed limit (100)")  # Triton's words
+    deep_ok = "[" * 99 + "1" + "]" * 99  # Triton's limit: its http_test sends 50 (served) and 120 (refused)
+    body = ('{"inputs":[{"name":"A","datatype":"FP32","shape":[1],"data":' + deep_ok + "}]}").encode()
+    assert v2.decode_infer_request(body, None, "m", 1).inputs["A"].data.tolist() == [1.0]
     shallow = b'{"inputs":[{"name":"A","datatype":"FP32","shape":[2,1,2],"data":[[[1,2]],[[3,[4]]]]}]}'
     assert v2.decode_infer_request(shallow, None, "m", 1).inputs["A"].data.ravel().tolist() == [1, 2, 3, 4]
 
