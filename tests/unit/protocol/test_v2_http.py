@@ -455,6 +455,20 @@ def test_decode_raw_request_errors(body: bytes, spec: tuple[str, Any, tuple[int,
     assert info.value.code == Code.INVALID_ARG
 
 
+@pytest.mark.parametrize(("spec", "message"), [
+    (("I", FP32, (-1, -1), 0), "The shape of the raw input 'I' can not be deduced because there are more than one "
+                               "variable-sized dimension"),
+    (("T", BYTES, (-1,), 8), "For BYTE datatype raw input 'T', the model must have input shape [1]"),
+    (("T", BYTES, (2,), 0), "For BYTE datatype raw input 'T', the model must have input shape [1]"),
+])
+def test_decode_raw_request_refusals_in_triton_core_s_words(spec: tuple[str, Any, tuple[int, ...], int],
+                                                             message: str) -> None:
+    """Triton core's InferenceRequest::Normalize, as its L0_http http_test looks for them."""
+    with pytest.raises(TritonError) as info:
+        v2.decode_raw_request(b"427", spec, "m", 1)
+    assert info.value.message == "[request id: <id_unknown>] " + message
+
+
 def _binary_body(header: dict[str, Any], *arrays: np.ndarray) -> tuple[bytes, int]:
     head = orjson.dumps(header)
     return head + b"".join(a.tobytes() for a in arrays), len(head)
