@@ -143,6 +143,7 @@ def run_client(examples: Path, server: Server, client: str, args: tuple[str, ...
 
 def port_free(port: int) -> bool:
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: TIME_WAIT is no owner
         try:
             s.bind(("0.0.0.0", port))
         except OSError:

@@ -17,7 +17,7 @@ class TritonPythonModel:
             values = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
             delays = pb_utils.get_input_tensor_by_name(request, "DELAY").as_numpy()
             wait = int(pb_utils.get_input_tensor_by_name(request, "WAIT").as_numpy().flat[0])
-            for i, (value, delay) in enumerate(zip(values, delays)):
+            for i, (value, delay) in enumerate(zip(values, delays, strict=True)):
                 time.sleep(int(delay) / 1000)
                 sender.send(pb_utils.InferenceResponse([
                     pb_utils.Tensor("OUT", np.array([value], dtype=np.int32)),

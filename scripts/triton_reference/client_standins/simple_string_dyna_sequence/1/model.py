@@ -25,7 +25,7 @@ class TritonPythonModel:
             time.sleep(self.delay)
         responses = []
         for request in requests:
-            def control(name):
+            def control(name, request=request):
                 return pb_utils.get_input_tensor_by_name(request, name).as_numpy().flat[0]
 
             value = pb_utils.get_input_tensor_by_name(request, "INPUT").as_numpy()
