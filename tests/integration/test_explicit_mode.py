@@ -249,8 +249,9 @@ def test_bad_load_requests(tmp_path: Path, start_server, name: str, params: dict
         assert message in json.loads(data)["error"]
     polled = POLL_FAILED.format(name.replace("%2E", "."))
     if message and polled in json.loads(data)["error"]:  # the reason is logged too, in Triton's words (L0_http greps them)
-        reason = message.split(polled)[-1]
-        assert any("Poll failed for model directory" in line and reason in line for line in server.log().splitlines())
+        reason = message.split(polled)[-1]  # logged before the answer, but read from the pipe by a reader: wait for it
+        assert server.stderr.wait(lambda: any("Poll failed for model directory" in line and reason in line
+                                              for line in server.log().splitlines()), 30), server.log()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["repo"]  # nothing written beside the repository
     assert ask(httpclient.InferenceServerClient(server.url), "m") == 101  # still serving
 
