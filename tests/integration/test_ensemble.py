@@ -655,3 +655,26 @@ def test_a_step_refused_by_its_model_stays_refused(tmp_path: Path, start_server)
         assert "unexpected shape for input 'X' for model 'two'. Expected [2], got [3]" in e.value.message()
     assert ask(2).as_numpy("OUT").tolist() == [0.0, 1.0]
     client.close()
+
+
+def test_steps_that_batch_and_steps_that_do_not_meet_in_one_ensemble(tmp_path: Path, start_server) -> None:
+    """Triton core's ReshapeTensorDims (its L0_simple_ensemble backpressure models: an ensemble that does not
+    batch feeds a model with max_batch_size 1): a batching step gets the tensor with a batch of 1 in front,
+    a step that does not batch gets a batched tensor of batch 1 without it."""
+    repo = tmp_path / "repo"
+    add_model(repo, "inc", _arith_config({"add": "1"}), ARITH_PY)  # batches (max_batch_size 8), dims [2]
+    add_model(repo, "flat", _arith_config({"mul": "3"}).replace("max_batch_size: 8", "max_batch_size: 0"), ARITH_PY)
+    no_batch = _ensemble_config(["A", "B"], [_step("inc", {"X": "IN"}, {"Y": "A"}), _step("flat", {"X": "A"}, {"Y": "B"})])
+    add_ensemble(repo, "plain", no_batch.replace("max_batch_size: 8", "max_batch_size: 0"))
+    add_ensemble(repo, "batched", _ensemble_config(["B"], [_step("flat", {"X": "IN"}, {"Y": "F"}),
+                                                          _step("inc", {"X": "F"}, {"Y": "B"})]))
+    server = start_server(repo)
+    client = httpclient.InferenceServerClient(server.url)
+    x = httpclient.InferInput("IN", [2], "FP32")  # no batch dimension: the ensemble does not batch
+    x.set_data_from_numpy(np.array([1, 2], np.float32))
+    result = client.infer("plain", [x])
+    np.testing.assert_array_equal(result.as_numpy("A"), [[2, 3]])  # inc's output keeps its batch of 1
+    np.testing.assert_array_equal(result.as_numpy("B"), [6, 9])  # flat took it as [2]
+    x = httpclient.InferInput("IN", [1, 2], "FP32")
+    x.set_data_from_numpy(np.array([[1, 2]], np.float32))
+    np.testing.assert_array_equal(client.infer("batched", [x]).as_numpy("B"), [[4, 7]])

@@ -37,7 +37,7 @@ def _shape_text(shape: tuple[int, ...] | list[int]) -> str:
 class RequestValidator:
     """Per model version: known inputs/outputs, batching, and the checks on one request."""
 
-    __slots__ = ("model", "max_batch_size", "inputs", "outputs", "required", "_accepted")
+    __slots__ = ("model", "max_batch_size", "inputs", "outputs", "required", "ranks", "_accepted")
 
     def __init__(self, config: ModelConfig) -> None:
         self.model = config.name
@@ -48,6 +48,7 @@ class RequestValidator:
         }
         self.outputs = frozenset(o.name for o in config.output)
         self.required = frozenset(n for n, s in self.inputs.items() if not s.optional)
+        self.ranks = {n: len(spec.dims) for n, spec in self.inputs.items()}  # an ensemble step's reshape reads them
         self._accepted: fastpath.BoundedCache[tuple[object, ...], int] = fastpath.BoundedCache(
             f"accepted signatures of {self.model}", MEMO_SIZE)
 

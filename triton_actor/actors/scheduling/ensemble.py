@@ -12,20 +12,18 @@ repository's routing table when it starts (``routes()``), so it goes through tha
 (its dynamic batcher sees ensemble traffic) and a reloaded composing model is picked up by the next step.
 
 Data flow: a step starts as soon as every tensor it reads exists, so independent branches run at the
-same time; tensors pass between steps as the same numpy arrays (no copies); a chain of steps runs as a
-loop (``ensemble_chain.py``). A new tensor looks only at the steps that read it (``Graph.consumers``),
-and at most :data:`STEPS_PER_TURN` steps start in one hub turn, the rest (of every request, in order)
-in the next turns: a very wide ensemble (2000 steps reading its input) no longer holds the hub for the
-whole fan-out. A step that fails fails its request with the step's message and drops the request's
-tensors. A decoupled composing model's responses each fork the request's tensor table and drive the
-steps downstream once per response; every table that completes the ensemble outputs is one response of
-a decoupled ensemble. ``max_inflight_requests`` bounds the forks of one decoupled step in flight per
-request: its reader greenlet stops reading the composing model's responses until forks finish, and the
-step's :class:`~...runtime.response_channel.BoundedResponseChannel` then makes the producing model's
-thread wait (https://github.com/triton-inference-server/server/pull/8458); it stops as well while the
-ensemble's client has not taken its stream's bound of responses.
-Failure: a request whose step cannot be routed or fails is answered with that error; stopping the
-actor fails what is in flight with UNAVAILABLE.
+same time; tensors pass between steps as the same numpy arrays (no copies; a batch of 1 put in front or
+taken off where one side batches and the other does not, as Triton does); a chain of steps runs as a loop
+(``ensemble_chain.py``). A new tensor looks only at the steps that read it (``Graph.consumers``), and at
+most :data:`STEPS_PER_TURN` steps start in one hub turn, the rest (of every request, in order) in the next
+turns: a very wide ensemble (2000 steps reading its input) does not hold the hub for the whole fan-out. A
+failing step fails its request with the step's message. A decoupled composing model's responses each fork
+the request's tensor table and drive the steps downstream once per response; every table that completes
+the ensemble outputs is one response of a decoupled ensemble. ``max_inflight_requests`` bounds the forks
+of one decoupled step in flight per request: its reader stops reading until forks finish, and the step's
+:class:`~...runtime.response_channel.BoundedResponseChannel` then makes the producing model's thread wait
+(https://github.com/triton-inference-server/server/pull/8458), as the ensemble's client's stream bound does.
+Stopping the actor fails what is in flight with UNAVAILABLE.
 """
 
 from __future__ import annotations
@@ -55,7 +53,7 @@ from ...runtime.response_channel import (
 from ...runtime.wake_timer import Wake, WakeTimer
 from .ensemble_chain import ChainSteps, is_chain
 from .ensemble_run import _Run, _StepAnswered, _StepStreamed, _Table
-from .ensemble_step import MEMO_SIZE, StepPlan, StepReply, checked_batch
+from .ensemble_step import MEMO_SIZE, StepPlan, StepReply, batch_reshaped, checked_batch, reshaped_step
 from .ensemble_waits import WaitGraphReads
 from .scheduler import Drain, Enqueue, GetStats, GetStatus
 
@@ -63,11 +61,10 @@ log = logging.getLogger(__name__)
 
 Routes = Callable[[], Mapping[str, Any]]  # name → ModelHandle (the repository's routing table, read live)
 
-# Steps started in one hub turn; the rest wait for the next turns (a zero-delay loop timer, so the hub
-# polls its sockets in between). Starting a step costs about 30 µs here (request, routing, validation,
-# the composing model's scheduler, its execution when the model runs inline): 2000 side-by-side steps
-# of one request started in one go made health checks wait up to 67 ms; 64 a turn, 2.5 ms
-# (scripts/bench_wide_ensemble.py, docs/performance.md#wide-ensembles).
+# Steps started in one hub turn; the rest wait for the next turns (a zero-delay loop timer: the hub polls its
+# sockets in between). A step costs about 30 µs here (request, routing, validation, the composing model's
+# scheduler and its inline run): 2000 side-by-side steps of one request started in one go made health checks
+# wait up to 67 ms; 64 a turn, 2.5 ms (scripts/bench_wide_ensemble.py, docs/performance.md#wide-ensembles).
 STEPS_PER_TURN = 64
 
 # _start builds a step's request with fastpath.new_tuple: the field order it relies on
@@ -80,8 +77,7 @@ class EnsembleScheduler(ChainSteps, WaitGraphReads, InlineActor):
     def __init__(self, name: str, graph: Graph, routes: Routes, stats: VersionStats, max_inflight: int = 0,
                  steps_per_turn: int = STEPS_PER_TURN, turns: Callable[[Callable[[object], None]], Any] = WakeTimer,
                  version: int = 1, streams: OpenStreams | None = None) -> None:
-        # ``turns(tell)``: the next-hub-turn timer (a WakeTimer armed with no delay; tests pass a manual one);
-        # ``streams``: the server's open channels, which count the channels of decoupled steps (/status.json)
+        # turns(tell): the next-hub-turn timer (tests pass a manual one); streams: the server's open channels
         super().__init__(name)
         self._streams = streams
         self._graph = graph
@@ -318,14 +314,21 @@ class EnsembleScheduler(ChainSteps, WaitGraphReads, InlineActor):
             if handle is None:
                 raise TritonError.not_found(f"Request for unknown model: '{step.model}' is not found")
             version = handle.resolve(step.version)
-            if handle.config.model_transaction_policy.decoupled:
+            decoupled = handle.config.model_transaction_policy.decoupled
+            if decoupled or not fastpath.enabled:  # batching on one side only (ensemble_step.py)
+                request = request._replace(inputs=batch_reshaped(request.inputs, version.validator))
+            if decoupled:
                 channel = BoundedResponseChannel(self._max_inflight or STREAM_MAX_RESPONSES, STREAM_MAX_BYTES,
                                                  streams=self._streams)
                 request = request._replace(responses=channel)
                 reply = version.infer(request)
             elif fastpath.enabled:  # answered on the stack that completes it (ensemble_step.py)
                 reply = StepReply()
-                version.enqueue(request, checked_batch(self._checked, step.index, version, request), reply)
+                try:
+                    batch = checked_batch(self._checked, step.index, version, request)
+                except TritonError as e:  # (nothing is paid for this on the way that is not refused)
+                    request, batch = reshaped_step(self._checked, step.index, version, request, e)
+                version.enqueue(request, batch, reply)
                 table.plain += 1
                 if reply.ready():  # the model ran inline, its batch is finished: handled once this step is
                     self._here.append((run, table, step, reply))

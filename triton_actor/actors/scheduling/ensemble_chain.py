@@ -27,7 +27,7 @@ from ...inference import InferRequest, InferResponse
 from ...repository.ensemble_graph import Graph
 from ...runtime import fastpath
 from .ensemble_run import _Run, _StepAnswered, _Table
-from .ensemble_step import StepReply, checked_batch
+from .ensemble_step import StepReply, checked_batch, reshaped_step
 
 log = logging.getLogger(__name__)
 _perf_ns = time.perf_counter_ns
@@ -112,7 +112,10 @@ class ChainSteps:
                     request = fastpath.new_tuple(InferRequest, (
                         step.model, step.version, top.id, inputs, plan.requested, *tail, run.trace.spawn()))
                 table.at = k  # in flight (the BLS wait graph reads it)
-                batch = checked_batch(self._checked, k, version, request)
+                try:
+                    batch = checked_batch(self._checked, k, version, request)
+                except TritonError as e:  # batching on one side only (ensemble_step.py): nothing paid otherwise
+                    request, batch = reshaped_step(self._checked, k, version, request, e)
                 # its scheduler runs it here when it can, with no Enqueue and no reply: its response
                 runner = plan.runner
                 answer = runner(request, batch, StepReply) if runner is not None else None
