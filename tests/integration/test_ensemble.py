@@ -390,8 +390,9 @@ ensemble_scheduling {{
 """)
 
 
-def _stream(server, n: int) -> list[tuple[float, float, float]]:
-    """One request on a gRPC stream; (OUT, OVERLAP, AHEAD) of every response, sorted."""
+def _stream(server, n: int, finals: list[bool] | None = None) -> list[tuple[float, float, float]]:
+    """One request on a gRPC stream; (OUT, OVERLAP, AHEAD) of every response, sorted; ``finals``: each
+    response's final flag, in order."""
     got: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(server.grpc_url)
     client.start_stream(callback=lambda result, error: got.put((result, error)))
@@ -403,11 +404,14 @@ def _stream(server, n: int) -> list[tuple[float, float, float]]:
         while True:
             result, error = got.get(timeout=60)
             assert error is None, error
-            if result.get_response().parameters["triton_final_response"].bool_param and \
-                    result.as_numpy("OUT") is None:
+            final = result.get_response().parameters["triton_final_response"].bool_param
+            if finals is not None:
+                finals.append(final)
+            if result.as_numpy("OUT") is not None:
+                out.append((float(result.as_numpy("OUT")[0]), float(result.as_numpy("OVERLAP")[0]),
+                            float(result.as_numpy("AHEAD")[0])))
+            if final:
                 break
-            out.append((float(result.as_numpy("OUT")[0]), float(result.as_numpy("OVERLAP")[0]),
-                        float(result.as_numpy("AHEAD")[0])))
     client.stop_stream()
     client.close()
     return sorted(out)
@@ -428,6 +432,17 @@ def test_a_decoupled_ensemble_streams_over_grpc_and_generate_stream(tmp_path: Pa
     with pytest.raises(InferenceServerException) as info:  # /infer refuses a decoupled ensemble, as Triton does
         httpclient.InferenceServerClient(server.url).infer("stream", [_n_input(1)])
     assert "decoupled" in info.value.message()
+
+
+def test_the_last_response_of_a_decoupled_ensemble_carries_the_final_flag(tmp_path: Path, start_server) -> None:
+    """Triton's ensemble sends the final flag with a response when no step is in flight any more (its
+    L0_simple_ensemble backpressure clients wait for it and ask for no empty final response): with one
+    response, its step for X = 0 runs after the producer finished, so it is the one final response."""
+    _decoupled_repo(tmp_path / "repo", max_inflight=0)
+    server = start_server(tmp_path / "repo")
+    finals: list[bool] = []
+    assert [r[0] for r in _stream(server, 1, finals)] == [0.0]
+    assert finals == [True]  # one response: the data and the flag, no empty final after it
 
 
 def _n_input(n: int) -> httpclient.InferInput:
@@ -538,9 +553,10 @@ def _stream_n(server, model: str, n: int) -> list[grpcclient.InferResult]:
         while True:
             result, error = got.get(timeout=60)
             assert error is None, error.message()
-            if result.as_numpy("OUT") is None:
+            if result.as_numpy("OUT") is not None:
+                results.append(result)
+            if result.get_response().parameters["triton_final_response"].bool_param:  # with the last one, or alone
                 return results
-            results.append(result)
     finally:
         client.stop_stream()
         client.close()

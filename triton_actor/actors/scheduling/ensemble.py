@@ -92,8 +92,7 @@ class EnsembleScheduler(ChainSteps, WaitGraphReads, InlineActor):
         self._turn = turns(self.ref.tell)  # armed while steps wait in ``_ready``
         self._plans = [StepPlan(step) for step in graph.steps]  # by step index
         self._checked = fastpath.BoundedCache(f"ensemble steps of {name}", MEMO_SIZE)  # ensemble_step.checked_batch
-        # steps answered on the stack that started them (fast path: the model ran inline), handled in order
-        # by the outermost _start_ready with no message: a chain of inline steps is a loop, not a recursion
+        # steps answered on the stack that started them (inline), handled in order by the outermost _start_ready
         self._here: collections.deque[tuple[_Run, _Table, Step, Reply[InferResponse]]] = collections.deque()
         self._flushing = False
         self._chained = is_chain(graph)  # its steps run as a loop (ensemble_chain.py; fast path)
@@ -395,8 +394,7 @@ class EnsembleScheduler(ChainSteps, WaitGraphReads, InlineActor):
             channel.close()
 
     def _settle(self, run: _Run, table: _Table) -> None:
-        """A table with nothing in flight (and no running plain step of its parent it could still
-        inherit from) is done: it answers if it holds every ensemble output."""
+        """A table with nothing in flight (nor a plain step of its parents) is done: answers with every output."""
         if table.settled or table.plain or table.streams or table.queued or run.failed:
             return
         parent = table.parent
@@ -405,8 +403,8 @@ class EnsembleScheduler(ChainSteps, WaitGraphReads, InlineActor):
                 return
             parent = parent.parent
         table.settled = True
-        if all(o in table.tensors for o in self._graph.outputs):
-            self._answer(run, table)
+        if all(o in table.tensors for o in self._graph.outputs):  # the last table: nothing is in flight after it
+            self._answer(run, table, run.open_tables == 1)
         table.tensors = {}
         for child in table.children:
             self._settle(run, child)
@@ -416,12 +414,14 @@ class EnsembleScheduler(ChainSteps, WaitGraphReads, InlineActor):
         if run.open_tables == 0:
             self._close_run(run)
 
-    def _answer(self, run: _Run, table: _Table) -> None:
+    def _answer(self, run: _Run, table: _Table, final: bool) -> None:
+        """``final``: no step is in flight, so the response carries the final flag (as Triton's ensemble's)."""
         wanted = run.msg.request.requested_output_names
         outputs = [(name, table.tensors[name].data) for name in self._graph.outputs if wanted is None or name in wanted]
         run.answered += 1
         if run.decoupled is not None:
-            run.decoupled.send(InferResponse(outputs), False)
+            run.decoupled.send(InferResponse(outputs), final)
+            run.final_sent = final
         elif run.answered == 1:
             run.msg.reply.set(InferResponse(outputs))
 
@@ -442,7 +442,7 @@ class EnsembleScheduler(ChainSteps, WaitGraphReads, InlineActor):
             queue_ns, ci, inf, co = map(sum, zip(*run.timings, strict=True)) if run.timings else (0, 0, 0, 0)
             self._stats.record_success(msg.batch_size, now - msg.start_ns, queue_ns, (ci, inf, co))
             self._stats.last_inference = time.time_ns() // 1_000_000
-            if run.decoupled is not None:
+            if run.decoupled is not None and not run.final_sent:
                 run.decoupled.send(None, True)
             msg.reply.set(None)  # type: ignore[arg-type]  # ignored when answered above (decoupled: unused)
         if run.span is not None:

@@ -48,14 +48,15 @@ class _Table:
 class _Run:
     """One ensemble request in flight (``__init__`` written out, as :class:`_Table`'s)."""
 
-    __slots__ = ("msg", "decoupled", "open_tables", "answered", "timings", "failed", "readers", "tables", "gates",
-                 "trace", "span")
+    __slots__ = ("msg", "decoupled", "open_tables", "answered", "final_sent", "timings", "failed", "readers", "tables",
+                 "gates", "trace", "span")
 
     def __init__(self, msg: Enqueue, decoupled: Any) -> None:
         self.msg = msg
         self.decoupled = decoupled  # the request's ResponseChannel when the ensemble streams, else None
         self.open_tables = 0
         self.answered = 0
+        self.final_sent = False  # a streamed response carried the final flag (no step was in flight any more)
         self.timings: list[tuple[int, int, int, int]] = []  # each step's queue and compute ns
         self.failed = False
         self.readers: list[gevent.Greenlet] = []
