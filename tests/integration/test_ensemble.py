@@ -454,6 +454,7 @@ def _n_input(n: int) -> httpclient.InferInput:
 def test_max_inflight_requests_holds_back_a_fast_producer(tmp_path: Path, start_server) -> None:
     _decoupled_repo(tmp_path / "repo", max_inflight=1)
     server = start_server(tmp_path / "repo")
+    assert "Ensemble model 'stream' configured with max_inflight_requests: 1" in server.log()  # Triton's line
     results = _stream(server, 10)
     assert [r[0] for r in results] == [float(i * i) for i in range(10)]
     assert not any(r[1] for r in results)  # one step request in flight at a time: never two instances busy

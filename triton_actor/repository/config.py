@@ -55,10 +55,24 @@ def parse_text(text: str, model: str, path: Path | str) -> ModelConfig:
     try:
         text_format.Parse(text, cfg)
     except text_format.ParseError as e:
-        detail = str(e).split(": ", 1)[-1] if e.GetLine() else str(e)
+        detail = _cpp_words(str(e).split(": ", 1)[-1] if e.GetLine() else str(e))
         where = f"{path}:{e.GetLine()}:{e.GetColumn()}" if e.GetLine() else str(path)
         raise _err(model, f"invalid config at {where}: {detail}") from None
     return cfg
+
+
+def _cpp_words(detail: str) -> str:
+    """Python protobuf's words for a number that does not fit its field, as C++ protobuf's TextFormat (which
+    Triton parses with) says them, after them: Triton's L0_simple_ensemble looks for these in its log."""
+    m = re.search(r"(?:Couldn't parse (?:unsigned )?integer|Value out of range): (\S+)$", detail)
+    if m is None:
+        return detail
+    value = m.group(1)
+    if not re.fullmatch(r"-?\d+", value):
+        return f"{detail} (Expected integer, got: {value})"
+    if value.startswith("-") and int(value) >= -(2**31):  # a negative number for an unsigned field
+        return f"{detail} (Expected integer, got: -)"
+    return f"{detail} (Integer out of range ({value}))"
 
 
 def parse_json(text: str | Callable[[], str], model: str) -> ModelConfig:

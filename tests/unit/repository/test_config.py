@@ -76,6 +76,20 @@ def test_parse_error_names_file_line_and_column() -> None:
     _invalid(info, "model 'm'", "/repo/m/config.pbtxt:2:17", "integer")
 
 
+
+@pytest.mark.parametrize(("value", "words"), [
+    ("-5", "Expected integer, got: -"),  # a negative number for a uint32
+    ('"invalid_value"', 'Expected integer, got: "invalid_value"'),
+    ("12345678901", "Integer out of range (12345678901)"),
+])
+def test_a_number_that_does_not_fit_is_said_in_cpp_protobuf_s_words_too(value: str, words: str) -> None:
+    """Triton parses configs with C++ protobuf; its L0_simple_ensemble greps the log for its words."""
+    text = f'name: "e"\nplatform: "ensemble"\nensemble_scheduling {{ max_inflight_requests: {value} }}\n'
+    with pytest.raises(TritonError) as info:
+        cm.parse_text(text, "e", "/r/e/config.pbtxt")
+    assert words in info.value.message and "/r/e/config.pbtxt:3:" in info.value.message
+
+
 def test_parse_error_at_end_of_input_names_line_and_column() -> None:
     with pytest.raises(TritonError) as info:
         cm.parse_text('name: "m"\ninput [ { name: "a" ', "m", "cfg.pbtxt")

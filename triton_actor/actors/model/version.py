@@ -216,6 +216,8 @@ def _start_ensemble(src: VersionSource, rec: Version) -> Version:
     assert src.graph is not None and src.routes is not None
     stats = VersionStats(src.model, src.version)
     max_inflight = src.config.ensemble_scheduling.max_inflight_requests
+    if max_inflight > 0:  # Triton's log line (its L0_simple_ensemble looks for it)
+        log.info("Ensemble model '%s' configured with max_inflight_requests: %d", src.model, max_inflight)
     scheduler = EnsembleScheduler(f"ensemble:{src.model}:{src.version}", src.graph, src.routes, stats, max_inflight,
                                   version=src.version, streams=src.streams)
     scheduler.start()
