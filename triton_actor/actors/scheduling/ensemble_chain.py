@@ -27,7 +27,7 @@ from ...inference import InferRequest, InferResponse
 from ...repository.ensemble_graph import Graph
 from ...runtime import fastpath
 from .ensemble_run import _Run, _StepAnswered, _Table
-from .ensemble_step import StepReply, checked_batch, reshaped_step
+from .ensemble_step import ABSENT, StepReply, answer_outputs, checked_batch, reshaped_step
 
 log = logging.getLogger(__name__)
 _perf_ns = time.perf_counter_ns
@@ -173,6 +173,8 @@ class ChainSteps:
             names = set(map(_NAME, wanted))
             if not names.issuperset(self._graph.outputs):  # most requests ask for every output, or none
                 outputs = [o for o in outputs if o[0] in names]
+        if ABSENT in tensors.values():  # a step answered without one: left out (tuple ==: C, the names differ)
+            outputs = answer_outputs(self._graph.outputs, tensors, None if wanted is None else names)
         run.answered = 1
         self._runs.discard(run)
         now = _perf_ns()

@@ -19,7 +19,8 @@ no greenlet per step, and no stack frame left per step (a chain of 1500 steps is
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Iterable
 from operator import attrgetter
 from typing import Any
 
@@ -29,6 +30,13 @@ from ...protocol.dtypes import BY_NUMPY, from_numpy
 from ...repository.ensemble_graph import Step
 from ...runtime import fastpath
 from ...runtime.kernel import Reply
+
+log = logging.getLogger(__name__)
+
+# an ensemble tensor its step's model answered without (a Python model may leave an output out): Triton
+# core records it as a null tensor; a step reading it gets no such input, and the ensemble's response
+# leaves it out ("Composing models did not output tensor X", a verbose log line: Triton's L0_simple_ensemble)
+ABSENT = InferInput("", None, (), None)  # type: ignore[arg-type]
 
 MEMO_SIZE = 1024  # (step, validator, input signature) entries per ensemble version
 _TYPE_AND_SHAPE = attrgetter("dtype", "shape")  # an input's part of the signature
@@ -85,7 +93,8 @@ class StepPlan:
         out = {}
         for name, tensor in self.step.inputs:
             t = tensors[tensor]
-            out[name] = t if t.name == name else fastpath.new_tuple(InferInput, (name, t.dtype, t.shape, t.data))
+            if t is not ABSENT:
+                out[name] = t if t.name == name else fastpath.new_tuple(InferInput, (name, t.dtype, t.shape, t.data))
         return out
 
     def mapped(self, response: InferResponse) -> dict[str, InferInput]:
@@ -101,6 +110,9 @@ class StepPlan:
                 raise TritonError.internal(
                     f"output '{name}' of model '{self.step.model}' has an unsupported type {data.dtype}")
             out[tensor] = fastpath.new_tuple(InferInput, (tensor, dtype, data.shape, data))
+        if len(out) < len(by_name):  # an output left out: the step is done with it all the same (ABSENT)
+            for tensor in by_name.values():
+                out.setdefault(tensor, ABSENT)
         return out
 
 
@@ -164,3 +176,17 @@ def batch_reshaped(inputs: dict[str, InferInput], validator: Any) -> dict[str, I
 def _within(shape: tuple[int, ...], dims: tuple[int, ...]) -> bool:
     """``shape`` has ``dims`` (-1 matches any size); the ranks are equal."""
     return all(want < 0 or got == want for got, want in zip(shape, dims, strict=True))
+
+
+def answer_outputs(names: Iterable[str], tensors: dict[str, InferInput], wanted: Any) -> list[tuple[str, Any]]:
+    """The ensemble's response: its outputs (``names``) that are ``wanted`` (None: all), those its steps
+    answered without (:data:`ABSENT`) left out and logged as Triton logs them (verbose)."""
+    outputs = []
+    for name in names:
+        if wanted is None or name in wanted:
+            t = tensors[name]
+            if t is ABSENT:
+                log.debug("Composing models did not output tensor %s", name)
+            else:
+                outputs.append((name, t.data))
+    return outputs
