@@ -9,7 +9,8 @@
 # execs `python -m triton_actor "$@"` (this venv's, installed with pip -e: this checkout), and the network namespace has its own
 # loopback, so other servers on this machine are neither reached nor disturbed. The suite's Python
 # clients run on this venv's python (first on PATH); CLIENT_DEPS (a pip --target folder) is put on
-# PYTHONPATH for what the suites import besides tritonclient (ml_dtypes<=0.5.4, psutil, attrdict).
+# PYTHONPATH for what the suites import besides tritonclient (ml_dtypes<=0.5.4, psutil, attrdict);
+# NVIDIA_TRITON_SERVER_VERSION, which most suites require, is 24.10 (Triton 2.51's release) unless set.
 # What a suite needs from Triton's data (DATADIR, /data/inferenceserver) or its C++ clients is missing
 # here: those parts fail, the rest runs as in Triton's CI.
 set -euo pipefail
@@ -24,5 +25,6 @@ exec unshare -rmn bash -c '
   printf "#!/bin/bash\nexec %q -m triton_actor \"\$@\"\n" "$3" > /opt/tritonserver/bin/tritonserver
   chmod +x /opt/tritonserver/bin/tritonserver
   cd "$1"
-  PATH="$(dirname "$3"):$PATH" PYTHONPATH="${CLIENT_DEPS:-}" bash test.sh
+  PATH="$(dirname "$3"):$PATH" PYTHONPATH="${CLIENT_DEPS:-}" \
+    NVIDIA_TRITON_SERVER_VERSION="${NVIDIA_TRITON_SERVER_VERSION:-24.10}" bash test.sh
 ' run_l0 "$suite" "$root" "$py"
