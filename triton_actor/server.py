@@ -22,6 +22,7 @@ from .actors.repository.actor import RepositoryActor
 from .actors.scheduling.rate_limiter import RateLimiter
 from .backends.base import Backend
 from .backends.devices import gpu_count
+from .backends.identity import IdentityBackend
 from .backends.onnxruntime import OnnxRuntimeBackend
 from .backends.python.backend import PythonBackend
 from .backends.python.triton_python_backend_utils.serving import MetricRegistry, ServerHooks
@@ -70,6 +71,7 @@ def default_backends(backend_config: dict[str, dict[str, str]] | None = None) ->
         "python": PythonBackend(backend_config),
         "onnxruntime": OnnxRuntimeBackend(backend_config),
         "pytorch": PyTorchBackend(backend_config),
+        "identity": IdentityBackend(backend_config),  # Triton's test backend: its qa suites serve it
     }
 
 

@@ -24,6 +24,7 @@ exec unshare -rmn bash -c '
   mkdir -p /opt/tritonserver/bin /opt/tritonserver/backends
   printf "#!/bin/bash\nexec %q -m triton_actor \"\$@\"\n" "$3" > /opt/tritonserver/bin/tritonserver
   chmod +x /opt/tritonserver/bin/tritonserver
+  ln -s "$(dirname "$1")" /opt/tritonserver/qa  # some suites take python_models from ${TRITON_DIR}/qa
   cd "$1"
   PATH="$(dirname "$3"):$PATH" PYTHONPATH="${CLIENT_DEPS:-}" \
     NVIDIA_TRITON_SERVER_VERSION="${NVIDIA_TRITON_SERVER_VERSION:-24.10}" bash test.sh

@@ -353,3 +353,40 @@ def test_many_onnx_models_load_in_parallel(tmp_path: Path, start_server) -> None
     client = httpclient.InferenceServerClient(server.url)
     states = {e["name"]: e.get("state") for e in client.get_model_repository_index()}
     assert states == {f"mlp{i}": "READY" for i in range(5)}
+
+
+IDENTITY_BACKEND_CONFIG = """
+backend: "identity"
+max_batch_size: 8
+input [ { name: "INPUT0", data_type: TYPE_INT32, dims: [ -1 ] }, { name: "INPUT1", data_type: TYPE_STRING, dims: [ -1 ] } ]
+output [ { name: "OUTPUT0", data_type: TYPE_INT32, dims: [ -1 ] }, { name: "OUTPUT1", data_type: TYPE_STRING, dims: [ -1 ] } ]
+"""
+
+
+def test_triton_s_identity_backend(tmp_path: Path, start_server) -> None:
+    """``backend: "identity"`` (Triton's test backend, which its qa suites serve): the n-th output is the
+    n-th input; ``execute_delay_ms`` delays each execution (on the instance's thread); a config with more
+    outputs than inputs is refused with the reason."""
+    for name, extra in (("ident", ""), ("slow", 'parameters [ { key: "execute_delay_ms" value: { string_value: "300" } } ]')):
+        (tmp_path / name / "1").mkdir(parents=True)
+        (tmp_path / name / "config.pbtxt").write_text(IDENTITY_BACKEND_CONFIG + extra)
+    (tmp_path / "bad" / "1").mkdir(parents=True)
+    (tmp_path / "bad" / "config.pbtxt").write_text(IDENTITY_BACKEND_CONFIG.replace(
+        ', { name: "INPUT1", data_type: TYPE_STRING, dims: [ -1 ] }', ""))
+    server = start_server(tmp_path, flags=("--exit-on-error=false",))
+    client = httpclient.InferenceServerClient(server.url)
+    ints, words = np.arange(6, dtype=np.int32).reshape(2, 3), np.array([[b"a", b"bc"]] * 2, dtype=np.object_)
+    inputs = [httpclient.InferInput("INPUT0", [2, 3], "INT32"), httpclient.InferInput("INPUT1", [2, 2], "BYTES")]
+    inputs[0].set_data_from_numpy(ints)
+    inputs[1].set_data_from_numpy(words)
+    for model in ("ident", "slow"):
+        start = gevent.get_hub().loop.now()
+        result = client.infer(model, inputs)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), ints)
+        assert result.as_numpy("OUTPUT1").tolist() == words.tolist()
+        if model == "slow":
+            gevent.get_hub().loop.update_now()
+            assert gevent.get_hub().loop.now() - start >= 0.3  # a lower bound: true however busy the host
+    assert not client.is_model_ready("bad")
+    index = {m["name"]: m for m in client.get_model_repository_index()}
+    assert "the identity backend needs an input for each output" in index["bad"]["reason"]

@@ -6,7 +6,9 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from ..errors import TritonError
 from ..inference import InferRequest, InferResponse, RequestedOutput
+from .dtypes import from_numpy
 
 
 def _fmt(value: object) -> str:
@@ -16,8 +18,21 @@ def _fmt(value: object) -> str:
     return str(int(value))  # type: ignore[call-overload]
 
 
+# Triton's classification: integers and FP32/FP64 only, and at most this many elements in the output
+# (server classification.cc kMaxClassificationElements: "pathological memory / CPU usage" otherwise)
+_CLASSIFIED_KINDS = frozenset("ui") | {"f4", "f8"}
+MAX_ELEMENTS = 1_000_000
+
+
 def classify(array: np.ndarray, count: int, labels: list[str] | None, batching: bool) -> np.ndarray:
-    """Top-``count`` per batch row (batching models) or over the whole tensor, as a BYTES array."""
+    """Top-``count`` per batch row (batching models) or over the whole tensor, as a BYTES array; Triton's
+    INVALID_ARG for a type it does not classify (BYTES, BOOL, FP16, BF16) or a tensor over MAX_ELEMENTS."""
+    if array.dtype.kind not in _CLASSIFIED_KINDS and array.dtype.str[1:] not in _CLASSIFIED_KINDS:
+        dtype = from_numpy(array.dtype)
+        raise TritonError.invalid_arg("class result not available for output due to unsupported type "
+                                      f"'{dtype.wire if dtype is not None else array.dtype}'")
+    if array.size > MAX_ELEMENTS:
+        raise TritonError.invalid_arg("classification output tensor too large")
     rows = array.reshape(array.shape[0], -1) if batching and array.ndim > 0 else array.reshape(1, -1)
     k = min(count, rows.shape[1])
     out = np.empty((rows.shape[0], k), dtype=np.object_)

@@ -630,3 +630,17 @@ def test_big_json_outputs_in_slices_are_the_same_text(dtype: str, monkeypatch: p
         texts.append(b"".join(chunks))
     assert texts[0] == texts[1] and orjson.loads(texts[0])["outputs"][0]["shape"] == [10, 100]
     assert v2r.json_output_elements(request, InferResponse([("y", array)]), {}, False) == 1000
+
+
+@pytest.mark.parametrize(("array", "message"), [
+    (np.array([[b"test"] * 8], dtype=np.object_), "class result not available for output due to unsupported type 'BYTES'"),
+    (np.ones((1, 8), np.float16), "class result not available for output due to unsupported type 'FP16'"),
+    (np.ones((1, 8), np.bool_), "class result not available for output due to unsupported type 'BOOL'"),
+    (np.ones((1, 1_000_001), np.float32), "classification output tensor too large"),
+])
+def test_classification_refuses_what_triton_refuses(array: np.ndarray, message: str) -> None:
+    """Triton's classification.cc, as its L0_parameters class_count_test asks for it: INVALID_ARG."""
+    with pytest.raises(TritonError) as info:
+        classify(array, 3, None, True)
+    assert info.value.code == Code.INVALID_ARG and info.value.message == message
+    assert classify(np.ones((1, 1_000_000), np.float32), 1, None, True).shape == (1, 1)  # the most it takes
