@@ -308,11 +308,13 @@ def test_a_dead_instance_takes_no_new_sequences(tmp_path: Path, start_server) ->
             if "past its restart budget" in server.log():
                 break
             seq += 1
-            deaths = server.log().count("native worker sq_0_0 stopped unexpectedly")
+            # the hub's line, logged where it ends the instance's sequences (the worker thread logs its own
+            # line first: a request sent on that one could still reach the instance before the hub knew)
+            deaths = server.log().count("instance sq_0_0 stopped")
             # a new sequence goes to the least loaded instance, the lowest index first: the victim when it is up
             if _in_sequence(http, -7, seq, sequence_start=True) == 0.0:
-                wait_for(lambda d=deaths: server.log().count("native worker sq_0_0 stopped unexpectedly") > d, 60,
-                         "sq_0_0's thread to die")
+                wait_for(lambda d=deaths: server.log().count("instance sq_0_0 stopped") > d, 60,
+                         "the hub to see sq_0_0's thread die")
                 with pytest.raises(InferenceServerException) as e:  # the sequence ended with its instance
                     _in_sequence(http, 1.0, seq, sequence_end=True)
                 assert "must specify the START flag" in e.value.message(), e.value.message()
