@@ -20,14 +20,14 @@ def _fmt(value: object) -> str:
 
 # Triton's classification: integers and FP32/FP64 only, and at most this many elements in the output
 # (server classification.cc kMaxClassificationElements: "pathological memory / CPU usage" otherwise)
-_CLASSIFIED_KINDS = frozenset("ui") | {"f4", "f8"}
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 MAX_ELEMENTS = 1_000_000
 
 
 def classify(array: np.ndarray, count: int, labels: list[str] | None, batching: bool) -> np.ndarray:
     """Top-``count`` per batch row (batching models) or over the whole tensor, as a BYTES array; Triton's
     INVALID_ARG for a type it does not classify (BYTES, BOOL, FP16, BF16) or a tensor over MAX_ELEMENTS."""
-    if array.dtype.kind not in _CLASSIFIED_KINDS and array.dtype.str[1:] not in _CLASSIFIED_KINDS:
+    if array.dtype.kind not in "ui" and array.dtype not in _FLOATS:
         dtype = from_numpy(array.dtype)
         raise TritonError.invalid_arg("class result not available for output due to unsupported type "
                                       f"'{dtype.wire if dtype is not None else array.dtype}'")

@@ -10,9 +10,10 @@ protocol or a limit raises :class:`ProtocolError` with the status to answer befo
 Limits are nginx's defaults (``large_client_header_buffers 4 8k``, ``client_header_timeout 60s``,
 ``client_body_timeout 60s``, ``keepalive_timeout 75s``); the body limit is applied to a declared
 ``Content-Length`` before any of the body is read and to a chunked body chunk by chunk, before the
-chunk's data is buffered; a chunked body has at most :data:`MAX_CHUNKS` non-empty chunks, as in Triton. Sizes are parsed strictly (``Content-Length`` digits only, chunk sizes hex
-digits only and at most 16 of them): a lenient ``int()`` accepted ``1_0``, ``+5`` and a negative
-chunk size, which turned the body limit off.
+chunk's data is buffered; a chunked body has at most :data:`MAX_CHUNKS` non-empty chunks, as in Triton.
+Sizes are parsed strictly (``Content-Length`` digits only, chunk sizes hex digits only and at most 16 of
+them): a lenient ``int()`` accepted ``1_0``, ``+5`` and a negative chunk size, which turned the body limit
+off.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ past INT64_MAX and a byte size past it are 400s that say which.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ..errors import TritonError
@@ -40,9 +41,7 @@ def json_shape_error(shape: Any, dtype: DType, name: str, prefix: str) -> Triton
         if not all(d.__class__ is int and d >= 0 for d in shape):  # a bool, a float, a negative number
             return TritonError.internal(
                 "Unable to parse 'shape': attempt to access JSON non-unsigned-integer as unsigned-integer")
-        count = 1
-        for d in shape:
-            count *= d
+        count = math.prod(shape)
         if count > INT64_MAX:
             return TritonError.invalid_arg(
                 f"{prefix}invalid shape for input '{name}': shape [{','.join(map(str, shape))}] causes total "

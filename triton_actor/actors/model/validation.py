@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...errors import TritonError
-from ...inference import InferRequest
+from ...inference import InferInput, InferRequest
 from ...protocol.dtypes import BY_ENUM_VALUE, DType
 from ...repository.config import ModelConfig
 from ...runtime import fastpath
@@ -37,7 +37,7 @@ def _shape_text(shape: tuple[int, ...] | list[int]) -> str:
 class RequestValidator:
     """Per model version: known inputs/outputs, batching, and the checks on one request."""
 
-    __slots__ = ("model", "max_batch_size", "inputs", "outputs", "required", "ranks", "_accepted")
+    __slots__ = ("model", "max_batch_size", "inputs", "outputs", "required", "_accepted")
 
     def __init__(self, config: ModelConfig) -> None:
         self.model = config.name
@@ -48,7 +48,6 @@ class RequestValidator:
         }
         self.outputs = frozenset(o.name for o in config.output)
         self.required = frozenset(n for n, s in self.inputs.items() if not s.optional)
-        self.ranks = {n: len(spec.dims) for n, spec in self.inputs.items()}  # an ensemble step's reshape reads them
         self._accepted: fastpath.BoundedCache[tuple[object, ...], int] = fastpath.BoundedCache(
             f"accepted signatures of {self.model}", MEMO_SIZE)
 
@@ -69,14 +68,11 @@ class RequestValidator:
     def _check(self, request: InferRequest) -> int:
         model = self.model
         if request.outputs is not None:
-            if len(request.outputs) > 1 and len({out.name for out in request.outputs}) < len(request.outputs):
-                # Triton core's AddOriginalRequestedOutput since April 2026 (core PR #493), for every front end
-                seen: set[str] = set()
-                for out in request.outputs:
-                    if out.name in seen:
-                        raise TritonError.invalid_arg(f"{_prefix(request)}output '{out.name}' already exists in request")
-                    seen.add(out.name)
+            seen: set[str] = set()
             for out in request.outputs:
+                if out.name in seen:  # Triton core's AddOriginalRequestedOutput (core PR #493), every front end
+                    raise TritonError.invalid_arg(f"{_prefix(request)}output '{out.name}' already exists in request")
+                seen.add(out.name)
                 if out.name not in self.outputs:
                     raise TritonError.invalid_arg(f"unexpected inference output '{out.name}' for model '{model}'")
         given = request.inputs
@@ -133,6 +129,32 @@ class RequestValidator:
                     f"Expected {_shape_text(expected)}, got {_shape_text(t.shape)}. {note}"
                 )
         return batch
+
+    def batch_reshaped(self, inputs: dict[str, InferInput]) -> dict[str, InferInput]:
+        """``inputs`` as this model takes them from an ensemble step where one side batches and the other
+        does not (Triton core's ``EnsembleContext::ReshapeTensorDims``): a batching model gets a tensor whose
+        shape is its config dims with a batch of 1 put in front; a model that does not batch gets a tensor
+        whose shape is not its dims with a leading 1 taken off. (Triton decides by where the tensor came
+        from; this decides by its shape, which agrees wherever Triton serves the request.) Views, no copy;
+        ``inputs`` itself when nothing changes."""
+        batching = self.max_batch_size > 0
+        changed = None
+        for name, t in inputs.items():
+            spec = self.inputs.get(name)
+            if spec is None:
+                continue
+            if batching:
+                if not _matches(t.shape, spec.dims):
+                    continue
+                shape = (1, *t.shape)
+            else:
+                if not t.shape or t.shape[0] != 1 or _matches(t.shape, spec.dims):
+                    continue
+                shape = t.shape[1:]
+            if changed is None:
+                changed = dict(inputs)
+            changed[name] = InferInput(name, t.dtype, shape, t.data.reshape(shape))
+        return inputs if changed is None else changed
 
 
 def _prefix(request: InferRequest) -> str:

@@ -53,7 +53,7 @@ from ...runtime.response_channel import (
 from ...runtime.wake_timer import Wake, WakeTimer
 from .ensemble_chain import ChainSteps, is_chain
 from .ensemble_run import _Run, _StepAnswered, _StepStreamed, _Table
-from .ensemble_step import MEMO_SIZE, StepPlan, StepReply, answer_outputs, batch_reshaped, checked_batch, reshaped_step
+from .ensemble_step import MEMO_SIZE, StepPlan, StepReply, answer_outputs, checked_batch, reshaped_step
 from .ensemble_waits import WaitGraphReads
 from .scheduler import Drain, Enqueue, GetStats, GetStatus
 
@@ -315,7 +315,7 @@ class EnsembleScheduler(ChainSteps, WaitGraphReads, InlineActor):
             version = handle.resolve(step.version)
             decoupled = handle.config.model_transaction_policy.decoupled
             if decoupled or not fastpath.enabled:  # batching on one side only (ensemble_step.py)
-                request = request._replace(inputs=batch_reshaped(request.inputs, version.validator))
+                request = request._replace(inputs=version.validator.batch_reshaped(request.inputs))
             if decoupled:
                 channel = BoundedResponseChannel(self._max_inflight or STREAM_MAX_RESPONSES, STREAM_MAX_BYTES,
                                                  streams=self._streams)

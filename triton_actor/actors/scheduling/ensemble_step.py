@@ -131,51 +131,15 @@ def checked_batch(memo: fastpath.BoundedCache[Any, int], index: int, version: An
 
 def reshaped_step(memo: fastpath.BoundedCache[Any, int], index: int, version: Any, request: InferRequest,
                   refused: TritonError) -> tuple[InferRequest, int]:
-    """After :func:`checked_batch` ``refused`` a step's request: the request reshaped by
-    :func:`batch_reshaped` and its batch size, or ``refused`` again when no reshape applies. Only a
-    refused request pays for looking (an ensemble that batches on one side only pays it every time)."""
-    shaped = batch_reshaped(request.inputs, version.validator)
+    """After :func:`checked_batch` ``refused`` a step's request: the request reshaped by its validator's
+    ``batch_reshaped`` (one side of the step batches, the other does not) and its batch size, or ``refused``
+    again when no reshape applies. Only a refused request pays for looking (an ensemble that batches on one
+    side only pays it every time)."""
+    shaped = version.validator.batch_reshaped(request.inputs)
     if shaped is request.inputs:
         raise refused
     request = request._replace(inputs=shaped)
     return request, checked_batch(memo, index, version, request)
-
-
-def batch_reshaped(inputs: dict[str, InferInput], validator: Any) -> dict[str, InferInput]:
-    """``inputs`` as a step's model takes them when it batches and the tensor came from where nothing
-    batches (or the reverse): Triton core's ``EnsembleContext::ReshapeTensorDims``. A batching model gets
-    a tensor whose shape is its config dims with a batch of 1 put in front; a model that does not batch
-    gets a tensor whose shape is not its dims with a leading 1 taken off. (Triton decides by where the
-    tensor came from; this decides by its shape, which agrees wherever Triton serves the request.) The
-    arrays are views: no copy. The usual case, batching on both sides or on neither, is one rank test
-    per input (a batched tensor has one dimension more than the dims)."""
-    ranks = getattr(validator, "ranks", None)  # (a validator made for a test may check nothing)
-    if not ranks:
-        return inputs
-    batching = validator.max_batch_size > 0
-    changed = None
-    for name, t in inputs.items():
-        rank = ranks.get(name)
-        if rank is None or (len(t.shape) == rank) is not batching:
-            continue
-        dims = validator.inputs[name].dims
-        if batching:
-            if not _within(t.shape, dims):
-                continue
-            shape = (1, *t.shape)
-        else:
-            if not t.shape or t.shape[0] != 1:
-                continue
-            shape = t.shape[1:]
-        if changed is None:
-            changed = dict(inputs)
-        changed[name] = InferInput(name, t.dtype, shape, t.data.reshape(shape))
-    return inputs if changed is None else changed
-
-
-def _within(shape: tuple[int, ...], dims: tuple[int, ...]) -> bool:
-    """``shape`` has ``dims`` (-1 matches any size); the ranks are equal."""
-    return all(want < 0 or got == want for got, want in zip(shape, dims, strict=True))
 
 
 def answer_outputs(names: Iterable[str], tensors: dict[str, InferInput], wanted: Any) -> list[tuple[str, Any]]:

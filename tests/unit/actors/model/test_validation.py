@@ -216,3 +216,19 @@ def test_an_accepted_signature_is_remembered_and_a_refused_one_refused_each_time
         assert _message(validator, _req("identity_batch", _t("INPUT0", (3, 4)), outputs=("NOPE",))).startswith("unexpected inference output")
         assert "must be <= 8" in _message(validator, _req("identity_batch", _t("INPUT0", (9, 4)), rid=rid))
     assert validator.check(_req("identity_batch", _t("INPUT0", (3, 4)))) == 3
+
+
+def test_batch_reshaped_puts_a_batch_of_one_in_front_or_takes_it_off() -> None:
+    """Triton's ReshapeTensorDims, for an ensemble step: a batching model (IDENTITY_BATCH, dims [4]) gets a
+    tensor of its dims as a batch of 1; one that does not batch (ADD_SUB, dims [4]) gets [1, 4] as [4];
+    a tensor already right, or neither, is left alone, and nothing changed hands back the same dict."""
+    plain = {"INPUT0": _t("INPUT0", (4,))}
+    shaped = IDENTITY_BATCH.batch_reshaped(plain)
+    assert shaped["INPUT0"].shape == (1, 4) and shaped["INPUT0"].data.shape == (1, 4)
+    assert IDENTITY_BATCH.check(_req("identity_batch", *shaped.values())) == 1
+    batched = {"INPUT0": _t("INPUT0", (1, 4)), "INPUT1": _t("INPUT1", (4,))}
+    stripped = ADD_SUB.batch_reshaped(batched)
+    assert stripped["INPUT0"].shape == (4,) and stripped["INPUT1"] is batched["INPUT1"]
+    for same in ({"INPUT0": _t("INPUT0", (2, 4))}, {"INPUT0": _t("INPUT0", (3,))}):
+        assert IDENTITY_BATCH.batch_reshaped(same) is same
+    assert ADD_SUB.batch_reshaped(plain) is plain

@@ -333,6 +333,9 @@ class _AcceptsAll:
     def check(self, _request: InferRequest) -> int:
         return 1
 
+    def batch_reshaped(self, inputs: dict) -> dict:  # nothing to reshape (the ensemble asks)
+        return inputs
+
 
 def test_an_ensemble_request_killed_while_a_step_yields_ends_cancelled_and_drains(fast, version) -> None:
     """A client's greenlet killed (a gRPC cancel) while a composing model yields inline: the ensemble's run

@@ -56,6 +56,9 @@ class AcceptsAll:
     def check(self, _request: InferRequest) -> int:
         return 1
 
+    def batch_reshaped(self, inputs: dict) -> dict:
+        return inputs
+
 
 class FakeModel:
     """A composing model: every request it gets waits in ``calls`` for the test to answer it (``infer``
@@ -249,6 +252,9 @@ class CountingValidator:
         if any(t.shape == (2,) for t in request.inputs.values()):
             raise TritonError.invalid_arg("unexpected shape")
         return 1
+
+    def batch_reshaped(self, inputs: dict) -> dict:  # nothing to reshape: the refusal stands
+        return inputs
 
 
 def _chain() -> Any:
