@@ -107,11 +107,17 @@ def other_repository(out: Path) -> None:
         shutil.copytree(STANDINS / name, out / name)
 
 
+# as the suites start the server for these clients (l0_http_grpc.py gives each suite's own flags instead)
+SUITE_FLAGS = ("--allow-metrics=false", "--allow-client-shm=true")
+
+
 class Server:
+    """This checkout's server on ``repo`` with ``flags`` (free ports unless ``ports``), ready when made."""
+
     def __init__(self, repo: Path, log: Path, *flags: str, ports: tuple[int, int] | None = None) -> None:
         self.http, self.grpc = ports or (free_port(), free_port())
         args = [sys.executable, "-m", "triton_actor", f"--model-repository={repo}", f"--http-port={self.http}",
-                f"--grpc-port={self.grpc}", "--allow-metrics=false", "--allow-client-shm=true", *flags]
+                f"--grpc-port={self.grpc}", *flags]
         self.proc = subprocess.Popen(args, cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT)
         wait_ready(self.http, self.proc)
 
@@ -183,7 +189,7 @@ def main() -> int:
     env = client_env(work)
     results: list[bool] = []
     try:
-        server = Server(triton_repo, out / "server-examples.log")
+        server = Server(triton_repo, out / "server-examples.log", *SUITE_FLAGS)
         try:
             for client, extra in TRITON_EXAMPLES:
                 results.append(run_client(args.examples, server, client, extra, env, out))
@@ -192,7 +198,7 @@ def main() -> int:
         for client, more in MODEL_CONTROL:  # as the suites run them: a fresh server in EXPLICIT mode, nothing loaded
             for name in more:
                 shutil.copytree(ROOT / "model_repository" / name, triton_repo / name)
-            server = Server(triton_repo, out / f"server-{client}.log", "--model-control-mode=explicit")
+            server = Server(triton_repo, out / f"server-{client}.log", *SUITE_FLAGS, "--model-control-mode=explicit")
             try:
                 results.append(run_client(args.examples, server, client, (), env, out))
                 # Triton's suites also look for the refused override's reason in the server's log
@@ -203,7 +209,7 @@ def main() -> int:
                 server.stop()
             for name in more:
                 shutil.rmtree(triton_repo / name)
-        server = Server(other_repo, out / "server-other.log")
+        server = Server(other_repo, out / "server-other.log", *SUITE_FLAGS)
         try:
             for client, extra in OTHER_EXAMPLES:
                 extra = tuple(str(images / "noise.png") if a == "{image}" else a for a in extra)
@@ -211,7 +217,7 @@ def main() -> int:
         finally:
             server.stop()
         if all(port_free(p) for p in (8000, 8001)):
-            server = Server(other_repo, out / "server-8000.log", ports=(8000, 8001))
+            server = Server(other_repo, out / "server-8000.log", *SUITE_FLAGS, ports=(8000, 8001))
             try:
                 for client, extra in MEMORY_GROWTH:
                     results.append(run_client(args.examples, server, client, extra, env, out))

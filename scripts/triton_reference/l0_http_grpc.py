@@ -32,8 +32,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(HERE))
-from bench_http import wait_ready  # noqa: E402
-from client_examples import IMAGE, port_free, triton_repository  # noqa: E402
+from client_examples import IMAGE, Server, port_free, triton_repository  # noqa: E402
 
 RESTRICTED = ("--http-restricted-api=model-repository:admin-key=admin-value",
               "--http-restricted-api=inference,metadata:infer-key=infer-value")
@@ -119,14 +118,11 @@ def main() -> int:
     try:
         repos = repositories(args.root, args.identity, work)
         for n, (repo, flags, tests) in enumerate(plan(repos)):
-            log = (out / f"server-{n}.log").open("w")
-            proc = subprocess.Popen([sys.executable, "-m", "triton_actor", f"--model-repository={repo}", *flags],
-                                    cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+            server = Server(repo, out / f"server-{n}.log", *flags, ports=(8000, 8001))  # the ports they dial
             try:
-                wait_ready(8000, proc)
                 for test, test_args in tests:
                     suite, name = test.split("/")
-                    env = dict(os.environ, SERVER_PID=str(proc.pid))
+                    env = dict(os.environ, SERVER_PID=str(server.proc.pid))
                     run = subprocess.run([sys.executable, name, *test_args], cwd=args.root / "qa" / suite, env=env,
                                          capture_output=True, text=True, timeout=900)
                     text = run.stdout + run.stderr
@@ -138,8 +134,7 @@ def main() -> int:
                           f"{ran[-1] if ran else '?'} run" + (f", failed: {', '.join(sorted(set(bad)))}" if bad else ""),
                           flush=True)
             finally:
-                proc.terminate()
-                proc.wait(60)
+                server.stop()
     finally:
         if args.keep is not None:
             shutil.copytree(out, args.keep, dirs_exist_ok=True)
